@@ -1,0 +1,37 @@
+# gpufrac — build, test and demo. Everything runs on a machine without a GPU.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+export GOFLAGS ?= -mod=mod
+export GOTOOLCHAIN := local
+
+PKGS := ./...
+
+.PHONY: all build test unit lint fmt vet demo demo-down clean
+all: build
+
+## build: the gpufrac binaries into bin/
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+-include tests/tools/tools.mk
+
+## test: every test (unit, integration, end-to-end on the local cluster)
+test: build
+	$(GO) test -count=1 -timeout 40m $(PKGS)
+
+## unit: the fast tests only (no local cluster)
+unit:
+	$(GO) test -count=1 -short -timeout 10m $(PKGS)
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)/gpufrac-* $(BIN)/kubectl-gpufrac

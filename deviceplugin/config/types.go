@@ -1,0 +1,95 @@
+// Package config holds the admin's partitioning configuration for
+// gpufrac-node: its types, parsing with precise validation errors, per-node
+// resolution by node labels, and a hot-reloading file watcher that keeps the
+// last good config when a new one is invalid.
+package config
+
+import "time"
+
+// Version is the only config version this code reads.
+const Version = "v1"
+
+// Mode is how a GPU is offered to pods.
+type Mode string
+
+// The sharing modes.
+const (
+	ModeExclusive Mode = "exclusive"
+	ModeFraction  Mode = "fraction"
+	ModeTimeslice Mode = "timeslice"
+	ModeMIG       Mode = "mig"
+)
+
+// Enforcement is what the memory watchdog does with an over-limit process.
+type Enforcement string
+
+// The enforcement actions.
+const (
+	EnforcementKill   Enforcement = "kill"
+	EnforcementEvict  Enforcement = "evict"
+	EnforcementReport Enforcement = "report"
+)
+
+// File is the whole ConfigMap document.
+type File struct {
+	Version string  `json:"version"`
+	Default Policy  `json:"default"`
+	Groups  []Group `json:"groups,omitempty"`
+}
+
+// Group overrides the default policy on nodes whose labels match NodeSelector.
+// The first matching group wins. Fields left empty inherit from Default.
+type Group struct {
+	NodeSelector map[string]string `json:"nodeSelector"`
+	Policy       `json:",inline"`
+}
+
+// Policy is the partitioning of one node's GPUs.
+type Policy struct {
+	Mode      Mode            `json:"mode,omitempty"`
+	Fraction  FractionConfig  `json:"fraction,omitempty"`
+	Timeslice TimesliceConfig `json:"timeslice,omitempty"`
+	MIG       MIGConfig       `json:"mig,omitempty"`
+	// GPUs overrides the mode for some GPUs of the node, by index range.
+	GPUs []GPUOverride `json:"gpus,omitempty"`
+}
+
+// GPUOverride sets the mode of GPUs selected by index ("0-3", "4,6", "7").
+type GPUOverride struct {
+	Indices string `json:"indices"`
+	Mode    Mode   `json:"mode"`
+	// MIGLayout overrides mig.layout for these GPUs when Mode is mig.
+	MIGLayout string `json:"migLayout,omitempty"`
+}
+
+// FractionConfig configures fraction mode and the memory watchdog.
+type FractionConfig struct {
+	Enforcement Enforcement `json:"enforcement,omitempty"`
+	// PollInterval is how often the watchdog samples NVML (default 1s).
+	PollInterval Duration `json:"pollInterval,omitempty"`
+	// TolerancePercent is how far over its limit a container may go before it
+	// counts as a violation.
+	TolerancePercent int `json:"tolerancePercent,omitempty"`
+	// Samples is how many consecutive over-limit samples trigger the action.
+	Samples int `json:"samples,omitempty"`
+}
+
+// TimesliceConfig configures time-sliced replicas.
+type TimesliceConfig struct {
+	Replicas     int    `json:"replicas,omitempty"`
+	ResourceName string `json:"resourceName,omitempty"`
+	// FailRequestsGreaterThanOne refuses requests for more than one replica.
+	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
+}
+
+// MIGConfig configures MIG partitioning.
+type MIGConfig struct {
+	// Strategy is none, single or mixed.
+	Strategy string `json:"strategy,omitempty"`
+	// Layout is a named layout ("all-1g.10gb") or a comma-separated list of
+	// profiles applied to every MIG GPU ("3g.40gb,2g.20gb,1g.10gb").
+	Layout string `json:"layout,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("1s").
+type Duration struct{ time.Duration }
