@@ -4,6 +4,8 @@ GO ?= go
 BIN := $(CURDIR)/bin
 export GOFLAGS ?= -mod=mod
 export GOTOOLCHAIN := local
+# go-nvml declares deprecated NVML calls; keep cgo quiet about them.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 PKGS := ./...
 

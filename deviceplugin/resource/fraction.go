@@ -1,0 +1,213 @@
+package resource
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+)
+
+// Fraction serves each shareable GPU as api.UnitsPerGPU units
+// ("<uuid>::<k>"). One request is always served by units of ONE GPU.
+type Fraction struct {
+	name     string
+	gpus     map[string]nvidia.GPU
+	order    []string          // GPU UUIDs in index order
+	units    map[string]unitID // device ID -> GPU and unit index
+	health   HealthFunc
+	usage    UsageSource
+	hint     PodHint
+	strategy DeviceListStrategy
+}
+
+type unitID struct {
+	gpu string
+	k   int
+}
+
+var _ Resource = (*Fraction)(nil)
+
+// FractionOptions configures a Fraction resource.
+type FractionOptions struct {
+	// Name defaults to gpufrac.io/gpu-fraction.
+	Name string
+	// GPUs are the GPUs offered as fractions.
+	GPUs   []nvidia.GPU
+	Health HealthFunc
+	// Usage, when set, keeps fractions off GPUs held whole by a pod other
+	// than a gpufrac reservation.
+	Usage UsageSource
+	// Hint, when set, finds the GPU the coordinator chose for the pod.
+	Hint     PodHint
+	Strategy DeviceListStrategy
+}
+
+// NewFraction builds the fraction resource.
+func NewFraction(o FractionOptions) *Fraction {
+	f := &Fraction{
+		name:     o.Name,
+		gpus:     make(map[string]nvidia.GPU, len(o.GPUs)),
+		units:    make(map[string]unitID, len(o.GPUs)*api.UnitsPerGPU),
+		health:   o.Health,
+		usage:    o.Usage,
+		hint:     o.Hint,
+		strategy: o.Strategy,
+	}
+	if f.name == "" {
+		f.name = api.ResourceFraction
+	}
+	if f.health == nil {
+		f.health = AllHealthy
+	}
+	if f.strategy == "" {
+		f.strategy = StrategyDeviceSpecs
+	}
+	gs := append([]nvidia.GPU(nil), o.GPUs...)
+	sort.Slice(gs, func(i, j int) bool { return gs[i].Index < gs[j].Index })
+	for _, g := range gs {
+		f.gpus[g.UUID] = g
+		f.order = append(f.order, g.UUID)
+		for k := 0; k < api.UnitsPerGPU; k++ {
+			f.units[UnitID(g.UUID, k)] = unitID{gpu: g.UUID, k: k}
+		}
+	}
+	return f
+}
+
+// Name implements Resource.
+func (f *Fraction) Name() string { return f.name }
+
+// Devices implements Resource: api.UnitsPerGPU devices per GPU, sharing the GPU's health.
+func (f *Fraction) Devices() []*pluginapi.Device {
+	devs := make([]*pluginapi.Device, 0, len(f.order)*api.UnitsPerGPU)
+	for _, u := range f.order {
+		h := healthString(f.health(u))
+		for k := 0; k < api.UnitsPerGPU; k++ {
+			devs = append(devs, &pluginapi.Device{ID: UnitID(u, k), Health: h})
+		}
+	}
+	return devs
+}
+
+// ErrTooManyUnits is returned for a request above one GPU's worth of units.
+var ErrTooManyUnits = fmt.Errorf("a fraction request may ask for at most %d units (one GPU)", api.UnitsPerGPU)
+
+// Preferred implements Resource. The GPU is, in order: the GPU the
+// coordinator recorded on a pending pod of this size, else the best-fitting
+// GPU (fewest free units that still fit) not held whole by another pod.
+func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []string, size int) ([]string, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("preferred allocation of %d units: size must be positive", size)
+	}
+	if size > api.UnitsPerGPU {
+		return nil, fmt.Errorf("preferred allocation of %d units: %w", size, ErrTooManyUnits)
+	}
+	free := make(map[string][]int, len(f.order)) // GPU UUID -> free unit indices
+	for _, id := range available {
+		u, ok := f.units[id]
+		if !ok {
+			return nil, fmt.Errorf("preferred allocation: unknown device %q", id)
+		}
+		free[u.gpu] = append(free[u.gpu], u.k)
+	}
+	var pinned string
+	if len(mustInclude) > 0 {
+		g, err := GPUOfUnits(mustInclude)
+		if err != nil {
+			return nil, fmt.Errorf("preferred allocation: must-include devices: %w", err)
+		}
+		pinned = g
+	}
+
+	gpu := ""
+	if f.hint != nil && pinned == "" {
+		if g, ok := f.hint.GPUFor(size); ok && len(free[g]) >= size {
+			gpu = g
+		}
+	}
+	if gpu == "" {
+		gpu = f.bestFit(ctx, free, pinned, size)
+	}
+	if gpu == "" {
+		return nil, fmt.Errorf("no GPU on this node has %d free fraction units", size)
+	}
+
+	ks := free[gpu]
+	sort.Ints(ks)
+	ids := append(make([]string, 0, size), mustInclude...)
+	for _, k := range ks {
+		if len(ids) == size {
+			break
+		}
+		id := UnitID(gpu, k)
+		if !contains(mustInclude, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// bestFit returns the GPU with the fewest free units that still holds size,
+// skipping GPUs held whole by a pod that is not a reservation; "" if none.
+func (f *Fraction) bestFit(ctx context.Context, free map[string][]int, pinned string, size int) string {
+	var usage map[string]GPUUsage
+	if f.usage != nil {
+		if u, err := f.usage.Usage(ctx); err == nil {
+			usage = u
+		}
+	}
+	best, bestFree := "", api.UnitsPerGPU+1
+	for _, g := range f.order {
+		n := len(free[g])
+		if n < size || (pinned != "" && g != pinned) || !f.health(g) {
+			continue
+		}
+		if u := usage[g]; u.WholeHolder != "" && !u.WholeHolderIsReservation {
+			continue
+		}
+		if n < bestFree {
+			best, bestFree = g, n
+		}
+	}
+	return best
+}
+
+// Allocate implements Resource: device access to the one GPU behind ids and
+// the memory and compute limits of the fraction.
+func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	n := len(ids)
+	if n > api.UnitsPerGPU {
+		return nil, fmt.Errorf("allocating %d units: %w", n, ErrTooManyUnits)
+	}
+	uuid, err := GPUOfUnits(ids)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d units: %w", n, err)
+	}
+	g, ok := f.gpus[uuid]
+	if !ok {
+		return nil, fmt.Errorf("allocating %d units: unknown GPU %s", n, uuid)
+	}
+	limitMiB := MemoryLimitMiB(g, n)
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{
+		api.EnvMemoryLimitMiB: strconv.FormatUint(limitMiB, 10),
+		// The container sees exactly one GPU, so MPS addresses it as device 0.
+		api.EnvMPSMemLimit:         "0=" + strconv.FormatUint(limitMiB, 10) + "M",
+		api.EnvMPSThreadPercentage: strconv.Itoa(n),
+	}}
+	containerDevices(f.strategy, []nvidia.GPU{g}, resp)
+	if f.hint != nil {
+		f.hint.Allocated(ctx, uuid, n)
+	}
+	return resp, nil
+}
+
+// MemoryLimitMiB is the GPU memory a fraction of units may use: units percent
+// of the GPU's total memory, rounded down to whole MiB.
+func MemoryLimitMiB(g nvidia.GPU, units int) uint64 {
+	return g.MemoryMiB() * uint64(units) / api.UnitsPerGPU
+}
