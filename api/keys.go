@@ -48,6 +48,16 @@ const (
 	// LabelGPUProduct is the node label holding the GPU model.
 	LabelGPUProduct = "nvidia.com/gpu.product"
 
+	// LabelRole marks gpufrac's own pods in SystemNamespace: RoleReservation or RolePlaceholder.
+	LabelRole = Domain + "/role"
+	// RoleReservation is the LabelRole value of reservation pods.
+	RoleReservation = "reservation"
+	// RolePlaceholder is the LabelRole value of scale-up placeholder pods.
+	RolePlaceholder = "placeholder"
+	// ReservationNamePrefix starts every reservation pod's name; the node
+	// agent recognises reservations in PodResources by it (and the namespace).
+	ReservationNamePrefix = "gpufrac-reservation-"
+
 	// EnvMemoryLimitMiB carries a fraction's or replica's GPU memory limit into the container.
 	EnvMemoryLimitMiB = "GPUFRAC_MEMORY_LIMIT_MIB"
 	// EnvMPSMemLimit is CUDA MPS's per-device pinned memory limit ("<uuid>=<N>M" or "0=<N>M").

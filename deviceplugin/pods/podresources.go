@@ -1,0 +1,148 @@
+// Package pods connects the node agent to the pods on its node: the
+// kubelet's PodResources API (which pod holds which device), the pod informer
+// that tells the fraction resource which GPU the coordinator chose, and the
+// write-back of the GPU each fraction or reservation pod actually got.
+package pods
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+)
+
+// Assignment is the GPU devices one container holds.
+type Assignment struct {
+	Namespace, Pod, Container string
+	Resource                  string
+	DeviceIDs                 []string
+}
+
+// PodResources reads the kubelet's PodResources API, caching List for a
+// short time so allocation-path callers stay fast.
+type PodResources struct {
+	conn   *grpc.ClientConn
+	client podresourcesapi.PodResourcesListerClient
+	ttl    time.Duration
+	clock  clock.PassiveClock
+	// resourceNames are the resources whose devices are reported.
+	fractionName, wholeName string
+
+	mu      sync.Mutex
+	fetched time.Time
+	cache   []Assignment
+}
+
+var _ resource.UsageSource = (*PodResources)(nil)
+
+// NewPodResources connects to the PodResources socket (the connection is lazy).
+func NewPodResources(socket string, ttl time.Duration, clk clock.PassiveClock) (*PodResources, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PodResources at %s: %w", socket, err)
+	}
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &PodResources{
+		conn:         conn,
+		client:       podresourcesapi.NewPodResourcesListerClient(conn),
+		ttl:          ttl,
+		clock:        clk,
+		fractionName: api.ResourceFraction,
+		wholeName:    api.ResourceGPU,
+	}, nil
+}
+
+// Close closes the connection.
+func (p *PodResources) Close() error { return p.conn.Close() }
+
+// Invalidate drops the cache so the next call lists again.
+func (p *PodResources) Invalidate() {
+	p.mu.Lock()
+	p.fetched = time.Time{}
+	p.mu.Unlock()
+}
+
+// List returns every container's devices, from cache when fresh.
+func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
+	p.mu.Lock()
+	if !p.fetched.IsZero() && p.clock.Since(p.fetched) < p.ttl {
+		out := p.cache
+		p.mu.Unlock()
+		return out, nil
+	}
+	p.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := p.client.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("listing pod resources: %w", err)
+	}
+	var out []Assignment
+	for _, pr := range resp.GetPodResources() {
+		for _, c := range pr.GetContainers() {
+			for _, d := range c.GetDevices() {
+				out = append(out, Assignment{
+					Namespace: pr.GetNamespace(), Pod: pr.GetName(), Container: c.GetName(),
+					Resource: d.GetResourceName(), DeviceIDs: d.GetDeviceIds(),
+				})
+			}
+		}
+	}
+	p.mu.Lock()
+	p.cache, p.fetched = out, p.clock.Now()
+	p.mu.Unlock()
+	return out, nil
+}
+
+// Usage implements resource.UsageSource.
+func (p *PodResources) Usage(ctx context.Context) (map[string]resource.GPUUsage, error) {
+	as, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return UsageOf(as, p.wholeName, p.fractionName), nil
+}
+
+// UsageOf sums assignments into per-GPU usage.
+func UsageOf(as []Assignment, wholeName, fractionName string) map[string]resource.GPUUsage {
+	usage := map[string]resource.GPUUsage{}
+	for _, a := range as {
+		switch a.Resource {
+		case wholeName:
+			for _, id := range a.DeviceIDs {
+				u := usage[id]
+				u.WholeHolder = a.Namespace + "/" + a.Pod
+				u.WholeHolderIsReservation = IsReservation(a.Namespace, a.Pod)
+				usage[id] = u
+			}
+		case fractionName:
+			for _, id := range a.DeviceIDs {
+				gpu, _, err := resource.ParseUnitID(id)
+				if err != nil {
+					continue
+				}
+				u := usage[gpu]
+				u.Units++
+				usage[gpu] = u
+			}
+		}
+	}
+	return usage
+}
+
+// IsReservation tells whether a pod is a gpufrac reservation pod.
+func IsReservation(namespace, name string) bool {
+	return namespace == api.SystemNamespace && strings.HasPrefix(name, api.ReservationNamePrefix)
+}
