@@ -37,7 +37,7 @@ type Options struct {
 	OnChange func()
 	// OnXid is called for every Xid event, critical or not.
 	OnXid func(ev nvidia.XidEvent, critical bool)
-	Clock clock.Clock
+	Clock clock.WithTicker
 }
 
 // Checker tracks GPU health. Healthy is safe for concurrent use.
