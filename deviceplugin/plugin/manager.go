@@ -27,6 +27,7 @@ type Manager struct {
 	ctx     context.Context    // Run's context; servers live as long as it
 	servers map[string]*Server // resource name -> endpoint
 	pending map[string]bool    // resource name -> registration still to do
+	done    chan struct{}      // closed when the loop started by Start ends
 }
 
 // NewManager returns a manager for the kubelet device-plugin directory dir.
@@ -63,7 +64,7 @@ func (m *Manager) Registered() bool {
 // endpoint and a registration; kept ones get their device list replaced in
 // place (ListAndWatch pushes it, no re-registration needed); resources no
 // longer wanted first advertise zero devices, so the kubelet drops their
-// capacity at once, then stop. Apply must be called after Run started.
+// capacity at once, then stop. Apply must be called after Start.
 func (m *Manager) Apply(ctx context.Context, resources []resource.Resource) error {
 	logger := klog.FromContext(ctx)
 	want := map[string]resource.Resource{}
@@ -92,7 +93,7 @@ func (m *Manager) Apply(ctx context.Context, resources []resource.Resource) erro
 		}
 		srv := NewServer(m.dir, r, m.observer)
 		if runCtx == nil {
-			errs = append(errs, fmt.Errorf("starting %s: manager is not running", name))
+			errs = append(errs, fmt.Errorf("starting %s: manager is not started", name))
 			continue
 		}
 		if err := srv.Start(runCtx); err != nil {
@@ -129,34 +130,54 @@ func (m *Manager) UpdateAll() {
 	}
 }
 
-// Run watches the kubelet directory until ctx ends, restarting and
-// re-registering every endpoint when kubelet.sock is created again, and
-// retrying failed registrations. It stops all endpoints before returning.
-func (m *Manager) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
+// Start begins serving: it watches the kubelet directory until ctx ends,
+// restarting and re-registering every endpoint when kubelet.sock is created
+// again and retrying failed registrations. When ctx ends every endpoint
+// stops; Wait returns after that.
+func (m *Manager) Start(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", m.dir, err)
 	}
-	defer w.Close()
 	if err := w.Add(m.dir); err != nil {
+		w.Close()
 		return fmt.Errorf("watching %s: %w", m.dir, err)
 	}
 	m.mu.Lock()
 	m.ctx = ctx
+	m.done = make(chan struct{})
 	m.mu.Unlock()
-	defer m.stopAll()
+	go m.loop(ctx, w)
+	return nil
+}
 
+// Wait blocks until the manager started by Start has stopped.
+func (m *Manager) Wait() {
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+func (m *Manager) loop(ctx context.Context, w *fsnotify.Watcher) {
+	logger := klog.FromContext(ctx)
+	defer close(m.done)
+	defer m.stopAll()
+	defer w.Close()
 	kubeletSock := filepath.Join(m.dir, filepath.Base(pluginapi.KubeletSocket))
 	retry := time.NewTicker(m.retryInterval)
 	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case ev, ok := <-w.Events:
 			if !ok {
-				return fmt.Errorf("watching %s: watcher closed", m.dir)
+				logger.Error(nil, "Kubelet directory watch closed; restarts are detected by registration retries only")
+				w.Events = nil
+				continue
 			}
 			if ev.Name == kubeletSock && ev.Has(fsnotify.Create) {
 				logger.Info("Kubelet restarted; re-registering device plugins")

@@ -1,0 +1,136 @@
+// Command gpufrac-node is the node agent: a kubelet device plugin serving
+// whole, fractional, time-sliced and MIG GPUs discovered through NVML.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/agent"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	klog.InitFlags(nil)
+	var (
+		cfg          agent.Config
+		nvmlFlag     string
+		mockState    string
+		kubeconfig   string
+		strategy     string
+		ignoredXids  string
+		standaloneOK bool
+	)
+	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	flag.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
+	flag.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's PodResources socket (empty disables)")
+	flag.StringVar(&cfg.ConfigFile, "config", "", "the admin's partitioning config file (a mounted ConfigMap key); empty serves the defaults")
+	flag.StringVar(&nvmlFlag, "nvml", "real", "NVML backend: real, mock:dgxh100 or mock:dgxa100")
+	flag.StringVar(&mockState, "mock-state-dir", "", "with a mock backend: directory whose files set fake processes, memory use and Xid events")
+	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for API access; empty uses the in-cluster config, or runs standalone outside a cluster")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9400", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.StringVar(&strategy, "device-list-strategy", string(resource.StrategyDeviceSpecs), "how GPUs reach containers: device-specs or cdi")
+	flag.DurationVar(&cfg.HealthQuietPeriod, "health-quiet-period", 5*time.Minute, "a GPU is healthy again after this long without a critical Xid")
+	flag.DurationVar(&cfg.HealthProbeInterval, "health-probe-interval", time.Second, "how often GPUs are probed through NVML")
+	flag.StringVar(&ignoredXids, "ignored-xids", "", "comma-separated Xids that never mark a GPU unhealthy, replacing the default application Xids 13,31,43,45,68,109")
+	flag.BoolVar(&standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
+	flag.Parse()
+
+	if err := run(cfg, nvmlFlag, mockState, kubeconfig, strategy, ignoredXids, standaloneOK); err != nil {
+		klog.ErrorS(err, "gpufrac-node failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	klog.Flush()
+}
+
+func run(cfg agent.Config, nvmlFlag, mockState, kubeconfig, strategy, ignoredXids string, standaloneOK bool) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx = klog.NewContext(ctx, klog.Background())
+	cfg.Version = version
+
+	var err error
+	if cfg.DeviceListStrategy, err = resource.ParseDeviceListStrategy(strategy); err != nil {
+		return err
+	}
+	if ignoredXids != "" {
+		for _, s := range strings.Split(ignoredXids, ",") {
+			x, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				return fmt.Errorf("--ignored-xids: %q is not an Xid number", s)
+			}
+			cfg.IgnoredXids = append(cfg.IgnoredXids, x)
+		}
+	}
+	lib, err := newLib(ctx, nvmlFlag, mockState)
+	if err != nil {
+		return err
+	}
+	client, err := newClient(kubeconfig, standaloneOK)
+	if err != nil {
+		return err
+	}
+	if client != nil && cfg.NodeName == "" {
+		return errors.New("--node-name (or $NODE_NAME) is required with API access")
+	}
+	return agent.New(cfg, lib, client).Run(ctx)
+}
+
+func newLib(ctx context.Context, flagValue, stateDir string) (nvidia.Lib, error) {
+	if flagValue == "real" {
+		return nvidia.NewReal(), nil
+	}
+	model, ok := strings.CutPrefix(flagValue, "mock:")
+	if !ok {
+		return nil, fmt.Errorf("--nvml=%q: want real or mock:<model> (%s)", flagValue, strings.Join(nvidia.MockModels(), ", "))
+	}
+	m, err := nvidia.NewMock(model)
+	if err != nil {
+		return nil, fmt.Errorf("--nvml=%q: %w", flagValue, err)
+	}
+	if stateDir != "" {
+		go func() {
+			if err := m.SyncFromDir(ctx, stateDir); err != nil {
+				klog.FromContext(ctx).Error(err, "Mock state directory sync stopped", "dir", stateDir)
+			}
+		}()
+	}
+	return m, nil
+}
+
+// newClient returns nil (standalone) when there is no way to reach the API.
+func newClient(kubeconfig string, standaloneOK bool) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+		if errors.Is(err, rest.ErrNotInCluster) && standaloneOK {
+			klog.InfoS("No API access: running standalone with best-fit fraction placement")
+			return nil, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("building API client config: %w", err)
+	}
+	rc.UserAgent = "gpufrac-node"
+	return kubernetes.NewForConfig(rc)
+}

@@ -1,0 +1,337 @@
+// Package agent is gpufrac-node's composition root: it wires the NVML
+// library, the admin's config, health, pod hints, metrics and the
+// device-plugin endpoints, and runs them until its context ends.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/health"
+	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/plugin"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+)
+
+// Config is gpufrac-node's configuration, filled from flags by main.
+type Config struct {
+	// NodeName is this node's name (required with API access).
+	NodeName string
+	// KubeletDir is the kubelet's device-plugin directory.
+	KubeletDir string
+	// PodResourcesSocket is the kubelet's PodResources socket ("" disables it).
+	PodResourcesSocket string
+	// ConfigFile is the admin's partitioning config ("" uses the defaults).
+	ConfigFile string
+	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables it).
+	MetricsAddr string
+	// DeviceListStrategy is how GPUs reach containers.
+	DeviceListStrategy resource.DeviceListStrategy
+	// HealthQuietPeriod is how long a GPU stays unhealthy after a critical Xid.
+	HealthQuietPeriod time.Duration
+	// HealthProbeInterval is how often GPUs are probed through NVML.
+	HealthProbeInterval time.Duration
+	// IgnoredXids never mark a GPU unhealthy (nil: health.DefaultIgnoredXids).
+	IgnoredXids []uint64
+	// Version is reported in gpufrac_build_info.
+	Version string
+}
+
+// Agent is a running gpufrac-node.
+type Agent struct {
+	cfg    Config
+	lib    nvidia.Lib
+	client kubernetes.Interface // nil: standalone, no API access
+	reg    *prometheus.Registry
+
+	manager  *plugin.Manager
+	checker  *health.Checker
+	hint     *pods.Hint
+	podRes   *pods.PodResources
+	metrics  *metrics.Metrics
+	recorder record.EventRecorder
+	gpus     []nvidia.GPU
+	topology []*gpuallocator.Device
+	labels   map[string]string
+
+	applyMu sync.Mutex // serialises config applications
+	addr    atomic.Value
+}
+
+// New returns an agent on lib; client may be nil (standalone mode).
+func New(cfg Config, lib nvidia.Lib, client kubernetes.Interface) *Agent {
+	if cfg.HealthQuietPeriod <= 0 {
+		cfg.HealthQuietPeriod = 5 * time.Minute
+	}
+	if cfg.DeviceListStrategy == "" {
+		cfg.DeviceListStrategy = resource.StrategyDeviceSpecs
+	}
+	return &Agent{cfg: cfg, lib: lib, client: client, reg: prometheus.NewRegistry()}
+}
+
+// Registry is the agent's metrics registry.
+func (a *Agent) Registry() *prometheus.Registry { return a.reg }
+
+// MetricsAddr is the address the metrics server listens on, once it does.
+func (a *Agent) MetricsAddr() string {
+	s, _ := a.addr.Load().(string)
+	return s
+}
+
+// Ready tells whether every resource is registered with the kubelet.
+func (a *Agent) Ready() bool { return a.manager != nil && a.manager.Registered() }
+
+// Resources lists the resources being served.
+func (a *Agent) Resources() []string {
+	if a.manager == nil {
+		return nil
+	}
+	return a.manager.Resources()
+}
+
+// Run starts everything and blocks until ctx ends. It fails only when the
+// node cannot be served at all (NVML does not start, no kubelet directory).
+func (a *Agent) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	if err := a.lib.Init(); err != nil {
+		return fmt.Errorf("starting NVML: %w", err)
+	}
+	defer func() {
+		if err := a.lib.Shutdown(); err != nil {
+			logger.Error(err, "Shutting down NVML")
+		}
+	}()
+	gpus, err := a.lib.GPUs()
+	if err != nil {
+		return fmt.Errorf("listing GPUs: %w", err)
+	}
+	a.gpus = gpus
+	if a.topology, err = nvidia.AllocatorDevices(a.lib); err != nil {
+		logger.Error(err, "GPU topology unavailable; whole GPUs are allocated in index order")
+	}
+	uuids := make([]string, len(gpus))
+	for i, g := range gpus {
+		uuids[i] = g.UUID
+	}
+	logger.Info("Discovered GPUs", "count", len(gpus), "node", a.cfg.NodeName)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	goRun := func(name string, fn func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(ctx); err != nil && ctx.Err() == nil {
+				logger.Error(err, "Component stopped", "component", name)
+			}
+		}()
+	}
+
+	// 1. Kubernetes side: events on the Node, node labels, pod hints.
+	a.recorder = record.NewFakeRecorder(100)
+	if a.client != nil {
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+		defer b.Shutdown()
+		a.recorder = b.NewRecorder(clientScheme(), corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName})
+		a.labels = a.nodeLabels(ctx)
+	}
+	if a.cfg.PodResourcesSocket != "" {
+		pr, err := pods.NewPodResources(a.cfg.PodResourcesSocket, 100*time.Millisecond, nil)
+		if err != nil {
+			logger.Error(err, "PodResources unavailable; placement ignores existing allocations")
+		} else {
+			a.podRes = pr
+			defer pr.Close()
+		}
+	}
+	if a.client != nil {
+		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes)
+		goRun("pod-hints", a.hint.Run)
+	}
+
+	// 2. Metrics, health and the endpoints.
+	var usage resource.UsageSource
+	if a.podRes != nil {
+		usage = a.podRes
+	}
+	a.checker = health.NewChecker(a.lib, uuids, health.Options{
+		IgnoredXids:   a.cfg.IgnoredXids,
+		QuietPeriod:   a.cfg.HealthQuietPeriod,
+		ProbeInterval: a.cfg.HealthProbeInterval,
+		OnChange: func() {
+			if a.manager != nil {
+				a.manager.UpdateAll()
+			}
+		},
+		OnXid: func(ev nvidia.XidEvent, critical bool) {
+			if a.metrics != nil {
+				a.metrics.Xid(ev, critical)
+			}
+			if critical {
+				a.nodeEvent(corev1.EventTypeWarning, "GPUXid", "GPU %s reported critical Xid %d; unhealthy for %s", ev.UUID, ev.Xid, a.cfg.HealthQuietPeriod)
+			}
+		},
+	})
+	a.metrics = metrics.New(a.reg, metrics.Sources{
+		Lib: a.lib, GPUs: func() []nvidia.GPU { return a.gpus }, Healthy: a.checker.Healthy, Usage: usage,
+	}, a.cfg.Version)
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.manager = plugin.NewManager(a.cfg.KubeletDir, a.metrics)
+	if err := a.manager.Start(ctx); err != nil {
+		return fmt.Errorf("starting device plugins: %w", err)
+	}
+	defer a.manager.Wait()
+	goRun("health", a.checker.Run)
+	if a.cfg.MetricsAddr != "" {
+		if err := a.serveMetrics(ctx, &wg); err != nil {
+			return err
+		}
+	}
+
+	// 3. The admin's config: apply now, then on every valid change.
+	deps := resource.Deps{Topology: a.topology, Health: a.checker.Healthy, Usage: usage, Strategy: a.cfg.DeviceListStrategy}
+	if a.hint != nil {
+		deps.Hint = a.hint
+	}
+	check := func(f *config.File) error { _, err := a.build(f, deps); return err }
+	initial := &config.File{Version: config.Version}
+	if a.cfg.ConfigFile != "" {
+		w, err := config.NewWatcher(a.cfg.ConfigFile,
+			config.WithRegisterer(a.reg),
+			config.WithCheck(check),
+			config.WithOnChange(func(_, f *config.File) {
+				logger.Info("Config changed; applying")
+				if err := a.apply(ctx, f, deps); err != nil {
+					logger.Error(err, "Applying new config")
+				}
+			}),
+			config.WithOnReject(func(err error) {
+				logger.Error(err, "Config rejected; keeping the last good config")
+				a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", "gpufrac-node kept its last good config: %v", err)
+			}))
+		if err != nil {
+			return fmt.Errorf("watching config: %w", err)
+		}
+		if f, err := w.Load(ctx); err != nil {
+			logger.Error(err, "Config unusable at start; serving built-in defaults until a valid one appears", "file", a.cfg.ConfigFile)
+			a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", "gpufrac-node serves its defaults: %v", err)
+		} else if err := check(f); err != nil {
+			logger.Error(err, "Config unusable at start; serving built-in defaults until a valid one appears", "file", a.cfg.ConfigFile)
+			a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", "gpufrac-node serves its defaults: %v", err)
+		} else {
+			initial = f
+		}
+		goRun("config", w.Run)
+	}
+	if err := a.apply(ctx, initial, deps); err != nil {
+		return fmt.Errorf("applying config: %w", err)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// build resolves f for this node and builds its resources.
+func (a *Agent) build(f *config.File, deps resource.Deps) ([]resource.Resource, error) {
+	np, err := f.Resolve(a.labels, len(a.gpus))
+	if err != nil {
+		return nil, err
+	}
+	return resource.Build(np.GPUModes, a.gpus, deps)
+}
+
+func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) error {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	res, err := a.build(f, deps)
+	if err != nil {
+		return err
+	}
+	if err := a.manager.Apply(ctx, res); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Serving resources", "resources", a.manager.Resources())
+	return nil
+}
+
+// nodeLabels reads this node's labels for config group selection; without
+// them only the default policy applies.
+func (a *Agent) nodeLabels(ctx context.Context) map[string]string {
+	var node *corev1.Node
+	var err error
+	for i := 0; i < 5 && ctx.Err() == nil; i++ {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		node, err = a.client.CoreV1().Nodes().Get(rctx, a.cfg.NodeName, metav1.GetOptions{})
+		cancel()
+		if err == nil {
+			return node.Labels
+		}
+		time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
+	}
+	klog.FromContext(ctx).Error(err, "Reading node labels failed; config groups will not match", "node", a.cfg.NodeName)
+	return nil
+}
+
+func (a *Agent) nodeEvent(typ, reason, format string, args ...any) {
+	if a.recorder == nil || a.cfg.NodeName == "" {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Node", Name: a.cfg.NodeName, UID: typesUID(a.cfg.NodeName)}
+	a.recorder.Eventf(ref, typ, reason, format, args...)
+}
+
+func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.Ready() {
+			http.Error(w, "device plugins not registered with the kubelet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	lis, err := net.Listen("tcp", a.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listening for metrics on %s: %w", a.cfg.MetricsAddr, err)
+	}
+	a.addr.Store(lis.Addr().String())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Metrics server stopped")
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return nil
+}
