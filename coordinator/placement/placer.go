@@ -1,0 +1,311 @@
+package placement
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// Options configure a Placer.
+type Options struct {
+	// Seed drives every random choice (the random policy). Same seed, same
+	// snapshot, same requests: same decisions.
+	Seed uint64
+	// Typical is the workload's typical pod mix that fragmentation-aware
+	// policies (fgd, gpufrac) look ahead with. TypicalFromRequests builds it.
+	// Without it those policies fall back to a mix of one whole GPU and the
+	// common shares.
+	Typical []Typical
+}
+
+// Placer places requests with one policy. It keeps score caches keyed by
+// node generation, so it is fastest when used on one snapshot (and its
+// clones) for many requests. A Placer is not safe for concurrent use.
+type Placer struct {
+	name   string
+	policy policy
+	rng    *rand.Rand
+	frag   *fragModel // typical-pod mix, compiled per snapshot family
+
+	// Score cache: (snapshot family, node, generation, request class) -> score.
+	cacheSrc *genSource
+	classes  map[reqKey]int32 // request class -> row of cache
+	cache    [][]cacheEntry   // row -> node index -> entry
+	// fragCache is the node's current fragmentation, by node index.
+	fragCache []fragEntry
+
+	scratch []int32 // GPU free values of a node being scored
+}
+
+type cacheEntry struct {
+	gen   uint64
+	score float32
+	gpu   int32
+}
+
+type fragEntry struct {
+	gen uint64
+	f   float64
+}
+
+// maxCacheEntries bounds the score cache (16 bytes each).
+const maxCacheEntries = 1 << 21
+
+// New returns a Placer running the named policy (see Policies).
+func New(policyName string, opts Options) (*Placer, error) {
+	pol, ok := newPolicy(policyName)
+	if !ok {
+		return nil, fmt.Errorf("creating placer: unknown policy %q (known: %v)", policyName, Policies())
+	}
+	typical := opts.Typical
+	if len(typical) == 0 {
+		typical = defaultTypical()
+	}
+	fm, err := newFragModel(typical)
+	if err != nil {
+		return nil, fmt.Errorf("creating placer %q: %w", policyName, err)
+	}
+	return &Placer{
+		name:    policyName,
+		policy:  pol,
+		rng:     rand.New(rand.NewPCG(opts.Seed, 0x9e3779b97f4a7c15)),
+		frag:    fm,
+		scratch: make([]int32, 0, 16),
+	}, nil
+}
+
+// Policy is the name of the Placer's policy.
+func (p *Placer) Policy() string { return p.name }
+
+// req is a validated request in the form the hot loop uses.
+type req struct {
+	r     *Request
+	cpu   int64
+	mem   int64
+	k     int32 // GPUs needed: 0 CPU-only, 1 for a share
+	m     int32 // milli taken from each of them
+	share bool
+	kind  int
+	key   reqKey
+}
+
+// reqKey is what a cached score may depend on.
+type reqKey struct {
+	cpu, mem int64
+	k, m     int32
+	share    bool
+}
+
+func makeReq(r *Request) req {
+	q := req{r: r, cpu: r.CPUMilli, mem: r.MemoryBytes, kind: r.kind()}
+	switch {
+	case r.ShareMilli > 0:
+		q.k, q.m, q.share = 1, int32(r.ShareMilli), true
+	case r.GPUs > 0:
+		q.k, q.m = int32(r.GPUs), MilliPerGPU
+	}
+	q.key = reqKey{cpu: q.cpu, mem: q.mem, k: q.k, m: q.m, share: q.share}
+	return q
+}
+
+// fits reports whether node i has the resources for q (eligibility aside).
+func (s *Snapshot) fits(i int, q *req) bool {
+	st := &s.nodes[i]
+	if st.cpuFree < q.cpu || st.memFree < q.mem {
+		return false
+	}
+	if q.share {
+		return st.maxFree >= q.m
+	}
+	return st.fullFree >= q.k
+}
+
+// Place chooses a node and GPUs for r on s without changing s (call Assume
+// to take the resources). Ties go to the node that comes first in the
+// snapshot. When nothing fits it returns an *UnschedulableError.
+func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
+	if err := r.Validate(); err != nil {
+		return Decision{}, fmt.Errorf("placing request: %w", err)
+	}
+	q := makeReq(r)
+	elig := s.eligibilityFor(r)
+	if elig != nil && !elig.any {
+		return Decision{}, p.explain(s, &q, elig)
+	}
+	p.prepare(s)
+
+	best, bestGPU := -1, -1
+	bestScore := math.Inf(-1)
+	if _, random := p.policy.(randomPolicy); random {
+		seen := 0
+		for i := range s.nodes {
+			if elig.ok(i) && s.fits(i, &q) {
+				seen++
+				if p.rng.IntN(seen) == 0 {
+					best = i
+				}
+			}
+		}
+		if best >= 0 {
+			bestScore = 0
+			bestGPU = p.randomGPU(s, best, &q)
+		}
+	} else {
+		row := p.cacheRow(s, &q)
+		for i := range s.nodes {
+			if !elig.ok(i) || !s.fits(i, &q) {
+				continue
+			}
+			var sc float64
+			var g int
+			if row != nil {
+				e := &row[i]
+				if e.gen != s.nodes[i].gen {
+					sc, g = p.policy.score(p, s, i, &q)
+					*e = cacheEntry{gen: s.nodes[i].gen, score: float32(sc), gpu: int32(g)}
+				}
+				sc, g = float64(e.score), int(e.gpu)
+			} else {
+				sc, g = p.policy.score(p, s, i, &q)
+			}
+			if sc > bestScore {
+				best, bestGPU, bestScore = i, g, sc
+			}
+		}
+	}
+	if best < 0 {
+		return Decision{}, p.explain(s, &q, elig)
+	}
+	return s.decision(best, bestGPU, bestScore, &q), nil
+}
+
+// prepare resets the caches when s belongs to another snapshot family.
+func (p *Placer) prepare(s *Snapshot) {
+	if p.cacheSrc == s.src && len(p.fragCache) == len(s.nodes) {
+		return
+	}
+	p.cacheSrc = s.src
+	p.classes = map[reqKey]int32{}
+	p.cache = p.cache[:0]
+	p.fragCache = make([]fragEntry, len(s.nodes))
+	p.frag.compile(s)
+}
+
+// cacheRow returns the score cache row for q's class, nil if the policy's
+// scores cannot be cached.
+func (p *Placer) cacheRow(s *Snapshot, q *req) []cacheEntry {
+	if !p.policy.cacheable() {
+		return nil
+	}
+	key := q.key
+	if !p.policy.usesMemory() {
+		key.mem = 0
+	}
+	if id, ok := p.classes[key]; ok {
+		return p.cache[id]
+	}
+	if (len(p.cache)+1)*len(s.nodes) > maxCacheEntries {
+		p.classes = map[reqKey]int32{}
+		p.cache = p.cache[:0]
+	}
+	p.classes[key] = int32(len(p.cache))
+	p.cache = append(p.cache, make([]cacheEntry, len(s.nodes)))
+	return p.cache[len(p.cache)-1]
+}
+
+// nodeFrag is node i's current fragmentation under the typical mix, cached
+// by generation.
+func (p *Placer) nodeFrag(s *Snapshot, i int) float64 {
+	e := &p.fragCache[i]
+	if e.gen != s.nodes[i].gen {
+		st := &s.nodes[i]
+		*e = fragEntry{gen: st.gen, f: p.frag.nodeFrag(st.model, st.cpuFree, s.gpus(i))}
+	}
+	return e.f
+}
+
+// decision turns the chosen node (and GPU for shares) into a Decision.
+func (s *Snapshot) decision(i, gpu int, score float64, q *req) Decision {
+	st := &s.nodes[i]
+	d := Decision{Node: st.meta.Name, NodeIndex: i, MilliPerGPU: int(q.m), Score: score}
+	switch {
+	case q.share:
+		d.GPUIndices = []int{gpu}
+	case q.k > 0:
+		d.GPUIndices = make([]int, 0, q.k)
+		for g, f := range s.gpus(i) {
+			if f == MilliPerGPU && len(d.GPUIndices) < int(q.k) {
+				d.GPUIndices = append(d.GPUIndices, g)
+			}
+		}
+	}
+	if len(d.GPUIndices) > 0 {
+		d.GPUs = make([]string, len(d.GPUIndices))
+		for k, g := range d.GPUIndices {
+			d.GPUs[k] = st.meta.GPUs[g].ID
+		}
+	}
+	return d
+}
+
+// randomGPU picks a uniformly random GPU with room for a share.
+func (p *Placer) randomGPU(s *Snapshot, i int, q *req) int {
+	if !q.share {
+		return -1
+	}
+	pick, seen := -1, 0
+	for g, f := range s.gpus(i) {
+		if f >= q.m {
+			seen++
+			if p.rng.IntN(seen) == 0 {
+				pick = g
+			}
+		}
+	}
+	return pick
+}
+
+// explain builds the error for a request no node can host. It is off the
+// hot path: it runs only when nothing fits.
+func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
+	e := &UnschedulableError{Nodes: len(s.nodes), Counts: map[Reason]int{}}
+	for i := range s.nodes {
+		st := &s.nodes[i]
+		var why Reason
+		switch {
+		case elig != nil && elig.code[i] == rejectsConstraints:
+			why = ReasonConstraints
+		case elig != nil && elig.code[i] == rejectsModel:
+			why = ReasonModel
+		case q.share && st.maxFree < q.m, !q.share && st.fullFree < q.k:
+			why = ReasonGPU
+		case st.cpuFree < q.cpu:
+			why = ReasonCPU
+		case st.memFree < q.mem:
+			why = ReasonMemory
+		default:
+			continue // fits; cannot happen when called after a failed search
+		}
+		e.Counts[why]++
+	}
+	most := 0
+	for _, r := range reasonOrder() {
+		if e.Counts[r] > most {
+			e.Reason, most = r, e.Counts[r]
+		}
+	}
+	return e
+}
+
+// tightestGPU is the GPU with the least free milli that still has room for
+// q's share, lowest index on ties ("best fit" GPU selection).
+func (s *Snapshot) tightestGPU(i int, q *req) int {
+	pick := -1
+	var pf int32
+	for g, f := range s.gpus(i) {
+		if f >= q.m && (pick < 0 || f < pf) {
+			pick, pf = g, f
+		}
+	}
+	return pick
+}

@@ -1,0 +1,355 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpufrac/gpufrac/api"
+)
+
+// ErrConflict reports an Assume or Forget that does not match the snapshot
+// (the GPUs are not free, the node is unknown, usage would go negative).
+var ErrConflict = errors.New("placement conflicts with the snapshot")
+
+// genSource hands out node generations. A generation names one content of one
+// node: every change takes a fresh number and Rollback restores the old one,
+// so (source, node index, generation) is a valid cache key for anything
+// computed from a node's free resources. Clones share the source.
+type genSource struct{ n atomic.Uint64 }
+
+func (g *genSource) next() uint64 { return g.n.Add(1) }
+
+// nodeState is the mutable part of one node, kept flat for the hot loop.
+type nodeState struct {
+	meta    *Node
+	model   int32 // index into Snapshot.models, -1 without GPUs or model
+	gpuOff  int32 // first GPU in Snapshot.free
+	gpuN    int32
+	cpuFree int64
+	memFree int64
+	// Derived from the GPUs' free milli, kept in step by apply.
+	fullFree  int32 // GPUs with all MilliPerGPU free
+	maxFree   int32 // largest free milli of one GPU
+	totalFree int32
+	gen       uint64
+	kinds     KindCounts
+}
+
+// journalEntry holds a node as it was before a change, for Rollback.
+type journalEntry struct {
+	node  int
+	state nodeState
+	free  [8]int32 // GPUs 0..7 inline; more in Snapshot.journalFree
+	extra int      // offset into journalFree for GPUs beyond 8, -1 if none
+}
+
+// Snapshot is the cluster as placement sees it: nodes, their free resources,
+// and the undo journal of open checkpoints. It is not safe for concurrent
+// use; Clone gives an independent copy.
+type Snapshot struct {
+	nodes  []nodeState
+	free   []int32 // free milli of every GPU, node i's at nodes[i].gpuOff
+	byName map[string]int
+	models []string // interned GPU models; nodeState.model indexes it
+	src    *genSource
+	// tainted is true when some node has a taint pods must tolerate.
+	tainted bool
+
+	// journal holds the pre-change state of nodes changed since the
+	// outermost open checkpoint; empty when no checkpoint is open.
+	journal     []journalEntry
+	journalFree []int32
+	depth       int
+
+	// elig caches per-node eligibility by request class key -> eligibility.
+	eligMu sync.Mutex
+	elig   map[string]*eligibility
+}
+
+// NewSnapshot builds a snapshot of nodes. It keeps a pointer to each Node's
+// descriptive fields (labels, taints, GPU IDs); the caller must not change
+// them afterwards.
+func NewSnapshot(nodes []Node) (*Snapshot, error) {
+	s := &Snapshot{
+		nodes:  make([]nodeState, len(nodes)),
+		byName: make(map[string]int, len(nodes)),
+		src:    &genSource{},
+		elig:   map[string]*eligibility{},
+	}
+	nGPU := 0
+	for i := range nodes {
+		nGPU += len(nodes[i].GPUs)
+	}
+	s.free = make([]int32, 0, nGPU)
+	modelIdx := map[string]int32{}
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Name == "" {
+			return nil, fmt.Errorf("building snapshot: node %d has no name", i)
+		}
+		if _, dup := s.byName[n.Name]; dup {
+			return nil, fmt.Errorf("building snapshot: duplicate node %q", n.Name)
+		}
+		s.byName[n.Name] = i
+		for t := range n.Taints {
+			if blocksScheduling(&n.Taints[t]) {
+				s.tainted = true
+			}
+		}
+		if n.UsedCPUMilli > n.CPUMilli || n.UsedMemoryBytes > n.MemoryBytes || n.UsedCPUMilli < 0 || n.UsedMemoryBytes < 0 {
+			return nil, fmt.Errorf("building snapshot: node %q uses more CPU or memory than it has", n.Name)
+		}
+		st := nodeState{
+			meta:    n,
+			model:   -1,
+			gpuOff:  int32(len(s.free)),
+			gpuN:    int32(len(n.GPUs)),
+			cpuFree: n.CPUMilli - n.UsedCPUMilli,
+			memFree: n.MemoryBytes - n.UsedMemoryBytes,
+			gen:     s.src.next(),
+			kinds:   n.Kinds,
+		}
+		for _, g := range n.GPUs {
+			if g.FreeMilli < 0 || g.FreeMilli > MilliPerGPU {
+				return nil, fmt.Errorf("building snapshot: node %q GPU %q has %d milli free, want 0..%d", n.Name, g.ID, g.FreeMilli, MilliPerGPU)
+			}
+			s.free = append(s.free, int32(g.FreeMilli))
+		}
+		if model := nodeModel(n); model != "" && len(n.GPUs) > 0 {
+			id, ok := modelIdx[model]
+			if !ok {
+				id = int32(len(s.models))
+				modelIdx[model] = id
+				s.models = append(s.models, model)
+			}
+			st.model = id
+		}
+		s.nodes[i] = st
+		s.refresh(i)
+	}
+	return s, nil
+}
+
+func nodeModel(n *Node) string {
+	if n.Model != "" {
+		return n.Model
+	}
+	return n.Labels[api.LabelGPUProduct]
+}
+
+// Len is the number of nodes.
+func (s *Snapshot) Len() int { return len(s.nodes) }
+
+// Index returns the index of the named node.
+func (s *Snapshot) Index(name string) (int, bool) {
+	i, ok := s.byName[name]
+	return i, ok
+}
+
+// Node returns node i as it is now: the descriptive fields the snapshot was
+// built with and the current usage, GPU free milli and kind counts.
+func (s *Snapshot) Node(i int) Node {
+	st := &s.nodes[i]
+	n := *st.meta
+	n.UsedCPUMilli = n.CPUMilli - st.cpuFree
+	n.UsedMemoryBytes = n.MemoryBytes - st.memFree
+	n.Kinds = st.kinds
+	n.GPUs = make([]GPU, st.gpuN)
+	for g := range n.GPUs {
+		n.GPUs[g] = GPU{ID: st.meta.GPUs[g].ID, FreeMilli: int(s.free[int(st.gpuOff)+g])}
+	}
+	return n
+}
+
+// GPUMilli returns the cluster's GPU capacity and the milli-GPU in use.
+func (s *Snapshot) GPUMilli() (capacity, used int64) {
+	for i := range s.nodes {
+		capacity += int64(s.nodes[i].gpuN) * MilliPerGPU
+		used += int64(s.nodes[i].gpuN)*MilliPerGPU - int64(s.nodes[i].totalFree)
+	}
+	return capacity, used
+}
+
+// Clone returns an independent copy with no open checkpoint. Clones share the
+// immutable node descriptions and the generation source, so a Placer's caches
+// stay valid across a snapshot and its clones.
+func (s *Snapshot) Clone() *Snapshot {
+	c := &Snapshot{
+		nodes:   append([]nodeState(nil), s.nodes...),
+		free:    append([]int32(nil), s.free...),
+		byName:  s.byName, // never written after NewSnapshot
+		models:  s.models, // never written after NewSnapshot
+		src:     s.src,
+		tainted: s.tainted,
+		elig:    map[string]*eligibility{},
+	}
+	s.eligMu.Lock()
+	for k, v := range s.elig {
+		c.elig[k] = v // immutable once built
+	}
+	s.eligMu.Unlock()
+	return c
+}
+
+// gpus returns node i's free milli per GPU; the slice aliases the snapshot.
+func (s *Snapshot) gpus(i int) []int32 {
+	st := &s.nodes[i]
+	return s.free[st.gpuOff : st.gpuOff+st.gpuN]
+}
+
+// refresh recomputes node i's derived GPU fields.
+func (s *Snapshot) refresh(i int) {
+	st := &s.nodes[i]
+	var full, maxF, total int32
+	for _, f := range s.gpus(i) {
+		if f == MilliPerGPU {
+			full++
+		}
+		if f > maxF {
+			maxF = f
+		}
+		total += f
+	}
+	st.fullFree, st.maxFree, st.totalFree = full, maxF, total
+}
+
+// Assume takes the decision's resources from the snapshot, as if the pod were
+// bound. Inside a checkpoint the change can be rolled back.
+func (s *Snapshot) Assume(r *Request, d Decision) error {
+	return s.change(r, d, -1)
+}
+
+// Forget gives the decision's resources back, as when the pod ends or an
+// assumed binding failed. Inside a checkpoint the change can be rolled back.
+func (s *Snapshot) Forget(r *Request, d Decision) error {
+	return s.change(r, d, +1)
+}
+
+// change applies sign×request to the decision's node and GPUs after checking
+// that the result stays within 0..capacity.
+func (s *Snapshot) change(r *Request, d Decision, sign int) error {
+	action := "assuming"
+	if sign > 0 {
+		action = "forgetting"
+	}
+	if err := r.Validate(); err != nil {
+		return fmt.Errorf("%s placement on %s: %w", action, d.Node, err)
+	}
+	i := d.NodeIndex
+	if i < 0 || i >= len(s.nodes) || s.nodes[i].meta.Name != d.Node {
+		var ok bool
+		if i, ok = s.byName[d.Node]; !ok {
+			return fmt.Errorf("%s placement: node %q: %w", action, d.Node, ErrConflict)
+		}
+	}
+	st := &s.nodes[i]
+	gpus := s.gpus(i)
+	milli := int32(r.ShareMilli)
+	want := 1
+	if r.ShareMilli == 0 {
+		milli, want = MilliPerGPU, r.GPUs
+	}
+	if len(d.GPUIndices) != want {
+		return fmt.Errorf("%s placement on %s: decision has %d GPUs, request needs %d: %w", action, d.Node, len(d.GPUIndices), want, ErrConflict)
+	}
+	cpu, mem := st.cpuFree+int64(sign)*r.CPUMilli, st.memFree+int64(sign)*r.MemoryBytes
+	if cpu < 0 || mem < 0 || cpu > st.meta.CPUMilli || mem > st.meta.MemoryBytes {
+		return fmt.Errorf("%s placement on %s: CPU or memory out of range: %w", action, d.Node, ErrConflict)
+	}
+	for k, g := range d.GPUIndices {
+		if g < 0 || g >= len(gpus) {
+			return fmt.Errorf("%s placement on %s: GPU index %d out of range: %w", action, d.Node, g, ErrConflict)
+		}
+		for _, h := range d.GPUIndices[:k] {
+			if h == g {
+				return fmt.Errorf("%s placement on %s: GPU %d chosen twice: %w", action, d.Node, g, ErrConflict)
+			}
+		}
+		f := gpus[g] + int32(sign)*milli
+		if f < 0 || f > MilliPerGPU {
+			return fmt.Errorf("%s placement on %s: GPU %d has %d milli free: %w", action, d.Node, g, gpus[g], ErrConflict)
+		}
+	}
+	kind := r.kind()
+	if sign > 0 && kind >= 0 && st.kinds[kind] <= 0 {
+		// Kind counts are advisory (only gpuclustering reads them); a pod
+		// the snapshot never saw must not make them negative.
+		kind = -1
+	}
+
+	s.record(i)
+	st.cpuFree, st.memFree = cpu, mem
+	for _, g := range d.GPUIndices {
+		gpus[g] += int32(sign) * milli
+	}
+	if kind >= 0 {
+		st.kinds[kind] -= int32(sign)
+	}
+	st.gen = s.src.next()
+	s.refresh(i)
+	return nil
+}
+
+// record saves node i to the journal when a checkpoint is open.
+func (s *Snapshot) record(i int) {
+	if s.depth == 0 {
+		return
+	}
+	e := journalEntry{node: i, state: s.nodes[i], extra: -1}
+	gpus := s.gpus(i)
+	n := copy(e.free[:], gpus)
+	if n < len(gpus) {
+		e.extra = len(s.journalFree)
+		s.journalFree = append(s.journalFree, gpus[n:]...)
+	}
+	s.journal = append(s.journal, e)
+}
+
+// Checkpoint marks the snapshot's state so that Rollback can return to it.
+// Checkpoints nest; each must be ended by Rollback or Commit, innermost first.
+type Checkpoint struct {
+	depth   int
+	journal int
+	extra   int
+}
+
+// Checkpoint opens a checkpoint.
+func (s *Snapshot) Checkpoint() Checkpoint {
+	s.depth++
+	return Checkpoint{depth: s.depth, journal: len(s.journal), extra: len(s.journalFree)}
+}
+
+// Rollback undoes every change made since cp and closes it. Node
+// generations return to their old values, so cached scores stay valid.
+func (s *Snapshot) Rollback(cp Checkpoint) error {
+	if cp.depth != s.depth || cp.depth == 0 {
+		return fmt.Errorf("rolling back checkpoint %d while %d is innermost: %w", cp.depth, s.depth, ErrConflict)
+	}
+	for j := len(s.journal) - 1; j >= cp.journal; j-- {
+		e := &s.journal[j]
+		s.nodes[e.node] = e.state
+		gpus := s.gpus(e.node)
+		n := copy(gpus, e.free[:])
+		if n < len(gpus) {
+			copy(gpus[n:], s.journalFree[e.extra:])
+		}
+	}
+	s.journal, s.journalFree = s.journal[:cp.journal], s.journalFree[:cp.extra]
+	s.depth--
+	return nil
+}
+
+// Commit keeps the changes made since cp and closes it. The enclosing
+// checkpoint, if any, can still roll them back.
+func (s *Snapshot) Commit(cp Checkpoint) error {
+	if cp.depth != s.depth || cp.depth == 0 {
+		return fmt.Errorf("committing checkpoint %d while %d is innermost: %w", cp.depth, s.depth, ErrConflict)
+	}
+	s.depth--
+	if s.depth == 0 {
+		s.journal, s.journalFree = s.journal[:0], s.journalFree[:0]
+	}
+	return nil
+}
