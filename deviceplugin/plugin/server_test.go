@@ -119,7 +119,6 @@ func TestAllocateErrorsCarryTheReason(t *testing.T) {
 	}
 }
 
-
 // available800 is what the kubelet passes on an empty 8-GPU node.
 func available800(gs []nvidia.GPU) []string {
 	var ids []string
