@@ -6,20 +6,21 @@
 //   - NewMock: go-nvml's mock servers (dgxh100, dgxa100) for inventory and
 //     memory, plus gpufrac's own fakes for what those mocks panic on: running
 //     processes, Xid events and NVLink topology. Tests and the demo drive
-//     the fakes through the *Mock methods or a state directory (see MockState).
+//     the fakes through the *Mock methods or a state directory (see
+//     (*Mock).SyncFromDir).
 //
-// NVML return codes are turned into errors at this boundary; nothing above it
-// imports go-nvml.
+// Both backends run the same code (nvmlLib) over an nvml.Interface; the mock
+// differs only in the interface it wraps: a go-nvml mock server whose
+// panicking calls are replaced by gpufrac's fakes.
+//
+// NVML return codes are turned into errors at this boundary (see Error);
+// nothing above it imports go-nvml.
 package nvidia
 
 import (
 	"context"
-	"errors"
 	"time"
 )
-
-// ErrNotFound is returned for a GPU UUID the library does not know.
-var ErrNotFound = errors.New("gpu not found")
 
 // GPU is the static description of one physical GPU.
 type GPU struct {
@@ -44,46 +45,57 @@ func (g GPU) MemoryMiB() uint64 { return g.MemoryBytes / (1 << 20) }
 
 // Memory is a GPU's framebuffer use.
 type Memory struct {
+	// TotalBytes is the GPU's total framebuffer memory.
 	TotalBytes uint64
-	UsedBytes  uint64
+	// UsedBytes is the memory allocated by processes and the driver.
+	UsedBytes uint64
 }
 
 // Process is one process holding memory on a GPU, as NVML reports it
 // (compute and graphics processes merged; PIDs are host PIDs).
 type Process struct {
-	PID       uint32
+	// PID is the host PID.
+	PID uint32
+	// UsedBytes is the GPU memory the process holds; 0 when NVML cannot
+	// tell (NVML_VALUE_NOT_AVAILABLE).
 	UsedBytes uint64
 }
 
 // XidEvent is one Xid error NVML reported for a GPU.
 type XidEvent struct {
+	// UUID is the GPU that reported the error; empty when NVML could not
+	// tell which GPU it was.
 	UUID string
-	Xid  uint64
+	// Xid is the Xid code (79: fallen off the bus, 48: double-bit ECC, ...).
+	// Which codes are fatal is the consumer's policy; all are delivered.
+	Xid uint64
+	// Time is when gpufrac received the event.
 	Time time.Time
 }
-
-// LinkType is the kind of connection between two GPUs. Values match the
-// ordering go-gpuallocator scores (higher is better); see topology.go.
-type LinkType int
 
 // Lib is the part of NVML gpufrac uses. Implementations are safe for
 // concurrent use.
 type Lib interface {
-	// Init opens the library; Shutdown closes it. Calls in between only.
+	// Init opens the library. The other calls are valid between Init and
+	// Shutdown only.
 	Init() error
+	// Shutdown closes the library and drops cached device handles.
 	Shutdown() error
 	// DriverVersion is the kernel driver version ("550.54.15").
 	DriverVersion() (string, error)
 	// GPUs lists the physical GPUs in index order.
 	GPUs() ([]GPU, error)
-	// Memory reports a GPU's framebuffer use.
+	// Memory reports a GPU's framebuffer use. Unknown UUIDs give
+	// ErrNotFound; a GPU that fell off the bus gives ErrGPULost.
 	Memory(uuid string) (Memory, error)
 	// Utilization reports a GPU's compute utilization in percent over NVML's
 	// last sample period.
 	Utilization(uuid string) (uint32, error)
-	// Processes lists the processes holding memory on a GPU.
+	// Processes lists the processes holding memory on a GPU, sorted by PID.
 	Processes(uuid string) ([]Process, error)
-	// Link reports how GPUs with indices a and b are connected.
+	// Link reports how GPUs with indices a and b are connected: the NVLink
+	// type when they share NVLinks (directly or through NVSwitch), else
+	// their PCIe topology. Results are cached until Shutdown.
 	Link(a, b int) (LinkType, error)
 	// WatchXids streams critical Xid events for all GPUs until ctx ends; the
 	// channel is closed then. A backend that cannot deliver events returns an
