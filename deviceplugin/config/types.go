@@ -2,6 +2,35 @@
 // gpufrac-node: its types, parsing with precise validation errors, per-node
 // resolution by node labels, and a hot-reloading file watcher that keeps the
 // last good config when a new one is invalid.
+//
+// # Reading a file
+//
+// [Parse] reads YAML strictly: unknown fields, duplicate keys and values of
+// the wrong type are errors, and every problem is reported with its path
+// ("groups[1].mode: ..."), all at once, as a [*ValidationError].
+//
+// # Defaults
+//
+// After a file parses and validates, unset fields of the default policy are
+// filled in ([File.SetDefaults]):
+//
+//	mode                                fraction
+//	fraction.enforcement                report (safest: an admin opts into kill or evict)
+//	fraction.pollInterval               1s
+//	fraction.tolerancePercent           0
+//	fraction.samples                    3
+//	timeslice.replicas                  4
+//	timeslice.resourceName              nvidia.com/gpu.shared
+//	timeslice.failRequestsGreaterThanOne false
+//	mig.strategy                        mixed
+//	mig.layout                          "" (leave the GPU's MIG layout as it is)
+//
+// Groups are not defaulted: a field a group leaves unset (zero) inherits the
+// default policy's value when the group is applied by [File.Resolve]. A zero
+// value therefore always means "unset": a group cannot set tolerancePercent
+// back to 0 or failRequestsGreaterThanOne back to false when the default
+// policy sets them; set those in the default policy instead. A group's gpus
+// list, when present, replaces the default policy's list as a whole.
 package config
 
 import "time"
@@ -90,6 +119,18 @@ type MIGConfig struct {
 	// profiles applied to every MIG GPU ("3g.40gb,2g.20gb,1g.10gb").
 	Layout string `json:"layout,omitempty"`
 }
+
+// The MIG strategies, as in NVIDIA's device plugin.
+const (
+	// MIGStrategyNone exposes no MIG devices.
+	MIGStrategyNone = "none"
+	// MIGStrategySingle serves MIG devices as nvidia.com/gpu; every GPU of
+	// the node must then be in mode mig with the same layout.
+	MIGStrategySingle = "single"
+	// MIGStrategyMixed serves each MIG profile as its own resource
+	// (nvidia.com/mig-1g.10gb).
+	MIGStrategyMixed = "mixed"
+)
 
 // Duration is a time.Duration written as a Go duration string ("1s").
 type Duration struct{ time.Duration }
