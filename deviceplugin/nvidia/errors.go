@@ -12,21 +12,24 @@ var (
 	// ErrNotFound is returned for a GPU UUID or index the library does not
 	// know (NVML_ERROR_NOT_FOUND, or a failed handle lookup).
 	ErrNotFound = errors.New("gpu not found")
-	// ErrNotSupported: the GPU or driver does not support the call
+	// ErrNotSupported means the GPU or driver does not support the call
 	// (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND).
 	ErrNotSupported = errors.New("not supported by the GPU or driver")
-	// ErrGPULost: the GPU fell off the bus or needs a reset
-	// (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED). The GPU is unhealthy.
+	// ErrGPULost means the GPU fell off the bus or needs a reset
+	// (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED): it is unhealthy.
 	ErrGPULost = errors.New("gpu is lost or needs a reset")
-	// ErrNoPermission: the caller may not make the call (NVML_ERROR_NO_PERMISSION).
+	// ErrNoPermission means the caller may not make the call
+	// (NVML_ERROR_NO_PERMISSION).
 	ErrNoPermission = errors.New("no permission")
-	// ErrDriverUnavailable: libnvidia-ml.so or the kernel driver is missing, or
-	// they do not match (NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_DRIVER_NOT_LOADED,
-	// NVML_ERROR_LIB_RM_VERSION_MISMATCH). The node has no usable GPU stack.
+	// ErrDriverUnavailable means libnvidia-ml.so or the kernel driver is
+	// missing, or they do not match (NVML_ERROR_LIBRARY_NOT_FOUND,
+	// NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIB_RM_VERSION_MISMATCH): the
+	// node has no usable GPU stack.
 	ErrDriverUnavailable = errors.New("nvidia driver unavailable")
-	// ErrUninitialized: a call before Init or after Shutdown (NVML_ERROR_UNINITIALIZED).
+	// ErrUninitialized means a call before Init or after Shutdown
+	// (NVML_ERROR_UNINITIALIZED).
 	ErrUninitialized = errors.New("nvml not initialized")
-	// ErrTimeout: the call timed out (NVML_ERROR_TIMEOUT).
+	// ErrTimeout means the call timed out (NVML_ERROR_TIMEOUT).
 	ErrTimeout = errors.New("nvml timeout")
 )
 

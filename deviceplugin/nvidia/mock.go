@@ -68,8 +68,8 @@ type Mock struct {
 
 var _ Lib = (*Mock)(nil)
 
-// fakeGPU is the fake state of one mock GPU. Fields below dev are guarded by
-// Mock.mu.
+// fakeGPU is the fake state of one mock GPU. dev, index and uuid are fixed;
+// the fields after them are guarded by Mock.mu.
 type fakeGPU struct {
 	dev   *server.Device
 	index int

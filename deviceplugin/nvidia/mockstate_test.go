@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,7 +154,7 @@ func TestSyncMalformedFiles(t *testing.T) {
 	tests := []struct {
 		name    string
 		file    string // relative to the state directory
-		content string
+		content string // "$UUID0" stands for GPU 0's UUID
 		// setAside: the file is an Xid file to be renamed to <file>.bad.
 		setAside bool
 	}{
@@ -164,7 +165,7 @@ func TestSyncMalformedFiles(t *testing.T) {
 		{name: "processes wrong type", file: mockProcessesFile, content: `{"0": {"pid": 1}}`},
 		{name: "processes negative pid", file: mockProcessesFile, content: `{"0": [{"pid": -1}]}`},
 		{name: "processes trailing data", file: mockProcessesFile, content: `{"0": []} {}`},
-		{name: "processes gpu named twice", file: mockProcessesFile, content: `{"0": [], "GPU0": []}`},
+		{name: "processes gpu named twice", file: mockProcessesFile, content: `{"0": [], "$UUID0": []}`},
 		{name: "memory negative", file: mockMemoryFile, content: `{"0": -1}`},
 		{name: "memory empty file", file: mockMemoryFile, content: ``},
 		{name: "utilization above 100", file: mockUtilizationFile, content: `{"0": 101}`},
@@ -180,10 +181,7 @@ func TestSyncMalformedFiles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newTestMock(t, "dgxh100")
 			uuid := m.uuids()[0]
-			content := tc.content
-			if tc.name == "processes gpu named twice" {
-				content = `{"0": [], "` + uuid + `": []}`
-			}
+			content := strings.ReplaceAll(tc.content, "$UUID0", uuid)
 			want := mockSnapshot{Procs: []Process{{PID: 1, UsedBytes: 10}}, Used: 20, Util: 30}
 			if err := m.SetProcesses(uuid, want.Procs); err != nil {
 				t.Fatal(err)

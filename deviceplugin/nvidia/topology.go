@@ -15,19 +15,19 @@ type LinkType int
 
 // Link types, in go-gpuallocator's order.
 const (
-	// LinkUnknown: no information (or no connection).
+	// LinkUnknown means no information (or no connection).
 	LinkUnknown LinkType = iota
-	// LinkCrossCPU: PCIe path crosses the CPU interconnect (NVML_TOPOLOGY_SYSTEM).
+	// LinkCrossCPU is a PCIe path across the CPU interconnect (NVML_TOPOLOGY_SYSTEM).
 	LinkCrossCPU
-	// LinkSameCPU: same NUMA node (NVML_TOPOLOGY_NODE).
+	// LinkSameCPU is a PCIe path within one NUMA node (NVML_TOPOLOGY_NODE).
 	LinkSameCPU
-	// LinkHostBridge: same PCIe host bridge (NVML_TOPOLOGY_HOSTBRIDGE).
+	// LinkHostBridge is a path through one PCIe host bridge (NVML_TOPOLOGY_HOSTBRIDGE).
 	LinkHostBridge
-	// LinkMultiSwitch: several PCIe switches apart (NVML_TOPOLOGY_MULTIPLE).
+	// LinkMultiSwitch is a path through several PCIe switches (NVML_TOPOLOGY_MULTIPLE).
 	LinkMultiSwitch
-	// LinkSingleSwitch: behind one PCIe switch (NVML_TOPOLOGY_SINGLE).
+	// LinkSingleSwitch is a path through one PCIe switch (NVML_TOPOLOGY_SINGLE).
 	LinkSingleSwitch
-	// LinkSameBoard: on the same board (NVML_TOPOLOGY_INTERNAL).
+	// LinkSameBoard connects GPUs on one board (NVML_TOPOLOGY_INTERNAL).
 	LinkSameBoard
 	// LinkNVLink1 is one NVLink; LinkNVLink1+n-1 is n NVLinks (see NVLinks).
 	LinkNVLink1
