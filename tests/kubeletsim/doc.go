@@ -1,0 +1,69 @@
+// Package kubeletsim plays the kubelet's device-manager role over the real
+// gRPC APIs, so a device plugin (gpufrac-node) can be tested without a kubelet.
+//
+// One Kubelet stands for one node. It serves the device-plugin Registration
+// service on <Dir>/kubelet.sock and, when asked, the PodResources v1 service on
+// its own socket. Plugins register, the simulator dials them back on
+// <Dir>/<endpoint>, reads their options, follows ListAndWatch and admits
+// containers with Allocate the way the kubelet's device manager does
+// (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager, v1.34):
+//
+//   - Registration checks the API version (v1beta1), that the resource is an
+//     extended resource name and that the endpoint is a plain file name, then
+//     connects and calls GetDevicePluginOptions before answering. A plugin must
+//     therefore serve before it registers. A new registration for a resource
+//     replaces the previous endpoint.
+//   - Every ListAndWatch response replaces the resource's device list.
+//     Capacity counts all devices, allocatable only the healthy ones.
+//   - When a plugin's stream ends, all its devices turn unhealthy at once and
+//     the resource is removed after Options.StopGracePeriod (five minutes, as
+//     in the kubelet) unless the plugin registers again.
+//   - Start and Restart remove every socket in Dir, as the kubelet does when
+//     it starts, then create kubelet.sock. Plugins that watch Dir with fsnotify
+//     see kubelet.sock created and must re-create their socket and register
+//     again. After a Restart all resources report no devices until their
+//     plugin re-registers; allocations survive, as with the kubelet's
+//     checkpoint file.
+//   - Allocate (admission of one container for one resource) picks from the
+//     healthy devices no pod holds, asks GetPreferredAllocation when the plugin
+//     offers it, calls Allocate and, when the plugin requires it,
+//     PreStartContainer. Plugin errors come back as *PluginError carrying the
+//     plugin's own message.
+//
+// OnChange callbacks report every change of a resource's device list (use
+// Counts for capacity and allocatable), so a node controller can patch the
+// node status; Wait and WaitForResource block until a condition holds.
+//
+// Note for plugin authors: kubelet.sock appears when the socket is bound,
+// a moment before it accepts connections, exactly as with a real kubelet. A
+// plugin reacting to its creation must wait for the connection (gRPC
+// WaitForReady or a blocking dial) rather than give up on "connection
+// refused".
+//
+// Package kubeletsimtest holds a small fake plugin to exercise the
+// simulator itself (and to stand in for a plugin in other tests).
+//
+// Several simulators can run in one process: they share no state. Sockets
+// must live in short directories because a unix socket path is limited to
+// 107 bytes; os.MkdirTemp("", "ks") is a good choice.
+//
+// Typical use in a test:
+//
+//	dir, _ := os.MkdirTemp("", "ks")
+//	k := kubeletsim.New(kubeletsim.Options{
+//		NodeName:           "node-a",
+//		Dir:                dir,
+//		PodResourcesSocket: filepath.Join(dir, "pr.sock"),
+//	})
+//	if err := k.Start(ctx); err != nil { ... }
+//	defer k.Stop()
+//	// start the device plugin with dir as its device-plugin directory
+//	err := k.WaitForResource(ctx, "nvidia.com/gpu", func(s kubeletsim.ResourceState) bool {
+//		return s.Allocatable == 8
+//	})
+//	alloc, err := k.Allocate(ctx, kubeletsim.PodRef{Namespace: "ns", Name: "p", UID: "u1"}, "main", "nvidia.com/gpu", 2)
+//
+// What the simulator leaves out: the topology manager (no NUMA alignment),
+// init-container device reuse, and pods without device-plugin resources in
+// PodResources (only containers with allocations are listed).
+package kubeletsim
