@@ -1,0 +1,555 @@
+// Package cluster runs a real, local Kubernetes control plane for gpufrac's
+// integration and end-to-end tests: etcd, kube-apiserver, kube-scheduler,
+// kube-controller-manager and kwok (fake nodes and pod lifecycle), optionally with
+// Karpenter's kwok provider, all on 127.0.0.1 with free ports and one temporary
+// directory per cluster, so several test packages can each run their own cluster
+// side by side.
+//
+// The binaries come from the repository's bin/ directory (`make tools`). Start and
+// StartForTest fail with "run make tools" when one is missing.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+)
+
+const (
+	// DefaultStartTimeout bounds Start when Options.StartTimeout is zero.
+	DefaultStartTimeout = 90 * time.Second
+
+	// componentReadyTimeout bounds the wait for one component to report ready.
+	componentReadyTimeout = 45 * time.Second
+	// portAttempts is how often a component is restarted on fresh ports when a port
+	// it was given was taken in the meantime.
+	portAttempts = 3
+
+	// KwokNodeAnnotation is the annotation (value KwokNodeAnnotationValue) that makes
+	// the cluster's kwok manage a node. Karpenter's kwok provider sets it on the
+	// nodes it creates; AddNode sets it too.
+	KwokNodeAnnotation = "kwok.x-k8s.io/node"
+	// KwokNodeAnnotationValue is the value of KwokNodeAnnotation.
+	KwokNodeAnnotationValue = "fake"
+)
+
+// Options configures a cluster. The zero value is a cluster without Karpenter.
+type Options struct {
+	// BinDir holds the tool binaries. Empty means <repository root>/bin, where the
+	// repository root is found by walking up from the working directory to gpufrac's go.mod.
+	BinDir string
+	// StartTimeout bounds Start. Zero means DefaultStartTimeout.
+	StartTimeout time.Duration
+	// Karpenter, when not nil, also installs Karpenter's CRDs, a KWOKNodeClass and the
+	// NodePools, and runs Karpenter's kwok provider.
+	Karpenter *KarpenterOptions
+	// OnNode, when not nil, is called once for every kwok node (annotation
+	// kwok.x-k8s.io/node=fake) labelled gpufrac.io/gpu-node=true, including nodes
+	// Karpenter creates, as seen by a node informer. It runs in its own goroutine; its
+	// ctx is cancelled when the node is deleted or the cluster stops, and Stop waits
+	// for it to return. It is the place to start a per-node agent (gpufrac-node plus a
+	// kubelet simulator).
+	OnNode func(ctx context.Context, node *corev1.Node)
+}
+
+// Cluster is a running local control plane. Its exported fields are read-only.
+type Cluster struct {
+	// RESTConfig authenticates as a cluster admin (system:masters). Copy it with
+	// rest.CopyConfig before changing it.
+	RESTConfig *rest.Config
+	// KubeconfigPath is an admin kubeconfig file for the cluster.
+	KubeconfigPath string
+	// Client is an admin clientset.
+	Client kubernetes.Interface
+	// Dynamic is an admin dynamic client (CRDs, Karpenter objects).
+	Dynamic dynamic.Interface
+	// Dir is the cluster's temporary directory; logs are under Dir/logs.
+	Dir string
+
+	opts    Options
+	logger  klog.Logger
+	binDir  string
+	pki     *pki
+	apiURL  string
+	started time.Time
+
+	// mu guards the fields below it.
+	mu       sync.Mutex
+	procs    []*process                       // every process started, in start order
+	nodeCtx  map[types.UID]context.CancelFunc // node UID -> cancels that node's OnNode call
+	stopping bool                             // set by Stop; no OnNode call starts after it
+
+	ctx       context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
+	cancel    context.CancelFunc
+	informers informers.SharedInformerFactory
+	hooks     sync.WaitGroup // running OnNode calls
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start starts a cluster and waits until it is ready: etcd healthy, the API server's
+// /readyz OK, the default namespace and its default ServiceAccount present,
+// kube-scheduler, kube-controller-manager and kwok answering their health checks,
+// and, with Karpenter, its CRDs established, its objects created and its /readyz OK.
+//
+// ctx bounds the life of the cluster: when it is cancelled the cluster stops (call
+// Stop anyway to wait for that). Startup itself is bounded by Options.StartTimeout.
+// On error everything started so far is stopped again, and the logs stay in the
+// directory the error names.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	logger := klog.FromContext(ctx)
+	binDir := opts.BinDir
+	if binDir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		binDir = filepath.Join(root, "bin")
+	}
+	if err := checkTools(binDir, opts.Karpenter != nil); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "gpufrac-cluster-")
+	if err != nil {
+		return nil, fmt.Errorf("creating cluster dir: %w", err)
+	}
+	for _, sub := range []string{"logs", "home"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, fmt.Errorf("creating cluster dir: %w", err)
+		}
+	}
+
+	lifeCtx, cancel := context.WithCancel(ctx)
+	c := &Cluster{
+		Dir:     dir,
+		opts:    opts,
+		logger:  logger,
+		binDir:  binDir,
+		started: time.Now(),
+		nodeCtx: map[types.UID]context.CancelFunc{},
+		ctx:     lifeCtx,
+		cancel:  cancel,
+	}
+	// Whoever ends the cluster's life (Stop or the caller's ctx), the processes go.
+	context.AfterFunc(lifeCtx, func() { _ = c.Stop() })
+
+	timeout := opts.StartTimeout
+	if timeout == 0 {
+		timeout = DefaultStartTimeout
+	}
+	startCtx, cancelStart := context.WithTimeout(lifeCtx, timeout)
+	defer cancelStart()
+	if err := c.start(startCtx); err != nil {
+		stopErr := c.Stop()
+		return nil, errors.Join(fmt.Errorf("starting cluster (logs in %s): %w", c.LogDir(), err), stopErr)
+	}
+	logger.Info("Local cluster ready", "dir", dir, "apiServer", c.apiURL, "duration", time.Since(c.started).Round(time.Millisecond))
+	return c, nil
+}
+
+// LogDir is the directory that holds one log file per component.
+func (c *Cluster) LogDir() string { return filepath.Join(c.Dir, "logs") }
+
+// Processes lists every process the cluster started (including ones already stopped,
+// and failed attempts on a taken port), in start order.
+func (c *Cluster) Processes() []Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Process, 0, len(c.procs))
+	for _, p := range c.procs {
+		out = append(out, p.Process)
+	}
+	return out
+}
+
+// MemoryHighWater returns each running component's peak resident set size in bytes
+// (VmHWM from /proc), by component name. Components that are gone are left out.
+func (c *Cluster) MemoryHighWater() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int64{}
+	for _, p := range c.procs {
+		if p.exited() {
+			continue
+		}
+		if hwm, err := vmHWM(p.PID); err == nil {
+			out[p.Name] = hwm
+		}
+	}
+	return out
+}
+
+// start runs the startup stages in order.
+func (c *Cluster) start(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	var err error
+	// 1. Key material and per-component kubeconfigs.
+	if c.pki, err = writePKI(filepath.Join(c.Dir, "pki")); err != nil {
+		return err
+	}
+
+	// 2. etcd.
+	etcdPorts, err := c.startComponent(ctx, component{
+		name:  "etcd",
+		ports: 2,
+		args: func(ports []int) ([]string, error) {
+			dataDir := filepath.Join(c.Dir, "etcd")
+			// A failed attempt may have left member data for other peer URLs.
+			if err := os.RemoveAll(dataDir); err != nil {
+				return nil, fmt.Errorf("clearing etcd data dir: %w", err)
+			}
+			client, peer := "http://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
+			return []string{
+				"--name=gpufrac", "--data-dir=" + dataDir,
+				"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+				"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+				"--initial-cluster=gpufrac=" + peer,
+				// Test data need not survive a crash; fsync dominates etcd's latency otherwise.
+				"--unsafe-no-fsync",
+			}, nil
+		},
+		ready: func(ctx context.Context, ports []int) error {
+			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/health", ports[0]), nil)
+		},
+	})
+	if err != nil {
+		return err
+	}
+
+	// 3. kube-apiserver.
+	tlsClient, err := c.httpsClient()
+	if err != nil {
+		return err
+	}
+	adminAuth := http.Header{"Authorization": []string{"Bearer " + c.pki.tokens["admin"]}}
+	apiPorts, err := c.startComponent(ctx, component{
+		name:  "kube-apiserver",
+		ports: 1,
+		args: func(ports []int) ([]string, error) {
+			return []string{
+				"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(etcdPorts[0]),
+				"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+				"--secure-port=" + strconv.Itoa(ports[0]),
+				"--cert-dir=" + filepath.Join(c.Dir, "kube-apiserver"),
+				"--tls-cert-file=" + c.pki.servingCert, "--tls-private-key-file=" + c.pki.servingKey,
+				"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+				"--service-account-key-file=" + c.pki.saPub,
+				"--service-account-signing-key-file=" + c.pki.saKey,
+				"--token-auth-file=" + c.pki.tokenAuthFile,
+				"--authorization-mode=Node,RBAC",
+				"--service-cluster-ip-range=" + c.pki.serviceIPRange,
+				// No real endpoints for the kubernetes Service: nothing in the cluster dials it.
+				"--endpoint-reconciler-type=none",
+				"--allow-privileged=true",
+				"--profiling=false",
+			}, nil
+		},
+		ready: func(ctx context.Context, ports []int) error {
+			return probeHTTP(ctx, tlsClient, fmt.Sprintf("https://127.0.0.1:%d/readyz", ports[0]), adminAuth)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	c.apiURL = "https://127.0.0.1:" + strconv.Itoa(apiPorts[0])
+	if err := c.writeKubeconfigs(); err != nil {
+		return err
+	}
+	if err := c.makeClients(); err != nil {
+		return err
+	}
+
+	// 4. kube-scheduler, kube-controller-manager and kwok, side by side.
+	stageFiles, err := filepath.Glob(filepath.Join(c.binDir, "kwok-stages", "*.yaml"))
+	if err != nil || len(stageFiles) == 0 {
+		return fmt.Errorf("finding kwok stages in %s (run make tools): %v", filepath.Join(c.binDir, "kwok-stages"), err)
+	}
+	secureReady := func(path string) func(ctx context.Context, ports []int) error {
+		return func(ctx context.Context, ports []int) error {
+			return probeHTTP(ctx, tlsClient, fmt.Sprintf("https://127.0.0.1:%d%s", ports[0], path), nil)
+		}
+	}
+	controlPlane := []component{
+		{
+			name:  "kube-scheduler",
+			ports: 1,
+			args: func(ports []int) ([]string, error) {
+				return []string{
+					"--kubeconfig=" + c.componentKubeconfig("kube-scheduler"),
+					"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]),
+					"--tls-cert-file=" + c.pki.servingCert, "--tls-private-key-file=" + c.pki.servingKey,
+					"--leader-elect=false",
+				}, nil
+			},
+			ready: secureReady("/readyz"),
+		},
+		{
+			name:  "kube-controller-manager",
+			ports: 1,
+			args: func(ports []int) ([]string, error) {
+				return []string{
+					"--kubeconfig=" + c.componentKubeconfig("kube-controller-manager"),
+					"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]),
+					"--tls-cert-file=" + c.pki.servingCert, "--tls-private-key-file=" + c.pki.servingKey,
+					"--leader-elect=false",
+					// csrsigning needs a signing CA we do not have; nothing here issues CSRs.
+					"--controllers=*,-csrsigning",
+					"--use-service-account-credentials=false",
+					"--service-account-private-key-file=" + c.pki.saKey,
+					"--root-ca-file=" + c.pki.caFile,
+				}, nil
+			},
+			ready: secureReady("/healthz"),
+		},
+		{
+			name:  "kwok",
+			ports: 1,
+			// kwok reads ~/.kwok/kwok.yaml (or $KWOK_WORKDIR/kwok.yaml) when present: point
+			// both at the cluster dir so a user's kwok config never leaks in.
+			env: []string{"KWOK_WORKDIR=" + filepath.Join(c.Dir, "kwok")},
+			args: func(ports []int) ([]string, error) {
+				args := []string{
+					"--kubeconfig=" + c.componentKubeconfig("kwok"),
+					"--manage-all-nodes=false",
+					"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=" + KwokNodeAnnotationValue,
+					"--server-address=127.0.0.1:" + strconv.Itoa(ports[0]),
+					// The default pod CIDR is a /24: 254 pods in all.
+					"--cidr=10.244.0.1/16",
+				}
+				for _, f := range stageFiles {
+					args = append(args, "--config="+f)
+				}
+				return args, nil
+			},
+			ready: func(ctx context.Context, ports []int) error {
+				return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0]), nil)
+			},
+		},
+	}
+	errs := make([]error, len(controlPlane))
+	var wg sync.WaitGroup
+	for i, comp := range controlPlane {
+		wg.Go(func() {
+			_, errs[i] = c.startComponent(ctx, comp)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+
+	// 5. The default namespace and its ServiceAccount (made by kube-controller-manager);
+	// pods cannot be created before the latter exists.
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}); err != nil {
+		return fmt.Errorf("waiting for the default ServiceAccount: %w", err)
+	}
+	logger.V(2).Info("Control plane ready", "duration", time.Since(c.started).Round(time.Millisecond))
+
+	// 6. Karpenter.
+	if c.opts.Karpenter != nil {
+		if err := c.startKarpenter(ctx); err != nil {
+			return err
+		}
+	}
+
+	// 7. The OnNode hook, last, so it only ever sees a ready cluster.
+	if c.opts.OnNode != nil {
+		if err := c.startNodeInformer(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// component describes how to start and probe one process.
+type component struct {
+	name  string
+	bin   string   // file name in the bin dir; empty means name
+	ports int      // fresh 127.0.0.1 ports the component needs per attempt
+	env   []string // besides HOME
+	args  func(ports []int) ([]string, error)
+	ready func(ctx context.Context, ports []int) error
+}
+
+// startComponent starts comp and waits until its ready probe succeeds. If the process
+// dies because a port was taken meanwhile (another cluster starting at the same time),
+// it starts again on fresh ports, up to portAttempts times. It returns the ports used.
+func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, error) {
+	logger := klog.FromContext(ctx).WithValues("component", comp.name)
+	bin := filepath.Join(c.binDir, comp.name)
+	if comp.bin != "" {
+		bin = filepath.Join(c.binDir, comp.bin)
+	}
+	logPath := filepath.Join(c.LogDir(), comp.name+".log")
+	env := append([]string{"HOME=" + filepath.Join(c.Dir, "home")}, comp.env...)
+	for attempt := 1; ; attempt++ {
+		ports, err := freePorts(comp.ports)
+		if err != nil {
+			return nil, err
+		}
+		args, err := comp.args(ports)
+		if err != nil {
+			return nil, err
+		}
+		began := time.Now()
+		p, err := c.track(startProcess(comp.name, bin, args, env, logPath))
+		if err != nil {
+			return nil, err
+		}
+		err = waitReady(ctx, p, func(ctx context.Context) error { return comp.ready(ctx, ports) })
+		if err == nil {
+			logger.V(2).Info("Component ready", "pid", p.PID, "ports", ports, "duration", time.Since(began).Round(time.Millisecond))
+			return ports, nil
+		}
+		if stopErr := p.stop(time.Second); stopErr != nil {
+			err = errors.Join(err, stopErr)
+		}
+		if attempt < portAttempts && p.portConflict() {
+			logger.Info("Port taken, restarting on fresh ports", "ports", ports, "attempt", attempt)
+			continue
+		}
+		return nil, fmt.Errorf("starting %s (log %s): %w\n--- last lines of %s ---\n%s",
+			comp.name, logPath, err, logPath, p.logTail(20))
+	}
+}
+
+// track records a started process so Stop can end it.
+func (c *Cluster) track(p *process, err error) (*process, error) {
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.procs = append(c.procs, p)
+	return p, nil
+}
+
+// waitReady polls ready until it succeeds, the process exits, or the component's
+// timeout (or ctx) runs out.
+func waitReady(ctx context.Context, p *process, ready func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, componentReadyTimeout)
+	defer cancel()
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	var last error
+	for {
+		if p.exited() {
+			return fmt.Errorf("%s exited before it was ready: %v", p.Name, p.err)
+		}
+		if last = ready(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s to be ready: %w (last probe: %v)", p.Name, ctx.Err(), last)
+		case <-p.done:
+		case <-ticker.C:
+		}
+	}
+}
+
+// Stop stops everything the cluster started: the OnNode calls, then Karpenter, kwok,
+// kube-controller-manager and kube-scheduler (SIGTERM to each process group, SIGKILL
+// after a grace period), then the API server, then etcd. It waits until every
+// process has exited, removes etcd's data and keeps the logs. It is safe to call
+// more than once and from several goroutines; later calls wait for the first and
+// return its result.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() { c.stopErr = c.stop() })
+	return c.stopErr
+}
+
+func (c *Cluster) stop() error {
+	began := time.Now()
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	c.cancel()
+	if c.informers != nil {
+		c.informers.Shutdown()
+	}
+	c.hooks.Wait()
+
+	c.mu.Lock()
+	procs := append([]*process(nil), c.procs...)
+	c.mu.Unlock()
+	// Clients of the API server first, all at once; then the API server; then etcd.
+	tiers := [][]string{
+		{"karpenter", "kwok", "kube-controller-manager", "kube-scheduler"},
+		{"kube-apiserver"},
+		{"etcd"},
+	}
+	grace := map[string]time.Duration{"kube-apiserver": 10 * time.Second}
+	errs := make([]error, len(procs))
+	for _, tier := range tiers {
+		var wg sync.WaitGroup
+		for i, p := range procs {
+			if !slices.Contains(tier, p.Name) {
+				continue
+			}
+			g, ok := grace[p.Name]
+			if !ok {
+				g = 5 * time.Second
+			}
+			wg.Go(func() { errs[i] = p.stop(g) })
+		}
+		wg.Wait()
+	}
+	errs = append(errs, os.RemoveAll(filepath.Join(c.Dir, "etcd")))
+	c.logger.V(2).Info("Local cluster stopped", "dir", c.Dir, "duration", time.Since(began).Round(time.Millisecond))
+	return errors.Join(errs...)
+}
+
+// httpsClient trusts only the cluster's CA.
+func (c *Cluster) httpsClient() (*http.Client, error) {
+	tlsConfig, err := rest.TLSConfigFor(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CAData: c.pki.caPEM}})
+	if err != nil {
+		return nil, fmt.Errorf("building TLS config: %w", err)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig}}, nil
+}
+
+// makeClients fills RESTConfig, Client and Dynamic.
+func (c *Cluster) makeClients() error {
+	c.RESTConfig = &rest.Config{
+		Host:            c.apiURL,
+		BearerToken:     c.pki.tokens["admin"],
+		TLSClientConfig: rest.TLSClientConfig{CAData: c.pki.caPEM},
+		// Tests create objects in bursts; client-go's default 5 QPS would pace them.
+		QPS:   200,
+		Burst: 400,
+	}
+	var err error
+	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
+		return fmt.Errorf("creating clientset: %w", err)
+	}
+	if c.Dynamic, err = dynamic.NewForConfig(c.RESTConfig); err != nil {
+		return fmt.Errorf("creating dynamic client: %w", err)
+	}
+	return nil
+}

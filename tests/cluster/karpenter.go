@@ -1,0 +1,464 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/gpufrac/gpufrac/api"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/klog/v2"
+)
+
+// CRDResource is apiextensions.k8s.io/v1 CustomResourceDefinitions.
+func CRDResource() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+}
+
+// NodePoolResource is Karpenter's karpenter.sh/v1 NodePools.
+func NodePoolResource() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodepools"}
+}
+
+// NodeClaimResource is Karpenter's karpenter.sh/v1 NodeClaims.
+func NodeClaimResource() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodeclaims"}
+}
+
+// KWOKNodeClassResource is the kwok provider's karpenter.kwok.sh/v1alpha1 KWOKNodeClasses.
+func KWOKNodeClassResource() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: "karpenter.kwok.sh", Version: "v1alpha1", Resource: "kwoknodeclasses"}
+}
+
+const (
+	// NodeClassName is the name of the KWOKNodeClass every NodePool refers to.
+	NodeClassName = "default"
+	// DefaultConsolidateAfter is NodePool.ConsolidateAfter's zero value: short, so tests
+	// see empty nodes go quickly.
+	DefaultConsolidateAfter = 5 * time.Second
+	// DefaultZone is the zone of an InstanceType without Zones.
+	DefaultZone = "test-zone-a"
+	// H100Product is the nvidia.com/gpu.product value of the default H100 instance types.
+	H100Product = "NVIDIA-H100-80GB-HBM3"
+)
+
+// KarpenterOptions configures Karpenter's kwok provider.
+type KarpenterOptions struct {
+	// InstanceTypes is what the fake cloud sells. Empty means DefaultInstanceTypes().
+	InstanceTypes []InstanceType
+	// NodePools are created before Karpenter starts. Empty means DefaultNodePools(InstanceTypes).
+	NodePools []NodePool
+}
+
+// InstanceType is one machine type of the fake cloud. It becomes one entry of the
+// provider's instance-types JSON (the format of its kwok/cloudprovider/instance_types.json),
+// with one on-demand offering per zone.
+type InstanceType struct {
+	// Name is the instance type (node label node.kubernetes.io/instance-type).
+	Name string
+	// Resources is the machine's capacity: cpu, memory, pods (default 110), nvidia.com/gpu...
+	Resources corev1.ResourceList
+	// Price is the on-demand price per hour; Karpenter launches the cheapest type that fits.
+	Price float64
+	// Zones are the zones offering the type. Empty means DefaultZone.
+	Zones []string
+	// GPUProduct, when set, is added to every offering's requirements as
+	// nvidia.com/gpu.product In [GPUProduct]. The provider then copies it onto the nodes
+	// it creates, and Karpenter treats the key as well known, so pods may select on it.
+	GPUProduct string
+}
+
+// NodePool is a Karpenter NodePool using the cluster's KWOKNodeClass.
+type NodePool struct {
+	// Name is the NodePool's name (node label karpenter.sh/nodepool).
+	Name string
+	// Labels are put on every node of the pool (use LabelGPUNode: "true" for GPU pools
+	// so that Options.OnNode sees their nodes).
+	Labels map[string]string
+	// Taints are put on every node of the pool.
+	Taints []corev1.Taint
+	// InstanceTypes restricts the pool to these instance types. Empty means any.
+	InstanceTypes []string
+	// Requirements are added to the pool's requirements (os linux and capacity type
+	// on-demand are always there).
+	Requirements []corev1.NodeSelectorRequirement
+	// ConsolidationPolicy is WhenEmpty or WhenEmptyOrUnderutilized (the default).
+	ConsolidationPolicy string
+	// ConsolidateAfter is how long a node must be consolidatable before Karpenter acts.
+	// Zero means DefaultConsolidateAfter; negative means Never.
+	ConsolidateAfter time.Duration
+	// Weight orders pools when several fit (higher first).
+	Weight int32
+	// Limits caps the pool's total resources. Empty means no limit.
+	Limits corev1.ResourceList
+}
+
+// DefaultInstanceTypes returns an 8×H100 machine, a 1×H100 machine (dearer per GPU)
+// and a CPU-only machine.
+func DefaultInstanceTypes() []InstanceType {
+	return []InstanceType{
+		{
+			Name: "gpu-8x-h100",
+			Resources: ResourceList(map[corev1.ResourceName]string{
+				corev1.ResourceCPU: "192", corev1.ResourceMemory: "2048Gi", corev1.ResourcePods: "110", api.ResourceGPU: "8",
+			}),
+			Price:      98.32,
+			GPUProduct: H100Product,
+		},
+		{
+			Name: "gpu-1x-h100",
+			Resources: ResourceList(map[corev1.ResourceName]string{
+				corev1.ResourceCPU: "26", corev1.ResourceMemory: "234Gi", corev1.ResourcePods: "110", api.ResourceGPU: "1",
+			}),
+			Price:      14.19,
+			GPUProduct: H100Product,
+		},
+		{
+			Name: "cpu-8x",
+			Resources: ResourceList(map[corev1.ResourceName]string{
+				corev1.ResourceCPU: "8", corev1.ResourceMemory: "32Gi", corev1.ResourcePods: "110",
+			}),
+			Price: 0.34,
+		},
+	}
+}
+
+// DefaultNodePools returns a "gpu" NodePool over the instance types with GPUs, its
+// nodes labelled LabelGPUNode=true, and, if there are CPU-only types, a "cpu" NodePool
+// over those with a higher weight, so CPU pods land on CPU nodes.
+func DefaultNodePools(types []InstanceType) []NodePool {
+	var gpu, cpu []string
+	for _, it := range types {
+		if q, ok := it.Resources[api.ResourceGPU]; ok && !q.IsZero() {
+			gpu = append(gpu, it.Name)
+		} else {
+			cpu = append(cpu, it.Name)
+		}
+	}
+	var pools []NodePool
+	if len(gpu) > 0 {
+		pools = append(pools, NodePool{Name: "gpu", Labels: map[string]string{LabelGPUNode: "true"}, InstanceTypes: gpu})
+	}
+	if len(cpu) > 0 {
+		pools = append(pools, NodePool{Name: "cpu", InstanceTypes: cpu, Weight: 10})
+	}
+	return pools
+}
+
+// startKarpenter installs the CRDs, writes the instance types, creates the
+// KWOKNodeClass and NodePools, then starts the provider and waits for its /readyz.
+func (c *Cluster) startKarpenter(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	began := time.Now()
+	opts := *c.opts.Karpenter
+	if len(opts.InstanceTypes) == 0 {
+		opts.InstanceTypes = DefaultInstanceTypes()
+	}
+	if len(opts.NodePools) == 0 {
+		opts.NodePools = DefaultNodePools(opts.InstanceTypes)
+	}
+
+	// 1. CRDs, established.
+	if err := c.applyCRDs(ctx, filepath.Join(c.binDir, "karpenter-crds")); err != nil {
+		return err
+	}
+
+	// 2. Instance types.
+	itJSON, err := InstanceTypesJSON(opts.InstanceTypes)
+	if err != nil {
+		return err
+	}
+	itPath := filepath.Join(c.Dir, "karpenter-instance-types.json")
+	if err := os.WriteFile(itPath, itJSON, 0o644); err != nil {
+		return fmt.Errorf("writing instance types: %w", err)
+	}
+
+	// 3. KWOKNodeClass and NodePools. The KWOKNodeClass CRD defaults its status to
+	// Ready=True, which Karpenter needs before it uses a NodePool.
+	objs := []*unstructured.Unstructured{NodeClassObject()}
+	for _, np := range opts.NodePools {
+		obj, err := NodePoolObject(np)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, obj)
+	}
+	for _, obj := range objs {
+		gvr := NodePoolResource()
+		if obj.GetKind() == "KWOKNodeClass" {
+			gvr = KWOKNodeClassResource()
+		}
+		if _, err := c.Dynamic.Resource(gvr).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+
+	// 4. The provider.
+	_, err = c.startComponent(ctx, component{
+		name:  "karpenter",
+		bin:   "karpenter-kwok",
+		ports: 2,
+		env: []string{
+			"KUBECONFIG=" + c.componentKubeconfig("karpenter"),
+			"INSTANCE_TYPES_FILE_PATH=" + itPath,
+		},
+		args: func(ports []int) ([]string, error) {
+			return []string{
+				"--disable-leader-election",
+				// Karpenter binds these on all interfaces (":<port>"); there is no flag for the address.
+				"--metrics-port=" + strconv.Itoa(ports[0]),
+				"--health-probe-port=" + strconv.Itoa(ports[1]),
+				// Decide quickly: tests create pods one by one.
+				"--batch-idle-duration=1s", "--batch-max-duration=3s",
+			}, nil
+		},
+		ready: func(ctx context.Context, ports []int) error {
+			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1]), nil)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	logger.V(2).Info("Karpenter ready", "duration", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// applyCRDs creates every CRD in dir's *.yaml files and waits until each is established.
+func (c *Cluster) applyCRDs(ctx context.Context, dir string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		return fmt.Errorf("finding CRDs in %s (run make tools): %v", dir, err)
+	}
+	var names []string
+	for _, f := range files {
+		objs, err := readObjects(f)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			if _, err := c.Dynamic.Resource(CRDResource()).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("creating CRD %s: %w", obj.GetName(), err)
+			}
+			names = append(names, obj.GetName())
+		}
+	}
+	for _, name := range names {
+		err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			crd, err := c.Dynamic.Resource(CRDResource()).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return ConditionTrue(crd, "Established"), nil
+		})
+		if err != nil {
+			return fmt.Errorf("waiting for CRD %s to be established: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// readObjects decodes every YAML document in a file.
+func readObjects(path string) ([]*unstructured.Unstructured, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		obj := &unstructured.Unstructured{}
+		err := dec.Decode(&obj.Object)
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", path, err)
+		}
+		if len(obj.Object) > 0 {
+			out = append(out, obj)
+		}
+	}
+}
+
+// ConditionTrue reports whether an unstructured object (a CRD, a NodeClaim, a
+// NodePool...) has the status condition condType with status "True".
+func ConditionTrue(obj *unstructured.Unstructured, condType string) bool {
+	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if ok && m["type"] == condType {
+			return m["status"] == "True"
+		}
+	}
+	return false
+}
+
+// instanceTypeJSON is one entry of the provider's instance-types file.
+type instanceTypeJSON struct {
+	Name             string              `json:"name"`
+	Offerings        []offeringJSON      `json:"offerings"`
+	Architecture     string              `json:"architecture"`
+	OperatingSystems []string            `json:"operatingSystems"`
+	Resources        corev1.ResourceList `json:"resources"`
+}
+
+// offeringJSON is one offering; the provider spells these keys capitalised.
+type offeringJSON struct {
+	Price        float64                          `json:"Price"`
+	Available    bool                             `json:"Available"`
+	Requirements []corev1.NodeSelectorRequirement `json:"Requirements"`
+}
+
+// InstanceTypesJSON renders instance types in the format of the kwok provider's
+// INSTANCE_TYPES_FILE_PATH file.
+func InstanceTypesJSON(types []InstanceType) ([]byte, error) {
+	out := make([]instanceTypeJSON, 0, len(types))
+	for _, it := range types {
+		if it.Name == "" {
+			return nil, errors.New("rendering instance types: an instance type has no name")
+		}
+		zones := it.Zones
+		if len(zones) == 0 {
+			zones = []string{DefaultZone}
+		}
+		entry := instanceTypeJSON{
+			Name:             it.Name,
+			Architecture:     "amd64",
+			OperatingSystems: []string{"linux"},
+			Resources:        it.Resources,
+		}
+		for _, zone := range zones {
+			reqs := []corev1.NodeSelectorRequirement{
+				{Key: "karpenter.sh/capacity-type", Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}},
+				{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{zone}},
+			}
+			if it.GPUProduct != "" {
+				reqs = append(reqs, corev1.NodeSelectorRequirement{
+					Key: api.LabelGPUProduct, Operator: corev1.NodeSelectorOpIn, Values: []string{it.GPUProduct},
+				})
+			}
+			entry.Offerings = append(entry.Offerings, offeringJSON{Price: it.Price, Available: true, Requirements: reqs})
+		}
+		out = append(out, entry)
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("rendering instance types: %w", err)
+	}
+	return data, nil
+}
+
+// NodeClassObject returns the KWOKNodeClass every NodePool refers to.
+func NodeClassObject() *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "karpenter.kwok.sh/v1alpha1",
+		"kind":       "KWOKNodeClass",
+		"metadata":   map[string]any{"name": NodeClassName},
+	}}
+}
+
+// NodePoolObject renders a NodePool as a karpenter.sh/v1 object.
+func NodePoolObject(np NodePool) (*unstructured.Unstructured, error) {
+	if np.Name == "" {
+		return nil, errors.New("rendering NodePool: no name")
+	}
+	reqs := []map[string]any{
+		{"key": corev1.LabelOSStable, "operator": "In", "values": []string{"linux"}},
+		{"key": "karpenter.sh/capacity-type", "operator": "In", "values": []string{"on-demand"}},
+	}
+	if len(np.InstanceTypes) > 0 {
+		reqs = append(reqs, map[string]any{"key": corev1.LabelInstanceTypeStable, "operator": "In", "values": slices.Clone(np.InstanceTypes)})
+	}
+	for _, r := range np.Requirements {
+		m := map[string]any{"key": r.Key, "operator": string(r.Operator)}
+		if len(r.Values) > 0 {
+			m["values"] = slices.Clone(r.Values)
+		}
+		reqs = append(reqs, m)
+	}
+	policy := np.ConsolidationPolicy
+	if policy == "" {
+		policy = "WhenEmptyOrUnderutilized"
+	}
+	consolidateAfter := "Never"
+	switch {
+	case np.ConsolidateAfter == 0:
+		consolidateAfter = DefaultConsolidateAfter.String()
+	case np.ConsolidateAfter > 0:
+		consolidateAfter = np.ConsolidateAfter.String()
+	}
+	templateSpec := map[string]any{
+		"nodeClassRef": map[string]any{"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": NodeClassName},
+		"requirements": reqs,
+		"expireAfter":  "Never",
+	}
+	if len(np.Taints) > 0 {
+		taints := make([]map[string]any, 0, len(np.Taints))
+		for _, t := range np.Taints {
+			m := map[string]any{"key": t.Key, "effect": string(t.Effect)}
+			if t.Value != "" {
+				m["value"] = t.Value
+			}
+			taints = append(taints, m)
+		}
+		templateSpec["taints"] = taints
+	}
+	templateMeta := map[string]any{}
+	if len(np.Labels) > 0 {
+		templateMeta["labels"] = maps.Clone(np.Labels)
+	}
+	spec := map[string]any{
+		"template": map[string]any{
+			"metadata": templateMeta,
+			"spec":     templateSpec,
+		},
+		"disruption": map[string]any{
+			"consolidationPolicy": policy,
+			"consolidateAfter":    consolidateAfter,
+			// Every node may go at once: tests have few nodes, and the default 10% budget
+			// would still allow one, but say what we mean.
+			"budgets": []map[string]any{{"nodes": "100%"}},
+		},
+	}
+	if np.Weight != 0 {
+		spec["weight"] = int64(np.Weight)
+	}
+	if len(np.Limits) > 0 {
+		limits := map[string]any{}
+		for name, q := range np.Limits {
+			limits[string(name)] = q.String()
+		}
+		spec["limits"] = limits
+	}
+	// A JSON round trip turns the typed slices and maps above into the plain
+	// []any / map[string]any that unstructured objects (and DeepCopy) require.
+	raw, err := json.Marshal(map[string]any{
+		"apiVersion": "karpenter.sh/v1",
+		"kind":       "NodePool",
+		"metadata":   map[string]any{"name": np.Name},
+		"spec":       spec,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rendering NodePool %s: %w", np.Name, err)
+	}
+	obj := &unstructured.Unstructured{}
+	if err := obj.UnmarshalJSON(raw); err != nil {
+		return nil, fmt.Errorf("rendering NodePool %s: %w", np.Name, err)
+	}
+	return obj, nil
+}

@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins Karpenter's kwok cloud provider; tests/tools/tools.mk builds it
+// into bin/karpenter-kwok and copies the CRDs of the same module into bin/karpenter-crds/.
+package tools
+
+import (
+	_ "sigs.k8s.io/karpenter/kwok"
+)

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools pins the Kubernetes control-plane commands; tests/tools/tools.mk
+// builds them into bin/ with the version stamped by -ldflags.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)

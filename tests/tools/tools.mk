@@ -1,0 +1,87 @@
+# Tool binaries for the local cluster harness (tests/cluster), included by the top Makefile.
+#
+# Each tool is built from its own wrapper module under tests/tools/<name>/ (own go.mod/go.sum),
+# so the project's go.mod never gains their dependencies. Every binary is a plain file target
+# with no prerequisites: it is built once and reused while it exists. To rebuild a tool after
+# changing its wrapper module, delete it (or run `make tools-clean`) and run `make tools` again.
+
+TOOLS_DIR := $(CURDIR)/tests/tools
+# GOFLAGS is set here, not inherited: the environment may carry other flags (e.g. -buildvcs=false).
+TOOLS_GO := GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 $(GO)
+
+ETCD_VERSION := v3.6.16
+K8S_VERSION := v1.34.4
+KWOK_VERSION := v0.8.0
+KARPENTER_VERSION := v1.14.1
+
+# kubectl version and Helm refuse unversioned binaries; stamp both version packages.
+K8S_VERSION_PKGS := k8s.io/component-base/version k8s.io/client-go/pkg/version
+K8S_LDFLAGS := -s -w $(foreach p,$(K8S_VERSION_PKGS),-X $(p).gitVersion=$(K8S_VERSION) \
+	-X $(p).gitMajor=1 -X $(p).gitMinor=34 -X $(p).gitTreeState=clean)
+
+# Stage definitions kwok needs (it exits with "no stages found" without them).
+KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
+
+TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
+	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds
+
+.PHONY: tools tools-clean
+## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok and karpenter-kwok into bin/
+tools: $(TOOLS)
+
+## tools-clean: remove the tool binaries so the next `make tools` rebuilds them
+tools-clean:
+	rm -rf $(TOOLS)
+
+# Helper: $(call build_tool,<name>,<version>,<wrapper dir>,<package>,<ldflags>)
+# Builds into a temporary name and renames, so an interrupted build never leaves a binary behind.
+define build_tool
+	@mkdir -p $(BIN)
+	@echo "building $(1) $(2) (first time: several minutes)"
+	@start=$$(date +%s); \
+	cd $(TOOLS_DIR)/$(3) && $(TOOLS_GO) build -ldflags '$(5)' -o $(BIN)/.$(1).tmp $(4) && \
+	mv $(BIN)/.$(1).tmp $(BIN)/$(1) && \
+	echo "built $(1) $(2) in $$(( $$(date +%s) - start ))s"
+endef
+
+$(BIN)/etcd:
+	$(call build_tool,etcd,$(ETCD_VERSION),etcd,go.etcd.io/etcd/server/v3,-s -w)
+
+$(BIN)/kube-apiserver:
+	$(call build_tool,kube-apiserver,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-apiserver,$(K8S_LDFLAGS))
+
+$(BIN)/kube-scheduler:
+	$(call build_tool,kube-scheduler,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-scheduler,$(K8S_LDFLAGS))
+
+$(BIN)/kube-controller-manager:
+	$(call build_tool,kube-controller-manager,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-controller-manager,$(K8S_LDFLAGS))
+
+$(BIN)/kwok:
+	$(call build_tool,kwok,$(KWOK_VERSION),kwok,sigs.k8s.io/kwok/cmd/kwok,-s -w)
+
+# The Karpenter kwok provider's main package is also named kwok: give it its own name.
+$(BIN)/karpenter-kwok:
+	$(call build_tool,karpenter-kwok,$(KARPENTER_VERSION),karpenter,sigs.k8s.io/karpenter/kwok,-s -w)
+
+# The Stage YAMLs of the same kwok module the binary was built from, flat in one directory.
+$(BIN)/kwok-stages:
+	@echo "copying kwok $(KWOK_VERSION) stages"
+	@set -e; dir=$$(cd $(TOOLS_DIR)/kwok && $(TOOLS_GO) mod download sigs.k8s.io/kwok && \
+		$(TOOLS_GO) list -m -f '{{.Dir}}' sigs.k8s.io/kwok); \
+	rm -rf $@.tmp; mkdir -p $@.tmp; \
+	for s in $(KWOK_STAGE_DIRS); do \
+		for f in $$dir/kustomize/stage/$$s/*.yaml; do \
+			case $$(basename $$f) in kustomization.yaml) ;; \
+			*) install -m 0644 $$f $@.tmp/$$(echo $$s | tr / -)-$$(basename $$f) ;; esac; \
+		done; \
+	done; \
+	rm -rf $@; mv $@.tmp $@
+
+# The CRDs of the same Karpenter module the binary was built from (core CRDs and KWOKNodeClass).
+$(BIN)/karpenter-crds:
+	@echo "copying karpenter $(KARPENTER_VERSION) CRDs"
+	@set -e; dir=$$(cd $(TOOLS_DIR)/karpenter && $(TOOLS_GO) mod download sigs.k8s.io/karpenter && \
+		$(TOOLS_GO) list -m -f '{{.Dir}}' sigs.k8s.io/karpenter); \
+	rm -rf $@.tmp; mkdir -p $@.tmp; \
+	install -m 0644 $$dir/kwok/charts/crds/*.yaml $$dir/kwok/apis/crds/*.yaml $@.tmp/; \
+	rm -rf $@; mv $@.tmp $@
