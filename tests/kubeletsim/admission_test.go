@@ -1,8 +1,11 @@
 package kubeletsim_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -435,5 +438,76 @@ func TestConcurrentAllocations(t *testing.T) {
 	}
 	if _, err := k.Allocate(ctx, pod("extra"), "c", testResource, 1); !errors.Is(err, kubeletsim.ErrInsufficientDevices) {
 		t.Errorf("Allocate() on a full node error = %v, want %v", err, kubeletsim.ErrInsufficientDevices)
+	}
+}
+
+func TestRandomPicks(t *testing.T) {
+	ctx := testContext(t)
+	const devices = 8
+	picks := func(seed uint64) []string {
+		k, opts := startKubelet(t, ctx, func(o *kubeletsim.Options) { o.Rand = rand.New(rand.NewPCG(seed, 0)) })
+		startPlugin(t, ctx, opts.Dir, devices, nil)
+		waitAllocatable(t, ctx, k, devices)
+		var out []string
+		for i := range devices {
+			a, err := k.Allocate(ctx, pod(fmt.Sprintf("p%d", i)), "c", testResource, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, a.DeviceIDs...)
+		}
+		return out
+	}
+	first, again := picks(7), picks(7)
+	if diff := cmp.Diff(first, again); diff != "" {
+		t.Errorf("picks with the same seed differ (-first +again):\n%s", diff)
+	}
+	if slices.IsSorted(first) {
+		t.Errorf("seeded picks %v came out in ID order; Rand was not used", first)
+	}
+	sorted := slices.Sorted(slices.Values(first))
+	var all []string
+	for _, d := range kubeletsimtest.Devices("dev", devices) {
+		all = append(all, d.ID)
+	}
+	if diff := cmp.Diff(slices.Sorted(slices.Values(all)), sorted); diff != "" {
+		t.Errorf("seeded picks are not each device once (-want +got):\n%s", diff)
+	}
+}
+
+// BenchmarkAllocateRelease measures one admission (GetPreferredAllocation +
+// Allocate over gRPC) and its release on a node with 800 devices, the size
+// of 8 GPUs shared in fractions.
+func BenchmarkAllocateRelease(b *testing.B) {
+	ctx := b.Context()
+	dir, err := os.MkdirTemp("", "ks")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	k := kubeletsim.New(kubeletsim.Options{Dir: dir})
+	if err := k.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(k.Stop)
+	p := kubeletsimtest.New(kubeletsimtest.Options{
+		Dir: dir, Endpoint: testEndpoint, Resource: testResource,
+		Devices: kubeletsimtest.Devices("dev", 800), PreferredAllocation: true,
+	})
+	if err := p.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.Stop)
+	waitCtx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	if err := k.WaitForResource(waitCtx, testResource, func(s kubeletsim.ResourceState) bool { return s.Allocatable == 800 }); err != nil {
+		b.Fatal(err)
+	}
+	ref := pod("bench")
+	for b.Loop() {
+		if _, err := k.Allocate(ctx, ref, "c", testResource, 30); err != nil {
+			b.Fatal(err)
+		}
+		k.Release(ref.UID)
 	}
 }

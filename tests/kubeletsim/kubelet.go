@@ -70,7 +70,8 @@ type Options struct {
 	// DialTimeout bounds connecting back to a registering plugin. Zero means
 	// DefaultDialTimeout.
 	DialTimeout time.Duration
-	// Strict rejects plugin answers the kubelet silently tolerates: a
+	// Strict rejects plugin answers the kubelet silently tolerates: options
+	// in the registration request that differ from GetDevicePluginOptions, a
 	// preferred allocation of the wrong size, with duplicates or outside the
 	// available devices, and an Allocate response with other than exactly one
 	// container response. Use it to catch plugin bugs; leave it off to behave
@@ -258,8 +259,12 @@ func (k *Kubelet) stopLocked() {
 	k.stopServingLocked()
 	k.mu.Lock()
 	k.closing = true
+	// Streams ended with the generation, so endpoints are normally stopped
+	// already; a registration that raced the shutdown may have left one.
 	for _, e := range k.resources {
-		k.stopEndpointLocked(e)
+		if e.ep != nil {
+			k.stopEndpointLocked(e)
+		}
 	}
 	k.mu.Unlock()
 	k.cancel()

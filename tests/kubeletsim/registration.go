@@ -78,6 +78,14 @@ func (r *registrar) Register(ctx context.Context, req *v1beta1.RegisterRequest) 
 		logger.Info("Connecting to device plugin failed", "err", err)
 		return nil, err
 	}
+	// The kubelet uses the options GetDevicePluginOptions answers and ignores
+	// the ones in the request; a plugin sending different ones has a bug.
+	if k.opts.Strict && !proto.Equal(optionsOrEmpty(req.GetOptions()), optionsOrEmpty(ep.opts)) {
+		_ = ep.conn.Close()
+		err := fmt.Errorf("registration options {%v} differ from GetDevicePluginOptions {%v}", req.GetOptions(), ep.opts)
+		logger.Info("Rejected device plugin registration", "err", err)
+		return nil, err
+	}
 
 	// The stream's cancel must be in place before ep is published: a
 	// later registration or a restart cancels it.
@@ -118,6 +126,13 @@ func (r *registrar) Register(ctx context.Context, req *v1beta1.RegisterRequest) 
 	logger.V(2).Info("Registered device plugin", "preStartRequired", ep.opts.GetPreStartRequired(),
 		"getPreferredAllocationAvailable", ep.opts.GetGetPreferredAllocationAvailable())
 	return &v1beta1.Empty{}, nil
+}
+
+func optionsOrEmpty(o *v1beta1.DevicePluginOptions) *v1beta1.DevicePluginOptions {
+	if o == nil {
+		return &v1beta1.DevicePluginOptions{}
+	}
+	return o
 }
 
 // validateRegistration applies the kubelet's checks: supported version,

@@ -25,6 +25,7 @@ func TestRegister(t *testing.T) {
 	tests := []struct {
 		name    string
 		req     *v1beta1.RegisterRequest
+		strict  bool
 		wantErr string // substring; empty means success
 	}{
 		{
@@ -62,6 +63,24 @@ func TestRegister(t *testing.T) {
 			wantErr: `the endpoint "" is invalid`,
 		},
 		{
+			name: "request options differing from the plugin's are ignored",
+			req: &v1beta1.RegisterRequest{Version: v1beta1.Version, Endpoint: testEndpoint, ResourceName: testResource,
+				Options: &v1beta1.DevicePluginOptions{PreStartRequired: true}},
+		},
+		{
+			name: "strict mode rejects request options differing from the plugin's",
+			req: &v1beta1.RegisterRequest{Version: v1beta1.Version, Endpoint: testEndpoint, ResourceName: testResource,
+				Options: &v1beta1.DevicePluginOptions{PreStartRequired: true}},
+			strict:  true,
+			wantErr: "differ from GetDevicePluginOptions",
+		},
+		{
+			name: "strict mode accepts matching options",
+			req: &v1beta1.RegisterRequest{Version: v1beta1.Version, Endpoint: testEndpoint, ResourceName: testResource,
+				Options: &v1beta1.DevicePluginOptions{}},
+			strict: true,
+		},
+		{
 			name:    "endpoint nobody serves",
 			req:     &v1beta1.RegisterRequest{Version: v1beta1.Version, Endpoint: "nobody.sock", ResourceName: testResource},
 			wantErr: "failed to get device plugin options",
@@ -70,7 +89,7 @@ func TestRegister(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t)
-			k, opts := startKubelet(t, ctx, nil)
+			k, opts := startKubelet(t, ctx, func(o *kubeletsim.Options) { o.Strict = tc.strict })
 			startPlugin(t, ctx, opts.Dir, 4, func(o *kubeletsimtest.Options) { o.Manual = true })
 
 			_, err := registrationClient(t, k.SocketPath()).Register(waitContext(t, ctx), tc.req)
