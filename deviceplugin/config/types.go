@@ -76,9 +76,9 @@ type Group struct {
 // Policy is the partitioning of one node's GPUs.
 type Policy struct {
 	Mode      Mode            `json:"mode,omitempty"`
-	Fraction  FractionConfig  `json:"fraction,omitempty"`
-	Timeslice TimesliceConfig `json:"timeslice,omitempty"`
-	MIG       MIGConfig       `json:"mig,omitempty"`
+	Fraction  FractionConfig  `json:"fraction,omitzero"`
+	Timeslice TimesliceConfig `json:"timeslice,omitzero"`
+	MIG       MIGConfig       `json:"mig,omitzero"`
 	// GPUs overrides the mode for some GPUs of the node, by index range.
 	GPUs []GPUOverride `json:"gpus,omitempty"`
 }
@@ -95,7 +95,7 @@ type GPUOverride struct {
 type FractionConfig struct {
 	Enforcement Enforcement `json:"enforcement,omitempty"`
 	// PollInterval is how often the watchdog samples NVML (default 1s).
-	PollInterval Duration `json:"pollInterval,omitempty"`
+	PollInterval Duration `json:"pollInterval,omitzero"`
 	// TolerancePercent is how far over its limit a container may go before it
 	// counts as a violation.
 	TolerancePercent int `json:"tolerancePercent,omitempty"`

@@ -33,8 +33,8 @@ func (p Problem) String() string {
 	return p.Path + ": " + p.Message
 }
 
-// ValidationError lists every problem found in a config file, in document
-// order.
+// ValidationError lists every problem found in a config file, in a stable
+// order: fields in the order of the types, map keys sorted.
 type ValidationError struct {
 	Problems []Problem
 }

@@ -130,7 +130,7 @@ type Watcher struct {
 	seenHash    [sha256.Size]byte
 	seenErr     error  // what the last bytes read gave; nil when they are in force
 	readErr     error  // the last failure to read the file; nil after a read
-	realPath    string // path with symlinks resolved, as of the last read
+	realPath    string // path with symlinks resolved, as of the last watchTarget
 }
 
 // NewWatcher returns a Watcher of the config file at path. It fails only if
@@ -218,8 +218,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 
 	// 1. Catch up with anything that changed before the watch was set.
-	w.reload(ctx)
-	targetDir := w.watchTarget(ctx, fw, "")
+	targetDir := ""
+	reload := func() {
+		// Watch the target before reading it: a change after the read then
+		// always raises an event.
+		targetDir = w.watchTarget(ctx, fw, targetDir)
+		w.reload(ctx)
+	}
+	reload()
 	logger.V(2).Info("Watching config file", "dir", w.dir, "targetDir", targetDir)
 
 	// 2. Debounce events; read the file once they stop.
@@ -259,8 +265,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			schedule()
 		case <-fire:
 			timer, fire = nil, nil
-			w.reload(ctx)
-			targetDir = w.watchTarget(ctx, fw, targetDir)
+			reload()
 		}
 	}
 }
@@ -279,10 +284,16 @@ func (w *Watcher) relevant(ev fsnotify.Event) bool {
 	return false
 }
 
-// watchTarget also watches the directory of the file the path resolves to
-// when that is not the watched directory, so in-place edits of a symlink's
-// target are seen. It returns the target directory now watched, "" for none.
+// watchTarget resolves the path's symlinks and also watches the directory of
+// the file it resolves to when that is not the watched directory, so edits of
+// a symlink's target in its own directory are seen. A change of the link
+// itself (the path or ..data) is an event in the watched directory, after
+// which watchTarget runs again. It returns the target directory now watched,
+// "" for none.
 func (w *Watcher) watchTarget(ctx context.Context, fw *fsnotify.Watcher, watched string) string {
+	if real, err := filepath.EvalSymlinks(w.path); err == nil {
+		w.realPath = real
+	}
 	want := ""
 	if w.realPath != "" && filepath.Dir(w.realPath) != w.dir {
 		want = filepath.Dir(w.realPath)
@@ -342,9 +353,6 @@ const (
 // read reads and parses the file. For outcomeUnchanged err is what those
 // bytes gave last time (nil if they are in force).
 func (w *Watcher) read() (old, f *File, out outcome, err error) {
-	if real, err := filepath.EvalSymlinks(w.path); err == nil {
-		w.realPath = real
-	}
 	data, err := readLimited(w.path)
 	if err != nil {
 		err = fmt.Errorf("reading config file %s: %w", w.path, err)
