@@ -79,7 +79,7 @@ func run(cfg agent.Config, nvmlFlag, mockState, kubeconfig, strategy, ignoredXid
 			cfg.IgnoredXids = append(cfg.IgnoredXids, x)
 		}
 	}
-	lib, err := newLib(ctx, nvmlFlag, mockState)
+	lib, err := newLib(ctx, nvmlFlag, mockState, cfg.NodeName)
 	if err != nil {
 		return err
 	}
@@ -93,7 +93,7 @@ func run(cfg agent.Config, nvmlFlag, mockState, kubeconfig, strategy, ignoredXid
 	return agent.New(cfg, lib, client).Run(ctx)
 }
 
-func newLib(ctx context.Context, flagValue, stateDir string) (nvidia.Lib, error) {
+func newLib(ctx context.Context, flagValue, stateDir, nodeName string) (nvidia.Lib, error) {
 	if flagValue == "real" {
 		return nvidia.NewReal(), nil
 	}
@@ -101,7 +101,8 @@ func newLib(ctx context.Context, flagValue, stateDir string) (nvidia.Lib, error)
 	if !ok {
 		return nil, fmt.Errorf("--nvml=%q: want real or mock:<model> (%s)", flagValue, strings.Join(nvidia.MockModels(), ", "))
 	}
-	m, err := nvidia.NewMock(model)
+	// Stable UUIDs per node: a restarted agent shows the kubelet the same devices.
+	m, err := nvidia.NewMock(model, nvidia.WithUUIDSeed(nodeName))
 	if err != nil {
 		return nil, fmt.Errorf("--nvml=%q: %w", flagValue, err)
 	}

@@ -199,7 +199,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Lib: a.lib, GPUs: func() []nvidia.GPU { return a.gpus }, Healthy: a.checker.Healthy, Usage: usage,
 	}, a.cfg.Version)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.manager = plugin.NewManager(a.cfg.KubeletDir, a.metrics)
+	a.manager = plugin.NewManager(a.cfg.KubeletDir, allocObserver{a})
 	if err := a.manager.Start(ctx); err != nil {
 		return fmt.Errorf("starting device plugins: %w", err)
 	}
@@ -334,4 +334,16 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 		_ = srv.Shutdown(sctx)
 	}()
 	return nil
+}
+
+// allocObserver counts allocations and drops the PodResources cache: the
+// kubelet records an allocation right after Allocate returns, and the next
+// GetPreferredAllocation must see it.
+type allocObserver struct{ a *Agent }
+
+func (o allocObserver) Allocated(res string, n int, d time.Duration, err error) {
+	o.a.metrics.Allocated(res, n, d, err)
+	if o.a.podRes != nil {
+		o.a.podRes.Invalidate()
+	}
 }

@@ -151,7 +151,7 @@ func (s *Server) Register(ctx context.Context) error {
 		Endpoint:     s.endpoint,
 		ResourceName: s.ResourceName(),
 		Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
-	})
+	}, grpc.WaitForReady(true)) // kubelet.sock appears a moment before it accepts connections
 	if err != nil {
 		return fmt.Errorf("registering %s with the kubelet: %w", s.ResourceName(), err)
 	}
