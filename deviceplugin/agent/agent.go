@@ -76,6 +76,10 @@ type Agent struct {
 
 	applyMu sync.Mutex // serialises config applications
 	addr    atomic.Value
+
+	invMu         sync.Mutex    // guards lastInventory
+	lastInventory string        // last inventory annotation written
+	modes         []config.Mode // per-GPU modes in force, by index
 }
 
 // New returns an agent on lib; client may be nil (standalone mode).
@@ -185,6 +189,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.manager != nil {
 				a.manager.UpdateAll()
 			}
+			a.publishInventory(ctx)
 		},
 		OnXid: func(ev nvidia.XidEvent, critical bool) {
 			if a.metrics != nil {
@@ -268,6 +273,12 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	res, err := a.build(f, deps)
 	if err != nil {
 		return err
+	}
+	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil {
+		a.invMu.Lock()
+		a.modes = np.GPUModes
+		a.invMu.Unlock()
+		a.publishInventory(ctx)
 	}
 	if err := a.manager.Apply(ctx, res); err != nil {
 		return err
