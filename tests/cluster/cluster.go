@@ -438,12 +438,18 @@ func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, er
 	}
 }
 
-// track records a started process so Stop can end it.
+// track records a started process so Stop can end it, or stops it at once when Stop
+// has begun (the caller's ctx may end the cluster while it is still starting).
 func (c *Cluster) track(p *process, err error) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
+	if c.stopping {
+		// Stop has already taken its list of processes: this one would outlive it.
+		c.mu.Unlock()
+		return nil, errors.Join(errors.New("cluster is stopping"), p.stop(time.Second))
+	}
 	defer c.mu.Unlock()
 	c.procs = append(c.procs, p)
 	return p, nil

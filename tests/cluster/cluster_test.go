@@ -284,8 +284,8 @@ func TestWholeGPUScheduling(t *testing.T) {
 	})
 }
 
-// TestKarpenterGPUScaleUpAndDown has Karpenter create a node for a pending 8-GPU pod
-// and remove it once the pod is gone.
+// TestKarpenterGPUScaleUpAndDown has Karpenter create nodes for pending GPU pods,
+// choosing the cheapest instance type that fits, and remove them once the pods are gone.
 func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 	skipShort(t)
 	rec := &nodeRecorder{}
@@ -309,6 +309,38 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 		return len(list.Items) == 2, nil
 	})
 
+	// nodeOf waits for a pod to run and returns its node.
+	nodeOf := func(podName string) *corev1.Node {
+		t.Helper()
+		waitFor(t, 60*time.Second, podName+" Running", podRunning(c, podName))
+		pod, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, podName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return node
+	}
+	checkLabels := func(node *corev1.Node, instanceType string) {
+		t.Helper()
+		want := map[string]string{
+			corev1.LabelInstanceTypeStable: instanceType,
+			api.LabelGPUProduct:            cluster.H100Product,
+			api.LabelNodePool:              "gpu",
+			cluster.LabelGPUNode:           "true",
+		}
+		got := map[string]string{}
+		for k := range want {
+			got[k] = node.Labels[k]
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("labels of Karpenter's node %s (-want +got):\n%s", node.Name, diff)
+		}
+	}
+
+	// 1. A pending 8-GPU pod: only the 8×H100 type fits.
 	if _, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, gpuPod("train", 8), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -316,54 +348,45 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 		list, err := nodeClaims.List(ctx, metav1.ListOptions{})
 		return err == nil && len(list.Items) > 0, err
 	})
-	waitFor(t, 60*time.Second, "the 8-GPU pod Running", podRunning(c, "train"))
+	big := nodeOf("train")
+	checkLabels(big, "gpu-8x-h100")
 
-	pod, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "train", metav1.GetOptions{})
-	if err != nil {
+	// 2. A 1-GPU pod while the 8-GPU node is full: the cheaper 1×H100 type.
+	if _, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, gpuPod("infer", 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	node, err := c.Client.CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantLabels := map[string]string{
-		corev1.LabelInstanceTypeStable: "gpu-8x-h100", // the only type with 8 GPUs
-		api.LabelGPUProduct:            cluster.H100Product,
-		api.LabelNodePool:              "gpu",
-		cluster.LabelGPUNode:           "true",
-	}
-	gotLabels := map[string]string{}
-	for k := range wantLabels {
-		gotLabels[k] = node.Labels[k]
-	}
-	if diff := cmp.Diff(wantLabels, gotLabels); diff != "" {
-		t.Errorf("labels of Karpenter's node %s (-want +got):\n%s", node.Name, diff)
-	}
+	small := nodeOf("infer")
+	checkLabels(small, "gpu-1x-h100")
 	list, err := nodeClaims.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Items) != 1 {
-		t.Errorf("got %d NodeClaims, want 1", len(list.Items))
+	if len(list.Items) != 2 {
+		t.Errorf("got %d NodeClaims, want 2", len(list.Items))
 	}
-	waitFor(t, 10*time.Second, "OnNode call for Karpenter's node", func(context.Context) (bool, error) {
+	waitFor(t, 10*time.Second, "OnNode calls for Karpenter's nodes", func(context.Context) (bool, error) {
 		seen, _ := rec.snapshot()
-		return slices.Contains(seen, node.Name), nil
+		return slices.Contains(seen, big.Name) && slices.Contains(seen, small.Name), nil
 	})
 
-	if err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, "train", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-		t.Fatal(err)
+	// 3. Without pods, both nodes are empty and Karpenter removes them.
+	for _, name := range []string{"train", "infer"} {
+		if err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	waitFor(t, 3*time.Minute, "Karpenter removing the empty node", func(ctx context.Context) (bool, error) {
-		_, err := c.Client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
-		if !apierrors.IsNotFound(err) {
-			return false, err // nil while the node exists
+	waitFor(t, 3*time.Minute, "Karpenter removing the empty nodes", func(ctx context.Context) (bool, error) {
+		for _, node := range []*corev1.Node{big, small} {
+			_, err := c.Client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+			if !apierrors.IsNotFound(err) {
+				return false, err // nil while the node exists
+			}
 		}
 		list, err := nodeClaims.List(ctx, metav1.ListOptions{})
 		return err == nil && len(list.Items) == 0, err
 	})
-	waitFor(t, 10*time.Second, "OnNode ctx of Karpenter's node done", func(context.Context) (bool, error) {
+	waitFor(t, 10*time.Second, "OnNode ctx of Karpenter's nodes done", func(context.Context) (bool, error) {
 		_, ended := rec.snapshot()
-		return slices.Contains(ended, node.Name), nil
+		return slices.Contains(ended, big.Name) && slices.Contains(ended, small.Name), nil
 	})
 }

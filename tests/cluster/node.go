@@ -17,7 +17,7 @@ import (
 
 // LabelGPUNode marks a node as a gpufrac GPU node ("true"); Options.OnNode is called
 // for kwok nodes carrying it.
-// TODO(lead): move to api/keys.go with the other gpufrac.io keys.
+// TODO(#3): move to api/keys.go with the other gpufrac.io keys (owned by the lead).
 const LabelGPUNode = api.Domain + "/gpu-node"
 
 // NodeSpec describes a kwok fake node for AddNode.
