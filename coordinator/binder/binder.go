@@ -1,0 +1,103 @@
+// Package binder writes the coordinator's decisions to the API server:
+// annotations then the pods/binding subresource, and the PodScheduled
+// condition plus an event for pods that stay pending. It never writes the
+// reason "Unschedulable": Karpenter provisions capacity for exactly those
+// pods, and gpufrac asks for capacity only through placeholder pods.
+package binder
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+// The PodScheduled reasons the coordinator writes.
+const (
+	ReasonOverQuota      = "OverQuota"
+	ReasonOverLimit      = "OverLimit"
+	ReasonGangIncomplete = "GangIncomplete"
+	ReasonNoCapacity     = "NoCapacity"
+	ReasonInvalidRequest = "InvalidRequest"
+	// reasonForbidden is what the coordinator must never write (see package doc).
+	reasonForbidden = corev1.PodReasonUnschedulable
+)
+
+// ErrForbiddenReason is returned for an attempt to write reason Unschedulable.
+var ErrForbiddenReason = errors.New("the coordinator never writes reason Unschedulable")
+
+// Binder writes bindings and pod conditions.
+type Binder struct {
+	client   kubernetes.Interface
+	recorder record.EventRecorder
+	fieldMgr string
+}
+
+// New returns a Binder; recorder may be nil.
+func New(client kubernetes.Interface, recorder record.EventRecorder) *Binder {
+	if recorder == nil {
+		recorder = &record.FakeRecorder{}
+	}
+	return &Binder{client: client, recorder: recorder, fieldMgr: "gpufrac-coordinator"}
+}
+
+// Bind records annotations on the pod (when any), then binds it to node.
+func (b *Binder) Bind(ctx context.Context, pod *corev1.Pod, node string, annotations map[string]string) error {
+	if len(annotations) > 0 {
+		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+		if _, err := b.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: b.fieldMgr}); err != nil {
+			return fmt.Errorf("annotating pod %s/%s before binding: %w", pod.Namespace, pod.Name, err)
+		}
+	}
+	binding := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}
+	if err := b.client.CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, node, err)
+	}
+	klog.FromContext(ctx).V(4).Info("Bound pod", "pod", klog.KObj(pod), "node", node)
+	return nil
+}
+
+// Pending tells whether the pod's PodScheduled condition already says reason and message.
+func Pending(pod *corev1.Pod, reason, message string) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == reason && c.Message == message
+		}
+	}
+	return false
+}
+
+// MarkPending sets PodScheduled=False with reason and message and records an
+// event, unless the pod already says exactly that.
+func (b *Binder) MarkPending(ctx context.Context, pod *corev1.Pod, reason, message string) error {
+	if reason == reasonForbidden {
+		return ErrForbiddenReason
+	}
+	if Pending(pod, reason, message) {
+		return nil
+	}
+	cond := map[string]any{
+		"type": corev1.PodScheduled, "status": corev1.ConditionFalse,
+		"reason": reason, "message": message, "lastTransitionTime": metav1.Now().UTC().Format("2006-01-02T15:04:05Z"),
+	}
+	body, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	if _, err := b.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: b.fieldMgr}, "status"); err != nil {
+		return fmt.Errorf("setting PodScheduled=%s on %s/%s: %w", reason, pod.Namespace, pod.Name, err)
+	}
+	typ := corev1.EventTypeWarning
+	if reason == ReasonGangIncomplete {
+		typ = corev1.EventTypeNormal
+	}
+	b.recorder.Event(pod, typ, reason, message)
+	return nil
+}

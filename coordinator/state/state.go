@@ -1,0 +1,295 @@
+// Package state turns what the API server says about nodes and pods into
+// the placement snapshot the scheduling cycle works on: per node, its GPUs
+// (from the inventory gpufrac-node publishes) and what bound, assumed and
+// other schedulers' pods already take of GPUs, CPU and memory. It is pure:
+// listers feed it, nothing here talks to the API.
+package state
+
+import (
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+)
+
+// Assumed is a pod the coordinator has placed and is binding: it counts as
+// bound to Node until the informer shows the binding.
+type Assumed struct {
+	Node string
+	// GPU is the fraction's GPU UUID ("" for whole-GPU and CPU pods).
+	GPU string
+}
+
+// Inputs are the cluster objects a snapshot is built from.
+type Inputs struct {
+	Nodes []*corev1.Node
+	// Pods are all pods; bound ones (or assumed ones) take resources.
+	Pods []*corev1.Pod
+	// Assumed maps pods being bound by the coordinator to their placement.
+	Assumed map[types.UID]Assumed
+	// PoolLabel is the node label naming the node pool.
+	PoolLabel string
+}
+
+// Snapshot is a placement snapshot plus what the coordinator needs besides it.
+type Snapshot struct {
+	*placement.Snapshot
+	// NoFraction names nodes whose GPUs have no known UUIDs (no inventory)
+	// or are not in fraction mode: fractions must not go there.
+	NoFraction map[string]bool
+	// GPUCapacityMilli is the cluster's schedulable GPU capacity.
+	GPUCapacityMilli int64
+}
+
+// Terminal tells whether a pod no longer holds resources.
+func Terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// NodeReady tells whether a node may take new pods.
+func NodeReady(n *corev1.Node) bool {
+	if n.Spec.Unschedulable {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PodDemand is what one pod takes on its node.
+type PodDemand struct {
+	CPUMilli, MemoryBytes int64
+	// WholeGPUs is the count of nvidia.com/gpu.
+	WholeGPUs int
+	// FractionPercent is the gpufrac.io/gpu-fraction request (0..100).
+	FractionPercent int
+}
+
+// Demand sums a pod's requests as the scheduler does: containers added,
+// init containers as a maximum, plus overhead.
+func Demand(p *corev1.Pod) PodDemand {
+	var d PodDemand
+	add := func(rl corev1.ResourceList, lim corev1.ResourceList) (cpu, mem int64, gpu, frac int) {
+		cpu = rl.Cpu().MilliValue()
+		mem = rl.Memory().Value()
+		gpu = int(extended(rl, lim, api.ResourceGPU))
+		frac = int(extended(rl, lim, api.ResourceFraction))
+		return
+	}
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		cpu, mem, gpu, frac := add(c.Resources.Requests, c.Resources.Limits)
+		d.CPUMilli += cpu
+		d.MemoryBytes += mem
+		d.WholeGPUs += gpu
+		d.FractionPercent += frac
+	}
+	for i := range p.Spec.InitContainers {
+		c := &p.Spec.InitContainers[i]
+		cpu, mem, gpu, frac := add(c.Resources.Requests, c.Resources.Limits)
+		d.CPUMilli = max(d.CPUMilli, cpu)
+		d.MemoryBytes = max(d.MemoryBytes, mem)
+		d.WholeGPUs = max(d.WholeGPUs, gpu)
+		d.FractionPercent = max(d.FractionPercent, frac)
+	}
+	if p.Spec.Overhead != nil {
+		d.CPUMilli += p.Spec.Overhead.Cpu().MilliValue()
+		d.MemoryBytes += p.Spec.Overhead.Memory().Value()
+	}
+	return d
+}
+
+// extended reads an extended resource: requests, else limits (the API
+// server copies limits into requests for extended resources).
+func extended(req, lim corev1.ResourceList, name corev1.ResourceName) int64 {
+	if q, ok := req[name]; ok {
+		return q.Value()
+	}
+	if q, ok := lim[name]; ok {
+		return q.Value()
+	}
+	return 0
+}
+
+// FractionGPU is the GPU a fraction pod uses: the one the node agent gave it,
+// else the one the coordinator chose.
+func FractionGPU(p *corev1.Pod) string {
+	if g := p.Annotations[api.AnnotationAllocatedGPU]; g != "" {
+		return g
+	}
+	return p.Annotations[api.AnnotationGPU]
+}
+
+// IsReservation tells whether p is a gpufrac reservation pod.
+func IsReservation(p *corev1.Pod) bool {
+	return p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RoleReservation
+}
+
+type nodeAcc struct {
+	node      *placement.Node
+	gpuIndex  map[string]int // GPU ID -> index in node.GPUs
+	whole     int            // whole GPUs taken by pods without a known GPU
+	reserved  map[string]bool
+	unplacedF []int // fraction percents on unknown GPUs
+}
+
+// Build makes the snapshot. Nodes that are not Ready are left out; pods on
+// unknown nodes are ignored.
+func Build(in Inputs) (*Snapshot, error) {
+	accs := make(map[string]*nodeAcc, len(in.Nodes))
+	order := make([]string, 0, len(in.Nodes))
+	noFrac := map[string]bool{}
+	for _, n := range in.Nodes {
+		if !NodeReady(n) {
+			continue
+		}
+		pn := &placement.Node{
+			Name:        n.Name,
+			Labels:      n.Labels,
+			Taints:      n.Spec.Taints,
+			Pool:        n.Labels[in.PoolLabel],
+			Model:       n.Labels[api.LabelGPUProduct],
+			CPUMilli:    n.Status.Allocatable.Cpu().MilliValue(),
+			MemoryBytes: n.Status.Allocatable.Memory().Value(),
+		}
+		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}}
+		gpus, fractionOK := nodeGPUs(n)
+		if !fractionOK {
+			noFrac[n.Name] = true
+		}
+		for i, g := range gpus {
+			pn.GPUs = append(pn.GPUs, placement.GPU{ID: g.UUID, FreeMilli: placement.MilliPerGPU})
+			acc.gpuIndex[g.UUID] = i
+			if pn.Model == "" {
+				pn.Model = g.Model
+			}
+		}
+		accs[n.Name] = acc
+		order = append(order, n.Name)
+	}
+
+	for _, p := range in.Pods {
+		nodeName := p.Spec.NodeName
+		var assumedGPU string
+		if a, ok := in.Assumed[p.UID]; ok && nodeName == "" {
+			nodeName, assumedGPU = a.Node, a.GPU
+		}
+		acc := accs[nodeName]
+		if nodeName == "" || acc == nil || Terminal(p) {
+			continue
+		}
+		d := Demand(p)
+		acc.node.UsedCPUMilli += d.CPUMilli
+		acc.node.UsedMemoryBytes += d.MemoryBytes
+		switch {
+		case d.FractionPercent > 0:
+			g := FractionGPU(p)
+			if g == "" {
+				g = assumedGPU
+			}
+			if i, ok := acc.gpuIndex[g]; ok {
+				acc.node.GPUs[i].FreeMilli -= d.FractionPercent * 10
+				acc.node.Kinds[0]++
+			} else {
+				acc.unplacedF = append(acc.unplacedF, d.FractionPercent)
+			}
+		case d.WholeGPUs > 0:
+			if IsReservation(p) {
+				if g := p.Annotations[api.AnnotationReservedGPU]; g != "" {
+					if _, ok := acc.gpuIndex[g]; ok {
+						acc.reserved[g] = true
+						continue
+					}
+				}
+			}
+			acc.whole += d.WholeGPUs
+			if d.WholeGPUs <= placement.MaxKindGPUs {
+				acc.node.Kinds[d.WholeGPUs]++
+			}
+		}
+	}
+
+	nodes := make([]placement.Node, 0, len(order))
+	var capacity int64
+	for _, name := range order {
+		acc := accs[name]
+		settle(acc)
+		nodes = append(nodes, *acc.node)
+		capacity += int64(len(acc.node.GPUs)) * placement.MilliPerGPU
+	}
+	snap, err := placement.NewSnapshot(nodes)
+	if err != nil {
+		return nil, fmt.Errorf("building placement snapshot: %w", err)
+	}
+	return &Snapshot{Snapshot: snap, NoFraction: noFrac, GPUCapacityMilli: capacity}, nil
+}
+
+// settle charges fractions on unknown GPUs (best fit) and whole GPUs of pods
+// whose GPU is unknown (clean GPUs first, in index order, as gpufrac-node's
+// preferred allocation does).
+func settle(acc *nodeAcc) {
+	gs := acc.node.GPUs
+	sort.Sort(sort.Reverse(sort.IntSlice(acc.unplacedF)))
+	for _, pct := range acc.unplacedF {
+		best := -1
+		for i := range gs {
+			if gs[i].FreeMilli >= pct*10 && (best < 0 || gs[i].FreeMilli < gs[best].FreeMilli) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			gs[best].FreeMilli -= pct * 10
+		}
+	}
+	need := acc.whole
+	for pass := 0; pass < 2 && need > 0; pass++ {
+		for i := range gs {
+			if need == 0 {
+				break
+			}
+			clean := gs[i].FreeMilli == placement.MilliPerGPU && !acc.reserved[gs[i].ID]
+			if (pass == 0 && clean) || (pass == 1 && gs[i].FreeMilli > 0) {
+				gs[i].FreeMilli = 0
+				need--
+			}
+		}
+	}
+	for i := range gs {
+		if gs[i].FreeMilli < 0 {
+			gs[i].FreeMilli = 0 // over-committed by other schedulers; nothing is free
+		}
+	}
+}
+
+// nodeGPUs lists a node's schedulable GPUs: from the inventory annotation
+// (healthy GPUs in exclusive or fraction mode), else anonymous GPUs from the
+// nvidia.com/gpu allocatable count. fractionOK is false when fractions
+// cannot be placed on the node (no inventory, or no GPU in fraction mode).
+func nodeGPUs(n *corev1.Node) (gpus []api.GPUInfo, fractionOK bool) {
+	if raw := n.Annotations[api.AnnotationGPUInventory]; raw != "" {
+		if inv, err := api.DecodeInventory(raw); err == nil {
+			for _, g := range inv {
+				if !g.Healthy || (g.Mode != "fraction" && g.Mode != "exclusive") {
+					continue
+				}
+				if g.Mode == "fraction" {
+					fractionOK = true
+				}
+				gpus = append(gpus, g)
+			}
+			return gpus, fractionOK && n.Status.Allocatable.Name(api.ResourceFraction, "").Value() > 0
+		}
+	}
+	count := n.Status.Allocatable.Name(api.ResourceGPU, "").Value()
+	for i := int64(0); i < count; i++ {
+		gpus = append(gpus, api.GPUInfo{UUID: fmt.Sprintf("%s/gpu-%d", n.Name, i), Index: int(i)})
+	}
+	return gpus, false
+}
