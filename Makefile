@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/bin
-export GOFLAGS ?= -mod=mod
+# The machine may export GOFLAGS=-buildvcs=false; keep it and add -mod=mod.
+export GOFLAGS := -mod=mod -buildvcs=false
 export GOTOOLCHAIN := local
 # go-nvml declares deprecated NVML calls; keep cgo quiet about them.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
@@ -20,7 +21,7 @@ build:
 -include tests/tools/tools.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
-test: build
+test: build tools
 	$(GO) test -count=1 -timeout 40m $(PKGS)
 
 ## unit: the fast tests only (no local cluster)
