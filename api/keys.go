@@ -66,4 +66,15 @@ const (
 	EnvMPSThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 	// EnvVisibleDevices is the variable users must not set themselves.
 	EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+
+	// ReasonOverQuota is the pod-condition reason of a pod its queue cannot
+	// admit now: non-preemptible work beyond the deserved quota, or preemptible
+	// work beyond the fair share. Never "Unschedulable", so Karpenter ignores it.
+	ReasonOverQuota = "OverQuota"
+	// ReasonOverLimit is the pod-condition reason of a pod that would take its
+	// queue, or an ancestor, beyond a hard limit.
+	ReasonOverLimit = "OverLimit"
+	// ReasonInvalidRequest is the pod-condition reason of a pod whose request
+	// can never be admitted as written (bad fraction, missing queue label...).
+	ReasonInvalidRequest = "InvalidRequest"
 )
