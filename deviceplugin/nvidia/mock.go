@@ -64,6 +64,8 @@ type Mock struct {
 	gpus []*fakeGPU
 	// byUUID: GPU UUID -> its fake state; fixed after NewMock.
 	byUUID map[string]*fakeGPU
+	// mig holds the pending MIG modes the mock server lacks (mockmig.go).
+	mig *mockMIG
 }
 
 var _ Lib = (*Mock)(nil)
@@ -114,7 +116,7 @@ func NewMock(model string, opts ...MockOption) (*Mock, error) {
 		return nil, fmt.Errorf("creating mock NVML: unknown model %q (known: %v)", model, MockModels())
 	}
 	srv := mm.newServer()
-	m := &Mock{server: srv, model: mm, byUUID: map[string]*fakeGPU{}}
+	m := &Mock{server: srv, model: mm, byUUID: map[string]*fakeGPU{}, mig: newMockMIG()}
 	for i, d := range srv.Devices {
 		dev, ok := d.(*server.Device)
 		if !ok {
