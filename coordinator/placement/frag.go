@@ -14,6 +14,8 @@ import (
 type Typical struct {
 	// CPUMilli is the pod's CPU request.
 	CPUMilli int64
+	// MemoryBytes is the shape's mean memory request.
+	MemoryBytes int64
 	// GPUs is the GPU count: 0 CPU-only, 1 for a share, k for k whole GPUs.
 	GPUs int
 	// MilliPerGPU is what the pod takes from each GPU: 1..1000, 0 if CPU-only.
@@ -36,6 +38,7 @@ func TypicalFromRequests(reqs []Request, coverage float64) []Typical {
 		modelsKey string
 	}
 	counts := map[shape]int{}
+	memory := map[shape]int64{} // shape -> sum of memory requests
 	models := map[string][]string{}
 	for i := range reqs {
 		r := &reqs[i]
@@ -53,6 +56,7 @@ func TypicalFromRequests(reqs []Request, coverage float64) []Typical {
 			models[sh.modelsKey] = m
 		}
 		counts[sh]++
+		memory[sh] += r.MemoryBytes
 	}
 	shapes := make([]shape, 0, len(counts))
 	for sh := range counts {
@@ -76,7 +80,11 @@ func TypicalFromRequests(reqs []Request, coverage float64) []Typical {
 			break
 		}
 		covered += counts[sh]
-		out = append(out, Typical{CPUMilli: sh.cpu, GPUs: sh.k, MilliPerGPU: sh.milli, Models: models[sh.modelsKey], Weight: float64(counts[sh])})
+		out = append(out, Typical{
+			CPUMilli: sh.cpu, MemoryBytes: memory[sh] / int64(counts[sh]),
+			GPUs: sh.k, MilliPerGPU: sh.milli, Models: models[sh.modelsKey],
+			Weight: float64(counts[sh]),
+		})
 	}
 	for i := range out {
 		out[i].Weight /= float64(covered)
@@ -261,39 +269,51 @@ func (m *FragMeter) Cluster(s *Snapshot) float64 {
 // fgdPolicy is Fragmentation Gradient Descent (Weng et al., ATC'23) as its
 // artifact runs it: score = int(100·sigmoid((F_before − F_after)/1000));
 // a share tries every GPU with room and keeps the best, lowest index first.
-type fgdPolicy struct{}
+type fgdPolicy struct{ fm *fragModel }
 
-func (fgdPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, int) {
+func (f fgdPolicy) compile(s *Snapshot) { f.fm.compile(s) }
+
+func (f fgdPolicy) nodeCost(s *Snapshot, i int) float64 {
 	st := &s.nodes[i]
-	before := p.nodeFrag(s, i)
-	after := func(gpus []int32) float64 {
-		return math.Trunc(maxScore * sigmoid((before-p.frag.nodeFrag(st.model, st.cpuFree-q.cpu, gpus))/1000))
-	}
+	return f.fm.nodeFrag(st.model, st.cpuFree, s.gpus(i))
+}
+
+func (f fgdPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, int) {
+	st := &s.nodes[i]
+	before := p.nodeCost(s, i, f)
 	gpus := append(p.scratch[:0], s.gpus(i)...)
+	score := func() float64 {
+		after := f.fm.nodeFrag(st.model, st.cpuFree-q.cpu, gpus)
+		return math.Trunc(maxScore * sigmoid((before-after)/1000))
+	}
 	if !q.share {
-		need := q.k
-		for g := range gpus {
-			if need > 0 && gpus[g] == MilliPerGPU {
-				gpus[g], need = 0, need-1
-			}
-		}
-		return after(gpus), -1
+		takeWhole(gpus, q.k)
+		return score(), -1
 	}
 	best, bestG := math.Inf(-1), -1
 	for g := range gpus {
-		f := gpus[g]
-		if f < q.m || slices.Contains(gpus[:g], f) {
+		free := gpus[g]
+		if free < q.m || slices.Contains(gpus[:g], free) {
 			continue // too small, or same free milli as an earlier GPU: same score
 		}
-		gpus[g] = f - q.m
-		if sc := after(gpus); sc > best {
+		gpus[g] = free - q.m
+		if sc := score(); sc > best {
 			best, bestG = sc, g
 		}
-		gpus[g] = f
+		gpus[g] = free
 	}
 	return best, bestG
 }
 func (fgdPolicy) cacheable() bool  { return true }
 func (fgdPolicy) usesMemory() bool { return false }
+
+// takeWhole marks the k lowest-index fully free GPUs as used.
+func takeWhole(gpus []int32, k int32) {
+	for g := range gpus {
+		if k > 0 && gpus[g] == MilliPerGPU {
+			gpus[g], k = 0, k-1
+		}
+	}
+}
 
 func sigmoid(x float64) float64 { return 1 / (1 + math.Exp(-x)) }

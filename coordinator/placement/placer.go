@@ -25,51 +25,45 @@ type Placer struct {
 	name   string
 	policy policy
 	rng    *rand.Rand
-	frag   *fragModel // typical-pod mix, compiled per snapshot family
 
 	// Score cache: (snapshot family, node, generation, request class) -> score.
 	cacheSrc *genSource
 	classes  map[reqKey]int32 // request class -> row of cache
 	cache    [][]cacheEntry   // row -> node index -> entry
-	// fragCache is the node's current fragmentation, by node index.
-	fragCache []fragEntry
+	// costCache is the policy's per-node cost (nodeCoster), by node index.
+	costCache []costEntry
 
 	scratch []int32 // GPU free values of a node being scored
 }
 
 type cacheEntry struct {
 	gen   uint64
-	score float32
+	score float64
 	gpu   int32
 }
 
-type fragEntry struct {
-	gen uint64
-	f   float64
+type costEntry struct {
+	gen  uint64
+	cost float64
 }
 
-// maxCacheEntries bounds the score cache (16 bytes each).
-const maxCacheEntries = 1 << 21
+// maxCacheEntries bounds the score cache (24 bytes each).
+const maxCacheEntries = 1 << 20
 
 // New returns a Placer running the named policy (see Policies).
 func New(policyName string, opts Options) (*Placer, error) {
-	pol, ok := newPolicy(policyName)
-	if !ok {
-		return nil, fmt.Errorf("creating placer: unknown policy %q (known: %v)", policyName, Policies())
-	}
 	typical := opts.Typical
 	if len(typical) == 0 {
 		typical = defaultTypical()
 	}
-	fm, err := newFragModel(typical)
+	pol, err := newPolicy(policyName, typical)
 	if err != nil {
-		return nil, fmt.Errorf("creating placer %q: %w", policyName, err)
+		return nil, fmt.Errorf("creating placer: %w", err)
 	}
 	return &Placer{
 		name:    policyName,
 		policy:  pol,
 		rng:     rand.New(rand.NewPCG(opts.Seed, 0x9e3779b97f4a7c15)),
-		frag:    fm,
 		scratch: make([]int32, 0, 16),
 	}, nil
 }
@@ -162,7 +156,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 				e := &row[i]
 				if e.gen != s.nodes[i].gen {
 					sc, g = p.policy.score(p, s, i, &q)
-					*e = cacheEntry{gen: s.nodes[i].gen, score: float32(sc), gpu: int32(g)}
+					*e = cacheEntry{gen: s.nodes[i].gen, score: sc, gpu: int32(g)}
 				}
 				sc, g = float64(e.score), int(e.gpu)
 			} else {
@@ -179,16 +173,27 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	return s.decision(best, bestGPU, bestScore, &q), nil
 }
 
+// compiler is a policy with data to resolve against a snapshot's models.
+type compiler interface{ compile(s *Snapshot) }
+
+// nodeCoster is a policy with a per-node cost that depends only on the
+// node's free resources, cached by generation (nodeCost).
+type nodeCoster interface {
+	nodeCost(s *Snapshot, i int) float64
+}
+
 // prepare resets the caches when s belongs to another snapshot family.
 func (p *Placer) prepare(s *Snapshot) {
-	if p.cacheSrc == s.src && len(p.fragCache) == len(s.nodes) {
+	if p.cacheSrc == s.src && len(p.costCache) == len(s.nodes) {
 		return
 	}
 	p.cacheSrc = s.src
 	p.classes = map[reqKey]int32{}
 	p.cache = p.cache[:0]
-	p.fragCache = make([]fragEntry, len(s.nodes))
-	p.frag.compile(s)
+	p.costCache = make([]costEntry, len(s.nodes))
+	if c, ok := p.policy.(compiler); ok {
+		c.compile(s)
+	}
 }
 
 // cacheRow returns the score cache row for q's class, nil if the policy's
@@ -213,15 +218,13 @@ func (p *Placer) cacheRow(s *Snapshot, q *req) []cacheEntry {
 	return p.cache[len(p.cache)-1]
 }
 
-// nodeFrag is node i's current fragmentation under the typical mix, cached
-// by generation.
-func (p *Placer) nodeFrag(s *Snapshot, i int) float64 {
-	e := &p.fragCache[i]
+// nodeCost is c's cost of node i as it is now, cached by generation.
+func (p *Placer) nodeCost(s *Snapshot, i int, c nodeCoster) float64 {
+	e := &p.costCache[i]
 	if e.gen != s.nodes[i].gen {
-		st := &s.nodes[i]
-		*e = fragEntry{gen: st.gen, f: p.frag.nodeFrag(st.model, st.cpuFree, s.gpus(i))}
+		*e = costEntry{gen: s.nodes[i].gen, cost: c.nodeCost(s, i)}
 	}
-	return e.f
+	return e.cost
 }
 
 // decision turns the chosen node (and GPU for shares) into a Decision.

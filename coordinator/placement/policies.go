@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"math"
 	"sort"
 )
@@ -18,29 +19,34 @@ type policy interface {
 	usesMemory() bool
 }
 
-// newPolicy maps a policy name to its implementation.
-func newPolicy(name string) (policy, bool) {
+// newPolicy maps a policy name to its implementation; typical is the
+// workload mix the fragmentation-aware policies look ahead with.
+func newPolicy(name string, typical []Typical) (policy, error) {
 	switch name {
 	case "random":
-		return randomPolicy{}, true
+		return randomPolicy{}, nil
 	case "dotprod":
-		return dotProdPolicy{}, true
+		return dotProdPolicy{}, nil
 	case "gpuclustering":
-		return gpuClusteringPolicy{}, true
+		return gpuClusteringPolicy{}, nil
 	case "gpupacking":
-		return gpuPackingPolicy{}, true
+		return gpuPackingPolicy{}, nil
 	case "bestfit":
-		return bestFitPolicy{}, true
-	case "fgd":
-		return fgdPolicy{}, true
+		return bestFitPolicy{}, nil
 	case "binpack":
-		return binpackPolicy{}, true
+		return binpackPolicy{}, nil
 	case "spread":
-		return spreadPolicy{}, true
+		return spreadPolicy{}, nil
+	case "fgd":
+		fm, err := newFragModel(typical)
+		if err != nil {
+			return nil, fmt.Errorf("policy fgd: %w", err)
+		}
+		return fgdPolicy{fm: fm}, nil
 	case "gpufrac":
-		return gpufracPolicy{}, true
+		return newGpufracPolicy(typical)
 	}
-	return nil, false
+	return nil, fmt.Errorf("unknown policy %q (known: %v)", name, Policies())
 }
 
 // Policies lists the policy names New accepts. "gpufrac" is the default;
