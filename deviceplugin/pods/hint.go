@@ -16,16 +16,31 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 )
+
+// inflightTTL bounds how long an Allocate answer the kubelet never reports
+// (PodResources unreachable and the pod still Pending) keeps counting as a
+// placed fraction. The kubelet records an allocation right after Allocate,
+// so in practice entries resolve within one write-back period.
+const inflightTTL = 10 * time.Minute
 
 // Hint watches the pods bound to this node. It tells the fraction resource
 // which GPU the coordinator chose for the next fraction request
 // (resource.PodHint), and writes back, from the kubelet's PodResources, the
 // GPU each fraction pod (gpufrac.io/allocated-gpu) and each reservation pod
 // (gpufrac.io/reserved-gpu) actually got.
+//
+// Allocate does not say which pod it serves, so the hint matches counts, not
+// pods: the coordinator's choices for pods of one size form a demand per GPU;
+// containers known to be admitted (PodResources, the allocated-gpu
+// annotation, or a phase past Pending) and Allocate answers not yet seen
+// admitted (in flight) consume it at the GPU they actually got. Same-size
+// pods are interchangeable: whichever the kubelet admits, the GPUs end up
+// with the units the coordinator planned.
 type Hint struct {
 	client  kubernetes.Interface
 	factory informers.SharedInformerFactory
@@ -33,16 +48,43 @@ type Hint struct {
 	synced  cache.InformerSynced
 	podRes  *PodResources
 	resync  time.Duration
+	clock   clock.PassiveClock
 
-	mu       sync.Mutex
-	assigned map[types.UID]string // pod UID -> GPU given, until PodResources and the annotation show it
-	kick     chan struct{}        // asks the write-back loop to run now
+	mu sync.Mutex
+	// listing: container -> fraction units it holds, from the last
+	// PodResources listing (nil before the first).
+	listing map[containerKey]admission
+	// seen: containers already known admitted; a container entering it
+	// resolves one in-flight entry.
+	seen map[containerKey]struct{}
+	// inflight are Allocate answers not yet seen admitted, oldest first.
+	inflight []given
+	kick     chan struct{} // asks the write-back loop to run now
+}
+
+// containerKey names one container of a pod on this node. PodResources
+// carries no pod UID, so namespace and name identify the pod.
+type containerKey struct{ namespace, pod, container string }
+
+// admission is a container's fraction allocation as far as the hint knows.
+type admission struct {
+	units int
+	gpu   string // "" when only the pod's phase tells it was admitted
+	// planned is the coordinator's GPU for the pod, the best guess when gpu is "".
+	planned string
+}
+
+// given is one Allocate answer.
+type given struct {
+	gpu   string
+	units int
+	at    time.Time
 }
 
 var _ resource.PodHint = (*Hint)(nil)
 
 // NewHint watches pods with spec.nodeName == node. podRes may be nil, and
-// then nothing is written back.
+// then nothing is written back and admissions are learnt from pod phases.
 func NewHint(client kubernetes.Interface, node string, podRes *PodResources) *Hint {
 	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
 		informers.WithTweakListOptions(func(o *metav1ListOptions) {
@@ -50,14 +92,15 @@ func NewHint(client kubernetes.Interface, node string, podRes *PodResources) *Hi
 		}))
 	inf := f.Core().V1().Pods()
 	return &Hint{
-		client:   client,
-		factory:  f,
-		lister:   inf.Lister(),
-		synced:   inf.Informer().HasSynced,
-		podRes:   podRes,
-		resync:   2 * time.Second,
-		assigned: map[types.UID]string{},
-		kick:     make(chan struct{}, 1),
+		client:  client,
+		factory: f,
+		lister:  inf.Lister(),
+		synced:  inf.Informer().HasSynced,
+		podRes:  podRes,
+		resync:  2 * time.Second,
+		clock:   clock.RealClock{},
+		seen:    map[containerKey]struct{}{},
+		kick:    make(chan struct{}, 1),
 	}
 }
 
@@ -102,71 +145,172 @@ func FractionUnits(c *corev1.Container) int {
 	return int(q.Value())
 }
 
-// candidates are the pods waiting for fraction units of this size: bound
-// here, annotated by the coordinator, not yet allocated, oldest first.
-func (h *Hint) candidates(units int) []*corev1.Pod {
-	all, err := h.lister.List(labelsEverything())
-	if err != nil {
-		return nil
+func terminated(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// reconcileLocked returns every fraction container known to be admitted and
+// resolves the in-flight entries of containers newly seen admitted. h.mu
+// must be held.
+func (h *Hint) reconcileLocked(pods []*corev1.Pod) map[containerKey]admission {
+	admitted := make(map[containerKey]admission, len(h.listing))
+	for k, a := range h.listing {
+		admitted[k] = a
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []*corev1.Pod
-	for _, p := range all {
-		if p.Annotations[api.AnnotationGPU] == "" || p.Annotations[api.AnnotationAllocatedGPU] != "" {
-			continue
-		}
-		if p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
-			continue
-		}
-		if _, done := h.assigned[p.UID]; done {
-			continue
-		}
+	for _, p := range pods {
+		past := p.Status.Phase != corev1.PodPending && p.Status.Phase != ""
 		for i := range p.Spec.Containers {
-			if FractionUnits(&p.Spec.Containers[i]) == units {
-				out = append(out, p)
-				break
+			c := &p.Spec.Containers[i]
+			n := FractionUnits(c)
+			if n <= 0 {
+				continue
+			}
+			key := containerKey{p.Namespace, p.Name, c.Name}
+			if _, ok := admitted[key]; ok {
+				continue
+			}
+			if gpu := p.Annotations[api.AnnotationAllocatedGPU]; gpu != "" {
+				admitted[key] = admission{units: n, gpu: gpu}
+			} else if past {
+				admitted[key] = admission{units: n, planned: p.Annotations[api.AnnotationGPU]}
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
+	for key, a := range admitted {
+		if _, ok := h.seen[key]; ok {
+			continue
+		}
+		h.seen[key] = struct{}{}
+		h.resolveLocked(a)
+	}
+	for key := range h.seen {
+		if _, ok := admitted[key]; !ok {
+			delete(h.seen, key)
+		}
+	}
+	now := h.clock.Now()
+	kept := h.inflight[:0]
+	for _, g := range h.inflight {
+		if now.Sub(g.at) < inflightTTL {
+			kept = append(kept, g)
+		}
+	}
+	h.inflight = kept
+	return admitted
+}
+
+// resolveLocked drops the in-flight entry a newly admitted container
+// accounts for: the one with its GPU and size, or, when its GPU is unknown,
+// the oldest of its size on its planned GPU, else the oldest of its size. An
+// admission with a known GPU and no such entry predates this process and
+// resolves nothing.
+func (h *Hint) resolveLocked(a admission) {
+	match := func(gpu string) bool {
+		for i, g := range h.inflight {
+			if g.units == a.units && (gpu == "" || g.gpu == gpu) {
+				h.inflight = append(h.inflight[:i], h.inflight[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+	if a.gpu != "" {
+		match(a.gpu)
+		return
+	}
+	if a.planned == "" || !match(a.planned) {
+		match("")
+	}
+}
+
+// demandItem is one container of a pod the coordinator placed.
+type demandItem struct {
+	pod *corev1.Pod
+	gpu string
+}
+
+func olderFirst(items []demandItem) {
+	sort.SliceStable(items, func(i, j int) bool {
+		a, b := items[i].pod, items[j].pod
 		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
 			return a.CreationTimestamp.Before(&b.CreationTimestamp)
 		}
 		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
 	})
-	return out
 }
 
-// GPUFor implements resource.PodHint.
+// GPUFor implements resource.PodHint. Among the containers of this size the
+// coordinator placed here and the kubelet has not admitted yet, oldest
+// first, it returns the first chosen GPU that still lacks a fraction of this
+// size; with none, the GPU of any placed container whose planned fraction
+// went elsewhere. ok is false when every such container is already served.
 func (h *Hint) GPUFor(units int) (string, bool) {
-	c := h.candidates(units)
-	if len(c) == 0 {
+	pods, err := h.lister.List(labelsEverything())
+	if err != nil {
 		return "", false
 	}
-	return c[0].Annotations[api.AnnotationGPU], true
-}
-
-// Allocated implements resource.PodHint. Same-size pods are
-// interchangeable: the pod whose chosen GPU matches is preferred, else the
-// oldest of that size. The write-back from PodResources records the truth.
-func (h *Hint) Allocated(ctx context.Context, uuid string, units int) {
-	c := h.candidates(units)
-	if len(c) == 0 {
-		return
-	}
-	pick := c[0]
-	for _, p := range c {
-		if p.Annotations[api.AnnotationGPU] == uuid {
-			pick = p
-			break
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	admitted := h.reconcileLocked(pods)
+	remaining := map[string]int{} // GPU UUID -> planned fractions of this size not yet given
+	var waiting, all []demandItem
+	for _, p := range pods {
+		gpu := p.Annotations[api.AnnotationGPU]
+		if gpu == "" || terminated(p) {
+			continue
+		}
+		for i := range p.Spec.Containers {
+			c := &p.Spec.Containers[i]
+			if FractionUnits(c) != units {
+				continue
+			}
+			it := demandItem{pod: p, gpu: gpu}
+			all = append(all, it)
+			remaining[gpu]++
+			if a, ok := admitted[containerKey{p.Namespace, p.Name, c.Name}]; ok {
+				got := a.gpu
+				if got == "" {
+					got = gpu // admitted, GPU unknown: assume as planned
+				}
+				remaining[got]--
+			} else {
+				waiting = append(waiting, it)
+			}
 		}
 	}
+	flying := 0
+	for _, g := range h.inflight {
+		if g.units == units {
+			remaining[g.gpu]--
+			flying++
+		}
+	}
+	if len(waiting) <= flying {
+		return "", false
+	}
+	olderFirst(waiting)
+	olderFirst(all)
+	for _, it := range waiting {
+		if remaining[it.gpu] > 0 {
+			return it.gpu, true
+		}
+	}
+	for _, it := range all {
+		if remaining[it.gpu] > 0 {
+			return it.gpu, true
+		}
+	}
+	return waiting[0].gpu, true
+}
+
+// Allocated implements resource.PodHint: the answer counts as a placed
+// fraction of this size on uuid until the kubelet reports the container
+// that got it, and the write-back runs at once.
+func (h *Hint) Allocated(ctx context.Context, uuid string, units int) {
 	h.mu.Lock()
-	h.assigned[pick.UID] = uuid
+	h.inflight = append(h.inflight, given{gpu: uuid, units: units, at: h.clock.Now()})
 	h.mu.Unlock()
-	klog.FromContext(ctx).V(4).Info("Fraction allocated", "pod", klog.KObj(pick), "gpu", uuid, "units", units)
+	klog.FromContext(ctx).V(4).Info("Fraction allocated", "gpu", uuid, "units", units)
 	if h.podRes != nil {
 		h.podRes.Invalidate()
 	}
@@ -184,6 +328,7 @@ func (h *Hint) writeBack(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	listing := map[containerKey]admission{}
 	want := map[types.NamespacedName]map[string]string{} // pod -> annotation -> GPU
 	for _, a := range as {
 		key := types.NamespacedName{Namespace: a.Namespace, Name: a.Pod}
@@ -193,10 +338,17 @@ func (h *Hint) writeBack(ctx context.Context) error {
 			if err != nil {
 				continue
 			}
+			listing[containerKey{a.Namespace, a.Pod, a.Container}] = admission{units: len(a.DeviceIDs), gpu: gpu}
 			setWant(want, key, api.AnnotationAllocatedGPU, gpu)
 		case a.Resource == api.ResourceGPU && IsReservation(a.Namespace, a.Pod) && len(a.DeviceIDs) == 1:
 			setWant(want, key, api.AnnotationReservedGPU, a.DeviceIDs[0])
 		}
+	}
+	if pods, err := h.lister.List(labelsEverything()); err == nil {
+		h.mu.Lock()
+		h.listing = listing
+		h.reconcileLocked(pods)
+		h.mu.Unlock()
 	}
 	var firstErr error
 	for key, anns := range want {
@@ -211,10 +363,12 @@ func (h *Hint) writeBack(ctx context.Context) error {
 			}
 		}
 		if len(patch) == 0 {
-			h.forget(p.UID)
 			continue
 		}
-		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
+		body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
+		if err != nil {
+			return fmt.Errorf("encoding annotations of pod %s: %w", key, err)
+		}
 		if _, err := h.client.CoreV1().Pods(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("annotating pod %s: %w", key, err)
@@ -222,15 +376,8 @@ func (h *Hint) writeBack(ctx context.Context) error {
 			continue
 		}
 		klog.FromContext(ctx).V(2).Info("Wrote back GPU", "pod", klog.KObj(p), "annotations", patch)
-		h.forget(p.UID)
 	}
 	return firstErr
-}
-
-func (h *Hint) forget(uid types.UID) {
-	h.mu.Lock()
-	delete(h.assigned, uid)
-	h.mu.Unlock()
 }
 
 func setWant(want map[types.NamespacedName]map[string]string, key types.NamespacedName, ann, gpu string) {

@@ -7,6 +7,7 @@ package pods
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -89,21 +90,41 @@ func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing pod resources: %w", err)
 	}
-	var out []Assignment
-	for _, pr := range resp.GetPodResources() {
-		for _, c := range pr.GetContainers() {
-			for _, d := range c.GetDevices() {
-				out = append(out, Assignment{
-					Namespace: pr.GetNamespace(), Pod: pr.GetName(), Container: c.GetName(),
-					Resource: d.GetResourceName(), DeviceIDs: d.GetDeviceIds(),
-				})
-			}
-		}
-	}
+	out := assignmentsOf(resp)
 	p.mu.Lock()
 	p.cache, p.fetched = out, p.clock.Now()
 	p.mu.Unlock()
 	return out, nil
+}
+
+// assignmentsOf turns a List answer into one Assignment per container and
+// resource. The kubelet reports a device once per NUMA node it sits on, and
+// recent kubelets one entry per device: entries are merged and device IDs
+// deduplicated, so a container's count of units or GPUs is exact.
+func assignmentsOf(resp *podresourcesapi.ListPodResourcesResponse) []Assignment {
+	var out []Assignment
+	for _, pr := range resp.GetPodResources() {
+		for _, c := range pr.GetContainers() {
+			byResource := map[string]int{} // resource name -> index in out
+			for _, d := range c.GetDevices() {
+				i, ok := byResource[d.GetResourceName()]
+				if !ok {
+					i = len(out)
+					byResource[d.GetResourceName()] = i
+					out = append(out, Assignment{
+						Namespace: pr.GetNamespace(), Pod: pr.GetName(), Container: c.GetName(),
+						Resource: d.GetResourceName(),
+					})
+				}
+				out[i].DeviceIDs = append(out[i].DeviceIDs, d.GetDeviceIds()...)
+			}
+		}
+	}
+	for i := range out {
+		slices.Sort(out[i].DeviceIDs)
+		out[i].DeviceIDs = slices.Compact(out[i].DeviceIDs)
+	}
+	return out
 }
 
 // Usage implements resource.UsageSource.

@@ -1,0 +1,269 @@
+package pods
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+)
+
+func TestUsageOf(t *testing.T) {
+	unit := resource.UnitID
+	tests := []struct {
+		name        string
+		assignments []Assignment
+		whole, frac string // resource names; defaults when empty
+		want        map[string]resource.GPUUsage
+	}{
+		{
+			name: "nothing allocated",
+			want: map[string]resource.GPUUsage{},
+		},
+		{
+			name: "a whole GPU held by a workload",
+			assignments: []Assignment{
+				{Namespace: "default", Pod: "train", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA, gpuB}},
+			},
+			want: map[string]resource.GPUUsage{
+				gpuA: {WholeHolder: "default/train"},
+				gpuB: {WholeHolder: "default/train"},
+			},
+		},
+		{
+			name: "a whole GPU held by a reservation, with fractions on it",
+			assignments: []Assignment{
+				{Namespace: api.SystemNamespace, Pod: api.ReservationNamePrefix + "x", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
+				{Namespace: "default", Pod: "f1", Container: "main", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 0), unit(gpuA, 1)}},
+				{Namespace: "default", Pod: "f2", Container: "main", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 7)}},
+			},
+			want: map[string]resource.GPUUsage{
+				gpuA: {WholeHolder: api.SystemNamespace + "/" + api.ReservationNamePrefix + "x", WholeHolderIsReservation: true, Units: 3},
+			},
+		},
+		{
+			name: "the reservation prefix outside the system namespace is a workload",
+			assignments: []Assignment{
+				{Namespace: "default", Pod: api.ReservationNamePrefix + "x", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpuC}},
+			},
+			want: map[string]resource.GPUUsage{gpuC: {WholeHolder: "default/" + api.ReservationNamePrefix + "x"}},
+		},
+		{
+			name: "fractions on several GPUs, a malformed ID skipped, other resources ignored",
+			assignments: []Assignment{
+				{Namespace: "default", Pod: "f1", Container: "a", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 0), "garbage", unit(gpuA, 2)}},
+				{Namespace: "default", Pod: "f1", Container: "b", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuB, 5)}},
+				{Namespace: "default", Pod: "mig", Container: "main", Resource: "nvidia.com/mig-1g.10gb", DeviceIDs: []string{"MIG-1"}},
+			},
+			want: map[string]resource.GPUUsage{gpuA: {Units: 2}, gpuB: {Units: 1}},
+		},
+		{
+			name:  "custom resource names",
+			whole: "example.com/gpu", frac: "example.com/frac",
+			assignments: []Assignment{
+				{Namespace: "default", Pod: "w", Container: "main", Resource: "example.com/gpu", DeviceIDs: []string{gpuA}},
+				{Namespace: "default", Pod: "f", Container: "main", Resource: "example.com/frac", DeviceIDs: []string{unit(gpuB, 1)}},
+				{Namespace: "default", Pod: "x", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpuC}},
+			},
+			want: map[string]resource.GPUUsage{gpuA: {WholeHolder: "default/w"}, gpuB: {Units: 1}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			whole, frac := tt.whole, tt.frac
+			if whole == "" {
+				whole, frac = api.ResourceGPU, api.ResourceFraction
+			}
+			if diff := cmp.Diff(tt.want, UsageOf(tt.assignments, whole, frac)); diff != "" {
+				t.Errorf("UsageOf (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestIsReservation(t *testing.T) {
+	tests := []struct {
+		name           string
+		namespace, pod string
+		want           bool
+	}{
+		{name: "reservation", namespace: api.SystemNamespace, pod: api.ReservationNamePrefix + "node-a-0", want: true},
+		{name: "placeholder in the system namespace", namespace: api.SystemNamespace, pod: "gpufrac-placeholder-1"},
+		{name: "prefix in another namespace", namespace: "default", pod: api.ReservationNamePrefix + "x"},
+		{name: "prefix not at the start", namespace: api.SystemNamespace, pod: "x-" + api.ReservationNamePrefix},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := IsReservation(tt.namespace, tt.pod); got != tt.want {
+				t.Errorf("IsReservation(%q, %q) = %t, want %t", tt.namespace, tt.pod, got, tt.want)
+			}
+		})
+	}
+}
+
+// fakeLister serves a fixed PodResources List answer and counts calls.
+type fakeLister struct {
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	resp *podresourcesapi.ListPodResourcesResponse
+
+	mu    sync.Mutex
+	calls int
+}
+
+func (f *fakeLister) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	return f.resp, nil
+}
+
+func (f *fakeLister) Calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// serveLister serves f on a unix socket until the test ends.
+func serveLister(t *testing.T, f *fakeLister) string {
+	t.Helper()
+	sock := filepath.Join(shortDir(t), "pr.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(srv, f)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return sock
+}
+
+func devices(res string, numa int64, ids ...string) *podresourcesapi.ContainerDevices {
+	d := &podresourcesapi.ContainerDevices{ResourceName: res, DeviceIds: ids}
+	if numa >= 0 {
+		d.Topology = &podresourcesapi.TopologyInfo{Nodes: []*podresourcesapi.NUMANode{{ID: numa}}}
+	}
+	return d
+}
+
+// TestPodResourcesList checks List merges the kubelet's per-device and
+// per-NUMA-node entries into one Assignment per container and resource.
+func TestPodResourcesList(t *testing.T) {
+	unit := resource.UnitID
+	f := &fakeLister{resp: &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{
+		{Namespace: "default", Name: "frac", Containers: []*podresourcesapi.ContainerResources{
+			{Name: "main", Devices: []*podresourcesapi.ContainerDevices{
+				devices(api.ResourceFraction, -1, unit(gpuA, 1)),
+				devices(api.ResourceFraction, -1, unit(gpuA, 0)),
+				// A device on two NUMA nodes is listed once per node.
+				devices(api.ResourceFraction, 0, unit(gpuA, 2)),
+				devices(api.ResourceFraction, 1, unit(gpuA, 2)),
+			}},
+			{Name: "sidecar"},
+		}},
+		{Namespace: api.SystemNamespace, Name: api.ReservationNamePrefix + "r", Containers: []*podresourcesapi.ContainerResources{
+			{Name: "hold", Devices: []*podresourcesapi.ContainerDevices{
+				devices(api.ResourceGPU, 0, gpuA),
+				devices(api.ResourceGPU, 1, gpuA),
+			}},
+		}},
+		{Namespace: "default", Name: "mixed", Containers: []*podresourcesapi.ContainerResources{
+			{Name: "main", Devices: []*podresourcesapi.ContainerDevices{
+				devices(api.ResourceGPU, -1, gpuC, gpuB),
+				devices("example.com/nic", -1, "nic-0"),
+			}},
+		}},
+	}}}
+	pr, err := NewPodResources(serveLister(t, f), time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	got, err := pr.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Assignment{
+		{Namespace: "default", Pod: "frac", Container: "main", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 0), unit(gpuA, 1), unit(gpuA, 2)}},
+		{Namespace: api.SystemNamespace, Pod: api.ReservationNamePrefix + "r", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
+		{Namespace: "default", Pod: "mixed", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpuB, gpuC}},
+		{Namespace: "default", Pod: "mixed", Container: "main", Resource: "example.com/nic", DeviceIDs: []string{"nic-0"}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("List (-want +got):\n%s", diff)
+	}
+	usage, err := pr.Usage(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantUsage := map[string]resource.GPUUsage{
+		gpuA: {WholeHolder: api.SystemNamespace + "/" + api.ReservationNamePrefix + "r", WholeHolderIsReservation: true, Units: 3},
+		gpuB: {WholeHolder: "default/mixed"},
+		gpuC: {WholeHolder: "default/mixed"},
+	}
+	if diff := cmp.Diff(wantUsage, usage); diff != "" {
+		t.Errorf("Usage (-want +got):\n%s", diff)
+	}
+}
+
+// TestPodResourcesCache checks List answers from its cache within the TTL
+// and asks the kubelet again after it or after Invalidate.
+func TestPodResourcesCache(t *testing.T) {
+	f := &fakeLister{resp: &podresourcesapi.ListPodResourcesResponse{}}
+	clk := testclock.NewFakePassiveClock(t0)
+	pr, err := NewPodResources(serveLister(t, f), time.Second, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	steps := []struct {
+		name      string
+		do        func()
+		wantCalls int
+	}{
+		{name: "first list asks the kubelet", wantCalls: 1},
+		{name: "within the TTL the cache answers", do: func() { clk.SetTime(t0.Add(999 * time.Millisecond)) }, wantCalls: 1},
+		{name: "after the TTL the kubelet is asked", do: func() { clk.SetTime(t0.Add(time.Second)) }, wantCalls: 2},
+		{name: "fresh again", wantCalls: 2},
+		{name: "Invalidate forces a list", do: pr.Invalidate, wantCalls: 3},
+	}
+	for _, s := range steps {
+		if s.do != nil {
+			s.do()
+		}
+		if _, err := pr.List(t.Context()); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := f.Calls(); got != s.wantCalls {
+			t.Errorf("%s: %d kubelet calls, want %d", s.name, got, s.wantCalls)
+		}
+	}
+}
+
+// TestPodResourcesUnavailable checks an absent kubelet gives an error, not
+// an empty listing (callers then fall back to the available list alone).
+func TestPodResourcesUnavailable(t *testing.T) {
+	pr, err := NewPodResources(filepath.Join(shortDir(t), "missing.sock"), time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := pr.Usage(ctx); err == nil {
+		t.Fatal("Usage without a kubelet succeeded")
+	}
+}
