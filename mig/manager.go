@@ -1,0 +1,551 @@
+package mig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+)
+
+// AllocationsFunc lists the device IDs the kubelet has allocated on this
+// node, by resource name (from the PodResources API). An error means the
+// allocations are unknown, and the manager then touches no GPU.
+type AllocationsFunc func(ctx context.Context) (map[string][]string, error)
+
+// State is where a GPU's declared MIG configuration stands.
+type State string
+
+// The states of a GPU in a Status.
+const (
+	// StateApplied: the GPU's MIG mode and layout are as declared.
+	StateApplied State = "Applied"
+	// StatePending: a change is needed but waits (see Reason).
+	StatePending State = "Pending"
+	// StateFailed: applying the change failed; it is retried.
+	StateFailed State = "Failed"
+)
+
+// Reasons a change is pending or failed.
+const (
+	// ReasonDevicesAllocated: pods hold devices on the GPU; the change is
+	// applied once they are freed.
+	ReasonDevicesAllocated = "DevicesAllocated"
+	// ReasonAllocationsUnknown: PodResources cannot be read, so the GPU may
+	// be in use and is left alone.
+	ReasonAllocationsUnknown = "AllocationsUnknown"
+	// ReasonResetRequired: the MIG mode change needs a GPU reset; the mode
+	// was left as found.
+	ReasonResetRequired = "ResetRequired"
+	// ReasonInUse: processes use the GPU, so the MIG mode change could not
+	// be activated (the mode was left as found) or an instance could not be
+	// destroyed.
+	ReasonInUse = "InUse"
+	// ReasonNoLayout: mode mig without a layout on a GPU whose MIG mode is
+	// disabled: there is nothing to keep and nothing to create.
+	ReasonNoLayout = "NoLayout"
+	// ReasonNotSupported: the GPU has no MIG.
+	ReasonNotSupported = "NotSupported"
+	// ReasonNVMLError: an NVML call failed.
+	ReasonNVMLError = "NVMLError"
+)
+
+// Status is the outcome of the last reconciliation of one GPU.
+type Status struct {
+	// GPU is the GPU's UUID, Index its NVML index.
+	GPU   string
+	Index int
+	// MIG tells whether the GPU is declared in mode mig; Layout is its
+	// declared layout ("" keeps the current one).
+	MIG    bool
+	Layout string
+	State  State
+	// Reason is set for StatePending and StateFailed.
+	Reason string
+	// Message explains the state for an operator.
+	Message string
+	// Changed tells whether this reconciliation changed the GPU.
+	Changed bool
+}
+
+// Options configures a Manager.
+type Options struct {
+	// Allocations tells which devices pods hold (nil: unknown, so only
+	// GPUs that need no change are ever Applied).
+	Allocations AllocationsFunc
+	// Registerer receives the manager's metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	// Event reports what an operator should see, as a Kubernetes event on
+	// the node (nil: logged only). reason is a CamelCase event reason.
+	Event func(warning bool, reason, message string)
+	// Retry is called from Run when a pending change may now go through (a
+	// GPU drained, an admin enabled MIG mode); it should reconcile again by
+	// calling Apply with the current policy and rebuild resources.
+	Retry func(ctx context.Context)
+	// Interval is how often Run checks pending changes (default 5s).
+	Interval time.Duration
+	// RetryInUse is how long a GPU whose mode change failed because it was
+	// in use waits before the change is tried again (default 1m). Changes
+	// that need a reset are never retried: the mode stays as found until an
+	// admin resets the GPU (or the declared mode changes).
+	RetryInUse time.Duration
+	// Clock defaults to the real clock.
+	Clock clock.WithTicker
+}
+
+// Manager applies declared MIG modes and layouts to the node's GPUs through
+// NVML. It is idempotent: a GPU that already matches is not touched. It
+// never touches a GPU on which pods hold devices (whole GPU, fraction units,
+// replicas or MIG devices): the change is reported pending and applied when
+// the GPU drains. A MIG mode change the driver cannot activate right away
+// (needs a reset, or the GPU is in use) is undone, leaving the mode as
+// found, and reported. GPUs are never reset.
+//
+// MIG mode follows the declared mode: on for GPUs in mode mig, off for the
+// others (after their instances are destroyed), so a GPU moved from mig to
+// fraction becomes usable whole again.
+type Manager struct {
+	lib     nvidia.MIGLib
+	gpus    []nvidia.GPU
+	opts    Options
+	metrics *metrics
+
+	// mu serialises reconciliations and guards the fields below.
+	mu sync.Mutex
+	// status: GPU UUID -> outcome of the last reconciliation.
+	status map[string]Status
+	// blocked: GPU UUID -> a mode change that could not be activated.
+	blocked map[string]blockedChange
+	// devices: GPU UUID -> its MIG devices as last read.
+	devices map[string][]nvidia.MIGDevice
+}
+
+// blockedChange is a MIG mode change the driver refused to activate.
+type blockedChange struct {
+	enable bool
+	reason string
+	at     time.Time
+}
+
+// NewManager returns a manager for the GPUs (all of the node's, by index).
+func NewManager(lib nvidia.MIGLib, gpus []nvidia.GPU, o Options) *Manager {
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	if o.RetryInUse <= 0 {
+		o.RetryInUse = time.Minute
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	m := &Manager{
+		lib:     lib,
+		gpus:    append([]nvidia.GPU(nil), gpus...),
+		opts:    o,
+		status:  map[string]Status{},
+		blocked: map[string]blockedChange{},
+		devices: map[string][]nvidia.MIGDevice{},
+	}
+	m.metrics = newMetrics(m)
+	if o.Registerer != nil {
+		m.metrics.register(o.Registerer)
+	}
+	return m
+}
+
+// Status returns the outcome of the last reconciliation, by GPU index.
+func (m *Manager) Status() []Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Status, 0, len(m.gpus))
+	for _, g := range m.gpus {
+		if s, ok := m.status[g.UUID]; ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Apply reconciles every GPU with np (np.GPUModes and np.GPUMIGLayouts by
+// GPU index) and returns each GPU's status. Layouts must have passed
+// Expand for the GPU's model (resource.Build checks that for every config
+// the agent takes). Apply is safe to call again with the same policy: GPUs
+// that match are not touched.
+func (m *Manager) Apply(ctx context.Context, np config.NodePolicy) []Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	alloc, allocErr := m.allocatedByGPU(ctx)
+	out := make([]Status, 0, len(m.gpus))
+	for i, g := range m.gpus {
+		want := target{}
+		if i < len(np.GPUModes) && np.GPUModes[i] == config.ModeMIG {
+			want = target{mig: true, layout: np.GPUMIGLayouts[i]}
+		}
+		s := m.reconcileLocked(ctx, g, want, alloc[g.UUID], allocErr)
+		m.reportLocked(ctx, g, s)
+		out = append(out, s)
+	}
+	m.metrics.setPending(out)
+	return out
+}
+
+// target is the declared MIG configuration of one GPU.
+type target struct {
+	mig    bool
+	layout string // "" keeps the current layout
+}
+
+// reconcileLocked brings one GPU to want, if it may be touched. users is
+// how many devices pods hold on it.
+func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target, users int, allocErr error) Status {
+	logger := klog.FromContext(ctx).WithValues("gpu", g.UUID, "index", g.Index)
+	s := Status{GPU: g.UUID, Index: g.Index, MIG: want.mig, Layout: want.layout, State: StateApplied}
+	fail := func(reason string, err error) Status {
+		s.State, s.Reason, s.Message = StateFailed, reason, err.Error()
+		return s
+	}
+	pending := func(reason, format string, args ...any) Status {
+		s.State, s.Reason, s.Message = StatePending, reason, fmt.Sprintf(format, args...)
+		return s
+	}
+	if !g.MIGCapable {
+		delete(m.devices, g.UUID)
+		if want.mig {
+			return fail(ReasonNotSupported, fmt.Errorf("GPU %d (%s) does not support MIG", g.Index, g.Name))
+		}
+		return s
+	}
+
+	// 1. Read the GPU: mode, instances and, for mig, the layout's instances.
+	mode, err := m.lib.MIGMode(g.UUID)
+	if err != nil {
+		return fail(ReasonNVMLError, err)
+	}
+	var instances []nvidia.GPUInstance
+	if mode.Current {
+		if instances, err = m.lib.MIGInstances(g.UUID); err != nil {
+			return fail(ReasonNVMLError, err)
+		}
+	}
+	m.devices[g.UUID] = devicesOf(instances)
+	var wantGIs []nvidia.MIGProfile
+	if want.mig && want.layout != "" {
+		profiles, err := m.lib.MIGProfiles(g.UUID)
+		if err != nil {
+			return fail(ReasonNVMLError, err)
+		}
+		if wantGIs, err = Expand(want.layout, profiles); err != nil {
+			return fail(ReasonNotSupported, fmt.Errorf("layout %q on GPU %d: %w", want.layout, g.Index, err))
+		}
+	}
+
+	// 2. Anything to do? A pending mode left over from an earlier attempt
+	// counts as a change too: it would take effect at the next reset.
+	var steps []Step
+	needMode := mode.Current != want.mig
+	switch {
+	case want.mig && !mode.Current && want.layout == "":
+		return fail(ReasonNoLayout, fmt.Errorf("GPU %d is in mode mig without a layout, but its MIG mode is disabled: set mig.layout or a migLayout for it", g.Index))
+	case want.mig && want.layout != "":
+		steps = Diff(instances, wantGIs)
+	case !want.mig && mode.Current:
+		steps = Diff(instances, nil)
+	}
+	if !needMode && len(steps) == 0 {
+		// A pending mode someone else asked for (nvidia-smi -mig, waiting
+		// for a reboot) is left alone: the GPU's mode is the admin's.
+		delete(m.blocked, g.UUID)
+		return s
+	}
+	if b, ok := m.blocked[g.UUID]; ok && needMode && b.enable == want.mig {
+		if b.reason == ReasonResetRequired || m.opts.Clock.Since(b.at) < m.opts.RetryInUse {
+			return pending(b.reason, "%s", modeMessage(g, want.mig, b.reason))
+		}
+	}
+
+	// 3. Never touch a GPU pods hold devices on.
+	switch {
+	case allocErr != nil:
+		return pending(ReasonAllocationsUnknown, "GPU %d needs a MIG change but its allocations are unknown (%v); it is left alone", g.Index, allocErr)
+	case users > 0:
+		return pending(ReasonDevicesAllocated, "GPU %d needs a MIG change; deferred until the %d device(s) pods hold on it are freed", g.Index, users)
+	}
+
+	// 4. Apply: enable MIG, reshape instances, or drain and disable MIG.
+	logger.Info("Changing MIG configuration", "mig", want.mig, "layout", want.layout, "steps", len(steps), "modeChange", needMode)
+	s.Changed = true
+	if needMode && want.mig {
+		if st, done := m.setModeLocked(ctx, g, true, s); done {
+			return st
+		}
+		if instances, err = m.lib.MIGInstances(g.UUID); err != nil {
+			return fail(ReasonNVMLError, err)
+		}
+		steps = Diff(instances, wantGIs)
+	}
+	for _, st := range steps {
+		if st.Destroy >= 0 {
+			err := m.lib.DestroyMIGInstance(g.UUID, st.Destroy)
+			m.metrics.operation("destroy_instance", err)
+			if err != nil {
+				reason := ReasonNVMLError
+				if errors.Is(err, nvidia.ErrInUse) {
+					reason = ReasonInUse
+				}
+				m.refreshDevicesLocked(g)
+				return fail(reason, err)
+			}
+			continue
+		}
+		_, err := m.lib.CreateMIGInstance(g.UUID, st.Create.ID, st.At)
+		m.metrics.operation("create_instance", err)
+		if err != nil {
+			m.refreshDevicesLocked(g)
+			return fail(ReasonNVMLError, err)
+		}
+	}
+	if needMode && !want.mig {
+		if st, done := m.setModeLocked(ctx, g, false, s); done {
+			m.refreshDevicesLocked(g)
+			return st
+		}
+	}
+	m.refreshDevicesLocked(g)
+	s.Message = fmt.Sprintf("GPU %d: MIG %s", g.Index, onOff(want.mig))
+	if want.mig {
+		s.Message += ", devices " + Describe(instancesOrEmpty(m.lib, g.UUID))
+	}
+	return s
+}
+
+// setModeLocked changes g's MIG mode. When the driver cannot activate the
+// change it restores the mode as found and returns the pending status and
+// true; on success it returns false.
+func (m *Manager) setModeLocked(ctx context.Context, g nvidia.GPU, enable bool, s Status) (Status, bool) {
+	op := "disable_mig"
+	if enable {
+		op = "enable_mig"
+	}
+	err := m.lib.SetMIGMode(g.UUID, enable)
+	m.metrics.operation(op, err)
+	if err == nil {
+		delete(m.blocked, g.UUID)
+		return s, false
+	}
+	reason := ""
+	switch {
+	case errors.Is(err, nvidia.ErrResetRequired):
+		reason = ReasonResetRequired
+	case errors.Is(err, nvidia.ErrInUse):
+		reason = ReasonInUse
+	default:
+		s.State, s.Reason, s.Message = StateFailed, ReasonNVMLError, err.Error()
+		return s, true
+	}
+	// Leave the mode as found: without this the change would still take
+	// effect at the next reset, behind the admin's back.
+	if rerr := m.lib.SetMIGMode(g.UUID, !enable); rerr != nil {
+		klog.FromContext(ctx).Error(rerr, "Cannot restore MIG mode as found; a reset would apply the change", "gpu", g.UUID, "enable", enable)
+	}
+	m.blocked[g.UUID] = blockedChange{enable: enable, reason: reason, at: m.opts.Clock.Now()}
+	s.State, s.Reason, s.Message = StatePending, reason, modeMessage(g, enable, reason)+": "+err.Error()
+	return s, true
+}
+
+// modeMessage tells an operator why a MIG mode change waits.
+func modeMessage(g nvidia.GPU, enable bool, reason string) string {
+	flag := 0
+	if enable {
+		flag = 1
+	}
+	if reason == ReasonResetRequired {
+		return fmt.Sprintf("GPU %d needs MIG mode %s, which needs a GPU reset; gpufrac-node left it as found: run nvidia-smi -i %d -mig %d and reset the GPU (or reboot)", g.Index, onOff(enable), g.Index, flag)
+	}
+	return fmt.Sprintf("GPU %d needs MIG mode %s, but processes use the GPU; gpufrac-node left it as found and retries later", g.Index, onOff(enable))
+}
+
+func onOff(b bool) string {
+	if b {
+		return "enabled"
+	}
+	return "disabled"
+}
+
+// refreshDevicesLocked re-reads g's MIG devices for metrics after a change.
+func (m *Manager) refreshDevicesLocked(g nvidia.GPU) {
+	m.devices[g.UUID] = devicesOf(instancesOrEmpty(m.lib, g.UUID))
+}
+
+// instancesOrEmpty lists a GPU's instances, none when MIG is off or NVML fails.
+func instancesOrEmpty(lib nvidia.MIGLib, uuid string) []nvidia.GPUInstance {
+	mode, err := lib.MIGMode(uuid)
+	if err != nil || !mode.Current {
+		return nil
+	}
+	gis, err := lib.MIGInstances(uuid)
+	if err != nil {
+		return nil
+	}
+	return gis
+}
+
+// devicesOf flattens instances into their MIG devices.
+func devicesOf(instances []nvidia.GPUInstance) []nvidia.MIGDevice {
+	var out []nvidia.MIGDevice
+	for _, gi := range instances {
+		out = append(out, gi.Devices...)
+	}
+	return out
+}
+
+// reportLocked logs a status and raises an event when it changed.
+func (m *Manager) reportLocked(ctx context.Context, g nvidia.GPU, s Status) {
+	logger := klog.FromContext(ctx).WithValues("gpu", g.UUID, "index", g.Index)
+	prev, seen := m.status[g.UUID]
+	m.status[g.UUID] = s
+	same := seen && prev.State == s.State && prev.Reason == s.Reason && prev.MIG == s.MIG && prev.Layout == s.Layout
+	switch s.State {
+	case StateApplied:
+		if s.Changed {
+			logger.Info("MIG configuration applied", "mig", s.MIG, "layout", s.Layout, "message", s.Message)
+			m.event(false, "MIGLayoutApplied", s.Message)
+		}
+	case StatePending:
+		if !same {
+			logger.Info("MIG change pending", "reason", s.Reason, "message", s.Message)
+			m.event(true, "MIGLayoutPending", s.Message)
+		}
+	case StateFailed:
+		if !same || s.Changed {
+			logger.Error(errors.New(s.Message), "MIG change failed", "reason", s.Reason)
+			m.event(true, "MIGLayoutFailed", s.Message)
+		}
+	}
+}
+
+func (m *Manager) event(warning bool, reason, message string) {
+	if m.opts.Event != nil {
+		m.opts.Event(warning, reason, message)
+	}
+}
+
+// allocatedByGPU counts the devices pods hold per GPU UUID: whole GPUs
+// (ID = GPU UUID), fraction units and replicas ("<uuid>::<k>") and MIG
+// devices (their parent, from the MIG devices last read or read now).
+func (m *Manager) allocatedByGPU(ctx context.Context) (map[string]int, error) {
+	if m.opts.Allocations == nil {
+		return nil, errors.New("no PodResources source")
+	}
+	byResource, err := m.opts.Allocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, g := range m.gpus {
+		known[g.UUID] = true
+	}
+	migParent := map[string]string{} // MIG UUID -> GPU UUID
+	for _, g := range m.gpus {
+		if !g.MIGCapable {
+			continue
+		}
+		for _, d := range devicesOf(instancesOrEmpty(m.lib, g.UUID)) {
+			migParent[d.UUID] = g.UUID
+		}
+	}
+	out := map[string]int{}
+	for _, ids := range byResource {
+		for _, id := range ids {
+			switch {
+			case known[id]:
+				out[id]++
+			case migParent[id] != "":
+				out[migParent[id]]++
+			default:
+				if i := strings.LastIndex(id, "::"); i > 0 && known[id[:i]] {
+					out[id[:i]]++
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Run checks pending changes every Interval until ctx ends and calls
+// Options.Retry when one may now go through: pods freed the GPU's devices,
+// allocations became known, an admin set the MIG mode needed, or a GPU in
+// use or a failed change waited long enough.
+func (m *Manager) Run(ctx context.Context) error {
+	tick := m.opts.Clock.NewTicker(m.opts.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C():
+			if m.retryDue(ctx) && m.opts.Retry != nil {
+				klog.FromContext(ctx).V(2).Info("Retrying pending MIG changes")
+				m.opts.Retry(ctx)
+			}
+		}
+	}
+}
+
+// retryDue tells whether a pending or failed change may now go through.
+func (m *Manager) retryDue(ctx context.Context) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var waiting []Status
+	for _, g := range m.gpus {
+		if s, ok := m.status[g.UUID]; ok && s.State != StateApplied {
+			waiting = append(waiting, s)
+		}
+	}
+	if len(waiting) == 0 {
+		return false
+	}
+	alloc, allocErr := m.allocatedByGPU(ctx)
+	for _, s := range waiting {
+		switch s.Reason {
+		case ReasonAllocationsUnknown:
+			if allocErr == nil {
+				return true
+			}
+		case ReasonDevicesAllocated:
+			if allocErr == nil && alloc[s.GPU] == 0 {
+				return true
+			}
+		case ReasonResetRequired:
+			// Only an admin (enable/disable plus reset) can move it.
+			if mode, err := m.lib.MIGMode(s.GPU); err == nil && mode.Current == s.MIG {
+				return true
+			}
+		case ReasonInUse:
+			if b, ok := m.blocked[s.GPU]; !ok || m.opts.Clock.Since(b.at) >= m.opts.RetryInUse {
+				return true
+			}
+		case ReasonNVMLError:
+			return true
+		}
+	}
+	return false
+}
+
+// Devices returns the MIG devices of every GPU as last read, by GPU UUID.
+func (m *Manager) Devices() map[string][]nvidia.MIGDevice {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string][]nvidia.MIGDevice, len(m.devices))
+	for u, ds := range m.devices {
+		out[u] = append([]nvidia.MIGDevice(nil), ds...)
+	}
+	return out
+}

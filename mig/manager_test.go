@@ -1,0 +1,492 @@
+package mig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+)
+
+// newMock builds an initialized mock of model with seeded UUIDs.
+func newMock(t *testing.T, model string) (*nvidia.Mock, []nvidia.GPU) {
+	t.Helper()
+	m, err := nvidia.NewMock(model, nvidia.WithUUIDSeed(t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Shutdown() })
+	gs, err := m.GPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, gs
+}
+
+// fakeAllocations is a settable AllocationsFunc.
+type fakeAllocations struct {
+	mu  sync.Mutex
+	ids map[string][]string
+	err error
+}
+
+func (f *fakeAllocations) set(ids map[string][]string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ids, f.err = ids, err
+}
+
+func (f *fakeAllocations) get(context.Context) (map[string][]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ids, f.err
+}
+
+// events records the manager's events as "Warning Reason" / "Normal Reason".
+type events struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (e *events) record(warning bool, reason, _ string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	typ := "Normal"
+	if warning {
+		typ = "Warning"
+	}
+	e.list = append(e.list, typ+" "+reason)
+}
+
+func (e *events) get() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.list...)
+}
+
+type fixture struct {
+	mock   *nvidia.Mock
+	gpus   []nvidia.GPU
+	allocs *fakeAllocations
+	events *events
+	reg    *prometheus.Registry
+	clock  *testingclock.FakeClock
+	mgr    *Manager
+	ctx    context.Context
+}
+
+func newFixture(t *testing.T, model string) *fixture {
+	t.Helper()
+	m, gs := newMock(t, model)
+	_, ctx := ktesting.NewTestContext(t)
+	f := &fixture{mock: m, gpus: gs, allocs: &fakeAllocations{ids: map[string][]string{}}, events: &events{},
+		reg: prometheus.NewRegistry(), clock: testingclock.NewFakeClock(time.Unix(1_700_000_000, 0)), ctx: ctx}
+	f.mgr = NewManager(m, gs, Options{Allocations: f.allocs.get, Registerer: f.reg, Event: f.events.record, Clock: f.clock})
+	return f
+}
+
+// policy puts the GPUs in layouts (index -> layout) in mode mig, the rest in fraction.
+func (f *fixture) policy(layouts map[int]string) config.NodePolicy {
+	np := config.NodePolicy{GPUModes: make([]config.Mode, len(f.gpus)), GPUMIGLayouts: make([]string, len(f.gpus))}
+	for i := range f.gpus {
+		np.GPUModes[i] = config.ModeFraction
+		if l, ok := layouts[i]; ok {
+			np.GPUModes[i], np.GPUMIGLayouts[i] = config.ModeMIG, l
+		}
+	}
+	return np
+}
+
+func (f *fixture) instances(t *testing.T, i int) []nvidia.GPUInstance {
+	t.Helper()
+	mode, err := f.mock.MIGMode(f.gpus[i].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mode.Current {
+		return nil
+	}
+	gis, err := f.mock.MIGInstances(f.gpus[i].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gis
+}
+
+func (f *fixture) operations() float64 {
+	var sum float64
+	for _, op := range []string{"create_instance", "destroy_instance", "enable_mig", "disable_mig"} {
+		for _, r := range []string{"success", "error"} {
+			sum += testutil.ToFloat64(f.mgr.metrics.operations.WithLabelValues(op, r))
+		}
+	}
+	return sum
+}
+
+func statusOf(ss []Status, i int) Status {
+	for _, s := range ss {
+		if s.Index == i {
+			return s
+		}
+	}
+	return Status{}
+}
+
+func uuidsOf(gis []nvidia.GPUInstance) []string {
+	var out []string
+	for _, d := range devicesOf(gis) {
+		out = append(out, d.UUID)
+	}
+	return out
+}
+
+func TestApplyLayoutFromEmptyGPU(t *testing.T) {
+	tests := []struct {
+		name   string
+		model  string
+		gpu    int
+		layout string
+		want   string // Describe of the result
+	}{
+		{name: "a100 all-1g.10gb", model: "dgxa100", gpu: 0, layout: "all-1g.10gb", want: "1g.10gb,1g.10gb,1g.10gb,1g.10gb"},
+		{name: "h100 mixed list", model: "dgxh100", gpu: 3, layout: "3g.40gb,2g.20gb,1g.10gb+me,1g.10gb", want: "3g.40gb,2g.20gb,1g.10gb,1g.10gb+me"},
+		{name: "h100 balanced", model: "dgxh100", gpu: 7, layout: "all-balanced", want: "3g.40gb,2g.20gb,1g.10gb,1g.10gb"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, tc.model)
+			np := f.policy(map[int]string{tc.gpu: tc.layout})
+			got := statusOf(f.mgr.Apply(f.ctx, np), tc.gpu)
+			if got.State != StateApplied || !got.Changed {
+				t.Fatalf("status = %+v, want Applied and Changed", got)
+			}
+			gis := f.instances(t, tc.gpu)
+			if d := Describe(gis); d != tc.want {
+				t.Errorf("layout = %q, want %q", d, tc.want)
+			}
+			for i := range gis {
+				if !clean(gis[i]) {
+					t.Errorf("instance %d is not one full compute instance: %+v", gis[i].ID, gis[i])
+				}
+				for j := range i {
+					if gis[i].Placement.Overlaps(gis[j].Placement) {
+						t.Errorf("instances %d and %d overlap", gis[i].ID, gis[j].ID)
+					}
+				}
+			}
+			for i := range f.gpus {
+				if i != tc.gpu && len(f.instances(t, i)) != 0 {
+					t.Errorf("GPU %d was touched", i)
+				}
+			}
+			if diff := cmp.Diff([]string{"Normal MIGLayoutApplied"}, f.events.get()); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+
+			// The same layout again changes nothing: no NVML operation, same devices.
+			before, uuids := f.operations(), uuidsOf(gis)
+			for _, s := range f.mgr.Apply(f.ctx, np) {
+				if s.State != StateApplied || s.Changed {
+					t.Errorf("second Apply: GPU %d status %+v, want Applied and unchanged", s.Index, s)
+				}
+			}
+			if after := f.operations(); after != before {
+				t.Errorf("second Apply made %v NVML operations, want 0", after-before)
+			}
+			if diff := cmp.Diff(uuids, uuidsOf(f.instances(t, tc.gpu))); diff != "" {
+				t.Errorf("MIG devices changed on the second Apply (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestLayoutChangeKeepsMatchingInstances(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "all-1g.10gb"}))
+	before := f.instances(t, 0)
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "3g.40gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb"}))
+	after := f.instances(t, 0)
+	if d := Describe(after); d != "3g.40gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+		t.Fatalf("layout = %q", d)
+	}
+	kept := 0
+	for _, u := range uuidsOf(after) {
+		for _, b := range uuidsOf(before) {
+			if u == b {
+				kept++
+			}
+		}
+	}
+	if kept != 4 {
+		t.Errorf("%d of the 1g.10gb devices survived the change, want 4 (only the 3 in the 3g's way destroyed)", kept)
+	}
+}
+
+func TestChangeDeferredWhileGPUHasAllocatedDevices(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{1: "all-3g.40gb"}))
+	gis := f.instances(t, 1)
+	g := f.gpus[1]
+	tests := []struct {
+		name   string
+		allocs map[string][]string
+	}{
+		{name: "MIG device", allocs: map[string][]string{api.MIGResourcePrefix + "3g.40gb": {gis[0].Devices[0].UUID}}},
+		{name: "MIG device in the single strategy", allocs: map[string][]string{api.ResourceGPU: {gis[1].Devices[0].UUID}}},
+		{name: "whole GPU", allocs: map[string][]string{api.ResourceGPU: {g.UUID}}},
+		{name: "fraction units", allocs: map[string][]string{api.ResourceFraction: {g.UUID + "::0", g.UUID + "::1"}}},
+		{name: "time-sliced replica", allocs: map[string][]string{"example.com/shared": {g.UUID + "::3"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f.allocs.set(tc.allocs, nil)
+			s := statusOf(f.mgr.Apply(f.ctx, f.policy(map[int]string{1: "all-1g.10gb"})), 1)
+			if s.State != StatePending || s.Reason != ReasonDevicesAllocated || s.Changed {
+				t.Errorf("status = %+v, want Pending DevicesAllocated", s)
+			}
+			if diff := cmp.Diff(uuidsOf(gis), uuidsOf(f.instances(t, 1))); diff != "" {
+				t.Errorf("a GPU with allocated devices was changed (-want +got):\n%s", diff)
+			}
+			if v := testutil.ToFloat64(f.mgr.metrics.pending.WithLabelValues(g.UUID, ReasonDevicesAllocated)); v != 1 {
+				t.Errorf("gpufrac_mig_layout_pending{reason=DevicesAllocated} = %v, want 1", v)
+			}
+		})
+	}
+	// A device on another GPU does not block GPU 1.
+	f.allocs.set(map[string][]string{api.ResourceGPU: {f.gpus[5].UUID}}, nil)
+	if s := statusOf(f.mgr.Apply(f.ctx, f.policy(map[int]string{1: "all-1g.10gb"})), 1); s.State != StateApplied || !s.Changed {
+		t.Errorf("status after the GPU drained = %+v, want Applied and Changed", s)
+	}
+	if d := Describe(f.instances(t, 1)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+		t.Errorf("layout after draining = %q", d)
+	}
+	if v := testutil.ToFloat64(f.mgr.metrics.pending.WithLabelValues(g.UUID, ReasonDevicesAllocated)); v != 0 {
+		t.Errorf("pending gauge still %v after the change was applied", v)
+	}
+}
+
+func TestRunRetriesWhenTheGPUDrains(t *testing.T) {
+	f := newFixture(t, "dgxa100")
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{2: "all-3g.20gb"}))
+	dev := f.instances(t, 2)[0].Devices[0].UUID
+	f.allocs.set(map[string][]string{api.MIGResourcePrefix + "3g.20gb": {dev}}, nil)
+	want := f.policy(map[int]string{2: "all-1g.10gb"})
+	if s := statusOf(f.mgr.Apply(f.ctx, want), 2); s.Reason != ReasonDevicesAllocated {
+		t.Fatalf("status = %+v, want deferred", s)
+	}
+
+	retried := make(chan []Status, 1)
+	f.mgr.opts.Retry = func(ctx context.Context) { retried <- f.mgr.Apply(ctx, want) }
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.mgr.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	step := func() {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !f.clock.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatal("Run never started its ticker")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		f.clock.Step(5 * time.Second)
+	}
+
+	// Still allocated: nothing to retry.
+	if f.mgr.retryDue(f.ctx) {
+		t.Fatal("retryDue while the MIG device is still allocated")
+	}
+	// Freed: the next tick retries, and the layout goes through.
+	f.allocs.set(map[string][]string{}, nil)
+	step()
+	select {
+	case ss := <-retried:
+		if s := statusOf(ss, 2); s.State != StateApplied || !s.Changed {
+			t.Errorf("retried status = %+v, want Applied", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not retry after the GPU drained")
+	}
+	if d := Describe(f.instances(t, 2)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+		t.Errorf("layout = %q after the retry", d)
+	}
+}
+
+func TestModeChangeThatCannotBeActivatedIsLeftAsFound(t *testing.T) {
+	f := newFixture(t, "dgxa100")
+	g := f.gpus[4]
+	if err := f.mock.RequireMIGModeReset(g.UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	np := f.policy(map[int]string{4: "all-1g.10gb"})
+	s := statusOf(f.mgr.Apply(f.ctx, np), 4)
+	if s.State != StatePending || s.Reason != ReasonResetRequired || !strings.Contains(s.Message, "nvidia-smi -i 4 -mig 1") {
+		t.Fatalf("status = %+v, want Pending ResetRequired telling how to enable MIG", s)
+	}
+	if mode, _ := f.mock.MIGMode(g.UUID); mode != (nvidia.MIGMode{}) {
+		t.Errorf("MIG mode = %+v after the refused change, want disabled and nothing pending", mode)
+	}
+	if diff := cmp.Diff([]string{"Warning MIGLayoutPending"}, f.events.get()); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if v := testutil.ToFloat64(f.mgr.metrics.pending.WithLabelValues(g.UUID, ReasonResetRequired)); v != 1 {
+		t.Errorf("gpufrac_mig_layout_pending{reason=ResetRequired} = %v, want 1", v)
+	}
+	// Reconciling again neither retries the change nor repeats the event.
+	ops := f.operations()
+	f.mgr.Apply(f.ctx, np)
+	if f.operations() != ops || len(f.events.get()) != 1 {
+		t.Errorf("second Apply retried the mode change (%v operations) or repeated the event (%v)", f.operations()-ops, f.events.get())
+	}
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue is true while MIG mode is still off")
+	}
+	// An admin enables MIG (and resets the GPU): the layout goes through.
+	if err := f.mock.RequireMIGModeReset(g.UUID, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.mock.SetMIGMode(g.UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue is false after MIG mode was enabled")
+	}
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 4); s.State != StateApplied {
+		t.Errorf("status after enabling = %+v", s)
+	}
+	if d := Describe(f.instances(t, 4)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+		t.Errorf("layout = %q", d)
+	}
+}
+
+func TestModeChangeOnAGPUInUseIsRetriedLater(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	g := f.gpus[0]
+	if err := f.mock.SetProcesses(g.UUID, []nvidia.Process{{PID: 7, UsedBytes: 1 << 30}}); err != nil {
+		t.Fatal(err)
+	}
+	np := f.policy(map[int]string{0: "all-7g.80gb"})
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.Reason != ReasonInUse {
+		t.Fatalf("status = %+v, want Pending InUse", s)
+	}
+	if mode, _ := f.mock.MIGMode(g.UUID); mode != (nvidia.MIGMode{}) {
+		t.Errorf("MIG mode = %+v, want left as found", mode)
+	}
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue right after the refusal")
+	}
+	f.clock.Step(time.Minute)
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false after RetryInUse")
+	}
+	if err := f.mock.SetProcesses(g.UUID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.State != StateApplied {
+		t.Errorf("status once idle = %+v", s)
+	}
+	if d := Describe(f.instances(t, 0)); d != "7g.80gb" {
+		t.Errorf("layout = %q", d)
+	}
+}
+
+func TestLeavingMIGDestroysInstancesAndDisablesMIG(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "all-1g.10gb", 1: "all-3g.40gb"}))
+	ss := f.mgr.Apply(f.ctx, f.policy(map[int]string{1: "all-3g.40gb"}))
+	if s := statusOf(ss, 0); s.State != StateApplied || !s.Changed || s.MIG {
+		t.Errorf("GPU 0 status = %+v, want Applied (MIG off)", s)
+	}
+	if mode, _ := f.mock.MIGMode(f.gpus[0].UUID); mode.Current || mode.Pending {
+		t.Errorf("GPU 0 MIG mode = %+v, want disabled", mode)
+	}
+	if len(f.instances(t, 1)) != 2 {
+		t.Error("GPU 1 lost its instances")
+	}
+	if len(f.mgr.Devices()[f.gpus[0].UUID]) != 0 || len(f.mgr.Devices()[f.gpus[1].UUID]) != 2 {
+		t.Errorf("Devices() = %v", f.mgr.Devices())
+	}
+}
+
+func TestUnknownAllocationsTouchNothing(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.allocs.set(nil, errors.New("kubelet unreachable"))
+	ss := f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "all-1g.10gb"}))
+	if s := statusOf(ss, 0); s.Reason != ReasonAllocationsUnknown {
+		t.Errorf("status = %+v, want Pending AllocationsUnknown", s)
+	}
+	if s := statusOf(ss, 1); s.State != StateApplied || s.Changed {
+		t.Errorf("GPU 1 (nothing to change) status = %+v, want Applied", s)
+	}
+	if mode, _ := f.mock.MIGMode(f.gpus[0].UUID); mode.Current {
+		t.Error("MIG was enabled without knowing the GPU's allocations")
+	}
+	f.allocs.set(map[string][]string{}, nil)
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false once allocations are known")
+	}
+}
+
+func TestGPUsThatCannotServeTheDeclaredMIG(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	noMIG := f.gpus[6]
+	noMIG.MIGCapable = false
+	f.mgr = NewManager(f.mock, []nvidia.GPU{f.gpus[0], noMIG}, Options{Allocations: f.allocs.get, Clock: f.clock})
+	np := config.NodePolicy{GPUModes: []config.Mode{config.ModeMIG, config.ModeMIG}, GPUMIGLayouts: []string{"", "all-1g.10gb"}}
+	ss := f.mgr.Apply(f.ctx, np)
+	want := []string{
+		fmt.Sprintf("%d %s %s", 0, StateFailed, ReasonNoLayout),
+		fmt.Sprintf("%d %s %s", 6, StateFailed, ReasonNotSupported),
+	}
+	var got []string
+	for _, s := range ss {
+		got = append(got, fmt.Sprintf("%d %s %s", s.Index, s.State, s.Reason))
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+}
+
+func TestDeviceMetrics(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{2: "3g.40gb,2g.20gb"}))
+	gis := f.instances(t, 2)
+	f.allocs.set(map[string][]string{api.MIGResourcePrefix + "3g.40gb": {gis[0].Devices[0].UUID}}, nil)
+	g := f.gpus[2].UUID
+	want := fmt.Sprintf(`
+# HELP gpufrac_mig_device_allocated 1 when the kubelet has allocated the MIG device to a container, 0 when it is free. Absent when PodResources cannot be read.
+# TYPE gpufrac_mig_device_allocated gauge
+gpufrac_mig_device_allocated{gpu_uuid=%[1]q,mig_uuid=%[2]q,profile="3g.40gb"} 1
+gpufrac_mig_device_allocated{gpu_uuid=%[1]q,mig_uuid=%[3]q,profile="2g.20gb"} 0
+`, g, gis[0].Devices[0].UUID, gis[1].Devices[0].UUID)
+	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(want), "gpufrac_mig_device_allocated"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(f.mgr.metrics, "gpufrac_mig_device_memory_total_bytes"); n != 2 {
+		t.Errorf("gpufrac_mig_device_memory_total_bytes series = %d, want 2", n)
+	}
+	if v := testutil.ToFloat64(f.mgr.metrics.operations.WithLabelValues("create_instance", "success")); v != 2 {
+		t.Errorf("create_instance successes = %v, want 2", v)
+	}
+}
