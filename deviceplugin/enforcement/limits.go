@@ -1,0 +1,106 @@
+package enforcement
+
+import (
+	"strings"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+)
+
+// ContainerKey names a container on the node, as the kubelet's PodResources
+// reports it.
+type ContainerKey struct {
+	Namespace, Pod, Container string
+}
+
+// Allowance is the GPU memory one container may hold on one GPU.
+type Allowance struct {
+	// Unlimited is set when the container holds the GPU whole, or a MIG
+	// device (whose memory the hardware isolates).
+	Unlimited bool
+	// LimitBytes is the limit when not Unlimited: fraction units x GPU
+	// memory / 100, plus GPU memory / replicas per time-sliced replica, in
+	// whole MiB as the container was told in GPUFRAC_MEMORY_LIMIT_MIB.
+	LimitBytes uint64
+}
+
+// add combines two grants on the same GPU: unlimited wins, limits add up.
+func (a Allowance) add(b Allowance) Allowance {
+	return Allowance{Unlimited: a.Unlimited || b.Unlimited, LimitBytes: a.LimitBytes + b.LimitBytes}
+}
+
+// anyGPU keys the allowance of a MIG holder: MIG UUIDs do not name their
+// parent GPU, so the holder is unlimited on every GPU.
+const anyGPU = "*"
+
+// Allowances maps each container's devices (from PodResources) to its GPU
+// memory allowance per GPU UUID:
+//
+//   - whole GPU (api.ResourceGPU, ID = GPU UUID): unlimited;
+//   - fraction (api.ResourceFraction, IDs "<uuid>::<k>"): k units give
+//     resource.MemoryLimitMiB(gpu, k), the limit Allocate announced;
+//   - time-sliced replica (pol.TimesliceResource, IDs "<uuid>::<k>"): GPU
+//     memory / pol.TimesliceReplicas per replica held;
+//   - MIG device (api.MIGResourcePrefix*, or api.ResourceGPU with a "MIG-"
+//     ID in the single strategy): unlimited, the hardware isolates it.
+//
+// Devices on GPUs not in gpus (by UUID) and other resources are ignored.
+func Allowances(as []pods.Assignment, gpus map[string]nvidia.GPU, pol Policy) map[ContainerKey]map[string]Allowance {
+	out := map[ContainerKey]map[string]Allowance{}
+	grant := func(k ContainerKey, gpu string, a Allowance) {
+		if out[k] == nil {
+			out[k] = map[string]Allowance{}
+		}
+		out[k][gpu] = out[k][gpu].add(a)
+	}
+	for _, a := range as {
+		k := ContainerKey{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
+		switch {
+		case a.Resource == api.ResourceGPU:
+			for _, id := range a.DeviceIDs {
+				if strings.HasPrefix(id, "MIG-") {
+					grant(k, anyGPU, Allowance{Unlimited: true})
+				} else if _, ok := gpus[id]; ok {
+					grant(k, id, Allowance{Unlimited: true})
+				}
+			}
+		case strings.HasPrefix(a.Resource, api.MIGResourcePrefix):
+			grant(k, anyGPU, Allowance{Unlimited: true})
+		case a.Resource == api.ResourceFraction:
+			for uuid, n := range countShares(a.DeviceIDs, gpus) {
+				grant(k, uuid, Allowance{LimitBytes: resource.MemoryLimitMiB(gpus[uuid], n) << 20})
+			}
+		case a.Resource == pol.TimesliceResource && pol.TimesliceReplicas > 0:
+			for uuid, n := range countShares(a.DeviceIDs, gpus) {
+				grant(k, uuid, Allowance{LimitBytes: (gpus[uuid].MemoryMiB() * uint64(n) / uint64(pol.TimesliceReplicas)) << 20})
+			}
+		}
+	}
+	return out
+}
+
+// countShares counts "<uuid>::<k>" device IDs per known GPU.
+func countShares(ids []string, gpus map[string]nvidia.GPU) map[string]int {
+	n := map[string]int{}
+	for _, id := range ids {
+		uuid, _, err := resource.ParseUnitID(id)
+		if err != nil {
+			continue
+		}
+		if _, ok := gpus[uuid]; ok {
+			n[uuid]++
+		}
+	}
+	return n
+}
+
+// allowanceOn returns a container's allowance on one GPU, if it has one.
+func allowanceOn(byGPU map[string]Allowance, gpu string) (Allowance, bool) {
+	a, ok := byGPU[gpu]
+	if wild, held := byGPU[anyGPU]; held {
+		return a.add(wild), true
+	}
+	return a, ok
+}

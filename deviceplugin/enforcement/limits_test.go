@@ -1,0 +1,148 @@
+package enforcement
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+)
+
+const (
+	h100Bytes = 81559 << 20 // an H100 80GB HBM3 as NVML reports it: 81559 MiB
+	a100Bytes = 40960 << 20
+)
+
+func testGPUs() map[string]nvidia.GPU {
+	return map[string]nvidia.GPU{
+		"GPU-h100": {UUID: "GPU-h100", MemoryBytes: h100Bytes},
+		"GPU-a100": {UUID: "GPU-a100", MemoryBytes: a100Bytes},
+	}
+}
+
+func unitIDs(gpu string, n int) []string {
+	ids := make([]string, n)
+	for k := range ids {
+		ids[k] = resource.UnitID(gpu, k)
+	}
+	return ids
+}
+
+func assignment(pod, container, res string, ids ...string) pods.Assignment {
+	return pods.Assignment{Namespace: "ns", Pod: pod, Container: container, Resource: res, DeviceIDs: ids}
+}
+
+func TestAllowances(t *testing.T) {
+	pol := Policy{TimesliceResource: api.DefaultTimesliceResource, TimesliceReplicas: 4}.withDefaults()
+	key := func(pod string) ContainerKey { return ContainerKey{Namespace: "ns", Pod: pod, Container: "main"} }
+	for _, tc := range []struct {
+		name string
+		as   []pods.Assignment
+		pol  Policy
+		want map[ContainerKey]map[string]Allowance
+	}{
+		{name: "30 units of an H100: 30% in whole MiB, as Allocate announced",
+			as:   []pods.Assignment{assignment("p", "main", api.ResourceFraction, unitIDs("GPU-h100", 30)...)},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-h100": {LimitBytes: 81559 * 30 / 100 << 20}}}},
+		{name: "100 units is the whole memory",
+			as:   []pods.Assignment{assignment("p", "main", api.ResourceFraction, unitIDs("GPU-a100", 100)...)},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-a100": {LimitBytes: a100Bytes}}}},
+		{name: "whole GPU is unlimited",
+			as:   []pods.Assignment{assignment("p", "main", api.ResourceGPU, "GPU-h100", "GPU-a100")},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-h100": {Unlimited: true}, "GPU-a100": {Unlimited: true}}}},
+		{name: "one time-sliced replica of 4: a quarter",
+			as:   []pods.Assignment{assignment("p", "main", api.DefaultTimesliceResource, "GPU-a100::2")},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-a100": {LimitBytes: 10240 << 20}}}},
+		{name: "two replicas of 4: a half",
+			as:   []pods.Assignment{assignment("p", "main", api.DefaultTimesliceResource, "GPU-a100::0", "GPU-a100::3")},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-a100": {LimitBytes: 20480 << 20}}}},
+		{name: "renamed time-slice resource with 8 replicas",
+			pol:  Policy{TimesliceResource: "example.com/shared-gpu", TimesliceReplicas: 8},
+			as:   []pods.Assignment{assignment("p", "main", "example.com/shared-gpu", "GPU-a100::5")},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-a100": {LimitBytes: 5120 << 20}}}},
+		{name: "default replica resource name is ignored once renamed",
+			pol:  Policy{TimesliceResource: "example.com/shared-gpu", TimesliceReplicas: 8},
+			as:   []pods.Assignment{assignment("p", "main", api.DefaultTimesliceResource, "GPU-a100::5")},
+			want: map[ContainerKey]map[string]Allowance{}},
+		{name: "MIG device: unlimited on any GPU",
+			as:   []pods.Assignment{assignment("p", "main", api.MIGResourcePrefix+"1g.10gb", "MIG-1234")},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {anyGPU: {Unlimited: true}}}},
+		{name: "MIG device through nvidia.com/gpu (single strategy)",
+			as:   []pods.Assignment{assignment("p", "main", api.ResourceGPU, "MIG-1234")},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {anyGPU: {Unlimited: true}}}},
+		{name: "fraction plus whole on the same GPU: unlimited",
+			as: []pods.Assignment{
+				assignment("p", "main", api.ResourceFraction, unitIDs("GPU-h100", 10)...),
+				assignment("p", "main", api.ResourceGPU, "GPU-h100"),
+			},
+			want: map[ContainerKey]map[string]Allowance{key("p"): {"GPU-h100": {Unlimited: true, LimitBytes: 8155 << 20}}}},
+		{name: "containers and pods are kept apart",
+			as: []pods.Assignment{
+				assignment("p", "main", api.ResourceFraction, unitIDs("GPU-a100", 25)...),
+				assignment("p", "side", api.ResourceFraction, unitIDs("GPU-a100", 50)[25:]...),
+				assignment("q", "main", api.ResourceGPU, "GPU-h100"),
+			},
+			want: map[ContainerKey]map[string]Allowance{
+				key("p"): {"GPU-a100": {LimitBytes: 10240 << 20}},
+				{Namespace: "ns", Pod: "p", Container: "side"}: {"GPU-a100": {LimitBytes: 10240 << 20}},
+				key("q"): {"GPU-h100": {Unlimited: true}},
+			}},
+		{name: "unknown GPUs, malformed IDs and other resources are ignored",
+			as: []pods.Assignment{
+				assignment("p", "main", api.ResourceFraction, "GPU-gone::1", "not-a-unit"),
+				assignment("p", "main", api.ResourceGPU, "GPU-gone"),
+				assignment("p", "main", "example.com/fpga", "fpga-0"),
+			},
+			want: map[ContainerKey]map[string]Allowance{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pol
+			if tc.pol.TimesliceResource != "" {
+				p = tc.pol.withDefaults()
+			}
+			got := Allowances(tc.as, testGPUs(), p)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Allowances() (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestFractionLimitMatchesAllocate checks that the watchdog enforces exactly
+// the limit the fraction resource announced to the container.
+func TestFractionLimitMatchesAllocate(t *testing.T) {
+	g := nvidia.GPU{UUID: "GPU-h100", MemoryBytes: h100Bytes}
+	f := resource.NewFraction(resource.FractionOptions{GPUs: []nvidia.GPU{g}})
+	for _, units := range []int{1, 7, 30, 99, 100} {
+		t.Run(fmt.Sprint(units), func(t *testing.T) {
+			resp, err := f.Allocate(t.Context(), unitIDs(g.UUID, units))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := Allowances([]pods.Assignment{assignment("p", "main", api.ResourceFraction, unitIDs(g.UUID, units)...)},
+				map[string]nvidia.GPU{g.UUID: g}, Policy{}.withDefaults())
+			got := fmt.Sprint(a[ContainerKey{"ns", "p", "main"}][g.UUID].LimitBytes >> 20)
+			if want := resp.Envs[api.EnvMemoryLimitMiB]; got != want {
+				t.Errorf("watchdog limit %s MiB, Allocate announced %s MiB", got, want)
+			}
+		})
+	}
+}
+
+func TestAllowanceOn(t *testing.T) {
+	byGPU := map[string]Allowance{"GPU-a": {LimitBytes: 5}}
+	if a, ok := allowanceOn(byGPU, "GPU-a"); !ok || a.LimitBytes != 5 || a.Unlimited {
+		t.Errorf("allowanceOn(GPU-a) = %+v, %v", a, ok)
+	}
+	if _, ok := allowanceOn(byGPU, "GPU-b"); ok {
+		t.Error("allowanceOn(GPU-b) found an allowance for a GPU the container holds nothing on")
+	}
+	byGPU[anyGPU] = Allowance{Unlimited: true}
+	if a, ok := allowanceOn(byGPU, "GPU-b"); !ok || !a.Unlimited {
+		t.Errorf("allowanceOn(GPU-b) for a MIG holder = %+v, %v; want unlimited", a, ok)
+	}
+}
