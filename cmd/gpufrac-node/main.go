@@ -46,6 +46,7 @@ func main() {
 	flag.StringVar(&mockState, "mock-state-dir", "", "with a mock backend: directory whose files set fake processes, memory use and Xid events")
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for API access; empty uses the in-cluster config, or runs standalone outside a cluster")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9400", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.StringVar(&cfg.ProcRoot, "proc-root", "/proc", "procfs the GPU memory watchdog maps NVML's host PIDs through (gpufrac-node runs with hostPID); tests point it at a fixture tree")
 	flag.StringVar(&strategy, "device-list-strategy", string(resource.StrategyDeviceSpecs), "how GPUs reach containers: device-specs or cdi")
 	flag.DurationVar(&cfg.HealthQuietPeriod, "health-quiet-period", 5*time.Minute, "a GPU is healthy again after this long without a critical Xid")
 	flag.DurationVar(&cfg.HealthProbeInterval, "health-probe-interval", time.Second, "how often GPUs are probed through NVML")

@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/health"
 	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
@@ -55,6 +56,9 @@ type Config struct {
 	IgnoredXids []uint64
 	// Version is reported in gpufrac_build_info.
 	Version string
+	// ProcRoot is the procfs the GPU memory watchdog maps PIDs through
+	// ("" is /proc; tests use a fixture tree).
+	ProcRoot string
 }
 
 // Agent is a running gpufrac-node.
@@ -68,6 +72,7 @@ type Agent struct {
 	checker  *health.Checker
 	hint     *pods.Hint
 	podRes   *pods.PodResources
+	watchdog *enforcement.Watchdog
 	metrics  *metrics.Metrics
 	recorder record.EventRecorder
 	gpus     []nvidia.GPU
@@ -210,6 +215,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.manager.Wait()
 	goRun("health", a.checker.Run)
+	a.watchdog = a.newWatchdog(ctx, goRun)
 	if a.cfg.MetricsAddr != "" {
 		if err := a.serveMetrics(ctx, &wg); err != nil {
 			return err
@@ -254,6 +260,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.apply(ctx, initial, deps); err != nil {
 		return fmt.Errorf("applying config: %w", err)
 	}
+	goRun("memory-watchdog", a.watchdog.Run)
 	<-ctx.Done()
 	return nil
 }
@@ -278,6 +285,9 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 		a.invMu.Lock()
 		a.modes = np.GPUModes
 		a.invMu.Unlock()
+		if a.watchdog != nil {
+			a.watchdog.SetPolicy(enforcement.PolicyOf(np.Policy))
+		}
 		a.publishInventory(ctx)
 	}
 	if err := a.manager.Apply(ctx, res); err != nil {
@@ -357,4 +367,29 @@ func (o allocObserver) Allocated(res string, n int, d time.Duration, err error) 
 	if o.a.podRes != nil {
 		o.a.podRes.Invalidate()
 	}
+}
+
+// newWatchdog builds the GPU memory watchdog. Without API access it cannot
+// map processes to pods, so it only reports; without PodResources no
+// container has a known limit. Its policy is set by apply.
+func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context.Context) error)) *enforcement.Watchdog {
+	o := enforcement.Options{
+		GPUs: a.gpus, Processes: a.lib, Resolver: enforcement.ProcFS{Root: a.cfg.ProcRoot},
+		Killer: enforcement.NewKiller(a.cfg.ProcRoot), Registerer: a.reg,
+	}
+	if a.podRes != nil {
+		o.Devices = a.podRes
+	}
+	if a.client == nil {
+		klog.FromContext(ctx).Info("No API access: the GPU memory watchdog cannot map processes to pods and only reports")
+		return enforcement.New(o)
+	}
+	o.Evictor, o.Recorder = enforcement.NewEvictor(a.client), a.recorder
+	if inf, err := enforcement.NewPodInformer(a.client, a.cfg.NodeName); err != nil {
+		klog.FromContext(ctx).Error(err, "GPU memory watchdog cannot watch pods; it only reports")
+	} else {
+		o.Pods = inf
+		goRun("memory-watchdog-pods", inf.Run)
+	}
+	return enforcement.New(o)
 }
