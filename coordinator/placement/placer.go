@@ -291,10 +291,12 @@ func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
 		}
 		e.Counts[why]++
 	}
+	// The most frequent reason; on a tie the later check, as a node that
+	// passed more checks is closer to fitting and its reason more telling.
 	most := 0
 	for _, r := range reasonOrder() {
-		if e.Counts[r] > most {
-			e.Reason, most = r, e.Counts[r]
+		if n := e.Counts[r]; n > 0 && n >= most {
+			e.Reason, most = r, n
 		}
 	}
 	return e

@@ -215,7 +215,8 @@ var ErrUnschedulable = errors.New("no node fits the request")
 
 // UnschedulableError says why no node could host a request.
 type UnschedulableError struct {
-	// Reason is the reason that rejected the most nodes.
+	// Reason is the reason that rejected the most nodes (on a tie, the one
+	// checked last: GPU, CPU and memory come after constraints and model).
 	Reason Reason
 	// Nodes is the number of nodes considered.
 	Nodes int
