@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -208,7 +209,17 @@ func (m *Manager) restartAll(ctx context.Context) {
 	m.registerPending(ctx)
 }
 
+// registerPending registers every endpoint not yet registered. Without
+// kubelet.sock there is no kubelet to register with, and trying would block
+// for the whole registration timeout per endpoint (gRPC waits for the
+// socket to accept), delaying Apply and the loop's reaction to the kubelet
+// starting. The kubelet creates kubelet.sock when it starts; the watch then
+// registers everything, and the retry tick covers a missed event.
 func (m *Manager) registerPending(ctx context.Context) {
+	if _, err := os.Stat(filepath.Join(m.dir, filepath.Base(pluginapi.KubeletSocket))); err != nil {
+		klog.FromContext(ctx).V(4).Info("No kubelet socket yet; registration waits for it", "err", err)
+		return
+	}
 	m.mu.Lock()
 	var todo []*Server
 	for name := range m.pending {
