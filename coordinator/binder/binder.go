@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -99,5 +100,16 @@ func (b *Binder) MarkPending(ctx context.Context, pod *corev1.Pod, reason, messa
 		typ = corev1.EventTypeNormal
 	}
 	b.recorder.Event(pod, typ, reason, message)
+	return nil
+}
+
+// Evict evicts the pod through the Eviction API (PodDisruptionBudgets
+// apply) and records why on the pod.
+func (b *Binder) Evict(ctx context.Context, pod *corev1.Pod, reason string) error {
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	if err := b.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, ev); err != nil {
+		return fmt.Errorf("evicting %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	b.recorder.Event(pod, corev1.EventTypeNormal, "Reclaimed", reason)
 	return nil
 }

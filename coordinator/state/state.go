@@ -41,8 +41,11 @@ type Snapshot struct {
 	// NoFraction names nodes whose GPUs have no known UUIDs (no inventory)
 	// or are not in fraction mode: fractions must not go there.
 	NoFraction map[string]bool
-	// GPUCapacityMilli is the cluster's schedulable GPU capacity.
-	GPUCapacityMilli int64
+	// GPUCapacityMilli, CPUCapacityMilli and MemoryCapacityBytes are the
+	// cluster's schedulable capacity (Ready nodes).
+	GPUCapacityMilli    int64
+	CPUCapacityMilli    int64
+	MemoryCapacityBytes int64
 }
 
 // Terminal tells whether a pod no longer holds resources.
@@ -217,18 +220,21 @@ func Build(in Inputs) (*Snapshot, error) {
 	}
 
 	nodes := make([]placement.Node, 0, len(order))
-	var capacity int64
+	out := &Snapshot{NoFraction: noFrac}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)
 		nodes = append(nodes, *acc.node)
-		capacity += int64(len(acc.node.GPUs)) * placement.MilliPerGPU
+		out.GPUCapacityMilli += int64(len(acc.node.GPUs)) * placement.MilliPerGPU
+		out.CPUCapacityMilli += acc.node.CPUMilli
+		out.MemoryCapacityBytes += acc.node.MemoryBytes
 	}
 	snap, err := placement.NewSnapshot(nodes)
 	if err != nil {
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
 	}
-	return &Snapshot{Snapshot: snap, NoFraction: noFrac, GPUCapacityMilli: capacity}, nil
+	out.Snapshot = snap
+	return out, nil
 }
 
 // settle charges fractions on unknown GPUs (best fit) and whole GPUs of pods
