@@ -11,8 +11,10 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
+	"syscall"
 
 	"github.com/gpufrac/gpufrac/cmd/gpufrac-sim/internal/app"
+	"k8s.io/klog/v2"
 )
 
 func main() {
@@ -26,6 +28,7 @@ func main() {
 	variants := flag.String("variant", "", "resampled workloads, ';'-separated (e.g. share=0.6;multigpu=0.3;gpuspec=0.33;cpuonly=0.3); empty: the trace as is")
 	flag.StringVar(&cfg.OutDir, "out", "", "directory for curves, summary.md and the SVG plot (empty: stdout summary only)")
 	flag.IntVar(&cfg.Workers, "workers", runtime.GOMAXPROCS(0), "runs in parallel")
+	klog.InitFlags(nil)
 	flag.Parse()
 
 	var err error
@@ -37,7 +40,7 @@ func main() {
 	if *variants != "" {
 		cfg.Variants = strings.Split(*variants, ";")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), klog.Background()), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := app.Run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "gpufrac-sim:", err)

@@ -5,7 +5,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -67,27 +66,6 @@ func ParseSeeds(s string) ([]uint64, error) {
 	return out, nil
 }
 
-// findData looks for shared/data/openb in the working directory's parents
-// (the repository sits next to ../shared).
-func findData() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("finding the openb data: %w", err)
-	}
-	for {
-		for _, cand := range []string{filepath.Join(dir, "shared", "data", "openb"), filepath.Join(dir, "..", "shared", "data", "openb")} {
-			if st, err := os.Stat(cand); err == nil && st.IsDir() {
-				return filepath.Clean(cand), nil
-			}
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("finding the openb data: no shared/data/openb above the working directory; pass --nodes and --pods")
-		}
-		dir = parent
-	}
-}
-
 func readFile[T any](path string, read func(io.Reader) ([]T, error)) ([]T, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -101,7 +79,11 @@ func readFile[T any](path string, read func(io.Reader) ([]T, error)) ([]T, error
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := klog.FromContext(ctx)
 	if cfg.NodesFile == "" || cfg.PodsFile == "" {
-		dir, err := findData()
+		wd, err := os.Getwd()
+		if err != nil {
+			return fmt.Errorf("finding the openb data: %w", err)
+		}
+		dir, err := openb.FindData(wd)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -294,4 +296,21 @@ func Requests(pods []Pod) []placement.Request {
 		out[i] = pods[i].Request()
 	}
 	return out
+}
+
+// FindData looks for the trace directory shared/data/openb in dir and its
+// parents, and next to them (the repository sits beside ../shared).
+func FindData(dir string) (string, error) {
+	for {
+		for _, cand := range []string{filepath.Join(dir, "shared", "data", "openb"), filepath.Join(dir, "..", "shared", "data", "openb")} {
+			if st, err := os.Stat(cand); err == nil && st.IsDir() {
+				return filepath.Clean(cand), nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("finding the openb data: no shared/data/openb at or above the working directory; pass --nodes and --pods")
+		}
+		dir = parent
+	}
 }
