@@ -3,50 +3,134 @@ package resource
 import (
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
+	"github.com/gpufrac/gpufrac/timeslice"
 )
 
-// ErrModeNotSupported is returned for a sharing mode this node agent cannot serve yet.
-var ErrModeNotSupported = errors.New("mode not yet supported by this gpufrac-node")
+// ErrModeNotSupported is returned for a sharing mode this node agent cannot
+// serve: mode mig without a MIG inventory (Deps.MIG).
+var ErrModeNotSupported = errors.New("mode not supported by this gpufrac-node")
 
-// Deps are what resources need besides the policy and the inventory.
+// MIGInventory reads the MIG state of GPUs (nvidia.MIGLib implements it).
+type MIGInventory interface {
+	MIGMode(uuid string) (nvidia.MIGMode, error)
+	MIGProfiles(uuid string) ([]nvidia.MIGProfile, error)
+	MIGInstances(uuid string) ([]nvidia.GPUInstance, error)
+}
+
+// Deps are what resources need besides the per-GPU modes and the inventory.
 type Deps struct {
 	Topology []*gpuallocator.Device
 	Health   HealthFunc
 	Usage    UsageSource
 	Hint     PodHint
 	Strategy DeviceListStrategy
+	// Policy is the node's resolved policy: time-slicing, MIG strategy and
+	// per-GPU MIG layouts. Nil means the defaults and no declared layouts.
+	Policy *config.NodePolicy
+	// MIG reads MIG modes, profiles and devices. Nil means this node agent
+	// cannot serve MIG: mode mig fails with ErrModeNotSupported, and every
+	// GPU counts as having MIG off.
+	MIG MIGInventory
+	// MIGCapsFile is the nvidia-caps minors file (default DefaultMIGCapsFile).
+	MIGCapsFile string
 }
 
-// Build turns a node's resolved policy (one mode per GPU, by index) and its
-// GPUs into the resources to serve. Whole GPUs are offered for every GPU in
-// exclusive or fraction mode - the coordinator's reservation pods hold a
-// shared GPU whole so the two never collide; fraction-mode GPUs are also
-// offered as units. Modes without an implementation yet return
-// ErrModeNotSupported naming the GPUs, so a config asking for them is refused
-// and the last good one stays.
+// Build turns a node's per-GPU modes (by index) and its GPUs into the
+// resources to serve. It is the one place that decides which resources
+// exist:
+//
+//   - exclusive: the GPU as nvidia.com/gpu.
+//   - fraction: the GPU as nvidia.com/gpu too (the coordinator's reservation
+//     pods hold a shared GPU whole so the two never collide) and as
+//     gpufrac.io/gpu-fraction units.
+//   - timeslice: the GPU as replicas of the time-sliced resource only.
+//   - mig: the GPU's current MIG devices, as nvidia.com/mig-<profile> (mixed
+//     strategy) or nvidia.com/gpu (single strategy: only GPUs whose devices
+//     are the declared layout, or, without one, only when every GPU has the
+//     same devices).
+//
+// A GPU whose MIG mode is on cannot run work as a whole GPU, so it is not
+// served in the first three modes until the layout manager has turned MIG
+// off. The declared layouts are checked against each GPU's model (unknown
+// profiles, layouts that do not fit), and mode mig without a layout on a GPU
+// whose MIG is off is refused: Build fails naming every problem, so a config
+// asking for them is rejected and the last good one stays.
 func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if len(modes) != len(gpus) {
 		return nil, fmt.Errorf("building resources: %d GPU modes for %d GPUs", len(modes), len(gpus))
 	}
-	var whole, frac []nvidia.GPU
+	np := config.NodePolicy{}
+	if d.Policy != nil {
+		np = *d.Policy
+	}
+	sharing := timeslice.FromConfig(np.Policy.Timeslice)
+	strategy := np.Policy.MIG.Strategy
+	if strategy == "" {
+		strategy = config.DefaultMIGStrategy
+	}
+	layoutOf := func(i int) string {
+		if i < len(np.GPUMIGLayouts) {
+			return np.GPUMIGLayouts[i]
+		}
+		return ""
+	}
+
+	var whole, frac, sliced []nvidia.GPU
+	var migGPUs []migGPU
+	var problems []string
 	for i, g := range gpus {
+		migOn := false
+		if d.MIG != nil && g.MIGCapable {
+			mode, err := d.MIG.MIGMode(g.UUID)
+			if err != nil {
+				return nil, fmt.Errorf("building resources: GPU %d: %w", g.Index, err)
+			}
+			migOn = mode.Current
+		}
 		switch modes[i] {
-		case config.ModeExclusive:
-			whole = append(whole, g)
-		case config.ModeFraction:
-			whole = append(whole, g)
-			frac = append(frac, g)
-		case config.ModeTimeslice, config.ModeMIG:
-			return nil, fmt.Errorf("GPU %d (%s): mode %s: %w", g.Index, g.UUID, modes[i], ErrModeNotSupported)
+		case config.ModeExclusive, config.ModeFraction, config.ModeTimeslice:
+			if migOn {
+				continue // until the layout manager turns MIG off
+			}
+			switch modes[i] {
+			case config.ModeExclusive:
+				whole = append(whole, g)
+			case config.ModeFraction:
+				whole = append(whole, g)
+				frac = append(frac, g)
+			default:
+				sliced = append(sliced, g)
+			}
+		case config.ModeMIG:
+			if d.MIG == nil {
+				return nil, fmt.Errorf("GPU %d (%s): mode %s: %w", g.Index, g.UUID, modes[i], ErrModeNotSupported)
+			}
+			mg, problem, err := readMIGGPU(d.MIG, g, layoutOf(i), migOn)
+			if err != nil {
+				return nil, fmt.Errorf("building resources: %w", err)
+			}
+			if problem != "" {
+				problems = append(problems, problem)
+				continue
+			}
+			migGPUs = append(migGPUs, mg)
 		default:
 			return nil, fmt.Errorf("GPU %d (%s): unknown mode %q", g.Index, g.UUID, modes[i])
 		}
 	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("MIG: %s", strings.Join(problems, "; "))
+	}
+
 	var out []Resource
 	if len(whole) > 0 {
 		out = append(out, NewWhole(WholeOptions{GPUs: whole, Topology: d.Topology, Health: d.Health, Usage: d.Usage, Strategy: d.Strategy}))
@@ -54,5 +138,117 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if len(frac) > 0 {
 		out = append(out, NewFraction(FractionOptions{GPUs: frac, Health: d.Health, Usage: d.Usage, Hint: d.Hint, Strategy: d.Strategy}))
 	}
-	return out, nil
+	if len(sliced) > 0 {
+		out = append(out, NewTimeslice(TimesliceOptions{Sharing: sharing, GPUs: sliced, Health: d.Health, Strategy: d.Strategy}))
+	}
+	migRes, err := buildMIG(strategy, migGPUs, gpus, d)
+	if err != nil {
+		return nil, err
+	}
+	if len(migRes) > 0 && len(whole) > 0 && strategy == config.MIGStrategySingle {
+		return nil, fmt.Errorf("mig.strategy single serves MIG devices as %s, which GPUs in modes exclusive or fraction also use", api.ResourceGPU)
+	}
+	return append(out, migRes...), nil
+}
+
+// migGPU is one GPU in mode mig as Build sees it.
+type migGPU struct {
+	gpu nvidia.GPU
+	// declared is the layout's GPU instances; nil without a layout.
+	declared []nvidia.MIGProfile
+	layout   string
+	// instances are the GPU's current instances (none while MIG is off).
+	instances []nvidia.GPUInstance
+}
+
+// readMIGGPU reads a GPU in mode mig. problem describes a config that
+// cannot work on this GPU; err an NVML failure.
+func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn bool) (mg migGPU, problem string, err error) {
+	mg = migGPU{gpu: g, layout: layout}
+	if !g.MIGCapable {
+		return mg, fmt.Sprintf("GPU %d (%s) does not support MIG", g.Index, g.Name), nil
+	}
+	if layout != "" {
+		profiles, err := inv.MIGProfiles(g.UUID)
+		if err != nil {
+			return mg, "", fmt.Errorf("GPU %d: %w", g.Index, err)
+		}
+		if mg.declared, err = mig.Expand(layout, profiles); err != nil {
+			return mg, fmt.Sprintf("GPU %d (%s): layout %q: %v", g.Index, g.Name, layout, err), nil
+		}
+	} else if !migOn {
+		return mg, fmt.Sprintf("GPU %d is in mode mig without a layout, which keeps the GPU's MIG devices, but its MIG mode is disabled: set mig.layout (or migLayout for the GPU)", g.Index), nil
+	}
+	if migOn {
+		if mg.instances, err = inv.MIGInstances(g.UUID); err != nil {
+			return mg, "", fmt.Errorf("GPU %d: %w", g.Index, err)
+		}
+	}
+	return mg, "", nil
+}
+
+// buildMIG makes the MIG resources of the strategy.
+func buildMIG(strategy string, migGPUs []migGPU, all []nvidia.GPU, d Deps) ([]Resource, error) {
+	if len(migGPUs) == 0 {
+		return nil, nil
+	}
+	newMIG := func(name string, devs []nvidia.MIGDevice) (Resource, error) {
+		return NewMIG(MIGOptions{Name: name, Devices: devs, GPUs: all, Health: d.Health, Strategy: d.Strategy, CapsFile: d.MIGCapsFile})
+	}
+	switch strategy {
+	case config.MIGStrategySingle:
+		var devs []nvidia.MIGDevice
+		first := -1
+		for i, mg := range migGPUs {
+			switch {
+			case mg.layout != "":
+				// GPUs still waiting for the declared layout serve nothing.
+				if !mig.Matches(mg.instances, mg.declared) {
+					continue
+				}
+			case first < 0:
+				first = i
+			case mig.Describe(mg.instances) != mig.Describe(migGPUs[first].instances):
+				return nil, fmt.Errorf("mig.strategy single needs the same MIG layout on every GPU, but GPU %d has %q and GPU %d has %q",
+					migGPUs[first].gpu.Index, mig.Describe(migGPUs[first].instances), mg.gpu.Index, mig.Describe(mg.instances))
+			}
+			for _, gi := range mg.instances {
+				devs = append(devs, gi.Devices...)
+			}
+		}
+		if len(devs) == 0 {
+			return nil, nil
+		}
+		r, err := newMIG(api.ResourceGPU, devs)
+		if err != nil {
+			return nil, err
+		}
+		return []Resource{r}, nil
+	case config.MIGStrategyMixed:
+		byProfile := map[string][]nvidia.MIGDevice{}
+		for _, mg := range migGPUs {
+			for _, gi := range mg.instances {
+				for _, dev := range gi.Devices {
+					byProfile[dev.Profile] = append(byProfile[dev.Profile], dev)
+				}
+			}
+		}
+		profiles := make([]string, 0, len(byProfile))
+		for p := range byProfile {
+			profiles = append(profiles, p)
+		}
+		sort.Strings(profiles)
+		out := make([]Resource, 0, len(profiles))
+		for _, p := range profiles {
+			r, err := newMIG(mig.ResourceName(p), byProfile[p])
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
+		return out, nil
+	default:
+		// config.Resolve refuses mode mig with strategy none.
+		return nil, fmt.Errorf("mig.strategy %s serves no MIG devices, but GPUs are in mode mig", strategy)
+	}
 }

@@ -1,0 +1,260 @@
+package resource
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
+)
+
+// mockNode is a mock GPU node whose MIG layouts are applied by the real
+// layout manager.
+type mockNode struct {
+	t    *testing.T
+	lib  *nvidia.Mock
+	gpus []nvidia.GPU
+	ctx  context.Context
+}
+
+func newMockNode(t *testing.T, model string) *mockNode {
+	t.Helper()
+	lib, err := nvidia.NewMock(model, nvidia.WithUUIDSeed(t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lib.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lib.Shutdown() })
+	gs, err := lib.GPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	return &mockNode{t: t, lib: lib, gpus: gs, ctx: ctx}
+}
+
+// policy builds a node policy: modes by GPU index, layouts for mig GPUs.
+func (n *mockNode) policy(strategy string, modes []config.Mode, layouts map[int]string) *config.NodePolicy {
+	np := &config.NodePolicy{GPUModes: modes, GPUMIGLayouts: make([]string, len(modes))}
+	np.Policy.MIG.Strategy = strategy
+	for i, l := range layouts {
+		np.GPUMIGLayouts[i] = l
+	}
+	return np
+}
+
+// apply runs the layout manager on np, failing unless every GPU is Applied.
+func (n *mockNode) apply(np *config.NodePolicy) {
+	n.t.Helper()
+	noPods := func(context.Context) (map[string][]string, error) { return map[string][]string{}, nil }
+	for _, s := range mig.NewManager(n.lib, n.gpus, mig.Options{Allocations: noPods}).Apply(n.ctx, *np) {
+		if s.State != mig.StateApplied {
+			n.t.Fatalf("layout manager: GPU %d %s %s: %s", s.Index, s.State, s.Reason, s.Message)
+		}
+	}
+}
+
+func (n *mockNode) build(np *config.NodePolicy) ([]Resource, error) {
+	return Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: n.lib})
+}
+
+func modes(spec ...any) []config.Mode {
+	var out []config.Mode
+	for i := 0; i < len(spec); i += 2 {
+		for range spec[i].(int) {
+			out = append(out, spec[i+1].(config.Mode))
+		}
+	}
+	return out
+}
+
+func counts(res []Resource) map[string]int {
+	out := map[string]int{}
+	for _, r := range res {
+		out[r.Name()] = len(r.Devices())
+	}
+	return out
+}
+
+func TestBuildMixedNodeMIGAndFraction(t *testing.T) {
+	n := newMockNode(t, "dgxh100")
+	np := n.policy(config.MIGStrategyMixed, modes(4, config.ModeMIG, 4, config.ModeFraction), map[int]string{
+		0: "all-3g.40gb", 1: "all-3g.40gb", 2: "3g.40gb,2g.20gb,1g.10gb+me,1g.10gb", 3: "3g.40gb,2g.20gb,1g.10gb+me,1g.10gb",
+	})
+	n.apply(np)
+	res, err := n.build(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{
+		api.ResourceGPU:             4,
+		api.ResourceFraction:        400,
+		"nvidia.com/mig-3g.40gb":    6,
+		"nvidia.com/mig-2g.20gb":    2,
+		"nvidia.com/mig-1g.10gb":    2,
+		"nvidia.com/mig-1g.10gb.me": 2,
+	}
+	if diff := cmp.Diff(want, counts(res)); diff != "" {
+		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+	for _, r := range res {
+		for _, d := range r.Devices() {
+			switch {
+			case r.Name() == api.ResourceGPU:
+				for _, g := range n.gpus[:4] {
+					if d.ID == g.UUID {
+						t.Errorf("GPU %d is in MIG mode but served whole", g.Index)
+					}
+				}
+			case strings.HasPrefix(r.Name(), api.MIGResourcePrefix) && !strings.HasPrefix(d.ID, "MIG-"):
+				t.Errorf("%s device %q is not a MIG UUID", r.Name(), d.ID)
+			}
+		}
+	}
+}
+
+func TestBuildSingleStrategy(t *testing.T) {
+	n := newMockNode(t, "dgxa100")
+	all := modes(8, config.ModeMIG)
+	same := map[int]string{}
+	for i := range 8 {
+		same[i] = "all-1g.10gb"
+	}
+	np := n.policy(config.MIGStrategySingle, all, same)
+	n.apply(np)
+	res, err := n.build(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]int{api.ResourceGPU: 32}, counts(res)); diff != "" {
+		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+	for _, d := range res[0].Devices() {
+		if !strings.HasPrefix(d.ID, "MIG-") {
+			t.Fatalf("single strategy serves %q as nvidia.com/gpu, want MIG UUIDs", d.ID)
+		}
+	}
+
+	// Keeping the layouts (no layout declared) needs the same devices everywhere.
+	keep := n.policy(config.MIGStrategySingle, all, nil)
+	if res, err := n.build(keep); err != nil || counts(res)[api.ResourceGPU] != 32 {
+		t.Errorf("single strategy keeping equal layouts: %v, %v", counts(res), err)
+	}
+	// GPU 6 loses a device: keeping layouts now fails, and with the declared
+	// layout GPU 6 serves nothing until the layout manager restores it.
+	gis, err := n.lib.MIGInstances(n.gpus[6].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.lib.DestroyMIGInstance(n.gpus[6].UUID, gis[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.build(keep)
+	if err == nil || !strings.Contains(err.Error(), `mig.strategy single needs the same MIG layout on every GPU, but GPU 0 has "1g.10gb,1g.10gb,1g.10gb,1g.10gb" and GPU 6 has "1g.10gb,1g.10gb,1g.10gb"`) {
+		t.Errorf("single strategy with unequal layouts: error = %v", err)
+	}
+	res, err = n.build(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]int{api.ResourceGPU: 28}, counts(res)); diff != "" {
+		t.Errorf("resources with GPU 6 off its layout (-want +got):\n%s", diff)
+	}
+}
+
+func TestBuildRefusesMIGTheGPUsCannotServe(t *testing.T) {
+	n := newMockNode(t, "dgxh100")
+	noMIG := append([]nvidia.GPU(nil), n.gpus...)
+	noMIG[1].MIGCapable = false
+	tests := []struct {
+		name    string
+		gpus    []nvidia.GPU
+		layouts map[int]string
+		noLib   bool
+		wantErr string
+		wantIs  error
+	}{
+		{name: "unknown profile for the model", layouts: map[int]string{0: "all-2g.10gb", 1: "all-1g.10gb"},
+			wantErr: `GPU 0 (NVIDIA H100 80GB HBM3): layout "all-2g.10gb": unknown profile 2g.10gb for this GPU model (it offers 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb)`},
+		{name: "layout does not fit", layouts: map[int]string{0: "all-1g.10gb", 1: "4g.40gb,4g.40gb"},
+			wantErr: `GPU 1 (NVIDIA H100 80GB HBM3): layout "4g.40gb,4g.40gb": 2 instances of 4g.40gb, but the GPU allows at most 1`},
+		{name: "no layout while MIG is off", layouts: map[int]string{0: "all-1g.10gb"},
+			wantErr: "GPU 1 is in mode mig without a layout, which keeps the GPU's MIG devices, but its MIG mode is disabled"},
+		{name: "every problem at once", layouts: map[int]string{0: "7g.80gb,1g.10gb", 1: "all-9g.90gb"},
+			wantErr: `MIG: GPU 0 (NVIDIA H100 80GB HBM3): layout "7g.80gb,1g.10gb": does not fit the GPU: it needs 8 compute slices, the GPU has 7; GPU 1 (NVIDIA H100 80GB HBM3): layout "all-9g.90gb": unknown profile 9g.90gb`},
+		{name: "GPU without MIG", gpus: noMIG, layouts: map[int]string{0: "all-1g.10gb", 1: "all-1g.10gb"}, wantErr: "GPU 1 (NVIDIA H100 80GB HBM3) does not support MIG"},
+		{name: "no MIG inventory", noLib: true, layouts: map[int]string{0: "all-1g.10gb", 1: "all-1g.10gb"}, wantIs: ErrModeNotSupported},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gs := n.gpus
+			if tc.gpus != nil {
+				gs = tc.gpus
+			}
+			np := n.policy(config.MIGStrategyMixed, modes(2, config.ModeMIG, 6, config.ModeFraction), tc.layouts)
+			d := Deps{Policy: np, MIG: n.lib}
+			if tc.noLib {
+				d.MIG = nil
+			}
+			_, err := Build(np.GPUModes, gs, d)
+			if err == nil {
+				t.Fatal("Build() succeeded")
+			}
+			if tc.wantIs != nil && !errors.Is(err, tc.wantIs) {
+				t.Errorf("Build() error = %v, want %v", err, tc.wantIs)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Build() error = %q, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestBuildSkipsGPUsWithMIGOnOutsideModeMIG(t *testing.T) {
+	n := newMockNode(t, "dgxh100")
+	if err := n.lib.SetMIGMode(n.gpus[2].UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	np := n.policy(config.MIGStrategyMixed, modes(6, config.ModeFraction, 2, config.ModeTimeslice), nil)
+	res, err := n.build(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{api.ResourceGPU: 5, api.ResourceFraction: 500, api.DefaultTimesliceResource: 8}
+	if diff := cmp.Diff(want, counts(res)); diff != "" {
+		t.Errorf("resources with GPU 2 in MIG mode (-want +got):\n%s", diff)
+	}
+}
+
+func TestBuildTimeslice(t *testing.T) {
+	tests := []struct {
+		name string
+		ts   config.TimesliceConfig
+		want map[string]int
+	}{
+		{name: "defaults: 4 replicas as nvidia.com/gpu.shared", want: map[string]int{api.DefaultTimesliceResource: 32}},
+		{name: "named resource, 3 replicas", ts: config.TimesliceConfig{Replicas: 3, ResourceName: "example.com/gpu-slice"}, want: map[string]int{"example.com/gpu-slice": 24}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			np := &config.NodePolicy{GPUModes: modes(8, config.ModeTimeslice)}
+			np.Policy.Timeslice = tc.ts
+			res, err := Build(np.GPUModes, gpus(8), Deps{Policy: np})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, counts(res)); diff != "" {
+				t.Errorf("resources (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
