@@ -182,14 +182,24 @@ func (m *Manager) Status() []Status {
 func (m *Manager) Apply(ctx context.Context, np config.NodePolicy) []Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	alloc, allocErr := m.allocatedByGPU(ctx)
+	// PodResources is read once, and only if some GPU needs a change.
+	var alloc map[string]int
+	var allocErr error
+	read := false
+	users := func(uuid string) (int, error) {
+		if !read {
+			alloc, allocErr = m.allocatedByGPU(ctx)
+			read = true
+		}
+		return alloc[uuid], allocErr
+	}
 	out := make([]Status, 0, len(m.gpus))
 	for i, g := range m.gpus {
 		want := target{}
 		if i < len(np.GPUModes) && np.GPUModes[i] == config.ModeMIG {
 			want = target{mig: true, layout: np.GPUMIGLayouts[i]}
 		}
-		s := m.reconcileLocked(ctx, g, want, alloc[g.UUID], allocErr)
+		s := m.reconcileLocked(ctx, g, want, users)
 		m.reportLocked(ctx, g, s)
 		out = append(out, s)
 	}
@@ -203,9 +213,9 @@ type target struct {
 	layout string // "" keeps the current layout
 }
 
-// reconcileLocked brings one GPU to want, if it may be touched. users is
-// how many devices pods hold on it.
-func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target, users int, allocErr error) Status {
+// reconcileLocked brings one GPU to want, if it may be touched. users
+// tells how many devices pods hold on a GPU.
+func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target, users func(uuid string) (int, error)) Status {
 	logger := klog.FromContext(ctx).WithValues("gpu", g.UUID, "index", g.Index)
 	s := Status{GPU: g.UUID, Index: g.Index, MIG: want.mig, Layout: want.layout, State: StateApplied}
 	fail := func(reason string, err error) Status {
@@ -272,11 +282,11 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 	}
 
 	// 3. Never touch a GPU pods hold devices on.
-	switch {
-	case allocErr != nil:
-		return pending(ReasonAllocationsUnknown, "GPU %d needs a MIG change but its allocations are unknown (%v); it is left alone", g.Index, allocErr)
-	case users > 0:
-		return pending(ReasonDevicesAllocated, "GPU %d needs a MIG change; deferred until the %d device(s) pods hold on it are freed", g.Index, users)
+	switch n, err := users(g.UUID); {
+	case err != nil:
+		return pending(ReasonAllocationsUnknown, "GPU %d needs a MIG change but its allocations are unknown (%v); it is left alone", g.Index, err)
+	case n > 0:
+		return pending(ReasonDevicesAllocated, "GPU %d needs a MIG change; deferred until the %d device(s) pods hold on it are freed", g.Index, n)
 	}
 
 	// 4. Apply: enable MIG, reshape instances, or drain and disable MIG.

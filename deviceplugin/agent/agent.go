@@ -32,6 +32,8 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/plugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/mig"
+	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // Config is gpufrac-node's configuration, filled from flags by main.
@@ -81,6 +83,10 @@ type Agent struct {
 
 	applyMu sync.Mutex // serialises config applications
 	addr    atomic.Value
+
+	migLayout *mig.Manager                      // nil when the NVML backend has no MIG
+	current   *config.File                      // config last applied; guarded by applyMu
+	policy    atomic.Pointer[config.NodePolicy] // resolved policy in force
 
 	invMu         sync.Mutex    // guards lastInventory
 	lastInventory string        // last inventory annotation written
@@ -227,6 +233,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.hint != nil {
 		deps.Hint = a.hint
 	}
+	a.startPartitioning(ctx, &deps, goRun)
 	check := func(f *config.File) error { _, err := a.build(f, deps); return err }
 	initial := &config.File{Version: config.Version}
 	if a.cfg.ConfigFile != "" {
@@ -271,12 +278,23 @@ func (a *Agent) build(f *config.File, deps resource.Deps) ([]resource.Resource, 
 	if err != nil {
 		return nil, err
 	}
+	deps.Policy = &np
 	return resource.Build(np.GPUModes, a.gpus, deps)
 }
 
+// apply applies f (nil: the config last applied, for the MIG layout
+// manager's retries): MIG layouts first, then the resources Build derives.
 func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) error {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
+	if f == nil {
+		if f = a.current; f == nil {
+			return nil
+		}
+	}
+	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil {
+		a.migLayout.Apply(ctx, np) // reshape MIG before Build reads it
+	}
 	res, err := a.build(f, deps)
 	if err != nil {
 		return err
@@ -285,6 +303,7 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 		a.invMu.Lock()
 		a.modes = np.GPUModes
 		a.invMu.Unlock()
+		a.policy.Store(&np)
 		if a.watchdog != nil {
 			a.watchdog.SetPolicy(enforcement.PolicyOf(np.Policy))
 		}
@@ -293,6 +312,7 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	if err := a.manager.Apply(ctx, res); err != nil {
 		return err
 	}
+	a.current = f
 	klog.FromContext(ctx).Info("Serving resources", "resources", a.manager.Resources())
 	return nil
 }
@@ -392,4 +412,66 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 		goRun("memory-watchdog-pods", inf.Run)
 	}
 	return enforcement.New(o)
+}
+
+// startPartitioning starts the MIG layout manager (when the NVML backend
+// supports MIG) and the time-slicing metrics, and gives Build the MIG
+// inventory. Pending MIG changes are retried by applying the current config
+// again.
+func (a *Agent) startPartitioning(ctx context.Context, deps *resource.Deps, goRun func(string, func(context.Context) error)) {
+	var allocs mig.AllocationsFunc
+	if a.podRes != nil {
+		allocs = a.allocations
+	}
+	timeslice.NewCollector(a.reg, timeslice.Sources{Offer: a.timesliceOffer, Allocations: allocs})
+	lib, ok := a.lib.(nvidia.MIGLib)
+	if !ok {
+		return
+	}
+	deps.MIG = lib
+	a.migLayout = mig.NewManager(lib, a.gpus, mig.Options{
+		Allocations: allocs,
+		Registerer:  a.reg,
+		Event: func(warning bool, reason, message string) {
+			typ := corev1.EventTypeNormal
+			if warning {
+				typ = corev1.EventTypeWarning
+			}
+			a.nodeEvent(typ, reason, "%s", message)
+		},
+		Retry: func(ctx context.Context) {
+			if err := a.apply(ctx, nil, *deps); err != nil {
+				klog.FromContext(ctx).Error(err, "Applying config after a pending MIG change")
+			}
+		},
+	})
+	goRun("mig-layout", a.migLayout.Run)
+}
+
+// allocations lists the device IDs the kubelet has allocated, by resource.
+func (a *Agent) allocations(ctx context.Context) (map[string][]string, error) {
+	as, err := a.podRes.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, x := range as {
+		out[x.Resource] = append(out[x.Resource], x.DeviceIDs...)
+	}
+	return out, nil
+}
+
+// timesliceOffer is the time-slicing of the policy in force.
+func (a *Agent) timesliceOffer() timeslice.Offer {
+	np := a.policy.Load()
+	if np == nil {
+		return timeslice.Offer{}
+	}
+	o := timeslice.Offer{Sharing: timeslice.FromConfig(np.Policy.Timeslice)}
+	for i, m := range np.GPUModes {
+		if m == config.ModeTimeslice && i < len(a.gpus) {
+			o.GPUs = append(o.GPUs, a.gpus[i].UUID)
+		}
+	}
+	return o
 }
