@@ -87,6 +87,9 @@ func ParseCgroup(content string) ContainerRef {
 func parseCgroupPath(path string) ContainerRef {
 	segs := strings.Split(path, "/")
 	for i, s := range segs {
+		if !strings.Contains(s, "pod") {
+			continue // cheap filter: most segments are not pods
+		}
 		m := podSegment.FindStringSubmatch(s)
 		if m == nil {
 			continue

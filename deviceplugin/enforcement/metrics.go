@@ -104,6 +104,11 @@ type seriesKey struct {
 	gpu string
 }
 
+// values are the label values of k, in containerLabels order.
+func (k seriesKey) values() []string {
+	return []string{k.Namespace, k.Pod, k.Container, k.gpu}
+}
+
 func (k seriesKey) labels() prometheus.Labels {
 	return prometheus.Labels{"namespace": k.Namespace, "pod": k.Pod, "container": k.Container, "gpu_uuid": k.gpu}
 }

@@ -39,22 +39,18 @@ func (p ProcFS) root() string {
 	return p.Root
 }
 
-// Resolve implements ContainerResolver. It reads the start time before the
-// cgroup: if the PID is reused in between, the cgroup may be the new
-// process's, but the start time is the old one's, so a kill aimed at it is
-// refused (Killer checks the start time) instead of hitting the newcomer.
-// A process that is gone gives an error matching fs.ErrNotExist.
-func (p ProcFS) Resolve(pid uint32) (ProcessInfo, error) {
-	start, err := ReadStartTime(p.root(), pid)
-	if err != nil {
-		return ProcessInfo{}, err
-	}
+// StartTime implements ContainerResolver.
+func (p ProcFS) StartTime(pid uint32) (uint64, error) { return ReadStartTime(p.root(), pid) }
+
+// Container implements ContainerResolver from <root>/<pid>/cgroup. A
+// process that is gone gives an error matching fs.ErrNotExist.
+func (p ProcFS) Container(pid uint32) (ContainerRef, error) {
 	path := filepath.Join(p.root(), strconv.FormatUint(uint64(pid), 10), "cgroup")
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return ProcessInfo{}, fmt.Errorf("reading cgroup of process %d: %w", pid, err)
+		return ContainerRef{}, fmt.Errorf("reading cgroup of process %d: %w", pid, err)
 	}
-	return ProcessInfo{StartTime: start, Container: ParseCgroup(string(data))}, nil
+	return ParseCgroup(string(data)), nil
 }
 
 // ReadStartTime returns the start time of pid from <procRoot>/<pid>/stat.

@@ -43,7 +43,7 @@ func TestParseStartTime(t *testing.T) {
 	}
 }
 
-func TestProcFSResolve(t *testing.T) {
+func TestProcFS(t *testing.T) {
 	root := t.TempDir()
 	cg := enforcementtest.CgroupContainerdSystemd(testUID, testCID)
 	if err := enforcementtest.WriteProc(root, enforcementtest.Proc{PID: 4242, StartTime: 1000, Cgroup: cg}); err != nil {
@@ -64,10 +64,15 @@ func TestProcFSResolve(t *testing.T) {
 		{name: "gone", pid: 99, notExit: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := p.Resolve(tc.pid)
+			start, err := p.StartTime(tc.pid)
+			var got ProcessInfo
+			if err == nil {
+				got.StartTime = start
+				got.Container, err = p.Container(tc.pid)
+			}
 			if tc.notExit {
 				if !errors.Is(err, fs.ErrNotExist) {
-					t.Fatalf("Resolve(%d) error = %v, want fs.ErrNotExist", tc.pid, err)
+					t.Fatalf("ProcFS(%d) error = %v, want fs.ErrNotExist", tc.pid, err)
 				}
 				return
 			}
@@ -75,24 +80,20 @@ func TestProcFSResolve(t *testing.T) {
 				t.Fatal(err)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("Resolve(%d) (-want +got):\n%s", tc.pid, diff)
+				t.Errorf("ProcFS(%d) (-want +got):\n%s", tc.pid, diff)
 			}
 		})
 	}
 }
 
-// TestProcFSResolveSelf reads the real /proc: this test process has a
+// TestProcFSSelf reads the real /proc: this test process has a
 // start time and a cgroup file the parser accepts.
-func TestProcFSResolveSelf(t *testing.T) {
-	info, err := ProcFS{}.Resolve(uint32(os.Getpid()))
-	if err != nil {
-		t.Fatalf("Resolve(self) error = %v", err)
+func TestProcFSSelf(t *testing.T) {
+	start, err := ProcFS{}.StartTime(uint32(os.Getpid()))
+	if err != nil || start == 0 {
+		t.Fatalf("StartTime(self) = %d, %v; want a start time", start, err)
 	}
-	if info.StartTime == 0 {
-		t.Error("Resolve(self) start time is 0")
-	}
-	again, err := ReadStartTime(DefaultProcRoot, uint32(os.Getpid()))
-	if err != nil || again != info.StartTime {
-		t.Errorf("ReadStartTime(self) = %d, %v; Resolve said %d", again, err, info.StartTime)
+	if _, err := (ProcFS{}).Container(uint32(os.Getpid())); err != nil {
+		t.Errorf("Container(self) error = %v", err)
 	}
 }

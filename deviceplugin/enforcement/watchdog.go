@@ -34,10 +34,14 @@ type DeviceSource interface {
 	List(ctx context.Context) ([]pods.Assignment, error)
 }
 
-// ContainerResolver tells which pod container a host PID runs in, and when
-// the process started (ProcFS).
+// ContainerResolver tells when a host PID's process started and which pod
+// container it runs in (ProcFS). Errors matching fs.ErrNotExist mean the
+// process is gone.
 type ContainerResolver interface {
-	Resolve(pid uint32) (ProcessInfo, error)
+	// StartTime is the process's start time, which with the PID identifies it.
+	StartTime(pid uint32) (uint64, error)
+	// Container is the pod container the process runs in.
+	Container(pid uint32) (ContainerRef, error)
 }
 
 // PodLookup finds a pod on this node by UID (PodInformer).
@@ -174,6 +178,11 @@ type Watchdog struct {
 	series map[seriesKey]struct{}
 	// reported: unknown-owner process -> why, logged once while it lives.
 	reported map[procKey]string
+	// containers: process -> the container it runs in, read once per
+	// process (the GPU field of the key is unused). Processes do not leave
+	// their container's cgroup subtree, and a reused PID has a new start
+	// time, hence a new key.
+	containers map[procKey]ContainerRef
 	// onPoll, when set (tests), is called after every poll.
 	onPoll func(Stats)
 	// onTicker, when set (tests), is called when Run starts a ticker.
@@ -222,6 +231,7 @@ func New(o Options) *Watchdog {
 		episodes:      map[episodeKey]*episode{},
 		series:        map[seriesKey]struct{}{},
 		reported:      map[procKey]string{},
+		containers:    map[procKey]ContainerRef{},
 	}
 	for _, g := range o.GPUs {
 		w.gpuByUUID[g.UUID] = g
@@ -386,6 +396,7 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 	skipped := map[string]bool{}
 	usages := map[episodeKey]*usage{}
 	alive := map[procKey]bool{}
+	resolved := map[procKey]ContainerRef{}
 	for _, g := range w.gpus {
 		procs, err := w.procs.Processes(g.UUID)
 		if err != nil {
@@ -399,7 +410,7 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 		var managedBytes, unknownBytes uint64
 		var managedProcs, unknownProcs int
 		for _, p := range procs {
-			info, err := w.resolver.Resolve(p.PID)
+			info, err := w.resolve(p.PID, resolved)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // exited since NVML listed it
 			}
@@ -435,6 +446,14 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 			delete(w.reported, k)
 		}
 	}
+	if len(skipped) == 0 {
+		w.containers = resolved
+	} else {
+		// Keep what the skipped GPUs' processes resolved to last time.
+		for k, ref := range resolved {
+			w.containers[k] = ref
+		}
+	}
 
 	// 4. Limits, in a stable order so events and kills are reproducible.
 	keys := make([]episodeKey, 0, len(usages))
@@ -456,6 +475,29 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 	// 5. Per-container series.
 	w.exportContainers(allow, usages, skipped)
 	return w.finish(st, start)
+}
+
+// resolve reads a process's start time and, unless known from an earlier
+// poll, its container. The start time is read first: if the PID is reused
+// between the two reads, the container may be the newcomer's, but the start
+// time is the old process's, so a kill aimed at it is refused (Killer
+// checks the start time) instead of hitting the newcomer.
+func (w *Watchdog) resolve(pid uint32, resolved map[procKey]ContainerRef) (ProcessInfo, error) {
+	start, err := w.resolver.StartTime(pid)
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	k := procKey{pid: pid, start: start}
+	ref, ok := resolved[k]
+	if !ok {
+		if ref, ok = w.containers[k]; !ok {
+			if ref, err = w.resolver.Container(pid); err != nil {
+				return ProcessInfo{StartTime: start}, err
+			}
+		}
+		resolved[k] = ref
+	}
+	return ProcessInfo{StartTime: start, Container: ref}, nil
 }
 
 func (w *Watchdog) finish(st Stats, start time.Time) Stats {
@@ -669,12 +711,12 @@ func (w *Watchdog) exportContainers(allow map[ContainerKey]map[string]Allowance,
 				continue
 			}
 			if !a.Unlimited {
-				w.metrics.limit.With(sk.labels()).Set(float64(a.LimitBytes))
+				w.metrics.limit.WithLabelValues(sk.values()...).Set(float64(a.LimitBytes))
 			} else {
-				w.metrics.limit.Delete(sk.labels())
+				w.metrics.limit.DeleteLabelValues(sk.values()...)
 			}
 			if w.pods != nil {
-				w.metrics.used.With(sk.labels()).Set(float64(used[sk]))
+				w.metrics.used.WithLabelValues(sk.values()...).Set(float64(used[sk]))
 			}
 		}
 	}

@@ -216,6 +216,49 @@ func TestPIDReusedBetweenSampleAndKillKillsNothing(t *testing.T) {
 	}
 }
 
+// countingResolver counts cgroup reads.
+type countingResolver struct {
+	ProcFS
+	containers map[uint32]int
+}
+
+func (c *countingResolver) Container(pid uint32) (ContainerRef, error) {
+	c.containers[pid]++
+	return c.ProcFS.Container(pid)
+}
+
+func TestCgroupIsReadOncePerProcess(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	r := &countingResolver{ProcFS: ProcFS{Root: e.root}, containers: map[uint32]int{}}
+	e.w.resolver = r
+	hog := e.addPod(testPod("hog", hogUID, "main"))
+	e.devices.set(e.fraction(hog, "main", 0, 30))
+	e.proc(1001, 5000, hog, "main")
+	e.proc(1002, 5001, hog, "main")
+	e.nvml(0, procMiB(1001, 100), procMiB(1002, 100))
+	e.nvml(1, procMiB(1001, 100)) // one process on two GPUs
+	for range 3 {
+		if st := e.w.Poll(e.ctx); st.Unknown != 1 {
+			t.Fatalf("stats = %+v, want the process on GPU 1 unknown (no device there)", st)
+		}
+	}
+	// PID 1002 exits and its PID is reused by a host process.
+	e.proc(1002, 9999, nil, "")
+	if st := e.w.Poll(e.ctx); st.Unknown != 2 {
+		t.Fatalf("stats after PID reuse = %+v, want the newcomer unknown", st)
+	}
+	if diff := cmp.Diff(map[uint32]int{1001: 1, 1002: 2}, r.containers); diff != "" {
+		t.Errorf("cgroup reads per PID (-want +got):\n%s", diff)
+	}
+	// Gone processes are forgotten.
+	e.nvml(0)
+	e.nvml(1)
+	e.w.Poll(e.ctx)
+	if len(e.w.containers) != 0 {
+		t.Errorf("resolver cache holds %d processes after all exited", len(e.w.containers))
+	}
+}
+
 func TestProcessesOutsideManagedContainersAreNeverKilled(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.w.SetPolicy(Policy{Enforcement: config.EnforcementKill, Samples: 1})
