@@ -54,9 +54,10 @@ type Deps struct {
 //     gpufrac.io/gpu-fraction units.
 //   - timeslice: the GPU as replicas of the time-sliced resource only.
 //   - mig: the GPU's current MIG devices, as nvidia.com/mig-<profile> (mixed
-//     strategy) or nvidia.com/gpu (single strategy: only GPUs whose devices
-//     are the declared layout, or, without one, only when every GPU has the
-//     same devices).
+//     strategy) or nvidia.com/gpu (single strategy; without a declared
+//     layout only when every GPU has the same devices). A GPU whose devices
+//     are not yet its declared layout serves none: the layout manager waits
+//     for it to drain, and new pods must not land on it meanwhile.
 //
 // A GPU whose MIG mode is on cannot run work as a whole GPU, so it is not
 // served in the first three modes until the layout manager has turned MIG
@@ -227,6 +228,9 @@ func buildMIG(strategy string, migGPUs []migGPU, all []nvidia.GPU, d Deps) ([]Re
 	case config.MIGStrategyMixed:
 		byProfile := map[string][]nvidia.MIGDevice{}
 		for _, mg := range migGPUs {
+			if mg.layout != "" && !mig.Matches(mg.instances, mg.declared) {
+				continue // draining for its declared layout
+			}
 			for _, gi := range mg.instances {
 				for _, dev := range gi.Devices {
 					byProfile[dev.Profile] = append(byProfile[dev.Profile], dev)

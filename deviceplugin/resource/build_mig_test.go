@@ -106,6 +106,17 @@ func TestBuildMixedNodeMIGAndFraction(t *testing.T) {
 	if diff := cmp.Diff(want, counts(res)); diff != "" {
 		t.Errorf("resources (-want +got):\n%s", diff)
 	}
+	// GPU 3 moves to another layout, not applied yet (pods hold it): it
+	// serves nothing meanwhile, so it can drain.
+	np.GPUMIGLayouts[3] = "all-1g.10gb"
+	pendingRes, err := n.build(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]int{api.ResourceGPU: 4, api.ResourceFraction: 400, "nvidia.com/mig-3g.40gb": 5, "nvidia.com/mig-2g.20gb": 1, "nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-1g.10gb.me": 1}
+	if diff := cmp.Diff(want, counts(pendingRes)); diff != "" {
+		t.Errorf("resources with GPU 3 waiting for its layout (-want +got):\n%s", diff)
+	}
 	for _, r := range res {
 		for _, d := range r.Devices() {
 			switch {
