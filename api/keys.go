@@ -47,6 +47,9 @@ const (
 	AnnotationDoNotDisrupt = "karpenter.sh/do-not-disrupt"
 	// LabelGPUProduct is the node label holding the GPU model.
 	LabelGPUProduct = "nvidia.com/gpu.product"
+	// LabelGPUNode marks a node as a gpufrac GPU node ("true"): the local
+	// cluster harness runs a node agent on fake nodes carrying it.
+	LabelGPUNode = Domain + "/gpu-node"
 
 	// LabelRole marks gpufrac's own pods in SystemNamespace: RoleReservation or RolePlaceholder.
 	LabelRole = Domain + "/role"

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 )
@@ -51,11 +52,15 @@ const (
 	KwokNodeAnnotationValue = "fake"
 )
 
-// Options configures a cluster. The zero value is a cluster without Karpenter.
+// Options configures a cluster. The zero value is a cluster without Karpenter and
+// without node agents.
 type Options struct {
 	// BinDir holds the tool binaries. Empty means <repository root>/bin, where the
 	// repository root is found by walking up from the working directory to gpufrac's go.mod.
 	BinDir string
+	// Dir is the cluster's directory; it must not exist or be empty. Empty means a
+	// new temporary directory.
+	Dir string
 	// StartTimeout bounds Start. Zero means DefaultStartTimeout.
 	StartTimeout time.Duration
 	// Karpenter, when not nil, also installs Karpenter's CRDs, a KWOKNodeClass and the
@@ -68,6 +73,9 @@ type Options struct {
 	// for it to return. It is the place to start a per-node agent (gpufrac-node plus a
 	// kubelet simulator).
 	OnNode func(ctx context.Context, node *corev1.Node)
+	// NodeAgents, when not nil, runs a real gpufrac-node with a kubelet simulator for
+	// every kwok GPU node (see NodeAgentOptions and Cluster.NodeAgent).
+	NodeAgents *NodeAgentOptions
 }
 
 // Cluster is a running local control plane. Its exported fields are read-only.
@@ -92,15 +100,20 @@ type Cluster struct {
 	started time.Time
 
 	// mu guards the fields below it.
-	mu       sync.Mutex
-	procs    []*process                       // every process started, in start order
-	nodeCtx  map[types.UID]context.CancelFunc // node UID -> cancels that node's OnNode call
-	stopping bool                             // set by Stop; no OnNode call starts after it
+	mu            sync.Mutex
+	procs         []*process                       // every process started, in start order
+	nodeCtx       map[types.UID]context.CancelFunc // node UID -> cancels that node's OnNode call and agent
+	stopping      bool                             // set by Stop; no OnNode call starts after it
+	agents        map[string]*agentEntry           // node name -> its node agent, from start to stop
+	agentsChanged chan struct{}                    // closed and replaced whenever agents changes
 
-	ctx       context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
-	cancel    context.CancelFunc
-	informers informers.SharedInformerFactory
-	hooks     sync.WaitGroup // running OnNode calls
+	ctx         context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
+	cancel      context.CancelFunc
+	informers   informers.SharedInformerFactory // kwok GPU nodes
+	nodeLister  corelisters.NodeLister          // of informers; nil without OnNode and NodeAgents
+	admission   *admission
+	hooks       sync.WaitGroup // running OnNode calls and node agents
+	controllers sync.WaitGroup // the admission controller's goroutines
 
 	stopOnce sync.Once
 	stopErr  error
@@ -128,9 +141,18 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := checkTools(binDir, opts.Karpenter != nil); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "gpufrac-cluster-")
+	if opts.NodeAgents != nil {
+		bin := opts.NodeAgents.Binary
+		if bin == "" {
+			bin = filepath.Join(binDir, NodeAgentBinary)
+		}
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("node agents need gpufrac-node (run make build): %w", err)
+		}
+	}
+	dir, err := clusterDir(opts.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("creating cluster dir: %w", err)
+		return nil, err
 	}
 	for _, sub := range []string{"logs", "home"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
@@ -140,14 +162,16 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 
 	lifeCtx, cancel := context.WithCancel(ctx)
 	c := &Cluster{
-		Dir:     dir,
-		opts:    opts,
-		logger:  logger,
-		binDir:  binDir,
-		started: time.Now(),
-		nodeCtx: map[types.UID]context.CancelFunc{},
-		ctx:     lifeCtx,
-		cancel:  cancel,
+		Dir:           dir,
+		opts:          opts,
+		logger:        logger,
+		binDir:        binDir,
+		started:       time.Now(),
+		nodeCtx:       map[types.UID]context.CancelFunc{},
+		agents:        map[string]*agentEntry{},
+		agentsChanged: make(chan struct{}),
+		ctx:           lifeCtx,
+		cancel:        cancel,
 	}
 	// Whoever ends the cluster's life (Stop or the caller's ctx), the processes go.
 	context.AfterFunc(lifeCtx, func() { _ = c.Stop() })
@@ -208,7 +232,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 
 	// 2. etcd.
-	etcdPorts, err := c.startComponent(ctx, component{
+	etcdPorts, _, err := c.startComponent(ctx, component{
 		name:  "etcd",
 		ports: 2,
 		args: func(ports []int) ([]string, error) {
@@ -241,7 +265,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	adminAuth := http.Header{"Authorization": []string{"Bearer " + c.pki.tokens["admin"]}}
-	apiPorts, err := c.startComponent(ctx, component{
+	apiPorts, _, err := c.startComponent(ctx, component{
 		name:  "kube-apiserver",
 		ports: 1,
 		args: func(ports []int) ([]string, error) {
@@ -282,6 +306,10 @@ func (c *Cluster) start(ctx context.Context) error {
 	stageFiles, err := filepath.Glob(filepath.Join(c.binDir, "kwok-stages", "*.yaml"))
 	if err != nil || len(stageFiles) == 0 {
 		return fmt.Errorf("finding kwok stages in %s (run make tools): %v", filepath.Join(c.binDir, "kwok-stages"), err)
+	}
+	// Pods run only once the harness admitted them (see admission).
+	if stageFiles, err = gatedStages(stageFiles, filepath.Join(c.Dir, "kwok-stages")); err != nil {
+		return err
 	}
 	secureReady := func(path string) func(ctx context.Context, ports []int) error {
 		return func(ctx context.Context, ports []int) error {
@@ -349,7 +377,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, comp := range controlPlane {
 		wg.Go(func() {
-			_, errs[i] = c.startComponent(ctx, comp)
+			_, _, errs[i] = c.startComponent(ctx, comp)
 		})
 	}
 	wg.Wait()
@@ -377,19 +405,55 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 	}
 
-	// 7. The OnNode hook, last, so it only ever sees a ready cluster.
-	if c.opts.OnNode != nil {
+	// 7. The node agents' identity: the project's RBAC for gpufrac-node.
+	if c.opts.NodeAgents != nil {
+		if err := c.setUpNodeAgentIdentity(ctx); err != nil {
+			return err
+		}
+	}
+
+	// 8. The OnNode hook and the node agents, last, so they only ever see a ready
+	// cluster; then pod admission, which needs to know the GPU nodes.
+	if c.opts.OnNode != nil || c.opts.NodeAgents != nil {
 		if err := c.startNodeInformer(ctx); err != nil {
 			return err
 		}
 	}
+	c.admission = newAdmission(c)
+	if err := c.admission.start(c.ctx, ctx, &c.controllers); err != nil {
+		return err
+	}
 	return nil
+}
+
+// clusterDir creates the cluster's directory: dir when given (it must not exist
+// or be empty), else a new temporary one.
+func clusterDir(dir string) (string, error) {
+	if dir == "" {
+		d, err := os.MkdirTemp("", "gpufrac-cluster-")
+		if err != nil {
+			return "", fmt.Errorf("creating cluster dir: %w", err)
+		}
+		return d, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("creating cluster dir: %w", err)
+	}
+	if entries, err := os.ReadDir(abs); err == nil && len(entries) > 0 {
+		return "", fmt.Errorf("creating cluster dir: %s exists and is not empty", abs)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return "", fmt.Errorf("creating cluster dir: %w", err)
+	}
+	return abs, nil
 }
 
 // component describes how to start and probe one process.
 type component struct {
 	name  string
 	bin   string   // file name in the bin dir; empty means name
+	path  string   // the binary's path, overriding bin
 	ports int      // fresh 127.0.0.1 ports the component needs per attempt
 	env   []string // besides HOME
 	args  func(ports []int) ([]string, error)
@@ -398,11 +462,15 @@ type component struct {
 
 // startComponent starts comp and waits until its ready probe succeeds. If the process
 // dies because a port was taken meanwhile (another cluster starting at the same time),
-// it starts again on fresh ports, up to portAttempts times. It returns the ports used.
-func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, error) {
+// it starts again on fresh ports, up to portAttempts times. It returns the ports used
+// and the process.
+func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, *process, error) {
 	logger := klog.FromContext(ctx).WithValues("component", comp.name)
 	bin := filepath.Join(c.binDir, comp.name)
-	if comp.bin != "" {
+	switch {
+	case comp.path != "":
+		bin = comp.path
+	case comp.bin != "":
 		bin = filepath.Join(c.binDir, comp.bin)
 	}
 	logPath := filepath.Join(c.LogDir(), comp.name+".log")
@@ -410,21 +478,21 @@ func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, er
 	for attempt := 1; ; attempt++ {
 		ports, err := freePorts(comp.ports)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		args, err := comp.args(ports)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		began := time.Now()
 		p, err := c.track(startProcess(comp.name, bin, args, env, logPath))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		err = waitReady(ctx, p, func(ctx context.Context) error { return comp.ready(ctx, ports) })
 		if err == nil {
 			logger.V(2).Info("Component ready", "pid", p.PID, "ports", ports, "duration", time.Since(began).Round(time.Millisecond))
-			return ports, nil
+			return ports, p, nil
 		}
 		if stopErr := p.stop(time.Second); stopErr != nil {
 			err = errors.Join(err, stopErr)
@@ -433,7 +501,7 @@ func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, er
 			logger.Info("Port taken, restarting on fresh ports", "ports", ports, "attempt", attempt)
 			continue
 		}
-		return nil, fmt.Errorf("starting %s (log %s): %w\n--- last lines of %s ---\n%s",
+		return nil, nil, fmt.Errorf("starting %s (log %s): %w\n--- last lines of %s ---\n%s",
 			comp.name, logPath, err, logPath, p.logTail(20))
 	}
 }
@@ -499,12 +567,17 @@ func (c *Cluster) stop() error {
 	if c.informers != nil {
 		c.informers.Shutdown()
 	}
+	if c.admission != nil {
+		c.admission.stop()
+	}
 	c.hooks.Wait()
+	c.controllers.Wait()
 
 	c.mu.Lock()
 	procs := append([]*process(nil), c.procs...)
 	c.mu.Unlock()
-	// Clients of the API server first, all at once; then the API server; then etcd.
+	// Clients of the API server first, all at once (node agents normally stopped
+	// with their node's hook already); then the API server; then etcd.
 	tiers := [][]string{
 		{"karpenter", "kwok", "kube-controller-manager", "kube-scheduler"},
 		{"kube-apiserver"},
@@ -512,10 +585,10 @@ func (c *Cluster) stop() error {
 	}
 	grace := map[string]time.Duration{"kube-apiserver": 10 * time.Second}
 	errs := make([]error, len(procs))
-	for _, tier := range tiers {
+	for t, tier := range tiers {
 		var wg sync.WaitGroup
 		for i, p := range procs {
-			if !slices.Contains(tier, p.Name) {
+			if !slices.Contains(tier, p.Name) && (t != 0 || !isNodeAgentProcess(p.Name)) {
 				continue
 			}
 			g, ok := grace[p.Name]

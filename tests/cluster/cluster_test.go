@@ -192,7 +192,7 @@ func TestWholeGPUScheduling(t *testing.T) {
 			},
 			{
 				Name:   "gpu-node",
-				Labels: map[string]string{cluster.LabelGPUNode: "true", api.LabelGPUProduct: cluster.H100Product},
+				Labels: map[string]string{api.LabelGPUNode: "true", api.LabelGPUProduct: cluster.H100Product},
 				Capacity: cluster.ResourceList(map[corev1.ResourceName]string{
 					corev1.ResourceCPU: "192", corev1.ResourceMemory: "2048Gi", corev1.ResourcePods: "110", api.ResourceGPU: "8",
 				}),
@@ -331,7 +331,7 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 			corev1.LabelInstanceTypeStable: instanceType,
 			api.LabelGPUProduct:            cluster.H100Product,
 			api.LabelNodePool:              "gpu",
-			cluster.LabelGPUNode:           "true",
+			api.LabelGPUNode:               "true",
 		}
 		got := map[string]string{}
 		for k := range want {

@@ -10,9 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // modulePath is gpufrac's module path, used to recognise the repository root.
@@ -115,13 +112,8 @@ func (c *Cluster) writeKubeconfigs() error {
 		return fmt.Errorf("creating kubeconfig dir: %w", err)
 	}
 	for name := range identities() {
-		cfg := clientcmdapi.NewConfig()
-		cfg.Clusters["gpufrac"] = &clientcmdapi.Cluster{Server: c.apiURL, CertificateAuthorityData: c.pki.caPEM}
-		cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: c.pki.tokens[name]}
-		cfg.Contexts["gpufrac"] = &clientcmdapi.Context{Cluster: "gpufrac", AuthInfo: name}
-		cfg.CurrentContext = "gpufrac"
-		if err := clientcmd.WriteToFile(*cfg, c.componentKubeconfig(name)); err != nil {
-			return fmt.Errorf("writing kubeconfig of %s: %w", name, err)
+		if err := c.writeKubeconfig(name, name, c.pki.tokens[name]); err != nil {
+			return err
 		}
 	}
 	c.KubeconfigPath = c.componentKubeconfig("admin")

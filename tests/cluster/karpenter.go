@@ -87,7 +87,7 @@ type InstanceType struct {
 type NodePool struct {
 	// Name is the NodePool's name (node label karpenter.sh/nodepool).
 	Name string
-	// Labels are put on every node of the pool (use LabelGPUNode: "true" for GPU pools
+	// Labels are put on every node of the pool (use api.LabelGPUNode: "true" for GPU pools
 	// so that Options.OnNode sees their nodes).
 	Labels map[string]string
 	// Taints are put on every node of the pool.
@@ -139,7 +139,7 @@ func DefaultInstanceTypes() []InstanceType {
 }
 
 // DefaultNodePools returns a "gpu" NodePool over the instance types with GPUs, its
-// nodes labelled LabelGPUNode=true, and, if there are CPU-only types, a "cpu" NodePool
+// nodes labelled api.LabelGPUNode=true, and, if there are CPU-only types, a "cpu" NodePool
 // over those with a higher weight, so CPU pods land on CPU nodes.
 func DefaultNodePools(types []InstanceType) []NodePool {
 	var gpu, cpu []string
@@ -152,7 +152,7 @@ func DefaultNodePools(types []InstanceType) []NodePool {
 	}
 	var pools []NodePool
 	if len(gpu) > 0 {
-		pools = append(pools, NodePool{Name: "gpu", Labels: map[string]string{LabelGPUNode: "true"}, InstanceTypes: gpu})
+		pools = append(pools, NodePool{Name: "gpu", Labels: map[string]string{api.LabelGPUNode: "true"}, InstanceTypes: gpu})
 	}
 	if len(cpu) > 0 {
 		pools = append(pools, NodePool{Name: "cpu", InstanceTypes: cpu, Weight: 10})
@@ -209,7 +209,7 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 	}
 
 	// 4. The provider.
-	_, err = c.startComponent(ctx, component{
+	_, _, err = c.startComponent(ctx, component{
 		name:  "karpenter",
 		bin:   "karpenter-kwok",
 		ports: 2,

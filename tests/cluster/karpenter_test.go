@@ -88,7 +88,7 @@ func TestNodePoolObject(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			pool: cluster.NodePool{Name: "gpu", Labels: map[string]string{cluster.LabelGPUNode: "true"}, InstanceTypes: []string{"gpu-8x-h100"}},
+			pool: cluster.NodePool{Name: "gpu", Labels: map[string]string{api.LabelGPUNode: "true"}, InstanceTypes: []string{"gpu-8x-h100"}},
 			want: `{"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "gpu"},
 			  "spec": {
 			    "template": {
@@ -176,7 +176,7 @@ func TestNodePoolObject(t *testing.T) {
 
 func TestDefaultNodePools(t *testing.T) {
 	want := []cluster.NodePool{
-		{Name: "gpu", Labels: map[string]string{cluster.LabelGPUNode: "true"}, InstanceTypes: []string{"gpu-8x-h100", "gpu-1x-h100"}},
+		{Name: "gpu", Labels: map[string]string{api.LabelGPUNode: "true"}, InstanceTypes: []string{"gpu-8x-h100", "gpu-1x-h100"}},
 		{Name: "cpu", InstanceTypes: []string{"cpu-8x"}, Weight: 10},
 	}
 	if diff := cmp.Diff(want, cluster.DefaultNodePools(cluster.DefaultInstanceTypes())); diff != "" {

@@ -15,11 +15,6 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// LabelGPUNode marks a node as a gpufrac GPU node ("true"); Options.OnNode is called
-// for kwok nodes carrying it.
-// TODO(#3): move to api/keys.go with the other gpufrac.io keys (owned by the lead).
-const LabelGPUNode = api.Domain + "/gpu-node"
-
 // NodeSpec describes a kwok fake node for AddNode.
 type NodeSpec struct {
 	// Name is the node's name.
@@ -93,14 +88,16 @@ func IsNodeReady(node *corev1.Node) bool {
 	return false
 }
 
-// startNodeInformer watches nodes labelled LabelGPUNode=true and calls Options.OnNode
-// once per kwok node (by UID), each in its own goroutine. A node that loses the label
-// counts as deleted (the filtered watch reports it so).
+// startNodeInformer watches nodes labelled api.LabelGPUNode=true and, once per kwok
+// node (by UID), calls Options.OnNode and runs the node agent (with
+// Options.NodeAgents), each in its own goroutine. A node that loses the label counts
+// as deleted (the filtered watch reports it so).
 func (c *Cluster) startNodeInformer(ctx context.Context) error {
-	selector := labels.Set{LabelGPUNode: "true"}.AsSelector().String()
+	selector := labels.Set{api.LabelGPUNode: "true"}.AsSelector().String()
 	c.informers = informers.NewSharedInformerFactoryWithOptions(c.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	nodes := c.informers.Core().V1().Nodes().Informer()
+	c.nodeLister = c.informers.Core().V1().Nodes().Lister()
 	logger := klog.FromContext(c.ctx)
 	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.nodeSeen(logger, obj) },
@@ -119,7 +116,7 @@ func (c *Cluster) startNodeInformer(ctx context.Context) error {
 	return nil
 }
 
-// nodeSeen starts the OnNode call for a kwok GPU node not seen before.
+// nodeSeen starts the OnNode call and the node agent for a kwok GPU node not seen before.
 func (c *Cluster) nodeSeen(logger klog.Logger, obj any) {
 	node, ok := obj.(*corev1.Node)
 	if !ok || node.Annotations[KwokNodeAnnotation] != KwokNodeAnnotationValue || node.DeletionTimestamp != nil {
@@ -136,10 +133,15 @@ func (c *Cluster) nodeSeen(logger klog.Logger, obj any) {
 	nodeCtx, cancel := context.WithCancel(klog.NewContext(c.ctx, logger.WithValues("node", klog.KObj(node))))
 	c.nodeCtx[node.UID] = cancel
 	node = node.DeepCopy()
-	c.hooks.Go(func() { c.opts.OnNode(nodeCtx, node) })
+	if c.opts.NodeAgents != nil {
+		c.hooks.Go(func() { c.runNodeAgent(nodeCtx, node) })
+	}
+	if c.opts.OnNode != nil {
+		c.hooks.Go(func() { c.opts.OnNode(nodeCtx, node.DeepCopy()) })
+	}
 }
 
-// nodeGone cancels the OnNode call of a deleted node.
+// nodeGone cancels the OnNode call and the node agent of a deleted node.
 func (c *Cluster) nodeGone(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj

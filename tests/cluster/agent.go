@@ -1,0 +1,365 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/kubeletsim"
+)
+
+const (
+	// DefaultGPUModel is the mock GPU model of a GPU node whose nvidia.com/gpu.product
+	// label names no known model.
+	DefaultGPUModel = "dgxh100"
+	// A100Product is the nvidia.com/gpu.product value of the dgxa100 mock's GPUs.
+	A100Product = "NVIDIA-A100-SXM4-40GB"
+	// NodeAgentBinary is gpufrac-node's file name in the bin dir (`make build`).
+	NodeAgentBinary = "gpufrac-node"
+	// nodeAgentPrefix starts the component name of every node agent process.
+	nodeAgentPrefix = "gpufrac-node-"
+)
+
+// ErrNodeAgentFailed is returned (wrapped, with the cause) by WaitForNodeAgent when
+// the node's agent could not start.
+var ErrNodeAgentFailed = errors.New("node agent failed")
+
+// NodeAgentOptions configures the node agents: for every kwok node labelled
+// api.LabelGPUNode=true (Karpenter's included) the cluster runs a kubelet simulator
+// and a real gpufrac-node on a mock GPU model registered with it, and the simulator
+// acts as that node's kubelet: it patches the node's capacity and allocatable with
+// the resources the plugin lists, and admits the pods bound to the node through
+// the plugin before kwok runs them.
+type NodeAgentOptions struct {
+	// Binary is the gpufrac-node binary. Empty means <BinDir>/gpufrac-node.
+	Binary string
+	// Models maps a node's nvidia.com/gpu.product label to the mock model gpufrac-node
+	// runs on. Nil means DefaultGPUModels(); unknown or missing labels get DefaultGPUModel.
+	Models map[string]string
+	// Config, when not empty, is written to a file passed to gpufrac-node as --config.
+	Config string
+	// Args are appended to gpufrac-node's arguments (e.g. "-v=4", "--health-quiet-period=2s").
+	Args []string
+	// ManifestsDir holds namespace.yaml and node-rbac.yaml, applied at start: the
+	// agents authenticate as the gpufrac-node ServiceAccount with exactly that RBAC.
+	// Empty means <repository root>/deployments/manifests.
+	ManifestsDir string
+	// StopGracePeriod is the simulators' kubeletsim.Options.StopGracePeriod: how long
+	// a resource whose plugin went away keeps its (unhealthy) devices. Zero means the
+	// kubelet's five minutes.
+	StopGracePeriod time.Duration
+}
+
+// DefaultGPUModels maps the GPU product labels of the go-nvml mock servers to
+// their model names.
+func DefaultGPUModels() map[string]string {
+	return map[string]string{H100Product: "dgxh100", A100Product: "dgxa100"}
+}
+
+// NodeAgent is the running node agent of one kwok GPU node.
+type NodeAgent struct {
+	// Node is the node's name.
+	Node string
+	// Model is the mock GPU model gpufrac-node runs on (--nvml=mock:<Model>).
+	Model string
+	// Kubelet is the node's kubelet simulator: Allocations and the PodResources
+	// socket show what each pod holds.
+	Kubelet *kubeletsim.Kubelet
+	// PodResourcesSocket is the node's PodResources v1 socket.
+	PodResourcesSocket string
+	// StateDir is gpufrac-node's --mock-state-dir: write Xids, processes and memory
+	// use with nvidia.WriteMockXid and friends.
+	StateDir string
+	// MetricsAddr is host:port of gpufrac-node's /metrics, /healthz and /readyz.
+	MetricsAddr string
+	// LogPath is gpufrac-node's log file (kept with the cluster's logs).
+	LogPath string
+	// PID is gpufrac-node's process ID.
+	PID int
+}
+
+// agentEntry is a node agent from the moment its node is seen.
+type agentEntry struct {
+	ready chan struct{} // closed once agent or err is set
+	agent *NodeAgent
+	err   error
+}
+
+// NodeAgent returns the ready node agent of a node, or nil.
+func (c *Cluster) NodeAgent(node string) *NodeAgent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.agents[node]; e != nil {
+		select {
+		case <-e.ready:
+			return e.agent
+		default:
+		}
+	}
+	return nil
+}
+
+// NodeAgents returns the ready node agents, by node name.
+func (c *Cluster) NodeAgents() []*NodeAgent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*NodeAgent
+	for _, name := range slices.Sorted(maps.Keys(c.agents)) {
+		e := c.agents[name]
+		select {
+		case <-e.ready:
+			if e.agent != nil {
+				out = append(out, e.agent)
+			}
+		default:
+		}
+	}
+	return out
+}
+
+// WaitForNodeAgent waits until the node's agent has registered its resources with
+// its kubelet simulator, and returns it. It fails with ErrNodeAgentFailed when the
+// agent could not start, and when ctx ends first.
+func (c *Cluster) WaitForNodeAgent(ctx context.Context, node string) (*NodeAgent, error) {
+	for {
+		c.mu.Lock()
+		e := c.agents[node]
+		changed := c.agentsChanged
+		c.mu.Unlock()
+		if e != nil {
+			select {
+			case <-e.ready:
+				if e.err != nil {
+					return nil, fmt.Errorf("%w on node %s: %w", ErrNodeAgentFailed, node, e.err)
+				}
+				return e.agent, nil
+			case <-ctx.Done():
+				return nil, fmt.Errorf("waiting for the node agent of %s: %w", node, ctx.Err())
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the node agent of %s (not started yet): %w", node, ctx.Err())
+		}
+	}
+}
+
+// agentForAdmission returns the ready agent of a node for admission: nil when the
+// node has no agent and will not get one (admit without devices), errAgentNotReady
+// while its agent is starting or its GPU node was seen but not yet handled, and a
+// rejection when the agent failed (no device plugin: as the kubelet, refuse).
+func (c *Cluster) agentForAdmission(node string) (*NodeAgent, error) {
+	c.mu.Lock()
+	e := c.agents[node]
+	c.mu.Unlock()
+	if e == nil {
+		if c.expectsAgent(node) {
+			return nil, errAgentNotReady
+		}
+		return nil, nil
+	}
+	select {
+	case <-e.ready:
+	default:
+		return nil, errAgentNotReady
+	}
+	if e.err != nil {
+		return nil, &rejection{message: fmt.Sprintf("Allocate failed due to the node agent not running (%v), which is unexpected", e.err)}
+	}
+	return e.agent, nil
+}
+
+// expectsAgent reports whether a node agent will run for the node: node agents
+// are on and the node is a kwok GPU node that still exists.
+func (c *Cluster) expectsAgent(node string) bool {
+	if c.opts.NodeAgents == nil || c.nodeLister == nil {
+		return false
+	}
+	n, err := c.nodeLister.Get(node)
+	return err == nil && n.Annotations[KwokNodeAnnotation] == KwokNodeAnnotationValue && n.DeletionTimestamp == nil
+}
+
+// setAgent records a node's agent entry and wakes WaitForNodeAgent callers.
+func (c *Cluster) setAgent(node string, e *agentEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.agents[node] = e
+	c.broadcastAgentsLocked()
+}
+
+// agentSettled wakes WaitForNodeAgent callers after an entry became ready.
+func (c *Cluster) agentSettled() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.broadcastAgentsLocked()
+}
+
+// removeAgent forgets a node's agent entry if it is still e.
+func (c *Cluster) removeAgent(node string, e *agentEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.agents[node] == e {
+		delete(c.agents, node)
+		c.broadcastAgentsLocked()
+	}
+}
+
+func (c *Cluster) broadcastAgentsLocked() {
+	close(c.agentsChanged)
+	c.agentsChanged = make(chan struct{})
+}
+
+// modelFor picks the mock GPU model for a node from its product label.
+func (c *Cluster) modelFor(node *corev1.Node) string {
+	models := c.opts.NodeAgents.Models
+	if models == nil {
+		models = DefaultGPUModels()
+	}
+	if m, ok := models[node.Labels[api.LabelGPUProduct]]; ok {
+		return m
+	}
+	return DefaultGPUModel
+}
+
+// runNodeAgent runs a node's agent until ctx ends (the node went or the cluster
+// stops), then stops it and cleans up. It is the node informer's per-node hook.
+func (c *Cluster) runNodeAgent(ctx context.Context, node *corev1.Node) {
+	logger := klog.FromContext(ctx)
+	entry := &agentEntry{ready: make(chan struct{})}
+	c.setAgent(node.Name, entry)
+	defer c.removeAgent(node.Name, entry)
+
+	began := time.Now()
+	agent, stop, err := c.startNodeAgent(ctx, node)
+	entry.agent, entry.err = agent, err
+	close(entry.ready)
+	c.agentSettled()
+	if err != nil {
+		if ctx.Err() == nil {
+			logger.Error(err, "Node agent failed to start")
+		}
+		return
+	}
+	defer stop()
+	logger.V(2).Info("Node agent ready", "model", agent.Model, "pid", agent.PID, "metrics", agent.MetricsAddr,
+		"duration", time.Since(began).Round(time.Millisecond))
+	<-ctx.Done()
+}
+
+// startNodeAgent starts the kubelet simulator, the node status sync and
+// gpufrac-node, and waits until gpufrac-node reports ready (every resource
+// registered). stop undoes all of it.
+func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent *NodeAgent, stop func(), err error) {
+	var undo []func()
+	stop = func() {
+		for _, f := range slices.Backward(undo) {
+			f()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+
+	// 1. Directories: sockets in a short temporary directory (a unix socket path
+	// has at most 107 bytes), the rest with the cluster's files.
+	sockDir, err := os.MkdirTemp("", "gfn")
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating socket dir for node %s: %w", node.Name, err)
+	}
+	undo = append(undo, func() { _ = os.RemoveAll(sockDir) })
+	nodeDir := filepath.Join(c.Dir, "agents", node.Name)
+	stateDir := filepath.Join(nodeDir, "mock")
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("creating agent dir for node %s: %w", node.Name, err)
+	}
+	agent = &NodeAgent{
+		Node:               node.Name,
+		Model:              c.modelFor(node),
+		PodResourcesSocket: filepath.Join(sockDir, "pr.sock"),
+		StateDir:           stateDir,
+	}
+
+	// 2. The kubelet simulator, and the node status following its device lists.
+	agent.Kubelet = kubeletsim.New(kubeletsim.Options{
+		NodeName:           node.Name,
+		Dir:                filepath.Join(sockDir, "dp"),
+		PodResourcesSocket: agent.PodResourcesSocket,
+		StopGracePeriod:    c.opts.NodeAgents.StopGracePeriod,
+	})
+	if err := agent.Kubelet.Start(ctx); err != nil {
+		return nil, nil, fmt.Errorf("starting the kubelet simulator of node %s: %w", node.Name, err)
+	}
+	undo = append(undo, agent.Kubelet.Stop)
+	status := newStatusSync(c, node.Name)
+	agent.Kubelet.OnChange(status.update)
+	var wg sync.WaitGroup
+	syncCtx, cancelSync := context.WithCancel(ctx)
+	wg.Go(func() { status.run(syncCtx) })
+	undo = append(undo, func() { cancelSync(); wg.Wait() })
+
+	// 3. gpufrac-node.
+	args := []string{
+		"--node-name=" + node.Name,
+		"--nvml=mock:" + agent.Model,
+		"--mock-state-dir=" + stateDir,
+		"--kubelet-dir=" + filepath.Join(sockDir, "dp"),
+		"--pod-resources-socket=" + agent.PodResourcesSocket,
+		"--kubeconfig=" + c.componentKubeconfig(nodeAgentIdentity),
+		"--allow-standalone=false",
+		"-v=2",
+	}
+	if cfg := c.opts.NodeAgents.Config; cfg != "" {
+		path := filepath.Join(nodeDir, "config.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
+		}
+		args = append(args, "--config="+path)
+	}
+	args = append(args, c.opts.NodeAgents.Args...)
+	ports, p, err := c.startComponent(ctx, component{
+		name:  nodeAgentPrefix + node.Name,
+		path:  c.nodeAgentBinary(),
+		ports: 1,
+		args: func(ports []int) ([]string, error) {
+			return append(slices.Clone(args), fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[0])), nil
+		},
+		ready: func(ctx context.Context, ports []int) error {
+			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[0]), nil)
+		},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Before the simulator stops: gpufrac-node should see its kubelet go last.
+	undo = append(undo, func() { _ = p.stop(5 * time.Second) })
+	agent.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	agent.LogPath = p.LogPath
+	agent.PID = p.PID
+	return agent, stop, nil
+}
+
+// nodeAgentBinary is the gpufrac-node binary the agents run.
+func (c *Cluster) nodeAgentBinary() string {
+	if b := c.opts.NodeAgents.Binary; b != "" {
+		return b
+	}
+	return filepath.Join(c.binDir, NodeAgentBinary)
+}
+
+// isNodeAgentProcess reports whether a component is a node agent.
+func isNodeAgentProcess(name string) bool { return strings.HasPrefix(name, nodeAgentPrefix) }
