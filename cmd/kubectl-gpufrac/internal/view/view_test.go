@@ -87,8 +87,10 @@ func TestRender(t *testing.T) {
 			want:  "No GPU nodes.\n",
 		},
 		{
-			name:  "fractions, whole GPUs, pending and rejected pods",
-			nodes: func(t *testing.T) []corev1.Node { return []corev1.Node{gpuNode(t, "b", 2, false, 1), gpuNode(t, "a", 3, true, -1)} },
+			name: "fractions, whole GPUs, pending and rejected pods",
+			nodes: func(t *testing.T) []corev1.Node {
+				return []corev1.Node{gpuNode(t, "b", 2, false, 1), gpuNode(t, "a", 3, true, -1)}
+			},
 			pods: []corev1.Pod{
 				pod("infer-1", "a", api.ResourceFraction, 30, annotated(api.AnnotationAllocatedGPU, "GPU-a-1-0000-0000")),
 				pod("infer-2", "a", api.ResourceFraction, 50, annotated(api.AnnotationAllocatedGPU, "GPU-a-1-0000-0000")),
