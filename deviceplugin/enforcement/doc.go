@@ -31,10 +31,10 @@
 // # What is not
 //
 // A process that maps to no container holding a device on that GPU - a
-// host process, a container without a device there, or any process when
-// gpufrac-node has no API access (standalone) and cannot map pod UIDs to
-// pods - is reported (logged once, counted as owner="unknown") and never
-// killed. A GPU whose NVML query fails is skipped for that poll, never acted
+// host process, a container without a device there, a PID missing from
+// /proc (no hostPID, wrong --proc-root), or any process when gpufrac-node
+// has no API access (standalone) and cannot map pod UIDs to pods - is
+// reported (logged once, counted as owner="unknown") and never killed. A GPU whose NVML query fails is skipped for that poll, never acted
 // on. The watchdog samples: memory allocated and freed between two polls (a
 // burst shorter than the poll interval) is not seen, and a container may
 // exceed its limit for up to samples x pollInterval (plus one poll's

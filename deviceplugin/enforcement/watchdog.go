@@ -411,9 +411,6 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 		var managedProcs, unknownProcs int
 		for _, p := range procs {
 			info, err := w.resolve(p.PID, resolved)
-			if errors.Is(err, fs.ErrNotExist) {
-				continue // exited since NVML listed it
-			}
 			st.Processes++
 			u, why := w.attribute(g, info, err, allow)
 			if u == nil {
@@ -512,6 +509,7 @@ func (w *Watchdog) finish(st Stats, start time.Time) Stats {
 // Reasons a process is not tied to a container allowance, for the log.
 const (
 	whyUnreadable = "its /proc entry is unreadable"
+	whyNoProc     = "its PID is not in /proc: it just exited, or gpufrac-node does not see host PIDs (hostPID, --proc-root)"
 	whyHost       = "it runs in no pod container"
 	whyNoAPI      = "no API access: pods cannot be looked up by UID"
 	whyPod        = "its pod is not (yet) known on this node"
@@ -522,6 +520,8 @@ const (
 // attribute ties a process to a container's allowance on g, or says why not.
 func (w *Watchdog) attribute(g nvidia.GPU, info ProcessInfo, resolveErr error, allow map[ContainerKey]map[string]Allowance) (*usage, string) {
 	switch {
+	case errors.Is(resolveErr, fs.ErrNotExist):
+		return nil, whyNoProc
 	case resolveErr != nil:
 		return nil, whyUnreadable
 	case info.Container.PodUID == "":

@@ -280,8 +280,8 @@ func TestProcessesOutsideManagedContainersAreNeverKilled(t *testing.T) {
 	e.nvml(0, procMiB(1, 1000), procMiB(500, 70000), procMiB(600, 30000), procMiB(700, 30000), procMiB(800, 30000), procMiB(900, 30000), procMiB(999, 30000))
 	for range 3 {
 		st := e.w.Poll(e.ctx)
-		if st.Unknown != 6 || st.Processes != 6 {
-			t.Fatalf("stats = %+v, want 6 processes (999 has no /proc entry), all unknown", st)
+		if st.Unknown != 7 || st.Processes != 7 {
+			t.Fatalf("stats = %+v, want 7 processes, all unknown", st)
 		}
 	}
 	if len(e.killer.calls) != 0 {
@@ -291,14 +291,19 @@ func TestProcessesOutsideManagedContainersAreNeverKilled(t *testing.T) {
 		t.Errorf("events = %q, want none", got)
 	}
 	gpu := e.gpus[0].UUID
-	if got, _ := e.metric("gpufrac_gpu_process_memory_used_bytes", map[string]string{"gpu_uuid": gpu, "owner": OwnerUnknown}); got != float64(191000*mib1) {
-		t.Errorf("unknown-owner bytes = %v, want %v", got, 191000*mib1)
+	if got, _ := e.metric("gpufrac_gpu_process_memory_used_bytes", map[string]string{"gpu_uuid": gpu, "owner": OwnerUnknown}); got != float64(221000*mib1) {
+		t.Errorf("unknown-owner bytes = %v, want %v", got, 221000*mib1)
 	}
 	if got, _ := e.metric("gpufrac_gpu_processes", map[string]string{"gpu_uuid": gpu, "owner": OwnerManaged}); got != 0 {
 		t.Errorf("managed processes = %v, want 0", got)
 	}
-	if n := len(e.w.reported); n != 6 {
-		t.Errorf("reported %d processes, want 6 (each once)", n)
+	wantWhy := map[uint32]string{1: whyHost, 500: whyHost, 600: whyNoDevice, 700: whyPod, 800: whyContainer, 900: whyUnreadable, 999: whyNoProc}
+	gotWhy := map[uint32]string{}
+	for k, why := range e.w.reported {
+		gotWhy[k.pid] = why
+	}
+	if diff := cmp.Diff(wantWhy, gotWhy); diff != "" {
+		t.Errorf("reported processes and reasons (-want +got):\n%s", diff)
 	}
 }
 
