@@ -1,0 +1,366 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	k8sresource "k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/tests/kubeletsim"
+)
+
+const nodeName = "node-a"
+
+// env is one in-process gpufrac-node on mock GPUs with a fake API server
+// and a kubelet simulator.
+type env struct {
+	t       *testing.T
+	ctx     context.Context
+	dir     string
+	cfgPath string
+	client  *fake.Clientset
+	kubelet *kubeletsim.Kubelet
+	agent   *Agent
+	gpus    []nvidia.GPU // the mock's GPUs, in index order
+}
+
+// mockGPUs lists the GPUs a dgxh100 mock seeded with the node name has;
+// the agent's own mock, seeded alike, has the same UUIDs.
+func mockGPUs(t *testing.T) []nvidia.GPU {
+	t.Helper()
+	m, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed(nodeName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Init(); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	gs, err := m.GPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gs
+}
+
+// startAgent starts the simulator and the agent with config as the admin's
+// file; objs seed the fake API server (the Node is always there).
+func startAgent(t *testing.T, config string, objs ...runtime.Object) *env {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(cancel)
+	dir, err := os.MkdirTemp("", "agent") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, d := range []string{"dp", "cfg"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &env{t: t, ctx: ctx, dir: dir, cfgPath: filepath.Join(dir, "cfg", "config.yaml"), gpus: mockGPUs(t)}
+	e.writeConfig(config)
+
+	e.kubelet = kubeletsim.New(kubeletsim.Options{
+		NodeName: nodeName, Dir: filepath.Join(dir, "dp"), PodResourcesSocket: filepath.Join(dir, "pr.sock"), Strict: true,
+	})
+	if err := e.kubelet.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.kubelet.Stop)
+
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	e.client = fake.NewClientset(append([]runtime.Object{node}, objs...)...)
+	lib, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed(nodeName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.agent = New(Config{
+		NodeName:            nodeName,
+		KubeletDir:          filepath.Join(dir, "dp"),
+		PodResourcesSocket:  filepath.Join(dir, "pr.sock"),
+		ConfigFile:          e.cfgPath,
+		HealthProbeInterval: 100 * time.Millisecond,
+		ProcRoot:            filepath.Join(dir, "proc"), // empty: the watchdog maps no process
+		Version:             "test",
+	}, lib, e.client)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.agent.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent Run: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("agent Run did not return after its context ended")
+		}
+	})
+	return e
+}
+
+// writeConfig replaces the config file atomically, as a ConfigMap update does.
+func (e *env) writeConfig(content string) {
+	e.t.Helper()
+	tmp := e.cfgPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, e.cfgPath); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// served is what the tests check of one resource in the kubelet.
+type served struct {
+	Healthy       int
+	Connected     bool
+	Registrations int
+}
+
+func (e *env) served() map[string]served {
+	out := map[string]served{}
+	for name, s := range e.kubelet.Resources() {
+		out[name] = served{Healthy: s.Allocatable, Connected: s.Connected, Registrations: s.Registrations}
+	}
+	return out
+}
+
+// waitServed waits until the kubelet sees exactly want.
+func (e *env) waitServed(what string, want map[string]served) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(e.ctx, 15*time.Second)
+	defer cancel()
+	err := e.kubelet.Wait(ctx, func(map[string]kubeletsim.ResourceState) bool { return cmp.Equal(want, e.served()) })
+	if err != nil {
+		e.t.Fatalf("waiting for %s: %v\nresources (-want +got):\n%s", what, err, cmp.Diff(want, e.served()))
+	}
+}
+
+// poll checks cond every 20ms until it holds, failing after 15s.
+func (e *env) poll(what string, cond func() bool) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(e.ctx, 15*time.Second)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			e.t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// nodeEvents returns "type reason: message" of the events on this Node.
+func (e *env) nodeEvents() []string {
+	e.t.Helper()
+	list, err := e.client.CoreV1().Events("").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Kind == "Node" && ev.InvolvedObject.Name == nodeName {
+			out = append(out, fmt.Sprintf("%s %s: %s", ev.Type, ev.Reason, ev.Message))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+const fractionConfig = "version: v1\ndefault:\n  mode: fraction\n"
+
+// TestConfigRejectedAtRuntime breaks the admin's config while the agent
+// runs: each broken version gives a Warning event GPUConfigRejected on the
+// Node and changes nothing the kubelet sees; a valid version afterwards is
+// applied.
+func TestConfigRejectedAtRuntime(t *testing.T) {
+	e := startAgent(t, fractionConfig)
+	serving := map[string]served{
+		api.ResourceGPU:      {Healthy: 8, Connected: true, Registrations: 1},
+		api.ResourceFraction: {Healthy: 800, Connected: true, Registrations: 1},
+	}
+	e.waitServed("the whole and fraction resources", serving)
+	if events := e.nodeEvents(); len(events) != 0 {
+		t.Fatalf("events before any rejection: %q", events)
+	}
+
+	broken := []struct {
+		name    string
+		content string
+		want    string // in the event message
+	}{
+		{name: "not YAML", content: "version: v1\ndefault: [\n", want: "parsing config YAML"},
+		{name: "unknown mode", content: "version: v1\ndefault:\n  mode: turbo\n", want: "turbo"},
+		{name: "unknown field", content: "version: v1\ndefault:\n  mdoe: exclusive\n", want: "mdoe"},
+		{name: "unknown version", content: "version: v9\ndefault:\n  mode: exclusive\n", want: "v9"},
+	}
+	for _, b := range broken {
+		e.writeConfig(b.content)
+		var got string
+		e.poll(b.name+": a GPUConfigRejected event", func() bool {
+			for _, ev := range e.nodeEvents() {
+				if strings.HasPrefix(ev, "Warning GPUConfigRejected: ") && strings.Contains(ev, b.want) && !seenBefore(ev, broken, b.name) {
+					got = ev
+					return true
+				}
+			}
+			return false
+		})
+		t.Logf("%s: %s", b.name, got)
+		if diff := cmp.Diff(serving, e.served()); diff != "" {
+			t.Errorf("%s: resources changed after a rejected config (-want +got):\n%s", b.name, diff)
+		}
+	}
+
+	// A valid config is still taken: exclusive withdraws the fractions.
+	e.writeConfig("version: v1\ndefault:\n  mode: exclusive\n")
+	e.waitServed("the exclusive config", map[string]served{
+		api.ResourceGPU:      {Healthy: 8, Connected: true, Registrations: 1},
+		api.ResourceFraction: {Healthy: 0, Connected: false, Registrations: 1},
+	})
+	if diff := cmp.Diff([]string{api.ResourceGPU}, e.agent.Resources()); diff != "" {
+		t.Errorf("served resources (-want +got):\n%s", diff)
+	}
+}
+
+// seenBefore tells whether an event message belongs to an earlier broken
+// config (the same text matching two cases would hide a missing event).
+func seenBefore(ev string, broken []struct{ name, content, want string }, current string) bool {
+	for _, b := range broken {
+		if b.name == current {
+			return false
+		}
+		if strings.Contains(ev, b.want) {
+			return true
+		}
+	}
+	return false
+}
+
+// fractionPod is a pod the coordinator placed on gpu and bound here.
+func fractionPod(name string, units int, gpu string, age time.Duration) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "team-a", Name: name, UID: types.UID("uid-" + name),
+			CreationTimestamp: metav1.NewTime(time.Now().Add(-age)),
+			Annotations:       map[string]string{api.AnnotationGPU: gpu},
+		},
+		Spec: corev1.PodSpec{NodeName: nodeName, SchedulerName: api.SchedulerName, Containers: []corev1.Container{{
+			Name: "main",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				api.ResourceFraction: *k8sresource.NewQuantity(int64(units), k8sresource.DecimalSI),
+			}},
+		}}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending},
+	}
+}
+
+func podRef(p *corev1.Pod) kubeletsim.PodRef {
+	return kubeletsim.PodRef{Namespace: p.Namespace, Name: p.Name, UID: p.UID}
+}
+
+// TestFractionFollowsCoordinator admits fraction pods through the kubelet
+// simulator: the units come from the GPU in the pod's gpufrac.io/gpu
+// annotation (best fit alone would pick GPU 0), the container gets that GPU
+// and its share, and gpufrac.io/allocated-gpu and gpufrac.io/reserved-gpu
+// are written back.
+func TestFractionFollowsCoordinator(t *testing.T) {
+	gs := mockGPUs(t)
+	target := gs[5]
+	first := fractionPod("first", 30, target.UUID, time.Hour)
+	second := fractionPod("second", 50, target.UUID, time.Minute)
+	reservation := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: api.SystemNamespace, Name: api.ReservationNamePrefix + nodeName + "-5", UID: "uid-reservation"},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "hold", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{api.ResourceGPU: *k8sresource.NewQuantity(1, k8sresource.DecimalSI)},
+		}}}},
+	}
+	e := startAgent(t, fractionConfig, first, second, reservation)
+	e.waitServed("the whole and fraction resources", map[string]served{
+		api.ResourceGPU:      {Healthy: 8, Connected: true, Registrations: 1},
+		api.ResourceFraction: {Healthy: 800, Connected: true, Registrations: 1},
+	})
+	e.poll("the pod informer to sync", func() bool { return e.agent.hint != nil && e.agent.hint.HasSynced() })
+
+	res, err := e.kubelet.Allocate(e.ctx, podRef(reservation), "hold", api.ResourceGPU, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserved := res.DeviceIDs[0]
+
+	got := map[string]string{} // pod -> GPU of its units
+	for _, p := range []*corev1.Pod{first, second} {
+		units := pods.FractionUnits(&p.Spec.Containers[0])
+		a, err := e.kubelet.Allocate(e.ctx, podRef(p), "main", api.ResourceFraction, units)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu, err := resource.GPUOfUnits(a.DeviceIDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[p.Name] = gpu
+		wantLimit := fmt.Sprint(target.MemoryMiB() * uint64(units) / 100)
+		if env := a.Response.Envs[api.EnvMemoryLimitMiB]; env != wantLimit {
+			t.Errorf("%s: %s = %q, want %q", p.Name, api.EnvMemoryLimitMiB, env, wantLimit)
+		}
+		var devs []string
+		for _, d := range a.Response.Devices {
+			devs = append(devs, d.HostPath)
+		}
+		if !slices.Contains(devs, fmt.Sprintf("/dev/nvidia%d", target.Minor)) {
+			t.Errorf("%s: device specs %v lack /dev/nvidia%d", p.Name, devs, target.Minor)
+		}
+	}
+	if diff := cmp.Diff(map[string]string{"first": target.UUID, "second": target.UUID}, got); diff != "" {
+		t.Errorf("GPU of each pod's units (-want +got):\n%s", diff)
+	}
+
+	want := map[string]string{
+		"team-a/first":  target.UUID,
+		"team-a/second": target.UUID,
+		api.SystemNamespace + "/" + reservation.Name: reserved,
+	}
+	var annotations map[string]string
+	e.poll("allocated-gpu and reserved-gpu written back", func() bool {
+		annotations = map[string]string{}
+		for _, p := range []*corev1.Pod{first, second, reservation} {
+			cur, err := e.client.CoreV1().Pods(p.Namespace).Get(e.ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := api.AnnotationAllocatedGPU
+			if p == reservation {
+				key = api.AnnotationReservedGPU
+			}
+			if v := cur.Annotations[key]; v != "" {
+				annotations[p.Namespace+"/"+p.Name] = v
+			}
+		}
+		return cmp.Equal(want, annotations)
+	})
+}
