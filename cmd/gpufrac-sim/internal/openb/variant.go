@@ -67,7 +67,7 @@ func ParseVariant(s string) (Variant, error) {
 // inflate it as usual, and the typical-pod mix comes from it.
 //
 //   - share=F: GPU-share pods become F of the GPU pods (by count); the whole-GPU
-//     pods (one and multi together) make up the rest. Default trace: 0.40.
+//     pods (one and multi together) make up the rest. Default trace: 0.44.
 //   - multigpu=F: multi-GPU pods carry F of the GPU demand (milli); one-GPU
 //     pods are resized so the total GPU demand stays the same. Default: 0.073.
 //   - gpuspec=F: F of the GPU pods (by count) get a GPU model constraint: one

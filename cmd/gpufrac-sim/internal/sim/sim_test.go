@@ -215,3 +215,19 @@ func TestGpufracBeatsFGDOnVariants(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkOpenbRun is one full run of the default trace (seed 42, about
+// 10.8k placements on 1,213 nodes), workload construction included.
+func BenchmarkOpenbRun(b *testing.B) {
+	nodes, pods := loadTrace(b)
+	spec := &Spec{Nodes: nodes, Pods: pods, Inflation: 1.3, Coverage: 0.95}
+	for _, policy := range []string{"gpufrac", "fgd", "bestfit"} {
+		b.Run(policy, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := RunOne(spec, policy, 42); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -30,10 +30,10 @@ func WriteSVG(w io.Writer, sums []Summary, inflation float64) error {
 	xMax := math.Round(100 * inflation)
 	panels := []panel{
 		{title: "GPU allocation vs arrived demand", x0: 0, x1: xMax, y0: 0, y1: 100, left: 70, top: 40, w: 420, h: 340, xTicks: 10, yTicks: 10},
-		{title: "zoom", x0: 80, x1: xMax, y0: 84, y1: 98, left: 580, top: 40, w: 420, h: 340, xTicks: 10, yTicks: 2},
+		{title: "zoom", x0: 80, x1: xMax, y0: 84, y1: 98, left: 600, top: 40, w: 420, h: 340, xTicks: 10, yTicks: 2},
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="1200" height="460" font-family="sans-serif" font-size="12">`+"\n")
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="1060" height="520" font-family="sans-serif" font-size="12">`+"\n")
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
 	colors := palette()
 	for _, p := range panels {
@@ -65,20 +65,25 @@ func WriteSVG(w io.Writer, sums []Summary, inflation float64) error {
 				p.left, colors[k%len(colors)], strings.Join(pts, " "))
 		}
 	}
-	// Legend with the values at 100 and 130 (or the last column).
+	// Legend, four entries a row, with the mean values at 100 and at the
+	// last column.
 	last := int(xMax)
+	fmt.Fprintf(&b, `<text x="70" y="452">mean of %d seeds, allocation at 100 / %d:</text>`+"\n", seedsOf(sums), last)
 	for k, s := range sums {
-		y := 410 + 0*k
-		x := 70 + 160*k
-		if k >= 6 {
-			x, y = 70+160*(k-6), 435
-		}
-		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="14" height="4" fill="%s"/>`, x, y-4, colors[k%len(colors)])
-		fmt.Fprintf(&b, `<text x="%d" y="%d">%s %.2f / %.2f</text>`+"\n", x+18, y, s.Policy, s.Alloc[100].Mean, at(s.MeanAlloc, last))
+		x, y := 70+240*(k%4), 474+22*(k/4)
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="18" height="4" fill="%s"/>`, x, y-5, colors[k%len(colors)])
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s %.2f / %.2f</text>`+"\n", x+24, y, s.Policy, s.Alloc[100].Mean, at(s.MeanAlloc, last))
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func seedsOf(sums []Summary) int {
+	if len(sums) == 0 {
+		return 0
+	}
+	return sums[0].Seeds
 }
 
 func at(xs []float64, i int) float64 {
