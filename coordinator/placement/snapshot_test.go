@@ -20,7 +20,8 @@ func views(s *Snapshot) []Node {
 	return out
 }
 
-var ignoreMeta = cmpopts.IgnoreFields(Node{}, "Labels", "Taints")
+// ignoreMeta leaves the descriptive fields out of node comparisons.
+func ignoreMeta() cmp.Option { return cmpopts.IgnoreFields(Node{}, "Labels", "Taints") }
 
 func TestGangPlacedVirtuallyAndRolledBack(t *testing.T) {
 	// Three nodes with two free GPUs each: a gang of four 2-GPU pods does
@@ -64,7 +65,7 @@ func TestGangPlacedVirtuallyAndRolledBack(t *testing.T) {
 	if !errors.Is(err, ErrUnschedulable) || placed != 3 {
 		t.Fatalf("gang of 4: placed %d, err %v; want 3 placed then ErrUnschedulable", placed, err)
 	}
-	if diff := cmp.Diff(before, views(s), ignoreMeta); diff != "" {
+	if diff := cmp.Diff(before, views(s), ignoreMeta()); diff != "" {
 		t.Errorf("after rollback (-before +after):\n%s", diff)
 	}
 	again, err := p.Place(s, &member)
@@ -191,7 +192,7 @@ func TestAssumeAndForget(t *testing.T) {
 				t.Errorf("error %v is not ErrConflict", gotErr)
 			}
 			if tc.forget != nil && !tc.wantErr {
-				if diff := cmp.Diff(before, views(s), ignoreMeta); diff != "" {
+				if diff := cmp.Diff(before, views(s), ignoreMeta()); diff != "" {
 					t.Errorf("assume then forget changed the node (-before +after):\n%s", diff)
 				}
 			}

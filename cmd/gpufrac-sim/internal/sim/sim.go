@@ -55,17 +55,18 @@ type Result struct {
 	Elapsed        time.Duration
 }
 
-// RunOne replays the seed's workload with one policy.
-func RunOne(spec *Spec, policy string, seed uint64) (*Result, error) {
+// RunOne replays the seed's workload with one policy. It stops early with
+// ctx's error when ctx ends.
+func RunOne(ctx context.Context, spec *Spec, policy string, seed uint64) (*Result, error) {
 	capacity := openb.CapacityMilli(spec.Nodes)
 	if capacity == 0 {
 		return nil, errors.New("running simulation: the cluster has no GPUs")
 	}
 	pods := openb.Workload(spec.Pods, capacity, spec.Inflation, seed)
-	return replay(spec, pods, policy, seed, capacity)
+	return replay(ctx, spec, pods, policy, seed, capacity)
 }
 
-func replay(spec *Spec, pods []openb.Pod, policy string, seed uint64, capacity int64) (*Result, error) {
+func replay(ctx context.Context, spec *Spec, pods []openb.Pod, policy string, seed uint64, capacity int64) (*Result, error) {
 	typical := placement.TypicalFromRequests(openb.Requests(spec.Pods), spec.Coverage)
 	start := time.Now()
 	snap, err := placement.NewSnapshot(openb.Nodes(spec.Nodes, openb.NodeOrder(len(spec.Nodes), seed)))
@@ -90,6 +91,9 @@ func replay(spec *Spec, pods []openb.Pod, policy string, seed uint64, capacity i
 	res := &Result{Policy: policy, Seed: seed, Capacity: capacity, Events: make([]Event, 0, len(pods))}
 	var arrived, allocated int64
 	for k := range pods {
+		if k%1024 == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("running %s seed %d: %w", policy, seed, ctx.Err())
+		}
 		r := pods[k].Request()
 		arrived += r.GPUMilli()
 		d, err := placer.Place(snap, &r)
@@ -166,7 +170,7 @@ func RunAll(ctx context.Context, spec *Spec, jobs []Job, workers int) ([]*Result
 		go func() {
 			defer wg.Done()
 			for j := range next {
-				results[j], errs[j] = RunOne(spec, jobs[j].Policy, jobs[j].Seed)
+				results[j], errs[j] = RunOne(ctx, spec, jobs[j].Policy, jobs[j].Seed)
 			}
 		}()
 	}

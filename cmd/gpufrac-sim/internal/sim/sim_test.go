@@ -83,7 +83,7 @@ func TestRunInvariantsOnSubsample(t *testing.T) {
 	spec := &Spec{Nodes: subNodes, Pods: subPods, Inflation: 1.3, Coverage: 0.95}
 	for _, policy := range []string{"random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "gpufrac", "binpack", "spread"} {
 		t.Run(policy, func(t *testing.T) {
-			r, err := RunOne(spec, policy, 42)
+			r, err := RunOne(t.Context(), spec, policy, 42)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -224,7 +224,7 @@ func BenchmarkOpenbRun(b *testing.B) {
 	for _, policy := range []string{"gpufrac", "fgd", "bestfit"} {
 		b.Run(policy, func(b *testing.B) {
 			for b.Loop() {
-				if _, err := RunOne(spec, policy, 42); err != nil {
+				if _, err := RunOne(b.Context(), spec, policy, 42); err != nil {
 					b.Fatal(err)
 				}
 			}
