@@ -80,4 +80,10 @@ const (
 	// ReasonInvalidRequest is the pod-condition reason of a pod whose request
 	// can never be admitted as written (bad fraction, missing queue label...).
 	ReasonInvalidRequest = "InvalidRequest"
+	// ReasonGangIncomplete is the pod-condition reason of a gang member
+	// waiting for the rest of its gang (min-member) before any is placed.
+	ReasonGangIncomplete = "GangIncomplete"
+	// ReasonNoCapacity is the pod-condition reason of admitted work with no
+	// room in the cluster now (placeholders ask Karpenter for capacity).
+	ReasonNoCapacity = "NoCapacity"
 )

@@ -18,15 +18,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
 )
 
 // The PodScheduled reasons the coordinator writes.
 const (
-	ReasonOverQuota      = "OverQuota"
-	ReasonOverLimit      = "OverLimit"
-	ReasonGangIncomplete = "GangIncomplete"
-	ReasonNoCapacity     = "NoCapacity"
-	ReasonInvalidRequest = "InvalidRequest"
+	ReasonOverQuota      = api.ReasonOverQuota
+	ReasonOverLimit      = api.ReasonOverLimit
+	ReasonGangIncomplete = api.ReasonGangIncomplete
+	ReasonNoCapacity     = api.ReasonNoCapacity
+	ReasonInvalidRequest = api.ReasonInvalidRequest
 	// reasonForbidden is what the coordinator must never write (see package doc).
 	reasonForbidden = corev1.PodReasonUnschedulable
 )

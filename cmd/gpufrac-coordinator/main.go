@@ -1,0 +1,78 @@
+// Command gpufrac-coordinator is gpufrac's GPU-aware secondary scheduler:
+// queues with quota and fair share, gangs, fragmentation-aware placement.
+package main
+
+import (
+	"context"
+	"flag"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/app"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+)
+
+// version is stamped at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	klog.InitFlags(nil)
+	var cfg app.Config
+	var kubeconfig string
+	var seed uint64
+	s := &cfg.Scheduler
+	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", ":8080", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader on a Lease so only one replica schedules")
+	flag.StringVar(&cfg.LeaseNamespace, "lease-namespace", api.SystemNamespace, "namespace of the leader-election Lease")
+	flag.StringVar(&cfg.LeaseName, "lease-name", "gpufrac-coordinator", "name of the leader-election Lease")
+	flag.StringVar(&cfg.Identity, "identity", os.Getenv("POD_NAME"), "this replica's identity in the Lease (default hostname_pid)")
+	flag.DurationVar(&cfg.LeaseDuration, "lease-duration", 15*time.Second, "leader-election lease duration")
+	flag.DurationVar(&cfg.RenewDeadline, "renew-deadline", 10*time.Second, "leader-election renew deadline")
+	flag.DurationVar(&cfg.RetryPeriod, "retry-period", 2*time.Second, "leader-election retry period")
+	flag.StringVar(&s.SchedulerName, "scheduler-name", api.SchedulerName, "schedulerName of the pods to schedule")
+	flag.StringVar(&s.PoolLabel, "pool-label", api.LabelNodePool, "node label that groups nodes into pools (gangs stay in one)")
+	flag.StringVar(&s.Policy, "policy", placement.DefaultPolicy, "placement policy")
+	flag.Uint64Var(&seed, "seed", 1, "seed of the placement policy's random choices")
+	flag.IntVar(&s.BindWorkers, "bind-workers", 16, "bindings in flight at once")
+	var npPrio int
+	flag.IntVar(&npPrio, "non-preemptible-priority", 1000000, "pods with this priority or higher are non-preemptible")
+	flag.Parse()
+	s.Seed = seed
+	s.NonPreemptiblePriority = int32(npPrio)
+	cfg.Version = version
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx = klog.NewContext(ctx, klog.Background())
+	if err := run(ctx, cfg, kubeconfig); err != nil {
+		klog.ErrorS(err, "gpufrac-coordinator failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	klog.Flush()
+}
+
+func run(ctx context.Context, cfg app.Config, kubeconfig string) error {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return err
+	}
+	a, err := app.New(cfg, rc)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}

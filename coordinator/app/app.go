@@ -1,0 +1,258 @@
+// Package app is gpufrac-coordinator's composition root: informers, leader
+// election, the scheduler and the metrics/probe server.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler"
+)
+
+// Config is the coordinator's configuration, filled from flags by main.
+type Config struct {
+	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables).
+	MetricsAddr string
+	// LeaderElect turns on leader election on a Lease.
+	LeaderElect bool
+	// LeaseNamespace and LeaseName name the Lease.
+	LeaseNamespace, LeaseName string
+	// Identity is this replica's identity in the Lease (default: hostname + pid).
+	Identity string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Scheduler configures the scheduling cycle.
+	Scheduler scheduler.Options
+	// Version is reported in gpufrac_build_info.
+	Version string
+}
+
+// App is a running coordinator.
+type App struct {
+	cfg     Config
+	rest    *rest.Config
+	client  kubernetes.Interface
+	dynamic dynamic.Interface
+	reg     *prometheus.Registry
+	leading atomic.Bool
+	synced  atomic.Bool
+	addr    atomic.Value
+}
+
+// New returns a coordinator talking to the API server of rc.
+func New(cfg Config, rc *rest.Config) (*App, error) {
+	rc = rest.CopyConfig(rc)
+	rc.UserAgent = "gpufrac-coordinator"
+	if rc.QPS == 0 {
+		// Binding is one request per pod plus one patch for fractions: allow
+		// bursts like kube-scheduler's defaults do (50 QPS, 100 burst) and more.
+		rc.QPS, rc.Burst = 200, 400
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building dynamic client: %w", err)
+	}
+	if cfg.Identity == "" {
+		host, _ := os.Hostname()
+		cfg.Identity = fmt.Sprintf("%s_%d", host, os.Getpid())
+	}
+	return &App{cfg: cfg, rest: rc, client: client, dynamic: dyn, reg: prometheus.NewRegistry()}, nil
+}
+
+// Leading tells whether this replica holds the lease (always true without leader election).
+func (a *App) Leading() bool { return a.leading.Load() }
+
+// MetricsAddr is where the metrics server listens, once it does.
+func (a *App) MetricsAddr() string {
+	s, _ := a.addr.Load().(string)
+	return s
+}
+
+// Run serves probes and metrics at once, and schedules while leading, until
+// ctx ends. Losing the lease ends Run with an error, so the process restarts
+// and never schedules from a stale view (the client-go leader-election
+// example's advice: everything under the lease stops before it is released).
+func (a *App) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "gpufrac_build_info", Help: "Always 1; labels carry the gpufrac version and the Go version.",
+		ConstLabels: prometheus.Labels{"version": a.cfg.Version, "component": "gpufrac-coordinator"},
+	})
+	build.Set(1)
+	a.reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if a.cfg.MetricsAddr != "" {
+		if err := a.serve(ctx, &wg); err != nil {
+			return err
+		}
+	}
+	if !a.cfg.LeaderElect {
+		a.leading.Store(true)
+		return a.lead(ctx)
+	}
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, a.cfg.LeaseNamespace, a.cfg.LeaseName,
+		a.client.CoreV1(), a.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: a.cfg.Identity})
+	if err != nil {
+		return fmt.Errorf("creating lease lock: %w", err)
+	}
+	var leadErr error
+	lost := make(chan struct{})
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		ReleaseOnCancel: true,
+		LeaseDuration:   a.cfg.LeaseDuration,
+		RenewDeadline:   a.cfg.RenewDeadline,
+		RetryPeriod:     a.cfg.RetryPeriod,
+		Name:            a.cfg.LeaseName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				logger.Info("Started leading", "identity", a.cfg.Identity)
+				a.leading.Store(true)
+				leadErr = a.lead(lctx)
+			},
+			OnStoppedLeading: func() {
+				a.leading.Store(false)
+				close(lost)
+			},
+		},
+	})
+	select {
+	case <-lost:
+		if ctx.Err() == nil {
+			return fmt.Errorf("lost the lease %s/%s: %w", a.cfg.LeaseNamespace, a.cfg.LeaseName, errors.Join(leadErr, errors.New("leadership lost")))
+		}
+	default:
+	}
+	return leadErr
+}
+
+// lead runs informers and the scheduler until ctx ends.
+func (a *App) lead(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	factory := informers.NewSharedInformerFactory(a.client, 0)
+	podInf := factory.Core().V1().Pods()
+	nodeInf := factory.Core().V1().Nodes()
+	jobInf := factory.Batch().V1().Jobs()
+	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(a.dynamic, 0)
+	queueInf := dynFactory.ForResource(v1alpha1.QueueGVR())
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: api.SchedulerName})
+
+	bnd := binder.New(a.client, recorder)
+	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
+		Pods:  podInf.Lister(),
+		Nodes: nodeInf.Lister(),
+		Jobs: func(ns, name string) (*batchv1.Job, bool) {
+			j, err := jobInf.Lister().Jobs(ns).Get(name)
+			return j, err == nil
+		},
+		Queues:   scheduler.QueuesFromLister(queueInf.Lister()),
+		Binder:   bnd,
+		Evictor:  bnd,
+		Registry: a.reg,
+	})
+	if err != nil {
+		return err
+	}
+	wake := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { sched.Wake() },
+		UpdateFunc: func(_, _ any) { sched.Wake() },
+		DeleteFunc: func(any) { sched.Wake() },
+	}
+	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    sched.OnPod,
+		UpdateFunc: func(_, obj any) { sched.OnPod(obj) },
+		DeleteFunc: sched.OnPodDelete,
+	}); err != nil {
+		return fmt.Errorf("watching pods: %w", err)
+	}
+	if _, err := nodeInf.Informer().AddEventHandler(wake); err != nil {
+		return fmt.Errorf("watching nodes: %w", err)
+	}
+	if _, err := queueInf.Informer().AddEventHandler(wake); err != nil {
+		return fmt.Errorf("watching queues: %w", err)
+	}
+	factory.Start(ctx.Done())
+	dynFactory.Start(ctx.Done())
+	defer factory.Shutdown()
+	defer dynFactory.Shutdown()
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced) {
+		return fmt.Errorf("waiting for informers: %w", ctx.Err())
+	}
+	a.synced.Store(true)
+	logger.Info("Caches synced; scheduling", "scheduler", a.cfg.Scheduler.SchedulerName)
+	sched.Run(ctx)
+	return nil
+}
+
+func (a *App) serve(ctx context.Context, wg *sync.WaitGroup) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	// Ready when caches are synced as leader, or when standing by: a standby
+	// replica is healthy, it simply waits for the lease.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if a.leading.Load() && !a.synced.Load() {
+			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	lis, err := net.Listen("tcp", a.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listening for metrics on %s: %w", a.cfg.MetricsAddr, err)
+	}
+	a.addr.Store(lis.Addr().String())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "Metrics server stopped")
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return nil
+}

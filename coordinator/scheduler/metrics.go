@@ -1,0 +1,60 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	cycleDuration prometheus.Histogram
+	pending       *prometheus.GaugeVec
+	bindings      *prometheus.CounterVec
+	bindDuration  prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		cycleDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gpufrac_scheduling_cycle_duration_seconds",
+			Help:    "Time of one scheduling cycle: snapshot, admission, placement of every pending pod.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpufrac_pending_pods",
+			Help: "Pods left pending by the last cycle, by reason: OverQuota, OverLimit, GangIncomplete, NoCapacity, InvalidRequest.",
+		}, []string{"reason"}),
+		bindings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpufrac_bindings_total",
+			Help: "Pod bindings attempted, by result (\"success\" or \"error\").",
+		}, []string{"result"}),
+		bindDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gpufrac_binding_duration_seconds",
+			Help:    "Time to annotate and bind one pod.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.bindings, m.bindDuration} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) cycle(d time.Duration, r Result) {
+	m.cycleDuration.Observe(d.Seconds())
+	m.pending.Reset()
+	for reason, n := range r.Pending {
+		m.pending.WithLabelValues(reason).Set(float64(n))
+	}
+}
+
+func (m *metrics) bind(err error, d time.Duration) {
+	result := "success"
+	if err != nil {
+		result = "error"
+	}
+	m.bindings.WithLabelValues(result).Inc()
+	m.bindDuration.Observe(d.Seconds())
+}

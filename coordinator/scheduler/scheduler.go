@@ -1,0 +1,456 @@
+// Package scheduler is the coordinator's scheduling cycle: it takes the
+// pending pods of gpufrac-scheduler, decides who runs (queues with quota and
+// fair share, gangs all-or-nothing inside one node pool) and where
+// (coordinator/placement on a snapshot of the cluster), then binds through
+// the binder. Pods that stay pending get a PodScheduled reason that says why
+// - never "Unschedulable".
+//
+// Every cycle rebuilds its snapshot from the informers plus the pods it is
+// still binding (assumed), so a restarted coordinator resumes from what the
+// API server says: bound pods and their annotations.
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// Options configure the scheduler.
+type Options struct {
+	// SchedulerName is the schedulerName of the pods it schedules.
+	SchedulerName string
+	// PoolLabel is the node label that groups nodes into pools.
+	PoolLabel string
+	// Policy is the placement policy (placement.Policies()).
+	Policy string
+	// Seed seeds the placement policy's random choices.
+	Seed uint64
+	// BindWorkers is how many bindings run at once.
+	BindWorkers int
+	// NonPreemptiblePriority: pods at or above it are non-preemptible.
+	NonPreemptiblePriority int32
+	// MaxGPUsPerPod bounds nvidia.com/gpu per pod (one node's GPUs).
+	MaxGPUsPerPod int
+	// Interval is the longest wait between cycles.
+	Interval time.Duration
+}
+
+// Binder writes bindings and pending reasons.
+type Binder interface {
+	Bind(ctx context.Context, pod *corev1.Pod, node string, annotations map[string]string) error
+	MarkPending(ctx context.Context, pod *corev1.Pod, reason, message string) error
+}
+
+// Deps are the scheduler's collaborators.
+type Deps struct {
+	Pods  corelisters.PodLister
+	Nodes corelisters.NodeLister
+	// Jobs finds a pod's owning batch/v1 Job (gangs derived from parallelism); may be nil.
+	Jobs   func(namespace, name string) (*batchv1.Job, bool)
+	Queues QueueSource
+	Binder Binder
+	// Evictor evicts pods to reclaim quota; nil disables reclaim.
+	Evictor  Evictor
+	Registry prometheus.Registerer
+}
+
+// Scheduler runs scheduling cycles. Wake, OnPod and OnPodDelete are safe
+// from informer handlers; Cycle runs on one goroutine.
+type Scheduler struct {
+	opts    Options
+	deps    Deps
+	placer  *placement.Placer
+	metrics *metrics
+	wake    chan struct{}
+	binds   chan bindTask
+
+	mu         sync.Mutex
+	assumed    map[types.UID]assumedPod      // pods being bound -> where
+	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it
+
+	models []string // GPU products in the cluster, set at the start of each cycle
+}
+
+type assumedPod struct {
+	state.Assumed
+	since time.Time
+}
+
+type bindTask struct {
+	pod         *corev1.Pod
+	node        string
+	annotations map[string]string
+}
+
+// New returns a scheduler.
+func New(o Options, d Deps) (*Scheduler, error) {
+	if o.SchedulerName == "" {
+		o.SchedulerName = api.SchedulerName
+	}
+	if o.PoolLabel == "" {
+		o.PoolLabel = api.LabelNodePool
+	}
+	if o.Policy == "" {
+		o.Policy = placement.DefaultPolicy
+	}
+	if o.BindWorkers <= 0 {
+		o.BindWorkers = 16
+	}
+	if o.MaxGPUsPerPod <= 0 {
+		o.MaxGPUsPerPod = 8
+	}
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	p, err := placement.New(o.Policy, placement.Options{Seed: o.Seed})
+	if err != nil {
+		return nil, err
+	}
+	if d.Registry == nil {
+		d.Registry = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Scheduler{
+		opts: o, deps: d, placer: p, metrics: m,
+		wake:       make(chan struct{}, 1),
+		binds:      make(chan bindTask, 4096),
+		assumed:    map[types.UID]assumedPod{},
+		reclaiming: map[string]map[types.UID]bool{},
+	}, nil
+}
+
+// Wake asks for a cycle soon.
+func (s *Scheduler) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// OnPod is the pod informer's add/update handler: a pod that shows up bound
+// is no longer assumed.
+func (s *Scheduler) OnPod(obj any) {
+	if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+		s.mu.Lock()
+		delete(s.assumed, p.UID)
+		s.mu.Unlock()
+	}
+	s.Wake()
+}
+
+// OnPodDelete is the pod informer's delete handler.
+func (s *Scheduler) OnPodDelete(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if p, ok := obj.(*corev1.Pod); ok {
+		s.mu.Lock()
+		delete(s.assumed, p.UID)
+		s.mu.Unlock()
+	}
+	s.Wake()
+}
+
+// Run runs cycles until ctx ends: after every wake-up, at least every
+// Options.Interval. Bindings run on BindWorkers goroutines.
+func (s *Scheduler) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for i := 0; i < s.opts.BindWorkers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.bindLoop(ctx)
+		}()
+	}
+	defer wg.Wait()
+	t := time.NewTicker(s.opts.Interval)
+	defer t.Stop()
+	for {
+		if _, err := s.Cycle(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Scheduling cycle failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+			// Batch the burst of informer events behind this wake-up.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Scheduler) bindLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-s.binds:
+			start := time.Now()
+			err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
+			s.metrics.bind(err, time.Since(start))
+			if err != nil {
+				klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
+				s.mu.Lock()
+				delete(s.assumed, t.pod.UID)
+				s.mu.Unlock()
+				s.Wake()
+			}
+		}
+	}
+}
+
+// Result summarises one cycle.
+type Result struct {
+	// Bound is the number of pods sent to binding.
+	Bound int
+	// Pending counts pods left pending, by reason.
+	Pending map[string]int
+}
+
+// Cycle runs one scheduling cycle.
+func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+	res := Result{Pending: map[string]int{}}
+
+	// 1. Read the world: nodes, pods, queues, and what is being bound.
+	nodes, err := s.deps.Nodes.List(labels.Everything())
+	if err != nil {
+		return res, fmt.Errorf("listing nodes: %w", err)
+	}
+	pods, err := s.deps.Pods.List(labels.Everything())
+	if err != nil {
+		return res, fmt.Errorf("listing pods: %w", err)
+	}
+	queues, err := s.deps.Queues.Queues()
+	if err != nil {
+		return res, fmt.Errorf("listing queues: %w", err)
+	}
+	s.models = productsOf(nodes)
+	s.mu.Lock()
+	assumed := make(map[types.UID]state.Assumed, len(s.assumed))
+	for uid, a := range s.assumed {
+		assumed[uid] = a.Assumed
+	}
+	s.mu.Unlock()
+
+	// 2. Snapshot the cluster and the queues' usage.
+	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel}
+	snap, err := state.Build(inputs)
+	if err != nil {
+		return res, err
+	}
+	books, err := newBooks(queues, snap)
+	if err != nil {
+		return res, err
+	}
+
+	// 3. Collect the pending pods into workloads (gangs and single pods).
+	var pending []*corev1.Pod
+	for _, p := range pods {
+		if _, busy := assumed[p.UID]; busy {
+			continue
+		}
+		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName {
+			pending = append(pending, p)
+		}
+	}
+	workloads, invalid := s.group(pending, pods, assumed, books)
+	for _, iv := range invalid {
+		s.markPending(ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &res)
+	}
+	books.chargeBound(pods, assumed, s.parse)
+	books.demand(workloads)
+
+	// 4. Order: queues by dominant share, then priority, then age.
+	sortWorkloads(workloads, books)
+
+	// 5. Admit and place, workload by workload.
+	for _, w := range workloads {
+		if w.incomplete != "" {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, w.incomplete, &res)
+			}
+			continue
+		}
+		verdict := books.check(w)
+		if !verdict.allowed {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, verdict.reason, verdict.message, &res)
+			}
+			continue
+		}
+		decisions, placeErr := s.place(snap, w)
+		if placeErr != nil {
+			reason, msg := binder.ReasonNoCapacity, placeErr.Error()
+			if verdict.overQuota {
+				// Beyond deserved quota: wait for free capacity, never ask for more.
+				reason = binder.ReasonOverQuota
+				msg = fmt.Sprintf("queue %s is over its deserved quota and the cluster has no free capacity for this pod: %s", w.queue, placeErr)
+			} else if m := s.reclaim(ctx, w, books, inputs); m != "" {
+				msg = m
+			}
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, reason, msg, &res)
+			}
+			continue
+		}
+		books.assume(w)
+		s.bind(ctx, w, decisions, snap)
+		res.Bound += len(w.pods)
+	}
+
+	// 6. Report.
+	s.metrics.cycle(time.Since(start), res)
+	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", time.Since(start))
+	return res, nil
+}
+
+func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {
+	res.Pending[reason]++
+	if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
+		klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
+	}
+}
+
+// place puts every pending pod of w on snap, all or nothing. A gang stays in
+// one node pool: the pool of its members already bound, else the first pool
+// (by name) where it fits whole.
+func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decision, error) {
+	pools := []string{""}
+	if w.gang {
+		pools = w.candidatePools(snap)
+	}
+	var lastErr error
+	for _, pool := range pools {
+		cp := snap.Checkpoint()
+		ds, err := s.placeAll(snap, w, pool)
+		if err == nil {
+			if err := snap.Commit(cp); err != nil {
+				return nil, err
+			}
+			return ds, nil
+		}
+		if rbErr := snap.Rollback(cp); rbErr != nil {
+			return nil, rbErr
+		}
+		lastErr = err
+	}
+	if lastErr == nil {
+		lastErr = fmt.Errorf("no node pool can hold the gang")
+	}
+	return nil, lastErr
+}
+
+func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]placement.Decision, error) {
+	ds := make([]placement.Decision, 0, len(w.pods))
+	for i := range w.pods {
+		r := w.pods[i].req
+		if pool != "" {
+			c := placement.Constraints{}
+			if r.Constraints != nil {
+				c = *r.Constraints
+			}
+			c.Pool = pool
+			r.Constraints = &c
+		}
+		d, err := s.placeOne(snap, &r)
+		if err != nil {
+			if w.gang {
+				return nil, fmt.Errorf("gang %s (%d pods) does not fit%s: pod %s: %w", w.key, len(w.pods), inPool(pool), w.pods[i].pod.Name, err)
+			}
+			return nil, err
+		}
+		if err := snap.Assume(&r, d); err != nil {
+			return nil, err
+		}
+		ds = append(ds, d)
+	}
+	return ds, nil
+}
+
+// placeOne places r, keeping fractions off nodes whose GPUs have no known
+// UUIDs or are not in fraction mode.
+func (s *Scheduler) placeOne(snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
+	if r.ShareMilli == 0 || len(snap.NoFraction) == 0 {
+		return s.placer.Place(snap.Snapshot, r)
+	}
+	return s.placer.Place(snap.Snapshot, withExcludedNodes(r, snap.NoFraction))
+}
+
+func inPool(pool string) string {
+	if pool == "" {
+		return ""
+	}
+	return " in node pool " + pool
+}
+
+// bind records the assumption and queues the bindings.
+func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot) {
+	now := time.Now()
+	s.mu.Lock()
+	for i, d := range ds {
+		gpu := ""
+		if w.pods[i].req.ShareMilli > 0 && len(d.GPUs) == 1 {
+			gpu = d.GPUs[0]
+		}
+		s.assumed[w.pods[i].pod.UID] = assumedPod{Assumed: state.Assumed{Node: d.Node, GPU: gpu}, since: now}
+	}
+	s.mu.Unlock()
+	for i, d := range ds {
+		p := w.pods[i]
+		ann := map[string]string{}
+		if p.req.ShareMilli > 0 && len(d.GPUs) == 1 {
+			ann[api.AnnotationGPU] = d.GPUs[0]
+		}
+		if p.nonPreemptible {
+			// Karpenter must not disrupt the node of non-preemptible work.
+			ann[api.AnnotationDoNotDisrupt] = "true"
+		}
+		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
+		s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann}
+	}
+}
+
+// sortWorkloads orders workloads: queue order first, then priority, then age.
+func sortWorkloads(ws []*workload, b *books) {
+	rank := b.queueRank()
+	sort.SliceStable(ws, func(i, j int) bool {
+		a, c := ws[i], ws[j]
+		if ra, rc := rank[a.queue], rank[c.queue]; ra != rc {
+			return ra < rc
+		}
+		if a.priority != c.priority {
+			return a.priority > c.priority
+		}
+		if !a.created.Equal(c.created) {
+			return a.created.Before(c.created)
+		}
+		return a.key < c.key
+	})
+}

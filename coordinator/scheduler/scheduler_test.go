@@ -1,0 +1,365 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// fakeBinder records bindings, pending reasons and evictions.
+type fakeBinder struct {
+	mu      sync.Mutex
+	bound   map[string]string            // pod -> node
+	ann     map[string]map[string]string // pod -> annotations written at bind
+	reasons map[string]string            // pod -> last pending reason
+	msgs    map[string]string            // pod -> last pending message
+	evicted []string
+}
+
+func newFakeBinder() *fakeBinder {
+	return &fakeBinder{bound: map[string]string{}, ann: map[string]map[string]string{}, reasons: map[string]string{}, msgs: map[string]string{}}
+}
+
+func (f *fakeBinder) Bind(_ context.Context, p *corev1.Pod, node string, ann map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bound[p.Name] = node
+	f.ann[p.Name] = ann
+	return nil
+}
+
+func (f *fakeBinder) MarkPending(_ context.Context, p *corev1.Pod, reason, msg string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if reason == corev1.PodReasonUnschedulable {
+		return fmt.Errorf("wrote Unschedulable")
+	}
+	f.reasons[p.Name] = reason
+	f.msgs[p.Name] = msg
+	return nil
+}
+
+func (f *fakeBinder) Evict(_ context.Context, p *corev1.Pod, _ string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.evicted = append(f.evicted, p.Name)
+	return nil
+}
+
+type staticQueues []*v1alpha1.Queue
+
+func (s staticQueues) Queues() ([]*v1alpha1.Queue, error) { return s, nil }
+
+// cluster is a scheduler over fixed objects, bindings applied in memory.
+type cluster struct {
+	t      *testing.T
+	s      *Scheduler
+	b      *fakeBinder
+	pods   cache.Indexer
+	nodes  cache.Indexer
+	policy string
+}
+
+func newCluster(t *testing.T, policy string, nodes []*corev1.Node, queues []*v1alpha1.Queue, pods ...*corev1.Pod) *cluster {
+	t.Helper()
+	c := &cluster{t: t, b: newFakeBinder(),
+		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+	}
+	for _, n := range nodes {
+		_ = c.nodes.Add(n)
+	}
+	for _, p := range pods {
+		_ = c.pods.Add(p)
+	}
+	s, err := New(Options{Policy: policy, BindWorkers: 1}, Deps{
+		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
+		Queues: staticQueues(queues), Binder: c.b, Evictor: c.b,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.s = s
+	return c
+}
+
+// cycle runs one cycle, then applies the queued bindings to the pods, as the
+// API server and informers would.
+func (c *cluster) cycle() Result {
+	c.t.Helper()
+	res, err := c.s.Cycle(c.t.Context())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for {
+		select {
+		case task := <-c.s.binds:
+			if err := c.b.Bind(c.t.Context(), task.pod, task.node, task.annotations); err != nil {
+				c.t.Fatal(err)
+			}
+			p := task.pod.DeepCopy()
+			p.Spec.NodeName = task.node
+			if p.Annotations == nil {
+				p.Annotations = map[string]string{}
+			}
+			for k, v := range task.annotations {
+				p.Annotations[k] = v
+			}
+			_ = c.pods.Update(p)
+			c.s.OnPod(p)
+		default:
+			return res
+		}
+	}
+}
+
+func (c *cluster) boundTo(pod string) string {
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	return c.b.bound[pod]
+}
+
+func (c *cluster) reason(pod string) string {
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	return c.b.reasons[pod]
+}
+
+// h100Node is a Ready node with n GPUs published in fraction mode.
+func h100Node(name, pool string, n int) *corev1.Node {
+	node := builders.MakeNode(name).GPUs(n).FractionUnits(n * 100).CPU("128").Memory("1Ti").Pool(pool).Product("NVIDIA-H100-80GB-HBM3").Obj()
+	inv := make([]api.GPUInfo, n)
+	for i := range inv {
+		inv[i] = api.GPUInfo{UUID: fmt.Sprintf("GPU-%s-%d", name, i), Index: i, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Mode: "fraction", Healthy: true}
+	}
+	s, _ := api.EncodeInventory(inv)
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[api.AnnotationGPUInventory] = s
+	return node
+}
+
+func queueOf(name, gpus string) *v1alpha1.Queue {
+	return builders.MakeQueue(name).GPUQuota(gpus).Obj()
+}
+
+func gpuPod(name, queue string, n int) *corev1.Pod {
+	return builders.MakePod(name, "default").Queue(queue).GPUs(n).CPU("1").UID(name).Obj()
+}
+
+func fracPod(name, queue string, pct int) *corev1.Pod {
+	return builders.MakePod(name, "default").Queue(queue).Fraction(pct).CPU("1").UID(name).Obj()
+}
+
+func TestFractionsGetAGPUAndNeverOverlap(t *testing.T) {
+	c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		fracPod("sixty-a", "q", 60), fracPod("sixty-b", "q", 60), fracPod("thirty", "q", 30), fracPod("ten", "q", 10))
+	c.cycle()
+	gpu := map[string]string{}
+	for _, p := range []string{"sixty-a", "sixty-b", "thirty", "ten"} {
+		if c.boundTo(p) != "n1" {
+			t.Fatalf("%s bound to %q (reason %s: %s)", p, c.boundTo(p), c.reason(p), c.b.msgs[p])
+		}
+		gpu[p] = c.b.ann[p][api.AnnotationGPU]
+		if !strings.HasPrefix(gpu[p], "GPU-n1-") {
+			t.Fatalf("%s annotated gpu %q", p, gpu[p])
+		}
+	}
+	if gpu["sixty-a"] == gpu["sixty-b"] {
+		t.Errorf("two 60%% fractions share %s", gpu["sixty-a"])
+	}
+	used := map[string]int{}
+	for p, g := range gpu {
+		used[g] += map[string]int{"sixty-a": 60, "sixty-b": 60, "thirty": 30, "ten": 10}[p]
+	}
+	for g, u := range used {
+		if u > 100 {
+			t.Errorf("GPU %s over-committed: %d%%", g, u)
+		}
+	}
+}
+
+func TestTenTensFillOneGPUUnderBinpack(t *testing.T) {
+	var pods []*corev1.Pod
+	for i := 0; i < 10; i++ {
+		pods = append(pods, fracPod(fmt.Sprintf("ten-%d", i), "q", 10))
+	}
+	c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, pods...)
+	c.cycle()
+	gpus := map[string]bool{}
+	for _, p := range pods {
+		gpus[c.b.ann[p.Name][api.AnnotationGPU]] = true
+	}
+	if len(gpus) != 1 {
+		t.Errorf("ten 10%% fractions used %d GPUs, want 1: %v", len(gpus), gpus)
+	}
+}
+
+func TestOverQuotaIsNeverUnschedulable(t *testing.T) {
+	// One 4-GPU node, queue deserves 2 GPUs; a second queue deserves the rest.
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)},
+		[]*v1alpha1.Queue{queueOf("small", "2"), queueOf("other", "2")},
+		gpuPod("p1", "small", 2), gpuPod("p2", "small", 2), gpuPod("p3", "small", 2))
+	c.cycle()
+	if c.boundTo("p1") == "" {
+		t.Fatalf("p1 within quota not bound: %s", c.b.msgs["p1"])
+	}
+	// p2 borrows the idle queue's share (preemptible, within fair share); p3 has no room at all.
+	if r := c.reason("p3"); r != api.ReasonOverQuota && r != api.ReasonOverLimit {
+		t.Errorf("p3 reason %q (%s), want OverQuota", r, c.b.msgs["p3"])
+	}
+	for p, r := range c.b.reasons {
+		if r == corev1.PodReasonUnschedulable || r == api.ReasonNoCapacity && p == "p3" {
+			t.Errorf("%s got reason %s", p, r)
+		}
+	}
+}
+
+func TestGangAllOrNothingInOnePool(t *testing.T) {
+	nodes := []*corev1.Node{
+		h100Node("a1", "pool-a", 4), h100Node("a2", "pool-a", 4), h100Node("a3", "pool-a", 4), h100Node("a4", "pool-a", 4),
+		h100Node("b1", "pool-b", 8), h100Node("b2", "pool-b", 4),
+	}
+	var gang []*corev1.Pod
+	for i := 0; i < 16; i++ {
+		gang = append(gang, builders.MakePod(fmt.Sprintf("g-%02d", i), "default").Queue("q").GPUs(1).CPU("1").
+			PodGroup("train").MinMember(16).UID(fmt.Sprintf("g-%02d", i)).Obj())
+	}
+	c := newCluster(t, "", nodes, []*v1alpha1.Queue{queueOf("q", "32")}, gang...)
+	c.cycle()
+	pools := map[string]bool{}
+	for _, p := range gang {
+		n := c.boundTo(p.Name)
+		if n == "" {
+			t.Fatalf("%s not bound: %s %s", p.Name, c.reason(p.Name), c.b.msgs[p.Name])
+		}
+		pools[n[:1]] = true
+	}
+	if len(pools) != 1 || !pools["a"] {
+		t.Errorf("gang spread over pools %v, want only pool-a (the only one with 16 GPUs)", pools)
+	}
+}
+
+func TestGangTooBigBindsNothing(t *testing.T) {
+	var gang []*corev1.Pod
+	for i := 0; i < 6; i++ {
+		gang = append(gang, builders.MakePod(fmt.Sprintf("g-%d", i), "default").Queue("q").GPUs(1).
+			PodGroup("big").MinMember(6).UID(fmt.Sprintf("g-%d", i)).Obj())
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 4), h100Node("b1", "b", 4)}, []*v1alpha1.Queue{queueOf("q", "8")}, gang...)
+	c.cycle()
+	for _, p := range gang {
+		if n := c.boundTo(p.Name); n != "" {
+			t.Errorf("%s bound to %s although the gang fits no single pool", p.Name, n)
+		}
+		if r := c.reason(p.Name); r != api.ReasonNoCapacity {
+			t.Errorf("%s reason %q, want NoCapacity", p.Name, r)
+		}
+	}
+}
+
+func TestIncompleteGangWaits(t *testing.T) {
+	var gang []*corev1.Pod
+	for i := 0; i < 3; i++ {
+		gang = append(gang, builders.MakePod(fmt.Sprintf("g-%d", i), "default").Queue("q").GPUs(1).
+			PodGroup("g").MinMember(4).UID(fmt.Sprintf("g-%d", i)).Obj())
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, gang...)
+	c.cycle()
+	for _, p := range gang {
+		if c.boundTo(p.Name) != "" || c.reason(p.Name) != api.ReasonGangIncomplete {
+			t.Errorf("%s bound=%q reason=%q, want pending GangIncomplete", p.Name, c.boundTo(p.Name), c.reason(p.Name))
+		}
+	}
+	// The fourth member arrives: the whole gang binds.
+	last := builders.MakePod("g-3", "default").Queue("q").GPUs(1).PodGroup("g").MinMember(4).UID("g-3").Obj()
+	_ = c.pods.Add(last)
+	c.cycle()
+	for _, n := range []string{"g-0", "g-1", "g-2", "g-3"} {
+		if c.boundTo(n) == "" {
+			t.Errorf("%s not bound once the gang is complete", n)
+		}
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		builders.MakePod("no-queue", "default").GPUs(1).UID("no-queue").Obj(),
+		builders.MakePod("unknown-queue", "default").Queue("nope").GPUs(1).UID("unknown-queue").Obj(),
+		builders.MakePod("too-big", "default").Queue("q").Fraction(150).UID("too-big").Obj(),
+		builders.MakePod("both", "default").Queue("q").Fraction(30).GPUs(1).UID("both").Obj(),
+		builders.MakePod("env", "default").Queue("q").GPUs(1).Env(api.EnvVisibleDevices, "all").UID("env").Obj(),
+	)
+	c.cycle()
+	for _, p := range []string{"no-queue", "unknown-queue", "too-big", "both", "env"} {
+		if c.boundTo(p) != "" || c.reason(p) != api.ReasonInvalidRequest || c.b.msgs[p] == "" {
+			t.Errorf("%s: bound=%q reason=%q msg=%q, want InvalidRequest with a message", p, c.boundTo(p), c.reason(p), c.b.msgs[p])
+		}
+	}
+}
+
+func TestNonPreemptibleGetsDoNotDisrupt(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		builders.MakePod("np", "default").Queue("q").GPUs(1).Preemptible(false).UID("np").Obj(),
+		builders.MakePod("p", "default").Queue("q").GPUs(1).UID("p").Obj())
+	c.cycle()
+	if got := c.b.ann["np"][api.AnnotationDoNotDisrupt]; got != "true" {
+		t.Errorf("non-preemptible pod annotations %v, want do-not-disrupt", c.b.ann["np"])
+	}
+	if _, set := c.b.ann["p"][api.AnnotationDoNotDisrupt]; set {
+		t.Errorf("preemptible pod got do-not-disrupt")
+	}
+}
+
+func TestReclaimReturnsAStarvedQueueItsQuota(t *testing.T) {
+	// team-b borrowed all 4 GPUs while team-a was idle; team-a (deserves 2) now asks for 2.
+	var pods []*corev1.Pod
+	for i := 0; i < 4; i++ {
+		p := gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1)
+		p.Spec.NodeName = "n1"
+		p.Status.Phase = corev1.PodRunning
+		pods = append(pods, p)
+	}
+	pods = append(pods, gpuPod("a-0", "team-a", 2))
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
+	c.cycle()
+	sort.Strings(c.b.evicted)
+	if len(c.b.evicted) != 2 {
+		t.Fatalf("evicted %v, want two team-b pods", c.b.evicted)
+	}
+	for _, e := range c.b.evicted {
+		if !strings.HasPrefix(e, "b-") {
+			t.Errorf("evicted %s, not a team-b pod", e)
+		}
+	}
+	if r := c.reason("a-0"); r != api.ReasonNoCapacity || !strings.Contains(c.b.msgs["a-0"], "reclaiming") {
+		t.Errorf("a-0 reason %q msg %q", r, c.b.msgs["a-0"])
+	}
+	// While victims run, nothing more is evicted.
+	c.cycle()
+	if len(c.b.evicted) != 2 {
+		t.Errorf("second cycle evicted more: %v", c.b.evicted)
+	}
+	// Victims gone: team-a's pod binds.
+	for _, e := range c.b.evicted {
+		obj, _, _ := c.pods.GetByKey("default/" + e)
+		_ = c.pods.Delete(obj)
+		c.s.OnPodDelete(obj)
+	}
+	c.cycle()
+	if c.boundTo("a-0") != "n1" {
+		t.Errorf("a-0 not bound after reclaim: %s %s", c.reason("a-0"), c.b.msgs["a-0"])
+	}
+}

@@ -1,0 +1,184 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// podInfo is one pending pod, parsed.
+type podInfo struct {
+	pod            *corev1.Pod
+	req            placement.Request
+	queue          string
+	group          string // "" for a single pod
+	minMember      int
+	nonPreemptible bool
+	priority       int32
+	res            queue.Resources
+}
+
+// workload is what is admitted all or nothing: a gang's pending members, or one pod.
+type workload struct {
+	key            string
+	queue          string
+	gang           bool
+	pods           []podInfo
+	priority       int32
+	nonPreemptible bool
+	created        time.Time
+	// pool is the node pool of members already bound ("" if none or no gang).
+	pool string
+	// incomplete explains why a gang waits for members ("" when complete).
+	incomplete string
+}
+
+func (w *workload) resources() queue.Resources {
+	var r queue.Resources
+	for _, p := range w.pods {
+		r = r.Add(p.res)
+	}
+	return r
+}
+
+// candidatePools lists the pools a gang may go to: the pool of its bound
+// members, else every pool in the snapshot, sorted by name (nodes without the
+// pool label form the pool "").
+func (w *workload) candidatePools(snap *state.Snapshot) []string {
+	if w.pool != "" {
+		return []string{w.pool}
+	}
+	seen := map[string]bool{}
+	var pools []string
+	for i := 0; i < snap.Len(); i++ {
+		p := snap.Node(i).Pool
+		if !seen[p] {
+			seen[p] = true
+			pools = append(pools, p)
+		}
+	}
+	sort.Strings(pools)
+	for i, p := range pools {
+		if p == "" { // the implicit pool of unlabelled nodes goes last
+			pools = append(append(pools[:i:i], pools[i+1:]...), "")
+			break
+		}
+	}
+	return pools
+}
+
+type invalidPod struct {
+	pod     *corev1.Pod
+	message string
+}
+
+// group parses pending pods and gathers them into workloads. Gang members
+// already bound (or being bound) count toward min-member and pin the pool.
+func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]*workload, []invalidPod) {
+	var invalid []invalidPod
+	byKey := map[string]*workload{}
+	var order []string
+	for _, p := range pending {
+		pi, err := s.parse(p)
+		if errors.Is(err, podrequest.ErrJobNotFound) {
+			continue // the Job is not in the cache yet: try again next cycle
+		}
+		if err == nil {
+			err = b.validQueue(pi.queue)
+		}
+		if err != nil {
+			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})
+			continue
+		}
+		key := p.Namespace + "/" + p.Name
+		if pi.group != "" {
+			key = p.Namespace + "/" + pi.group
+		}
+		w := byKey[key]
+		if w == nil {
+			w = &workload{key: key, queue: pi.queue, gang: pi.group != "", priority: pi.priority, created: p.CreationTimestamp.Time}
+			byKey[key] = w
+			order = append(order, key)
+		}
+		w.pods = append(w.pods, pi)
+		w.nonPreemptible = w.nonPreemptible || pi.nonPreemptible
+		if pi.priority > w.priority {
+			w.priority = pi.priority
+		}
+		if p.CreationTimestamp.Time.Before(w.created) {
+			w.created = p.CreationTimestamp.Time
+		}
+	}
+
+	// Gangs: count members already placed; check min-member and queue agreement.
+	bound := map[string]int{}
+	boundPool := map[string]string{}
+	nodes := map[string]string{} // node -> pool, filled lazily
+	for _, p := range all {
+		if p.Spec.SchedulerName != s.opts.SchedulerName || state.Terminal(p) {
+			continue
+		}
+		node := p.Spec.NodeName
+		if a, ok := assumed[p.UID]; ok && node == "" {
+			node = a.Node
+		}
+		if node == "" {
+			continue
+		}
+		pi, err := s.parse(p)
+		if err != nil || pi.group == "" {
+			continue
+		}
+		key := p.Namespace + "/" + pi.group
+		bound[key]++
+		if _, ok := nodes[node]; !ok {
+			nodes[node] = s.poolOf(node)
+		}
+		boundPool[key] = nodes[node]
+	}
+	ws := make([]*workload, 0, len(order))
+	for _, key := range order {
+		w := byKey[key]
+		if w.gang {
+			w.pool = boundPool[key]
+			min := 0
+			for _, p := range w.pods {
+				if p.minMember > min {
+					min = p.minMember
+				}
+				if p.queue != w.queue {
+					for _, q := range w.pods {
+						invalid = append(invalid, invalidPod{pod: q.pod, message: fmt.Sprintf("gang %s mixes queues %s and %s: all members must use one queue", key, w.queue, p.queue)})
+					}
+					w = nil
+					break
+				}
+			}
+			if w == nil {
+				continue
+			}
+			if have := len(w.pods) + bound[key]; have < min {
+				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), bound[key])
+			}
+		}
+		ws = append(ws, w)
+	}
+	return ws, invalid
+}
+
+func (s *Scheduler) poolOf(node string) string {
+	n, err := s.deps.Nodes.Get(node)
+	if err != nil {
+		return ""
+	}
+	return n.Labels[s.opts.PoolLabel]
+}
