@@ -185,6 +185,7 @@ func (a *App) lead(ctx context.Context) error {
 		Queues:   scheduler.QueuesFromLister(queueInf.Lister()),
 		Binder:   bnd,
 		Evictor:  bnd,
+		Status:   scheduler.DynamicStatusWriter{Client: a.dynamic},
 		Registry: a.reg,
 	})
 	if err != nil {

@@ -66,6 +66,8 @@ type Deps struct {
 	Jobs   func(namespace, name string) (*batchv1.Job, bool)
 	Queues QueueSource
 	Binder Binder
+	// Status writes Queue status; nil disables it.
+	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
 	Evictor  Evictor
 	Registry prometheus.Registerer
@@ -85,7 +87,8 @@ type Scheduler struct {
 	assumed    map[types.UID]assumedPod      // pods being bound -> where
 	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it
 
-	models []string // GPU products in the cluster, set at the start of each cycle
+	models     []string          // GPU products in the cluster, set at the start of each cycle
+	lastStatus map[string]string // queue -> last status written (JSON), used only by Cycle
 }
 
 type assumedPod struct {
@@ -136,6 +139,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		binds:      make(chan bindTask, 4096),
 		assumed:    map[types.UID]assumedPod{},
 		reclaiming: map[string]map[types.UID]bool{},
+		lastStatus: map[string]string{},
 	}, nil
 }
 
@@ -326,9 +330,24 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 
 	// 6. Report.
+	var waiting []*workload
+	for _, w := range workloads {
+		if _, placed := s.isAssumed(w); !placed {
+			waiting = append(waiting, w)
+		}
+	}
+	s.writeQueueStatus(ctx, books, waiting, books.tree.Names())
 	s.metrics.cycle(time.Since(start), res)
 	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", time.Since(start))
 	return res, nil
+}
+
+// isAssumed tells whether w's first pod is being bound (w was placed this cycle).
+func (s *Scheduler) isAssumed(w *workload) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.assumed[w.pods[0].pod.UID]
+	return a.Node, ok
 }
 
 func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {

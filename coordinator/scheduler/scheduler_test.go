@@ -363,3 +363,42 @@ func TestReclaimReturnsAStarvedQueueItsQuota(t *testing.T) {
 		t.Errorf("a-0 not bound after reclaim: %s %s", c.reason("a-0"), c.b.msgs["a-0"])
 	}
 }
+
+type recordingStatus struct {
+	mu sync.Mutex
+	st map[string]v1alpha1.QueueStatus
+	n  int
+}
+
+func (r *recordingStatus) WriteQueueStatus(_ context.Context, name string, st v1alpha1.QueueStatus) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.st[name] = st
+	r.n++
+	return nil
+}
+
+func TestQueueStatusIsPublished(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "1"), queueOf("idle", "1")},
+		gpuPod("p1", "q", 1), fracPod("f1", "q", 50),
+		builders.MakePod("np", "default").Queue("q").GPUs(1).Preemptible(false).UID("np").Obj())
+	rec := &recordingStatus{st: map[string]v1alpha1.QueueStatus{}}
+	c.s.deps.Status = rec
+	c.cycle()
+	c.cycle() // bound pods now come from the "informer"
+	st := rec.st["q"]
+	if got := st.Allocated["gpu"]; got.MilliValue() != 1500 {
+		t.Errorf("allocated gpu = %s, want 1.5 (p1 + f1); status %+v", got.String(), st)
+	}
+	if got := st.PendingGangs; got != 1 {
+		t.Errorf("pendingGangs = %d, want 1 (np: no whole GPU left)", got)
+	}
+	if got := st.Requested["gpu"]; got.MilliValue() != 1000 {
+		t.Errorf("requested gpu = %s, want 1", got.String())
+	}
+	writes := rec.n
+	c.cycle()
+	if rec.n != writes {
+		t.Errorf("an unchanged status was written again (%d -> %d writes)", writes, rec.n)
+	}
+}
