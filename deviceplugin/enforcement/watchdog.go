@@ -183,6 +183,8 @@ type Watchdog struct {
 	// their container's cgroup subtree, and a reused PID has a new start
 	// time, hence a new key.
 	containers map[procKey]ContainerRef
+	// failures: GPU UUID or podResourcesSource -> failing since an earlier poll.
+	failures map[string]bool
 	// onPoll, when set (tests), is called after every poll.
 	onPoll func(Stats)
 	// onTicker, when set (tests), is called when Run starts a ticker.
@@ -232,6 +234,7 @@ func New(o Options) *Watchdog {
 		series:        map[seriesKey]struct{}{},
 		reported:      map[procKey]string{},
 		containers:    map[procKey]ContainerRef{},
+		failures:      map[string]bool{},
 	}
 	for _, g := range o.GPUs {
 		w.gpuByUUID[g.UUID] = g
@@ -385,10 +388,13 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 		as, err := w.devices.List(ctx)
 		if err != nil {
 			w.metrics.deviceErrors.Inc()
-			logger.Error(err, "Watchdog skips this poll: the kubelet's PodResources are unreadable")
+			if w.failing(ctx, podResourcesSource, true) {
+				logger.Error(err, "Watchdog skips its polls while the kubelet's PodResources are unreadable")
+			}
 			st.SkippedGPUs = len(w.gpus)
 			return w.finish(st, start)
 		}
+		w.failing(ctx, podResourcesSource, false)
 		allow = Allowances(as, w.gpuByUUID, pol)
 	}
 
@@ -403,9 +409,12 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 			skipped[g.UUID] = true
 			st.SkippedGPUs++
 			w.metrics.nvmlErrors.WithLabelValues(g.UUID).Inc()
-			logger.Error(err, "Watchdog skips a GPU this poll: NVML cannot list its processes", "gpu", g.UUID)
+			if w.failing(ctx, g.UUID, true) {
+				logger.Error(err, "Watchdog skips a GPU while NVML cannot list its processes", "gpu", g.UUID)
+			}
 			continue
 		}
+		w.failing(ctx, g.UUID, false)
 		st.GPUs++
 		var managedBytes, unknownBytes uint64
 		var managedProcs, unknownProcs int
@@ -443,14 +452,8 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 			delete(w.reported, k)
 		}
 	}
-	if len(skipped) == 0 {
-		w.containers = resolved
-	} else {
-		// Keep what the skipped GPUs' processes resolved to last time.
-		for k, ref := range resolved {
-			w.containers[k] = ref
-		}
-	}
+	// Processes on skipped GPUs are read again when the GPU is back.
+	w.containers = resolved
 
 	// 4. Limits, in a stable order so events and kills are reproducible.
 	keys := make([]episodeKey, 0, len(usages))
@@ -472,6 +475,25 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 	// 5. Per-container series.
 	w.exportContainers(allow, usages, skipped)
 	return w.finish(st, start)
+}
+
+// podResourcesSource names PodResources among the GPU UUIDs in Watchdog.failures.
+const podResourcesSource = "podresources"
+
+// failing records whether a source (a GPU UUID or podResourcesSource) fails
+// this poll, and tells whether it just started to: errors are logged when a
+// source starts failing and recovery when it stops, not every poll.
+func (w *Watchdog) failing(ctx context.Context, source string, failed bool) bool {
+	was := w.failures[source]
+	switch {
+	case failed && !was:
+		w.failures[source] = true
+		return true
+	case !failed && was:
+		delete(w.failures, source)
+		klog.FromContext(ctx).Info("Watchdog source works again", "source", source)
+	}
+	return false
 }
 
 // resolve reads a process's start time and, unless known from an earlier

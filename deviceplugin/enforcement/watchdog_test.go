@@ -365,12 +365,19 @@ func TestNVMLErrorSkipsTheGPUForThePoll(t *testing.T) {
 		t.Errorf("used series on the failing GPU = %v (present %v), want its last value", got, ok)
 	}
 
+	if diff := cmp.Diff(map[string]bool{e.gpus[0].UUID: true}, e.w.failures); diff != "" {
+		t.Errorf("failing sources (-want +got):\n%s", diff)
+	}
+
 	// Healed: the third over-limit sample kills.
 	if err := e.lib.FailGPU(e.gpus[0].UUID, nil); err != nil {
 		t.Fatal(err)
 	}
 	if st := e.w.Poll(e.ctx); st.Kills != 1 {
 		t.Errorf("after healing: %+v, want the kill on the third over-limit sample", st)
+	}
+	if len(e.w.failures) != 0 {
+		t.Errorf("failing sources after healing: %v", e.w.failures)
 	}
 }
 
