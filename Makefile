@@ -19,6 +19,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 -include tests/tools/tools.mk
+-include tests/demo/demo.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
 test: build tools

@@ -319,12 +319,19 @@ func renderNode(w io.Writer, n Node, opts Options) {
 			fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", g.Index, uuid, g.Mode, health, used, holders(g.Holders))
 		}
 	}
-	if len(n.Unplaced) > 0 {
-		var parts []string
-		for _, h := range n.Unplaced {
-			parts = append(parts, describe(h))
+	var whole, fractions []string
+	for _, h := range n.Unplaced {
+		if h.Role == "fraction" {
+			fractions = append(fractions, describe(h))
+		} else {
+			whole = append(whole, fmt.Sprintf("%s ×%d", h.Pod, h.Whole)+phaseNote(h.Phase))
 		}
-		fmt.Fprintf(w, "  on this node, GPU not published: %s\n", strings.Join(parts, ", "))
+	}
+	if len(whole) > 0 {
+		fmt.Fprintf(w, "  whole GPUs held (which GPUs is not published by gpufrac-node): %s\n", strings.Join(whole, ", "))
+	}
+	if len(fractions) > 0 {
+		fmt.Fprintf(w, "  fractions whose GPU is not written back yet: %s\n", strings.Join(fractions, ", "))
 	}
 }
 
@@ -339,22 +346,25 @@ func holders(hs []Holder) string {
 	return strings.Join(parts, ", ")
 }
 
-// describe renders one holding: "default/p 30%", "default/train (whole)",
-// "default/train ×4 whole", plus the phase when it is not Running.
+// describe renders one holding of a GPU: "default/p 30%", "default/train (whole)"
+// or "default/r (reservation)", plus the phase when it is not Running.
 func describe(h Holder) string {
 	var s string
-	switch {
-	case h.Role == "fraction":
+	switch h.Role {
+	case "fraction":
 		s = fmt.Sprintf("%s %d%%", h.Pod, h.Percent)
-	case h.Role == "reservation":
+	case "reservation":
 		s = h.Pod + " (reservation)"
-	case h.Whole > 1:
-		s = fmt.Sprintf("%s ×%d whole", h.Pod, h.Whole)
 	default:
 		s = h.Pod + " (whole)"
 	}
-	if h.Phase != corev1.PodRunning && h.Phase != "" {
-		s += " [" + string(h.Phase) + "]"
+	return s + phaseNote(h.Phase)
+}
+
+// phaseNote is " [Phase]" for pods not Running.
+func phaseNote(p corev1.PodPhase) string {
+	if p == corev1.PodRunning || p == "" {
+		return ""
 	}
-	return s
+	return " [" + string(p) + "]"
 }

@@ -108,7 +108,8 @@ func TestRender(t *testing.T) {
   0    GPU-a-0-0000…  fraction  ok      -     free
   1    GPU-a-1-0000…  fraction  ok      80%   default/infer-1 30%, default/infer-2 50%
   2    GPU-a-2-0000…  fraction  ok      -     free
-  on this node, GPU not published: default/new-frac 20% [Pending], default/train ×2 whole
+  whole GPUs held (which GPUs is not published by gpufrac-node): default/train ×2
+  fractions whose GPU is not written back yet: default/new-frac 20% [Pending]
 
 NODE b (NotReady)  2× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 2, gpufrac.io/gpu-fraction 200
   GPU  UUID           MODE      HEALTH     USED  HELD BY

@@ -1,0 +1,29 @@
+# make demo / make demo-down, included by the top Makefile.
+#
+# make demo builds what it needs (gpufrac binaries, the cluster tools, the demo
+# driver), starts a local cluster with mock-H100 GPU nodes, each running a real
+# gpufrac-node, in the background, submits deployments/examples and prints the
+# per-node, per-GPU view. The cluster keeps running until make demo-down.
+# DEMO_ARGS passes flags to `gpufrac-demo up`, e.g. DEMO_ARGS="--gpu-nodes=3 --karpenter=false".
+
+DEMO_ARGS ?=
+
+.PHONY: demo demo-down demo-status
+
+## demo: local cluster with mock GPU nodes, gpufrac-node on each, sample workloads; stays up
+demo:
+	@echo "==> building gpufrac (first time: a few minutes)"
+	@$(MAKE) --no-print-directory -s build
+	@$(MAKE) --no-print-directory -s tools
+	@echo "==> building the demo driver"
+	@$(GO) build -o $(BIN)/gpufrac-demo ./tests/demo
+	@$(BIN)/gpufrac-demo up $(DEMO_ARGS)
+
+## demo-status: the GPU view of the running demo
+demo-status:
+	@$(BIN)/gpufrac-demo status
+
+## demo-down: stop the demo cluster and remove bin/demo
+demo-down:
+	@if [ -x $(BIN)/gpufrac-demo ]; then $(BIN)/gpufrac-demo down; \
+	else echo "no demo to stop (bin/gpufrac-demo missing)"; fi
