@@ -218,3 +218,43 @@ func TestMIGModeChangeRefusedOnABusyGPUIsReported(t *testing.T) {
 		t.Error("the log does not say the MIG mode was left as found")
 	}
 }
+
+func TestMIGConfigThatTheGPUsCannotServeIsRefused(t *testing.T) {
+	n := startNode(t, nodeOptions{model: "dgxa100", config: fractionConfig})
+	n.waitResource(api.ResourceFraction, "800 units", registered(800))
+	before := n.metricValue(`gpufrac_config_reloads_total{result="rejected"}`)
+	bad := []string{
+		// 3g.40gb is an H100 profile; an A100 40GB offers 3g.20gb.
+		"version: v1\ndefault:\n  mode: fraction\n  gpus: [{indices: \"0-3\", mode: mig, migLayout: all-3g.40gb}]\n",
+		// Two 4g instances do not fit on one GPU.
+		"version: v1\ndefault:\n  mode: mig\n  mig: {layout: \"4g.20gb,4g.20gb\"}\n",
+	}
+	for i, cfg := range bad {
+		n.writeConfig(cfg)
+		deadline := time.Now().Add(10 * time.Second)
+		for n.metricValue(`gpufrac_config_reloads_total{result="rejected"}`)-before != float64(i+1) {
+			if time.Now().After(deadline) {
+				t.Fatalf("config %d was not rejected", i)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if st, _ := n.kubelet.Resource(api.ResourceFraction); healthyCount(st) != 800 {
+		t.Errorf("fraction units = %d after the refused configs, want 800 (the last good config)", healthyCount(st))
+	}
+	for name := range n.kubelet.Resources() {
+		if strings.HasPrefix(name, api.MIGResourcePrefix) {
+			t.Errorf("a refused layout was applied: %s is served", name)
+		}
+	}
+	n.stop()
+	log := n.log.String()
+	for _, want := range []string{
+		`layout \"all-3g.40gb\": unknown profile 3g.40gb for this GPU model (it offers 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb)`,
+		`layout \"4g.20gb,4g.20gb\": 2 instances of 4g.20gb, but the GPU allows at most 1`,
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log does not explain the refusal with %q", want)
+		}
+	}
+}
