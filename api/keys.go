@@ -57,6 +57,11 @@ const (
 	RoleReservation = "reservation"
 	// RolePlaceholder is the LabelRole value of scale-up placeholder pods.
 	RolePlaceholder = "placeholder"
+	// LabelReservedNode names the node of a reservation pod.
+	LabelReservedNode = Domain + "/node"
+	// ReasonReservationPending is the pod-condition reason of a fraction
+	// waiting for its GPU's reservation pod to be admitted by the kubelet.
+	ReasonReservationPending = "ReservationPending"
 	// ReservationNamePrefix starts every reservation pod's name; the node
 	// agent recognises reservations in PodResources by it (and the namespace).
 	ReservationNamePrefix = "gpufrac-reservation-"

@@ -17,6 +17,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...".
@@ -44,6 +45,12 @@ func main() {
 	flag.IntVar(&s.BindWorkers, "bind-workers", 16, "bindings in flight at once")
 	var npPrio int
 	flag.IntVar(&npPrio, "non-preemptible-priority", 1000000, "pods with this priority or higher are non-preemptible")
+	cfg.Reservation = reservation.DefaultOptions()
+	flag.BoolVar(&cfg.Reservations, "reservations", true, "hold every shared GPU with a reservation pod (needed whenever anything else may take whole GPUs)")
+	flag.StringVar(&cfg.Reservation.Image, "reservation-image", cfg.Reservation.Image, "image of reservation pods")
+	flag.StringVar(&cfg.Reservation.PriorityClassName, "reservation-priority-class", cfg.Reservation.PriorityClassName, "priority class of reservation pods")
+	flag.DurationVar(&cfg.Reservation.Grace, "reservation-grace", cfg.Reservation.Grace, "how long a reservation outlives the last fraction on its GPU")
+	flag.DurationVar(&cfg.Reservation.AdmitTimeout, "reservation-admit-timeout", cfg.Reservation.AdmitTimeout, "how long a reservation may wait for its GPU before it is replaced")
 	flag.Parse()
 	s.Seed = seed
 	s.NonPreemptiblePriority = int32(npPrio)

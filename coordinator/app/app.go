@@ -34,6 +34,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
 
@@ -51,6 +52,10 @@ type Config struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Scheduler configures the scheduling cycle.
 	Scheduler scheduler.Options
+	// Reservations turns on reservation pods for shared GPUs.
+	Reservations bool
+	// Reservation configures reservation pods.
+	Reservation reservation.Options
 	// Version is reported in gpufrac_build_info.
 	Version string
 }
@@ -175,6 +180,10 @@ func (a *App) lead(ctx context.Context) error {
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: api.SchedulerName})
 
 	bnd := binder.New(a.client, recorder)
+	var reserver scheduler.Reserver
+	if a.cfg.Reservations {
+		reserver = reservation.NewManager(a.client, recorder, a.cfg.Reservation, nil)
+	}
 	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
 		Pods:  podInf.Lister(),
 		Nodes: nodeInf.Lister(),
@@ -185,6 +194,7 @@ func (a *App) lead(ctx context.Context) error {
 		Queues:   scheduler.QueuesFromLister(queueInf.Lister()),
 		Binder:   bnd,
 		Evictor:  bnd,
+		Reserver: reserver,
 		Status:   scheduler.DynamicStatusWriter{Client: a.dynamic},
 		Registry: a.reg,
 	})

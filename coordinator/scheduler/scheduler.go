@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +53,12 @@ type Options struct {
 	Interval time.Duration
 }
 
+// Reserver manages reservation pods (coordinator/reservation.Manager).
+type Reserver interface {
+	Ensure(ctx context.Context, node, gpu string) error
+	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int
+}
+
 // Binder writes bindings and pending reasons.
 type Binder interface {
 	Bind(ctx context.Context, pod *corev1.Pod, node string, annotations map[string]string) error
@@ -66,6 +73,9 @@ type Deps struct {
 	Jobs   func(namespace, name string) (*batchv1.Job, bool)
 	Queues QueueSource
 	Binder Binder
+	// Reserver creates and removes reservation pods; nil binds fractions
+	// without reservations (only safe when nothing else uses the GPUs).
+	Reserver Reserver
 	// Status writes Queue status; nil disables it.
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
@@ -295,6 +305,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	sortWorkloads(workloads, books)
 
 	// 5. Admit and place, workload by workload.
+	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			for _, p := range w.pods {
@@ -325,8 +336,18 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			continue
 		}
 		books.assume(w)
+		if waitMsg := s.reserve(ctx, w, decisions, snap, wanted); waitMsg != "" {
+			// The capacity stays taken in this cycle's snapshot and books.
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, api.ReasonReservationPending, waitMsg, &res)
+			}
+			continue
+		}
 		s.bind(ctx, w, decisions, snap)
 		res.Bound += len(w.pods)
+	}
+	if s.deps.Reserver != nil {
+		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
 	}
 
 	// 6. Report.
@@ -454,6 +475,39 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
 		s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann}
 	}
+}
+
+// reserve makes sure every GPU a fraction of w goes to is held by an
+// admitted reservation. It returns "" when w can be bound now, else a message
+// for its pods (after creating the missing reservations). A gang waits whole.
+func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot, wanted map[state.NodeGPU]bool) string {
+	if s.deps.Reserver == nil {
+		return ""
+	}
+	var waiting []string
+	for i, d := range ds {
+		if w.pods[i].req.ShareMilli == 0 || len(d.GPUs) != 1 {
+			continue
+		}
+		key := state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}
+		wanted[key] = true
+		r := snap.Reservations[key]
+		if r != nil && r.Ready {
+			continue
+		}
+		if r == nil {
+			if err := s.deps.Reserver.Ensure(ctx, d.Node, d.GPUs[0]); err != nil {
+				klog.FromContext(ctx).Error(err, "Creating reservation")
+			}
+			// Counted once: later workloads this cycle see the same key in wanted.
+			snap.Reservations[key] = &state.Reservation{Pod: nil}
+		}
+		waiting = append(waiting, fmt.Sprintf("GPU %s on %s", d.GPUs[0], d.Node))
+	}
+	if len(waiting) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("waiting for the reservation of %s to be admitted (gpufrac.io/reserved-gpu)", strings.Join(waiting, ", "))
 }
 
 // sortWorkloads orders workloads: queue order first, then priority, then age.

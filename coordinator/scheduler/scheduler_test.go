@@ -9,11 +9,14 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/coordinator/state"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -400,5 +403,81 @@ func TestQueueStatusIsPublished(t *testing.T) {
 	c.cycle()
 	if rec.n != writes {
 		t.Errorf("an unchanged status was written again (%d -> %d writes)", writes, rec.n)
+	}
+}
+
+// fakeReserver creates reservation pods straight into the cluster's pods, as
+// bound and (when admit) already given their GPU by the node agent.
+type fakeReserver struct {
+	c       *cluster
+	admit   bool
+	ensured []string
+	removed int
+}
+
+func (f *fakeReserver) Ensure(_ context.Context, node, gpu string) error {
+	f.ensured = append(f.ensured, node+"/"+gpu)
+	p := reservation.Pod(node, gpu, reservation.DefaultOptions())
+	p.UID = types.UID(p.Name)
+	if f.admit {
+		p.Annotations[api.AnnotationReservedGPU] = gpu
+	}
+	return f.c.pods.Add(p)
+}
+
+func (f *fakeReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
+	for k, r := range rs {
+		if r.Pod != nil && r.Fractions == 0 && !wanted[k] {
+			_ = f.c.pods.Delete(r.Pod)
+			f.removed++
+		}
+	}
+	return f.removed
+}
+
+func TestFractionsWaitForTheirReservation(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		fracPod("f1", "q", 40), fracPod("f2", "q", 40))
+	r := &fakeReserver{c: c}
+	c.s.deps.Reserver = r
+	c.cycle()
+	if len(r.ensured) != 1 {
+		t.Fatalf("reservations created %v, want one for the GPU both 40%% pods share", r.ensured)
+	}
+	for _, p := range []string{"f1", "f2"} {
+		if c.boundTo(p) != "" || c.reason(p) != api.ReasonReservationPending {
+			t.Errorf("%s bound=%q reason=%q, want pending ReservationPending", p, c.boundTo(p), c.reason(p))
+		}
+	}
+	// A whole-GPU pod arriving now must not take the reserved GPU.
+	_ = c.pods.Add(gpuPod("whole", "q", 1))
+	c.cycle()
+	if len(r.ensured) != 1 {
+		t.Errorf("a second reservation was created while the first waits: %v", r.ensured)
+	}
+	// The node agent writes the GPU the kubelet gave the reservation: fractions bind there.
+	obj, _, _ := c.pods.GetByKey(api.SystemNamespace + "/" + reservation.Name("n1", strings.TrimPrefix(r.ensured[0], "n1/")))
+	res := obj.(*corev1.Pod).DeepCopy()
+	res.Annotations[api.AnnotationReservedGPU] = res.Annotations[api.AnnotationGPU]
+	_ = c.pods.Update(res)
+	c.cycle()
+	for _, p := range []string{"f1", "f2"} {
+		if got := c.b.ann[p][api.AnnotationGPU]; got != res.Annotations[api.AnnotationReservedGPU] {
+			t.Errorf("%s bound with GPU %q, want the reserved %s", p, got, res.Annotations[api.AnnotationReservedGPU])
+		}
+	}
+	if c.boundTo("whole") == "" {
+		t.Errorf("the whole-GPU pod did not get the other GPU: %s", c.b.msgs["whole"])
+	}
+	// The fractions end: the reservation goes (the fake removes at once; the real one after its grace).
+	for _, p := range []string{"f1", "f2"} {
+		obj, _, _ := c.pods.GetByKey("default/" + p)
+		q := obj.(*corev1.Pod).DeepCopy()
+		q.Status.Phase = corev1.PodSucceeded
+		_ = c.pods.Update(q)
+	}
+	c.cycle()
+	if r.removed != 1 {
+		t.Errorf("reservations removed = %d, want 1", r.removed)
 	}
 }

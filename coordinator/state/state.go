@@ -41,11 +41,35 @@ type Snapshot struct {
 	// NoFraction names nodes whose GPUs have no known UUIDs (no inventory)
 	// or are not in fraction mode: fractions must not go there.
 	NoFraction map[string]bool
+	// Reservations are the reservation pods by node and GPU UUID.
+	Reservations map[NodeGPU]*Reservation
 	// GPUCapacityMilli, CPUCapacityMilli and MemoryCapacityBytes are the
 	// cluster's schedulable capacity (Ready nodes).
 	GPUCapacityMilli    int64
 	CPUCapacityMilli    int64
 	MemoryCapacityBytes int64
+}
+
+// NodeGPU names one GPU of one node.
+type NodeGPU struct{ Node, GPU string }
+
+// Reservation is a reservation pod holding a GPU whole for its fractions.
+type Reservation struct {
+	Pod *corev1.Pod
+	// Ready is true once the node agent wrote the GPU the kubelet gave it
+	// (gpufrac.io/reserved-gpu): only then may fractions be bound to the GPU.
+	Ready bool
+	// Fractions counts the fraction pods on the GPU (bound or assumed).
+	Fractions int
+}
+
+// ReservedGPU is the GPU a reservation pod holds: the one the kubelet gave
+// it, else the one the coordinator asked for.
+func ReservedGPU(p *corev1.Pod) string {
+	if g := p.Annotations[api.AnnotationReservedGPU]; g != "" {
+		return g
+	}
+	return p.Annotations[api.AnnotationGPU]
 }
 
 // Terminal tells whether a pod no longer holds resources.
@@ -146,6 +170,7 @@ type nodeAcc struct {
 // Build makes the snapshot. Nodes that are not Ready are left out; pods on
 // unknown nodes are ignored.
 func Build(in Inputs) (*Snapshot, error) {
+	reservations := map[NodeGPU]*Reservation{}
 	accs := make(map[string]*nodeAcc, len(in.Nodes))
 	order := make([]string, 0, len(in.Nodes))
 	noFrac := map[string]bool{}
@@ -200,14 +225,25 @@ func Build(in Inputs) (*Snapshot, error) {
 			if i, ok := acc.gpuIndex[g]; ok {
 				acc.node.GPUs[i].FreeMilli -= d.FractionPercent * 10
 				acc.node.Kinds[0]++
+				key := NodeGPU{nodeName, g}
+				if reservations[key] == nil {
+					reservations[key] = &Reservation{}
+				}
+				reservations[key].Fractions++
 			} else {
 				acc.unplacedF = append(acc.unplacedF, d.FractionPercent)
 			}
 		case d.WholeGPUs > 0:
 			if IsReservation(p) {
-				if g := p.Annotations[api.AnnotationReservedGPU]; g != "" {
+				if g := ReservedGPU(p); g != "" {
 					if _, ok := acc.gpuIndex[g]; ok {
 						acc.reserved[g] = true
+						key := NodeGPU{nodeName, g}
+						if reservations[key] == nil {
+							reservations[key] = &Reservation{}
+						}
+						reservations[key].Pod = p
+						reservations[key].Ready = p.Annotations[api.AnnotationReservedGPU] == g
 						continue
 					}
 				}
@@ -220,7 +256,12 @@ func Build(in Inputs) (*Snapshot, error) {
 	}
 
 	nodes := make([]placement.Node, 0, len(order))
-	out := &Snapshot{NoFraction: noFrac}
+	for k, r := range reservations {
+		if r.Pod == nil {
+			delete(reservations, k) // fractions without a reservation: nothing to track here
+		}
+	}
+	out := &Snapshot{NoFraction: noFrac, Reservations: reservations}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)

@@ -59,7 +59,9 @@ type Hint struct {
 	seen map[containerKey]struct{}
 	// inflight are Allocate answers not yet seen admitted, oldest first.
 	inflight []given
-	kick     chan struct{} // asks the write-back loop to run now
+	// taken: GPU UUID -> handed to a reservation pod not yet written back.
+	taken map[string]bool
+	kick  chan struct{} // asks the write-back loop to run now
 }
 
 // containerKey names one container of a pod on this node. PodResources
@@ -81,7 +83,10 @@ type given struct {
 	at    time.Time
 }
 
-var _ resource.PodHint = (*Hint)(nil)
+var (
+	_ resource.PodHint         = (*Hint)(nil)
+	_ resource.ReservationHint = (*Hint)(nil)
+)
 
 // NewHint watches pods with spec.nodeName == node. podRes may be nil, and
 // then nothing is written back and admissions are learnt from pod phases.
@@ -100,6 +105,7 @@ func NewHint(client kubernetes.Interface, node string, podRes *PodResources) *Hi
 		resync:  2 * time.Second,
 		clock:   clock.RealClock{},
 		seen:    map[containerKey]struct{}{},
+		taken:   map[string]bool{},
 		kick:    make(chan struct{}, 1),
 	}
 }
@@ -236,6 +242,50 @@ func olderFirst(items []demandItem) {
 			return a.CreationTimestamp.Before(&b.CreationTimestamp)
 		}
 		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+	})
+}
+
+// ReservationGPU implements resource.ReservationHint: the GPU asked for by
+// the oldest reservation pod bound here and not yet given a GPU.
+func (h *Hint) ReservationGPU() (string, bool) {
+	all, err := h.lister.Pods(api.SystemNamespace).List(labelsEverything())
+	if err != nil {
+		return "", false
+	}
+	var best *corev1.Pod
+	for _, p := range all {
+		if p.Labels[api.LabelRole] != api.RoleReservation || p.Annotations[api.AnnotationGPU] == "" || p.Annotations[api.AnnotationReservedGPU] != "" {
+			continue
+		}
+		h.mu.Lock()
+		taken := h.taken[p.Annotations[api.AnnotationGPU]]
+		h.mu.Unlock()
+		if taken {
+			continue
+		}
+		if p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
+			continue
+		}
+		if best == nil || p.CreationTimestamp.Before(&best.CreationTimestamp) || (p.CreationTimestamp.Equal(&best.CreationTimestamp) && p.Name < best.Name) {
+			best = p
+		}
+	}
+	if best == nil {
+		return "", false
+	}
+	return best.Annotations[api.AnnotationGPU], true
+}
+
+// ReservationTaken implements resource.ReservationHint. The mark is
+// dropped once the write-back sees the GPU reserved (or after a minute).
+func (h *Hint) ReservationTaken(uuid string) {
+	h.mu.Lock()
+	h.taken[uuid] = true
+	h.mu.Unlock()
+	time.AfterFunc(time.Minute, func() {
+		h.mu.Lock()
+		delete(h.taken, uuid)
+		h.mu.Unlock()
 	})
 }
 

@@ -134,7 +134,8 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 
 	var out []Resource
 	if len(whole) > 0 {
-		out = append(out, NewWhole(WholeOptions{GPUs: whole, Topology: d.Topology, Health: d.Health, Usage: d.Usage, Strategy: d.Strategy}))
+		rh, _ := d.Hint.(ReservationHint)
+		out = append(out, NewWhole(WholeOptions{GPUs: whole, Topology: d.Topology, Health: d.Health, Usage: d.Usage, Strategy: d.Strategy, Reservations: rh}))
 	}
 	if len(frac) > 0 {
 		out = append(out, NewFraction(FractionOptions{GPUs: frac, Health: d.Health, Usage: d.Usage, Hint: d.Hint, Strategy: d.Strategy}))

@@ -22,6 +22,7 @@ type Whole struct {
 	health   HealthFunc
 	usage    UsageSource
 	strategy DeviceListStrategy
+	reserve  ReservationHint
 }
 
 var _ Resource = (*Whole)(nil)
@@ -40,6 +41,18 @@ type WholeOptions struct {
 	// whole-GPU allocations while clean GPUs remain.
 	Usage    UsageSource
 	Strategy DeviceListStrategy
+	// Reservations, when set, names the GPU the coordinator wants for the
+	// next reservation pod, so a one-GPU request gets that GPU.
+	Reservations ReservationHint
+}
+
+// ReservationHint finds the GPU the coordinator asked for in a reservation
+// pod waiting for admission on this node.
+type ReservationHint interface {
+	ReservationGPU() (uuid string, ok bool)
+	// ReservationTaken records that the GPU was handed to a reservation, so
+	// the next reservation waiting on this node is asked about instead.
+	ReservationTaken(uuid string)
 }
 
 // NewWhole builds the whole-GPU resource.
@@ -52,6 +65,7 @@ func NewWhole(o WholeOptions) *Whole {
 		health:   o.Health,
 		usage:    o.Usage,
 		strategy: o.Strategy,
+		reserve:  o.Reservations,
 	}
 	if w.name == "" {
 		w.name = api.ResourceGPU
@@ -97,6 +111,15 @@ func (w *Whole) Preferred(ctx context.Context, available, mustInclude []string, 
 	for _, id := range append(append([]string(nil), available...), mustInclude...) {
 		if _, ok := w.gpus[id]; !ok {
 			return nil, fmt.Errorf("preferred allocation: unknown GPU %q", id)
+		}
+	}
+	// A reservation pod gets the GPU the coordinator chose for its fractions.
+	// If another one-GPU pod is admitted first and takes it, the reservation
+	// gets another GPU and the coordinator follows gpufrac.io/reserved-gpu.
+	if w.reserve != nil && size == 1 && len(mustInclude) == 0 {
+		if g, ok := w.reserve.ReservationGPU(); ok && contains(available, g) {
+			w.reserve.ReservationTaken(g)
+			return []string{g}, nil
 		}
 	}
 	candidates := available

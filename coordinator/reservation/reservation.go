@@ -1,0 +1,177 @@
+// Package reservation creates and removes reservation pods. A reservation
+// pod is bound to a node, asks for one whole nvidia.com/gpu and carries
+// karpenter.sh/do-not-disrupt: it holds a shared GPU against whole-GPU pods
+// (the kubelet counts it) and keeps Karpenter from consolidating the node
+// while fractions run there. gpufrac-node writes the GPU the kubelet gave it
+// (gpufrac.io/reserved-gpu); only then does the coordinator bind fractions.
+package reservation
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// Options configure reservations.
+type Options struct {
+	// Image is the reservation container's image (it only sleeps).
+	Image string
+	// PriorityClassName is the reservation pods' priority class.
+	PriorityClassName string
+	// Grace is how long a reservation outlives the last fraction on its GPU.
+	Grace time.Duration
+	// AdmitTimeout is how long a reservation may wait for its GPU before it
+	// is removed (and the fractions placed again, elsewhere if need be).
+	AdmitTimeout time.Duration
+}
+
+// DefaultOptions are the defaults of the coordinator's flags.
+func DefaultOptions() Options {
+	return Options{Image: "registry.k8s.io/pause:3.10", PriorityClassName: "gpufrac-reservation", Grace: 60 * time.Second, AdmitTimeout: 2 * time.Minute}
+}
+
+// Name is the reservation pod's name for a GPU of a node: deterministic, so
+// two coordinators racing collide on AlreadyExists instead of reserving twice.
+func Name(node, gpu string) string {
+	sum := sha256.Sum256([]byte(node + "/" + gpu))
+	n := strings.ToLower(node)
+	if len(n) > 200 {
+		n = n[:200]
+	}
+	return api.ReservationNamePrefix + n + "-" + hex.EncodeToString(sum[:5])
+}
+
+// Pod builds the reservation pod of a GPU of a node.
+func Pod(node, gpu string, o Options) *corev1.Pod {
+	one := resource.MustParse("1")
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      Name(node, gpu),
+			Namespace: api.SystemNamespace,
+			Labels: map[string]string{
+				api.LabelRole:         api.RoleReservation,
+				api.LabelReservedNode: node,
+			},
+			Annotations: map[string]string{
+				api.AnnotationGPU:          gpu,
+				api.AnnotationDoNotDisrupt: "true",
+			},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                      node,
+			PriorityClassName:             o.PriorityClassName,
+			TerminationGracePeriodSeconds: new(int64),
+			AutomountServiceAccountToken:  new(bool),
+			// Whatever the node's taints, the reservation must stay with its GPU.
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name:  "reserve",
+				Image: o.Image,
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{api.ResourceGPU: one, corev1.ResourceCPU: resource.MustParse("1m"), corev1.ResourceMemory: resource.MustParse("4Mi")},
+					Limits:   corev1.ResourceList{api.ResourceGPU: one},
+				},
+			}},
+		},
+	}
+}
+
+// Manager creates and removes reservation pods.
+type Manager struct {
+	client   kubernetes.Interface
+	recorder record.EventRecorder
+	opts     Options
+	clock    clock.PassiveClock
+
+	idleSince map[state.NodeGPU]time.Time // reservation -> when it was first seen without fractions
+}
+
+// NewManager returns a manager.
+func NewManager(client kubernetes.Interface, recorder record.EventRecorder, o Options, clk clock.PassiveClock) *Manager {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	if recorder == nil {
+		recorder = &record.FakeRecorder{}
+	}
+	return &Manager{client: client, recorder: recorder, opts: o, clock: clk, idleSince: map[state.NodeGPU]time.Time{}}
+}
+
+// Ensure creates the reservation of a GPU unless it exists.
+func (m *Manager) Ensure(ctx context.Context, node, gpu string) error {
+	p := Pod(node, gpu, m.opts)
+	_, err := m.client.CoreV1().Pods(api.SystemNamespace).Create(ctx, p, metav1.CreateOptions{FieldManager: "gpufrac-coordinator"})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating reservation %s for GPU %s on %s: %w", p.Name, gpu, node, err)
+	}
+	klog.FromContext(ctx).Info("Reserved GPU for fractions", "node", node, "gpu", gpu, "pod", klog.KObj(p))
+	return nil
+}
+
+// Reconcile removes reservations that no fraction needs any more (after the
+// grace period), and reservations that failed or never got their GPU within
+// AdmitTimeout. wanted lists GPUs with fractions being placed this cycle.
+// It returns the number of reservations removed.
+func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
+	now := m.clock.Now()
+	removed := 0
+	for key := range m.idleSince {
+		if rs[key] == nil {
+			delete(m.idleSince, key)
+		}
+	}
+	for key, r := range rs {
+		p := r.Pod
+		if p == nil || p.DeletionTimestamp != nil {
+			continue // created this cycle, or already going
+		}
+		reason := ""
+		switch {
+		case p.Status.Phase == corev1.PodFailed:
+			reason = fmt.Sprintf("reservation failed on %s: %s", key.Node, p.Status.Message)
+		case !r.Ready && r.Fractions == 0 && now.Sub(p.CreationTimestamp.Time) > m.opts.AdmitTimeout:
+			reason = fmt.Sprintf("reservation did not get GPU %s on %s within %s", key.GPU, key.Node, m.opts.AdmitTimeout)
+		case r.Fractions == 0 && !wanted[key]:
+			since, ok := m.idleSince[key]
+			if !ok {
+				m.idleSince[key] = now
+				continue
+			}
+			if now.Sub(since) >= m.opts.Grace {
+				reason = fmt.Sprintf("no fraction used GPU %s on %s for %s", key.GPU, key.Node, m.opts.Grace)
+			}
+		default:
+			delete(m.idleSince, key)
+		}
+		if reason == "" {
+			continue
+		}
+		if err := m.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			klog.FromContext(ctx).Error(err, "Removing reservation", "pod", klog.KObj(p))
+			continue
+		}
+		delete(m.idleSince, key)
+		m.recorder.Event(p, corev1.EventTypeNormal, "ReservationRemoved", reason)
+		klog.FromContext(ctx).Info("Removed reservation", "pod", klog.KObj(p), "reason", reason)
+		removed++
+	}
+	return removed
+}
