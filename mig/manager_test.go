@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -488,5 +490,43 @@ gpufrac_mig_device_allocated{gpu_uuid=%[1]q,mig_uuid=%[3]q,profile="2g.20gb"} 0
 	}
 	if v := testutil.ToFloat64(f.mgr.metrics.operations.WithLabelValues("create_instance", "success")); v != 2 {
 		t.Errorf("create_instance successes = %v, want 2", v)
+	}
+}
+
+// BenchmarkApplyUnchanged measures a reconciliation that finds every GPU of
+// a mock DGX H100 already at its layout (the Run loop's retries and every
+// config reload pay it).
+func BenchmarkApplyUnchanged(b *testing.B) {
+	m, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed("bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := m.Init(); err != nil {
+		b.Fatal(err)
+	}
+	defer m.Shutdown()
+	gs, err := m.GPUs()
+	if err != nil {
+		b.Fatal(err)
+	}
+	noPods := func(context.Context) (map[string][]string, error) { return map[string][]string{}, nil }
+	mgr := NewManager(m, gs, Options{Allocations: noPods})
+	np := config.NodePolicy{GPUModes: make([]config.Mode, len(gs)), GPUMIGLayouts: make([]string, len(gs))}
+	for i := range gs {
+		np.GPUModes[i], np.GPUMIGLayouts[i] = config.ModeMIG, "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
+	}
+	ctx := klog.NewContext(context.Background(), logr.Discard())
+	for _, s := range mgr.Apply(ctx, np) {
+		if s.State != StateApplied {
+			b.Fatalf("setup: %+v", s)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		for _, s := range mgr.Apply(ctx, np) {
+			if s.Changed {
+				b.Fatalf("unchanged layout changed: %+v", s)
+			}
+		}
 	}
 }

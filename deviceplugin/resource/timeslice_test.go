@@ -156,3 +156,22 @@ func TestTimesliceCDI(t *testing.T) {
 		t.Errorf("Name() = %q", r.Name())
 	}
 }
+
+// BenchmarkTimeslicePreferred measures GetPreferredAllocation of one replica
+// on 8 GPUs with 16 replicas each, half of them taken.
+func BenchmarkTimeslicePreferred(b *testing.B) {
+	r := newTimeslice(16, false, nil)
+	var avail []string
+	for i := range 8 {
+		for k := 8; k < 16; k++ {
+			avail = append(avail, UnitID(fmt.Sprintf("GPU-%d", i), k))
+		}
+	}
+	ctx := b.Context()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := r.Preferred(ctx, avail, nil, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
