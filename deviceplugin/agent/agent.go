@@ -85,6 +85,7 @@ type Agent struct {
 	addr    atomic.Value
 
 	migLayout *mig.Manager                      // nil when the NVML backend has no MIG
+	builtin   *config.File                      // the built-in defaults, which never reshape MIG
 	current   *config.File                      // config last applied; guarded by applyMu
 	policy    atomic.Pointer[config.NodePolicy] // resolved policy in force
 
@@ -236,6 +237,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.startPartitioning(ctx, &deps, goRun)
 	check := func(f *config.File) error { _, err := a.build(f, deps); return err }
 	initial := &config.File{Version: config.Version}
+	a.builtin = initial
 	if a.cfg.ConfigFile != "" {
 		w, err := config.NewWatcher(a.cfg.ConfigFile,
 			config.WithRegisterer(a.reg),
@@ -292,8 +294,10 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 			return nil
 		}
 	}
-	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil {
-		a.migLayout.Apply(ctx, np) // reshape MIG before Build reads it
+	// Reshape MIG before Build reads it; only an admin's config does, so a
+	// missing or broken config file never destroys a MIG layout.
+	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin {
+		a.migLayout.Apply(ctx, np)
 	}
 	res, err := a.build(f, deps)
 	if err != nil {
