@@ -246,14 +246,25 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		}
 	}
 	m.devices[g.UUID] = devicesOf(instances)
+	// Drivers may list profiles only once MIG is on; then the layout is
+	// expanded after enabling it.
 	var wantGIs []nvidia.MIGProfile
-	if want.mig && want.layout != "" {
+	expand := func() (Status, bool) {
+		if !want.mig || want.layout == "" {
+			return s, true
+		}
 		profiles, err := m.lib.MIGProfiles(g.UUID)
 		if err != nil {
-			return fail(ReasonNVMLError, err)
+			return fail(ReasonNVMLError, err), false
 		}
 		if wantGIs, err = Expand(want.layout, profiles); err != nil {
-			return fail(ReasonNotSupported, fmt.Errorf("layout %q on GPU %d: %w", want.layout, g.Index, err))
+			return fail(ReasonNotSupported, fmt.Errorf("layout %q on GPU %d: %w", want.layout, g.Index, err)), false
+		}
+		return s, true
+	}
+	if mode.Current {
+		if st, ok := expand(); !ok {
+			return st
 		}
 	}
 
@@ -264,7 +275,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 	switch {
 	case want.mig && !mode.Current && want.layout == "":
 		return fail(ReasonNoLayout, fmt.Errorf("GPU %d is in mode mig without a layout, but its MIG mode is disabled: set mig.layout or a migLayout for it", g.Index))
-	case want.mig && want.layout != "":
+	case want.mig && want.layout != "" && mode.Current:
 		steps = Diff(instances, wantGIs)
 	case !want.mig && mode.Current:
 		steps = Diff(instances, nil)
@@ -298,6 +309,9 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		}
 		if instances, err = m.lib.MIGInstances(g.UUID); err != nil {
 			return fail(ReasonNVMLError, err)
+		}
+		if st, ok := expand(); !ok {
+			return st
 		}
 		steps = Diff(instances, wantGIs)
 	}

@@ -530,3 +530,24 @@ func BenchmarkApplyUnchanged(b *testing.B) {
 		}
 	}
 }
+
+// profilesOnlyWithMIG is a driver that lists MIG profiles only while MIG is on.
+type profilesOnlyWithMIG struct{ *nvidia.Mock }
+
+func (p profilesOnlyWithMIG) MIGProfiles(uuid string) ([]nvidia.MIGProfile, error) {
+	if mode, err := p.MIGMode(uuid); err != nil || !mode.Current {
+		return nil, fmt.Errorf("listing MIG profiles of %s: %w", uuid, nvidia.ErrNotSupported)
+	}
+	return p.Mock.MIGProfiles(uuid)
+}
+
+func TestLayoutExpandedAfterEnablingWhenProfilesNeedMIG(t *testing.T) {
+	f := newFixture(t, "dgxa100")
+	mgr := NewManager(profilesOnlyWithMIG{f.mock}, f.gpus, Options{Allocations: f.allocs.get, Clock: f.clock})
+	if s := statusOf(mgr.Apply(f.ctx, f.policy(map[int]string{5: "all-balanced"})), 5); s.State != StateApplied || !s.Changed {
+		t.Fatalf("status = %+v, want Applied", s)
+	}
+	if d := Describe(f.instances(t, 5)); d != "3g.20gb,2g.10gb,1g.5gb,1g.5gb" {
+		t.Errorf("layout = %q", d)
+	}
+}

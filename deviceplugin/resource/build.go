@@ -172,11 +172,16 @@ func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn bool) (mg m
 	}
 	if layout != "" {
 		profiles, err := inv.MIGProfiles(g.UUID)
-		if err != nil {
+		switch {
+		case errors.Is(err, nvidia.ErrNotSupported) && !migOn:
+			// Some drivers list profiles only once MIG is on: the layout
+			// manager checks the layout after enabling it.
+		case err != nil:
 			return mg, "", fmt.Errorf("GPU %d: %w", g.Index, err)
-		}
-		if mg.declared, err = mig.Expand(layout, profiles); err != nil {
-			return mg, fmt.Sprintf("GPU %d (%s): layout %q: %v", g.Index, g.Name, layout, err), nil
+		default:
+			if mg.declared, err = mig.Expand(layout, profiles); err != nil {
+				return mg, fmt.Sprintf("GPU %d (%s): layout %q: %v", g.Index, g.Name, layout, err), nil
+			}
 		}
 	} else if !migOn {
 		return mg, fmt.Sprintf("GPU %d is in mode mig without a layout, which keeps the GPU's MIG devices, but its MIG mode is disabled: set mig.layout (or migLayout for the GPU)", g.Index), nil

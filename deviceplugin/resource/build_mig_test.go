@@ -269,3 +269,25 @@ func TestBuildTimeslice(t *testing.T) {
 		})
 	}
 }
+
+// profilesOnlyWithMIG is a driver that lists MIG profiles only while MIG is on.
+type profilesOnlyWithMIG struct{ *nvidia.Mock }
+
+func (p profilesOnlyWithMIG) MIGProfiles(uuid string) ([]nvidia.MIGProfile, error) {
+	if mode, err := p.MIGMode(uuid); err != nil || !mode.Current {
+		return nil, nvidia.ErrNotSupported
+	}
+	return p.Mock.MIGProfiles(uuid)
+}
+
+func TestBuildLeavesLayoutCheckToTheManagerWhileProfilesNeedMIG(t *testing.T) {
+	n := newMockNode(t, "dgxa100")
+	np := n.policy(config.MIGStrategyMixed, modes(1, config.ModeMIG, 7, config.ModeFraction), map[int]string{0: "all-1g.10gb"})
+	res, err := Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: profilesOnlyWithMIG{n.lib}})
+	if err != nil {
+		t.Fatalf("Build() with MIG off and unlistable profiles: %v", err)
+	}
+	if diff := cmp.Diff(map[string]int{api.ResourceGPU: 7, api.ResourceFraction: 700}, counts(res)); diff != "" {
+		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+}
