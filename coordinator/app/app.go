@@ -171,6 +171,7 @@ func (a *App) lead(ctx context.Context) error {
 	podInf := factory.Core().V1().Pods()
 	nodeInf := factory.Core().V1().Nodes()
 	jobInf := factory.Batch().V1().Jobs()
+	jobLister := jobInf.Lister() // registers the informer before Start
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(a.dynamic, 0)
 	queueInf := dynFactory.ForResource(v1alpha1.QueueGVR())
 
@@ -188,7 +189,7 @@ func (a *App) lead(ctx context.Context) error {
 		Pods:  podInf.Lister(),
 		Nodes: nodeInf.Lister(),
 		Jobs: func(ns, name string) (*batchv1.Job, bool) {
-			j, err := jobInf.Lister().Jobs(ns).Get(name)
+			j, err := jobLister.Jobs(ns).Get(name)
 			return j, err == nil
 		},
 		Queues:   scheduler.QueuesFromLister(queueInf.Lister()),

@@ -1,0 +1,273 @@
+// Package e2e runs gpufrac end to end on the local cluster test bed: a real
+// control plane, kwok nodes whose GPUs are served by real gpufrac-node
+// processes on mock NVML, and the real gpufrac-coordinator.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/cluster"
+)
+
+// repoRoot finds the repository root (where go.mod is).
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	dir, _ := os.Getwd()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("repository root not found")
+		}
+		dir = parent
+	}
+}
+
+// buildBinary builds a gpufrac command into bin/ unless it is newer than the sources.
+func buildBinary(t testing.TB, name string) string {
+	t.Helper()
+	root := repoRoot(t)
+	out := filepath.Join(root, "bin", name)
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, b)
+	}
+	return out
+}
+
+// startCluster starts the test bed with node agents on every GPU node.
+func startCluster(t *testing.T, opts cluster.Options) *cluster.Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end: needs the local cluster (make tools)")
+	}
+	buildBinary(t, "gpufrac-node")
+	if opts.NodeAgents == nil {
+		opts.NodeAgents = &cluster.NodeAgentOptions{}
+	}
+	c := cluster.StartForTest(t, opts)
+	applyFile(t, c, filepath.Join(repoRoot(t), "deployments", "crds", "gpufrac.io_queues.yaml"))
+	applyFile(t, c, filepath.Join(repoRoot(t), "deployments", "manifests", "namespace.yaml"))
+	applyFile(t, c, filepath.Join(repoRoot(t), "deployments", "manifests", "priorityclasses.yaml"))
+	waitFor(t, 30*time.Second, "the Queue CRD to be served", func(ctx context.Context) (bool, error) {
+		_, err := c.Dynamic.Resource(queueGVR).List(ctx, metav1.ListOptions{})
+		return err == nil, nil
+	})
+	return c
+}
+
+var queueGVR = schema.GroupVersionResource{Group: "gpufrac.io", Version: "v1alpha1", Resource: "queues"}
+
+// addGPUNodes adds n mock-H100 nodes named prefix-0.. in a pool and waits for their agents.
+func addGPUNodes(t *testing.T, c *cluster.Cluster, prefix, pool string, n int) []string {
+	t.Helper()
+	var names []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		labels := map[string]string{api.LabelGPUNode: "true", api.LabelGPUProduct: cluster.H100Product}
+		if pool != "" {
+			labels[api.LabelNodePool] = pool
+		}
+		if _, err := c.AddNode(t.Context(), cluster.NodeSpec{Name: name, Labels: labels, Capacity: cluster.ResourceList(map[corev1.ResourceName]string{
+			corev1.ResourceCPU: "192", corev1.ResourceMemory: "2Ti", corev1.ResourcePods: "250",
+		})}); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, name)
+	}
+	for _, name := range names {
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		if _, err := c.WaitForNodeAgent(ctx, name); err != nil {
+			cancel()
+			t.Fatalf("node agent of %s: %v", name, err)
+		}
+		cancel()
+		// The coordinator needs the inventory and the fraction capacity.
+		waitFor(t, 30*time.Second, name+" to publish GPUs", func(ctx context.Context) (bool, error) {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			q := n.Status.Allocatable[api.ResourceFraction]
+			return n.Annotations[api.AnnotationGPUInventory] != "" && q.Value() == 800, nil
+		})
+	}
+	return names
+}
+
+// applyFile creates every object of a multi-document YAML file (AlreadyExists is fine).
+func applyFile(t *testing.T, c *cluster.Cluster, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyYAML(t, c, data)
+}
+
+func applyYAML(t *testing.T, c *cluster.Cluster, data []byte) {
+	t.Helper()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := utilyaml.Unmarshal(doc, &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		gvk := u.GroupVersionKind()
+		mapping, err := restMapping(c, gvk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ri := c.Dynamic.Resource(mapping.Resource)
+		var createErr error
+		if mapping.Namespaced {
+			ns := u.GetNamespace()
+			if ns == "" {
+				ns = "default"
+			}
+			_, createErr = ri.Namespace(ns).Create(t.Context(), u, metav1.CreateOptions{})
+		} else {
+			_, createErr = ri.Create(t.Context(), u, metav1.CreateOptions{})
+		}
+		if createErr != nil && !apierrors.IsAlreadyExists(createErr) {
+			t.Fatalf("creating %s %s: %v", gvk.Kind, u.GetName(), createErr)
+		}
+	}
+}
+
+type mapping struct {
+	Resource   schema.GroupVersionResource
+	Namespaced bool
+}
+
+// restMapping resolves a kind through discovery.
+func restMapping(c *cluster.Cluster, gvk schema.GroupVersionKind) (mapping, error) {
+	list, err := c.Client.Discovery().ServerResourcesForGroupVersion(gvk.GroupVersion().String())
+	if err != nil {
+		return mapping{}, fmt.Errorf("discovering %s: %w", gvk.GroupVersion(), err)
+	}
+	for _, r := range list.APIResources {
+		if r.Kind == gvk.Kind && !strings.Contains(r.Name, "/") {
+			return mapping{Resource: gvk.GroupVersion().WithResource(r.Name), Namespaced: r.Namespaced}, nil
+		}
+	}
+	return mapping{}, fmt.Errorf("no resource for %s", gvk)
+}
+
+// coordinator is a running gpufrac-coordinator process.
+type coordinator struct {
+	cmd *exec.Cmd
+	log string
+}
+
+// startCoordinator runs the real coordinator against the cluster.
+func startCoordinator(t *testing.T, c *cluster.Cluster, id string, args ...string) *coordinator {
+	t.Helper()
+	bin := filepath.Join(repoRoot(t), "bin", "gpufrac-coordinator")
+	logPath := filepath.Join(c.LogDir(), "coordinator-"+id+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append([]string{"--kubeconfig=" + c.KubeconfigPath, "--metrics-addr=", "--identity=" + id,
+		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
+	cmd := exec.Command(bin, all...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	co := &coordinator{cmd: cmd, log: logPath}
+	t.Cleanup(func() {
+		co.stop(syscall.SIGTERM)
+		f.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			t.Logf("coordinator %s log (tail):\n%s", id, b)
+		}
+	})
+	return co
+}
+
+func (co *coordinator) stop(sig syscall.Signal) {
+	if co.cmd.ProcessState != nil {
+		return
+	}
+	_ = syscall.Kill(-co.cmd.Process.Pid, sig)
+	done := make(chan struct{})
+	go func() { _ = co.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-co.cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// waitFor polls cond every 100ms until it holds or limit passes.
+func waitFor(t testing.TB, limit time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, cond); err != nil {
+		t.Fatalf("timed out after %s waiting for %s: %v", limit, what, err)
+	}
+}
+
+// podsOf lists the pods with a label in a namespace.
+func podsOf(t testing.TB, c *cluster.Cluster, ns, selector string) []corev1.Pod {
+	t.Helper()
+	l, err := c.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+func scheduledReason(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return c.Reason
+		}
+	}
+	return ""
+}
