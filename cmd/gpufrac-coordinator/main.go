@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/app"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 )
@@ -51,6 +52,10 @@ func main() {
 	flag.StringVar(&cfg.Reservation.PriorityClassName, "reservation-priority-class", cfg.Reservation.PriorityClassName, "priority class of reservation pods")
 	flag.DurationVar(&cfg.Reservation.Grace, "reservation-grace", cfg.Reservation.Grace, "how long a reservation outlives the last fraction on its GPU")
 	flag.DurationVar(&cfg.Reservation.AdmitTimeout, "reservation-admit-timeout", cfg.Reservation.AdmitTimeout, "how long a reservation may wait for its GPU before it is replaced")
+	s.Placeholder = placeholder.DefaultOptions()
+	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")
+	flag.StringVar(&s.Placeholder.Image, "placeholder-image", s.Placeholder.Image, "image of placeholder pods")
+	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
 	flag.Parse()
 	s.Seed = seed
 	s.NonPreemptiblePriority = int32(npPrio)

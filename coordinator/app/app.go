@@ -34,6 +34,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
@@ -52,6 +53,8 @@ type Config struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Scheduler configures the scheduling cycle.
 	Scheduler scheduler.Options
+	// Placeholders turns on placeholder pods that ask the autoscaler for capacity.
+	Placeholders bool
 	// Reservations turns on reservation pods for shared GPUs.
 	Reservations bool
 	// Reservation configures reservation pods.
@@ -196,6 +199,12 @@ func (a *App) lead(ctx context.Context) error {
 		Binder:   bnd,
 		Evictor:  bnd,
 		Reserver: reserver,
+		Placeholders: func() scheduler.Placeholders {
+			if a.cfg.Placeholders {
+				return placeholder.NewManager(a.client, recorder)
+			}
+			return nil
+		}(),
 		Status:   scheduler.DynamicStatusWriter{Client: a.dynamic},
 		Registry: a.reg,
 	})

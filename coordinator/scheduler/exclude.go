@@ -12,12 +12,21 @@ import (
 // excludes the named nodes (by metadata.name), added to every term so it is
 // ANDed with the pod's own affinity.
 func withExcludedNodes(r *placement.Request, exclude map[string]bool) *placement.Request {
-	names := make([]string, 0, len(exclude))
-	for n := range exclude {
+	return withNodes(r, exclude, corev1.NodeSelectorOpNotIn)
+}
+
+// withOnlyNodes returns a copy of r restricted to the named nodes.
+func withOnlyNodes(r *placement.Request, only map[string]bool) *placement.Request {
+	return withNodes(r, only, corev1.NodeSelectorOpIn)
+}
+
+func withNodes(r *placement.Request, set map[string]bool, op corev1.NodeSelectorOperator) *placement.Request {
+	names := make([]string, 0, len(set))
+	for n := range set {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	notIn := corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: names}
+	notIn := corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: op, Values: names}
 	out := *r
 	c := placement.Constraints{}
 	if r.Constraints != nil {

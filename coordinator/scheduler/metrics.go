@@ -11,6 +11,9 @@ type metrics struct {
 	pending       *prometheus.GaugeVec
 	bindings      *prometheus.CounterVec
 	bindDuration  prometheus.Histogram
+
+	placeholdersCreated prometheus.Counter
+	placeholderLanded   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -34,7 +37,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.bindings, m.bindDuration} {
+	m.placeholdersCreated = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpufrac_placeholders_created_total",
+		Help: "Placeholder pods created to ask the autoscaler for GPU capacity.",
+	})
+	m.placeholderLanded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpufrac_placeholders_landed_total",
+		Help: "Placeholder pods that were scheduled onto a node (the capacity arrived) and released for the real pods.",
+	})
+	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -51,6 +52,8 @@ type Options struct {
 	MaxGPUsPerPod int
 	// Interval is the longest wait between cycles.
 	Interval time.Duration
+	// Placeholder configures placeholder pods.
+	Placeholder placeholder.Options
 }
 
 // Reserver manages reservation pods (coordinator/reservation.Manager).
@@ -76,6 +79,9 @@ type Deps struct {
 	// Reserver creates and removes reservation pods; nil binds fractions
 	// without reservations (only safe when nothing else uses the GPUs).
 	Reserver Reserver
+	// Placeholders creates placeholder pods for admitted work without room
+	// (capacity requests for Karpenter); nil disables them.
+	Placeholders Placeholders
 	// Status writes Queue status; nil disables it.
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
@@ -97,8 +103,10 @@ type Scheduler struct {
 	assumed    map[types.UID]assumedPod      // pods being bound -> where
 	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it
 
-	models     []string          // GPU products in the cluster, set at the start of each cycle
-	lastStatus map[string]string // queue -> last status written (JSON), used only by Cycle
+	models     []string             // GPU products in the cluster, set at the start of each cycle
+	lastStatus map[string]string    // queue -> last status written (JSON), used only by Cycle
+	preferred  map[string][]string  // placeholder group -> nodes where its placeholders landed
+	released   map[string]time.Time // placeholder group -> when its landed placeholders were deleted
 }
 
 type assumedPod struct {
@@ -132,6 +140,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
+	if o.Placeholder.PoolLabel == "" {
+		o.Placeholder.PoolLabel = o.PoolLabel
+	}
 	p, err := placement.New(o.Policy, placement.Options{Seed: o.Seed})
 	if err != nil {
 		return nil, err
@@ -150,6 +161,8 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		assumed:    map[types.UID]assumedPod{},
 		reclaiming: map[string]map[types.UID]bool{},
 		lastStatus: map[string]string{},
+		preferred:  map[string][]string{},
+		released:   map[string]time.Time{},
 	}, nil
 }
 
@@ -306,6 +319,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 5. Admit and place, workload by workload.
 	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
+	var demand []placeholder.Item      // admitted work with no room: asks for capacity
+	var existing []*corev1.Pod         // placeholder pods
+	for _, p := range pods {
+		if placeholder.IsPlaceholder(p) {
+			existing = append(existing, p)
+		}
+	}
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			for _, p := range w.pods {
@@ -320,7 +340,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			}
 			continue
 		}
-		decisions, placeErr := s.place(snap, w)
+		items := s.items(w, snap, existing)
+		decisions, placeErr := s.placePreferring(snap, w, s.preferredNodes(items))
 		if placeErr != nil {
 			reason, msg := binder.ReasonNoCapacity, placeErr.Error()
 			if verdict.overQuota {
@@ -329,6 +350,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 				msg = fmt.Sprintf("queue %s is over its deserved quota and the cluster has no free capacity for this pod: %s", w.queue, placeErr)
 			} else if m := s.reclaim(ctx, w, books, inputs); m != "" {
 				msg = m
+			} else {
+				// Admitted within quota, no room: ask Karpenter for capacity.
+				demand = append(demand, items...)
 			}
 			for _, p := range w.pods {
 				s.markPending(ctx, p.pod, reason, msg, &res)
@@ -349,6 +373,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	if s.deps.Reserver != nil {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
 	}
+	s.syncPlaceholders(ctx, demand, pods)
 
 	// 6. Report.
 	var waiting []*workload
@@ -376,6 +401,24 @@ func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg 
 	if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
 		klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
 	}
+}
+
+// placePreferring places w on the preferred nodes (where its placeholders
+// landed) when it fits there whole, else anywhere: a preference, never a
+// requirement.
+func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer map[string]bool) ([]placement.Decision, error) {
+	if len(prefer) > 0 {
+		pinned := *w
+		pinned.pods = make([]podInfo, len(w.pods))
+		for i, p := range w.pods {
+			p.req = *withOnlyNodes(&p.req, prefer)
+			pinned.pods[i] = p
+		}
+		if ds, err := s.place(snap, &pinned); err == nil {
+			return ds, nil
+		}
+	}
+	return s.place(snap, w)
 }
 
 // place puts every pending pod of w on snap, all or nothing. A gang stays in

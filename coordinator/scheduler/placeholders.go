@@ -1,0 +1,166 @@
+package scheduler
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// Placeholders creates and deletes placeholder pods (coordinator/placeholder.Manager).
+type Placeholders interface {
+	Create(ctx context.Context, p *corev1.Pod) error
+	Delete(ctx context.Context, p *corev1.Pod, why string) error
+}
+
+// releaseCooldown is how long a group whose placeholders were released gets
+// no new placeholders, so its pods can take the capacity first.
+const releaseCooldown = 10 * time.Second
+
+// items lists a workload's pending pods as placeholder demand. A gang's
+// items carry its one pool.
+func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.Pod) []placeholder.Item {
+	pool := ""
+	if w.gang {
+		pool = s.gangPool(w, snap, existing)
+	}
+	out := make([]placeholder.Item, 0, len(w.pods))
+	for _, p := range w.pods {
+		it := placeholder.Item{
+			Workload: w.key, Pod: p.pod, GPUs: p.req.GPUs, FractionPercent: p.req.ShareMilli / 10,
+			CPUMilli: p.req.CPUMilli, MemoryBytes: p.req.MemoryBytes, Models: p.req.Models, Pool: pool,
+		}
+		out = append(out, it)
+	}
+	return out
+}
+
+// gangPool picks the one node pool a gang's capacity is asked in: the pool
+// of members already placed, else the pool its existing placeholders ask
+// for, else the first pool its pods may use (their required affinity or node
+// selector on the pool label), else the first pool among the nodes.
+func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*corev1.Pod) string {
+	if w.pool != "" {
+		return w.pool
+	}
+	key := s.opts.PoolLabel
+	for _, ph := range existing {
+		if ph.Annotations[placeholder.AnnotationWorkloads] == w.key && ph.Spec.NodeSelector[key] != "" {
+			return ph.Spec.NodeSelector[key]
+		}
+	}
+	pod := w.pods[0].pod
+	if v := pod.Spec.NodeSelector[key]; v != "" {
+		return v
+	}
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		var allowed []string
+		for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range t.MatchExpressions {
+				if e.Key == key && e.Operator == corev1.NodeSelectorOpIn {
+					allowed = append(allowed, e.Values...)
+				}
+			}
+		}
+		if len(allowed) > 0 {
+			sort.Strings(allowed)
+			return allowed[0]
+		}
+	}
+	pools := w.candidatePools(snap)
+	if len(pools) > 0 {
+		return pools[0]
+	}
+	return ""
+}
+
+// syncPlaceholders makes the placeholder pods match the demand of admitted
+// work that found no room. Placeholders that landed on a node (the capacity
+// came) are deleted so the real pods can take it; their nodes become the
+// preferred nodes of the group.
+func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.Item, pods []*corev1.Pod) {
+	if s.deps.Placeholders == nil {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	now := time.Now()
+	desired := placeholder.Plan(demand, s.opts.Placeholder)
+	want := map[string]*corev1.Pod{}
+	wantGroup := map[string]bool{}
+	for _, p := range desired {
+		want[p.Name] = p
+		wantGroup[p.Labels[placeholder.LabelGroup]] = true
+	}
+	have := map[string]*corev1.Pod{}
+	for _, p := range pods {
+		if !placeholder.IsPlaceholder(p) || p.DeletionTimestamp != nil {
+			continue
+		}
+		have[p.Name] = p
+		group := p.Labels[placeholder.LabelGroup]
+		switch {
+		case want[p.Name] == nil && !wantGroup[group]:
+			// Nothing waits for this group any more.
+			_ = s.deps.Placeholders.Delete(ctx, p, "no pending work needs it")
+		case p.Spec.NodeName != "" && !state.Terminal(p):
+			// The capacity arrived: free it for the real pods, and prefer this node.
+			s.mu.Lock()
+			s.preferred[group] = appendUniqueStr(s.preferred[group], p.Spec.NodeName)
+			s.released[group] = now
+			s.mu.Unlock()
+			_ = s.deps.Placeholders.Delete(ctx, p, "capacity arrived on "+p.Spec.NodeName)
+			s.metrics.placeholderLanded.Inc()
+		case want[p.Name] == nil:
+			_ = s.deps.Placeholders.Delete(ctx, p, "the group needs fewer GPUs")
+		}
+	}
+	for name, p := range want {
+		if have[name] != nil {
+			continue
+		}
+		s.mu.Lock()
+		cooling := now.Sub(s.released[p.Labels[placeholder.LabelGroup]]) < releaseCooldown
+		s.mu.Unlock()
+		if cooling {
+			continue
+		}
+		if err := s.deps.Placeholders.Create(ctx, p); err != nil {
+			logger.Error(err, "Creating placeholder")
+			continue
+		}
+		s.metrics.placeholdersCreated.Inc()
+	}
+}
+
+// preferredNodes are the nodes where a workload's placeholders landed.
+func (s *Scheduler) preferredNodes(items []placeholder.Item) map[string]bool {
+	if len(items) == 0 {
+		return nil
+	}
+	group := placeholder.GroupOf(items[0])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nodes := s.preferred[group]
+	if len(nodes) == 0 {
+		return nil
+	}
+	out := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		out[n] = true
+	}
+	return out
+}
+
+func appendUniqueStr(s []string, x string) []string {
+	for _, v := range s {
+		if v == x {
+			return s
+		}
+	}
+	return append(s, x)
+}
