@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
@@ -316,6 +317,28 @@ func TestNodeAgents(t *testing.T) {
 		if diff := cmp.Diff(freed, podDevices(t, agents["gpu-a"], "whole-8", api.ResourceGPU)); diff != "" {
 			t.Errorf("whole-8 did not get the GPU whole-3 freed (-want +got):\n%s", diff)
 		}
+	})
+
+	t.Run("an Xid on a GPU lowers the node's allocatable", func(t *testing.T) {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, "gpu-b", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := api.DecodeInventory(node.Annotations[api.AnnotationGPUInventory])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nvidia.WriteMockXid(agents["gpu-b"].StateDir, inv[5].UUID, 79); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{
+			"capacity nvidia.com/gpu": "8", "allocatable nvidia.com/gpu": "7",
+			"capacity gpufrac.io/gpu-fraction": "800", "allocatable gpufrac.io/gpu-fraction": "700",
+		}
+		waitFor(t, 30*time.Second, "gpu-b allocatable without the failed GPU", func(ctx context.Context) (bool, error) {
+			got, err := nodeResources(ctx, c, "gpu-b")
+			return cmp.Equal(want, got), err
+		})
 	})
 
 	t.Run("deleting a node stops its agent", func(t *testing.T) {

@@ -5,8 +5,20 @@
 // directory per cluster, so several test packages can each run their own cluster
 // side by side.
 //
-// The binaries come from the repository's bin/ directory (`make tools`). Start and
-// StartForTest fail with "run make tools" when one is missing.
+// kwok runs a pod only once the harness has admitted it (annotation
+// AnnotationAdmitted, a condition the cluster adds to kwok's pod-ready stage), as a
+// kubelet admits a pod before it starts containers. With Options.NodeAgents every
+// kwok GPU node (label gpufrac.io/gpu-node=true, Karpenter's nodes included) gets a
+// kubelet simulator and a real gpufrac-node on mock GPUs: the simulator sets the
+// node's capacity and allocatable from the plugin's ListAndWatch, admits the pods
+// bound to the node through GetPreferredAllocation and Allocate (a failure ends the
+// pod Failed with reason UnexpectedAdmissionError and the plugin's message, as the
+// kubelet does) and serves the node's PodResources. Pods on nodes without an agent
+// are admitted without devices.
+//
+// The binaries come from the repository's bin/ directory (`make tools`; gpufrac-node
+// from `make build`). Start and StartForTest fail with "run make tools" when one is
+// missing.
 package cluster
 
 import (
@@ -70,8 +82,7 @@ type Options struct {
 	// kwok.x-k8s.io/node=fake) labelled gpufrac.io/gpu-node=true, including nodes
 	// Karpenter creates, as seen by a node informer. It runs in its own goroutine; its
 	// ctx is cancelled when the node is deleted or the cluster stops, and Stop waits
-	// for it to return. It is the place to start a per-node agent (gpufrac-node plus a
-	// kubelet simulator).
+	// for it to return. Node agents (NodeAgents) run beside it, not through it.
 	OnNode func(ctx context.Context, node *corev1.Node)
 	// NodeAgents, when not nil, runs a real gpufrac-node with a kubelet simulator for
 	// every kwok GPU node (see NodeAgentOptions and Cluster.NodeAgent).
