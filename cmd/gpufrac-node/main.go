@@ -29,50 +29,57 @@ var version = "dev"
 
 func main() {
 	klog.InitFlags(nil)
-	var (
-		cfg          agent.Config
-		nvmlFlag     string
-		mockState    string
-		kubeconfig   string
-		strategy     string
-		ignoredXids  string
-		standaloneOK bool
-	)
+	var o options
+	cfg := &o.cfg
 	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory")
 	flag.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's PodResources socket (empty disables)")
 	flag.StringVar(&cfg.ConfigFile, "config", "", "the admin's partitioning config file (a mounted ConfigMap key); empty serves the defaults")
-	flag.StringVar(&nvmlFlag, "nvml", "real", "NVML backend: real, mock:dgxh100 or mock:dgxa100")
-	flag.StringVar(&mockState, "mock-state-dir", "", "with a mock backend: directory whose files set fake processes, memory use and Xid events")
-	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for API access; empty uses the in-cluster config, or runs standalone outside a cluster")
+	flag.StringVar(&o.nvml, "nvml", "real", "NVML backend: real, mock:dgxh100 or mock:dgxa100")
+	flag.IntVar(&o.mockGPUs, "mock-gpus", 0, "with a mock backend: the number of GPUs (0: the DGX's eight)")
+	flag.StringVar(&o.mockState, "mock-state-dir", "", "with a mock backend: directory whose files set fake processes, memory use and Xid events")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for API access; empty uses the in-cluster config, or runs standalone outside a cluster")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9400", "address of /metrics, /healthz and /readyz (empty disables)")
 	flag.StringVar(&cfg.ProcRoot, "proc-root", "/proc", "procfs the GPU memory watchdog maps NVML's host PIDs through (gpufrac-node runs with hostPID); tests point it at a fixture tree")
-	flag.StringVar(&strategy, "device-list-strategy", string(resource.StrategyDeviceSpecs), "how GPUs reach containers: device-specs or cdi")
+	flag.StringVar(&o.strategy, "device-list-strategy", string(resource.StrategyDeviceSpecs), "how GPUs reach containers: device-specs or cdi")
 	flag.DurationVar(&cfg.HealthQuietPeriod, "health-quiet-period", 5*time.Minute, "a GPU is healthy again after this long without a critical Xid")
 	flag.DurationVar(&cfg.HealthProbeInterval, "health-probe-interval", time.Second, "how often GPUs are probed through NVML")
-	flag.StringVar(&ignoredXids, "ignored-xids", "", "comma-separated Xids that never mark a GPU unhealthy, replacing the default application Xids 13,31,43,45,68,109")
-	flag.BoolVar(&standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
+	flag.StringVar(&o.ignoredXids, "ignored-xids", "", "comma-separated Xids that never mark a GPU unhealthy, replacing the default application Xids 13,31,43,45,68,109")
+	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	flag.Parse()
 
-	if err := run(cfg, nvmlFlag, mockState, kubeconfig, strategy, ignoredXids, standaloneOK); err != nil {
+	if err := run(o); err != nil {
 		klog.ErrorS(err, "gpufrac-node failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(cfg agent.Config, nvmlFlag, mockState, kubeconfig, strategy, ignoredXids string, standaloneOK bool) error {
+// options are the command line.
+type options struct {
+	cfg          agent.Config
+	nvml         string
+	mockState    string
+	mockGPUs     int
+	kubeconfig   string
+	strategy     string
+	ignoredXids  string
+	standaloneOK bool
+}
+
+func run(o options) error {
+	cfg := o.cfg
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
 	cfg.Version = version
 
 	var err error
-	if cfg.DeviceListStrategy, err = resource.ParseDeviceListStrategy(strategy); err != nil {
+	if cfg.DeviceListStrategy, err = resource.ParseDeviceListStrategy(o.strategy); err != nil {
 		return err
 	}
-	if ignoredXids != "" {
-		for _, s := range strings.Split(ignoredXids, ",") {
+	if o.ignoredXids != "" {
+		for _, s := range strings.Split(o.ignoredXids, ",") {
 			x, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
 			if err != nil {
 				return fmt.Errorf("--ignored-xids: %q is not an Xid number", s)
@@ -80,11 +87,11 @@ func run(cfg agent.Config, nvmlFlag, mockState, kubeconfig, strategy, ignoredXid
 			cfg.IgnoredXids = append(cfg.IgnoredXids, x)
 		}
 	}
-	lib, err := newLib(ctx, nvmlFlag, mockState, cfg.NodeName)
+	lib, err := newLib(ctx, o.nvml, o.mockState, cfg.NodeName, o.mockGPUs)
 	if err != nil {
 		return err
 	}
-	client, err := newClient(kubeconfig, standaloneOK)
+	client, err := newClient(o.kubeconfig, o.standaloneOK)
 	if err != nil {
 		return err
 	}
@@ -94,7 +101,7 @@ func run(cfg agent.Config, nvmlFlag, mockState, kubeconfig, strategy, ignoredXid
 	return agent.New(cfg, lib, client).Run(ctx)
 }
 
-func newLib(ctx context.Context, flagValue, stateDir, nodeName string) (nvidia.Lib, error) {
+func newLib(ctx context.Context, flagValue, stateDir, nodeName string, gpus int) (nvidia.Lib, error) {
 	if flagValue == "real" {
 		return nvidia.NewReal(), nil
 	}
@@ -103,7 +110,7 @@ func newLib(ctx context.Context, flagValue, stateDir, nodeName string) (nvidia.L
 		return nil, fmt.Errorf("--nvml=%q: want real or mock:<model> (%s)", flagValue, strings.Join(nvidia.MockModels(), ", "))
 	}
 	// Stable UUIDs per node: a restarted agent shows the kubelet the same devices.
-	m, err := nvidia.NewMock(model, nvidia.WithUUIDSeed(nodeName))
+	m, err := nvidia.NewMock(model, nvidia.WithUUIDSeed(nodeName), nvidia.WithGPUCount(gpus))
 	if err != nil {
 		return nil, fmt.Errorf("--nvml=%q: %w", flagValue, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"k8s.io/utils/clock"
 )
@@ -21,7 +22,8 @@ const mockEventBuffer = 64
 
 // mockModel is a go-nvml mock server plus the topology gpufrac fakes for it.
 type mockModel struct {
-	newServer func() *server.Server
+	// newServer builds the server with n GPUs (n <= 0: the DGX's eight).
+	newServer func(n int) *server.Server
 	// nvlinks is the number of NVLinks per GPU, all to NVSwitches.
 	nvlinks int
 	// switches is the number of NVSwitch chips on the baseboard.
@@ -35,10 +37,20 @@ func lookupMockModel(name string) (mockModel, bool) {
 	switch name {
 	case "dgxh100":
 		// DGX H100: 8x H100 SXM5, 18 NVLink4 links each to 4 NVSwitch chips.
-		return mockModel{newServer: dgxh100.New, nvlinks: 18, switches: 4, switchPCIDeviceID: 0x22a310de}, true
+		return mockModel{newServer: func(n int) *server.Server {
+			if n <= 0 {
+				return dgxh100.New()
+			}
+			return dgxh100.NewWithGPUs(gpus.Multiple(n, gpus.H100_SXM5_80GB)...)
+		}, nvlinks: 18, switches: 4, switchPCIDeviceID: 0x22a310de}, true
 	case "dgxa100":
 		// DGX A100: 8x A100 SXM4, 12 NVLink3 links each to 6 NVSwitch chips.
-		return mockModel{newServer: dgxa100.New, nvlinks: 12, switches: 6, switchPCIDeviceID: 0x1af110de}, true
+		return mockModel{newServer: func(n int) *server.Server {
+			if n <= 0 {
+				return dgxa100.New()
+			}
+			return dgxa100.NewWithGPUs(gpus.Multiple(n, gpus.A100_SXM4_40GB)...)
+		}, nvlinks: 12, switches: 6, switchPCIDeviceID: 0x1af110de}, true
 	default:
 		return mockModel{}, false
 	}
@@ -93,6 +105,7 @@ type MockOption func(*mockOptions)
 
 type mockOptions struct {
 	uuidSeed string
+	gpuCount int
 }
 
 // WithUUIDSeed derives the GPU UUIDs from seed and the GPU index instead of
@@ -101,6 +114,12 @@ type mockOptions struct {
 // them). Use the node name as the seed so nodes differ.
 func WithUUIDSeed(seed string) MockOption {
 	return func(o *mockOptions) { o.uuidSeed = seed }
+}
+
+// WithGPUCount builds the mock with n GPUs of the model instead of the
+// DGX's eight, e.g. to match a cloud instance type with one GPU.
+func WithGPUCount(n int) MockOption {
+	return func(o *mockOptions) { o.gpuCount = n }
 }
 
 // NewMock builds a Mock of the named model: "dgxh100" (8x H100 80GB) or
@@ -115,7 +134,7 @@ func NewMock(model string, opts ...MockOption) (*Mock, error) {
 	if !ok {
 		return nil, fmt.Errorf("creating mock NVML: unknown model %q (known: %v)", model, MockModels())
 	}
-	srv := mm.newServer()
+	srv := mm.newServer(o.gpuCount)
 	m := &Mock{server: srv, model: mm, byUUID: map[string]*fakeGPU{}, mig: newMockMIG()}
 	for i, d := range srv.Devices {
 		dev, ok := d.(*server.Device)

@@ -582,3 +582,19 @@ func TestNewMockUUIDSeed(t *testing.T) {
 		})
 	}
 }
+
+func TestMockGPUCount(t *testing.T) {
+	for _, model := range MockModels() {
+		m, err := NewMock(model, WithGPUCount(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Init(); err != nil {
+			t.Fatal(err)
+		}
+		gs, err := m.GPUs()
+		if err != nil || len(gs) != 1 {
+			t.Errorf("%s with one GPU: %d GPUs, %v", model, len(gs), err)
+		}
+	}
+}

@@ -323,6 +323,11 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		"--allow-standalone=false",
 		"-v=2",
 	}
+	// A node made from a cloud instance type (Karpenter) has as many mock GPUs
+	// as the type sells, not the DGX's eight.
+	if q, ok := node.Status.Allocatable[api.ResourceGPU]; ok && q.Value() > 0 && q.Value() != 8 {
+		args = append(args, fmt.Sprintf("--mock-gpus=%d", q.Value()))
+	}
 	if cfg := c.opts.NodeAgents.Config; cfg != "" {
 		path := filepath.Join(nodeDir, "config.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
