@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,7 +34,8 @@ const inflightTTL = 10 * time.Minute
 // which GPU the coordinator chose for the next fraction request
 // (resource.PodHint), and writes back, from the kubelet's PodResources, the
 // GPU each fraction pod (gpufrac.io/allocated-gpu) and each reservation pod
-// (gpufrac.io/reserved-gpu) actually got.
+// (gpufrac.io/reserved-gpu) actually got, and the GPUs each pod holding
+// whole GPUs got (gpufrac.io/allocated-gpu, comma-separated).
 //
 // Allocate does not say which pod it serves, so the hint matches counts, not
 // pods: the coordinator's choices for pods of one size form a demand per GPU;
@@ -370,8 +373,14 @@ func (h *Hint) Allocated(ctx context.Context, uuid string, units int) {
 	}
 }
 
-// writeBack annotates fraction and reservation pods with the GPU the
-// kubelet's PodResources says they hold.
+// writeBack annotates pods with the GPUs the kubelet's PodResources says
+// they hold: fraction pods (gpufrac.io/allocated-gpu, the GPU of their
+// units), reservation pods (gpufrac.io/reserved-gpu) and pods holding whole
+// GPUs (gpufrac.io/allocated-gpu, the sorted, comma-separated device IDs of
+// all their containers: GPU UUIDs, or MIG UUIDs in the single strategy).
+// A pod holding both a fraction and whole GPUs keeps its fraction's GPU:
+// the coordinator and the hint read allocated-gpu of fraction pods as one
+// UUID.
 func (h *Hint) writeBack(ctx context.Context) error {
 	h.podRes.Invalidate()
 	as, err := h.podRes.List(ctx)
@@ -380,6 +389,7 @@ func (h *Hint) writeBack(ctx context.Context) error {
 	}
 	listing := map[containerKey]admission{}
 	want := map[types.NamespacedName]map[string]string{} // pod -> annotation -> GPU
+	whole := map[types.NamespacedName][]string{}         // pod -> whole GPUs held, over its containers
 	for _, a := range as {
 		key := types.NamespacedName{Namespace: a.Namespace, Name: a.Pod}
 		switch {
@@ -390,9 +400,20 @@ func (h *Hint) writeBack(ctx context.Context) error {
 			}
 			listing[containerKey{a.Namespace, a.Pod, a.Container}] = admission{units: len(a.DeviceIDs), gpu: gpu}
 			setWant(want, key, api.AnnotationAllocatedGPU, gpu)
-		case a.Resource == api.ResourceGPU && IsReservation(a.Namespace, a.Pod) && len(a.DeviceIDs) == 1:
-			setWant(want, key, api.AnnotationReservedGPU, a.DeviceIDs[0])
+		case a.Resource == api.ResourceGPU && IsReservation(a.Namespace, a.Pod):
+			if len(a.DeviceIDs) == 1 {
+				setWant(want, key, api.AnnotationReservedGPU, a.DeviceIDs[0])
+			}
+		case a.Resource == api.ResourceGPU:
+			whole[key] = append(whole[key], a.DeviceIDs...)
 		}
+	}
+	for key, ids := range whole {
+		if _, ok := want[key][api.AnnotationAllocatedGPU]; ok || len(ids) == 0 {
+			continue // a fraction's GPU, or nothing to say
+		}
+		slices.Sort(ids)
+		setWant(want, key, api.AnnotationAllocatedGPU, strings.Join(slices.Compact(ids), ","))
 	}
 	if pods, err := h.lister.List(labelsEverything()); err == nil {
 		h.mu.Lock()

@@ -142,12 +142,16 @@ func TestWriteBack(t *testing.T) {
 	want := map[string]map[string]string{
 		"default/frac":      {api.AnnotationGPU: gpuA, api.AnnotationAllocatedGPU: gpuB}, // the GPU actually held
 		"default/frac-done": {api.AnnotationGPU: gpuB, api.AnnotationAllocatedGPU: gpuB},
+		// Whole-GPU pods, a reservation's name outside gpufrac-system included.
+		"default/trainer": {api.AnnotationAllocatedGPU: wholeUUID(0)},
+		"default/" + api.ReservationNamePrefix + "imposter":           {api.AnnotationAllocatedGPU: wholeUUID(2)},
 		api.SystemNamespace + "/" + api.ReservationNamePrefix + "one": {api.AnnotationReservedGPU: wholeUUID(1)},
 	}
 	if diff := cmp.Diff(want, c.annotations(t)); diff != "" {
 		t.Errorf("annotations after write-back (-want +got):\n%s", diff)
 	}
-	wantPatches := []string{"default/frac", api.SystemNamespace + "/" + api.ReservationNamePrefix + "one"}
+	wantPatches := []string{"default/frac", "default/" + api.ReservationNamePrefix + "imposter", "default/trainer",
+		api.SystemNamespace + "/" + api.ReservationNamePrefix + "one"}
 	got := c.patches()
 	slices.Sort(got)
 	if diff := cmp.Diff(wantPatches, got); diff != "" {
@@ -158,7 +162,11 @@ func TestWriteBack(t *testing.T) {
 	eventually(t, ctx, "the annotations in the informer cache", func() bool {
 		p, err := h.lister.Pods("default").Get("frac")
 		r, err2 := h.lister.Pods(api.SystemNamespace).Get(api.ReservationNamePrefix + "one")
-		return err == nil && err2 == nil && p.Annotations[api.AnnotationAllocatedGPU] == gpuB && r.Annotations[api.AnnotationReservedGPU] == wholeUUID(1)
+		w, err3 := h.lister.Pods("default").Get("trainer")
+		i, err4 := h.lister.Pods("default").Get(api.ReservationNamePrefix + "imposter")
+		return err == nil && err2 == nil && err3 == nil && err4 == nil &&
+			p.Annotations[api.AnnotationAllocatedGPU] == gpuB && r.Annotations[api.AnnotationReservedGPU] == wholeUUID(1) &&
+			w.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(0) && i.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(2)
 	})
 	if err := h.writeBack(ctx); err != nil {
 		t.Fatalf("second writeBack: %v", err)
