@@ -1,5 +1,5 @@
 // Package binder writes the coordinator's decisions to the API server:
-// annotations then the pods/binding subresource, and the PodScheduled
+// the pods/binding subresource (carrying the pod's new annotations), and the PodScheduled
 // condition plus an event for pods that stay pending. It never writes the
 // reason "Unschedulable": Karpenter provisions capacity for exactly those
 // pods, and gpufrac asks for capacity only through placeholder pods.
@@ -51,16 +51,13 @@ func New(client kubernetes.Interface, recorder record.EventRecorder) *Binder {
 	return &Binder{client: client, recorder: recorder, fieldMgr: "gpufrac-coordinator"}
 }
 
-// Bind records annotations on the pod (when any), then binds it to node.
+// Bind binds the pod to node through the pods/binding subresource, with
+// annotations on the Binding: the API server copies them onto the pod in the
+// same update that sets spec.nodeName. One request per pod, and no moment
+// where the pod carries a GPU choice but no node, or a node but no GPU choice.
 func (b *Binder) Bind(ctx context.Context, pod *corev1.Pod, node string, annotations map[string]string) error {
-	if len(annotations) > 0 {
-		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
-		if _, err := b.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: b.fieldMgr}); err != nil {
-			return fmt.Errorf("annotating pod %s/%s before binding: %w", pod.Namespace, pod.Name, err)
-		}
-	}
 	binding := &corev1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: annotations},
 		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
 	}
 	if err := b.client.CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {

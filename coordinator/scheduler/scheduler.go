@@ -82,6 +82,8 @@ type Deps struct {
 	// Placeholders creates placeholder pods for admitted work without room
 	// (capacity requests for Karpenter); nil disables them.
 	Placeholders Placeholders
+	// NodeClaims resolves Karpenter NodeClaims to nodes (nil: none known).
+	NodeClaims NodeClaimNodes
 	// Status writes Queue status; nil disables it.
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
@@ -107,6 +109,9 @@ type Scheduler struct {
 	lastStatus map[string]string    // queue -> last status written (JSON), used only by Cycle
 	preferred  map[string][]string  // placeholder group -> nodes where its placeholders landed
 	released   map[string]time.Time // placeholder group -> when its landed placeholders were deleted
+	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
+	nominatedClaims map[string][]string
+	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
 }
 
 type assumedPod struct {
@@ -163,6 +168,8 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		lastStatus: map[string]string{},
 		preferred:  map[string][]string{},
 		released:   map[string]time.Time{},
+
+		nominatedClaims: map[string][]string{},
 	}, nil
 }
 
@@ -265,7 +272,15 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	logger := klog.FromContext(ctx)
 	res := Result{Pending: map[string]int{}}
 
-	// 1. Read the world: nodes, pods, queues, and what is being bound.
+	// 1. Read the world: what is being bound, nodes, pods, queues. Assumed
+	// pods first: a binding the informer shows after this copy is in the
+	// pod list below, so no pod is missed by both and placed twice.
+	s.mu.Lock()
+	assumed := make(map[types.UID]state.Assumed, len(s.assumed))
+	for uid, a := range s.assumed {
+		assumed[uid] = a.Assumed
+	}
+	s.mu.Unlock()
 	nodes, err := s.deps.Nodes.List(labels.Everything())
 	if err != nil {
 		return res, fmt.Errorf("listing nodes: %w", err)
@@ -279,12 +294,6 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("listing queues: %w", err)
 	}
 	s.models = productsOf(nodes)
-	s.mu.Lock()
-	assumed := make(map[types.UID]state.Assumed, len(s.assumed))
-	for uid, a := range s.assumed {
-		assumed[uid] = a.Assumed
-	}
-	s.mu.Unlock()
 
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel}
@@ -319,6 +328,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 5. Admit and place, workload by workload.
 	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
+	plans := map[types.UID]plan{}      // pods waiting for reservations -> their placement
 	var demand []placeholder.Item      // admitted work with no room: asks for capacity
 	var existing []*corev1.Pod         // placeholder pods
 	for _, p := range pods {
@@ -341,7 +351,11 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			continue
 		}
 		items := s.items(w, snap, existing)
-		decisions, placeErr := s.placePreferring(snap, w, s.preferredNodes(items))
+		decisions := s.keepPlans(snap, w)
+		var placeErr error
+		if decisions == nil {
+			decisions, placeErr = s.placePreferring(snap, w, s.preferredNodes(items))
+		}
 		if placeErr != nil {
 			reason, msg := binder.ReasonNoCapacity, placeErr.Error()
 			if verdict.overQuota {
@@ -361,7 +375,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 		books.assume(w)
 		if waitMsg := s.reserve(ctx, w, decisions, snap, wanted); waitMsg != "" {
-			// The capacity stays taken in this cycle's snapshot and books.
+			// The capacity stays taken in this cycle's snapshot and books,
+			// and the pods keep their GPUs in the next cycle.
+			planWaiting(plans, w, decisions, snap)
 			for _, p := range w.pods {
 				s.markPending(ctx, p.pod, api.ReasonReservationPending, waitMsg, &res)
 			}
@@ -370,6 +386,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		s.bind(ctx, w, decisions, snap)
 		res.Bound += len(w.pods)
 	}
+	s.plans = plans
+	s.ensureReservations(ctx, snap)
 	if s.deps.Reserver != nil {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
 	}
@@ -539,10 +557,8 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 			continue
 		}
 		if r == nil {
-			if err := s.deps.Reserver.Ensure(ctx, d.Node, d.GPUs[0]); err != nil {
-				klog.FromContext(ctx).Error(err, "Creating reservation")
-			}
-			// Counted once: later workloads this cycle see the same key in wanted.
+			// Created by ensureReservations at the end of step 5, all at
+			// once; later workloads this cycle see the same key.
 			snap.Reservations[key] = &state.Reservation{Pod: nil}
 		}
 		waiting = append(waiting, fmt.Sprintf("GPU %s on %s", d.GPUs[0], d.Node))

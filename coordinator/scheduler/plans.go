@@ -1,0 +1,125 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// A workload whose fractions wait for reservation pods keeps its placement
+// from one cycle to the next. Placing it afresh each cycle is path
+// dependent (other pods were bound meanwhile, new ones came), so a waiting
+// fraction could move to another GPU every cycle and ask for yet another
+// reservation: with 1,000 fractions arriving at once the coordinator
+// reserved every GPU of a 130-node cluster for 350 GPUs' worth of fractions,
+// and re-placed pods for seconds instead of binding them.
+
+// plan is where a pod waiting for its GPU's reservation was placed.
+type plan struct {
+	placement.Decision
+	// seen is true once the pod's reservation was in the informer's cache:
+	// missing later, it was removed (failed, or never admitted), and the
+	// pod is placed again. Missing before, the cache may just lag behind
+	// the creation.
+	seen bool
+}
+
+// keepPlans returns the decisions w was given in the last cycle when it
+// waited for reservations and they still hold on snap: every pod planned,
+// each planned node still schedulable with room, and every planned GPU's
+// reservation not removed. It assumes them on snap. It returns nil when w
+// must be placed afresh.
+//
+// The plan was checked against the pods' constraints when it was made; a
+// node relabelled or tainted in between is not checked again, the same
+// window kube-scheduler has between its decision and the binding.
+func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Decision {
+	if len(s.plans) == 0 {
+		return nil
+	}
+	ds := make([]placement.Decision, len(w.pods))
+	for i, p := range w.pods {
+		pl, ok := s.plans[p.pod.UID]
+		if !ok {
+			return nil
+		}
+		d := pl.Decision
+		idx, ok := snap.Index(d.Node)
+		if !ok || (p.req.ShareMilli > 0 && snap.NoFraction[d.Node]) {
+			return nil
+		}
+		d.NodeIndex = idx
+		if len(d.GPUs) > 0 {
+			ids := snap.Node(idx).GPUs
+			for k, g := range d.GPUs {
+				if gi := d.GPUIndices[k]; gi >= len(ids) || ids[gi].ID != g {
+					return nil // the node's GPUs changed
+				}
+			}
+		}
+		if p.req.ShareMilli > 0 && len(d.GPUs) == 1 {
+			r := snap.Reservations[state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}]
+			if (r == nil && pl.seen) || (r != nil && r.Pod != nil && (r.Pod.DeletionTimestamp != nil || r.Pod.Status.Phase == corev1.PodFailed)) {
+				return nil // the reservation is gone or going: place again
+			}
+		}
+		ds[i] = d
+	}
+	cp := snap.Checkpoint()
+	for i := range w.pods {
+		if err := snap.Assume(&w.pods[i].req, ds[i]); err != nil {
+			_ = snap.Rollback(cp)
+			return nil
+		}
+	}
+	if err := snap.Commit(cp); err != nil {
+		return nil
+	}
+	return ds
+}
+
+// planWaiting records the decisions of a workload that waits for
+// reservations, for keepPlans in the next cycle.
+func planWaiting(plans map[types.UID]plan, w *workload, ds []placement.Decision, snap *state.Snapshot) {
+	for i, p := range w.pods {
+		seen := true
+		if p.req.ShareMilli > 0 && len(ds[i].GPUs) == 1 {
+			r := snap.Reservations[state.NodeGPU{Node: ds[i].Node, GPU: ds[i].GPUs[0]}]
+			seen = r != nil && r.Pod != nil
+		}
+		plans[p.pod.UID] = plan{Decision: ds[i], seen: seen}
+	}
+}
+
+// ensureReservations creates the reservation pods this cycle asked for
+// (reserve records them in snap.Reservations without a pod), BindWorkers at
+// a time: one request each, and a burst of fractions may want hundreds.
+func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot) {
+	if s.deps.Reserver == nil {
+		return
+	}
+	todo := make(chan state.NodeGPU)
+	var wg sync.WaitGroup
+	for range s.opts.BindWorkers {
+		wg.Go(func() {
+			for key := range todo {
+				if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU); err != nil {
+					klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
+				}
+			}
+		})
+	}
+	for key, r := range snap.Reservations {
+		if r.Pod == nil {
+			todo <- key
+		}
+	}
+	close(todo)
+	wg.Wait()
+}

@@ -1,0 +1,86 @@
+package scheduler
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// TestWaitingFractionKeepsItsGPU: a fraction waiting for its GPU's
+// reservation stays on that GPU in later cycles even when a fresh placement
+// would now prefer another GPU, so it never asks for a second reservation;
+// it moves only when its reservation is removed.
+func TestWaitingFractionKeepsItsGPU(t *testing.T) {
+	tests := []struct {
+		name string
+		// removeReservation deletes the waited-for reservation after the
+		// second cycle (as Reconcile does when the kubelet never gave it).
+		removeReservation bool
+		wantGPU           func(planned, other string) string
+		wantEnsured       int
+	}{
+		{name: "reservation admitted: binds where planned", wantGPU: func(planned, _ string) string { return planned }, wantEnsured: 1},
+		{name: "reservation removed: placed again", removeReservation: true, wantGPU: func(_, other string) string { return other }, wantEnsured: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f", "q", 40))
+			r := &fakeReserver{c: c}
+			c.s.deps.Reserver = r
+
+			// 1. f waits for the reservation of the GPU it was given.
+			c.cycle()
+			if len(r.ensured) != 1 || c.reason("f") != api.ReasonReservationPending {
+				t.Fatalf("after the first cycle: reservations %v, f's reason %q; want one reservation and ReservationPending", r.ensured, c.reason("f"))
+			}
+			planned := r.ensured[0][len("n1/"):]
+			other := "GPU-n1-0"
+			if planned == other {
+				other = "GPU-n1-1"
+			}
+
+			// 2. The other GPU now holds a 60% fraction under an admitted
+			// reservation: a fresh placement of f (40%) would fit it exactly.
+			res := reservation.Pod("n1", other, reservation.DefaultOptions())
+			res.UID = types.UID(res.Name)
+			res.Annotations[api.AnnotationReservedGPU] = other
+			_ = c.pods.Add(res)
+			_ = c.pods.Add(builders.MakePod("sixty", "default").Queue("q").Fraction(60).CPU("1").UID("sixty").
+				Node("n1").Annotation(api.AnnotationGPU, other).Obj())
+			c.cycle()
+			if c.boundTo("f") != "" {
+				t.Fatalf("f was bound to %s (GPU %s) before its reservation was admitted", c.boundTo("f"), c.b.ann["f"][api.AnnotationGPU])
+			}
+
+			// 3. Admit or remove f's reservation.
+			obj, _, _ := c.pods.GetByKey(api.SystemNamespace + "/" + reservation.Name("n1", planned))
+			mine := obj.(*corev1.Pod).DeepCopy()
+			if tt.removeReservation {
+				_ = c.pods.Delete(mine)
+			} else {
+				mine.Annotations[api.AnnotationReservedGPU] = planned
+				_ = c.pods.Update(mine)
+			}
+			c.cycle()
+
+			got := struct {
+				Node, GPU string
+				Ensured   int
+			}{c.boundTo("f"), c.b.ann["f"][api.AnnotationGPU], len(r.ensured)}
+			want := struct {
+				Node, GPU string
+				Ensured   int
+			}{"n1", tt.wantGPU(planned, other), tt.wantEnsured}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("f's binding (-want +got):\n%s\nreservations asked for: %v", diff, r.ensured)
+			}
+		})
+	}
+}
