@@ -223,7 +223,7 @@ func eventually(t *testing.T, ctx context.Context, what string, cond func() bool
 }
 
 // shortDir is a temp dir short enough for unix sockets (108 bytes).
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "pods")
 	if err != nil {

@@ -41,7 +41,7 @@ type simNode struct {
 	podRes  *PodResources
 }
 
-func startSimNode(t *testing.T, ctx context.Context) *simNode {
+func startSimNode(t testing.TB, ctx context.Context) *simNode {
 	t.Helper()
 	dir := shortDir(t)
 	sock := filepath.Join(dir, "pr.sock")
@@ -59,7 +59,7 @@ func startSimNode(t *testing.T, ctx context.Context) *simNode {
 }
 
 // fakePlugin registers a kubeletsimtest plugin for res and waits for its devices.
-func (n *simNode) fakePlugin(t *testing.T, ctx context.Context, res string, devs []*v1beta1.Device, preferred bool) {
+func (n *simNode) fakePlugin(t testing.TB, ctx context.Context, res string, devs []*v1beta1.Device, preferred bool) {
 	t.Helper()
 	p := kubeletsimtest.New(kubeletsimtest.Options{
 		Dir: n.dir, Endpoint: plugin.EndpointName(res), Resource: res, Devices: devs, PreferredAllocation: preferred,
@@ -71,7 +71,7 @@ func (n *simNode) fakePlugin(t *testing.T, ctx context.Context, res string, devs
 	n.waitAllocatable(t, ctx, res, len(devs))
 }
 
-func (n *simNode) waitAllocatable(t *testing.T, ctx context.Context, res string, want int) {
+func (n *simNode) waitAllocatable(t testing.TB, ctx context.Context, res string, want int) {
 	t.Helper()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -80,7 +80,7 @@ func (n *simNode) waitAllocatable(t *testing.T, ctx context.Context, res string,
 	}
 }
 
-func (n *simNode) allocate(t *testing.T, ctx context.Context, p *corev1.Pod, res string, count int) []string {
+func (n *simNode) allocate(t testing.TB, ctx context.Context, p *corev1.Pod, res string, count int) []string {
 	t.Helper()
 	a, err := n.kubelet.Allocate(ctx, kubeletsim.PodRef{Namespace: p.Namespace, Name: p.Name, UID: p.UID}, "main", res, count)
 	if err != nil {
