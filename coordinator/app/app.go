@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -38,6 +40,9 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
+
+// nodeClaimGVR is Karpenter's NodeClaim resource.
+var nodeClaimGVR = schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodeclaims"}
 
 // Config is the coordinator's configuration, filled from flags by main.
 type Config struct {
@@ -178,6 +183,17 @@ func (a *App) lead(ctx context.Context) error {
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(a.dynamic, 0)
 	queueInf := dynFactory.ForResource(v1alpha1.QueueGVR())
 
+	// Karpenter's Nominated events on placeholders, and its NodeClaims when
+	// the CRD is installed, tell which new nodes to prefer.
+	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.SystemNamespace))
+	eventInf := sysFactory.Core().V1().Events().Informer()
+	var claimLister cache.GenericLister
+	var claimSynced cache.InformerSynced = func() bool { return true }
+	if _, err := a.client.Discovery().ServerResourcesForGroupVersion(nodeClaimGVR.GroupVersion().String()); err == nil {
+		inf := dynFactory.ForResource(nodeClaimGVR)
+		claimLister, claimSynced = inf.Lister(), inf.Informer().HasSynced
+	}
+
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
@@ -199,6 +215,21 @@ func (a *App) lead(ctx context.Context) error {
 		Binder:   bnd,
 		Evictor:  bnd,
 		Reserver: reserver,
+		NodeClaims: func(name string) string {
+			if claimLister == nil {
+				return ""
+			}
+			obj, err := claimLister.Get(name)
+			if err != nil {
+				return ""
+			}
+			u, ok := obj.(*unstructured.Unstructured)
+			if !ok {
+				return ""
+			}
+			n, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
+			return n
+		},
 		Placeholders: func() scheduler.Placeholders {
 			if a.cfg.Placeholders {
 				return placeholder.NewManager(a.client, recorder)
@@ -229,11 +260,19 @@ func (a *App) lead(ctx context.Context) error {
 	if _, err := queueInf.Informer().AddEventHandler(wake); err != nil {
 		return fmt.Errorf("watching queues: %w", err)
 	}
+	if _, err := eventInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    sched.OnEvent,
+		UpdateFunc: func(_, obj any) { sched.OnEvent(obj) },
+	}); err != nil {
+		return fmt.Errorf("watching events: %w", err)
+	}
 	factory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
+	sysFactory.Start(ctx.Done())
 	defer factory.Shutdown()
 	defer dynFactory.Shutdown()
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced) {
+	defer sysFactory.Shutdown()
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}
 	a.synced.Store(true)

@@ -145,7 +145,14 @@ func (s *Scheduler) preferredNodes(items []placeholder.Item) map[string]bool {
 	group := placeholder.GroupOf(items[0])
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	nodes := s.preferred[group]
+	nodes := append([]string(nil), s.preferred[group]...)
+	if s.deps.NodeClaims != nil {
+		for _, c := range s.nominatedClaims[group] {
+			if n := s.deps.NodeClaims(c); n != "" {
+				nodes = appendUniqueStr(nodes, n)
+			}
+		}
+	}
 	if len(nodes) == 0 {
 		return nil
 	}

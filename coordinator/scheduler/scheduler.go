@@ -52,6 +52,12 @@ type Options struct {
 	MaxGPUsPerPod int
 	// Interval is the longest wait between cycles.
 	Interval time.Duration
+	// ReservationReportDelay is how long fractions wait for their GPU's
+	// reservation before their pods say so (PodScheduled=False, reason
+	// ReservationPending, and an event); shorter waits are part of binding
+	// and cost no API write. Zero reports at once. The coordinator uses
+	// DefaultReservationReportDelay.
+	ReservationReportDelay time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
 }
@@ -377,10 +383,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		if waitMsg := s.reserve(ctx, w, decisions, snap, wanted); waitMsg != "" {
 			// The capacity stays taken in this cycle's snapshot and books,
 			// and the pods keep their GPUs in the next cycle.
-			planWaiting(plans, w, decisions, snap)
-			for _, p := range w.pods {
-				s.markPending(ctx, p.pod, api.ReasonReservationPending, waitMsg, &res)
-			}
+			planWaiting(plans, s.plans, w, decisions, snap, start)
+			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
 			continue
 		}
 		s.bind(ctx, w, decisions, snap)
