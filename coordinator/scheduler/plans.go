@@ -2,12 +2,15 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -28,7 +31,16 @@ type plan struct {
 	// pod is placed again. Missing before, the cache may just lag behind
 	// the creation.
 	seen bool
+	// since is when the pod began to wait for this node and GPU.
+	since time.Time
 }
+
+// DefaultReservationReportDelay is the coordinator's
+// Options.ReservationReportDelay: the kubelet admits a reservation and the
+// node agent reports its GPU within a second or two, and writing a pod
+// condition plus an event for each fraction of a burst would double its
+// API requests for nothing.
+const DefaultReservationReportDelay = 5 * time.Second
 
 // keepPlans returns the decisions w was given in the last cycle when it
 // waited for reservations and they still hold on snap: every pod planned,
@@ -85,15 +97,33 @@ func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Dec
 }
 
 // planWaiting records the decisions of a workload that waits for
-// reservations, for keepPlans in the next cycle.
-func planWaiting(plans map[types.UID]plan, w *workload, ds []placement.Decision, snap *state.Snapshot) {
+// reservations, for keepPlans in the next cycle; a pod that keeps its
+// previous plan keeps the time it began to wait.
+func planWaiting(plans, previous map[types.UID]plan, w *workload, ds []placement.Decision, snap *state.Snapshot, now time.Time) {
 	for i, p := range w.pods {
 		seen := true
 		if p.req.ShareMilli > 0 && len(ds[i].GPUs) == 1 {
 			r := snap.Reservations[state.NodeGPU{Node: ds[i].Node, GPU: ds[i].GPUs[0]}]
 			seen = r != nil && r.Pod != nil
 		}
-		plans[p.pod.UID] = plan{Decision: ds[i], seen: seen}
+		since := now
+		if old, ok := previous[p.pod.UID]; ok && old.Node == ds[i].Node && slices.Equal(old.GPUs, ds[i].GPUs) {
+			since = old.since
+		}
+		plans[p.pod.UID] = plan{Decision: ds[i], seen: seen, since: since}
+	}
+}
+
+// markWaiting gives the pods of w, which wait for reservations, the reason
+// ReservationPending once they have waited ReservationReportDelay. Every
+// pod counts in the cycle's result either way.
+func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, plans map[types.UID]plan, now time.Time, res *Result) {
+	for _, p := range w.pods {
+		if now.Sub(plans[p.pod.UID].since) < s.opts.ReservationReportDelay {
+			res.Pending[api.ReasonReservationPending]++
+			continue
+		}
+		s.markPending(ctx, p.pod, api.ReasonReservationPending, msg, res)
 	}
 }
 
