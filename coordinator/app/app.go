@@ -85,9 +85,13 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 	rc = rest.CopyConfig(rc)
 	rc.UserAgent = "gpufrac-coordinator"
 	if rc.QPS == 0 {
-		// Binding is one request per pod plus one patch for fractions: allow
-		// bursts like kube-scheduler's defaults do (50 QPS, 100 burst) and more.
+		// Binding is one request per pod (fractions' annotations ride on the
+		// Binding): allow bursts like kube-scheduler's defaults do (50 QPS,
+		// 100 burst) and more.
 		rc.QPS, rc.Burst = 200, 400
+	}
+	if cfg.Scheduler.ReservationReportDelay == 0 {
+		cfg.Scheduler.ReservationReportDelay = scheduler.DefaultReservationReportDelay
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
