@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -80,6 +81,44 @@ func TestWaitingFractionKeepsItsGPU(t *testing.T) {
 			}{"n1", tt.wantGPU(planned, other), tt.wantEnsured}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("f's binding (-want +got):\n%s\nreservations asked for: %v", diff, r.ensured)
+			}
+		})
+	}
+}
+
+// TestReservationPendingIsReportedAfterTheDelay: a fraction waiting for its
+// reservation gets no pod condition (no API write) until it has waited
+// ReservationReportDelay, and is counted as pending all the same.
+func TestReservationPendingIsReportedAfterTheDelay(t *testing.T) {
+	tests := []struct {
+		name       string
+		delay      time.Duration
+		waited     time.Duration // how long the pod has waited before the second cycle
+		wantReason [2]string     // after the first and the second cycle
+	}{
+		{name: "no delay: at once", wantReason: [2]string{api.ReasonReservationPending, api.ReasonReservationPending}},
+		{name: "short wait: nothing written", delay: time.Hour, waited: time.Minute},
+		{name: "long wait: written", delay: time.Hour, waited: 2 * time.Hour, wantReason: [2]string{"", api.ReasonReservationPending}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f", "q", 40))
+			c.s.deps.Reserver = &fakeReserver{c: c}
+			c.s.opts.ReservationReportDelay = tt.delay
+			var got [2]string
+			for i := range got {
+				res := c.cycle()
+				if res.Pending[api.ReasonReservationPending] != 1 {
+					t.Errorf("cycle %d: pending %v, want f counted as ReservationPending", i+1, res.Pending)
+				}
+				got[i] = c.reason("f")
+				// The pod began to wait tt.waited ago.
+				pl := c.s.plans["f"]
+				pl.since = pl.since.Add(-tt.waited)
+				c.s.plans["f"] = pl
+			}
+			if diff := cmp.Diff(tt.wantReason, got); diff != "" {
+				t.Errorf("f's reason after each cycle (-want +got):\n%s", diff)
 			}
 		})
 	}
