@@ -81,6 +81,9 @@ type req struct {
 	share bool
 	kind  int
 	key   reqKey
+	// scal are the scalar resources asked for (nil: none). Policies never
+	// read them, so they are not part of key.
+	scal []scalarAsk
 }
 
 // reqKey is what a cached score may depend on.
@@ -102,7 +105,9 @@ func makeReq(r *Request) req {
 	return q
 }
 
-// fits reports whether node i has the resources for q (eligibility aside).
+// fits reports whether node i has the CPU, memory and GPUs for q
+// (eligibility and scalar resources aside). It must stay small enough to be
+// inlined into Place's loop, which checks scalars apart (fitsScalars).
 func (s *Snapshot) fits(i int, q *req) bool {
 	st := &s.nodes[i]
 	if st.cpuFree < q.cpu || st.memFree < q.mem {
@@ -122,6 +127,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		return Decision{}, fmt.Errorf("placing request: %w", err)
 	}
 	q := makeReq(r)
+	q.scal = s.scalarAsks(r)
 	elig := s.eligibilityFor(r)
 	if elig != nil && !elig.any {
 		return Decision{}, p.explain(s, &q, elig)
@@ -133,7 +139,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	if _, random := p.policy.(randomPolicy); random {
 		seen := 0
 		for i := range s.nodes {
-			if elig.ok(i) && s.fits(i, &q) {
+			if elig.ok(i) && s.fits(i, &q) && (q.scal == nil || s.fitsScalars(i, &q)) {
 				seen++
 				if p.rng.IntN(seen) == 0 {
 					best = i
@@ -147,7 +153,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	} else {
 		row := p.cacheRow(s, &q)
 		for i := range s.nodes {
-			if !elig.ok(i) || !s.fits(i, &q) {
+			if !elig.ok(i) || !s.fits(i, &q) || (q.scal != nil && !s.fitsScalars(i, &q)) {
 				continue
 			}
 			var sc float64
@@ -272,9 +278,14 @@ func (p *Placer) randomGPU(s *Snapshot, i int, q *req) int {
 // hot path: it runs only when nothing fits.
 func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
 	e := &UnschedulableError{Nodes: len(s.nodes), Counts: map[Reason]int{}}
+	lacking := map[string]int{} // scalar resource -> nodes it rejected
 	for i := range s.nodes {
 		st := &s.nodes[i]
 		var why Reason
+		scalarsOK, lack := true, -1
+		if q.scal != nil {
+			scalarsOK, lack = s.scalarsFit(i, q.scal)
+		}
 		switch {
 		case elig != nil && elig.code[i] == rejectsConstraints:
 			why = ReasonConstraints
@@ -282,6 +293,9 @@ func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
 			why = ReasonModel
 		case q.share && st.maxFree < q.m, !q.share && st.fullFree < q.k:
 			why = ReasonGPU
+		case !scalarsOK:
+			why = ReasonScalar
+			lacking[q.scal[lack].name]++
 		case st.cpuFree < q.cpu:
 			why = ReasonCPU
 		case st.memFree < q.mem:
@@ -297,6 +311,12 @@ func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
 	for _, r := range reasonOrder() {
 		if n := e.Counts[r]; n > 0 && n >= most {
 			e.Reason, most = r, n
+		}
+	}
+	most = 0
+	for _, a := range q.scal { // sorted by name: the first wins a tie
+		if n := lacking[a.name]; n > most {
+			e.Resource, most = a.name, n
 		}
 	}
 	return e

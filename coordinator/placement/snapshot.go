@@ -43,6 +43,7 @@ type journalEntry struct {
 	state nodeState
 	free  [8]int32 // GPUs 0..7 inline; more in Snapshot.journalFree
 	extra int      // offset into journalFree for GPUs beyond 8, -1 if none
+	scal  int      // offset into journalScal of the node's scalars, -1 if none
 }
 
 // Snapshot is the cluster as placement sees it: nodes, their free resources,
@@ -56,11 +57,17 @@ type Snapshot struct {
 	src    *genSource
 	// tainted is true when some node has a taint pods must tolerate.
 	tainted bool
+	// Scalar resources (Node.Scalars): their names, sorted, and the free
+	// units of node i at scal[i*len(scalarNames):].
+	scalarNames []string
+	scalarIdx   map[string]int32 // resource name -> index in scalarNames
+	scal        []int64
 
 	// journal holds the pre-change state of nodes changed since the
 	// outermost open checkpoint; empty when no checkpoint is open.
 	journal     []journalEntry
 	journalFree []int32
+	journalScal []int64
 	depth       int
 
 	// elig caches per-node eligibility by request class key -> eligibility.
@@ -83,6 +90,9 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 		nGPU += len(nodes[i].GPUs)
 	}
 	s.free = make([]int32, 0, nGPU)
+	if err := s.initScalars(nodes); err != nil {
+		return nil, err
+	}
 	modelIdx := map[string]int32{}
 	for i := range nodes {
 		n := &nodes[i]
@@ -117,7 +127,7 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 			}
 			s.free = append(s.free, int32(g.FreeMilli))
 		}
-		if model := nodeModel(n); model != "" && len(n.GPUs) > 0 {
+		if model := nodeModel(n); model != "" && (len(n.GPUs) > 0 || len(n.Scalars) > 0) {
 			id, ok := modelIdx[model]
 			if !ok {
 				id = int32(len(s.models))
@@ -160,6 +170,7 @@ func (s *Snapshot) Node(i int) Node {
 	for g := range n.GPUs {
 		n.GPUs[g] = GPU{ID: st.meta.GPUs[g].ID, FreeMilli: int(s.free[int(st.gpuOff)+g])}
 	}
+	n.Scalars = s.nodeScalarMap(i)
 	return n
 }
 
@@ -184,6 +195,10 @@ func (s *Snapshot) Clone() *Snapshot {
 		src:     s.src,
 		tainted: s.tainted,
 		elig:    map[string]*eligibility{},
+
+		scalarNames: s.scalarNames, // never written after NewSnapshot
+		scalarIdx:   s.scalarIdx,   // never written after NewSnapshot
+		scal:        append([]int64(nil), s.scal...),
 	}
 	s.eligMu.Lock()
 	for k, v := range s.elig {
@@ -258,6 +273,10 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 	if cpu < 0 || mem < 0 || cpu > st.meta.CPUMilli || mem > st.meta.MemoryBytes {
 		return fmt.Errorf("%s placement on %s: CPU or memory out of range: %w", action, d.Node, ErrConflict)
 	}
+	asks := s.scalarAsks(r)
+	if err := s.checkScalars(i, asks, sign); err != nil {
+		return fmt.Errorf("%s placement on %s: %w", action, d.Node, err)
+	}
 	for k, g := range d.GPUIndices {
 		if g < 0 || g >= len(gpus) {
 			return fmt.Errorf("%s placement on %s: GPU index %d out of range: %w", action, d.Node, g, ErrConflict)
@@ -284,6 +303,7 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 	for _, g := range d.GPUIndices {
 		gpus[g] += int32(sign) * milli
 	}
+	s.applyScalars(i, asks, sign)
 	if kind >= 0 {
 		st.kinds[kind] -= int32(sign)
 	}
@@ -297,12 +317,16 @@ func (s *Snapshot) record(i int) {
 	if s.depth == 0 {
 		return
 	}
-	e := journalEntry{node: i, state: s.nodes[i], extra: -1}
+	e := journalEntry{node: i, state: s.nodes[i], extra: -1, scal: -1}
 	gpus := s.gpus(i)
 	n := copy(e.free[:], gpus)
 	if n < len(gpus) {
 		e.extra = len(s.journalFree)
 		s.journalFree = append(s.journalFree, gpus[n:]...)
+	}
+	if sc := s.nodeScalars(i); len(sc) > 0 {
+		e.scal = len(s.journalScal)
+		s.journalScal = append(s.journalScal, sc...)
 	}
 	s.journal = append(s.journal, e)
 }
@@ -313,12 +337,13 @@ type Checkpoint struct {
 	depth   int
 	journal int
 	extra   int
+	scal    int
 }
 
 // Checkpoint opens a checkpoint.
 func (s *Snapshot) Checkpoint() Checkpoint {
 	s.depth++
-	return Checkpoint{depth: s.depth, journal: len(s.journal), extra: len(s.journalFree)}
+	return Checkpoint{depth: s.depth, journal: len(s.journal), extra: len(s.journalFree), scal: len(s.journalScal)}
 }
 
 // Rollback undoes every change made since cp and closes it. Node
@@ -335,8 +360,11 @@ func (s *Snapshot) Rollback(cp Checkpoint) error {
 		if n < len(gpus) {
 			copy(gpus[n:], s.journalFree[e.extra:])
 		}
+		if e.scal >= 0 {
+			copy(s.nodeScalars(e.node), s.journalScal[e.scal:])
+		}
 	}
-	s.journal, s.journalFree = s.journal[:cp.journal], s.journalFree[:cp.extra]
+	s.journal, s.journalFree, s.journalScal = s.journal[:cp.journal], s.journalFree[:cp.extra], s.journalScal[:cp.scal]
 	s.depth--
 	return nil
 }
@@ -349,7 +377,7 @@ func (s *Snapshot) Commit(cp Checkpoint) error {
 	}
 	s.depth--
 	if s.depth == 0 {
-		s.journal, s.journalFree = s.journal[:0], s.journalFree[:0]
+		s.journal, s.journalFree, s.journalScal = s.journal[:0], s.journalFree[:0], s.journalScal[:0]
 	}
 	return nil
 }

@@ -66,6 +66,11 @@ type Node struct {
 	GPUs []GPU
 	// Kinds counts running pods by kind (optional, for gpuclustering).
 	Kinds KindCounts
+	// Scalars are the node's free units of countable resources that are not
+	// GPUs of their own, by resource name: MIG devices
+	// ("nvidia.com/mig-1g.10gb") and time-sliced replicas
+	// ("nvidia.com/gpu.shared"). A node without a name has none of it.
+	Scalars map[string]int64
 }
 
 // Constraints restrict which nodes a request may use beyond its resources.
@@ -117,6 +122,10 @@ type Request struct {
 	GPUs int
 	// ShareMilli asks for a share of ONE GPU (1..MilliPerGPU). It excludes GPUs.
 	ShareMilli int
+	// Scalars asks for units of countable resources by name (see
+	// Node.Scalars); the chosen node must have every one of them free.
+	// Zero entries ask for nothing.
+	Scalars map[string]int64
 	// Models are the allowed GPU models; empty allows any.
 	Models []string
 	// Constraints restrict the nodes further (nil: none).
@@ -145,6 +154,11 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%w: GPU share %d milli outside 1..%d", ErrInvalidRequest, r.ShareMilli, MilliPerGPU)
 	case r.ShareMilli > 0 && r.GPUs > 0:
 		return fmt.Errorf("%w: both a GPU share and whole GPUs", ErrInvalidRequest)
+	}
+	for name, n := range r.Scalars {
+		if name == "" || n < 0 {
+			return fmt.Errorf("%w: %d units of resource %q", ErrInvalidRequest, n, name)
+		}
 	}
 	return nil
 }
@@ -185,13 +199,14 @@ const (
 	ReasonConstraints Reason = "Constraints"
 	ReasonModel       Reason = "GPUModel"
 	ReasonGPU         Reason = "GPU"
+	ReasonScalar      Reason = "Scalar"
 	ReasonCPU         Reason = "CPU"
 	ReasonMemory      Reason = "Memory"
 )
 
 // reasonOrder is the check order, also the order of Error's message parts.
-func reasonOrder() [5]Reason {
-	return [5]Reason{ReasonConstraints, ReasonModel, ReasonGPU, ReasonCPU, ReasonMemory}
+func reasonOrder() [6]Reason {
+	return [6]Reason{ReasonConstraints, ReasonModel, ReasonGPU, ReasonScalar, ReasonCPU, ReasonMemory}
 }
 
 func (r Reason) describe() string {
@@ -202,6 +217,8 @@ func (r Reason) describe() string {
 		return "had no allowed GPU model"
 	case ReasonGPU:
 		return "had insufficient GPU"
+	case ReasonScalar:
+		return "had insufficient MIG devices or GPU replicas"
 	case ReasonCPU:
 		return "had insufficient CPU"
 	case ReasonMemory:
@@ -221,8 +238,13 @@ type UnschedulableError struct {
 	// Nodes is the number of nodes considered.
 	Nodes int
 	// Counts is how many nodes each reason rejected; each node counts once,
-	// under the first failing check (constraints, model, GPU, CPU, memory).
+	// under the first failing check (constraints, model, GPU, scalar
+	// resources, CPU, memory).
 	Counts map[Reason]int
+	// Resource names the scalar resource (Request.Scalars) that rejected the
+	// most nodes under ReasonScalar, the first by name on a tie; "" when no
+	// node was rejected for one.
+	Resource string
 }
 
 // Error reads like the kube-scheduler's message, for pod conditions.
@@ -232,7 +254,11 @@ func (e *UnschedulableError) Error() string {
 	sep := ": "
 	for _, r := range reasonOrder() {
 		if n := e.Counts[r]; n > 0 {
-			fmt.Fprintf(&b, "%s%d %s", sep, n, r.describe())
+			what := r.describe()
+			if r == ReasonScalar && e.Resource != "" {
+				what = "had insufficient " + e.Resource
+			}
+			fmt.Fprintf(&b, "%s%d %s", sep, n, what)
 			sep = ", "
 		}
 	}

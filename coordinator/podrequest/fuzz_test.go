@@ -20,13 +20,18 @@ import (
 // must never panic, must fail only with ErrInvalidRequest or ErrJobNotFound,
 // and what it accepts must satisfy the request invariants.
 func FuzzParse(f *testing.F) {
-	f.Add("team-a", "", "", "", "", "30", "", "", "500m", "1Gi", int32(0), int32(0))
-	f.Add("team-a", "llm", "4", "H100|A100", "false", "", "8", "", "4", "64Gi", int32(50), int32(0))
-	f.Add("", "g", "0", "|", "maybe", "101", "1", "2", "-1", "1e3", int32(200), int32(4))
-	f.Add("Team_A", "", "x", " h100 ", "TRUE", "1.5", "0.5", "30", "1m", "0.5", int32(-5), int32(1))
-	f.Add("q", "", "2147483648", "", "", "1e400", "9999999999999999999", "", "", "", int32(100), int32(3))
+	f.Add("team-a", "", "", "", "", "30", "", "", "500m", "1Gi", int32(0), int32(0), "", "")
+	f.Add("team-a", "llm", "4", "H100|A100", "false", "", "8", "", "4", "64Gi", int32(50), int32(0), "", "")
+	f.Add("", "g", "0", "|", "maybe", "101", "1", "2", "-1", "1e3", int32(200), int32(4), "", "")
+	f.Add("Team_A", "", "x", " h100 ", "TRUE", "1.5", "0.5", "30", "1m", "0.5", int32(-5), int32(1), "", "")
+	f.Add("q", "", "2147483648", "", "", "1e400", "9999999999999999999", "", "", "", int32(100), int32(3), "", "")
+	f.Add("team-a", "", "", "", "", "", "", "", "1", "1Gi", int32(0), int32(0), "2", "")
+	f.Add("team-a", "", "", "", "", "", "", "", "", "", int32(0), int32(0), "", "1")
+	f.Add("team-a", "", "", "", "", "", "0", "", "", "", int32(0), int32(0), "65", "")
+	f.Add("team-a", "", "", "", "", "20", "", "", "", "", int32(0), int32(0), "1", "3")
+	f.Add("team-a", "", "", "", "", "", "", "", "", "", int32(0), int32(0), "0.5", "-1")
 	f.Fuzz(func(t *testing.T, queueLabel, group, minMember, models, preemptible,
-		fraction, gpus, secondFraction, cpu, memory string, priority, parallelism int32) {
+		fraction, gpus, secondFraction, cpu, memory string, priority, parallelism int32, mig, replicas string) {
 		job := builders.MakeJob("job", "ns").Parallelism(parallelism).Obj()
 		w := builders.MakePod("p", "ns").Priority(priority).OwnedByJob(job)
 		if queueLabel != "" {
@@ -50,10 +55,13 @@ func FuzzParse(f *testing.F) {
 		setQuantity(&pod.Spec.Containers[1], api.ResourceFraction, secondFraction, true)
 		setQuantity(&pod.Spec.Containers[0], corev1.ResourceCPU, cpu, false)
 		setQuantity(&pod.Spec.Containers[1], corev1.ResourceMemory, memory, false)
+		setQuantity(&pod.Spec.Containers[1], "nvidia.com/mig-1g.10gb", mig, true)
+		setQuantity(&pod.Spec.Containers[0], api.DefaultTimesliceResource, replicas, true)
 
 		opts := podrequest.Options{
-			JobLookup: func(ns, name string) (*batchv1.Job, bool) { return job, ns == job.Namespace && name == job.Name },
-			GPUModels: []string{"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"},
+			JobLookup:   func(ns, name string) (*batchv1.Job, bool) { return job, ns == job.Namespace && name == job.Name },
+			GPUModels:   []string{"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"},
+			ScalarMilli: map[string]int64{"nvidia.com/mig-1g.10gb": 125},
 		}
 		got, err := podrequest.Parse(pod, opts)
 		if err != nil {
@@ -113,8 +121,24 @@ func FuzzParse(f *testing.F) {
 		if (len(r.Models) > 0) != (models != "") || len(got.ModelPatterns) != 0 && len(r.Models) == 0 {
 			t.Fatalf("models %q gave patterns %q and request models %q", models, got.ModelPatterns, r.Models)
 		}
-		if got.QueueResources().GPUMilli != r.GPUMilli() {
-			t.Fatalf("queue charge %d milli-GPU, request %d", got.QueueResources().GPUMilli, r.GPUMilli())
+		var units int64
+		for name, n := range r.Scalars {
+			if n < 1 {
+				t.Fatalf("%d units of %s accepted", n, name)
+			}
+			units += n
+		}
+		if len(r.Scalars) > 0 && (r.GPUs > 0 || r.ShareMilli > 0) {
+			t.Fatalf("MIG devices or replicas together with whole GPUs or a share: %+v", r)
+		}
+		if len(r.Scalars) > 1 && r.Scalars[api.DefaultTimesliceResource] > 0 {
+			t.Fatalf("MIG devices together with replicas: %v", r.Scalars)
+		}
+		if (units > 0) != (got.ScalarMilli > 0) || got.ScalarMilli > podrequest.DefaultMaxGPUs*placement.MilliPerGPU {
+			t.Fatalf("%d scalar units worth %d milli-GPU", units, got.ScalarMilli)
+		}
+		if got.QueueResources().GPUMilli != r.GPUMilli()+got.ScalarMilli {
+			t.Fatalf("queue charge %d milli-GPU, request %d + scalars %d", got.QueueResources().GPUMilli, r.GPUMilli(), got.ScalarMilli)
 		}
 	})
 }

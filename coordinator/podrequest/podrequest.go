@@ -17,6 +17,13 @@
 //     only, never together with nvidia.com/gpu; placement.Request.ShareMilli
 //     is percent×10, so 100 is a share of 1000 (a whole GPU reached through
 //     the fraction resource, shareable with nobody).
+//   - nvidia.com/mig-<profile> (MIG devices, mixed strategy) and the
+//     time-sliced replica resource (Options.TimesliceResource): whole
+//     numbers of devices, summed like nvidia.com/gpu, placed as
+//     placement.Request.Scalars. A pod holds one kind of GPU: whole GPUs, a
+//     fraction, MIG devices (several profiles may mix) or replicas. Its
+//     queue is charged them in GPU terms (Options.ScalarMilli), at most
+//     Options.MaxGPUs GPUs' worth.
 //   - annotation gpufrac.io/gpu-models ("H100|A100"): GPU model patterns,
 //     matched case-insensitively as substrings of the nodes'
 //     nvidia.com/gpu.product label (see MatchModels).
@@ -76,6 +83,50 @@ type Options struct {
 	// nvidia.com/gpu.product node label). When set, the pod's model patterns
 	// are resolved against them into Request.Models; see Parsed.ModelPatterns.
 	GPUModels []string
+	// TimesliceResource is the time-sliced replica resource; "" means
+	// api.DefaultTimesliceResource.
+	TimesliceResource string
+	// ScalarMilli is what one MIG device or replica of each resource is
+	// worth in milli-GPU, as the nodes' inventories say
+	// (state.Snapshot.ScalarMilli). Resources missing here are charged
+	// FallbackScalarMilli.
+	ScalarMilli map[string]int64
+}
+
+// defaultReplicas is the node agent's default replicas per time-sliced GPU
+// (deviceplugin/config.DefaultReplicas), used when no node says better.
+const defaultReplicas = 4
+
+// migComputeSlices is the compute slices of a MIG GPU (A100, H100, H200,
+// B200; an A30 has 4), for the fallback worth of a MIG device.
+const migComputeSlices = 7
+
+// FallbackScalarMilli is what one unit of a MIG or replica resource is
+// charged in milli-GPU when no node's inventory tells (no node serves it
+// yet): a MIG device its compute slices over 7 ("mig-1g.10gb" 143,
+// "mig-3g.40gb" 429, "mig-1c.3g.40gb" 143), a replica 1000 over the default
+// 4 replicas. A name it cannot read is charged a whole GPU.
+func FallbackScalarMilli(name, timeslice string) int64 {
+	if timeslice == "" {
+		timeslice = api.DefaultTimesliceResource
+	}
+	if name == timeslice {
+		return placement.MilliPerGPU / defaultReplicas
+	}
+	profile, ok := strings.CutPrefix(name, api.MIGResourcePrefix)
+	if !ok {
+		return placement.MilliPerGPU
+	}
+	// "1g.10gb", "1g.10gb.me", "1c.3g.40gb": the first field is the compute slices.
+	first, _, _ := strings.Cut(profile, ".")
+	if len(first) < 2 || (first[len(first)-1] != 'g' && first[len(first)-1] != 'c') {
+		return placement.MilliPerGPU
+	}
+	n, err := strconv.Atoi(first[:len(first)-1])
+	if err != nil || n < 1 || n > migComputeSlices {
+		return placement.MilliPerGPU
+	}
+	return (int64(n)*placement.MilliPerGPU + migComputeSlices/2) / migComputeSlices
 }
 
 // Gang says which gang a pod belongs to.
@@ -108,12 +159,16 @@ type Parsed struct {
 	Priority int32
 	// NonPreemptible says the pod must never be preempted or reclaimed.
 	NonPreemptible bool
+	// ScalarMilli is the pod's MIG devices and replicas (Request.Scalars)
+	// in GPU terms, milli-GPU: what its queue is charged for them.
+	ScalarMilli int64
 }
 
-// QueueResources is the pod's charge to its queue.
+// QueueResources is the pod's charge to its queue: whole GPUs, a share or
+// MIG devices and replicas, all in milli-GPU, and CPU and memory.
 func (p *Parsed) QueueResources() queue.Resources {
 	return queue.Resources{
-		GPUMilli:    p.Request.GPUMilli(),
+		GPUMilli:    p.Request.GPUMilli() + p.ScalarMilli,
 		CPUMilli:    p.Request.CPUMilli,
 		MemoryBytes: p.Request.MemoryBytes,
 	}
@@ -182,8 +237,8 @@ func Parse(pod *corev1.Pod, opts Options) (Parsed, error) {
 	var out Parsed
 
 	out.Queue = p.queue()
-	gpus, share := p.gpus()
-	out.Request.GPUs, out.Request.ShareMilli = gpus, share
+	gpus, share, scalars, scalarMilli := p.gpus()
+	out.Request.GPUs, out.Request.ShareMilli, out.Request.Scalars, out.ScalarMilli = gpus, share, scalars, scalarMilli
 	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
 	cpu, mem := reqs[corev1.ResourceCPU], reqs[corev1.ResourceMemory]
 	out.Request.CPUMilli, out.Request.MemoryBytes = cpu.MilliValue(), mem.Value()
@@ -270,13 +325,38 @@ func (p *parser) extended(c container, name corev1.ResourceName) (resource.Quant
 	return lim, hasLim
 }
 
-// gpus checks the GPU resources and returns the pod's whole GPUs and share.
-func (p *parser) gpus() (int, int) {
+// gpus checks the GPU resources and returns the pod's whole GPUs, share,
+// scalar resources (MIG devices, replicas) and their worth in milli-GPU.
+func (p *parser) gpus() (int, int, map[string]int64, int64) {
 	var fractionIn []container
 	var fraction int64
 	var gpuIn []container
 	gpuOf := map[*corev1.Container]int64{}
+	var migIn, replicaIn []container
+	scalarOf := map[corev1.ResourceName]map[*corev1.Container]int64{}
 	for _, c := range p.containers() {
+		for _, name := range p.scalarNames(c) {
+			q, ok := p.extended(c, name)
+			if !ok || q.IsZero() {
+				continue // like nvidia.com/gpu: 0, common in templates
+			}
+			field := c.field + ".resources.limits[" + string(name) + "]"
+			v, exact := wholeNumber(q)
+			if !exact || v < 1 {
+				p.add(field, "container %q asks %s %s: MIG devices and time-sliced replicas must be a positive whole number",
+					c.c.Name, q.String(), name)
+				continue
+			}
+			if scalarOf[name] == nil {
+				scalarOf[name] = map[*corev1.Container]int64{}
+			}
+			scalarOf[name][c.c] = v
+			if string(name) == p.timeslice() {
+				replicaIn = append(replicaIn, c)
+			} else {
+				migIn = append(migIn, c)
+			}
+		}
 		// An explicit fraction of 0 is refused, unlike nvidia.com/gpu: 0
 		// (common in templates): no share of a GPU is "0 percent".
 		if q, ok := p.extended(c, api.ResourceFraction); ok {
@@ -318,16 +398,101 @@ func (p *parser) gpus() (int, int) {
 		p.add("spec", "container %q asks %s and container %q asks %s: a pod gets either whole GPUs or a fraction of one GPU, not both",
 			fractionIn[0].c.Name, api.ResourceFraction, gpuIn[0].c.Name, api.ResourceGPU)
 	}
+	p.oneKind([]kindUse{
+		{api.ResourceGPU, gpuIn}, {api.ResourceFraction, fractionIn},
+		{"MIG devices (" + api.MIGResourcePrefix + "*)", migIn}, {p.timeslice(), replicaIn},
+	})
+	var scalars map[string]int64
+	var scalarMilli int64
+	if len(scalarOf) > 0 {
+		scalars = make(map[string]int64, len(scalarOf))
+		for name, of := range scalarOf {
+			n := p.podTotal(of)
+			scalars[string(name)] = n
+			scalarMilli += n * p.unitMilli(string(name))
+		}
+		if limit := int64(p.opts.MaxGPUs) * placement.MilliPerGPU; scalarMilli > limit {
+			p.add("spec", "the pod asks %s, %s GPUs' worth in total; at most %d GPUs' worth fit one pod: split the work across pods (a gang)",
+				describeScalars(scalars), strconv.FormatFloat(float64(scalarMilli)/placement.MilliPerGPU, 'f', -1, 64), p.opts.MaxGPUs)
+			return 0, 0, nil, 0
+		}
+	}
 	if len(fractionIn) > 0 {
-		return 0, int(fraction) * placement.MilliPerGPU / api.UnitsPerGPU
+		return 0, int(fraction) * placement.MilliPerGPU / api.UnitsPerGPU, scalars, scalarMilli
 	}
 	total := p.podTotal(gpuOf)
 	if total > int64(p.opts.MaxGPUs) {
 		p.add("spec", "the pod asks %d %s in total; at most %d fit one pod: split the work across pods (a gang)",
 			total, api.ResourceGPU, p.opts.MaxGPUs)
-		return 0, 0
+		return 0, 0, scalars, scalarMilli
 	}
-	return int(total), 0
+	return int(total), 0, scalars, scalarMilli
+}
+
+// timeslice is the time-sliced replica resource.
+func (p *parser) timeslice() string {
+	if p.opts.TimesliceResource != "" {
+		return p.opts.TimesliceResource
+	}
+	return api.DefaultTimesliceResource
+}
+
+// scalarNames lists a container's MIG and replica resources (requests or
+// limits), sorted so that problems come in a stable order.
+func (p *parser) scalarNames(c container) []corev1.ResourceName {
+	var out []corev1.ResourceName
+	for _, rl := range []corev1.ResourceList{c.c.Resources.Limits, c.c.Resources.Requests} {
+		for name := range rl {
+			if (strings.HasPrefix(string(name), api.MIGResourcePrefix) || string(name) == p.timeslice()) && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// unitMilli is what one unit of a scalar resource is charged in milli-GPU.
+func (p *parser) unitMilli(name string) int64 {
+	if m, ok := p.opts.ScalarMilli[name]; ok && m > 0 {
+		return m
+	}
+	return FallbackScalarMilli(name, p.timeslice())
+}
+
+// kindUse is one kind of GPU and the containers asking for it.
+type kindUse struct {
+	what string
+	in   []container
+}
+
+// oneKind reports pods that mix MIG devices or replicas with any other
+// kind of GPU (whole GPUs with fractions are reported by gpus itself).
+func (p *parser) oneKind(kinds []kindUse) {
+	var used []kindUse
+	for _, k := range kinds {
+		if len(k.in) > 0 {
+			used = append(used, k)
+		}
+	}
+	if len(used) < 2 || (len(used) == 2 && used[0].what == api.ResourceGPU && used[1].what == api.ResourceFraction) {
+		return
+	}
+	a, b := used[0], used[1]
+	if b.what == api.ResourceFraction && len(used) > 2 {
+		b = used[2] // whole GPUs with a fraction are already reported
+	}
+	p.add("spec", "container %q asks %s and container %q asks %s: a pod gets one kind of GPU: whole GPUs, a fraction of one GPU, MIG devices or time-sliced replicas",
+		a.in[0].c.Name, a.what, b.in[0].c.Name, b.what)
+}
+
+// describeScalars renders scalar requests as "2 nvidia.com/mig-1g.10gb, 1 nvidia.com/mig-3g.40gb".
+func describeScalars(sc map[string]int64) string {
+	parts := make([]string, 0, len(sc))
+	for _, name := range slices.Sorted(maps.Keys(sc)) {
+		parts = append(parts, fmt.Sprintf("%d %s", sc[name], name))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // podTotal sums a per-container amount the way kube-scheduler sums requests:

@@ -32,6 +32,11 @@ func pod(name string) *builders.PodWrapper { return builders.MakePod(name, "ns")
 
 const gib = int64(1) << 30
 
+const (
+	mig1g = "nvidia.com/mig-1g.10gb"
+	mig3g = "nvidia.com/mig-3g.40gb"
+)
+
 func TestParse(t *testing.T) {
 	products := []string{"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "Tesla-T4", "NVIDIA-A100-SXM4-40GB"}
 	trainer := builders.MakeJob("trainer", "ns").Parallelism(4).Obj()
@@ -212,6 +217,41 @@ func TestParse(t *testing.T) {
 			pod:  pod("p").GPUs(1).OwnedByJob(trainer).Obj(),
 			want: podrequest.Parsed{Request: placement.Request{GPUs: 1}, Queue: "team-a"},
 		},
+		{
+			name: "MIG devices are scalars worth what the inventory says",
+			pod:  pod("p").Resource(mig1g, "2").CPU("1").Obj(),
+			opts: podrequest.Options{ScalarMilli: map[string]int64{mig1g: 125}},
+			want: podrequest.Parsed{Request: placement.Request{CPUMilli: 1000, Scalars: map[string]int64{mig1g: 2}}, Queue: "team-a", ScalarMilli: 250},
+		},
+		{
+			name: "MIG devices no inventory mentions are worth their compute slices over 7",
+			pod:  pod("p").Resource(mig3g, "1").Obj(),
+			want: podrequest.Parsed{Request: placement.Request{Scalars: map[string]int64{mig3g: 1}}, Queue: "team-a", ScalarMilli: 429},
+		},
+		{
+			name: "MIG profiles may mix, and add up like whole GPUs",
+			pod: pod("p").Resource(mig1g, "1").Container("b").Resource(mig1g, "1").Resource(mig3g, "1").
+				InitContainer("setup").Resource(mig1g, "3").Obj(),
+			opts: podrequest.Options{ScalarMilli: map[string]int64{mig1g: 125, mig3g: 500}},
+			want: podrequest.Parsed{Request: placement.Request{Scalars: map[string]int64{mig1g: 3, mig3g: 1}}, Queue: "team-a", ScalarMilli: 875},
+		},
+		{
+			name: "a MIG device set only as a limit; zero MIG devices are none",
+			pod:  pod("p").Limit(mig1g, "1").Resource(mig3g, "0").Obj(),
+			want: podrequest.Parsed{Request: placement.Request{Scalars: map[string]int64{mig1g: 1}}, Queue: "team-a", ScalarMilli: 143},
+		},
+		{
+			name: "time-sliced replicas",
+			pod:  pod("p").Resource(api.DefaultTimesliceResource, "1").Obj(),
+			opts: podrequest.Options{ScalarMilli: map[string]int64{api.DefaultTimesliceResource: 125}},
+			want: podrequest.Parsed{Request: placement.Request{Scalars: map[string]int64{api.DefaultTimesliceResource: 1}}, Queue: "team-a", ScalarMilli: 125},
+		},
+		{
+			name: "a renamed replica resource; the default name is then none of gpufrac's",
+			pod:  pod("p").Resource("example.com/slice", "2").Resource(api.DefaultTimesliceResource, "1").Obj(),
+			opts: podrequest.Options{TimesliceResource: "example.com/slice"},
+			want: podrequest.Parsed{Request: placement.Request{Scalars: map[string]int64{"example.com/slice": 2}}, Queue: "team-a", ScalarMilli: 500},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -290,6 +330,51 @@ func TestParseInvalid(t *testing.T) {
 			pod:  pod("p").Resource(api.ResourceGPU, "1.5").Obj(),
 			want: []podrequest.Problem{{Field: gpuLimit,
 				Message: `container "main" asks 1500m nvidia.com/gpu: whole GPUs must be a positive whole number; use gpufrac.io/gpu-fraction for part of a GPU`}},
+		},
+		{
+			name: "MIG devices together with a fraction",
+			pod:  pod("p").Fraction(30).Container("mig").Resource(mig1g, "1").Obj(),
+			want: []podrequest.Problem{{Field: "spec",
+				Message: `container "main" asks gpufrac.io/gpu-fraction and container "mig" asks MIG devices (nvidia.com/mig-*): a pod gets one kind of GPU: whole GPUs, a fraction of one GPU, MIG devices or time-sliced replicas`}},
+		},
+		{
+			name: "replicas together with whole GPUs",
+			pod:  pod("p").Resource(api.DefaultTimesliceResource, "1").GPUs(1).Obj(),
+			want: []podrequest.Problem{{Field: "spec",
+				Message: `container "main" asks nvidia.com/gpu and container "main" asks nvidia.com/gpu.shared: a pod gets one kind of GPU: whole GPUs, a fraction of one GPU, MIG devices or time-sliced replicas`}},
+		},
+		{
+			name: "MIG devices together with replicas",
+			pod:  pod("p").Resource(mig1g, "1").Container("b").Resource(api.DefaultTimesliceResource, "1").Obj(),
+			want: []podrequest.Problem{{Field: "spec",
+				Message: `container "main" asks MIG devices (nvidia.com/mig-*) and container "b" asks nvidia.com/gpu.shared: a pod gets one kind of GPU: whole GPUs, a fraction of one GPU, MIG devices or time-sliced replicas`}},
+		},
+		{
+			name: "whole GPUs, a fraction and MIG devices: both mixes are reported",
+			pod:  pod("p").GPUs(1).Container("f").Fraction(10).Container("m").Resource(mig1g, "1").Obj(),
+			want: []podrequest.Problem{
+				{Field: "spec", Message: `container "f" asks gpufrac.io/gpu-fraction and container "main" asks nvidia.com/gpu: a pod gets either whole GPUs or a fraction of one GPU, not both`},
+				{Field: "spec", Message: `container "main" asks nvidia.com/gpu and container "m" asks MIG devices (nvidia.com/mig-*): a pod gets one kind of GPU: whole GPUs, a fraction of one GPU, MIG devices or time-sliced replicas`},
+			},
+		},
+		{
+			name: "MIG devices that are not whole",
+			pod:  pod("p").Resource(mig1g, "500m").Obj(),
+			want: []podrequest.Problem{{Field: "spec.containers[main].resources.limits[nvidia.com/mig-1g.10gb]",
+				Message: `container "main" asks 500m nvidia.com/mig-1g.10gb: MIG devices and time-sliced replicas must be a positive whole number`}},
+		},
+		{
+			name: "more MIG devices than eight GPUs' worth",
+			pod:  pod("p").Resource(mig1g, "60").Container("b").Resource(mig3g, "2").Obj(),
+			opts: podrequest.Options{ScalarMilli: map[string]int64{mig1g: 125, mig3g: 500}},
+			want: []podrequest.Problem{{Field: "spec",
+				Message: "the pod asks 60 nvidia.com/mig-1g.10gb, 2 nvidia.com/mig-3g.40gb, 8.5 GPUs' worth in total; at most 8 GPUs' worth fit one pod: split the work across pods (a gang)"}},
+		},
+		{
+			name: "MIG request and limit differ",
+			pod:  pod("p").Request(mig1g, "2").Limit(mig1g, "1").Obj(),
+			want: []podrequest.Problem{{Field: "spec.containers[main].resources.requests[nvidia.com/mig-1g.10gb]",
+				Message: `container "main" requests 2 nvidia.com/mig-1g.10gb but its limit is 1: extended resources need equal requests and limits (set only the limit)`}},
 		},
 		{
 			name: "requests and limits differ",
@@ -439,15 +524,22 @@ func TestQueueResources(t *testing.T) {
 	tests := []struct {
 		name string
 		pod  *corev1.Pod
+		opts podrequest.Options
 		want queue.Resources
 	}{
 		{name: "fraction", pod: pod("p").Fraction(30).CPU("1").Memory("2Gi").Obj(),
 			want: queue.Resources{GPUMilli: 300, CPUMilli: 1000, MemoryBytes: 2 * gib}},
 		{name: "whole GPUs", pod: pod("p").GPUs(2).Obj(), want: queue.Resources{GPUMilli: 2000}},
+		{name: "MIG devices in GPU terms", pod: pod("p").Resource(mig1g, "3").CPU("1").Obj(),
+			opts: podrequest.Options{ScalarMilli: map[string]int64{mig1g: 125}},
+			want: queue.Resources{GPUMilli: 375, CPUMilli: 1000}},
+		{name: "replicas in GPU terms", pod: pod("p").Resource(api.DefaultTimesliceResource, "2").Obj(),
+			opts: podrequest.Options{ScalarMilli: map[string]int64{api.DefaultTimesliceResource: 250}},
+			want: queue.Resources{GPUMilli: 500}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			parsed, err := podrequest.Parse(tc.pod, podrequest.Options{})
+			parsed, err := podrequest.Parse(tc.pod, tc.opts)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -481,5 +573,29 @@ func TestParseDoesNotAliasThePod(t *testing.T) {
 func TestParseNilPod(t *testing.T) {
 	if _, err := podrequest.Parse(nil, podrequest.Options{}); err == nil {
 		t.Error("Parse(nil) succeeded")
+	}
+}
+
+func TestFallbackScalarMilli(t *testing.T) {
+	tests := []struct {
+		name, resource, timeslice string
+		want                      int64
+	}{
+		{name: "1g MIG device", resource: mig1g, want: 143},
+		{name: "3g MIG device", resource: mig3g, want: 429},
+		{name: "7g MIG device", resource: "nvidia.com/mig-7g.80gb", want: 1000},
+		{name: "media-extension variant", resource: "nvidia.com/mig-1g.10gb.me", want: 143},
+		{name: "compute-instance profile counts its compute slices", resource: "nvidia.com/mig-1c.3g.40gb", want: 143},
+		{name: "default replica resource", resource: api.DefaultTimesliceResource, want: 250},
+		{name: "renamed replica resource", resource: "example.com/slice", timeslice: "example.com/slice", want: 250},
+		{name: "unreadable MIG profile is a whole GPU", resource: "nvidia.com/mig-big", want: 1000},
+		{name: "more slices than a GPU has is a whole GPU", resource: "nvidia.com/mig-9g.90gb", want: 1000},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := podrequest.FallbackScalarMilli(tc.resource, tc.timeslice); got != tc.want {
+				t.Errorf("FallbackScalarMilli(%q) = %d, want %d", tc.resource, got, tc.want)
+			}
+		})
 	}
 }

@@ -3,11 +3,18 @@
 // (from the inventory gpufrac-node publishes) and what bound, assumed and
 // other schedulers' pods already take of GPUs, CPU and memory. It is pure:
 // listers feed it, nothing here talks to the API.
+//
+// Whole GPUs and fractions are placed on GPUs (only GPUs in mode exclusive
+// or fraction). MIG devices (nvidia.com/mig-*) and time-sliced replicas
+// (nvidia.com/gpu.shared, or the configured name) are placement scalars:
+// each node's allocatable count minus what its pods request. Their worth
+// in GPU terms, for queues, comes from the inventory (ScalarMilli).
 package state
 
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -33,6 +40,19 @@ type Inputs struct {
 	Assumed map[types.UID]Assumed
 	// PoolLabel is the node label naming the node pool.
 	PoolLabel string
+	// TimesliceResource is the time-sliced replica resource; "" means
+	// api.DefaultTimesliceResource.
+	TimesliceResource string
+}
+
+// IsScalar tells whether a resource is placed as a scalar: a MIG device of
+// the mixed strategy (nvidia.com/mig-*) or the time-sliced replica
+// resource (timeslice; "" means api.DefaultTimesliceResource).
+func IsScalar(name corev1.ResourceName, timeslice string) bool {
+	if timeslice == "" {
+		timeslice = api.DefaultTimesliceResource
+	}
+	return strings.HasPrefix(string(name), api.MIGResourcePrefix) || string(name) == timeslice
 }
 
 // Snapshot is a placement snapshot plus what the coordinator needs besides it.
@@ -43,8 +63,15 @@ type Snapshot struct {
 	NoFraction map[string]bool
 	// Reservations are the reservation pods by node and GPU UUID.
 	Reservations map[NodeGPU]*Reservation
+	// ScalarMilli is what one unit of each scalar resource is worth in
+	// milli-GPU, from the inventories of the Ready nodes: a MIG device its
+	// memory over its GPU's, a replica 1000/replicas. When GPUs differ, the
+	// largest worth seen: a queue is charged what a unit may cost it.
+	// Resources no inventory mentions are missing.
+	ScalarMilli map[string]int64
 	// GPUCapacityMilli, CPUCapacityMilli and MemoryCapacityBytes are the
-	// cluster's schedulable capacity (Ready nodes).
+	// cluster's schedulable capacity (Ready nodes). GPUs in modes mig and
+	// timeslice count whole: queues are charged their devices in GPU terms.
 	GPUCapacityMilli    int64
 	CPUCapacityMilli    int64
 	MemoryCapacityBytes int64
@@ -97,11 +124,19 @@ type PodDemand struct {
 	WholeGPUs int
 	// FractionPercent is the gpufrac.io/gpu-fraction request (0..100).
 	FractionPercent int
+	// Scalars are the MIG device and time-sliced replica requests by
+	// resource name (nil when none).
+	Scalars map[string]int64
 }
 
 // Demand sums a pod's requests as the scheduler does: containers added,
-// init containers as a maximum, plus overhead.
-func Demand(p *corev1.Pod) PodDemand {
+// init containers as a maximum, plus overhead. Replicas count under
+// api.DefaultTimesliceResource; DemandOf takes another name.
+func Demand(p *corev1.Pod) PodDemand { return DemandOf(p, "") }
+
+// DemandOf is Demand with the time-sliced replica resource named
+// (timeslice; "" means api.DefaultTimesliceResource).
+func DemandOf(p *corev1.Pod, timeslice string) PodDemand {
 	var d PodDemand
 	add := func(rl corev1.ResourceList, lim corev1.ResourceList) (cpu, mem int64, gpu, frac int) {
 		cpu = rl.Cpu().MilliValue()
@@ -110,6 +145,20 @@ func Demand(p *corev1.Pod) PodDemand {
 		frac = int(extended(rl, lim, api.ResourceFraction))
 		return
 	}
+	// scalars calls f with each scalar resource of a container and its
+	// amount: the request, else the limit.
+	scalars := func(c *corev1.Container, f func(name string, n int64)) {
+		for name, q := range c.Resources.Requests {
+			if IsScalar(name, timeslice) && q.Value() > 0 {
+				f(string(name), q.Value())
+			}
+		}
+		for name, q := range c.Resources.Limits {
+			if _, req := c.Resources.Requests[name]; !req && IsScalar(name, timeslice) && q.Value() > 0 {
+				f(string(name), q.Value())
+			}
+		}
+	}
 	for i := range p.Spec.Containers {
 		c := &p.Spec.Containers[i]
 		cpu, mem, gpu, frac := add(c.Resources.Requests, c.Resources.Limits)
@@ -117,6 +166,12 @@ func Demand(p *corev1.Pod) PodDemand {
 		d.MemoryBytes += mem
 		d.WholeGPUs += gpu
 		d.FractionPercent += frac
+		scalars(c, func(name string, n int64) {
+			if d.Scalars == nil {
+				d.Scalars = map[string]int64{}
+			}
+			d.Scalars[name] += n
+		})
 	}
 	for i := range p.Spec.InitContainers {
 		c := &p.Spec.InitContainers[i]
@@ -125,6 +180,12 @@ func Demand(p *corev1.Pod) PodDemand {
 		d.MemoryBytes = max(d.MemoryBytes, mem)
 		d.WholeGPUs = max(d.WholeGPUs, gpu)
 		d.FractionPercent = max(d.FractionPercent, frac)
+		scalars(c, func(name string, n int64) {
+			if d.Scalars == nil {
+				d.Scalars = map[string]int64{}
+			}
+			d.Scalars[name] = max(d.Scalars[name], n)
+		})
 	}
 	if p.Spec.Overhead != nil {
 		d.CPUMilli += p.Spec.Overhead.Cpu().MilliValue()
@@ -165,6 +226,8 @@ type nodeAcc struct {
 	whole     int            // whole GPUs taken by pods without a known GPU
 	reserved  map[string]bool
 	unplacedF []int // fraction percents on unknown GPUs
+	// partitioned counts the healthy GPUs in modes mig and timeslice.
+	partitioned int
 }
 
 // Build makes the snapshot. Nodes that are not Ready are left out; pods on
@@ -174,6 +237,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	accs := make(map[string]*nodeAcc, len(in.Nodes))
 	order := make([]string, 0, len(in.Nodes))
 	noFrac := map[string]bool{}
+	scalarMilli := map[string]int64{}
 	for _, n := range in.Nodes {
 		if !NodeReady(n) {
 			continue
@@ -188,7 +252,17 @@ func Build(in Inputs) (*Snapshot, error) {
 			MemoryBytes: n.Status.Allocatable.Memory().Value(),
 		}
 		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}}
-		gpus, fractionOK := nodeGPUs(n)
+		inv, hasInv := inventory(n)
+		acc.partitioned = partitioned(inv, scalarMilli)
+		for name, q := range n.Status.Allocatable {
+			if IsScalar(name, in.TimesliceResource) && q.Value() > 0 {
+				if pn.Scalars == nil {
+					pn.Scalars = map[string]int64{}
+				}
+				pn.Scalars[string(name)] = q.Value()
+			}
+		}
+		gpus, fractionOK := nodeGPUs(n, inv, hasInv)
 		if !fractionOK {
 			noFrac[n.Name] = true
 		}
@@ -213,9 +287,15 @@ func Build(in Inputs) (*Snapshot, error) {
 		if nodeName == "" || acc == nil || Terminal(p) {
 			continue
 		}
-		d := Demand(p)
+		d := DemandOf(p, in.TimesliceResource)
 		acc.node.UsedCPUMilli += d.CPUMilli
 		acc.node.UsedMemoryBytes += d.MemoryBytes
+		for name, k := range d.Scalars {
+			if free, ok := acc.node.Scalars[name]; ok {
+				// Over-committed (allocatable shrank under running pods): nothing is free.
+				acc.node.Scalars[name] = max(free-k, 0)
+			}
+		}
 		switch {
 		case d.FractionPercent > 0:
 			g := FractionGPU(p)
@@ -261,12 +341,12 @@ func Build(in Inputs) (*Snapshot, error) {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
 		}
 	}
-	out := &Snapshot{NoFraction: noFrac, Reservations: reservations}
+	out := &Snapshot{NoFraction: noFrac, Reservations: reservations, ScalarMilli: scalarMilli}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)
 		nodes = append(nodes, *acc.node)
-		out.GPUCapacityMilli += int64(len(acc.node.GPUs)) * placement.MilliPerGPU
+		out.GPUCapacityMilli += int64(len(acc.node.GPUs)+acc.partitioned) * placement.MilliPerGPU
 		out.CPUCapacityMilli += acc.node.CPUMilli
 		out.MemoryCapacityBytes += acc.node.MemoryBytes
 	}
@@ -315,24 +395,60 @@ func settle(acc *nodeAcc) {
 	}
 }
 
-// nodeGPUs lists a node's schedulable GPUs: from the inventory annotation
-// (healthy GPUs in exclusive or fraction mode), else anonymous GPUs from the
-// nvidia.com/gpu allocatable count. fractionOK is false when fractions
-// cannot be placed on the node (no inventory, or no GPU in fraction mode).
-func nodeGPUs(n *corev1.Node) (gpus []api.GPUInfo, fractionOK bool) {
-	if raw := n.Annotations[api.AnnotationGPUInventory]; raw != "" {
-		if inv, err := api.DecodeInventory(raw); err == nil {
-			for _, g := range inv {
-				if !g.Healthy || (g.Mode != "fraction" && g.Mode != "exclusive") {
-					continue
-				}
-				if g.Mode == "fraction" {
-					fractionOK = true
-				}
-				gpus = append(gpus, g)
-			}
-			return gpus, fractionOK && n.Status.Allocatable.Name(api.ResourceFraction, "").Value() > 0
+// inventory reads the node's GPU inventory annotation; ok is false when it
+// is missing or does not parse.
+func inventory(n *corev1.Node) (inv []api.GPUInfo, ok bool) {
+	raw := n.Annotations[api.AnnotationGPUInventory]
+	if raw == "" {
+		return nil, false
+	}
+	inv, err := api.DecodeInventory(raw)
+	return inv, err == nil
+}
+
+// partitioned counts the healthy GPUs of an inventory in modes mig and
+// timeslice and records what one of their MIG devices (mixed strategy) or
+// replicas is worth in milli-GPU in milli, keeping the largest per resource.
+func partitioned(inv []api.GPUInfo, milli map[string]int64) int {
+	count := 0
+	for _, g := range inv {
+		if !g.Healthy || (g.Mode != "mig" && g.Mode != "timeslice") {
+			continue
 		}
+		count++
+		for _, d := range g.MIGDevices {
+			if strings.HasPrefix(d.Resource, api.MIGResourcePrefix) {
+				milli[d.Resource] = max(milli[d.Resource], g.MIGShareMilli(d))
+			}
+		}
+		if m := g.ReplicaShareMilli(); m > 0 {
+			name := g.ReplicaResource
+			if name == "" {
+				name = api.DefaultTimesliceResource
+			}
+			milli[name] = max(milli[name], m)
+		}
+	}
+	return count
+}
+
+// nodeGPUs lists a node's schedulable GPUs: from its inventory inv when
+// hasInv (healthy GPUs in exclusive or fraction mode), else anonymous GPUs
+// from the nvidia.com/gpu allocatable count. fractionOK is false when
+// fractions cannot be placed on the node (no inventory, or no GPU in
+// fraction mode).
+func nodeGPUs(n *corev1.Node, inv []api.GPUInfo, hasInv bool) (gpus []api.GPUInfo, fractionOK bool) {
+	if hasInv {
+		for _, g := range inv {
+			if !g.Healthy || (g.Mode != "fraction" && g.Mode != "exclusive") {
+				continue
+			}
+			if g.Mode == "fraction" {
+				fractionOK = true
+			}
+			gpus = append(gpus, g)
+		}
+		return gpus, fractionOK && n.Status.Allocatable.Name(api.ResourceFraction, "").Value() > 0
 	}
 	count := n.Status.Allocatable.Name(api.ResourceGPU, "").Value()
 	for i := int64(0); i < count; i++ {

@@ -154,3 +154,192 @@ func TestBuildNodeFacts(t *testing.T) {
 		t.Errorf("node a = used CPU %d, pool %q, model %q", n.UsedCPUMilli, n.Pool, n.Model)
 	}
 }
+
+// partitionedInv publishes GPUs in mode mig (7 1g.10gb devices each, mixed
+// strategy) or timeslice (replicas each) and sets the allocatable the node
+// agent serves for them.
+func (b *nodeB) partitionedInv(mode string, gpus, replicas int, resourceName string) *nodeB {
+	inv := make([]api.GPUInfo, gpus)
+	for i := range inv {
+		g := api.GPUInfo{UUID: fmt.Sprintf("%s-gpu%d", b.n.Name, i), Index: i, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Mode: mode, Healthy: true}
+		switch mode {
+		case "mig":
+			for k := 0; k < 7; k++ {
+				g.MIGDevices = append(g.MIGDevices, api.MIGDeviceInfo{UUID: fmt.Sprintf("MIG-%s-%d-%d", b.n.Name, i, k), Profile: "1g.10gb", Resource: mig1g, MemoryMiB: 10240})
+			}
+		case "timeslice":
+			g.Replicas, g.ReplicaResource = replicas, resourceName
+		}
+		inv[i] = g
+	}
+	s, _ := api.EncodeInventory(inv)
+	b.n.Annotations[api.AnnotationGPUInventory] = s
+	delete(b.n.Status.Allocatable, api.ResourceGPU)
+	switch mode {
+	case "mig":
+		b.n.Status.Allocatable[mig1g] = *resource.NewQuantity(int64(7*gpus), resource.DecimalSI)
+	case "timeslice":
+		if resourceName == "" {
+			resourceName = shared
+		}
+		b.n.Status.Allocatable[corev1.ResourceName(resourceName)] = *resource.NewQuantity(int64(replicas*gpus), resource.DecimalSI)
+	}
+	return b
+}
+
+const (
+	mig1g  = "nvidia.com/mig-1g.10gb"
+	shared = "nvidia.com/gpu.shared"
+)
+
+func (b *podB) scalar(name string, n int64) *podB {
+	b.p.Spec.Containers[0].Resources.Limits[corev1.ResourceName(name)] = *resource.NewQuantity(n, resource.DecimalSI)
+	return b
+}
+
+func (b *podB) initScalar(name string, n int64) *podB {
+	b.p.Spec.InitContainers = append(b.p.Spec.InitContainers, corev1.Container{Name: "init", Resources: corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceName(name): *resource.NewQuantity(n, resource.DecimalSI)},
+	}})
+	return b
+}
+
+func TestBuildScalars(t *testing.T) {
+	type want struct {
+		scalars     map[string]map[string]int64 // node -> free units
+		gpus        map[string]int              // node -> GPUs placed as GPUs
+		scalarMilli map[string]int64
+		capacity    int64
+	}
+	for _, tc := range []struct {
+		name      string
+		nodes     []*corev1.Node
+		pods      []*corev1.Pod
+		assumed   map[types.UID]Assumed
+		timeslice string
+		want      want
+	}{
+		{
+			name:  "MIG devices: allocatable minus bound, assumed and init-container requests",
+			nodes: []*corev1.Node{node("m", 0).partitionedInv("mig", 2, 0, "").n},
+			pods: []*corev1.Pod{
+				pod("two").on("m").scalar(mig1g, 2).p,
+				pod("assumed").scalar(mig1g, 1).p,
+				pod("init").on("m").scalar(mig1g, 1).initScalar(mig1g, 3).p, // max(1, 3)
+				pod("done").on("m").scalar(mig1g, 5).phase(corev1.PodFailed).p,
+			},
+			assumed: map[types.UID]Assumed{"assumed": {Node: "m"}},
+			want: want{
+				scalars:     map[string]map[string]int64{"m": {mig1g: 14 - 2 - 1 - 3}},
+				gpus:        map[string]int{"m": 0},
+				scalarMilli: map[string]int64{mig1g: 125}, // 10240 of 81920 MiB
+				capacity:    2000,
+			},
+		},
+		{
+			name:  "replicas are worth 1000/replicas, the largest worth when nodes differ",
+			nodes: []*corev1.Node{node("t4", 0).partitionedInv("timeslice", 2, 4, "").n, node("t2", 0).partitionedInv("timeslice", 1, 2, shared).n},
+			pods:  []*corev1.Pod{pod("r").on("t4").scalar(shared, 3).p},
+			want: want{
+				scalars:     map[string]map[string]int64{"t4": {shared: 5}, "t2": {shared: 2}},
+				gpus:        map[string]int{"t4": 0, "t2": 0},
+				scalarMilli: map[string]int64{shared: 500},
+				capacity:    3000,
+			},
+		},
+		{
+			name:      "a renamed replica resource",
+			nodes:     []*corev1.Node{node("t", 0).partitionedInv("timeslice", 1, 3, "example.com/slice").n},
+			pods:      []*corev1.Pod{pod("r").on("t").scalar("example.com/slice", 1).scalar(shared, 1).p},
+			timeslice: "example.com/slice",
+			want: want{
+				scalars:     map[string]map[string]int64{"t": {"example.com/slice": 2}},
+				gpus:        map[string]int{"t": 0},
+				scalarMilli: map[string]int64{"example.com/slice": 333},
+				capacity:    1000,
+			},
+		},
+		{
+			name:  "over-committed devices leave none free",
+			nodes: []*corev1.Node{node("m", 0).partitionedInv("mig", 1, 0, "").n},
+			pods:  []*corev1.Pod{pod("a").on("m").scalar(mig1g, 5).p, pod("b").on("m").scalar(mig1g, 5).p},
+			want: want{
+				scalars:     map[string]map[string]int64{"m": {mig1g: 0}},
+				gpus:        map[string]int{"m": 0},
+				scalarMilli: map[string]int64{mig1g: 125},
+				capacity:    1000,
+			},
+		},
+		{
+			name: "fraction GPUs are GPUs, MIG GPUs of the same node are not",
+			nodes: []*corev1.Node{func() *corev1.Node {
+				n := node("mixed", 0).partitionedInv("mig", 1, 0, "").n
+				inv, _ := api.DecodeInventory(n.Annotations[api.AnnotationGPUInventory])
+				inv = append(inv, api.GPUInfo{UUID: "mixed-gpu1", Index: 1, MemoryMiB: 81920, Mode: "fraction", Healthy: true},
+					api.GPUInfo{UUID: "mixed-gpu2", Index: 2, MemoryMiB: 81920, Mode: "mig", Healthy: false})
+				n.Annotations[api.AnnotationGPUInventory], _ = api.EncodeInventory(inv)
+				n.Status.Allocatable[api.ResourceGPU] = resource.MustParse("1")
+				n.Status.Allocatable[api.ResourceFraction] = resource.MustParse("100")
+				return n
+			}()},
+			want: want{
+				scalars:     map[string]map[string]int64{"mixed": {mig1g: 7}},
+				gpus:        map[string]int{"mixed": 1},
+				scalarMilli: map[string]int64{mig1g: 125},
+				capacity:    2000, // the unhealthy MIG GPU does not count
+			},
+		},
+		{
+			name:  "whole-GPU nodes have no scalars",
+			nodes: []*corev1.Node{node("a", 2).inventory("exclusive").n},
+			want: want{
+				scalars:     map[string]map[string]int64{"a": nil},
+				gpus:        map[string]int{"a": 2},
+				scalarMilli: map[string]int64{},
+				capacity:    2000,
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Build(Inputs{Nodes: tc.nodes, Pods: tc.pods, Assumed: tc.assumed, PoolLabel: api.LabelNodePool, TimesliceResource: tc.timeslice})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := want{scalars: map[string]map[string]int64{}, gpus: map[string]int{}, scalarMilli: s.ScalarMilli, capacity: s.GPUCapacityMilli}
+			for i := 0; i < s.Len(); i++ {
+				n := s.Node(i)
+				got.scalars[n.Name] = n.Scalars
+				got.gpus[n.Name] = len(n.GPUs)
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
+				t.Errorf("snapshot (-want +got):\n%s", diff)
+			}
+			for name := range tc.want.scalars {
+				if !s.NoFraction[name] && name != "mixed" {
+					t.Errorf("fractions may go to %s, which has no fraction GPU", name)
+				}
+			}
+		})
+	}
+}
+
+func TestDemandOfScalars(t *testing.T) {
+	p := pod("p").scalar(mig1g, 2).scalar(shared, 1).initScalar(mig1g, 3).p
+	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "second", Resources: corev1.ResourceRequirements{
+		Limits: corev1.ResourceList{mig1g: resource.MustParse("2"), "nvidia.com/mig-3g.40gb": resource.MustParse("1")},
+	}})
+	for _, tc := range []struct {
+		name      string
+		timeslice string
+		want      map[string]int64
+	}{
+		{name: "default replica resource", want: map[string]int64{mig1g: 4, "nvidia.com/mig-3g.40gb": 1, shared: 1}},
+		{name: "renamed replica resource: the default name is not a scalar", timeslice: "example.com/slice", want: map[string]int64{mig1g: 4, "nvidia.com/mig-3g.40gb": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, DemandOf(p, tc.timeslice).Scalars); diff != "" {
+				t.Errorf("scalars (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
