@@ -10,12 +10,18 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
+	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // publishInventory writes the node's GPUs, their modes and health to the
-// Node annotation api.AnnotationGPUInventory, for the coordinator. It is a
-// no-op without API access; failures are logged and retried on the next
-// change, never fatal.
+// Node annotation api.AnnotationGPUInventory, for the coordinator: with a
+// GPU in mode mig its MIG devices (profile, UUID, resource, memory), with a
+// GPU in mode timeslice its replicas and their resource, so the coordinator
+// can charge queues for them in GPU terms. It is a no-op without API
+// access; failures are logged and retried on the next change, never fatal.
 func (a *Agent) publishInventory(ctx context.Context) {
 	if a.client == nil || a.cfg.NodeName == "" {
 		return
@@ -23,11 +29,20 @@ func (a *Agent) publishInventory(ctx context.Context) {
 	a.invMu.Lock()
 	defer a.invMu.Unlock()
 	modes := a.modes
+	np := a.policy.Load()
 	inv := make([]api.GPUInfo, len(a.gpus))
 	for i, g := range a.gpus {
 		inv[i] = api.GPUInfo{UUID: g.UUID, Index: g.Index, Model: g.Name, MemoryMiB: g.MemoryMiB(), Healthy: a.checker == nil || a.checker.Healthy(g.UUID)}
 		if i < len(modes) {
 			inv[i].Mode = string(modes[i])
+		}
+		switch {
+		case np == nil:
+		case inv[i].Mode == string(config.ModeMIG):
+			inv[i].MIGDevices = a.migDevices(ctx, g, np)
+		case inv[i].Mode == string(config.ModeTimeslice):
+			sh := timeslice.FromConfig(np.Policy.Timeslice)
+			inv[i].Replicas, inv[i].ReplicaResource = sh.Replicas, sh.ResourceName
 		}
 	}
 	val, err := api.EncodeInventory(inv)
@@ -45,4 +60,45 @@ func (a *Agent) publishInventory(ctx context.Context) {
 	}
 	a.lastInventory = val
 	klog.FromContext(ctx).V(2).Info("Published GPU inventory", "node", a.cfg.NodeName, "gpus", len(inv))
+}
+
+// migDevices lists a GPU's current MIG devices as NVML reports them, named
+// by the resource the policy's MIG strategy serves them as. It is empty
+// while MIG is off on the GPU, and when NVML cannot tell (logged): the
+// coordinator then knows the GPU's mode but not what its devices are worth,
+// and charges them by their profile name.
+func (a *Agent) migDevices(ctx context.Context, g nvidia.GPU, np *config.NodePolicy) []api.MIGDeviceInfo {
+	lib, ok := a.lib.(nvidia.MIGLib)
+	if !ok || !g.MIGCapable {
+		return nil
+	}
+	logger := klog.FromContext(ctx)
+	mode, err := lib.MIGMode(g.UUID)
+	if err != nil {
+		logger.V(2).Info("MIG devices left out of the GPU inventory", "gpu", g.UUID, "err", err)
+		return nil
+	}
+	if !mode.Current {
+		return nil
+	}
+	instances, err := lib.MIGInstances(g.UUID)
+	if err != nil {
+		logger.V(2).Info("MIG devices left out of the GPU inventory", "gpu", g.UUID, "err", err)
+		return nil
+	}
+	strategy := np.Policy.MIG.Strategy
+	if strategy == "" {
+		strategy = config.DefaultMIGStrategy
+	}
+	var out []api.MIGDeviceInfo
+	for _, gi := range instances {
+		for _, d := range gi.Devices {
+			res := mig.ResourceName(d.Profile)
+			if strategy == config.MIGStrategySingle {
+				res = api.ResourceGPU
+			}
+			out = append(out, api.MIGDeviceInfo{UUID: d.UUID, Profile: d.Profile, Resource: res, MemoryMiB: d.MemoryBytes >> 20})
+		}
+	}
+	return out
 }
