@@ -8,6 +8,16 @@
 // for a gang, its one node pool. When the capacity shows up the placeholders
 // are deleted and the real pods are placed, preferring the nodes where the
 // placeholders landed.
+//
+// MIG devices and time-sliced replicas are asked for as the whole GPUs
+// behind them: each kind (MIG, replicas of one resource) is packed apart,
+// first fit decreasing by its share of a GPU (see PackMilli). Caveat: a
+// node Karpenter brings up serves its GPUs in the mode its node group's
+// config gives new nodes; the admin must set that group (a gpufrac-node
+// config group matching the node pool's labels) to mode mig with the right
+// layout, or timeslice, for such a pool. Otherwise the placeholders land,
+// the new GPUs serve whole GPUs or fractions, and the MIG or replica pods
+// still find no room.
 package placeholder
 
 import (
@@ -16,6 +26,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -32,6 +43,9 @@ const (
 	AnnotationWorkloads = api.Domain + "/workloads"
 	// NamePrefix starts every placeholder pod's name.
 	NamePrefix = "gpufrac-placeholder-"
+	// AnnotationPackedMilli is the milli-GPU of MIG devices or replicas
+	// packed into a placeholder (PackMilli); absent on other kinds.
+	AnnotationPackedMilli = api.Domain + "/packed-milli"
 )
 
 // Options configure placeholder pods.
@@ -55,6 +69,11 @@ type Item struct {
 	Pod *corev1.Pod
 	// GPUs is a whole-GPU request; FractionPercent a fraction of one GPU.
 	GPUs, FractionPercent int
+	// Scalars are MIG devices or time-sliced replicas by resource name
+	// (placement.Request.Scalars), and ScalarMilli their worth in milli-GPU
+	// (what the pod's queue is charged for them).
+	Scalars               map[string]int64
+	ScalarMilli           int64
 	CPUMilli, MemoryBytes int64
 	// Models restricts the GPU product (node label nvidia.com/gpu.product).
 	Models []string
@@ -92,21 +111,87 @@ func Plan(items []Item, o Options) []*corev1.Pod {
 // bin is one placeholder's demand.
 type bin struct {
 	gpus        int
-	fracPercent int // fractions packed in (when gpus == 1 and from fractions)
+	fracPercent int   // fractions packed in (when gpus == 1 and from fractions)
+	milli       int64 // MIG devices or replicas packed in, by PackMilli
 	cpu, mem    int64
 	workloads   []string
 }
 
+// milliPerGPU is one GPU in milli-GPU.
+const milliPerGPU = 1000
+
+// migComputeSlices is the compute slices of a MIG GPU (A100, H100, H200,
+// B200); a g-slice MIG profile fits floor(7/g) times on one GPU.
+const migComputeSlices = 7
+
+// PackMilli is the share of a GPU an item's MIG devices or replicas are
+// packed by: their worth (ScalarMilli), and for MIG devices at least
+// 1000/k each (rounded down) when k of the profile fit one GPU: floor(7/g)
+// for a g-slice profile, times floor(g/c) for a compute-instance profile
+// "<c>c.<g>g". No more fit however small their memory: seven 1g.10gb
+// devices of an H100 are worth 875 milli, yet the eighth needs another GPU;
+// a 4g.40gb device takes a GPU of its own.
+func PackMilli(it Item) int64 {
+	var bySlices int64
+	for name, n := range it.Scalars {
+		if per := migPerGPU(name); per > 0 {
+			// Rounded down: per of them must fit 1000, and one more must
+			// not (true while per <= 30).
+			bySlices += n * (milliPerGPU / int64(per))
+		}
+	}
+	return max(it.ScalarMilli, bySlices)
+}
+
+// migPerGPU is how many devices of a MIG resource fit one GPU
+// ("nvidia.com/mig-3g.40gb" 2, "nvidia.com/mig-1c.3g.40gb" 6), 0 for
+// anything else.
+func migPerGPU(name string) int {
+	profile, ok := strings.CutPrefix(name, api.MIGResourcePrefix)
+	if !ok {
+		return 0
+	}
+	fields := strings.Split(profile, ".")
+	slices := func(f string, unit byte) int {
+		if len(f) < 2 || f[len(f)-1] != unit {
+			return 0
+		}
+		n, err := strconv.Atoi(f[:len(f)-1])
+		if err != nil || n < 1 || n > migComputeSlices {
+			return 0
+		}
+		return n
+	}
+	if c := slices(fields[0], 'c'); c > 0 && len(fields) > 1 {
+		if g := slices(fields[1], 'g'); g >= c {
+			return (migComputeSlices / g) * (g / c)
+		}
+		return 0
+	}
+	if g := slices(fields[0], 'g'); g > 0 {
+		return migComputeSlices / g
+	}
+	return 0
+}
+
 // pack makes one bin per whole-GPU pod and packs fractions into whole GPUs,
-// largest first, each into the first GPU with room.
+// largest first, each into the first GPU with room; MIG devices and
+// replicas likewise by PackMilli (an item of more than one GPU's worth gets
+// a bin of its own, rounded up to whole GPUs). A group holds one kind.
 func pack(its []Item) []bin {
 	var bins []bin
-	var fr []Item
+	var fr, sc []Item
 	for _, it := range its {
-		if it.GPUs > 0 {
+		switch {
+		case it.GPUs > 0:
 			bins = append(bins, bin{gpus: it.GPUs, cpu: it.CPUMilli, mem: it.MemoryBytes, workloads: []string{it.Workload}})
-		} else if it.FractionPercent > 0 {
+		case it.FractionPercent > 0:
 			fr = append(fr, it)
+		case PackMilli(it) > milliPerGPU:
+			gpus := int((PackMilli(it) + milliPerGPU - 1) / milliPerGPU)
+			bins = append(bins, bin{gpus: gpus, milli: PackMilli(it), cpu: it.CPUMilli, mem: it.MemoryBytes, workloads: []string{it.Workload}})
+		case PackMilli(it) > 0:
+			sc = append(sc, it)
 		}
 	}
 	sort.SliceStable(fr, func(i, j int) bool { return fr[i].FractionPercent > fr[j].FractionPercent })
@@ -127,6 +212,24 @@ func pack(its []Item) []bin {
 			gpus = append(gpus, bin{gpus: 1, fracPercent: it.FractionPercent, cpu: it.CPUMilli, mem: it.MemoryBytes, workloads: []string{it.Workload}})
 		}
 	}
+	sort.SliceStable(sc, func(i, j int) bool { return PackMilli(sc[i]) > PackMilli(sc[j]) })
+	for _, it := range sc {
+		m := PackMilli(it)
+		placed := false
+		for i := range gpus {
+			if gpus[i].fracPercent == 0 && gpus[i].milli+m <= milliPerGPU {
+				gpus[i].milli += m
+				gpus[i].cpu += it.CPUMilli
+				gpus[i].mem += it.MemoryBytes
+				gpus[i].workloads = appendUnique(gpus[i].workloads, it.Workload)
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			gpus = append(gpus, bin{gpus: 1, milli: m, cpu: it.CPUMilli, mem: it.MemoryBytes, workloads: []string{it.Workload}})
+		}
+	}
 	return append(bins, gpus...)
 }
 
@@ -140,12 +243,16 @@ func appendUnique(s []string, x string) []string {
 }
 
 // groupKey is the text of everything that decides where a placeholder may
-// go: selectors, affinity, tolerations, models, pool, and whole vs fraction.
+// go: selectors, affinity, tolerations, models, pool, and the kind of GPU
+// (whole, fraction, MIG, or replicas of one resource).
 func groupKey(it Item) string {
 	p := it.Pod
 	kind := "whole"
-	if it.FractionPercent > 0 {
+	switch {
+	case it.FractionPercent > 0:
 		kind = "fraction"
+	case len(it.Scalars) > 0:
+		kind = scalarKind(it.Scalars)
 	}
 	sel := make([]string, 0, len(p.Spec.NodeSelector))
 	for k, v := range p.Spec.NodeSelector {
@@ -164,6 +271,20 @@ func groupKey(it Item) string {
 	models := append([]string(nil), it.Models...)
 	sort.Strings(models)
 	return fmt.Sprintf("%s|%s|sel=%v|aff=%s|tol=%v|models=%v|pool=%s", kind, p.Namespace, sel, aff, tol, models, it.Pool)
+}
+
+// scalarKind is the group kind of MIG devices ("mig") or replicas
+// ("replicas:<resource>"); podrequest keeps the two out of one pod.
+func scalarKind(sc map[string]int64) string {
+	names := make([]string, 0, len(sc))
+	for name := range sc {
+		if strings.HasPrefix(name, api.MIGResourcePrefix) {
+			return "mig"
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return "replicas:" + strings.Join(names, ",")
 }
 
 func hash(s string) string {
@@ -220,7 +341,7 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 		}
 		workloads += w
 	}
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      NamePrefix + group + "-" + strconv.Itoa(i),
 			Namespace: api.SystemNamespace,
@@ -244,6 +365,10 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 			}},
 		},
 	}
+	if b.milli > 0 {
+		pod.Annotations[AnnotationPackedMilli] = strconv.FormatInt(b.milli, 10)
+	}
+	return pod
 }
 
 // IsPlaceholder tells whether p is a placeholder pod.

@@ -101,3 +101,126 @@ func TestPlanCopiesConstraintsAndPool(t *testing.T) {
 		t.Errorf("placeholder in %s with labels %v", p.Namespace, p.Labels)
 	}
 }
+
+const (
+	mig1g = "nvidia.com/mig-1g.10gb"
+	mig3g = "nvidia.com/mig-3g.40gb"
+	mig4g = "nvidia.com/mig-4g.40gb"
+)
+
+// scalarItem is a pod asking n units of a MIG or replica resource worth unitMilli each.
+func scalarItem(name, resource string, n, unitMilli int64) Item {
+	return Item{Workload: "default/" + name, Pod: builders.MakePod(name, "default").Obj(),
+		Scalars: map[string]int64{resource: n}, ScalarMilli: n * unitMilli, CPUMilli: 500}
+}
+
+func TestPlanAsksWholeGPUsBehindMIGDevicesAndReplicas(t *testing.T) {
+	many := func(n int, f func(i int) Item) []Item {
+		var out []Item
+		for i := 0; i < n; i++ {
+			out = append(out, f(i))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name      string
+		items     []Item
+		wantGPUs  []int64
+		wantMilli []string // AnnotationPackedMilli per placeholder
+	}{
+		{
+			name:      "eight 1g.10gb devices: seven fit one GPU, though their memory would fit eight",
+			items:     many(8, func(i int) Item { return scalarItem(fmt.Sprintf("m%d", i), mig1g, 1, 125) }),
+			wantGPUs:  []int64{1, 1},
+			wantMilli: []string{"994", "142"},
+		},
+		{
+			name:      "4g.40gb devices take a GPU each",
+			items:     many(3, func(i int) Item { return scalarItem(fmt.Sprintf("m%d", i), mig4g, 1, 500) }),
+			wantGPUs:  []int64{1, 1, 1},
+			wantMilli: []string{"1000", "1000", "1000"},
+		},
+		{
+			name:      "two 3g.40gb per GPU",
+			items:     many(3, func(i int) Item { return scalarItem(fmt.Sprintf("m%d", i), mig3g, 1, 500) }),
+			wantGPUs:  []int64{1, 1},
+			wantMilli: []string{"1000", "500"},
+		},
+		{
+			name:      "replicas pack by 1000/replicas",
+			items:     many(5, func(i int) Item { return scalarItem(fmt.Sprintf("r%d", i), api.DefaultTimesliceResource, 1, 250) }),
+			wantGPUs:  []int64{1, 1},
+			wantMilli: []string{"1000", "250"},
+		},
+		{
+			name:      "a pod of more than a GPU's worth gets its GPUs in one placeholder, first",
+			items:     []Item{scalarItem("small", mig3g, 1, 500), scalarItem("big", mig3g, 3, 500)},
+			wantGPUs:  []int64{2, 1},
+			wantMilli: []string{"1500", "500"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pods := Plan(tc.items, DefaultOptions())
+			if diff := cmp.Diff(tc.wantGPUs, gpus(pods)); diff != "" {
+				t.Errorf("GPUs per placeholder (-want +got):\n%s", diff)
+			}
+			var milli []string
+			for _, p := range pods {
+				milli = append(milli, p.Annotations[AnnotationPackedMilli])
+				if q := p.Spec.Containers[0].Resources.Requests[corev1.ResourceName(mig1g)]; !q.IsZero() {
+					t.Errorf("%s asks MIG devices; placeholders ask whole GPUs only", p.Name)
+				}
+			}
+			if diff := cmp.Diff(tc.wantMilli, milli); diff != "" {
+				t.Errorf("packed milli per placeholder (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPlanKeepsKindsApart(t *testing.T) {
+	items := []Item{
+		fraction("f1", 30), fraction("f2", 30),
+		scalarItem("m1", mig1g, 1, 125), scalarItem("m2", mig3g, 1, 500),
+		scalarItem("r1", api.DefaultTimesliceResource, 1, 250),
+		scalarItem("s1", "example.com/slice", 1, 250),
+	}
+	pods := Plan(items, DefaultOptions())
+	groups := map[string][]string{} // group -> workloads
+	for _, p := range pods {
+		groups[p.Labels[LabelGroup]] = append(groups[p.Labels[LabelGroup]], p.Annotations[AnnotationWorkloads])
+	}
+	want := map[string][]string{
+		GroupOf(items[0]): {"default/f1,default/f2"},
+		GroupOf(items[2]): {"default/m2,default/m1"},
+		GroupOf(items[4]): {"default/r1"},
+		GroupOf(items[5]): {"default/s1"},
+	}
+	if diff := cmp.Diff(want, groups); diff != "" {
+		t.Errorf("placeholder groups (-want +got):\n%s", diff)
+	}
+	if GroupOf(items[2]) != GroupOf(items[3]) {
+		t.Errorf("MIG devices of two profiles are in different groups")
+	}
+}
+
+func TestPackMilli(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		it   Item
+		want int64
+	}{
+		{name: "1g device: a seventh of a GPU at least", it: scalarItem("a", mig1g, 1, 125), want: 142},
+		{name: "2g device: a third", it: scalarItem("a", "nvidia.com/mig-2g.20gb", 2, 250), want: 666},
+		{name: "compute-instance profile: six 1c.3g fit a GPU", it: scalarItem("a", "nvidia.com/mig-1c.3g.40gb", 1, 100), want: 166},
+		{name: "a MIG device worth more than its slices", it: scalarItem("a", "nvidia.com/mig-1g.20gb", 1, 250), want: 250},
+		{name: "replicas by their worth", it: scalarItem("a", api.DefaultTimesliceResource, 3, 250), want: 750},
+		{name: "unreadable profile by its worth", it: scalarItem("a", "nvidia.com/mig-odd", 1, 300), want: 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := PackMilli(tc.it); got != tc.want {
+				t.Errorf("PackMilli = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -20,27 +20,47 @@ func withOnlyNodes(r *placement.Request, only map[string]bool) *placement.Reques
 	return withNodes(r, only, corev1.NodeSelectorOpIn)
 }
 
+// withNodes adds the named nodes to r's required affinity as metadata.name
+// field requirements. A field requirement takes exactly one value
+// (component-helpers' nodeaffinity refuses more, and a selector that does
+// not parse matches no node), so NotIn becomes one requirement per node in
+// every term (ANDed), and In one copy of every term per node (ORed).
 func withNodes(r *placement.Request, set map[string]bool, op corev1.NodeSelectorOperator) *placement.Request {
 	names := make([]string, 0, len(set))
 	for n := range set {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	notIn := corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: op, Values: names}
 	out := *r
 	c := placement.Constraints{}
 	if r.Constraints != nil {
 		c = *r.Constraints
 	}
-	if c.Affinity == nil || len(c.Affinity.NodeSelectorTerms) == 0 {
-		c.Affinity = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{notIn}}}}
-	} else {
-		aff := c.Affinity.DeepCopy()
-		for i := range aff.NodeSelectorTerms {
-			aff.NodeSelectorTerms[i].MatchFields = append(aff.NodeSelectorTerms[i].MatchFields, notIn)
-		}
-		c.Affinity = aff
+	terms := []corev1.NodeSelectorTerm{{}}
+	if c.Affinity != nil && len(c.Affinity.NodeSelectorTerms) > 0 {
+		terms = c.Affinity.DeepCopy().NodeSelectorTerms
 	}
+	field := func(name string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: op, Values: []string{name}}
+	}
+	var result []corev1.NodeSelectorTerm
+	if op == corev1.NodeSelectorOpNotIn {
+		for _, t := range terms {
+			for _, n := range names {
+				t.MatchFields = append(t.MatchFields, field(n))
+			}
+			result = append(result, t)
+		}
+	} else {
+		for _, t := range terms {
+			for _, n := range names {
+				u := *t.DeepCopy()
+				u.MatchFields = append(u.MatchFields, field(n))
+				result = append(result, u)
+			}
+		}
+	}
+	c.Affinity = &corev1.NodeSelector{NodeSelectorTerms: result}
 	out.Constraints = &c
 	return &out
 }

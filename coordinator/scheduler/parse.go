@@ -10,7 +10,8 @@ import (
 // parse turns a pod into what the cycle needs, through podrequest.
 func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
 	np := s.opts.NonPreemptiblePriority
-	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, JobLookup: s.deps.Jobs, GPUModels: s.models}
+	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, JobLookup: s.deps.Jobs, GPUModels: s.models,
+		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli}
 	if np != 0 {
 		opts.NonPreemptiblePriority = &np
 	}

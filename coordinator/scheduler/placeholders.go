@@ -35,6 +35,10 @@ func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.
 			Workload: w.key, Pod: p.pod, GPUs: p.req.GPUs, FractionPercent: p.req.ShareMilli / 10,
 			CPUMilli: p.req.CPUMilli, MemoryBytes: p.req.MemoryBytes, Models: p.req.Models, Pool: pool,
 		}
+		if len(p.req.Scalars) > 0 {
+			// A MIG or replica pod's queue charge is its scalars' worth.
+			it.Scalars, it.ScalarMilli = p.req.Scalars, p.res.GPUMilli
+		}
 		out = append(out, it)
 	}
 	return out

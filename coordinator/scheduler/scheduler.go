@@ -60,6 +60,10 @@ type Options struct {
 	ReservationReportDelay time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
+	// TimesliceResource is the time-sliced replica resource the node agents
+	// serve ("" means api.DefaultTimesliceResource); it and MIG devices
+	// (nvidia.com/mig-*) are placed as scalar resources.
+	TimesliceResource string
 }
 
 // Reserver manages reservation pods (coordinator/reservation.Manager).
@@ -118,6 +122,7 @@ type Scheduler struct {
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
+	scalarMilli     map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
 }
 
 type assumedPod struct {
@@ -302,11 +307,12 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	s.models = productsOf(nodes)
 
 	// 2. Snapshot the cluster and the queues' usage.
-	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel}
+	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource}
 	snap, err := state.Build(inputs)
 	if err != nil {
 		return res, err
 	}
+	s.scalarMilli = snap.ScalarMilli
 	books, err := newBooks(queues, snap)
 	if err != nil {
 		return res, err
