@@ -1,6 +1,9 @@
 // Command kubectl-gpufrac is a kubectl plugin ("kubectl gpufrac") that prints the
 // cluster's GPUs per node and per GPU, and which pods hold them: whole GPUs,
-// fractions and reservations, plus GPU pods still pending or rejected.
+// fractions, reservations and placeholders; which nodes Karpenter made and which
+// pods keep Karpenter from disrupting them (karpenter.sh/do-not-disrupt); GPU pods
+// still pending with the scheduler's reason, placeholders asking Karpenter for
+// capacity, and pods rejected at device admission.
 package main
 
 import (
@@ -27,7 +30,7 @@ func main() {
 	)
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
 	flag.StringVar(&kubecontext, "context", "", "kubeconfig context to use")
-	flag.BoolVar(&wide, "wide", false, "print full GPU UUIDs")
+	flag.BoolVar(&wide, "wide", false, "print full GPU UUIDs and reservation pod names")
 	flag.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls")
 	flag.Usage = func() {
 		fmt.Fprintln(flag.CommandLine.Output(), "Usage: kubectl gpufrac [flags]\n\nPrints every GPU node, its GPUs and the pods holding them.")

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,9 +31,9 @@ func TestReadLines(t *testing.T) {
 		wantAfter int64
 	}{
 		{name: "no file yet", content: nil, want: nil},
-		{name: "partial line waits", content: ptr("starting"), want: nil},
-		{name: "two lines and a partial one", content: ptr("a\nbb\nc"), want: []string{"a", "bb"}, wantAfter: 5},
-		{name: "from an offset", content: ptr("a\nbb\nREADY\n"), offset: 5, want: []string{"READY"}, wantAfter: 11},
+		{name: "partial line waits", content: strPtr("starting"), want: nil},
+		{name: "two lines and a partial one", content: strPtr("a\nbb\nc"), want: []string{"a", "bb"}, wantAfter: 5},
+		{name: "from an offset", content: strPtr("a\nbb\nREADY\n"), offset: 5, want: []string{"READY"}, wantAfter: 11},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -55,7 +57,7 @@ func TestReadLines(t *testing.T) {
 	}
 }
 
-func ptr(s string) *string { return &s }
+func strPtr(s string) *string { return &s }
 
 func TestPodsOf(t *testing.T) {
 	tests := []struct {
@@ -79,16 +81,27 @@ func TestPodsOf(t *testing.T) {
 
 func TestUnsettled(t *testing.T) {
 	frac := corev1.Container{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceFraction: resource.MustParse("30")}}}
+	whole := corev1.Container{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("2")}}}
+	pending := func(reason string) corev1.Pod {
+		return corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
+			Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: reason,
+		}}}}
+	}
 	tests := []struct {
 		name string
 		pod  corev1.Pod
 		want string
 	}{
-		{name: "running whole-GPU pod", pod: corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning}}},
+		{name: "running CPU pod", pod: corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning}}},
 		{name: "failed pod", pod: corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}},
 		{
 			name: "running fraction pod without its GPU",
 			pod:  corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{frac}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+			want: "GPU not written back yet",
+		},
+		{
+			name: "running whole-GPU pod without its GPUs",
+			pod:  corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{whole}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
 			want: "GPU not written back yet",
 		},
 		{
@@ -98,14 +111,18 @@ func TestUnsettled(t *testing.T) {
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{frac}}, Status: corev1.PodStatus{Phase: corev1.PodRunning},
 			},
 		},
-		{name: "bound, not admitted", pod: corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodPending}}, want: "admitting on n"},
 		{
-			name: "unschedulable",
-			pod: corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
-				Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable,
-			}}}},
-			want: "unschedulable; Karpenter is adding a node",
+			name: "terminating",
+			pod:  corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+			want: "terminating",
 		},
+		{name: "bound, not admitted", pod: corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodPending}}, want: "admitting on n"},
+		{name: "over quota: settled, waits by design", pod: pending(api.ReasonOverQuota)},
+		{name: "over limit: settled", pod: pending(api.ReasonOverLimit)},
+		{name: "invalid request: settled", pod: pending(api.ReasonInvalidRequest)},
+		{name: "no capacity: Karpenter is asked", pod: pending(api.ReasonNoCapacity), want: "NoCapacity: placeholders ask Karpenter for capacity"},
+		{name: "incomplete gang", pod: pending(api.ReasonGangIncomplete), want: api.ReasonGangIncomplete},
+		{name: "unschedulable", pod: pending(corev1.PodReasonUnschedulable), want: "Unschedulable"},
 		{name: "new", pod: corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}, want: "scheduling"},
 	}
 	for _, tt := range tests {
@@ -117,9 +134,120 @@ func TestUnsettled(t *testing.T) {
 	}
 }
 
-// TestUpStatusDown runs the demo as make demo does (without Karpenter, to stay
-// short): up returns with the cluster running in the background and the GPU view
-// printed, status prints it again, down leaves no process and no state behind.
+func TestPhasesSubmitEveryExample(t *testing.T) {
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		karpenter bool
+		skipped   []string // example files deliberately left out
+	}{
+		{name: "with Karpenter", karpenter: true},
+		{name: "without Karpenter the burst stays out", karpenter: false, skipped: []string{"burst.yaml"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, ph := range phases(tt.karpenter) {
+				for _, f := range ph.files {
+					if _, err := readObjects(filepath.Join(root, "deployments", "examples", f)); err != nil {
+						t.Errorf("phase %q: %v", ph.what, err)
+					}
+					got = append(got, f)
+				}
+			}
+			all, err := filepath.Glob(filepath.Join(root, "deployments", "examples", "*.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, f := range all {
+				if !slices.Contains(tt.skipped, filepath.Base(f)) {
+					want = append(want, filepath.Base(f))
+				}
+			}
+			slices.Sort(got)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("example files submitted (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestWrap(t *testing.T) {
+	tests := []struct {
+		name  string
+		in    string
+		width int
+		want  string
+	}{
+		{name: "short", in: "a b c", width: 20, want: "  - a b c"},
+		{name: "wrapped under the prefix", in: "one two three four", width: 13, want: "  - one two\n    three\n    four"},
+		{name: "a word longer than the line stays whole", in: "x verylongword y", width: 8, want: "  - x\n    verylongword\n    y"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := wrap("  - ", tt.in, tt.width); got != tt.want {
+				t.Errorf("wrap() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestWriteLegend(t *testing.T) {
+	tests := []struct {
+		name    string
+		facts   facts
+		want    []string
+		notWant []string
+	}{
+		{
+			name: "everything",
+			facts: facts{
+				static: []string{"gpu-node-1", "gpu-node-2"}, karpenter: []string{"kwok-gpu-x (gpu-1x-h100)"},
+				fractions: 11, sharedGPUs: 5, reservations: 5, whole: []string{"train-llm"}, gangs: []string{"gang ddp (ddp-0, ddp-1)"},
+				refused: []string{"eval-nightly (OverQuota)", "too-big (InvalidRequest)"},
+			},
+			want: []string{
+				"gpu-node-1, gpu-node-2: the static nodes, 4 mock H100s", "kwok-gpu-x (gpu-1x-h100): made by Karpenter", "asked for it",
+				"11 fractions share 5 GPUs", "(5 in all)", "train-llm; gang ddp (ddp-0, ddp-1), placed all or nothing",
+				"Pending eval-nightly (OverQuota), too-big (InvalidRequest)", "Never Unschedulable",
+			},
+		},
+		{
+			name:    "without Karpenter nodes or refused pods",
+			facts:   facts{static: []string{"gpu-node-1"}},
+			want:    []string{"gpu-node-1: the static nodes"},
+			notWant: []string{"made by Karpenter", "Pending", "fractions share"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			writeLegend(&b, config{gpusPerNode: 4}, tt.facts)
+			// Compare without the wrapping.
+			got := strings.Join(strings.Fields(b.String()), " ")
+			for _, w := range tt.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("legend lacks %q:\n%s", w, b.String())
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(got, w) {
+					t.Errorf("legend has %q:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+}
+
+// TestUpStatusDown runs the demo as make demo does, Karpenter included: up
+// returns with the cluster running in the background and the GPU view printed
+// (fractions sharing a GPU under a reservation, the gang, the OverQuota pod, a
+// node Karpenter made for the burst), status prints it again, a second up
+// finds the running demo, and down leaves no process and no state behind.
 func TestUpStatusDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a local cluster; skipped with -short")
@@ -134,7 +262,7 @@ func TestUpStatusDown(t *testing.T) {
 	}
 	bin, state := filepath.Join(tmp, "bin"), filepath.Join(tmp, "state")
 	// Fresh builds of the gpufrac binaries; the cluster tools come from bin/ (make tools).
-	for _, pkg := range []string{"./tests/demo", "./cmd/gpufrac-node", "./cmd/kubectl-gpufrac"} {
+	for _, pkg := range []string{"./tests/demo", "./cmd/gpufrac-node", "./cmd/gpufrac-coordinator", "./cmd/kubectl-gpufrac"} {
 		build := exec.Command("go", "build", "-o", bin+"/", pkg)
 		build.Dir = root
 		if out, err := build.CombinedOutput(); err != nil {
@@ -144,7 +272,7 @@ func TestUpStatusDown(t *testing.T) {
 	if err := os.Rename(filepath.Join(bin, "demo"), filepath.Join(bin, "gpufrac-demo")); err != nil {
 		t.Fatal(err)
 	}
-	for _, tool := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kwok-stages"} {
+	for _, tool := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kwok-stages", "karpenter-kwok", "karpenter-crds"} {
 		if err := os.Symlink(filepath.Join(root, "bin", tool), filepath.Join(bin, tool)); err != nil {
 			t.Fatal(err)
 		}
@@ -170,19 +298,42 @@ func TestUpStatusDown(t *testing.T) {
 	defer cancel()
 
 	began := time.Now()
-	out, err := demo(ctx, "up", "--karpenter=false", "--timeout=3m")
+	out, err := demo(ctx, "up", "--timeout=3m")
 	t.Logf("up took %s:\n%s", time.Since(began).Round(time.Millisecond), out)
 	if err != nil {
 		logs, _ := os.ReadFile(filepath.Join(state, "demo.log"))
 		t.Fatalf("up: %v\ndemo.log:\n%s", err, logs)
 	}
 	for _, want := range []string{
-		"NODE gpu-node-1 (Ready)", "NODE gpu-node-2 (Ready)", "default/embeddings 50%", "default/train-llm ×4",
-		"Rejected at device admission", "default/too-big", "at most 100 units", "export KUBECONFIG=",
+		"NODE gpu-node-1 (Ready)", "NODE gpu-node-2 (Ready)",
+		"gpufrac-coordinator leads as ServiceAccount gpufrac-system/gpufrac-coordinator",
+		"default/ddp-0 (whole, gang ddp)", "default/ddp-1 (whole, gang ddp)", "default/train-llm (whole)",
+		"made by Karpenter (NodePool gpu, gpu-", "Karpenter launched node", "export KUBECONFIG=",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("up's output lacks %q", want)
 		}
+	}
+	for _, re := range []string{
+		// Fractions share a GPU held by a reservation.
+		`\[reservation\], default/\S+ \d+%, default/\S+ \d+%`,
+		// The gang's pods are both on GPUs, the over-quota and the bad pod wait with their reasons.
+		`default/eval-nightly +3 GPUs +team-b +OverQuota: queue team-b: non-preemptible`,
+		`default/too-big +150% of a GPU +team-a +InvalidRequest:`,
+		// The non-preemptible pod protects its node from disruption.
+		`do-not-disrupt: .*default/train-llm`,
+		// A node Karpenter made carries the burst's fractions and is protected.
+		`made by Karpenter \(NodePool gpu, gpu-\S+\).*\n  do-not-disrupt: \d+ reservations?`,
+		`default/batch-embed-\S+ 40%`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("up's output does not match %s", re)
+		}
+	}
+	// A fraction bound where its GPU was full fails admission; the coordinator
+	// must never do that.
+	if strings.Contains(out, "Rejected at device admission") {
+		t.Errorf("a pod failed device admission (a GPU overbooked by the coordinator)")
 	}
 	pid, ok := running(config{dir: state})
 	if !ok {
@@ -190,10 +341,10 @@ func TestUpStatusDown(t *testing.T) {
 	}
 
 	out, err = demo(ctx, "status")
-	if err != nil || !strings.Contains(out, "NODE gpu-node-2 (Ready)") {
+	if err != nil || !strings.Contains(out, "NODE gpu-node-2 (Ready)") || !strings.Contains(out, "What you are looking at") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
-	again, err := demo(ctx, "up", "--karpenter=false")
+	again, err := demo(ctx, "up")
 	if err != nil || !strings.Contains(again, "already running (pid "+strconv.Itoa(pid)+")") {
 		t.Errorf("a second up: %v\n%s", err, again)
 	}

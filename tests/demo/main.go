@@ -1,15 +1,19 @@
 // Command gpufrac-demo runs gpufrac's demo: a local Kubernetes control plane with
 // kwok fake nodes (mock H100 GPUs), a real gpufrac-node per GPU node acting with a
-// kubelet simulator, optionally Karpenter; it submits the sample workloads from
-// deployments/examples and prints who holds which GPU. The cluster keeps running
-// in the background after `up` returns, until `down`.
+// kubelet simulator, Karpenter's kwok provider and the real gpufrac-coordinator. It
+// submits the sample workloads from deployments/examples (queues, whole GPUs, a
+// gang, fractions, an over-quota pod, a bad request and a burst of fractions
+// Karpenter adds nodes for) and prints who holds which GPU. The cluster keeps
+// running in the background after `up` returns, until `down`.
 //
 //	gpufrac-demo up      start (or show) the demo; what `make demo` runs
 //	gpufrac-demo status  print the GPU view of the running demo
 //	gpufrac-demo down    stop everything and remove bin/demo
 //
-// State lives in bin/demo: demo.pid, kubeconfig (admin), logs/ (one file per
-// component and per gpufrac-node), demo.log (the background process's own log).
+// State lives in bin/demo: demo.pid, kubeconfig (admin), coordinator.kubeconfig
+// (the coordinator's ServiceAccount), logs/ (one file per component, per
+// gpufrac-node and for gpufrac-coordinator), demo.log (the background process's
+// own log).
 package main
 
 import (
@@ -42,8 +46,9 @@ func main() {
 	var cfg config
 	fs.StringVar(&cfg.dir, "dir", "", "demo state directory (default <repository>/bin/demo)")
 	fs.StringVar(&cfg.bin, "bin-dir", "", "where the tools, gpufrac-node and kubectl-gpufrac are (default <repository>/bin)")
-	fs.IntVar(&cfg.nodes, "gpu-nodes", 2, "static mock-H100 GPU nodes (the first is pool=training, the others pool=inference)")
-	fs.BoolVar(&cfg.karpenter, "karpenter", true, "run Karpenter's kwok provider, which adds 8×H100 nodes for pods that fit nowhere")
+	fs.IntVar(&cfg.nodes, "gpu-nodes", 2, "static mock-H100 GPU nodes")
+	fs.IntVar(&cfg.gpusPerNode, "gpus-per-node", 4, "mock H100s per static GPU node (1-8)")
+	fs.BoolVar(&cfg.karpenter, "karpenter", true, "run Karpenter's kwok provider (1× and 8× H100 instance types) and submit the burst it adds nodes for")
 	fs.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "bound on bringing the cluster up and the workloads to settle")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
@@ -78,12 +83,13 @@ func main() {
 
 // config is the demo's configuration, from flags.
 type config struct {
-	root      string // the repository root
-	dir       string // state directory
-	bin       string // binaries
-	nodes     int
-	karpenter bool
-	timeout   time.Duration
+	root        string // the repository root
+	dir         string // state directory
+	bin         string // binaries
+	nodes       int
+	gpusPerNode int
+	karpenter   bool
+	timeout     time.Duration
 }
 
 func (c *config) resolve() error {
@@ -106,6 +112,9 @@ func (c *config) resolve() error {
 	}
 	if c.nodes < 1 {
 		return fmt.Errorf("--gpu-nodes must be at least 1, got %d", c.nodes)
+	}
+	if c.gpusPerNode < 1 || c.gpusPerNode > 8 {
+		return fmt.Errorf("--gpus-per-node must be 1 to 8 (the mock DGX H100 has 8), got %d", c.gpusPerNode)
 	}
 	return nil
 }

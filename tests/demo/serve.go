@@ -8,10 +8,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
@@ -23,9 +25,12 @@ const (
 	// progressReady and progressFailed end the progress file.
 	progressReady  = "READY"
 	progressFailed = "FAILED "
-	// poolLabel keeps whole-GPU and fraction workloads on separate demo nodes.
-	poolLabel = "pool"
+	// staticNodePrefix names the static GPU nodes: gpu-node-1, gpu-node-2...
+	staticNodePrefix = "gpu-node-"
 )
+
+// queueGVR is gpufrac's Queue resource.
+var queueGVR = schema.GroupVersionResource{Group: api.Domain, Version: "v1alpha1", Resource: "queues"}
 
 // progress appends human-readable lines to the progress file that up prints.
 type progress struct{ path string }
@@ -40,48 +45,102 @@ func (p progress) say(format string, args ...any) {
 	fmt.Fprintf(f, format+"\n", args...)
 }
 
-// serve runs the demo cluster until ctx ends (down sends SIGTERM), then stops it.
+// serve runs the demo cluster and gpufrac-coordinator until ctx ends (down
+// sends SIGTERM), then stops the coordinator and the cluster.
 func serve(ctx context.Context, cfg config) error {
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
 	p := progress{path: cfg.progressFile()}
-	c, err := startDemoCluster(ctx, cfg, p)
+	c, co, err := startDemo(ctx, cfg, p)
 	if err != nil {
 		p.say("%s%v", progressFailed, err)
 		return err
 	}
 	p.say(progressReady)
-	<-ctx.Done()
-	logger.Info("Stopping the demo cluster")
-	err = c.Stop()
+	select {
+	case <-ctx.Done():
+	case <-co.done:
+		logger.Error(co.err, "gpufrac-coordinator exited; the demo keeps running without it", "log", co.log)
+		<-ctx.Done()
+	}
+	logger.Info("Stopping the demo")
+	// The coordinator first: it is a client of the API server the cluster stops.
+	stopCtx, cancel := context.WithTimeout(klog.NewContext(context.Background(), logger), 2*coordinatorStopGrace)
+	defer cancel()
+	err = errors.Join(co.stop(stopCtx), c.Stop())
 	_ = os.Remove(cfg.pidFile())
 	return err
 }
 
-// startDemoCluster starts the cluster with node agents, adds the static nodes and
-// waits until every GPU node's gpufrac-node has published its resources.
-func startDemoCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster, error) {
+// startDemo starts the cluster (with Karpenter and node agents), installs
+// gpufrac's CRD, priority classes and RBAC, starts gpufrac-coordinator and
+// adds the static GPU nodes.
+func startDemo(ctx context.Context, cfg config, p progress) (c *cluster.Cluster, co *coordinatorProcess, err error) {
+	c, err = startCluster(ctx, cfg, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			if co != nil {
+				err = errors.Join(err, co.stop(ctx))
+			}
+			err = errors.Join(err, c.Stop())
+		}
+	}()
+	if err := linkState(cfg, c); err != nil {
+		return nil, nil, err
+	}
+	began := time.Now()
+	if err := installGpufrac(ctx, cfg, c); err != nil {
+		return nil, nil, err
+	}
+	kubeconfig := filepath.Join(cfg.dir, "coordinator.kubeconfig")
+	if err := coordinatorKubeconfig(ctx, c.Client, c.KubeconfigPath, kubeconfig); err != nil {
+		return nil, nil, err
+	}
+	co, err = startCoordinator(ctx, cfg, c, kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.say("installed the Queue CRD, priority classes and RBAC; gpufrac-coordinator leads as ServiceAccount %s/%s (pid %d, metrics http://%s/metrics) in %s",
+		api.SystemNamespace, coordinatorServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
+	if err := addNodes(ctx, cfg, c, p); err != nil {
+		return nil, nil, err
+	}
+	return c, co, nil
+}
+
+// gpuInstanceTypes are the cloud's GPU machines: 1× and 8× H100.
+func gpuInstanceTypes() []cluster.InstanceType {
+	return slices.DeleteFunc(cluster.DefaultInstanceTypes(), func(it cluster.InstanceType) bool {
+		q, ok := it.Resources[api.ResourceGPU]
+		return !ok || q.IsZero()
+	})
+}
+
+// startCluster starts the control plane, Karpenter when asked, and node
+// agents on every GPU node.
+func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster, error) {
 	opts := cluster.Options{
 		BinDir:       cfg.binDir(),
 		Dir:          cfg.clusterDir(),
 		StartTimeout: cfg.timeout,
-		NodeAgents:   &cluster.NodeAgentOptions{ManifestsDir: filepath.Join(cfg.root, "deployments", "manifests")},
+		NodeAgents: &cluster.NodeAgentOptions{
+			ManifestsDir: filepath.Join(cfg.root, "deployments", "manifests"),
+			// A node Karpenter removes takes its devices with it quickly.
+			StopGracePeriod: 5 * time.Second,
+		},
 	}
 	what := "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok"
 	if cfg.karpenter {
-		// Only the 8-GPU machine: a mock node always has the mock's 8 GPUs.
-		types := slices.DeleteFunc(cluster.DefaultInstanceTypes(), func(it cluster.InstanceType) bool {
-			q := it.Resources[api.ResourceGPU]
-			return !q.IsZero() && q.Value() != 8
-		})
-		pools := cluster.DefaultNodePools(types)
-		for i := range pools {
-			if pools[i].Name == "gpu" {
-				pools[i].Labels[poolLabel] = "training"
-			}
+		types := gpuInstanceTypes()
+		var names []string
+		for _, it := range types {
+			names = append(names, it.Name)
 		}
-		opts.Karpenter = &cluster.KarpenterOptions{InstanceTypes: types, NodePools: pools}
-		what += ", Karpenter"
+		opts.Karpenter = &cluster.KarpenterOptions{InstanceTypes: types, NodePools: cluster.DefaultNodePools(types)}
+		what += ", Karpenter (kwok provider; instance types " + strings.Join(names, ", ") + ")"
 	}
 	p.say("starting the control plane: %s", what)
 	began := time.Now()
@@ -90,13 +149,35 @@ func startDemoCluster(ctx context.Context, cfg config, p progress) (*cluster.Clu
 		return nil, err
 	}
 	p.say("control plane up in %s", time.Since(began).Round(100*time.Millisecond))
-	if err := linkState(cfg, c); err != nil {
-		return nil, errors.Join(err, c.Stop())
-	}
-	if err := addNodes(ctx, cfg, c, p); err != nil {
-		return nil, errors.Join(err, c.Stop())
-	}
 	return c, nil
+}
+
+// installGpufrac applies what a gpufrac installation brings besides its
+// programs: the Queue CRD, the gpufrac-system namespace, the priority classes
+// of reservations and placeholders, and the coordinator's RBAC.
+func installGpufrac(ctx context.Context, cfg config, c *cluster.Cluster) error {
+	a := newApplier(c.Client, c.Dynamic)
+	files := []string{
+		filepath.Join(cfg.root, "deployments", "crds", "gpufrac.io_queues.yaml"),
+		filepath.Join(cfg.root, "deployments", "manifests", "namespace.yaml"),
+		filepath.Join(cfg.root, "deployments", "manifests", "priorityclasses.yaml"),
+		filepath.Join(cfg.root, "deployments", "manifests", "coordinator-rbac.yaml"),
+	}
+	for _, f := range files {
+		if _, err := a.apply(ctx, f); err != nil {
+			return err
+		}
+	}
+	// The coordinator's queue informer needs the CRD served.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Dynamic.Resource(queueGVR).List(ctx, metav1.ListOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("waiting for the Queue CRD to be served: %w", err)
+	}
+	return nil
 }
 
 // linkState puts the admin kubeconfig and the logs where the README says.
@@ -116,53 +197,56 @@ func linkState(cfg config, c *cluster.Cluster) error {
 	return nil
 }
 
-// addNodes creates a CPU node and the static GPU nodes, and waits for each GPU
-// node's gpufrac-node and its resources in the node status.
+// addNodes creates the static GPU nodes (one pool: no node-pool label) and
+// waits for each node's gpufrac-node and its resources in the node status.
 func addNodes(ctx context.Context, cfg config, c *cluster.Cluster, p progress) error {
-	specs := []cluster.NodeSpec{{Name: "cpu-node-1"}}
+	began := time.Now()
+	var names []string
 	for i := 1; i <= cfg.nodes; i++ {
-		pool := "inference"
-		if i == 1 {
-			pool = "training"
-		}
-		specs = append(specs, cluster.NodeSpec{
-			Name: "gpu-node-" + strconv.Itoa(i),
-			Labels: map[string]string{
-				api.LabelGPUNode: "true", api.LabelGPUProduct: cluster.H100Product, poolLabel: pool,
-			},
+		name := staticNodePrefix + strconv.Itoa(i)
+		names = append(names, name)
+		spec := cluster.NodeSpec{
+			Name:   name,
+			Labels: map[string]string{api.LabelGPUNode: "true", api.LabelGPUProduct: cluster.H100Product},
+			// The node's GPU count is what its gpufrac-node mocks (--mock-gpus).
 			Capacity: cluster.ResourceList(map[corev1.ResourceName]string{
 				corev1.ResourceCPU: "192", corev1.ResourceMemory: "2048Gi", corev1.ResourcePods: "110",
+				api.ResourceGPU: strconv.Itoa(cfg.gpusPerNode),
 			}),
-		})
-	}
-	for _, spec := range specs {
+		}
 		if _, err := c.AddNode(ctx, spec); err != nil {
 			return err
 		}
 	}
-	p.say("added %d mock-H100 GPU nodes and a CPU node; starting a gpufrac-node for each GPU node", cfg.nodes)
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
-	for _, spec := range specs[1:] {
-		agent, err := c.WaitForNodeAgent(ctx, spec.Name)
+	var lines []string
+	for _, name := range names {
+		agent, err := c.WaitForNodeAgent(ctx, name)
 		if err != nil {
 			return err
 		}
 		var gpus, units int64
 		err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-			node, err := c.Client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
+			node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
 			}
 			g, u := node.Status.Allocatable[api.ResourceGPU], node.Status.Allocatable[api.ResourceFraction]
 			gpus, units = g.Value(), u.Value()
-			return gpus > 0 && units > 0, nil
+			// The coordinator places fractions only on GPUs it knows by UUID.
+			return gpus > 0 && units > 0 && node.Annotations[api.AnnotationGPUInventory] != "", nil
 		})
 		if err != nil {
-			return fmt.Errorf("waiting for the GPU resources of %s: %w", spec.Name, err)
+			return fmt.Errorf("waiting for the GPU resources of %s: %w", name, err)
 		}
-		p.say("  %s (pool=%s): gpufrac-node up on mock %s, pid %d: %s %d, %s %d",
-			spec.Name, spec.Labels[poolLabel], agent.Model, agent.PID, api.ResourceGPU, gpus, api.ResourceFraction, units)
+		lines = append(lines, fmt.Sprintf("  %s: gpufrac-node (pid %d) serves %d mock %s GPUs: %s %d, %s %d",
+			name, agent.PID, gpus, agent.Model, api.ResourceGPU, gpus, api.ResourceFraction, units))
+	}
+	p.say("added %d static GPU nodes in %s, each with a real gpufrac-node on mock NVML and a kubelet simulator:",
+		cfg.nodes, time.Since(began).Round(100*time.Millisecond))
+	for _, l := range lines {
+		p.say("%s", l)
 	}
 	return nil
 }

@@ -14,21 +14,19 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
 // up starts the background cluster (unless one runs), submits the examples and
-// prints the GPU view and how to go on.
+// prints the GPU view, what it shows and how to go on.
 func up(ctx context.Context, cfg config) error {
 	if pid, ok := running(cfg); ok {
 		fmt.Printf("The demo is already running (pid %d).\n\n", pid)
-		if err := printView(ctx, cfg); err != nil {
-			return err
-		}
-		printHowTo(cfg)
-		return nil
+		return showAll(ctx, cfg)
 	}
+	began := time.Now()
 	// A stale state directory (crashed or killed demo) goes.
 	if err := os.RemoveAll(cfg.dir); err != nil {
 		return fmt.Errorf("removing stale demo state: %w", err)
@@ -37,27 +35,38 @@ func up(ctx context.Context, cfg config) error {
 		return fmt.Errorf("creating %s: %w", cfg.dir, err)
 	}
 	fmt.Println("==> starting the demo cluster in the background (log: " + rel(cfg, cfg.logFile()) + ")")
-	pid, exited, err := spawn(cfg)
+	_, exited, err := spawn(cfg)
 	if err != nil {
 		return err
 	}
 	if err := follow(ctx, cfg, exited); err != nil {
 		return fmt.Errorf("%w\nlogs: %s and %s; clean up with make demo-down", err, rel(cfg, cfg.logFile()), rel(cfg, filepath.Join(cfg.dir, "logs")))
 	}
-	_ = pid
 
 	fmt.Println("==> submitting the sample workloads from deployments/examples")
-	client, err := clientFor(cfg)
+	client, dyn, err := clientsFor(cfg)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
-	if err := submitExamples(ctx, cfg, client); err != nil {
+	if err := submitExamples(ctx, cfg, client, dyn); err != nil {
+		return fmt.Errorf("%w\nlogs: %s; the cluster keeps running (make demo-status, make demo-down)", err, rel(cfg, filepath.Join(cfg.dir, "logs")))
+	}
+	fmt.Printf("==> the demo is up after %s\n\n", time.Since(began).Round(100*time.Millisecond))
+	return showAll(ctx, cfg)
+}
+
+// showAll prints the GPU view, the legend and how to go on.
+func showAll(ctx context.Context, cfg config) error {
+	if err := printView(ctx, cfg); err != nil {
 		return err
 	}
-	fmt.Println()
-	if err := printView(ctx, cfg); err != nil {
+	client, _, err := clientsFor(cfg)
+	if err != nil {
+		return err
+	}
+	if err := printLegend(ctx, cfg, client); err != nil {
 		return err
 	}
 	printHowTo(cfg)
@@ -77,7 +86,8 @@ func spawn(cfg config) (pid int, exited <-chan struct{}, err error) {
 	}
 	defer logFile.Close()
 	args := []string{"serve", "--dir=" + cfg.dir, "--bin-dir=" + cfg.bin, "--gpu-nodes=" + strconv.Itoa(cfg.nodes),
-		"--karpenter=" + strconv.FormatBool(cfg.karpenter), "--timeout=" + cfg.timeout.String()}
+		"--gpus-per-node=" + strconv.Itoa(cfg.gpusPerNode), "--karpenter=" + strconv.FormatBool(cfg.karpenter),
+		"--timeout=" + cfg.timeout.String()}
 	cmd := exec.Command(self, args...)
 	cmd.Dir = cfg.root
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -191,7 +201,14 @@ func status(ctx context.Context, cfg config) error {
 		return errors.New("the demo is not running: make demo")
 	}
 	fmt.Printf("The demo is running (pid %d).\n\n", pid)
-	return printView(ctx, cfg)
+	if err := printView(ctx, cfg); err != nil {
+		return err
+	}
+	client, _, err := clientsFor(cfg)
+	if err != nil {
+		return err
+	}
+	return printLegend(ctx, cfg, client)
 }
 
 // down stops the background process (which stops the cluster) and removes the
@@ -230,18 +247,23 @@ func down(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// clientFor builds a client from the demo's admin kubeconfig.
-func clientFor(cfg config) (kubernetes.Interface, error) {
+// clientsFor builds clients from the demo's admin kubeconfig.
+func clientsFor(cfg config) (kubernetes.Interface, dynamic.Interface, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", cfg.kubeconfig())
 	if err != nil {
-		return nil, fmt.Errorf("loading %s: %w", cfg.kubeconfig(), err)
+		return nil, nil, fmt.Errorf("loading %s: %w", cfg.kubeconfig(), err)
 	}
 	rc.UserAgent = "gpufrac-demo"
+	rc.QPS, rc.Burst = 50, 100
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("creating API client: %w", err)
+		return nil, nil, fmt.Errorf("creating API client: %w", err)
 	}
-	return client, nil
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating dynamic client: %w", err)
+	}
+	return client, dyn, nil
 }
 
 // printView runs the kubectl plugin (bin/kubectl-gpufrac, built by make build)
@@ -260,14 +282,16 @@ func printView(ctx context.Context, cfg config) error {
 func printHowTo(cfg config) {
 	kubeconfig := rel(cfg, cfg.kubeconfig())
 	fmt.Printf(`
-The demo cluster keeps running. Try:
-  export KUBECONFIG=%s
-  kubectl get nodes,pods -o wide
-  PATH=$PWD/bin:$PATH kubectl gpufrac      # this view again
-  kubectl describe pod too-big             # a request gpufrac-node refused, as a kubelet reports it
-  kubectl delete pod finetune-8gpu         # Karpenter removes the node it added
-Logs: %s (one per component and per gpufrac-node).  Stop everything: make demo-down
-`, kubeconfig, rel(cfg, filepath.Join(cfg.dir, "logs")))
+The demo cluster keeps running. Try (any kubectl 1.34; the bin/ tools need none):
+  export KUBECONFIG=$PWD/%s
+  kubectl get pods -A -o wide                         # every pod, gpufrac-system's reservations included
+  kubectl get queues                                  # quota, allocated GPUs and pending work per queue
+  kubectl describe pod eval-nightly                   # why it waits: condition and event with the numbers
+  kubectl scale deployment batch-embed --replicas=12  # more fractions: placeholders, Karpenter adds a node
+  kubectl scale deployment batch-embed --replicas=0   # reservations go after %s, then Karpenter removes empty nodes
+  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)
+Logs: %s/ (gpufrac-coordinator.log, gpufrac-node-<node>.log, karpenter.log, ...).  Stop everything: make demo-down
+`, kubeconfig, reservationGrace, rel(cfg, filepath.Join(cfg.dir, "logs")))
 }
 
 // rel shortens a path inside the repository for messages.

@@ -1,7 +1,8 @@
 // Package view builds and prints the cluster's GPU view for kubectl-gpufrac: per
 // node, per GPU, who holds what. Everything comes from the API: each node's GPU
-// inventory (annotation gpufrac.io/gpus, written by gpufrac-node) and the pods'
-// requests and annotations (gpufrac.io/allocated-gpu, gpufrac.io/reserved-gpu).
+// inventory (annotation gpufrac.io/gpus, written by gpufrac-node), its Karpenter
+// labels, and the pods' requests, annotations (gpufrac.io/allocated-gpu,
+// gpufrac.io/reserved-gpu, karpenter.sh/do-not-disrupt) and conditions.
 package view
 
 import (
@@ -20,16 +21,43 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 )
 
-// reasonUnexpectedAdmissionError is the kubelet's reason for a pod whose device
-// allocation failed at admission.
-const reasonUnexpectedAdmissionError = "UnexpectedAdmissionError"
+const (
+	// reasonUnexpectedAdmissionError is the kubelet's reason for a pod whose device
+	// allocation failed at admission.
+	reasonUnexpectedAdmissionError = "UnexpectedAdmissionError"
+	// labelKarpenterNodePool is the label Karpenter puts on every node it creates.
+	labelKarpenterNodePool = "karpenter.sh/nodepool"
+	// annotationPlaceholderWorkloads lists the pods a placeholder asks capacity
+	// for (coordinator/placeholder.AnnotationWorkloads; not imported, so the
+	// plugin stays independent of the coordinator's packages).
+	annotationPlaceholderWorkloads = api.Domain + "/workloads"
+)
+
+// Role says what a holding is.
+type Role string
+
+// The roles of pods holding GPU capacity.
+const (
+	// RoleWhole is a pod holding whole GPUs (nvidia.com/gpu).
+	RoleWhole Role = "whole"
+	// RoleFraction is a pod holding a fraction of one GPU.
+	RoleFraction Role = "fraction"
+	// RoleReservation is gpufrac-coordinator's reservation pod holding a shared
+	// GPU whole for its fractions.
+	RoleReservation Role = "reservation"
+	// RolePlaceholder is gpufrac-coordinator's placeholder pod holding capacity
+	// it asked Karpenter for, until the real pods are placed.
+	RolePlaceholder Role = "placeholder"
+)
 
 // View is the cluster's GPUs and the pods that hold or want them.
 type View struct {
 	// Nodes are the nodes with GPUs, by name.
 	Nodes []Node
-	// Pending are GPU pods not bound to a node yet.
+	// Pending are GPU pods not bound to a node yet (placeholders excluded).
 	Pending []Pod
+	// Placeholders are pending placeholder pods: capacity asked from Karpenter.
+	Placeholders []Pod
 	// Rejected are GPU pods a kubelet refused at device admission.
 	Rejected []Pod
 }
@@ -46,26 +74,44 @@ type Node struct {
 	GPUs []GPU
 	// WholeGPUs and FractionUnits are the node's allocatable counts.
 	WholeGPUs, FractionUnits int64
+	// NodePool is the Karpenter NodePool that made the node ("" for nodes
+	// Karpenter does not manage); InstanceType its instance type.
+	NodePool, InstanceType string
+	// DoNotDisrupt are the running pods annotated karpenter.sh/do-not-disrupt:
+	// while any is there, Karpenter does not disrupt the node.
+	DoNotDisrupt []Holder
 	// Unplaced are pods on the node holding GPUs that no annotation ties to a GPU
-	// (whole-GPU pods, or fraction pods not written back yet).
+	// yet (gpufrac-node writes the GPUs back within seconds of admission).
 	Unplaced []Holder
 }
 
 // GPU is one GPU of a node.
 type GPU struct {
 	api.GPUInfo
-	// Holders are the pods holding (part of) the GPU.
+	// Holders are the pods holding (part of) the GPU, reservations first.
 	Holders []Holder
 }
 
-// UsedPercent is how much of the GPU its holders take, 0 to 100 (more means
-// the annotations disagree).
+// UsedPercent is how much of the GPU its holders use, 0 to 100 (more means
+// the annotations disagree): the sum of its fractions, or 100 when a pod or
+// placeholder holds it whole. A reservation holds the GPU for its fractions
+// and adds nothing itself.
 func (g GPU) UsedPercent() int {
 	used := 0
 	for _, h := range g.Holders {
-		used += h.Percent
+		switch h.Role {
+		case RoleFraction:
+			used += h.Percent
+		case RoleWhole, RolePlaceholder:
+			used += 100
+		}
 	}
 	return used
+}
+
+// Reserved tells whether a reservation pod holds the GPU.
+func (g GPU) Reserved() bool {
+	return slices.ContainsFunc(g.Holders, func(h Holder) bool { return h.Role == RoleReservation })
 }
 
 // Holder is a pod holding GPU capacity.
@@ -74,12 +120,16 @@ type Holder struct {
 	Pod string
 	// Phase is the pod's phase.
 	Phase corev1.PodPhase
-	// Percent of one GPU (a fraction, or 100 for a whole GPU or a reservation).
+	// Terminating is set when the pod is being deleted.
+	Terminating bool
+	// Percent of one GPU, for fractions.
 	Percent int
 	// Whole counts whole GPUs (nvidia.com/gpu) the pod holds.
 	Whole int
-	// Role says what the holding is: "whole", "fraction" or "reservation".
-	Role string
+	// Role says what the holding is.
+	Role Role
+	// Gang is the pod's gang (label gpufrac.io/pod-group), if any.
+	Gang string
 }
 
 // Pod is a GPU pod outside the node view.
@@ -88,7 +138,10 @@ type Pod struct {
 	Pod string
 	// Request describes what it asks for ("8 GPUs", "30% of a GPU").
 	Request string
-	// Why is the scheduler's or kubelet's message.
+	// Queue is the pod's gpufrac.io/queue label, or for a placeholder the pods
+	// it asks capacity for.
+	Queue string
+	// Why is the scheduler's or kubelet's reason and message.
 	Why string
 }
 
@@ -142,6 +195,22 @@ func (r request) String() string {
 	return strings.Join(parts, " + ")
 }
 
+// roleOf tells a pod's role from its labels, namespace and request.
+func roleOf(p *corev1.Pod, r request) Role {
+	if p.Namespace == api.SystemNamespace {
+		switch p.Labels[api.LabelRole] {
+		case api.RoleReservation:
+			return RoleReservation
+		case api.RolePlaceholder:
+			return RolePlaceholder
+		}
+	}
+	if r.units > 0 {
+		return RoleFraction
+	}
+	return RoleWhole
+}
+
 // Build makes the view from nodes and pods: pure, for tests.
 func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 	v := &View{}
@@ -156,7 +225,8 @@ func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 			continue
 		}
 		node := Node{Name: n.Name, Ready: nodeReady(n), Inventory: invErr == nil && len(inv) > 0,
-			WholeGPUs: whole.Value(), FractionUnits: units.Value()}
+			WholeGPUs: whole.Value(), FractionUnits: units.Value(),
+			NodePool: n.Labels[labelKarpenterNodePool], InstanceType: n.Labels[corev1.LabelInstanceTypeStable]}
 		slices.SortFunc(inv, func(a, b api.GPUInfo) int { return cmp.Compare(a.Index, b.Index) })
 		for _, g := range inv {
 			node.GPUs = append(node.GPUs, GPU{GPUInfo: g})
@@ -178,58 +248,97 @@ func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 	for i := range pods {
 		p := &pods[i]
 		r := podRequest(p)
+		terminal := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if node := byName[p.Spec.NodeName]; node != nil && !terminal && p.Annotations[api.AnnotationDoNotDisrupt] == "true" {
+			node.DoNotDisrupt = append(node.DoNotDisrupt, Holder{Pod: p.Namespace + "/" + p.Name, Role: roleOf(p, r)})
+		}
 		if r.whole == 0 && r.units == 0 {
 			continue
 		}
 		name := p.Namespace + "/" + p.Name
+		role := roleOf(p, r)
 		switch {
 		case p.Status.Phase == corev1.PodFailed && p.Status.Reason == reasonUnexpectedAdmissionError:
-			v.Rejected = append(v.Rejected, Pod{Pod: name, Request: r.String(), Why: strings.TrimPrefix(p.Status.Message, "Pod was rejected: ")})
+			v.Rejected = append(v.Rejected, Pod{Pod: name, Request: r.String(), Queue: p.Labels[api.LabelQueue],
+				Why: strings.TrimPrefix(p.Status.Message, "Pod was rejected: ")})
 			continue
-		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+		case terminal:
+			continue
+		case p.Spec.NodeName == "" && role == RolePlaceholder:
+			v.Placeholders = append(v.Placeholders, Pod{Pod: name, Request: r.String(),
+				Queue: p.Annotations[annotationPlaceholderWorkloads], Why: schedulingMessage(p)})
 			continue
 		case p.Spec.NodeName == "":
-			v.Pending = append(v.Pending, Pod{Pod: name, Request: r.String(), Why: schedulingMessage(p)})
+			v.Pending = append(v.Pending, Pod{Pod: name, Request: r.String(), Queue: p.Labels[api.LabelQueue], Why: schedulingMessage(p)})
 			continue
 		}
 		node := byName[p.Spec.NodeName]
 		if node == nil {
 			continue
 		}
-		place(node, gpuOf, p, name, r)
+		place(node, gpuOf, p, Holder{Pod: name, Phase: p.Status.Phase, Terminating: p.DeletionTimestamp != nil, Role: role,
+			Gang: p.Labels[api.LabelPodGroup]}, r)
+	}
+	for i := range v.Nodes {
+		for j := range v.Nodes[i].GPUs {
+			// Reservations first: they say the GPU is shared.
+			slices.SortStableFunc(v.Nodes[i].GPUs[j].Holders, func(a, b Holder) int {
+				return cmp.Compare(rank(a.Role), rank(b.Role))
+			})
+		}
 	}
 	return v
 }
 
+func rank(r Role) int {
+	if r == RoleReservation {
+		return 0
+	}
+	return 1
+}
+
 // place records a bound pod's holdings on its node's GPUs, or as unplaced.
-func place(node *Node, gpuOf map[string]*GPU, p *corev1.Pod, name string, r request) {
+func place(node *Node, gpuOf map[string]*GPU, p *corev1.Pod, h Holder, r request) {
 	if r.units > 0 {
-		h := Holder{Pod: name, Phase: p.Status.Phase, Percent: r.units, Role: "fraction"}
+		f := h
+		f.Role, f.Percent = RoleFraction, r.units
 		if g := gpuOf[p.Annotations[api.AnnotationAllocatedGPU]]; g != nil {
-			g.Holders = append(g.Holders, h)
+			g.Holders = append(g.Holders, f)
 		} else {
-			node.Unplaced = append(node.Unplaced, h)
+			node.Unplaced = append(node.Unplaced, f)
 		}
 	}
 	if r.whole == 0 {
 		return
 	}
-	if uuid := p.Annotations[api.AnnotationReservedGPU]; uuid != "" && gpuOf[uuid] != nil {
-		g := gpuOf[uuid]
-		g.Holders = append(g.Holders, Holder{Pod: name, Phase: p.Status.Phase, Percent: 100, Whole: 1, Role: "reservation"})
+	if h.Role == RoleReservation {
+		if g := gpuOf[p.Annotations[api.AnnotationReservedGPU]]; g != nil {
+			h.Whole = 1
+			g.Holders = append(g.Holders, h)
+			return
+		}
+		h.Whole = r.whole
+		node.Unplaced = append(node.Unplaced, h)
 		return
 	}
-	// Whole GPUs are attributed when the node agent lists them in allocated-gpu
-	// (comma-separated); otherwise only the node is known.
+	// gpufrac-node lists the whole GPUs a pod holds in allocated-gpu
+	// (comma-separated); a pod that also holds a fraction has its fraction's
+	// GPU there instead.
 	placed := 0
-	for uuid := range strings.SplitSeq(p.Annotations[api.AnnotationAllocatedGPU], ",") {
-		if g := gpuOf[strings.TrimSpace(uuid)]; g != nil && r.units == 0 {
-			g.Holders = append(g.Holders, Holder{Pod: name, Phase: p.Status.Phase, Percent: 100, Whole: 1, Role: "whole"})
-			placed++
+	if r.units == 0 {
+		for uuid := range strings.SplitSeq(p.Annotations[api.AnnotationAllocatedGPU], ",") {
+			if g := gpuOf[strings.TrimSpace(uuid)]; g != nil {
+				w := h
+				w.Whole = 1
+				g.Holders = append(g.Holders, w)
+				placed++
+			}
 		}
 	}
 	if placed < r.whole {
-		node.Unplaced = append(node.Unplaced, Holder{Pod: name, Phase: p.Status.Phase, Whole: r.whole - placed, Role: "whole"})
+		w := h
+		w.Whole = r.whole - placed
+		node.Unplaced = append(node.Unplaced, w)
 	}
 }
 
@@ -246,7 +355,7 @@ func nodeReady(n *corev1.Node) bool {
 func schedulingMessage(p *corev1.Pod) string {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-			return strings.TrimSpace(c.Reason + ": " + c.Message)
+			return strings.TrimSuffix(strings.TrimSpace(c.Reason+": "+c.Message), ":")
 		}
 	}
 	return "waiting for a scheduler"
@@ -254,7 +363,7 @@ func schedulingMessage(p *corev1.Pod) string {
 
 // Options controls Render.
 type Options struct {
-	// Wide prints full GPU UUIDs.
+	// Wide prints full GPU UUIDs and reservation pod names.
 	Wide bool
 }
 
@@ -273,8 +382,17 @@ func (v *View) Render(w io.Writer, opts Options) error {
 	if len(v.Pending) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "Pending GPU pods:")
+		fmt.Fprintln(tw, "  POD\tASKS\tQUEUE\tWHY")
 		for _, p := range v.Pending {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Pod, p.Request, p.Why)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.Pod, p.Request, orDash(p.Queue), p.Why)
+		}
+	}
+	if len(v.Placeholders) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "Placeholders (gpufrac-coordinator asking Karpenter for capacity):")
+		fmt.Fprintln(tw, "  POD\tASKS\tFOR\tWHY")
+		for _, p := range v.Placeholders {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.Pod, p.Request, orDash(p.Queue), p.Why)
 		}
 	}
 	if len(v.Rejected) > 0 {
@@ -284,10 +402,72 @@ func (v *View) Render(w io.Writer, opts Options) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Pod, p.Request, p.Why)
 		}
 	}
+	if len(v.Nodes) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, v.summary())
+	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("printing GPU view: %w", err)
 	}
 	return nil
+}
+
+// summary is one line of totals.
+func (v *View) summary() string {
+	var gpus, whole, shared, fractions, free, fromKarpenter int
+	for _, n := range v.Nodes {
+		if n.NodePool != "" {
+			fromKarpenter++
+		}
+		for _, g := range n.GPUs {
+			gpus++
+			var frac, hold int
+			for _, h := range g.Holders {
+				switch h.Role {
+				case RoleFraction:
+					frac++
+				case RoleWhole, RolePlaceholder:
+					hold++
+				}
+			}
+			switch {
+			case frac > 0:
+				shared++
+				fractions += frac
+			case hold > 0:
+				whole++
+			case len(g.Holders) == 0:
+				free++
+			}
+		}
+	}
+	s := plural(gpus, "GPU") + " on " + plural(len(v.Nodes), "node")
+	if fromKarpenter > 0 {
+		s += fmt.Sprintf(" (%d made by Karpenter)", fromKarpenter)
+	}
+	s += fmt.Sprintf(": %d held whole, %d shared by %s, %d free", whole, shared, plural(fractions, "fraction"), free)
+	if reserved := gpus - whole - shared - free; reserved > 0 {
+		s += fmt.Sprintf(", %d reserved with no fraction yet", reserved)
+	}
+	if len(v.Pending) > 0 {
+		s += "; " + plural(len(v.Pending), "GPU pod") + " pending"
+	}
+	return s + "."
+}
+
+// plural is "1 GPU", "2 GPUs".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func renderNode(w io.Writer, n Node, opts Options) {
@@ -299,8 +479,17 @@ func renderNode(w io.Writer, n Node, opts Options) {
 	if n.Inventory {
 		model = fmt.Sprintf("%d× %s, %d GiB each", len(n.GPUs), n.GPUs[0].Model, (n.GPUs[0].MemoryMiB+512)/1024)
 	}
-	fmt.Fprintf(w, "NODE %s (%s)  %s  allocatable: %s %d, %s %d\n", n.Name, status, model,
+	origin := ""
+	if n.NodePool != "" {
+		origin = "  made by Karpenter (NodePool " + n.NodePool
+		if n.InstanceType != "" {
+			origin += ", " + n.InstanceType
+		}
+		origin += ")"
+	}
+	fmt.Fprintf(w, "NODE %s (%s)%s  %s  allocatable: %s %d, %s %d\n", n.Name, status, origin, model,
 		api.ResourceGPU, n.WholeGPUs, api.ResourceFraction, n.FractionUnits)
+	renderProtection(w, n, opts)
 	if n.Inventory {
 		fmt.Fprintln(w, "  GPU\tUUID\tMODE\tHEALTH\tUSED\tHELD BY")
 		for _, g := range n.GPUs {
@@ -316,55 +505,103 @@ func renderNode(w io.Writer, n Node, opts Options) {
 			if len(g.Holders) > 0 {
 				used = fmt.Sprintf("%d%%", g.UsedPercent())
 			}
-			fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", g.Index, uuid, g.Mode, health, used, holders(g.Holders))
+			fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", g.Index, uuid, g.Mode, health, used, holders(g.Holders, opts))
 		}
 	}
 	var whole, fractions []string
 	for _, h := range n.Unplaced {
-		if h.Role == "fraction" {
-			fractions = append(fractions, describe(h))
-		} else {
-			whole = append(whole, fmt.Sprintf("%s ×%d", h.Pod, h.Whole)+phaseNote(h.Phase))
+		switch h.Role {
+		case RoleFraction:
+			fractions = append(fractions, describe(h, opts))
+		default:
+			whole = append(whole, fmt.Sprintf("%s ×%d", h.Pod, h.Whole)+phaseNote(h))
 		}
 	}
 	if len(whole) > 0 {
-		fmt.Fprintf(w, "  whole GPUs held (which GPUs is not published by gpufrac-node): %s\n", strings.Join(whole, ", "))
+		fmt.Fprintf(w, "  whole GPUs held, which ones not written back yet: %s\n", strings.Join(whole, ", "))
 	}
 	if len(fractions) > 0 {
 		fmt.Fprintf(w, "  fractions whose GPU is not written back yet: %s\n", strings.Join(fractions, ", "))
 	}
 }
 
-func holders(hs []Holder) string {
+// renderProtection says which pods keep Karpenter from disrupting the node.
+// For a node Karpenter made without such pods it says Karpenter may
+// consolidate it.
+func renderProtection(w io.Writer, n Node, opts Options) {
+	if len(n.DoNotDisrupt) == 0 {
+		if n.NodePool != "" {
+			fmt.Fprintln(w, "  no do-not-disrupt pods: Karpenter may consolidate this node when it is empty or underused")
+		}
+		return
+	}
+	reservations := 0
+	var others []string
+	for _, h := range n.DoNotDisrupt {
+		if h.Role == RoleReservation && !opts.Wide {
+			reservations++
+			continue
+		}
+		others = append(others, h.Pod)
+	}
+	var parts []string
+	switch reservations {
+	case 0:
+	case 1:
+		parts = append(parts, "1 reservation (shared GPU)")
+	default:
+		parts = append(parts, fmt.Sprintf("%d reservations (shared GPUs)", reservations))
+	}
+	parts = append(parts, others...)
+	fmt.Fprintf(w, "  do-not-disrupt: %s\n", strings.Join(parts, ", "))
+}
+
+func holders(hs []Holder, opts Options) string {
 	if len(hs) == 0 {
 		return "free"
 	}
 	parts := make([]string, 0, len(hs))
 	for _, h := range hs {
-		parts = append(parts, describe(h))
+		parts = append(parts, describe(h, opts))
 	}
 	return strings.Join(parts, ", ")
 }
 
-// describe renders one holding of a GPU: "default/p 30%", "default/train (whole)"
-// or "default/r (reservation)", plus the phase when it is not Running.
-func describe(h Holder) string {
+// describe renders one holding of a GPU: "default/p 30%", "default/train (whole)",
+// "default/w (whole, gang g)", "[reservation]" (with its name when wide) or
+// "gpufrac-system/p (placeholder)", plus the phase when the pod is not Running.
+func describe(h Holder, opts Options) string {
 	var s string
 	switch h.Role {
-	case "fraction":
+	case RoleFraction:
 		s = fmt.Sprintf("%s %d%%", h.Pod, h.Percent)
-	case "reservation":
-		s = h.Pod + " (reservation)"
+		if h.Gang != "" {
+			s += " (gang " + h.Gang + ")"
+		}
+	case RoleReservation:
+		s = "[reservation]"
+		if opts.Wide {
+			s = "[reservation " + h.Pod + "]"
+		}
+	case RolePlaceholder:
+		s = h.Pod + " (placeholder)"
 	default:
 		s = h.Pod + " (whole)"
+		if h.Gang != "" {
+			s = h.Pod + " (whole, gang " + h.Gang + ")"
+		}
 	}
-	return s + phaseNote(h.Phase)
+	return s + phaseNote(h)
 }
 
-// phaseNote is " [Phase]" for pods not Running.
-func phaseNote(p corev1.PodPhase) string {
-	if p == corev1.PodRunning || p == "" {
+// phaseNote is " [Phase]" for pods not Running, " [Terminating]" for pods
+// being deleted.
+func phaseNote(h Holder) string {
+	switch {
+	case h.Terminating:
+		return " [Terminating]"
+	case h.Phase == corev1.PodRunning || h.Phase == "":
 		return ""
 	}
-	return " [" + string(p) + "]"
+	return " [" + string(h.Phase) + "]"
 }

@@ -73,6 +73,39 @@ func unschedulable(msg string) podOpt {
 	}
 }
 
+func labelled(k, v string) podOpt {
+	return func(p *corev1.Pod) {
+		if p.Labels == nil {
+			p.Labels = map[string]string{}
+		}
+		p.Labels[k] = v
+	}
+}
+
+func inNamespace(ns string) podOpt { return func(p *corev1.Pod) { p.Namespace = ns } }
+
+func reason(r, msg string) podOpt {
+	return func(p *corev1.Pod) {
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: r, Message: msg}}
+	}
+}
+
+func terminating() podOpt {
+	return func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now }
+}
+
+// reservation is a reservation pod of the coordinator holding uuid on node.
+func reservation(name, node, uuid string) corev1.Pod {
+	return pod(name, node, api.ResourceGPU, 1, inNamespace(api.SystemNamespace), labelled(api.LabelRole, api.RoleReservation),
+		annotated(api.AnnotationReservedGPU, uuid), annotated(api.AnnotationDoNotDisrupt, "true"))
+}
+
+// karpenterNode marks a node as made by Karpenter.
+func karpenterNode(n corev1.Node, pool, instanceType string) corev1.Node {
+	n.Labels = map[string]string{labelKarpenterNodePool: pool, corev1.LabelInstanceTypeStable: instanceType}
+	return n
+}
+
 func TestRender(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -108,7 +141,7 @@ func TestRender(t *testing.T) {
   0    GPU-a-0-0000…  fraction  ok      -     free
   1    GPU-a-1-0000…  fraction  ok      80%   default/infer-1 30%, default/infer-2 50%
   2    GPU-a-2-0000…  fraction  ok      -     free
-  whole GPUs held (which GPUs is not published by gpufrac-node): default/train ×2
+  whole GPUs held, which ones not written back yet: default/train ×2
   fractions whose GPU is not written back yet: default/new-frac 20% [Pending]
 
 NODE b (NotReady)  2× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 2, gpufrac.io/gpu-fraction 200
@@ -117,22 +150,83 @@ NODE b (NotReady)  2× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.c
   1    GPU-b-1-0000…  fraction  UNHEALTHY  -     free
 
 Pending GPU pods:
-  default/burst  8 GPUs  Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.
+  POD            ASKS    QUEUE  WHY
+  default/burst  8 GPUs  -      Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.
 
 Rejected at device admission (Failed):
   default/too-big  150% of a GPU  Allocate failed due to rpc error: code = Unknown desc = at most 100 units, which is unexpected
+
+5 GPUs on 2 nodes: 1 held whole, 1 shared by 2 fractions, 3 free; 1 GPU pod pending.
 `,
 		},
 		{
-			name:  "wide UUIDs and a reservation",
+			name: "a shared GPU with its reservation, whole GPUs by UUID, Karpenter nodes and placeholders",
+			nodes: func(t *testing.T) []corev1.Node {
+				return []corev1.Node{
+					gpuNode(t, "static", 4, true, -1),
+					karpenterNode(gpuNode(t, "k1", 1, true, -1), "gpu", "gpu-1x-h100"),
+					karpenterNode(gpuNode(t, "k2", 1, true, -1), "gpu", "gpu-1x-h100"),
+				}
+			},
+			pods: []corev1.Pod{
+				reservation("gpufrac-reservation-static-0a", "static", "GPU-static-1-0000-0000"),
+				pod("chat-1", "static", api.ResourceFraction, 30, annotated(api.AnnotationAllocatedGPU, "GPU-static-1-0000-0000"), labelled(api.LabelQueue, "team-a")),
+				pod("chat-2", "static", api.ResourceFraction, 30, annotated(api.AnnotationAllocatedGPU, "GPU-static-1-0000-0000"), labelled(api.LabelQueue, "team-a")),
+				pod("train", "static", api.ResourceGPU, 1, annotated(api.AnnotationAllocatedGPU, "GPU-static-2-0000-0000"),
+					annotated(api.AnnotationDoNotDisrupt, "true")),
+				pod("ddp-0", "static", api.ResourceGPU, 1, annotated(api.AnnotationAllocatedGPU, "GPU-static-3-0000-0000"), labelled(api.LabelPodGroup, "ddp")),
+				reservation("gpufrac-reservation-k1-0b", "k1", "GPU-k1-0-0000-0000"),
+				pod("burst-1", "k1", api.ResourceFraction, 40, annotated(api.AnnotationAllocatedGPU, "GPU-k1-0-0000-0000")),
+				pod("gpufrac-placeholder-abc-1", "k2", api.ResourceGPU, 1, inNamespace(api.SystemNamespace), labelled(api.LabelRole, api.RolePlaceholder),
+					annotated(api.AnnotationAllocatedGPU, "GPU-k2-0-0000-0000"), terminating()),
+				pod("gpufrac-placeholder-abc-2", "", api.ResourceGPU, 1, inNamespace(api.SystemNamespace), labelled(api.LabelRole, api.RolePlaceholder),
+					annotated(annotationPlaceholderWorkloads, "default/burst-2,default/burst-3"), unschedulable("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")),
+				pod("eval", "", api.ResourceGPU, 3, labelled(api.LabelQueue, "team-b"), reason(api.ReasonOverQuota, "queue team-b: non-preemptible pods use 2 of 4 deserved GPUs and 3 more is asked")),
+				pod("gang-0", "", api.ResourceGPU, 1, labelled(api.LabelQueue, "team-b"), reason(api.ReasonGangIncomplete, "")),
+			},
+			want: `NODE k1 (Ready)  made by Karpenter (NodePool gpu, gpu-1x-h100)  1× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 1, gpufrac.io/gpu-fraction 100
+  do-not-disrupt: 1 reservation (shared GPU)
+  GPU  UUID           MODE      HEALTH  USED  HELD BY
+  0    GPU-k1-0-000…  fraction  ok      40%   [reservation], default/burst-1 40%
+
+NODE k2 (Ready)  made by Karpenter (NodePool gpu, gpu-1x-h100)  1× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 1, gpufrac.io/gpu-fraction 100
+  no do-not-disrupt pods: Karpenter may consolidate this node when it is empty or underused
+  GPU  UUID           MODE      HEALTH  USED  HELD BY
+  0    GPU-k2-0-000…  fraction  ok      100%  gpufrac-system/gpufrac-placeholder-abc-1 (placeholder) [Terminating]
+
+NODE static (Ready)  4× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 4, gpufrac.io/gpu-fraction 400
+  do-not-disrupt: 1 reservation (shared GPU), default/train
+  GPU  UUID           MODE      HEALTH  USED  HELD BY
+  0    GPU-static-0…  fraction  ok      -     free
+  1    GPU-static-1…  fraction  ok      60%   [reservation], default/chat-1 30%, default/chat-2 30%
+  2    GPU-static-2…  fraction  ok      100%  default/train (whole)
+  3    GPU-static-3…  fraction  ok      100%  default/ddp-0 (whole, gang ddp)
+
+Pending GPU pods:
+  POD             ASKS    QUEUE   WHY
+  default/eval    3 GPUs  team-b  OverQuota: queue team-b: non-preemptible pods use 2 of 4 deserved GPUs and 3 more is asked
+  default/gang-0  1 GPU   team-b  GangIncomplete
+
+Placeholders (gpufrac-coordinator asking Karpenter for capacity):
+  POD                                       ASKS   FOR                              WHY
+  gpufrac-system/gpufrac-placeholder-abc-2  1 GPU  default/burst-2,default/burst-3  Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.
+
+6 GPUs on 3 nodes (2 made by Karpenter): 3 held whole, 2 shared by 3 fractions, 1 free; 2 GPU pods pending.
+`,
+		},
+		{
+			name:  "wide UUIDs, a reservation waiting for fractions",
 			nodes: func(t *testing.T) []corev1.Node { return []corev1.Node{gpuNode(t, "a", 1, true, -1)} },
 			pods: []corev1.Pod{
-				pod("gpufrac-reservation-a-0", "a", api.ResourceGPU, 1, annotated(api.AnnotationReservedGPU, "GPU-a-0-0000-0000")),
+				reservation("gpufrac-reservation-a-0", "a", "GPU-a-0-0000-0000"),
 			},
 			wide: true,
 			want: `NODE a (Ready)  1× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 1, gpufrac.io/gpu-fraction 100
+  do-not-disrupt: gpufrac-system/gpufrac-reservation-a-0
   GPU  UUID               MODE      HEALTH  USED  HELD BY
-  0    GPU-a-0-0000-0000  fraction  ok      100%  default/gpufrac-reservation-a-0 (reservation)
+  0    GPU-a-0-0000-0000  fraction  ok      0%    [reservation gpufrac-system/gpufrac-reservation-a-0]
+
+1 GPU on 1 node: 0 held whole, 0 shared by 0 fractions, 0 free, 1 reserved with no fraction yet.
 `,
 		},
 	}
@@ -144,6 +238,27 @@ Rejected at device admission (Failed):
 			}
 			if diff := cmp.Diff(tt.want, out.String()); diff != "" {
 				t.Errorf("Render() (-want +got):\n%s\ngot:\n%s", diff, out.String())
+			}
+		})
+	}
+}
+
+func TestUsedPercent(t *testing.T) {
+	tests := []struct {
+		name    string
+		holders []Holder
+		want    int
+	}{
+		{name: "free", want: 0},
+		{name: "a reservation alone adds nothing", holders: []Holder{{Role: RoleReservation, Whole: 1}}, want: 0},
+		{name: "fractions under a reservation", holders: []Holder{{Role: RoleReservation, Whole: 1}, {Role: RoleFraction, Percent: 30}, {Role: RoleFraction, Percent: 50}}, want: 80},
+		{name: "whole", holders: []Holder{{Role: RoleWhole, Whole: 1}}, want: 100},
+		{name: "placeholder", holders: []Holder{{Role: RolePlaceholder, Whole: 1}}, want: 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := (GPU{Holders: tt.holders}).UsedPercent(); got != tt.want {
+				t.Errorf("UsedPercent() = %d, want %d", got, tt.want)
 			}
 		})
 	}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpufrac/gpufrac/api"
+)
+
+// facts are what the legend says about the running demo.
+type facts struct {
+	static, karpenter []string // node names (Karpenter's with their instance type)
+	fractions         int      // running fraction pods
+	sharedGPUs        int      // GPUs holding at least one running fraction
+	reservations      int      // reservation pods holding a GPU
+	whole             []string // running whole-GPU demo pods, with notes
+	gangs             []string // "group (pod, pod)"
+	refused           []string // "pod (Reason)"
+	doNotDisrupt      int      // running demo pods annotated do-not-disrupt
+}
+
+// gatherFacts reads the cluster for the legend.
+func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error) {
+	var f facts
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: api.LabelGPUNode + "=true"})
+	if err != nil {
+		return f, fmt.Errorf("listing GPU nodes: %w", err)
+	}
+	for _, n := range nodes.Items {
+		if _, ok := n.Labels[labelKarpenterNodePool]; ok {
+			f.karpenter = append(f.karpenter, n.Name+" ("+n.Labels[corev1.LabelInstanceTypeStable]+")")
+		} else {
+			f.static = append(f.static, n.Name)
+		}
+	}
+	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return f, fmt.Errorf("listing pods: %w", err)
+	}
+	shared := map[string]bool{}
+	gangs := map[string][]string{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RoleReservation && p.Annotations[api.AnnotationReservedGPU] != "" {
+			f.reservations++
+			continue
+		}
+		if p.Labels[demoLabel] != demoLabelValue {
+			continue
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			if reason, _ := scheduledCondition(p); slices.Contains(refusedReasons, reason) {
+				f.refused = append(f.refused, p.Name+" ("+reason+")")
+			}
+			continue
+		}
+		if p.Annotations[api.AnnotationDoNotDisrupt] == "true" {
+			f.doNotDisrupt++
+		}
+		if isFraction(p) {
+			f.fractions++
+			shared[p.Annotations[api.AnnotationAllocatedGPU]] = true
+			continue
+		}
+		if g := p.Labels[api.LabelPodGroup]; g != "" {
+			gangs[g] = append(gangs[g], p.Name)
+			continue
+		}
+		if gpuPod(p) {
+			note := ""
+			if p.Annotations[api.AnnotationPreemptible] == "false" {
+				note = " (non-preemptible: the coordinator annotated it karpenter.sh/do-not-disrupt)"
+			}
+			f.whole = append(f.whole, p.Name+note)
+		}
+	}
+	f.sharedGPUs = len(shared)
+	for g, members := range gangs {
+		slices.Sort(members)
+		f.gangs = append(f.gangs, fmt.Sprintf("gang %s (%s)", g, strings.Join(members, ", ")))
+	}
+	slices.Sort(f.gangs)
+	slices.Sort(f.refused)
+	return f, nil
+}
+
+func isFraction(p *corev1.Pod) bool {
+	for _, c := range p.Spec.Containers {
+		if _, ok := c.Resources.Limits[api.ResourceFraction]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// printLegend explains the view just printed, with what is in this cluster.
+func printLegend(ctx context.Context, cfg config, client kubernetes.Interface) error {
+	f, err := gatherFacts(ctx, client)
+	if err != nil {
+		return err
+	}
+	writeLegend(os.Stdout, cfg, f)
+	return nil
+}
+
+// writeLegend writes the legend for f.
+func writeLegend(w io.Writer, cfg config, f facts) {
+	var lines []string
+	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
+	if len(f.static) > 0 {
+		add("%s: the static nodes, %d mock H100s each, one pool; every GPU node runs a real gpufrac-node (device plugin on mock NVML) for a kubelet simulator.",
+			strings.Join(f.static, ", "), cfg.gpusPerNode)
+	}
+	if len(f.karpenter) > 0 {
+		them := "them"
+		if len(f.karpenter) == 1 {
+			them = "it"
+		}
+		add("%s: made by Karpenter. gpufrac-coordinator asked for %s with placeholder pods for the burst's fractions it could not place on the static nodes; the fractions now share its GPUs.",
+			strings.Join(f.karpenter, ", "), them)
+	}
+	if f.fractions > 0 {
+		add("\"pod NN%%\": a fraction, NN%% of one GPU's memory and compute (gpufrac.io/gpu-fraction): %d fractions share %d GPUs. gpufrac-coordinator chose each GPU, gpufrac-node served it and wrote it back (gpufrac.io/allocated-gpu).",
+			f.fractions, f.sharedGPUs)
+	}
+	if f.reservations > 0 {
+		add("[reservation]: a gpufrac-system pod holding a shared GPU whole, so no whole-GPU pod can land on it (%d in all). It carries karpenter.sh/do-not-disrupt: Karpenter never consolidates a node while its GPUs are shared; the reservation goes %s after the GPU's last fraction.",
+			f.reservations, reservationGrace)
+	}
+	if len(f.whole) > 0 || len(f.gangs) > 0 {
+		add("\"(whole)\": exclusive GPUs (nvidia.com/gpu), by UUID as gpufrac-node wrote them back: %s.",
+			strings.Join(append(slices.Clone(f.whole), withNote(f.gangs, "placed all or nothing, in one pool")...), "; "))
+	}
+	add("\"do-not-disrupt\" under a node: pods that keep Karpenter from disrupting it (reservations, non-preemptible work); a Karpenter node without them may be consolidated.")
+	if len(f.refused) > 0 {
+		add("Pending %s: the coordinator will not place them as they stand, and says why in the pod's condition and an event. Never Unschedulable: Karpenter does not scale up for them, and no placeholder asks for capacity.",
+			strings.Join(f.refused, ", "))
+	}
+	fmt.Fprintln(w, "\nWhat you are looking at:")
+	for _, l := range lines {
+		fmt.Fprintln(w, wrap("  - ", l, 110))
+	}
+}
+
+func withNote(items []string, note string) []string {
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		out = append(out, it+", "+note)
+	}
+	return out
+}
+
+// wrap breaks s into lines of at most width characters (words are not
+// split), the first prefixed with prefix and the others indented as deep.
+func wrap(prefix, s string, width int) string {
+	indent := strings.Repeat(" ", len([]rune(prefix)))
+	var b strings.Builder
+	line := prefix
+	for _, word := range strings.Fields(s) {
+		if len([]rune(line))+1+len([]rune(word)) > width && strings.TrimSpace(line) != strings.TrimSpace(prefix) {
+			b.WriteString(strings.TrimRight(line, " ") + "\n")
+			line = indent
+		}
+		if line != prefix && line != indent {
+			line += " "
+		}
+		line += word
+	}
+	b.WriteString(line)
+	return b.String()
+}
