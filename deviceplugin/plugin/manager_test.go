@@ -7,12 +7,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -349,5 +351,47 @@ func TestRetriesRefusedRegistration(t *testing.T) {
 	}
 	if after, _ := reg.count(); after != before {
 		t.Errorf("%d more registrations after success", after-before)
+	}
+}
+
+// TestEndpointSurvivesQuickRestart stops and restarts an endpoint right
+// after starting it, as the manager does when kubelet.sock appears just
+// after Apply. gRPC's Serve, when it runs only after Stop, closes the
+// listener it was given; that must not unlink the socket the restarted
+// endpoint now listens on.
+func TestEndpointSurvivesQuickRestart(t *testing.T) {
+	// One P: the Serve goroutine of the first Start runs only after this
+	// goroutine blocks, i.e. after the restart, which is the race to check.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ctx := managerContext(t)
+	dir, err := filepathTemp(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(dir, whole(1), nil)
+	defer srv.Stop()
+	for i := range 20 {
+		if err := srv.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		srv.Stop()
+		if err := srv.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient("unix://"+srv.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(cctx, &pluginapi.Empty{})
+		cancel()
+		conn.Close()
+		if err != nil {
+			t.Fatalf("round %d: endpoint unreachable after a quick restart: %v", i, err)
+		}
+		if _, err := os.Stat(srv.SocketPath()); err != nil {
+			t.Fatalf("round %d: socket after a quick restart: %v", i, err)
+		}
+		srv.Stop()
 	}
 }

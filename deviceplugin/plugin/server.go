@@ -117,6 +117,12 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", sock, err)
 	}
+	// Stop removes the socket file. The listener must not unlink it on
+	// close: gRPC closes a listener whose Serve starts only after Stop,
+	// which happens when Stop and Start follow Start at once (kubelet.sock
+	// created just after Apply), and by then the path is the socket of the
+	// restarted endpoint.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	g := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(g, s)
 	ctx, cancel := context.WithCancel(ctx)
