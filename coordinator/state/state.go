@@ -220,7 +220,16 @@ func IsReservation(p *corev1.Pod) bool {
 	return p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RoleReservation
 }
 
+// fraction is one fraction pod on a node: the GPU the coordinator planned
+// (gpufrac.io/gpu) and the GPU gpufrac-node gave (gpufrac.io/allocated-gpu,
+// "" until admitted).
+type fraction struct {
+	pct             int
+	planned, actual string
+}
+
 type nodeAcc struct {
+	fracs     []fraction // fraction pods on the node, charged by chargeFractions
 	node      *placement.Node
 	gpuIndex  map[string]int // GPU ID -> index in node.GPUs
 	whole     int            // whole GPUs taken by pods without a known GPU
@@ -298,21 +307,11 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 		switch {
 		case d.FractionPercent > 0:
-			g := FractionGPU(p)
-			if g == "" {
-				g = assumedGPU
+			planned := p.Annotations[api.AnnotationGPU]
+			if planned == "" {
+				planned = assumedGPU
 			}
-			if i, ok := acc.gpuIndex[g]; ok {
-				acc.node.GPUs[i].FreeMilli -= d.FractionPercent * 10
-				acc.node.Kinds[0]++
-				key := NodeGPU{nodeName, g}
-				if reservations[key] == nil {
-					reservations[key] = &Reservation{}
-				}
-				reservations[key].Fractions++
-			} else {
-				acc.unplacedF = append(acc.unplacedF, d.FractionPercent)
-			}
+			acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: p.Annotations[api.AnnotationAllocatedGPU]})
 		case d.WholeGPUs > 0:
 			if IsReservation(p) {
 				if g := ReservedGPU(p); g != "" {
@@ -333,6 +332,10 @@ func Build(in Inputs) (*Snapshot, error) {
 				acc.node.Kinds[d.WholeGPUs]++
 			}
 		}
+	}
+
+	for _, name := range order {
+		chargeFractions(name, accs[name], reservations)
 	}
 
 	nodes := make([]placement.Node, 0, len(order))
@@ -356,6 +359,74 @@ func Build(in Inputs) (*Snapshot, error) {
 	}
 	out.Snapshot = snap
 	return out, nil
+}
+
+// chargeFractions charges a node's fraction pods to their GPUs. gpufrac-node
+// treats pods of the same size as interchangeable: it gives the GPUs planned
+// for that size, in whatever order the kubelet admits the pods. So an
+// admitted pod is charged to the GPU it got, and the pods still waiting are
+// charged to the planned GPUs of their size that no admitted pod took - not
+// to their own annotation, which another pod of the same size may have used.
+func chargeFractions(node string, acc *nodeAcc, reservations map[NodeGPU]*Reservation) {
+	left := map[int]map[string]int{} // size -> planned GPU -> planned slots not yet taken by an admitted pod
+	for _, f := range acc.fracs {
+		if f.planned == "" {
+			continue
+		}
+		if left[f.pct] == nil {
+			left[f.pct] = map[string]int{}
+		}
+		left[f.pct][f.planned]++
+	}
+	for _, f := range acc.fracs {
+		if f.actual != "" && left[f.pct][f.actual] > 0 {
+			left[f.pct][f.actual]--
+		}
+	}
+	charge := func(g string, pct int) bool {
+		i, ok := acc.gpuIndex[g]
+		if !ok {
+			return false
+		}
+		acc.node.GPUs[i].FreeMilli -= pct * 10
+		acc.node.Kinds[0]++
+		key := NodeGPU{node, g}
+		if reservations[key] == nil {
+			reservations[key] = &Reservation{}
+		}
+		reservations[key].Fractions++
+		return true
+	}
+	for _, f := range acc.fracs {
+		g := f.actual
+		if g == "" {
+			// Waiting: take a planned slot of this size still open, own plan first.
+			g = f.planned
+			if left[f.pct][g] == 0 {
+				for _, cand := range sortedKeys(left[f.pct]) {
+					if left[f.pct][cand] > 0 {
+						g = cand
+						break
+					}
+				}
+			}
+			if left[f.pct][g] > 0 {
+				left[f.pct][g]--
+			}
+		}
+		if !charge(g, f.pct) {
+			acc.unplacedF = append(acc.unplacedF, f.pct)
+		}
+	}
+}
+
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // settle charges fractions on unknown GPUs (best fit) and whole GPUs of pods

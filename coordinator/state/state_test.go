@@ -343,3 +343,15 @@ func TestDemandOfScalars(t *testing.T) {
 		})
 	}
 }
+
+func TestSameSizeFractionsAreInterchangeable(t *testing.T) {
+	// a was planned on gpu0 and b on gpu1; the node agent gave a gpu1 (same
+	// size, interchangeable) and b is not admitted yet: b will get gpu0.
+	a := pod("a").on("n").fraction(40, "n-gpu0").p
+	a.Annotations[api.AnnotationAllocatedGPU] = "n-gpu1"
+	b := pod("b").on("n").fraction(40, "n-gpu1").p
+	got := free(t, Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n}, Pods: []*corev1.Pod{a, b}, PoolLabel: api.LabelNodePool})
+	if diff := cmp.Diff(map[string][]int{"n": {600, 600}}, got); diff != "" {
+		t.Errorf("GPU free milli (-want +got):\n%s", diff)
+	}
+}

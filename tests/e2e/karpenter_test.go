@@ -87,9 +87,19 @@ func tenFractions(t *testing.T, c *cluster.Cluster) []string {
 // every shared GPU is held by exactly one reservation.
 func checkSharing(t *testing.T, c *cluster.Cluster, pods map[string]*corev1.Pod) {
 	t.Helper()
+	// The GPU each pod actually got (same-size pods are interchangeable, so
+	// this may differ from the coordinator's plan pod by pod).
 	perGPU := map[string]int{}
-	for _, p := range pods {
-		g := p.Annotations[api.AnnotationGPU]
+	for name, p := range pods {
+		var g string
+		waitFor(t, 30*time.Second, name+" allocated-gpu write-back", func(ctx context.Context) (bool, error) {
+			q, err := c.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			g = q.Annotations[api.AnnotationAllocatedGPU]
+			return g != "", nil
+		})
 		perGPU[p.Spec.NodeName+"/"+g] += 40
 	}
 	for g, pct := range perGPU {
