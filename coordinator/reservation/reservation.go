@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,8 +48,19 @@ func DefaultOptions() Options {
 
 // Name is the reservation pod's name for a GPU of a node: deterministic, so
 // two coordinators racing collide on AlreadyExists instead of reserving twice.
-func Name(node, gpu string) string {
-	sum := sha256.Sum256([]byte(node + "/" + gpu))
+func Name(node, gpu string) string { return NameAt(node, gpu, 0) }
+
+// NameAt is the name of the attempt-th reservation for a GPU. A reservation
+// the kubelet gave another GPU than asked (another one-GPU pod was admitted
+// first and took it) keeps its name while it serves that other GPU; the next
+// reservation for the GPU asked for uses the next attempt, again the same for
+// every coordinator that sees the same pods.
+func NameAt(node, gpu string, attempt int) string {
+	key := node + "/" + gpu
+	if attempt > 0 {
+		key += "/" + strconv.Itoa(attempt)
+	}
+	sum := sha256.Sum256([]byte(key))
 	n := strings.ToLower(node)
 	if len(n) > 200 {
 		n = n[:200]
@@ -56,12 +68,15 @@ func Name(node, gpu string) string {
 	return api.ReservationNamePrefix + n + "-" + hex.EncodeToString(sum[:5])
 }
 
-// Pod builds the reservation pod of a GPU of a node.
-func Pod(node, gpu string, o Options) *corev1.Pod {
+// Pod builds the first reservation pod of a GPU of a node.
+func Pod(node, gpu string, o Options) *corev1.Pod { return PodAt(node, gpu, 0, o) }
+
+// PodAt builds the attempt-th reservation pod of a GPU of a node.
+func PodAt(node, gpu string, attempt int, o Options) *corev1.Pod {
 	one := resource.MustParse("1")
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      Name(node, gpu),
+			Name:      NameAt(node, gpu, attempt),
 			Namespace: api.SystemNamespace,
 			Labels: map[string]string{
 				api.LabelRole:         api.RoleReservation,
@@ -112,9 +127,9 @@ func NewManager(client kubernetes.Interface, recorder record.EventRecorder, o Op
 	return &Manager{client: client, recorder: recorder, opts: o, clock: clk, idleSince: map[state.NodeGPU]time.Time{}}
 }
 
-// Ensure creates the reservation of a GPU unless it exists.
-func (m *Manager) Ensure(ctx context.Context, node, gpu string) error {
-	p := Pod(node, gpu, m.opts)
+// Ensure creates the attempt-th reservation of a GPU unless it exists.
+func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) error {
+	p := PodAt(node, gpu, attempt, m.opts)
 	_, err := m.client.CoreV1().Pods(api.SystemNamespace).Create(ctx, p, metav1.CreateOptions{FieldManager: "gpufrac-coordinator"})
 	if apierrors.IsAlreadyExists(err) {
 		return nil

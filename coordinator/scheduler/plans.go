@@ -134,12 +134,17 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 	if s.deps.Reserver == nil {
 		return
 	}
-	todo := make(chan state.NodeGPU)
+	type job struct {
+		key     state.NodeGPU
+		attempt int
+	}
+	todo := make(chan job)
 	var wg sync.WaitGroup
 	for range s.opts.BindWorkers {
 		wg.Go(func() {
-			for key := range todo {
-				if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU); err != nil {
+			for j := range todo {
+				key := j.key
+				if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU, j.attempt); err != nil {
 					klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
 				}
 			}
@@ -147,7 +152,7 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 	}
 	for key, r := range snap.Reservations {
 		if r.Pod == nil {
-			todo <- key
+			todo <- job{key: key, attempt: reservationAttempt(snap, key.Node, key.GPU)}
 		}
 	}
 	close(todo)

@@ -31,6 +31,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -68,7 +69,7 @@ type Options struct {
 
 // Reserver manages reservation pods (coordinator/reservation.Manager).
 type Reserver interface {
-	Ensure(ctx context.Context, node, gpu string) error
+	Ensure(ctx context.Context, node, gpu string, attempt int) error
 	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int
 }
 
@@ -577,6 +578,22 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 		return ""
 	}
 	return fmt.Sprintf("waiting for the reservation of %s to be admitted (gpufrac.io/reserved-gpu)", strings.Join(waiting, ", "))
+}
+
+// reservationAttempt is the first attempt number whose reservation name is
+// not taken by a reservation that holds another GPU (see reservation.NameAt).
+func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
+	taken := map[string]bool{}
+	for _, r := range snap.Reservations {
+		if r.Pod != nil {
+			taken[r.Pod.Name] = true
+		}
+	}
+	for k := 0; ; k++ {
+		if !taken[reservation.NameAt(node, gpu, k)] {
+			return k
+		}
+	}
 }
 
 // sortWorkloads orders workloads: queue order first, then priority, then age.

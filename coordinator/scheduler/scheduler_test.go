@@ -415,9 +415,9 @@ type fakeReserver struct {
 	removed int
 }
 
-func (f *fakeReserver) Ensure(_ context.Context, node, gpu string) error {
+func (f *fakeReserver) Ensure(_ context.Context, node, gpu string, attempt int) error {
 	f.ensured = append(f.ensured, node+"/"+gpu)
-	p := reservation.Pod(node, gpu, reservation.DefaultOptions())
+	p := reservation.PodAt(node, gpu, attempt, reservation.DefaultOptions())
 	p.UID = types.UID(p.Name)
 	if f.admit {
 		p.Annotations[api.AnnotationReservedGPU] = gpu

@@ -231,8 +231,9 @@ type fraction struct {
 type nodeAcc struct {
 	fracs     []fraction // fraction pods on the node, charged by chargeFractions
 	node      *placement.Node
-	gpuIndex  map[string]int // GPU ID -> index in node.GPUs
-	whole     int            // whole GPUs taken by pods without a known GPU
+	gpuIndex  map[string]int  // GPU ID -> index in node.GPUs
+	whole     int             // whole GPUs taken by pods without a known GPU
+	held      map[string]bool // GPU ID -> held whole by a pod (written back)
 	reserved  map[string]bool
 	unplacedF []int // fraction percents on unknown GPUs
 	// partitioned counts the healthy GPUs in modes mig and timeslice.
@@ -260,7 +261,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			CPUMilli:    n.Status.Allocatable.Cpu().MilliValue(),
 			MemoryBytes: n.Status.Allocatable.Memory().Value(),
 		}
-		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}}
+		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}, held: map[string]bool{}}
 		inv, hasInv := inventory(n)
 		acc.partitioned = partitioned(inv, scalarMilli)
 		for name, q := range n.Status.Allocatable {
@@ -327,10 +328,20 @@ func Build(in Inputs) (*Snapshot, error) {
 					}
 				}
 			}
-			acc.whole += d.WholeGPUs
 			if d.WholeGPUs <= placement.MaxKindGPUs {
 				acc.node.Kinds[d.WholeGPUs]++
 			}
+			// The GPUs gpufrac-node gave the pod, once written back; the rest
+			// (not admitted yet) take clean GPUs in settle.
+			known := 0
+			for _, g := range strings.Split(p.Annotations[api.AnnotationAllocatedGPU], ",") {
+				if i, ok := acc.gpuIndex[g]; ok && known < d.WholeGPUs {
+					acc.node.GPUs[i].FreeMilli = 0
+					acc.held[g] = true
+					known++
+				}
+			}
+			acc.whole += d.WholeGPUs - known
 		}
 	}
 
@@ -452,7 +463,7 @@ func settle(acc *nodeAcc) {
 			if need == 0 {
 				break
 			}
-			clean := gs[i].FreeMilli == placement.MilliPerGPU && !acc.reserved[gs[i].ID]
+			clean := gs[i].FreeMilli == placement.MilliPerGPU && !acc.reserved[gs[i].ID] && !acc.held[gs[i].ID]
 			if (pass == 0 && clean) || (pass == 1 && gs[i].FreeMilli > 0) {
 				gs[i].FreeMilli = 0
 				need--

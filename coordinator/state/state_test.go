@@ -355,3 +355,13 @@ func TestSameSizeFractionsAreInterchangeable(t *testing.T) {
 		t.Errorf("GPU free milli (-want +got):\n%s", diff)
 	}
 }
+
+func TestWholeGPUsWrittenBackAreChargedExactly(t *testing.T) {
+	w := pod("w").on("n").gpus(2).p
+	w.Annotations[api.AnnotationAllocatedGPU] = "n-gpu1,n-gpu3"
+	other := pod("x").on("n").gpus(1).p // not admitted yet: a clean GPU
+	got := free(t, Inputs{Nodes: []*corev1.Node{node("n", 4).inventory("fraction").n}, Pods: []*corev1.Pod{w, other}, PoolLabel: api.LabelNodePool})
+	if diff := cmp.Diff(map[string][]int{"n": {0, 0, 1000, 0}}, got); diff != "" {
+		t.Errorf("GPU free milli (-want +got):\n%s", diff)
+	}
+}

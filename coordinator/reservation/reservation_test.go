@@ -1,0 +1,84 @@
+package reservation
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+func TestNamesAreDeterministicPerAttempt(t *testing.T) {
+	a, b := NameAt("node-1", "GPU-x", 0), NameAt("node-1", "GPU-x", 1)
+	if a != Name("node-1", "GPU-x") || a == b || NameAt("node-1", "GPU-x", 1) != b {
+		t.Errorf("names %q %q", a, b)
+	}
+	if NameAt("node-1", "GPU-y", 0) == a || NameAt("node-2", "GPU-x", 0) == a {
+		t.Error("names collide across GPUs or nodes")
+	}
+	if !strings.HasPrefix(a, api.ReservationNamePrefix) || len(a) > 253 {
+		t.Errorf("name %q", a)
+	}
+}
+
+func TestPodHoldsTheGPUAndProtectsTheNode(t *testing.T) {
+	p := PodAt("node-1", "GPU-x", 2, DefaultOptions())
+	if p.Spec.NodeName != "node-1" || p.Namespace != api.SystemNamespace || p.Annotations[api.AnnotationDoNotDisrupt] != "true" || p.Annotations[api.AnnotationGPU] != "GPU-x" {
+		t.Errorf("pod %+v", p.ObjectMeta)
+	}
+	if q := p.Spec.Containers[0].Resources.Limits[api.ResourceGPU]; q.Value() != 1 {
+		t.Errorf("GPU limit %s", q.String())
+	}
+	if len(p.Spec.Tolerations) != 1 || p.Spec.Tolerations[0].Operator != corev1.TolerationOpExists {
+		t.Errorf("tolerations %v", p.Spec.Tolerations)
+	}
+	if p.Labels[api.LabelRole] != api.RoleReservation || !state.IsReservation(p) {
+		t.Errorf("labels %v", p.Labels)
+	}
+}
+
+func TestReconcileRemovesIdleReservationsAfterGrace(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	client := fake.NewSimpleClientset()
+	m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
+	ctx := t.Context()
+	if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
+		t.Fatalf("second Ensure (AlreadyExists) = %v", err)
+	}
+	p, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.CreationTimestamp = metav1.NewTime(clk.Now())
+	key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
+	busy := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true, Fractions: 1}}
+	idle := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true}}
+	if n := m.Reconcile(ctx, busy, nil); n != 0 {
+		t.Fatalf("removed %d busy reservations", n)
+	}
+	m.Reconcile(ctx, idle, nil) // idle from now
+	clk.Step(59 * time.Second)
+	if n := m.Reconcile(ctx, idle, nil); n != 0 {
+		t.Fatalf("removed within the grace period")
+	}
+	if n := m.Reconcile(ctx, idle, map[state.NodeGPU]bool{key: true}); n != 0 {
+		t.Fatalf("removed a reservation fractions are being placed on")
+	}
+	m.Reconcile(ctx, idle, nil) // wanted reset the idle clock
+	clk.Step(61 * time.Second)
+	if n := m.Reconcile(ctx, idle, nil); n != 1 {
+		t.Fatalf("removed %d after the grace period, want 1", n)
+	}
+	if _, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
+		t.Error("reservation pod still exists")
+	}
+}
