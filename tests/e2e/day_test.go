@@ -65,8 +65,8 @@ const (
 	// dayMinDuration and dayMaxDuration bound a fraction job's running time
 	// (simulated hours, uniform).
 	dayMinDuration, dayMaxDuration = 0.5, 3.0
-	// dayWholeJobs is how many whole-GPU jobs arrive, uniformly between
-	// dayWholeFrom and dayWholeTo, each running 1.5 to 4 simulated hours.
+	// dayWholeJobs is how many one-GPU whole-GPU jobs arrive, uniformly
+	// between dayWholeFrom and dayWholeTo, each running 1.5 to 4 simulated hours.
 	dayWholeJobs                = 6
 	dayWholeFrom, dayWholeTo    = 7.0, 19.0
 	dayWholeMinDur, dayWholeMax = 1.5, 4.0
@@ -127,7 +127,7 @@ func daySchedule(seed uint64) []dayJob {
 		jobs = append(jobs, dayJob{
 			Arrival:        dayWholeFrom + (dayWholeTo-dayWholeFrom)*rng.Float64(),
 			Duration:       dayWholeMinDur + (dayWholeMax-dayWholeMinDur)*rng.Float64(),
-			GPUs:           1 + rng.IntN(2),
+			GPUs:           1, // a 1×H100 node holds it, so every NodePool below can run the day
 			NonPreemptible: i%2 == 0,
 		})
 	}
@@ -715,11 +715,12 @@ func hourly(samples []daySample, began, end time.Time) string {
 
 // figuresCluster starts the cluster with the measured NodePool and the
 // coordinator with the short reservation grace.
-func figuresCluster(t *testing.T, queue string, quota int) *cluster.Cluster {
+// The NodePool may launch instanceTypes.
+func figuresCluster(t *testing.T, queue string, quota int, instanceTypes ...string) *cluster.Cluster {
 	t.Helper()
 	pool := cluster.NodePool{
 		Name: "gpu", Labels: map[string]string{api.LabelGPUNode: "true"},
-		InstanceTypes:       []string{"gpu-8x-h100", "gpu-1x-h100"},
+		InstanceTypes:       instanceTypes,
 		ConsolidationPolicy: "WhenEmptyOrUnderutilized",
 		ConsolidateAfter:    dayConsolidateAfter,
 	}
@@ -765,7 +766,7 @@ func checkDisruptions(t *testing.T, m *meter) (protected, other int) {
 // all ten run for scenario1Hold simulated hours, then end, and the cluster
 // returns to zero GPU nodes.
 func TestKarpenterFiguresScenario1(t *testing.T) {
-	c := figuresCluster(t, "team-a", 8)
+	c := figuresCluster(t, "team-a", 8, "gpu-8x-h100", "gpu-1x-h100")
 	types := cluster.DefaultInstanceTypes()
 	m, stopMeter := startMeter(t, c, types)
 
@@ -773,7 +774,7 @@ func TestKarpenterFiguresScenario1(t *testing.T) {
 	names := tenFractions(t, c)
 	pods := running(t, c, 3*time.Minute, names...)
 	allRunning := time.Now()
-	checkSharing(t, c, pods)
+	planned := checkGiven(t, c, pods)
 	hold := time.Duration(scenario1Hold * float64(daySimHour))
 	select {
 	case <-t.Context().Done():
@@ -814,6 +815,7 @@ func TestKarpenterFiguresScenario1(t *testing.T) {
 	}
 	prot, other := checkDisruptions(t, m)
 	fmt.Fprintf(&b, "protected-pod disruptions: %d; other script-pod disruptions: %d\n", prot, other)
+	fmt.Fprintf(&b, "planned load per GPU (gpufrac.io/gpu annotations, %%): %v\n", planned)
 	b.WriteString(m.report(submitted))
 	b.WriteString(changes(samples, submitted))
 	t.Log("\n" + b.String())
@@ -822,12 +824,71 @@ func TestKarpenterFiguresScenario1(t *testing.T) {
 	}
 }
 
+// checkGiven checks the GPUs the kubelet gave the ten 40% fractions (the
+// node agent's gpufrac.io/allocated-gpu): two per GPU, five GPUs, each held
+// by one reservation. It returns the planned load per GPU from the
+// coordinator's gpufrac.io/gpu annotations, which may differ: same-size
+// fractions are interchangeable at admission.
+func checkGiven(t *testing.T, c *cluster.Cluster, pods map[string]*corev1.Pod) map[string]int {
+	t.Helper()
+	given := map[string]int{}
+	waitFor(t, 30*time.Second, "allocated-gpu write-back of the ten", func(ctx context.Context) (bool, error) {
+		clear(given)
+		for name := range pods {
+			p, err := c.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Annotations[api.AnnotationAllocatedGPU] == "" {
+				return false, nil
+			}
+			given[p.Spec.NodeName+"/"+p.Annotations[api.AnnotationAllocatedGPU]] += int(podDemand(p).fraction)
+		}
+		return true, nil
+	})
+	for g, pct := range given {
+		if pct > 100 {
+			t.Errorf("GPU %s was given %d%%", g, pct)
+		}
+	}
+	if len(given) != 5 {
+		t.Errorf("ten 40%% fractions were given %d GPUs, want 5: %v", len(given), given)
+	}
+	res := map[string]int{}
+	for _, r := range systemPods(t, c, api.RoleReservation) {
+		res[r.Spec.NodeName+"/"+r.Annotations[api.AnnotationReservedGPU]]++
+	}
+	for g := range given {
+		if res[g] != 1 {
+			t.Errorf("shared GPU %s has %d reservations, want 1 (all: %v)", g, res[g], res)
+		}
+	}
+	planned := map[string]int{}
+	for _, p := range pods {
+		g := p.Annotations[api.AnnotationGPU]
+		if len(g) > 12 {
+			g = g[:12] // "GPU-" and 8 hex digits name it in the report
+		}
+		planned[g] += int(podDemand(p).fraction)
+	}
+	return planned
+}
+
 // The scripted day: seeded fraction jobs with a daily peak and a few
 // whole-GPU jobs; each job's pod is created at its arrival and deleted by the
-// script once it has run for its duration.
+// script once it has run for its duration. Karpenter may launch 1×H100 and
+// 8×H100 nodes.
 func TestKarpenterFiguresDay(t *testing.T) {
+	runDay(t, "gpu-8x-h100", "gpu-1x-h100")
+}
+
+// The same day with only 1×H100 nodes: what Karpenter's choice of the 8×
+// type costs or saves.
+func TestKarpenterFiguresDayOneGPUNodes(t *testing.T) {
+	runDay(t, "gpu-1x-h100")
+}
+
+// runDay runs the scripted day with a NodePool of instanceTypes and logs its figures.
+func runDay(t *testing.T, instanceTypes ...string) {
 	jobs := daySchedule(daySeed)
-	c := figuresCluster(t, "day", 64)
+	c := figuresCluster(t, "day", 64, instanceTypes...)
 	types := cluster.DefaultInstanceTypes()
 	m, stopMeter := startMeter(t, c, types)
 
@@ -920,7 +981,8 @@ func TestKarpenterFiguresDay(t *testing.T) {
 			fracPercent += j.Fraction
 		}
 	}
-	fmt.Fprintf(&b, "FIGURES day (seed %d; 1 sim h = %s wall; reservation grace %s; consolidateAfter %s)\n", daySeed, daySimHour, dayReservationGrace, dayConsolidateAfter)
+	fmt.Fprintf(&b, "FIGURES day (seed %d; instance types %v; 1 sim h = %s wall; reservation grace %s; consolidateAfter %s)\n",
+		daySeed, instanceTypes, daySimHour, dayReservationGrace, dayConsolidateAfter)
 	fmt.Fprintf(&b, "jobs: %d fraction (mean %.0f%%), %d whole (%d GPUs); last job ended at %.2f sim h; zero GPU nodes %.1f s wall later\n",
 		fractions, float64(fracPercent)/float64(max(1, fractions)), whole, wholeGPUs,
 		float64(dayEnd.Sub(began))/float64(daySimHour), zero.Sub(dayEnd).Seconds())
