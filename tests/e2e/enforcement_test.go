@@ -60,16 +60,12 @@ func TestMemoryWatchdogActsOnTheOverLimitFractionOnly(t *testing.T) {
 	// inventories exist before the coordinator starts: a pod created the
 	// moment a node is published can meet a coordinator whose informer has
 	// not seen the node yet (NoCapacity, a needless placeholder). binpack puts
-	// the second 30% on the GPU of the first. No reservation pods: nothing
-	// here takes whole GPUs, and a reservation the kubelet admits before
-	// gpufrac-node's informer has seen it lands on another GPU than planned,
-	// which the coordinator waits out for about a minute (reported
-	// separately; this test is about the watchdog).
+	// the second 30% on the GPU of the first, which a reservation holds.
 	nodes := map[string]string{}
 	for _, action := range []string{"report", "kill", "evict"} {
 		nodes[action] = addGPUNodes(t, c, action, "enf-"+action, 1)[0]
 	}
-	startCoordinator(t, c, "c1", "--leader-elect=false", "--policy=binpack", "--reservations=false")
+	startCoordinator(t, c, "c1", "--leader-elect=false", "--policy=binpack")
 
 	tests := []struct {
 		name   string
