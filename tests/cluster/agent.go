@@ -88,6 +88,29 @@ type NodeAgent struct {
 	LogPath string
 	// PID is gpufrac-node's process ID.
 	PID int
+	// ConfigPath is gpufrac-node's --config file, "" when NodeAgentOptions.Config
+	// is empty (the agent then serves its built-in defaults). WriteConfig
+	// changes it.
+	ConfigPath string
+}
+
+// WriteConfig replaces this node agent's config file the way the kubelet
+// updates a mounted ConfigMap (a new file renamed over the old one), so
+// gpufrac-node's watcher applies it live: the hook for tests that
+// repartition one node while the cluster runs. It fails when the agent was
+// started without a config file.
+func (a *NodeAgent) WriteConfig(content string) error {
+	if a.ConfigPath == "" {
+		return fmt.Errorf("writing the config of node %s: the node agent runs without --config (NodeAgentOptions.Config is empty)", a.Node)
+	}
+	tmp := a.ConfigPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("writing the config of node %s: %w", a.Node, err)
+	}
+	if err := os.Rename(tmp, a.ConfigPath); err != nil {
+		return fmt.Errorf("writing the config of node %s: %w", a.Node, err)
+	}
+	return nil
 }
 
 // agentEntry is a node agent from the moment its node is seen.
@@ -334,6 +357,7 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 			return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
 		}
 		args = append(args, "--config="+path)
+		agent.ConfigPath = path
 	}
 	args = append(args, c.opts.NodeAgents.Args...)
 	ports, p, err := c.startComponent(ctx, component{
