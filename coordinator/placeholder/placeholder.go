@@ -17,7 +17,10 @@
 // config group matching the node pool's labels) to mode mig with the right
 // layout, or timeslice, for such a pool. Otherwise the placeholders land,
 // the new GPUs serve whole GPUs or fractions, and the MIG or replica pods
-// still find no room.
+// still find no room. Likewise the pods should select that pool (node
+// selector or affinity, which placeholders copy): a placeholder free to go
+// anywhere may land on an existing node's idle whole GPUs, which serve no
+// MIG device, and Karpenter is asked for nothing.
 package placeholder
 
 import (

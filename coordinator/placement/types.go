@@ -5,7 +5,9 @@
 //
 // Units: one GPU is MilliPerGPU (1000) milli-GPU. The coordinator's fractions
 // are percent of one GPU and are passed as percent×10. CPU is in milli-cores,
-// memory in bytes.
+// memory in bytes. MIG devices and time-sliced replicas are scalars: counts
+// of named resources per node (Node.Scalars, Request.Scalars), checked and
+// charged like CPU, never scored.
 //
 // A Snapshot holds the nodes and what is free on them; Assume and Forget
 // change it, and Checkpoint / Rollback undo a batch of Assumes (a gang placed
