@@ -1,16 +1,20 @@
 # make demo / make demo-down, included by the top Makefile.
 #
 # make demo builds what it needs (gpufrac binaries, the cluster tools, the demo
-# driver), starts a local cluster with mock-H100 GPU nodes, each running a real
-# gpufrac-node, in the background, submits deployments/examples and prints the
-# per-node, per-GPU view. The cluster keeps running until make demo-down.
-# DEMO_ARGS passes flags to `gpufrac-demo up`, e.g. DEMO_ARGS="--gpu-nodes=3 --karpenter=false".
+# driver) and runs `gpufrac-demo up`: in the background, a local control plane
+# with Karpenter's kwok provider (1x/8x H100 machines), the Queue CRD, priority
+# classes and RBAC, the real gpufrac-coordinator as its ServiceAccount, and static
+# mock-H100 GPU nodes, every GPU node with a real gpufrac-node; then it submits
+# deployments/examples step by step and prints the per-node, per-GPU view with a
+# legend. The cluster keeps running until make demo-down.
+# DEMO_ARGS passes flags to `gpufrac-demo up`, e.g.
+# DEMO_ARGS="--gpu-nodes=3 --gpus-per-node=8 --karpenter=false".
 
 DEMO_ARGS ?=
 
 .PHONY: demo demo-down demo-status
 
-## demo: local cluster with mock GPU nodes, gpufrac-node on each, sample workloads; stays up
+## demo: local cluster with Karpenter, gpufrac-node on every mock GPU node, gpufrac-coordinator, sample workloads; stays up
 demo:
 	@echo "==> building gpufrac (first time: a few minutes)"
 	@$(MAKE) --no-print-directory -s build

@@ -26,6 +26,8 @@ const (
 	labelKarpenterNodePool = "karpenter.sh/nodepool"
 	// reportEvery paces the "still waiting" lines.
 	reportEvery = 5 * time.Second
+	// burstDeployment is burst.yaml's Deployment.
+	burstDeployment = "batch-embed"
 )
 
 // phase is a step of the demo: example files submitted together, then waited

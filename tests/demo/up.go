@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -69,7 +70,9 @@ func showAll(ctx context.Context, cfg config) error {
 	if err := printLegend(ctx, cfg, client); err != nil {
 		return err
 	}
-	printHowTo(cfg)
+	// The burst is there only with Karpenter.
+	_, err = client.AppsV1().Deployments(metav1.NamespaceDefault).Get(ctx, burstDeployment, metav1.GetOptions{})
+	printHowTo(cfg, err == nil)
 	return nil
 }
 
@@ -279,19 +282,23 @@ func printView(ctx context.Context, cfg config) error {
 	return nil
 }
 
-func printHowTo(cfg config) {
-	kubeconfig := rel(cfg, cfg.kubeconfig())
+// printHowTo says how to go on; burst: the Karpenter burst was submitted.
+func printHowTo(cfg config, burst bool) {
+	scale := ""
+	if burst {
+		scale = fmt.Sprintf(`  kubectl scale deployment %[1]s --replicas=12  # more fractions: placeholders, Karpenter adds capacity
+  kubectl scale deployment %[1]s --replicas=0   # reservations go after %[2]s, then Karpenter removes empty nodes
+`, burstDeployment, reservationGrace)
+	}
 	fmt.Printf(`
 The demo cluster keeps running. Try (any kubectl 1.34; the bin/ tools need none):
   export KUBECONFIG=$PWD/%s
   kubectl get pods -A -o wide                         # every pod, gpufrac-system's reservations included
   kubectl get queues                                  # quota, allocated GPUs and pending work per queue
   kubectl describe pod eval-nightly                   # why it waits: condition and event with the numbers
-  kubectl scale deployment batch-embed --replicas=12  # more fractions: placeholders, Karpenter adds a node
-  kubectl scale deployment batch-embed --replicas=0   # reservations go after %s, then Karpenter removes empty nodes
-  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)
+%s  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)
 Logs: %s/ (gpufrac-coordinator.log, gpufrac-node-<node>.log, karpenter.log, ...).  Stop everything: make demo-down
-`, kubeconfig, reservationGrace, rel(cfg, filepath.Join(cfg.dir, "logs")))
+`, rel(cfg, cfg.kubeconfig()), scale, rel(cfg, filepath.Join(cfg.dir, "logs")))
 }
 
 // rel shortens a path inside the repository for messages.
