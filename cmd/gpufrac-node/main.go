@@ -14,13 +14,13 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 )
 
@@ -95,7 +95,10 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	if client != nil && cfg.NodeName == "" {
+	if client == nil {
+		return agent.New(cfg, lib, nil).Run(ctx) // a nil *pods.RESTClient would not be a nil pods.Client
+	}
+	if cfg.NodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required with API access")
 	}
 	return agent.New(cfg, lib, client).Run(ctx)
@@ -125,7 +128,9 @@ func newLib(ctx context.Context, flagValue, stateDir, nodeName string, gpus int)
 }
 
 // newClient returns nil (standalone) when there is no way to reach the API.
-func newClient(kubeconfig string, standaloneOK bool) (kubernetes.Interface, error) {
+// It is pods.NewClient, not client-go's clientset: the clientset links every
+// API group and makes the binary's resident image twice the size.
+func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -141,5 +146,9 @@ func newClient(kubeconfig string, standaloneOK bool) (kubernetes.Interface, erro
 		return nil, fmt.Errorf("building API client config: %w", err)
 	}
 	rc.UserAgent = "gpufrac-node"
-	return kubernetes.NewForConfig(rc)
+	c, err := pods.NewClient(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building API client: %w", err)
+	}
+	return c, nil
 }

@@ -18,9 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
@@ -67,7 +64,7 @@ type Config struct {
 type Agent struct {
 	cfg    Config
 	lib    nvidia.Lib
-	client kubernetes.Interface // nil: standalone, no API access
+	client pods.Client // nil: standalone, no API access
 	reg    *prometheus.Registry
 
 	manager  *plugin.Manager
@@ -94,8 +91,10 @@ type Agent struct {
 	modes         []config.Mode // per-GPU modes in force, by index
 }
 
-// New returns an agent on lib; client may be nil (standalone mode).
-func New(cfg Config, lib nvidia.Lib, client kubernetes.Interface) *Agent {
+// New returns an agent on lib; client may be nil (standalone mode). The
+// binary passes a pods.RESTClient, which links only the core/v1 and
+// policy/v1 API types.
+func New(cfg Config, lib nvidia.Lib, client pods.Client) *Agent {
 	if cfg.HealthQuietPeriod <= 0 {
 		cfg.HealthQuietPeriod = 5 * time.Minute
 	}
@@ -168,10 +167,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	// 1. Kubernetes side: events on the Node, node labels, pod hints.
 	a.recorder = record.NewFakeRecorder(100)
 	if a.client != nil {
+		s, err := pods.NewScheme()
+		if err != nil {
+			return err
+		}
 		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+		b.StartRecordingToSink(eventSink{ctx: ctx, client: a.client})
 		defer b.Shutdown()
-		a.recorder = b.NewRecorder(clientScheme(), corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName})
+		a.recorder = b.NewRecorder(s, corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName})
 		a.labels = a.nodeLabels(ctx)
 	}
 	if a.cfg.PodResourcesSocket != "" {
@@ -328,7 +331,7 @@ func (a *Agent) nodeLabels(ctx context.Context) map[string]string {
 	var err error
 	for i := 0; i < 5 && ctx.Err() == nil; i++ {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		node, err = a.client.CoreV1().Nodes().Get(rctx, a.cfg.NodeName, metav1.GetOptions{})
+		node, err = a.client.GetNode(rctx, a.cfg.NodeName)
 		cancel()
 		if err == nil {
 			return node.Labels

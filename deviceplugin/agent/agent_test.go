@@ -22,6 +22,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
@@ -102,7 +103,7 @@ func startAgent(t *testing.T, config string, objs ...runtime.Object) *env {
 		HealthProbeInterval: 100 * time.Millisecond,
 		ProcRoot:            filepath.Join(dir, "proc"), // empty: the watchdog maps no process
 		Version:             "test",
-	}, lib, e.client)
+	}, lib, podstest.Clientset{Interface: e.client})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- e.agent.Run(runCtx) }()

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 )
 
 // eventually polls cond every 10ms for up to 5s.
@@ -39,7 +40,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // startInformer runs a PodInformer on client until the test ends.
 func startInformer(t *testing.T, ctx context.Context, client *fake.Clientset) *PodInformer {
 	t.Helper()
-	inf, err := NewPodInformer(client, "node-a")
+	inf, err := NewPodInformer(podstest.Clientset{Interface: client}, "node-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestAPIPathEvictsAndRecordsEvents(t *testing.T) {
 	t.Cleanup(b.Shutdown)
 	rec := b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpufrac-node", Host: "node-a"})
 
-	e := newEnv(t, envOptions{pods: inf, evictor: NewEvictor(client), recorder: rec})
+	e := newEnv(t, envOptions{pods: inf, evictor: NewEvictor(podstest.Clientset{Interface: client}), recorder: rec})
 	e.w.SetPolicy(Policy{Enforcement: config.EnforcementEvict, Samples: 2})
 	e.devices.set(e.fraction(hog, "main", 4, 30))
 	e.proc(1001, 5000, hog, "main")

@@ -4,21 +4,18 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 )
 
 // PodInformer is a PodLookup over an informer on the pods bound to one node,
 // indexed by UID.
 type PodInformer struct {
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 }
 
@@ -28,12 +25,8 @@ var _ PodLookup = (*PodInformer)(nil)
 const uidIndex = "uid"
 
 // NewPodInformer watches the pods with spec.nodeName == node. Call Run.
-func NewPodInformer(client kubernetes.Interface, node string) (*PodInformer, error) {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-		}))
-	inf := f.Core().V1().Pods().Informer()
+func NewPodInformer(client pods.PodWatcher, node string) (*PodInformer, error) {
+	inf := pods.NewNodeInformer(client, node)
 	if err := inf.AddIndexers(cache.Indexers{uidIndex: podUID}); err != nil {
 		return nil, fmt.Errorf("indexing pods by UID: %w", err)
 	}
@@ -42,7 +35,7 @@ func NewPodInformer(client kubernetes.Interface, node string) (*PodInformer, err
 	if err := inf.SetTransform(stripManagedFields); err != nil {
 		return nil, fmt.Errorf("setting the pod informer transform: %w", err)
 	}
-	return &PodInformer{factory: f, informer: inf}, nil
+	return &PodInformer{informer: inf}, nil
 }
 
 func stripManagedFields(obj any) (any, error) {
@@ -62,8 +55,9 @@ func podUID(obj any) ([]string, error) {
 
 // Run starts the informer and blocks until ctx ends.
 func (p *PodInformer) Run(ctx context.Context) error {
-	p.factory.Start(ctx.Done())
-	defer p.factory.Shutdown()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { p.informer.RunWithContext(ctx) })
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, p.informer.HasSynced) {
 		return fmt.Errorf("waiting for the enforcement pod informer: %w", ctx.Err())
 	}

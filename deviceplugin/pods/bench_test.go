@@ -63,9 +63,10 @@ func benchPreferredWithHint(b *testing.B, fresh bool) {
 	c := newFakeClient(objs...)
 	h := NewHint(c, node, n.podRes)
 	infCtx, stopInformer := context.WithCancel(ctx)
-	h.factory.Start(infCtx.Done())
-	defer func() { stopInformer(); h.factory.Shutdown() }() // Shutdown waits for the informer to stop
-	if !cache.WaitForCacheSync(ctx.Done(), h.synced) {
+	infDone := make(chan struct{})
+	go func() { defer close(infDone); h.informer.RunWithContext(infCtx) }()
+	defer func() { stopInformer(); <-infDone }()
+	if !cache.WaitForCacheSync(ctx.Done(), h.HasSynced) {
 		b.Fatal("informer did not sync")
 	}
 	for _, p := range all[:40] {

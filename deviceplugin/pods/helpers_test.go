@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 )
 
 const node = "node-a"
@@ -32,9 +33,11 @@ var (
 
 // fakeClient is a fake clientset whose pod list and watch honour field
 // selectors on spec.nodeName as the API server does (the plain fake ignores
-// them), and which records the field selectors asked for.
+// them), and which records the field selectors asked for. It is a Client
+// through podstest.Clientset over the same fake.
 type fakeClient struct {
 	*fake.Clientset
+	clientAPI
 
 	mu        sync.Mutex
 	selectors []string      // field selectors of pod lists and watches, in order
@@ -42,8 +45,15 @@ type fakeClient struct {
 	once      sync.Once
 }
 
+// clientAPI names podstest.Clientset as an embedded field of fakeClient
+// apart from the fake's own Clientset.
+type clientAPI = podstest.Clientset
+
+var _ Client = (*fakeClient)(nil)
+
 func newFakeClient(objs ...runtime.Object) *fakeClient {
 	c := &fakeClient{Clientset: fake.NewClientset(objs...), watching: make(chan struct{})}
+	c.clientAPI = clientAPI{Interface: c.Clientset}
 	c.PrependReactor("list", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
 		la := action.(clienttesting.ListAction)
 		sel := la.GetListRestrictions().Fields
@@ -196,9 +206,10 @@ func testContext(t *testing.T) context.Context {
 func startInformer(t *testing.T, ctx context.Context, h *Hint, c *fakeClient) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
-	h.factory.Start(ctx.Done())
-	t.Cleanup(func() { cancel(); h.factory.Shutdown() })
-	if !cache.WaitForCacheSync(ctx.Done(), h.synced) {
+	done := make(chan struct{})
+	go func() { defer close(done); h.informer.RunWithContext(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if !cache.WaitForCacheSync(ctx.Done(), h.HasSynced) {
 		t.Fatal("pod informer did not sync")
 	}
 	select {

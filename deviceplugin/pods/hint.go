@@ -11,10 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -45,13 +42,12 @@ const inflightTTL = 10 * time.Minute
 // pods are interchangeable: whichever the kubelet admits, the GPUs end up
 // with the units the coordinator planned.
 type Hint struct {
-	client  kubernetes.Interface
-	factory informers.SharedInformerFactory
-	lister  corelisters.PodLister
-	synced  cache.InformerSynced
-	podRes  *PodResources
-	resync  time.Duration
-	clock   clock.PassiveClock
+	client   PodAPI
+	informer cache.SharedIndexInformer
+	lister   corelisters.PodLister
+	podRes   *PodResources
+	resync   time.Duration
+	clock    clock.PassiveClock
 
 	mu sync.Mutex
 	// listing: container -> fraction units it holds, from the last
@@ -93,31 +89,27 @@ var (
 
 // NewHint watches pods with spec.nodeName == node. podRes may be nil, and
 // then nothing is written back and admissions are learnt from pod phases.
-func NewHint(client kubernetes.Interface, node string, podRes *PodResources) *Hint {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithTweakListOptions(func(o *metav1ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-		}))
-	inf := f.Core().V1().Pods()
+func NewHint(client PodAPI, node string, podRes *PodResources) *Hint {
+	inf := NewNodeInformer(client, node)
 	return &Hint{
-		client:  client,
-		factory: f,
-		lister:  inf.Lister(),
-		synced:  inf.Informer().HasSynced,
-		podRes:  podRes,
-		resync:  2 * time.Second,
-		clock:   clock.RealClock{},
-		seen:    map[containerKey]struct{}{},
-		taken:   map[string]bool{},
-		kick:    make(chan struct{}, 1),
+		client:   client,
+		informer: inf,
+		lister:   corelisters.NewPodLister(inf.GetIndexer()),
+		podRes:   podRes,
+		resync:   2 * time.Second,
+		clock:    clock.RealClock{},
+		seen:     map[containerKey]struct{}{},
+		taken:    map[string]bool{},
+		kick:     make(chan struct{}, 1),
 	}
 }
 
 // Run starts the informer and the write-back loop until ctx ends.
 func (h *Hint) Run(ctx context.Context) error {
-	h.factory.Start(ctx.Done())
-	defer h.factory.Shutdown()
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, h.synced) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { h.informer.RunWithContext(ctx) })
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, h.informer.HasSynced) {
 		return fmt.Errorf("waiting for the pod informer: %w", ctx.Err())
 	}
 	if h.podRes == nil {
@@ -140,7 +132,7 @@ func (h *Hint) Run(ctx context.Context) error {
 }
 
 // HasSynced tells whether the pod informer has synced.
-func (h *Hint) HasSynced() bool { return h.synced() }
+func (h *Hint) HasSynced() bool { return h.informer.HasSynced() }
 
 // FractionUnits is the number of fraction units a container asks for.
 func FractionUnits(c *corev1.Container) int {
@@ -440,7 +432,7 @@ func (h *Hint) writeBack(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("encoding annotations of pod %s: %w", key, err)
 		}
-		if _, err := h.client.CoreV1().Pods(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
+		if _, err := h.client.PatchPod(ctx, key.Namespace, key.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("annotating pod %s: %w", key, err)
 			}

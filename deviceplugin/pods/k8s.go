@@ -5,8 +5,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
-type metav1ListOptions = metav1.ListOptions
-
 func labelsEverything() labels.Selector { return labels.Everything() }
 
 func metav1PatchOptions() metav1.PatchOptions { return metav1.PatchOptions{FieldManager: "gpufrac-node"} }
