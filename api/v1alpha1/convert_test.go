@@ -161,23 +161,23 @@ func TestExampleQueuesConvert(t *testing.T) {
 		}
 		got[q.Name] = q.Spec
 	}
-	team := func(weight int32) v1alpha1.QueueSpec {
+	team := func(quota, limit string, weight int32) v1alpha1.QueueSpec {
 		return v1alpha1.QueueSpec{Parent: "org", Resources: v1alpha1.QueueResources{
-			GPU:    &v1alpha1.ResourceQuota{Quota: qty("4"), Limit: qty("6"), OverQuotaWeight: ptr.To(weight)},
-			CPU:    &v1alpha1.ResourceQuota{Quota: qty("64")},
-			Memory: &v1alpha1.ResourceQuota{Quota: qty("512Gi")},
+			GPU:    &v1alpha1.ResourceQuota{Quota: qty(quota), Limit: qty(limit), OverQuotaWeight: ptr.To(weight)},
+			CPU:    &v1alpha1.ResourceQuota{Quota: qty("128")},
+			Memory: &v1alpha1.ResourceQuota{Quota: qty("1Ti")},
 		}}
 	}
-	teamA := team(2)
+	teamA := team("8", "10", 2)
 	teamA.Priority = 10
 	want := map[string]v1alpha1.QueueSpec{
 		"org": {Resources: v1alpha1.QueueResources{
-			GPU:    &v1alpha1.ResourceQuota{Quota: qty("8"), Limit: qty("8")},
-			CPU:    &v1alpha1.ResourceQuota{Quota: qty("128")},
-			Memory: &v1alpha1.ResourceQuota{Quota: qty("1Ti")},
+			GPU:    &v1alpha1.ResourceQuota{Quota: qty("12"), Limit: qty("16")},
+			CPU:    &v1alpha1.ResourceQuota{Quota: qty("256")},
+			Memory: &v1alpha1.ResourceQuota{Quota: qty("2Ti")},
 		}},
 		"team-a": teamA,
-		"team-b": team(1),
+		"team-b": team("4", "8", 1),
 	}
 	if diff := cmp.Diff(want, got, quantityEqual); diff != "" {
 		t.Errorf("example queues (-want +got):\n%s", diff)

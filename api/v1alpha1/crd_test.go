@@ -322,7 +322,7 @@ func TestCRDAgainstAPIServer(t *testing.T) {
 		// Spec quantities print as the user wrote them; status quantities in
 		// the canonical form resource.Quantity marshals to (3.5 -> "3500m").
 		got := table.Rows[0].Cells[:len(wantCols)-1]
-		want := []any{"team-a", "org", "4", "6", "3500m", float64(2), float64(10)}
+		want := []any{"team-a", "org", "8", "10", "3500m", float64(2), float64(10)}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("team-a row (-want +got):\n%s", diff)
 		}
