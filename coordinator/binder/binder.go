@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
 )
@@ -36,11 +38,19 @@ const (
 // ErrForbiddenReason is returned for an attempt to write reason Unschedulable.
 var ErrForbiddenReason = errors.New("the coordinator never writes reason Unschedulable")
 
+// MessageRefresh is how often MarkPending rewrites a pending pod's message
+// while its reason stays the same. Messages carry figures that change from
+// cycle to cycle (a gang's member count): rewritten on every cycle for every
+// pending member, a 256-pod gang arriving over 5 s cost thousands of status
+// patches and events, and the cycles, which wait for these writes, grew to 2 s.
+const MessageRefresh = 10 * time.Second
+
 // Binder writes bindings and pod conditions.
 type Binder struct {
 	client   kubernetes.Interface
 	recorder record.EventRecorder
 	fieldMgr string
+	clock    clock.PassiveClock
 }
 
 // New returns a Binder; recorder may be nil.
@@ -48,7 +58,7 @@ func New(client kubernetes.Interface, recorder record.EventRecorder) *Binder {
 	if recorder == nil {
 		recorder = &record.FakeRecorder{}
 	}
-	return &Binder{client: client, recorder: recorder, fieldMgr: "gpufrac-coordinator"}
+	return &Binder{client: client, recorder: recorder, fieldMgr: "gpufrac-coordinator", clock: clock.RealClock{}}
 }
 
 // Bind binds the pod to node through the pods/binding subresource, with
@@ -78,17 +88,18 @@ func Pending(pod *corev1.Pod, reason, message string) bool {
 }
 
 // MarkPending sets PodScheduled=False with reason and message and records an
-// event, unless the pod already says exactly that.
+// event, unless the pod already says exactly that, or says the same reason
+// in a message written less than MessageRefresh ago (lastTransitionTime).
 func (b *Binder) MarkPending(ctx context.Context, pod *corev1.Pod, reason, message string) error {
 	if reason == reasonForbidden {
 		return ErrForbiddenReason
 	}
-	if Pending(pod, reason, message) {
+	if Pending(pod, reason, message) || b.recentlySaid(pod, reason) {
 		return nil
 	}
 	cond := map[string]any{
 		"type": corev1.PodScheduled, "status": corev1.ConditionFalse,
-		"reason": reason, "message": message, "lastTransitionTime": metav1.Now().UTC().Format("2006-01-02T15:04:05Z"),
+		"reason": reason, "message": message, "lastTransitionTime": b.clock.Now().UTC().Format(time.RFC3339),
 	}
 	body, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
 	if _, err := b.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, body, metav1.PatchOptions{FieldManager: b.fieldMgr}, "status"); err != nil {
@@ -100,6 +111,17 @@ func (b *Binder) MarkPending(ctx context.Context, pod *corev1.Pod, reason, messa
 	}
 	b.recorder.Event(pod, typ, reason, message)
 	return nil
+}
+
+// recentlySaid tells whether the pod's PodScheduled condition has said
+// reason for less than MessageRefresh.
+func (b *Binder) recentlySaid(pod *corev1.Pod, reason string) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == reason && b.clock.Since(c.LastTransitionTime.Time) < MessageRefresh
+		}
+	}
+	return false
 }
 
 // Evict evicts the pod through the Eviction API (PodDisruptionBudgets
