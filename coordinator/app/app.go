@@ -70,9 +70,12 @@ type Config struct {
 
 // App is a running coordinator.
 type App struct {
-	cfg     Config
-	rest    *rest.Config
-	client  kubernetes.Interface
+	cfg    Config
+	rest   *rest.Config
+	client kubernetes.Interface
+	// events records events through a client of its own, as kube-scheduler
+	// does: its rate limiter is not the one bindings wait on.
+	events  kubernetes.Interface
 	dynamic dynamic.Interface
 	reg     *prometheus.Registry
 	leading atomic.Bool
@@ -97,6 +100,10 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building client: %w", err)
 	}
+	events, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building event client: %w", err)
+	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("building dynamic client: %w", err)
@@ -105,7 +112,7 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 		host, _ := os.Hostname()
 		cfg.Identity = fmt.Sprintf("%s_%d", host, os.Getpid())
 	}
-	return &App{cfg: cfg, rest: rc, client: client, dynamic: dyn, reg: prometheus.NewRegistry()}, nil
+	return &App{cfg: cfg, rest: rc, client: client, events: events, dynamic: dyn, reg: prometheus.NewRegistry()}, nil
 }
 
 // Leading tells whether this replica holds the lease (always true without leader election).
@@ -199,7 +206,7 @@ func (a *App) lead(ctx context.Context) error {
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.events.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: api.SchedulerName})
 
