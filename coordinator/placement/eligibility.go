@@ -14,6 +14,9 @@ const (
 	eligible           uint8 = 0
 	rejectsConstraints uint8 = 1
 	rejectsModel       uint8 = 2
+	// rejectsScalar marks a node lacking a scalar resource the request asks
+	// for; only withScalars sets it, never the cached eligibility.
+	rejectsScalar uint8 = 3
 )
 
 // eligibility is the static part of feasibility for one request class:

@@ -106,8 +106,8 @@ func makeReq(r *Request) req {
 }
 
 // fits reports whether node i has the CPU, memory and GPUs for q
-// (eligibility and scalar resources aside). It must stay small enough to be
-// inlined into Place's loop, which checks scalars apart (fitsScalars).
+// (eligibility aside; scalar resources are part of eligibility, see
+// withScalars). It must stay small enough to be inlined into Place's loop.
 func (s *Snapshot) fits(i int, q *req) bool {
 	st := &s.nodes[i]
 	if st.cpuFree < q.cpu || st.memFree < q.mem {
@@ -129,6 +129,9 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	q := makeReq(r)
 	q.scal = s.scalarAsks(r)
 	elig := s.eligibilityFor(r)
+	if q.scal != nil {
+		elig = s.withScalars(elig, q.scal)
+	}
 	if elig != nil && !elig.any {
 		return Decision{}, p.explain(s, &q, elig)
 	}
@@ -139,7 +142,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	if _, random := p.policy.(randomPolicy); random {
 		seen := 0
 		for i := range s.nodes {
-			if elig.ok(i) && s.fits(i, &q) && (q.scal == nil || s.fitsScalars(i, &q)) {
+			if elig.ok(i) && s.fits(i, &q) {
 				seen++
 				if p.rng.IntN(seen) == 0 {
 					best = i
@@ -153,7 +156,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	} else {
 		row := p.cacheRow(s, &q)
 		for i := range s.nodes {
-			if !elig.ok(i) || !s.fits(i, &q) || (q.scal != nil && !s.fitsScalars(i, &q)) {
+			if !elig.ok(i) || !s.fits(i, &q) {
 				continue
 			}
 			var sc float64

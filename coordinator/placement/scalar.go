@@ -8,7 +8,8 @@ import (
 // Scalar resources are counted, not shaped: a MIG device or a time-sliced
 // replica is one unit of a named resource, and a node has so many of each
 // free (Node.Scalars). A request asking for some (Request.Scalars) fits a
-// node only with all of them free there; Assume takes them, Forget gives
+// node only with all of them free there (Place treats the other nodes as
+// ineligible: withScalars); Assume takes them, Forget gives
 // them back, and Rollback restores them. No policy scores them: a request
 // for scalars alone is scored like a CPU-only request, and ties go to the
 // node that comes first.
@@ -111,10 +112,28 @@ func (s *Snapshot) scalarsFit(i int, asks []scalarAsk) (bool, int) {
 	return true, -1
 }
 
-// fitsScalars reports whether node i has every scalar q asks for free.
-func (s *Snapshot) fitsScalars(i int, q *req) bool {
-	ok, _ := s.scalarsFit(i, q.scal)
-	return ok
+// withScalars is the eligibility of a request asking for scalars: base
+// (nil: every node eligible) with the nodes that lack a scalar rejected
+// (rejectsScalar). Folding scalars into eligibility keeps Place's loop as
+// it is for the requests without: the openb simulator's and whole-GPU and
+// share placement pay nothing for them. It is not cached, as free units
+// change with every Assume.
+func (s *Snapshot) withScalars(base *eligibility, asks []scalarAsk) *eligibility {
+	e := &eligibility{code: make([]uint8, len(s.nodes))}
+	if base != nil {
+		copy(e.code, base.code)
+	}
+	for i := range e.code {
+		if e.code[i] != eligible {
+			continue
+		}
+		if ok, _ := s.scalarsFit(i, asks); ok {
+			e.any = true
+		} else {
+			e.code[i] = rejectsScalar
+		}
+	}
+	return e
 }
 
 // checkScalars checks that taking (sign -1) or giving back (sign +1) the
