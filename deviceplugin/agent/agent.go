@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
@@ -73,7 +73,7 @@ type Agent struct {
 	podRes   *pods.PodResources
 	watchdog *enforcement.Watchdog
 	metrics  *metrics.Metrics
-	recorder record.EventRecorder
+	recorder *eventRecorder // nil: standalone, events are dropped
 	gpus     []nvidia.GPU
 	topology []*gpuallocator.Device
 	labels   map[string]string
@@ -165,16 +165,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	// 1. Kubernetes side: events on the Node, node labels, pod hints.
-	a.recorder = record.NewFakeRecorder(100)
 	if a.client != nil {
-		s, err := pods.NewScheme()
-		if err != nil {
-			return err
-		}
-		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(eventSink{ctx: ctx, client: a.client})
-		defer b.Shutdown()
-		a.recorder = b.NewRecorder(s, corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName})
+		a.recorder = newEventRecorder(ctx, a.client, corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName}, clock.RealClock{})
+		goRun("events", a.recorder.Run)
 		a.labels = a.nodeLabels(ctx)
 	}
 	if a.cfg.PodResourcesSocket != "" {

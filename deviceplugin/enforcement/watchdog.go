@@ -13,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -32,6 +32,13 @@ type ProcessSource interface {
 // PodResources, *pods.PodResources).
 type DeviceSource interface {
 	List(ctx context.Context) ([]pods.Assignment, error)
+}
+
+// EventRecorder writes Kubernetes events (client-go's record.EventRecorder
+// has this method; gpufrac-node's own recorder does not link it).
+type EventRecorder interface {
+	// Eventf records an event on object; it must not block.
+	Eventf(object runtime.Object, eventType, reason, messageFmt string, args ...any)
 }
 
 // ContainerResolver tells when a host PID's process started and which pod
@@ -138,7 +145,7 @@ type Options struct {
 	// Evictor evicts pods (nil: evict actions fail with ErrActionUnavailable).
 	Evictor Evictor
 	// Recorder writes events on pods (nil: events are dropped).
-	Recorder record.EventRecorder
+	Recorder EventRecorder
 	// Clock drives the poll ticker (nil: the real clock).
 	Clock clock.WithTicker
 	// Registerer receives the metrics (nil: a private registry).
@@ -159,7 +166,7 @@ type Watchdog struct {
 	pods      PodLookup
 	killer    Killer
 	evictor   Evictor
-	recorder  record.EventRecorder
+	recorder  EventRecorder
 	clock     clock.WithTicker
 	metrics   *metrics
 	timeout   time.Duration
@@ -246,7 +253,7 @@ func New(o Options) *Watchdog {
 		w.evictor = nullActions{}
 	}
 	if w.recorder == nil {
-		w.recorder = &record.FakeRecorder{} // nil Events channel: drops events
+		w.recorder = nullActions{}
 	}
 	if w.clock == nil {
 		w.clock = clock.RealClock{}
@@ -262,10 +269,14 @@ func New(o Options) *Watchdog {
 	return w
 }
 
+// nullActions stands in for a missing Killer, Evictor or Recorder: its
+// actions fail, its events are dropped.
 type nullActions struct{}
 
 func (nullActions) Kill(context.Context, uint32, uint64) error { return ErrActionUnavailable }
 func (nullActions) Evict(context.Context, *corev1.Pod) error   { return ErrActionUnavailable }
+
+func (nullActions) Eventf(runtime.Object, string, string, string, ...any) {}
 
 // SetPolicy replaces the policy; unset fields take the config defaults. A
 // new poll interval takes effect after the current one. Over-limit runs in

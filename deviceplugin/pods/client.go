@@ -57,8 +57,6 @@ type Client interface {
 	PatchNode(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions) (*corev1.Node, error)
 	// CreateEvent creates an event in its own namespace.
 	CreateEvent(ctx context.Context, event *corev1.Event) (*corev1.Event, error)
-	// UpdateEvent replaces an event in its own namespace.
-	UpdateEvent(ctx context.Context, event *corev1.Event) (*corev1.Event, error)
 	// PatchEvent patches the event named by event (name and namespace) with
 	// a strategic merge patch.
 	PatchEvent(ctx context.Context, event *corev1.Event, data []byte) (*corev1.Event, error)
@@ -210,17 +208,6 @@ func (c *RESTClient) CreateEvent(ctx context.Context, event *corev1.Event) (*cor
 	out := &corev1.Event{}
 	err := c.core.Post().NamespaceIfScoped(event.Namespace, event.Namespace != "").Resource("events").
 		Body(event).Do(ctx).Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// UpdateEvent implements Client.
-func (c *RESTClient) UpdateEvent(ctx context.Context, event *corev1.Event) (*corev1.Event, error) {
-	out := &corev1.Event{}
-	err := c.core.Put().NamespaceIfScoped(event.Namespace, event.Namespace != "").Resource("events").
-		Name(event.Name).Body(event).Do(ctx).Into(out)
 	if err != nil {
 		return nil, err
 	}

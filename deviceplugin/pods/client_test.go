@@ -266,21 +266,6 @@ func TestRESTClient(t *testing.T) {
 					"reason": "GPUXid", "count": float64(1)}},
 		},
 		{
-			name:   "update an event",
-			answer: map[string]response{"PUT /api/v1/namespaces/default/events/node-a.1": {200, eventJSON}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				e, err := c.UpdateEvent(ctx, event)
-				if err != nil {
-					return "", err
-				}
-				return e.Name, nil
-			},
-			want: "node-a.1",
-			wantReq: request{Method: "PUT", Path: "/api/v1/namespaces/default/events/node-a.1", ContentType: "application/json",
-				Body: map[string]any{"kind": "Event", "apiVersion": "v1", "metadata": map[string]any{"name": "node-a.1", "namespace": "default"},
-					"reason": "GPUXid", "count": float64(1)}},
-		},
-		{
 			name:   "patch an event's count with a strategic merge patch",
 			answer: map[string]response{"PATCH /api/v1/namespaces/default/events/node-a.1": {200, eventJSON}},
 			call: func(ctx context.Context, c *RESTClient) (string, error) {

@@ -58,11 +58,6 @@ func (c Clientset) CreateEvent(ctx context.Context, event *corev1.Event) (*corev
 	return c.CoreV1().Events(event.Namespace).CreateWithEventNamespaceWithContext(ctx, event)
 }
 
-// UpdateEvent implements pods.Client.
-func (c Clientset) UpdateEvent(ctx context.Context, event *corev1.Event) (*corev1.Event, error) {
-	return c.CoreV1().Events(event.Namespace).UpdateWithEventNamespaceWithContext(ctx, event)
-}
-
 // PatchEvent implements pods.Client.
 func (c Clientset) PatchEvent(ctx context.Context, event *corev1.Event, data []byte) (*corev1.Event, error) {
 	return c.CoreV1().Events(event.Namespace).PatchWithEventNamespaceWithContext(ctx, event, data)
