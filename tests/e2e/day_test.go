@@ -2,7 +2,7 @@ package e2e
 
 // Issue 5's measurement: how many GPU-node-hours gpufrac and Karpenter use
 // against the packing lower bound, and how many protected pods get disrupted
-// (must be none). Two runs on the local cluster with Karpenter's kwok provider,
+// (must be none). Runs on the local cluster with Karpenter's kwok provider,
 // the instance types 1×H100 ($14.19/h) and 8×H100 ($98.32/h), a NodePool with
 // consolidationPolicy WhenEmptyOrUnderutilized and a short consolidateAfter,
 // and the coordinator with a short --reservation-grace:
@@ -11,12 +11,15 @@ package e2e
 //   - TestKarpenterFiguresDay: a scripted day compressed in time (daySimHour of
 //     wall time per simulated hour): seeded fraction jobs arriving with a daily
 //     peak, a few whole-GPU jobs, each running its length once it runs.
+//   - TestKarpenterFiguresDayOneGPUNodes: the same day with 1×H100 nodes only.
 //
 // A meter samples every second what exists (GPU nodes, their GPUs from
 // allocatable, their price from the instance type) and what runs (the script's
 // pods in phase Running), and watches pod deletions and eviction events:
 //
-//	go test ./tests/e2e -run 'TestKarpenterFigures' -v -count=1 -timeout 20m 2>&1 | grep -A40 'FIGURES'
+//	go test ./tests/e2e -run 'TestKarpenterFigures' -v -count=1 -timeout 40m 2>&1 | grep -A70 'FIGURES'
+//
+// The figures and their analysis are in docs/benchmarks.md, "Karpenter interworking".
 
 import (
 	"context"
@@ -596,7 +599,7 @@ func (m *meter) snapshot() []daySample {
 	return slices.Clone(m.samples)
 }
 
-// protectedDisruptions lists the disruptions of protected pods, and of the others.
+// disruptions lists the disruptions of protected pods, and of the others.
 func (m *meter) disruptions() (protected, other []disruption) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -713,9 +716,9 @@ func hourly(samples []daySample, began, end time.Time) string {
 	return b.String()
 }
 
-// figuresCluster starts the cluster with the measured NodePool and the
-// coordinator with the short reservation grace.
-// The NodePool may launch instanceTypes.
+// figuresCluster starts the cluster with the measured NodePool, which may
+// launch instanceTypes, a queue with quota GPUs, and the coordinator with the
+// short reservation grace.
 func figuresCluster(t *testing.T, queue string, quota int, instanceTypes ...string) *cluster.Cluster {
 	t.Helper()
 	pool := cluster.NodePool{
@@ -775,13 +778,14 @@ func TestKarpenterFiguresScenario1(t *testing.T) {
 	pods := running(t, c, 3*time.Minute, names...)
 	allRunning := time.Now()
 	planned := checkGiven(t, c, pods)
+	// The hold is the jobs' length, part of the workload being measured, not
+	// a wait for a condition.
 	hold := time.Duration(scenario1Hold * float64(daySimHour))
 	select {
 	case <-t.Context().Done():
 		t.Fatal("cancelled while holding the fractions")
 	case <-time.After(hold):
 	}
-	// The hold is the measured job length, not a wait for a condition.
 	ended := time.Now()
 	for _, n := range names {
 		if err := deleteByScript(t.Context(), c, m, n); err != nil {
