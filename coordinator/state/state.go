@@ -474,6 +474,13 @@ func settle(acc *nodeAcc) {
 		if gs[i].FreeMilli < 0 {
 			gs[i].FreeMilli = 0 // over-committed by other schedulers; nothing is free
 		}
+		// A reserved GPU is held whole by its reservation pod, even with no
+		// fraction on it yet (or during the reservation's grace): it must
+		// never look fully free, or a whole-GPU request would be bound to a
+		// GPU the kubelet cannot give. A 100% fraction takes a free GPU.
+		if acc.reserved[gs[i].ID] && gs[i].FreeMilli == placement.MilliPerGPU {
+			gs[i].FreeMilli = placement.MilliPerGPU - 1
+		}
 	}
 }
 

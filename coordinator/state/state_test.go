@@ -365,3 +365,15 @@ func TestWholeGPUsWrittenBackAreChargedExactly(t *testing.T) {
 		t.Errorf("GPU free milli (-want +got):\n%s", diff)
 	}
 }
+
+func TestReservedGPUNeverLooksWhollyFree(t *testing.T) {
+	r := pod("gpufrac-reservation-x").on("n").gpus(1).p
+	r.Namespace = api.SystemNamespace
+	r.Labels[api.LabelRole] = api.RoleReservation
+	r.Annotations[api.AnnotationGPU] = "n-gpu1"
+	r.Annotations[api.AnnotationReservedGPU] = "n-gpu1"
+	got := free(t, Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n}, Pods: []*corev1.Pod{r}, PoolLabel: api.LabelNodePool})
+	if diff := cmp.Diff(map[string][]int{"n": {1000, 999}}, got); diff != "" {
+		t.Errorf("GPU free milli (-want +got):\n%s", diff)
+	}
+}

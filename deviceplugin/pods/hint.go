@@ -27,6 +27,10 @@ import (
 // so in practice entries resolve within one write-back period.
 const inflightTTL = 10 * time.Minute
 
+// reservationTakenTTL is how long a GPU handed to a reservation is skipped by
+// ReservationGPU (see ReservationTaken).
+const reservationTakenTTL = 3 * time.Second
+
 // Hint watches the pods bound to this node. It tells the fraction resource
 // which GPU the coordinator chose for the next fraction request
 // (resource.PodHint), and writes back, from the kubelet's PodResources, the
@@ -271,13 +275,16 @@ func (h *Hint) ReservationGPU() (string, bool) {
 	return best.Annotations[api.AnnotationGPU], true
 }
 
-// ReservationTaken implements resource.ReservationHint. The mark is
-// dropped once the write-back sees the GPU reserved (or after a minute).
+// ReservationTaken implements resource.ReservationHint. The mark only has
+// to outlive the admission in flight (the kubelet records the allocation
+// right after Allocate; from then on it never offers the GPU again), so it
+// is dropped after reservationTakenTTL. A longer mark kept a reservation
+// whose GPU another one-GPU pod took from getting it back later.
 func (h *Hint) ReservationTaken(uuid string) {
 	h.mu.Lock()
 	h.taken[uuid] = true
 	h.mu.Unlock()
-	time.AfterFunc(time.Minute, func() {
+	time.AfterFunc(reservationTakenTTL, func() {
 		h.mu.Lock()
 		delete(h.taken, uuid)
 		h.mu.Unlock()

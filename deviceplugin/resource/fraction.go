@@ -161,17 +161,21 @@ func (f *Fraction) bestFit(ctx context.Context, free map[string][]int, pinned st
 			usage = u
 		}
 	}
-	best, bestFree := "", api.UnitsPerGPU+1
+	// Among GPUs with equally few free units, one held by a reservation
+	// wins over one nothing holds: with the coordinator, fractions belong on
+	// reserved GPUs, where no whole-GPU pod can be given the GPU later.
+	best, bestFree, bestReserved := "", api.UnitsPerGPU+1, false
 	for _, g := range f.order {
 		n := len(free[g])
 		if n < size || (pinned != "" && g != pinned) || !f.health(g) {
 			continue
 		}
-		if u := usage[g]; u.WholeHolder != "" && !u.WholeHolderIsReservation {
+		u := usage[g]
+		if u.WholeHolder != "" && !u.WholeHolderIsReservation {
 			continue
 		}
-		if n < bestFree {
-			best, bestFree = g, n
+		if n < bestFree || (n == bestFree && u.WholeHolderIsReservation && !bestReserved) {
+			best, bestFree, bestReserved = g, n, u.WholeHolderIsReservation
 		}
 	}
 	return best

@@ -124,6 +124,8 @@ func TestFractionPreferred(t *testing.T) {
 			usage: fakeUsage{"GPU-0": {WholeHolder: "default/trainer"}}, wantGPU: "GPU-1"},
 		{name: "GPU held by a reservation is used", available: allUnits(2, map[int]int{1: 20}), size: 10,
 			usage: fakeUsage{"GPU-0": {WholeHolder: "gpufrac-system/gpufrac-reservation-x", WholeHolderIsReservation: true}}, wantGPU: "GPU-1"},
+		{name: "an empty reserved GPU wins over an empty free one", available: allUnits(3, nil), size: 10,
+			usage: fakeUsage{"GPU-2": {WholeHolder: "gpufrac-system/gpufrac-reservation-y", WholeHolderIsReservation: true}}, wantGPU: "GPU-2"},
 		{name: "unhealthy GPU is skipped", available: allUnits(2, nil), size: 10, unhealthy: "GPU-0", wantGPU: "GPU-1"},
 		{name: "must-include pins the GPU", available: allUnits(3, nil), mustInclude: units("GPU-2", 5, 6), size: 10, wantGPU: "GPU-2"},
 		{name: "must-include across GPUs fails", available: allUnits(3, nil), mustInclude: []string{UnitID("GPU-0", 1), UnitID("GPU-1", 1)}, size: 10, wantErr: "one GPU"},
