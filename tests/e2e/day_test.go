@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -721,6 +722,11 @@ func hourly(samples []daySample, began, end time.Time) string {
 // short reservation grace.
 func figuresCluster(t *testing.T, queue string, quota int, instanceTypes ...string) *cluster.Cluster {
 	t.Helper()
+	// These are measurements (several minutes each), run on demand for
+	// docs/benchmarks.md, not in every make test.
+	if os.Getenv("GPUFRAC_FIGURES") == "" {
+		t.Skip("measurement: set GPUFRAC_FIGURES=1 to run (see docs/benchmarks.md, Karpenter interworking)")
+	}
 	pool := cluster.NodePool{
 		Name: "gpu", Labels: map[string]string{api.LabelGPUNode: "true"},
 		InstanceTypes:       instanceTypes,
