@@ -44,6 +44,7 @@ func main() {
 	flag.StringVar(&s.Policy, "policy", placement.DefaultPolicy, "placement policy")
 	flag.Uint64Var(&seed, "seed", 1, "seed of the placement policy's random choices")
 	flag.IntVar(&s.BindWorkers, "bind-workers", 16, "bindings in flight at once")
+	flag.StringVar(&s.TimesliceResource, "timeslice-resource", api.DefaultTimesliceResource, "resource name of time-sliced replicas (the nodes' timeslice.resourceName)")
 	var npPrio int
 	flag.IntVar(&npPrio, "non-preemptible-priority", 1000000, "pods with this priority or higher are non-preemptible")
 	cfg.Reservation = reservation.DefaultOptions()
