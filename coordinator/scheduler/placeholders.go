@@ -100,6 +100,13 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 		want[p.Name] = p
 		wantGroup[p.Labels[placeholder.LabelGroup]] = true
 	}
+	// Groups whose capacity arrived: a placeholder of theirs is on a node.
+	landedGroup := map[string]bool{}
+	for _, p := range pods {
+		if placeholder.IsPlaceholder(p) && p.DeletionTimestamp == nil && p.Spec.NodeName != "" && !state.Terminal(p) {
+			landedGroup[p.Labels[placeholder.LabelGroup]] = true
+		}
+	}
 	have := map[string]*corev1.Pod{}
 	for _, p := range pods {
 		if !placeholder.IsPlaceholder(p) || p.DeletionTimestamp != nil {
@@ -119,12 +126,19 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			s.mu.Unlock()
 			_ = s.deps.Placeholders.Delete(ctx, p, "capacity arrived on "+p.Spec.NodeName)
 			s.metrics.placeholderLanded.Inc()
+		case landedGroup[group]:
+			// The group's other placeholders go too: left pending, the default
+			// scheduler would bind the next one to the capacity just freed for
+			// the real pods, and the two schedulers would chase each other.
+			// Whatever the group still lacks is asked for again after the
+			// cooldown, avoiding the nodes that already landed.
+			_ = s.deps.Placeholders.Delete(ctx, p, "another placeholder of the group landed")
 		case want[p.Name] == nil:
 			_ = s.deps.Placeholders.Delete(ctx, p, "the group needs fewer GPUs")
 		}
 	}
 	for name, p := range want {
-		if have[name] != nil {
+		if have[name] != nil || landedGroup[p.Labels[placeholder.LabelGroup]] {
 			continue
 		}
 		s.mu.Lock()

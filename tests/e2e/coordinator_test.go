@@ -282,7 +282,18 @@ func TestLeaderKilledMidRunLosesAndDuplicatesNothing(t *testing.T) {
 				whole[p.Spec.NodeName] += int(q.Value())
 			}
 			if q, ok := ctr.Resources.Limits[api.ResourceFraction]; ok {
-				frac[p.Annotations[api.AnnotationGPU]] += int(q.Value())
+				// The GPU the pod actually got: same-size fractions are
+				// interchangeable, so the plan may differ pod by pod.
+				var g string
+				waitFor(t, 30*time.Second, p.Name+" allocated-gpu", func(ctx context.Context) (bool, error) {
+					q, err := c.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+					if err != nil {
+						return false, nil
+					}
+					g = q.Annotations[api.AnnotationAllocatedGPU]
+					return g != "", nil
+				})
+				frac[p.Spec.NodeName+"/"+g] += int(q.Value())
 			}
 		}
 	}
