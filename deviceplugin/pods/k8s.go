@@ -7,4 +7,6 @@ import (
 
 func labelsEverything() labels.Selector { return labels.Everything() }
 
-func metav1PatchOptions() metav1.PatchOptions { return metav1.PatchOptions{FieldManager: "gpufrac-node"} }
+func metav1PatchOptions() metav1.PatchOptions {
+	return metav1.PatchOptions{FieldManager: "gpufrac-node"}
+}
