@@ -338,6 +338,12 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 4. Order: queues by dominant share, then priority, then age.
 	sortWorkloads(workloads, books)
+	// Workloads already placed in an earlier cycle and waiting for their
+	// reservations go first: their capacity was promised, and placing a new
+	// pod before them could plan it onto the same GPU.
+	sort.SliceStable(workloads, func(i, j int) bool {
+		return s.hasPlan(workloads[i]) && !s.hasPlan(workloads[j])
+	})
 
 	// 5. Admit and place, workload by workload.
 	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
@@ -594,6 +600,15 @@ func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
 			return k
 		}
 	}
+}
+
+// hasPlan tells whether w was placed in an earlier cycle and waits for reservations.
+func (s *Scheduler) hasPlan(w *workload) bool {
+	if len(w.pods) == 0 {
+		return false
+	}
+	_, ok := s.plans[w.pods[0].pod.UID]
+	return ok
 }
 
 // sortWorkloads orders workloads: queue order first, then priority, then age.

@@ -45,6 +45,7 @@ func TestWatchdogStandaloneReportsAndNeverKills(t *testing.T) {
 		extraArgs: []string{"--proc-root=" + procRoot},
 	})
 	n.waitResource(api.ResourceFraction, "800 healthy units", registered(800))
+	n.waitResource(api.ResourceGPU, "8 healthy GPUs", registered(8))
 	hog := kubeletsim.PodRef{Namespace: "default", Name: "hog", UID: types.UID("11111111-2222-4333-8444-555555555555")}
 	a := n.allocate(hog, api.ResourceFraction, 30)
 	gpu, err := resource.GPUOfUnits(a.DeviceIDs)
