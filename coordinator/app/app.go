@@ -203,6 +203,7 @@ func (a *App) lead(ctx context.Context) error {
 	if _, err := a.client.Discovery().ServerResourcesForGroupVersion(nodeClaimGVR.GroupVersion().String()); err == nil {
 		inf := dynFactory.ForResource(nodeClaimGVR)
 		claimLister, claimSynced = inf.Lister(), inf.Informer().HasSynced
+		a.cfg.Scheduler.ElasticPools = true // Karpenter can grow the pools
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))

@@ -59,6 +59,9 @@ type Options struct {
 	// and cost no API write. Zero reports at once. The coordinator uses
 	// DefaultReservationReportDelay.
 	ReservationReportDelay time.Duration
+	// ElasticPools says node pools can grow (Karpenter is installed): a gang
+	// larger than every pool then waits for capacity instead of being refused.
+	ElasticPools bool
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
 	// TimesliceResource is the time-sliced replica resource the node agents
@@ -330,6 +333,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 	}
 	workloads, invalid := s.group(pending, pods, assumed, books)
+	workloads, invalid = s.dropOversizedGangs(snap, workloads, invalid)
 	for _, iv := range invalid {
 		s.markPending(ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &res)
 	}
@@ -600,6 +604,41 @@ func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
 			return k
 		}
 	}
+}
+
+// dropOversizedGangs refuses, when node pools cannot grow, gangs that need
+// more GPUs than the largest pool has in all: they could never be placed.
+func (s *Scheduler) dropOversizedGangs(snap *state.Snapshot, ws []*workload, invalid []invalidPod) ([]*workload, []invalidPod) {
+	if s.opts.ElasticPools {
+		return ws, invalid
+	}
+	poolGPUs := map[string]int{}
+	for i := 0; i < snap.Len(); i++ {
+		n := snap.Node(i)
+		poolGPUs[n.Pool] += len(n.GPUs)
+	}
+	largest := 0
+	for _, g := range poolGPUs {
+		largest = max(largest, g)
+	}
+	kept := ws[:0]
+	for _, w := range ws {
+		need, shares := 0, 0
+		for _, p := range w.pods {
+			need += p.req.GPUs
+			shares += p.req.ShareMilli
+		}
+		need += (shares + placement.MilliPerGPU - 1) / placement.MilliPerGPU
+		if w.gang && w.incomplete == "" && need > largest {
+			for _, p := range w.pods {
+				invalid = append(invalid, invalidPod{pod: p.pod, message: fmt.Sprintf(
+					"gang %s needs %d GPUs but the largest node pool has %d: it can never be placed whole", w.key, need, largest)})
+			}
+			continue
+		}
+		kept = append(kept, w)
+	}
+	return kept, invalid
 }
 
 // hasPlan tells whether w was placed in an earlier cycle and waits for reservations.

@@ -262,6 +262,7 @@ func TestGangTooBigBindsNothing(t *testing.T) {
 			PodGroup("big").MinMember(6).UID(fmt.Sprintf("g-%d", i)).Obj())
 	}
 	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 4), h100Node("b1", "b", 4)}, []*v1alpha1.Queue{queueOf("q", "8")}, gang...)
+	c.s.opts.ElasticPools = true // pools may grow: the gang waits (with static pools it is InvalidRequest)
 	c.cycle()
 	for _, p := range gang {
 		if n := c.boundTo(p.Name); n != "" {
@@ -270,6 +271,28 @@ func TestGangTooBigBindsNothing(t *testing.T) {
 		if r := c.reason(p.Name); r != api.ReasonNoCapacity {
 			t.Errorf("%s reason %q, want NoCapacity", p.Name, r)
 		}
+	}
+}
+
+func TestGangLargerThanEveryPoolIsInvalid(t *testing.T) {
+	var gang []*corev1.Pod
+	for i := 0; i < 10; i++ {
+		gang = append(gang, builders.MakePod(fmt.Sprintf("g-%d", i), "default").Queue("q").GPUs(1).
+			PodGroup("huge").MinMember(10).UID(fmt.Sprintf("g-%d", i)).Obj())
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 8), h100Node("b1", "b", 8)}, []*v1alpha1.Queue{queueOf("q", "16")}, gang...)
+	c.cycle()
+	for _, p := range gang {
+		if r := c.reason(p.Name); r != api.ReasonInvalidRequest || !strings.Contains(c.b.msgs[p.Name], "largest node pool has 8") {
+			t.Errorf("%s: reason %q msg %q, want InvalidRequest naming the largest pool", p.Name, r, c.b.msgs[p.Name])
+		}
+	}
+	// With pools that can grow (Karpenter), the gang waits for capacity instead.
+	c2 := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "16")}, gang...)
+	c2.s.opts.ElasticPools = true
+	c2.cycle()
+	if r := c2.reason("g-0"); r != api.ReasonNoCapacity {
+		t.Errorf("elastic pools: reason %q, want NoCapacity", r)
 	}
 }
 

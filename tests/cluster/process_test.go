@@ -62,10 +62,17 @@ func TestProcessStopKillsTheGroup(t *testing.T) {
 			}
 			// SIGKILL is delivered before kill(2) returns, but the reparented child may
 			// linger as a zombie until init reaps it: count only live members.
-			live, err := liveGroupMembers(p.PID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			// A SIGKILLed process can still look alive for a moment while the
+			// kernel tears it down: poll, bounded.
+			var live []int
+			_ = wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 2*time.Second, true, func(context.Context) (bool, error) {
+				var err error
+				live, err = liveGroupMembers(p.PID)
+				if err != nil {
+					return false, err
+				}
+				return len(live) == 0, nil
+			})
 			if diff := cmp.Diff([]int(nil), live); diff != "" {
 				t.Errorf("live members of process group %d after stop (-want +got):\n%s", p.PID, diff)
 			}
