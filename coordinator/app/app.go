@@ -204,6 +204,11 @@ func (a *App) lead(ctx context.Context) error {
 		inf := dynFactory.ForResource(nodeClaimGVR)
 		claimLister, claimSynced = inf.Lister(), inf.Informer().HasSynced
 		a.cfg.Scheduler.ElasticPools = true // Karpenter can grow the pools
+		if a.cfg.Scheduler.NewNodeSettle == 0 {
+			// Karpenter's new nodes: let the default scheduler bind the
+			// placeholders first, then place the real pods (never into them).
+			a.cfg.Scheduler.NewNodeSettle = 3 * time.Second
+		}
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))

@@ -59,6 +59,9 @@ type Options struct {
 	// and cost no API write. Zero reports at once. The coordinator uses
 	// DefaultReservationReportDelay.
 	ReservationReportDelay time.Duration
+	// NewNodeSettle keeps pods off nodes younger than this (see
+	// state.Inputs.NotBefore); 0 places on new nodes at once.
+	NewNodeSettle time.Duration
 	// ElasticPools says node pools can grow (Karpenter is installed): a gang
 	// larger than every pool then waits for capacity instead of being refused.
 	ElasticPools bool
@@ -312,6 +315,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource}
+	if s.opts.NewNodeSettle > 0 {
+		inputs.NotBefore = time.Now().Add(-s.opts.NewNodeSettle)
+	}
 	snap, err := state.Build(inputs)
 	if err != nil {
 		return res, err

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,6 +44,11 @@ type Inputs struct {
 	// TimesliceResource is the time-sliced replica resource; "" means
 	// api.DefaultTimesliceResource.
 	TimesliceResource string
+	// NotBefore, when set, leaves out nodes created after it: a node the
+	// autoscaler just made is where the default scheduler binds placeholder
+	// pods within moments, and a pod placed there before the placeholders
+	// show up as bound would find their GPUs taken at admission.
+	NotBefore time.Time
 }
 
 // IsScalar tells whether a resource is placed as a scalar: a MIG device of
@@ -249,7 +255,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	noFrac := map[string]bool{}
 	scalarMilli := map[string]int64{}
 	for _, n := range in.Nodes {
-		if !NodeReady(n) {
+		if !NodeReady(n) || (!in.NotBefore.IsZero() && n.CreationTimestamp.Time.After(in.NotBefore)) {
 			continue
 		}
 		pn := &placement.Node{

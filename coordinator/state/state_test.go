@@ -3,6 +3,7 @@ package state
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -375,5 +376,17 @@ func TestReservedGPUNeverLooksWhollyFree(t *testing.T) {
 	got := free(t, Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n}, Pods: []*corev1.Pod{r}, PoolLabel: api.LabelNodePool})
 	if diff := cmp.Diff(map[string][]int{"n": {1000, 999}}, got); diff != "" {
 		t.Errorf("GPU free milli (-want +got):\n%s", diff)
+	}
+}
+
+func TestNewNodesSettleFirst(t *testing.T) {
+	old := node("old", 1).inventory("fraction").n
+	young := node("young", 1).inventory("fraction").n
+	now := time.Now()
+	old.CreationTimestamp = metav1.NewTime(now.Add(-time.Minute))
+	young.CreationTimestamp = metav1.NewTime(now)
+	got := free(t, Inputs{Nodes: []*corev1.Node{old, young}, PoolLabel: api.LabelNodePool, NotBefore: now.Add(-3 * time.Second)})
+	if diff := cmp.Diff(map[string][]int{"old": {1000}}, got); diff != "" {
+		t.Errorf("nodes placed on (-want +got):\n%s", diff)
 	}
 }
