@@ -381,28 +381,3 @@ func IsPlaceholder(p *corev1.Pod) bool {
 
 // GroupOf is the group label value of the placeholders serving an item.
 func GroupOf(it Item) string { return hash(groupKey(it)) }
-
-// AvoidNodes adds a required node-affinity term excluding the named nodes
-// (by kubernetes.io/hostname, a label Karpenter and the kubelet set) to every
-// term of p's affinity. Nodes without the label are not excluded.
-func AvoidNodes(p *corev1.Pod, nodes []string) {
-	if len(nodes) == 0 {
-		return
-	}
-	req := corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: append([]string(nil), nodes...)}
-	sort.Strings(req.Values)
-	if p.Spec.Affinity == nil {
-		p.Spec.Affinity = &corev1.Affinity{}
-	}
-	if p.Spec.Affinity.NodeAffinity == nil {
-		p.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
-	}
-	na := p.Spec.Affinity.NodeAffinity
-	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil || len(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
-		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{}}}
-	}
-	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	for i := range terms {
-		terms[i].MatchExpressions = append(terms[i].MatchExpressions, req)
-	}
-}

@@ -224,21 +224,3 @@ func TestPackMilli(t *testing.T) {
 		})
 	}
 }
-
-func TestAvoidNodes(t *testing.T) {
-	pods := Plan([]Item{fraction("f", 40)}, DefaultOptions())
-	p := pods[0]
-	AvoidNodes(p, []string{"node-b", "node-a"})
-	terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	want := corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"node-a", "node-b"}}
-	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 {
-		t.Fatalf("terms %+v", terms)
-	}
-	if diff := cmp.Diff(want, terms[0].MatchExpressions[0]); diff != "" {
-		t.Errorf("requirement (-want +got):\n%s", diff)
-	}
-	AvoidNodes(p, nil)
-	if len(terms[0].MatchExpressions) != 1 {
-		t.Error("AvoidNodes(nil) changed the pod")
-	}
-}

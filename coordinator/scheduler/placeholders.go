@@ -147,13 +147,6 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 		if cooling {
 			continue
 		}
-		// Nodes where this group's placeholders already landed, and that the
-		// group still could not use, are not asked for again: without this a
-		// placeholder kept landing on (and being released from) the same node.
-		s.mu.Lock()
-		landed := append([]string(nil), s.preferred[p.Labels[placeholder.LabelGroup]]...)
-		s.mu.Unlock()
-		placeholder.AvoidNodes(p, landed)
 		if err := s.deps.Placeholders.Create(ctx, p); err != nil {
 			logger.Error(err, "Creating placeholder")
 			continue
