@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/cmd/internal/probes"
 	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -27,11 +28,11 @@ var version = "dev"
 func main() {
 	klog.InitFlags(nil)
 	var cfg app.Config
-	var kubeconfig string
+	var kubeconfig, metricsAddr string
 	var seed uint64
 	s := &cfg.Scheduler
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config")
-	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", ":8080", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.StringVar(&metricsAddr, "metrics-addr", ":8080", "address of /metrics, /healthz and /readyz (empty disables)")
 	flag.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader on a Lease so only one replica schedules")
 	flag.StringVar(&cfg.LeaseNamespace, "lease-namespace", api.SystemNamespace, "namespace of the leader-election Lease")
 	flag.StringVar(&cfg.LeaseName, "lease-name", "gpufrac-coordinator", "name of the leader-election Lease")
@@ -65,14 +66,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
-	if err := run(ctx, cfg, kubeconfig); err != nil {
+	if err := run(ctx, cfg, kubeconfig, metricsAddr); err != nil {
 		klog.ErrorS(err, "gpufrac-coordinator failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, cfg app.Config, kubeconfig string) error {
+func run(ctx context.Context, cfg app.Config, kubeconfig, metricsAddr string) error {
 	var rc *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -86,6 +87,15 @@ func run(ctx context.Context, cfg app.Config, kubeconfig string) error {
 	a, err := app.New(cfg, rc)
 	if err != nil {
 		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if metricsAddr != "" {
+		srv, err := probes.Start(ctx, metricsAddr, a.Registry(), a.Ready)
+		if err != nil {
+			return err
+		}
+		defer func() { cancel(); srv.Wait() }()
 	}
 	return a.Run(ctx)
 }

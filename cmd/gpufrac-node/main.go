@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/gpufrac/gpufrac/cmd/internal/probes"
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
@@ -40,7 +41,7 @@ func main() {
 	flag.IntVar(&o.mockGPUs, "mock-gpus", 0, "with a mock backend: the number of GPUs (0: the DGX's eight)")
 	flag.StringVar(&o.mockState, "mock-state-dir", "", "with a mock backend: directory whose files set fake processes, memory use and Xid events")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for API access; empty uses the in-cluster config, or runs standalone outside a cluster")
-	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", ":9400", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.StringVar(&o.metricsAddr, "metrics-addr", ":9400", "address of /metrics, /healthz and /readyz (empty disables)")
 	flag.StringVar(&cfg.ProcRoot, "proc-root", "/proc", "procfs the GPU memory watchdog maps NVML's host PIDs through (gpufrac-node runs with hostPID); tests point it at a fixture tree")
 	flag.StringVar(&o.strategy, "device-list-strategy", string(resource.StrategyDeviceSpecs), "how GPUs reach containers: device-specs or cdi")
 	flag.DurationVar(&cfg.HealthQuietPeriod, "health-quiet-period", 5*time.Minute, "a GPU is healthy again after this long without a critical Xid")
@@ -66,6 +67,7 @@ func main() {
 // options are the command line.
 type options struct {
 	cfg          agent.Config
+	metricsAddr  string
 	nvml         string
 	mockState    string
 	mockGPUs     int
@@ -103,13 +105,25 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	if client == nil {
-		return agent.New(cfg, lib, nil).Run(ctx) // a nil *pods.RESTClient would not be a nil pods.Client
-	}
-	if cfg.NodeName == "" {
+	var a *agent.Agent
+	switch {
+	case client == nil:
+		a = agent.New(cfg, lib, nil) // a nil *pods.RESTClient would not be a nil pods.Client
+	case cfg.NodeName == "":
 		return errors.New("--node-name (or $NODE_NAME) is required with API access")
+	default:
+		a = agent.New(cfg, lib, client)
 	}
-	return agent.New(cfg, lib, client).Run(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if o.metricsAddr != "" {
+		srv, err := probes.Start(ctx, o.metricsAddr, a.Registry(), a.Ready)
+		if err != nil {
+			return err
+		}
+		defer func() { cancel(); srv.Wait() }()
+	}
+	return a.Run(ctx)
 }
 
 func newLib(ctx context.Context, flagValue, stateDir, nodeName string, gpus int) (nvidia.Lib, error) {

@@ -6,16 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -46,8 +42,6 @@ var nodeClaimGVR = schema.GroupVersionResource{Group: "karpenter.sh", Version: "
 
 // Config is the coordinator's configuration, filled from flags by main.
 type Config struct {
-	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables).
-	MetricsAddr string
 	// LeaderElect turns on leader election on a Lease.
 	LeaderElect bool
 	// LeaseNamespace and LeaseName name the Lease.
@@ -80,7 +74,6 @@ type App struct {
 	reg     *prometheus.Registry
 	leading atomic.Bool
 	synced  atomic.Bool
-	addr    atomic.Value
 }
 
 // New returns a coordinator talking to the API server of rc.
@@ -118,14 +111,21 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 // Leading tells whether this replica holds the lease (always true without leader election).
 func (a *App) Leading() bool { return a.leading.Load() }
 
-// MetricsAddr is where the metrics server listens, once it does.
-func (a *App) MetricsAddr() string {
-	s, _ := a.addr.Load().(string)
-	return s
+// Registry is the coordinator's metrics registry.
+func (a *App) Registry() *prometheus.Registry { return a.reg }
+
+// Ready returns nil when the replica can do its work, and the reason
+// otherwise (for /readyz): caches synced as leader, or standing by. A
+// standby replica is healthy; it simply waits for the lease.
+func (a *App) Ready() error {
+	if a.leading.Load() && !a.synced.Load() {
+		return errors.New("caches not synced")
+	}
+	return nil
 }
 
-// Run serves probes and metrics at once, and schedules while leading, until
-// ctx ends. Losing the lease ends Run with an error, so the process restarts
+// Run schedules while leading, until ctx ends (the main serves Registry and
+// Ready). Losing the lease ends Run with an error, so the process restarts
 // and never schedules from a stale view (the client-go leader-election
 // example's advice: everything under the lease stops before it is released).
 func (a *App) Run(ctx context.Context) error {
@@ -136,13 +136,6 @@ func (a *App) Run(ctx context.Context) error {
 	})
 	build.Set(1)
 	a.reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	if a.cfg.MetricsAddr != "" {
-		if err := a.serve(ctx, &wg); err != nil {
-			return err
-		}
-	}
 	if !a.cfg.LeaderElect {
 		a.leading.Store(true)
 		return a.lead(ctx)
@@ -295,41 +288,5 @@ func (a *App) lead(ctx context.Context) error {
 	a.synced.Store(true)
 	logger.Info("Caches synced; scheduling", "scheduler", a.cfg.Scheduler.SchedulerName)
 	sched.Run(ctx)
-	return nil
-}
-
-func (a *App) serve(ctx context.Context, wg *sync.WaitGroup) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	// Ready when caches are synced as leader, or when standing by: a standby
-	// replica is healthy, it simply waits for the lease.
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if a.leading.Load() && !a.synced.Load() {
-			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	lis, err := net.Listen("tcp", a.cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("listening for metrics on %s: %w", a.cfg.MetricsAddr, err)
-	}
-	a.addr.Store(lis.Addr().String())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server stopped")
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
 	return nil
 }

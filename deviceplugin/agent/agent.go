@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -43,8 +40,6 @@ type Config struct {
 	PodResourcesSocket string
 	// ConfigFile is the admin's partitioning config ("" uses the defaults).
 	ConfigFile string
-	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables it).
-	MetricsAddr string
 	// DeviceListStrategy is how GPUs reach containers.
 	DeviceListStrategy resource.DeviceListStrategy
 	// HealthQuietPeriod is how long a GPU stays unhealthy after a critical Xid.
@@ -78,8 +73,8 @@ type Agent struct {
 	topology []*gpuallocator.Device
 	labels   map[string]string
 
-	applyMu sync.Mutex // serialises config applications
-	addr    atomic.Value
+	applyMu    sync.Mutex                     // serialises config applications
+	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
 
 	migLayout *mig.Manager                      // nil when the NVML backend has no MIG
 	builtin   *config.File                      // the built-in defaults, which never reshape MIG
@@ -107,14 +102,14 @@ func New(cfg Config, lib nvidia.Lib, client pods.Client) *Agent {
 // Registry is the agent's metrics registry.
 func (a *Agent) Registry() *prometheus.Registry { return a.reg }
 
-// MetricsAddr is the address the metrics server listens on, once it does.
-func (a *Agent) MetricsAddr() string {
-	s, _ := a.addr.Load().(string)
-	return s
+// Ready returns nil once every resource is registered with the kubelet, and
+// the reason otherwise (for /readyz). It is safe to call while Run runs.
+func (a *Agent) Ready() error {
+	if m := a.registered.Load(); m != nil && m.Registered() {
+		return nil
+	}
+	return errors.New("device plugins not registered with the kubelet")
 }
-
-// Ready tells whether every resource is registered with the kubelet.
-func (a *Agent) Ready() bool { return a.manager != nil && a.manager.Registered() }
 
 // Resources lists the resources being served.
 func (a *Agent) Resources() []string {
@@ -217,13 +212,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("starting device plugins: %w", err)
 	}
 	defer a.manager.Wait()
+	a.registered.Store(a.manager)
 	goRun("health", a.checker.Run)
 	a.watchdog = a.newWatchdog(ctx, goRun)
-	if a.cfg.MetricsAddr != "" {
-		if err := a.serveMetrics(ctx, &wg); err != nil {
-			return err
-		}
-	}
 
 	// 3. The admin's config: apply now, then on every valid change.
 	deps := resource.Deps{Topology: a.topology, Health: a.checker.Healthy, Usage: usage, Strategy: a.cfg.DeviceListStrategy}
@@ -341,40 +332,6 @@ func (a *Agent) nodeEvent(typ, reason, format string, args ...any) {
 	}
 	ref := &corev1.ObjectReference{Kind: "Node", Name: a.cfg.NodeName, UID: typesUID(a.cfg.NodeName)}
 	a.recorder.Eventf(ref, typ, reason, format, args...)
-}
-
-func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !a.Ready() {
-			http.Error(w, "device plugins not registered with the kubelet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	lis, err := net.Listen("tcp", a.cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("listening for metrics on %s: %w", a.cfg.MetricsAddr, err)
-	}
-	a.addr.Store(lis.Addr().String())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics server stopped")
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	return nil
 }
 
 // allocObserver counts allocations and drops the PodResources cache: the
