@@ -156,7 +156,7 @@ func processGone(pid int) bool {
 // the agents (or fail with the plugin's message), and PodResources shows what
 // each pod holds.
 func TestNodeAgents(t *testing.T) {
-	skipShort(t)
+	clusterTest(t)
 	c := cluster.StartForTest(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{Binary: nodeAgentBin}})
 	ctx := t.Context()
 	agents := map[string]*cluster.NodeAgent{}
@@ -373,7 +373,7 @@ func podAllocations(agent *cluster.NodeAgent, pod string) int {
 // pod; a gpufrac-node comes up for it and admits the pod; once the pod is deleted
 // Karpenter removes the empty node and its agent stops.
 func TestNodeAgentsWithKarpenter(t *testing.T) {
-	skipShort(t)
+	clusterTest(t)
 	// The mock GPU models have 8 GPUs: only the 8-GPU machine matches its agent.
 	types := slices.DeleteFunc(cluster.DefaultInstanceTypes(), func(it cluster.InstanceType) bool { return it.Name == "gpu-1x-h100" })
 	c := cluster.StartForTest(t, cluster.Options{

@@ -25,12 +25,15 @@ import (
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
-// skipShort skips tests that start a cluster under -short (make unit).
-func skipShort(t *testing.T) {
+// clusterTest marks a test that starts a cluster: skipped under -short (make unit).
+// Those that run do so in parallel: each has a control plane of its own and
+// spends most of its time waiting (go test -parallel bounds how many).
+func clusterTest(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a local cluster; skipped with -short")
 	}
+	t.Parallel()
 }
 
 // waitFor polls cond every 100ms until it holds, failing the test after timeout.
@@ -107,7 +110,7 @@ func (r *nodeRecorder) snapshot() (seen, ended []string) {
 // TestStartStopTwice starts and stops a cluster twice in one process and checks that
 // no process (nor process group) of either cluster is left.
 func TestStartStopTwice(t *testing.T) {
-	skipShort(t)
+	clusterTest(t)
 	logger, _ := ktesting.NewTestContext(t)
 	ctx := klog.NewContext(t.Context(), logger)
 	for round := 1; round <= 2; round++ {
@@ -177,7 +180,7 @@ func TestStartStopTwice(t *testing.T) {
 // TestWholeGPUScheduling runs kube-scheduler against a kwok node with 8 GPUs: the node
 // gets Ready, GPU pods run until the GPUs are used up, and the 9th stays Pending.
 func TestWholeGPUScheduling(t *testing.T) {
-	skipShort(t)
+	clusterTest(t)
 	rec := &nodeRecorder{}
 	c := cluster.StartForTest(t, cluster.Options{OnNode: rec.onNode})
 	ctx := t.Context()
@@ -289,7 +292,7 @@ func TestWholeGPUScheduling(t *testing.T) {
 // TestKarpenterGPUScaleUpAndDown has Karpenter create nodes for pending GPU pods,
 // choosing the cheapest instance type that fits, and remove them once the pods are gone.
 func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
-	skipShort(t)
+	clusterTest(t)
 	rec := &nodeRecorder{}
 	c := cluster.StartForTest(t, cluster.Options{
 		Karpenter: &cluster.KarpenterOptions{}, // DefaultInstanceTypes and DefaultNodePools

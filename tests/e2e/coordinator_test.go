@@ -59,6 +59,7 @@ func running(t *testing.T, c *cluster.Cluster, limit time.Duration, names ...str
 }
 
 func TestCoordinatorPlacesWholeAndFractionPods(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, cluster.Options{})
 	buildBinary(t, "gpufrac-coordinator")
 	addGPUNodes(t, c, "gpu", "", 2)
@@ -143,6 +144,7 @@ func TestCoordinatorPlacesWholeAndFractionPods(t *testing.T) {
 }
 
 func TestGangBindsAllOrNothingInOnePool(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, cluster.Options{})
 	buildBinary(t, "gpufrac-coordinator")
 	addGPUNodes(t, c, "a", "pool-a", 2)
@@ -195,6 +197,7 @@ func TestGangBindsAllOrNothingInOnePool(t *testing.T) {
 }
 
 func TestOverQuotaStaysPendingAndReclaimReturnsQuota(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, cluster.Options{})
 	buildBinary(t, "gpufrac-coordinator")
 	addGPUNodes(t, c, "gpu", "", 1) // 8 GPUs
@@ -239,6 +242,7 @@ func TestOverQuotaStaysPendingAndReclaimReturnsQuota(t *testing.T) {
 }
 
 func TestLeaderKilledMidRunLosesAndDuplicatesNothing(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, cluster.Options{})
 	buildBinary(t, "gpufrac-coordinator")
 	addGPUNodes(t, c, "gpu", "", 2) // 16 GPUs

@@ -49,6 +49,7 @@ groups:
 // Warning event with the numbers and the action, the violation is counted on
 // the agent's /metrics, and pod 2, its process and its metrics are untouched.
 func TestMemoryWatchdogActsOnTheOverLimitFractionOnly(t *testing.T) {
+	t.Parallel()
 	procRoot := filepath.Join(t.TempDir(), "proc")
 	c := startCluster(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{
 		Config: watchdogConfig,

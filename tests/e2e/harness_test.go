@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -45,20 +46,42 @@ func repoRoot(t testing.TB) string {
 	}
 }
 
-// buildBinary builds a gpufrac command into bin/ unless it is newer than the sources.
-func buildBinary(t testing.TB, name string) string {
-	t.Helper()
-	root := repoRoot(t)
-	out := filepath.Join(root, "bin", name)
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building %s: %v\n%s", name, err, b)
-	}
-	return out
+// builds holds one build per gpufrac command for the whole test binary:
+// tests run in parallel, and a binary must not be rewritten while another
+// test's processes run it.
+var builds sync.Map // command name -> *build
+
+type build struct {
+	once sync.Once
+	path string
+	err  error
 }
 
-// startCluster starts the test bed with node agents on every GPU node.
+// buildBinary builds a gpufrac command into bin/, once per test binary (go
+// build itself skips the work when bin/ is up to date).
+func buildBinary(t testing.TB, name string) string {
+	t.Helper()
+	v, _ := builds.LoadOrStore(name, &build{})
+	b := v.(*build)
+	b.once.Do(func() {
+		root := repoRoot(t)
+		b.path = filepath.Join(root, "bin", name)
+		cmd := exec.Command("go", "build", "-o", b.path, "./cmd/"+name)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("building %s: %v\n%s", name, err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+// startCluster starts the test bed with node agents on every GPU node. Each
+// test has a control plane of its own, so the tests that call it run in
+// parallel (t.Parallel at their top; go test -parallel bounds how many): most
+// of their time is spent waiting for Karpenter, kwok and the coordinator.
 func startCluster(t *testing.T, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
 	if testing.Short() {

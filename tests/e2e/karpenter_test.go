@@ -131,6 +131,7 @@ func checkSharing(t *testing.T, c *cluster.Cluster, pods map[string]*corev1.Pod)
 // Scenarios 1 and 6: fractions get capacity for the GPUs they need, not one
 // GPU each, and when they end the cluster returns to zero GPU nodes.
 func TestKarpenterProvisionsForPackedFractionsAndScalesToZero(t *testing.T) {
+	t.Parallel()
 	c := karpenterCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
 	startCoordinator(t, c, "c1", "--leader-elect=false", "--reservation-grace=5s")
@@ -163,8 +164,11 @@ func TestKarpenterProvisionsForPackedFractionsAndScalesToZero(t *testing.T) {
 	})
 }
 
-// Scenario 2: over-quota pending pods never make Karpenter scale up.
+// Scenario 2: over-quota pending pods never make Karpenter scale up. The
+// control at the end shows the window was long enough: an admitted pod in
+// another queue gets a NodeClaim well within it.
 func TestOverQuotaPodsCreateNoNodeClaims(t *testing.T) {
+	t.Parallel()
 	c := karpenterCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"broke": "0", "rich": "8"}))
 	startCoordinator(t, c, "c1", "--leader-elect=false")
@@ -174,7 +178,8 @@ func TestOverQuotaPodsCreateNoNodeClaims(t *testing.T) {
 		names = append(names, n)
 		create(t, c, pod(n, "broke").GPUs(1).Obj())
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	const window = 20 * time.Second
+	deadline := time.Now().Add(window)
 	for time.Now().Before(deadline) {
 		if n := nodeClaims(t, c); n != 0 {
 			t.Fatalf("%d NodeClaims created for over-quota pods", n)
@@ -182,7 +187,7 @@ func TestOverQuotaPodsCreateNoNodeClaims(t *testing.T) {
 		if ph := systemPods(t, c, api.RolePlaceholder); len(ph) != 0 {
 			t.Fatalf("placeholders created for over-quota pods: %d", len(ph))
 		}
-		time.Sleep(2 * time.Second)
+		time.Sleep(time.Second)
 	}
 	for _, n := range names {
 		p, err := c.Client.CoreV1().Pods("default").Get(t.Context(), n, metav1.GetOptions{})
@@ -191,6 +196,24 @@ func TestOverQuotaPodsCreateNoNodeClaims(t *testing.T) {
 		}
 		if r := scheduledReason(p); r != api.ReasonOverQuota {
 			t.Errorf("%s reason %q, want OverQuota", n, r)
+		}
+	}
+
+	// Control: the same request within quota gets a node in less than the window.
+	start := time.Now()
+	create(t, c, pod("within", "rich").GPUs(1).Obj())
+	waitFor(t, window, "a NodeClaim for the admitted pod", func(ctx context.Context) (bool, error) {
+		return nodeClaims(t, c) > 0, nil
+	})
+	t.Logf("NodeClaim for the admitted pod after %s (the over-quota window was %s)", time.Since(start).Round(100*time.Millisecond), window)
+	running(t, c, 3*time.Minute, "within")
+	for _, n := range names {
+		p, err := c.Client.CoreV1().Pods("default").Get(t.Context(), n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Spec.NodeName != "" {
+			t.Errorf("over-quota pod %s bound to %s once capacity came", n, p.Spec.NodeName)
 		}
 	}
 }
@@ -213,6 +236,7 @@ func disruptionBlocked(t testing.TB, c *cluster.Cluster, node string) bool {
 // Scenario 3: a node whose GPU is shared is never consolidated, while an
 // equal node with only a movable pod is.
 func TestSharedGPUNodeIsNeverConsolidated(t *testing.T) {
+	t.Parallel()
 	c := karpenterCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
 	startCoordinator(t, c, "c1", "--leader-elect=false")
@@ -273,6 +297,7 @@ func TestSharedGPUNodeIsNeverConsolidated(t *testing.T) {
 // Scenario 4: a non-preemptible pod's node is never disrupted; a preemptible
 // pod's node may be. The NodePool drifts; Karpenter replaces what it may.
 func TestNonPreemptibleWorkIsProtectedFromDisruption(t *testing.T) {
+	t.Parallel()
 	c := karpenterCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
 	startCoordinator(t, c, "c1", "--leader-elect=false")
@@ -309,6 +334,7 @@ func TestNonPreemptibleWorkIsProtectedFromDisruption(t *testing.T) {
 // Scenario 5: a gang whose affinity allows two NodePools lands in one, and
 // the capacity Karpenter creates for it is in that pool only.
 func TestGangCapacityComesFromOnePool(t *testing.T) {
+	t.Parallel()
 	c := karpenterCluster(t, gpuPool("gpu-a"), gpuPool("gpu-b"))
 	applyYAML(t, c, queuesYAML(map[string]string{"train": "16"}))
 	startCoordinator(t, c, "c1", "--leader-elect=false")
@@ -341,6 +367,7 @@ func TestGangCapacityComesFromOnePool(t *testing.T) {
 // Scenario 7: the coordinator restarted in the middle of scenario 1 leaves
 // no duplicate reservations or placeholders and nothing orphaned.
 func TestCoordinatorRestartDuringScaleUp(t *testing.T) {
+	t.Parallel()
 	c := karpenterCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
 	first := startCoordinator(t, c, "c1", "--leader-elect=false")

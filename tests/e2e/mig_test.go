@@ -217,6 +217,7 @@ func migDevicesOf(t *testing.T, c *cluster.Cluster, node string) map[string]stri
 // charged in GPU terms (a 1g.10gb device of an 80 GB H100 is 0.125 GPU, a
 // replica of 4 is 0.25).
 func TestMIGAndReplicaPodsRunThroughTheCoordinator(t *testing.T) {
+	t.Parallel()
 	c := startPartitionedCluster(t, partitionConfig)
 	addModeNode(t, c, "mig-0", "mig")
 	addModeNode(t, c, "ts-0", "timeslice")
@@ -335,6 +336,7 @@ func TestMIGAndReplicaPodsRunThroughTheCoordinator(t *testing.T) {
 // fractions are kept off the node, and a MIG profile no node serves waits
 // as NoCapacity with a placeholder for the whole GPU behind it.
 func TestConfigEditSwitchesANodeFromFractionsToMIGForTheCoordinator(t *testing.T) {
+	t.Parallel()
 	c := startPartitionedCluster(t, partitionConfig)
 	agent := addModeNode(t, c, "gpu-0", "")
 	waitShape(t, c, "gpu-0", 60*time.Second, fractionShape())
