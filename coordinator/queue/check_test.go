@@ -6,6 +6,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 // fairShare is a FairShare call to make before Check.
@@ -16,9 +17,9 @@ type fairShare struct {
 
 func TestCheck(t *testing.T) {
 	oversubscribed := []queue.Spec{
-		queueSpec("org").GPUQuota("4").Obj(),
-		queueSpec("a").Parent("org").GPUQuota("4").Obj(),
-		queueSpec("b").Parent("org").GPUQuota("4").Obj(),
+		spec(builders.MakeQueue("org").GPUQuota("4")),
+		spec(builders.MakeQueue("a").Parent("org").GPUQuota("4")),
+		spec(builders.MakeQueue("b").Parent("org").GPUQuota("4")),
 	}
 	tests := []struct {
 		name           string
@@ -142,7 +143,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "resources the queues do not manage are not checked",
 			specs: []queue.Spec{
-				queueSpec("solo").GPUQuota("1").Obj(),
+				spec(builders.MakeQueue("solo").GPUQuota("1")),
 			},
 			queue: "solo", req: res("1", "64", "1Ti"), nonPreemptible: true,
 			want: queue.Verdict{Allowed: true},
@@ -150,7 +151,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "a managed CPU quota is checked like GPUs",
 			specs: []queue.Spec{
-				queueSpec("solo").GPUQuota("1").CPUQuota("4").CPULimit("8").Obj(),
+				spec(builders.MakeQueue("solo").GPUQuota("1").CPUQuota("4").CPULimit("8")),
 			},
 			used:  []usage{{queue: "solo", res: res("", "7.5", "")}},
 			queue: "solo", req: res("", "500m", ""),

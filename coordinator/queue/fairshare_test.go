@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 func TestFairShare(t *testing.T) {
@@ -22,8 +23,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "surplus in proportion to weights",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("2").GPUWeight(1).Obj(),
-				queueSpec("b").GPUQuota("2").GPUWeight(3).Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("2").GPUWeight(1)),
+				spec(builders.MakeQueue("b").GPUQuota("2").GPUWeight(3)),
 			},
 			capacity: gpus("12"),
 			demand:   map[string]queue.Resources{"a": gpus("10"), "b": gpus("10")},
@@ -32,8 +33,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "water-filling: what a queue cannot use goes to the others",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("2").GPUWeight(1).Obj(),
-				queueSpec("b").GPUQuota("2").GPUWeight(3).Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("2").GPUWeight(1)),
+				spec(builders.MakeQueue("b").GPUQuota("2").GPUWeight(3)),
 			},
 			capacity: gpus("12"),
 			demand:   map[string]queue.Resources{"a": gpus("10"), "b": gpus("3")},
@@ -42,8 +43,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "deserved quota beyond demand is not held",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("4").Obj(),
-				queueSpec("b").GPUQuota("4").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("4")),
+				spec(builders.MakeQueue("b").GPUQuota("4")),
 			},
 			capacity: gpus("8"),
 			demand:   map[string]queue.Resources{"a": gpus("1"), "b": gpus("10")},
@@ -52,8 +53,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "deserved quotas beyond capacity are scaled down",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("6").Obj(),
-				queueSpec("b").GPUQuota("2").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("6")),
+				spec(builders.MakeQueue("b").GPUQuota("2")),
 			},
 			capacity: gpus("4"),
 			demand:   map[string]queue.Resources{"a": gpus("10"), "b": gpus("10")},
@@ -62,8 +63,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "weight zero gets no surplus",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("1").GPUWeight(0).Obj(),
-				queueSpec("b").GPUQuota("1").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("1").GPUWeight(0)),
+				spec(builders.MakeQueue("b").GPUQuota("1")),
 			},
 			capacity: gpus("10"),
 			demand:   map[string]queue.Resources{"a": gpus("10"), "b": gpus("3")},
@@ -72,8 +73,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "limit caps the share",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("2").GPULimit("3").Obj(),
-				queueSpec("b").GPUQuota("2").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("2").GPULimit("3")),
+				spec(builders.MakeQueue("b").GPUQuota("2")),
 			},
 			capacity: gpus("12"),
 			demand:   map[string]queue.Resources{"a": gpus("10"), "b": gpus("10")},
@@ -82,11 +83,11 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "recursively down the hierarchy",
 			specs: []queue.Spec{
-				queueSpec("org1").GPUQuota("6").Obj(),
-				queueSpec("a").Parent("org1").GPUQuota("4").Obj(),
-				queueSpec("b").Parent("org1").GPUQuota("2").Obj(),
-				queueSpec("org2").GPUQuota("2").Obj(),
-				queueSpec("c").Parent("org2").GPUQuota("2").Obj(),
+				spec(builders.MakeQueue("org1").GPUQuota("6")),
+				spec(builders.MakeQueue("a").Parent("org1").GPUQuota("4")),
+				spec(builders.MakeQueue("b").Parent("org1").GPUQuota("2")),
+				spec(builders.MakeQueue("org2").GPUQuota("2")),
+				spec(builders.MakeQueue("c").Parent("org2").GPUQuota("2")),
 			},
 			capacity: gpus("10"),
 			demand:   map[string]queue.Resources{"a": gpus("8"), "c": gpus("8")},
@@ -98,8 +99,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "usage counts as demand",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("1").Obj(),
-				queueSpec("b").GPUQuota("1").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("1")),
+				spec(builders.MakeQueue("b").GPUQuota("1")),
 			},
 			used:     []usage{{queue: "a", res: gpus("3")}},
 			capacity: gpus("10"),
@@ -109,9 +110,9 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "remainders go to the first queues by name",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("0").Obj(),
-				queueSpec("b").GPUQuota("0").Obj(),
-				queueSpec("c").GPUQuota("0").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("0")),
+				spec(builders.MakeQueue("b").GPUQuota("0")),
+				spec(builders.MakeQueue("c").GPUQuota("0")),
 			},
 			capacity: gpus("1"),
 			demand:   map[string]queue.Resources{"a": gpus("1"), "b": gpus("1"), "c": gpus("1")},
@@ -122,8 +123,8 @@ func TestFairShare(t *testing.T) {
 		{
 			name: "each resource on its own; unmanaged ones by demand",
 			specs: []queue.Spec{
-				queueSpec("a").GPUQuota("1").MemoryQuota("10Gi").Obj(), // CPU unmanaged
-				queueSpec("b").GPUQuota("1").CPUQuota("2").MemoryQuota("10Gi").Obj(),
+				spec(builders.MakeQueue("a").GPUQuota("1").MemoryQuota("10Gi")), // CPU unmanaged
+				spec(builders.MakeQueue("b").GPUQuota("1").CPUQuota("2").MemoryQuota("10Gi")),
 			},
 			capacity: res("2", "10", "16Gi"),
 			demand: map[string]queue.Resources{
@@ -162,7 +163,7 @@ func TestFairShareInvariants(t *testing.T) {
 				if positiveWeights {
 					w++
 				}
-				b := queueSpec(fmt.Sprintf("q%02d", i)).
+				b := builders.MakeQueue(fmt.Sprintf("q%02d", i)).
 					GPUQuota(fmt.Sprintf("%dm", rng.IntN(5000))).
 					GPUWeight(w)
 				if rng.IntN(4) == 0 {
@@ -171,7 +172,7 @@ func TestFairShareInvariants(t *testing.T) {
 				if i > 0 && rng.IntN(3) > 0 {
 					b.Parent(fmt.Sprintf("q%02d", rng.IntN(i)))
 				}
-				specs = append(specs, b.Obj())
+				specs = append(specs, spec(b))
 			}
 			tree := newTree(t, specs)
 			demand := map[string]queue.Resources{}

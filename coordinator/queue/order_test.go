@@ -7,15 +7,16 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 func TestOrder(t *testing.T) {
 	flat := []queue.Spec{
-		queueSpec("a").GPUQuota("4").Obj(),
-		queueSpec("b").GPUQuota("4").Priority(5).Obj(),
-		queueSpec("c").GPUQuota("4").Obj(),
-		queueSpec("d").GPUQuota("2").CPUQuota("4").Obj(),
-		queueSpec("z").GPUQuota("0").Obj(),
+		spec(builders.MakeQueue("a").GPUQuota("4")),
+		spec(builders.MakeQueue("b").GPUQuota("4").Priority(5)),
+		spec(builders.MakeQueue("c").GPUQuota("4")),
+		spec(builders.MakeQueue("d").GPUQuota("2").CPUQuota("4")),
+		spec(builders.MakeQueue("z").GPUQuota("0")),
 	}
 	tests := []struct {
 		name   string
@@ -75,11 +76,11 @@ func TestOrder(t *testing.T) {
 		{
 			name: "hierarchical: a team of a busy organisation waits",
 			specs: []queue.Spec{
-				queueSpec("busy").GPUQuota("4").Obj(),
-				queueSpec("busy-1").Parent("busy").GPUQuota("2").Obj(),
-				queueSpec("busy-2").Parent("busy").GPUQuota("2").Obj(),
-				queueSpec("idle").GPUQuota("4").Obj(),
-				queueSpec("idle-1").Parent("idle").GPUQuota("4").Obj(),
+				spec(builders.MakeQueue("busy").GPUQuota("4")),
+				spec(builders.MakeQueue("busy-1").Parent("busy").GPUQuota("2")),
+				spec(builders.MakeQueue("busy-2").Parent("busy").GPUQuota("2")),
+				spec(builders.MakeQueue("idle").GPUQuota("4")),
+				spec(builders.MakeQueue("idle-1").Parent("idle").GPUQuota("4")),
 			},
 			used: []usage{
 				{queue: "busy-2", res: gpus("4")}, // busy at 1.0, busy-1 at 0
@@ -108,9 +109,9 @@ func TestOrder(t *testing.T) {
 
 func TestDominantShare(t *testing.T) {
 	tree := newTree(t, []queue.Spec{
-		queueSpec("a").GPUQuota("4").CPUQuota("8").Obj(),
-		queueSpec("zero").GPUQuota("0").Obj(),
-		queueSpec("idle").GPUQuota("0").Obj(),
+		spec(builders.MakeQueue("a").GPUQuota("4").CPUQuota("8")),
+		spec(builders.MakeQueue("zero").GPUQuota("0")),
+		spec(builders.MakeQueue("idle").GPUQuota("0")),
 	}, usage{queue: "a", res: res("1", "6", "100Gi")}, usage{queue: "zero", res: gpus("1")})
 	tests := []struct {
 		name   string

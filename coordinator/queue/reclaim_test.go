@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 // wl is a preemptible workload of priority 0 created at time created.
@@ -36,12 +37,12 @@ func TestReclaimVictims(t *testing.T) {
 	teamB := []queue.Workload{b1, b2, b3, b4}
 
 	twoOrgs := []queue.Spec{
-		queueSpec("org1").GPUQuota("4").Obj(),
-		queueSpec("a").Parent("org1").GPUQuota("2").Obj(),
-		queueSpec("a2").Parent("org1").GPUQuota("2").Obj(),
-		queueSpec("org2").GPUQuota("4").Obj(),
-		queueSpec("c").Parent("org2").GPUQuota("2").Obj(),
-		queueSpec("d").Parent("org2").GPUQuota("2").Obj(),
+		spec(builders.MakeQueue("org1").GPUQuota("4")),
+		spec(builders.MakeQueue("a").Parent("org1").GPUQuota("2")),
+		spec(builders.MakeQueue("a2").Parent("org1").GPUQuota("2")),
+		spec(builders.MakeQueue("org2").GPUQuota("4")),
+		spec(builders.MakeQueue("c").Parent("org2").GPUQuota("2")),
+		spec(builders.MakeQueue("d").Parent("org2").GPUQuota("2")),
 	}
 	tests := []struct {
 		name        string

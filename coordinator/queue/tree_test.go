@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 func TestResources(t *testing.T) {
@@ -127,9 +128,9 @@ func TestNewTree(t *testing.T) {
 		{
 			name: "unknown parent, and its child",
 			specs: []queue.Spec{
-				queueSpec("a").Parent("ghost").Obj(),
-				queueSpec("b").Parent("a").Obj(),
-				queueSpec("c").Obj(),
+				spec(builders.MakeQueue("a").Parent("ghost")),
+				spec(builders.MakeQueue("b").Parent("a")),
+				spec(builders.MakeQueue("c")),
 			},
 			wantNames:  []string{"c"},
 			wantLeaves: []string{"c"},
@@ -141,9 +142,9 @@ func TestNewTree(t *testing.T) {
 		{
 			name: "cycle, and a queue hanging off it",
 			specs: []queue.Spec{
-				queueSpec("a").Parent("b").Obj(),
-				queueSpec("b").Parent("a").Obj(),
-				queueSpec("x").Parent("a").Obj(),
+				spec(builders.MakeQueue("a").Parent("b")),
+				spec(builders.MakeQueue("b").Parent("a")),
+				spec(builders.MakeQueue("x").Parent("a")),
 			},
 			wantProblems: map[string]string{
 				"a": "its parents form a cycle: a -> b -> a",
@@ -154,13 +155,13 @@ func TestNewTree(t *testing.T) {
 		{
 			name: "bad numbers, self parent, duplicates, no name",
 			specs: []queue.Spec{
-				queueSpec("dup").Obj(),
-				queueSpec("dup").Obj(),
-				queueSpec("self").Parent("self").Obj(),
+				spec(builders.MakeQueue("dup")),
+				spec(builders.MakeQueue("dup")),
+				spec(builders.MakeQueue("self").Parent("self")),
 				{Name: "neg", Quota: queue.Resources{GPUMilli: -1}, Limit: queue.UnlimitedResources(), Weights: queue.Weights{CPU: -1}},
-				queueSpec("above").GPUQuota("4").GPULimit("2").Obj(),
+				spec(builders.MakeQueue("above").GPUQuota("4").GPULimit("2")),
 				{Parent: "x"},
-				queueSpec("fine").Obj(),
+				spec(builders.MakeQueue("fine")),
 			},
 			wantNames:  []string{"fine"},
 			wantLeaves: []string{"fine"},
@@ -175,9 +176,9 @@ func TestNewTree(t *testing.T) {
 		{
 			name: "children deserve more than the parent: allowed, reported",
 			specs: []queue.Spec{
-				queueSpec("org").GPUQuota("4").MemoryQuota("1Gi").Obj(),
-				queueSpec("a").Parent("org").GPUQuota("3").MemoryQuota("1Gi").Obj(),
-				queueSpec("b").Parent("org").GPUQuota("2.5").Obj(), // memory unmanaged: unlimited
+				spec(builders.MakeQueue("org").GPUQuota("4").MemoryQuota("1Gi")),
+				spec(builders.MakeQueue("a").Parent("org").GPUQuota("3").MemoryQuota("1Gi")),
+				spec(builders.MakeQueue("b").Parent("org").GPUQuota("2.5")), // memory unmanaged: unlimited
 			},
 			wantNames:  []string{"a", "b", "org"},
 			wantLeaves: []string{"a", "b"},
@@ -223,7 +224,7 @@ func emptyIsNil() cmp.Option {
 }
 
 func TestTreeErrorMessage(t *testing.T) {
-	_, err := queue.NewTree([]queue.Spec{queueSpec("b").Parent("x").Obj(), queueSpec("a").Parent("b").Obj()})
+	_, err := queue.NewTree([]queue.Spec{spec(builders.MakeQueue("b").Parent("x")), spec(builders.MakeQueue("a").Parent("b"))})
 	want := `invalid queues: queue a: parent "b" is invalid; queue b: parent "x" does not exist`
 	if err == nil || err.Error() != want {
 		t.Errorf("error = %v, want %q", err, want)

@@ -15,14 +15,11 @@ import (
 // Fraction serves each shareable GPU as api.UnitsPerGPU units
 // ("<uuid>::<k>"). One request is always served by units of ONE GPU.
 type Fraction struct {
-	name     string
-	gpus     map[string]nvidia.GPU
-	order    []string          // GPU UUIDs in index order
-	units    map[string]unitID // device ID -> GPU and unit index
-	health   HealthFunc
-	usage    UsageSource
-	hint     PodHint
-	strategy DeviceListStrategy
+	gpuSet
+	name  string
+	units map[string]unitID // device ID -> GPU and unit index
+	usage UsageSource
+	hint  PodHint
 }
 
 type unitID struct {
@@ -50,30 +47,18 @@ type FractionOptions struct {
 // NewFraction builds the fraction resource.
 func NewFraction(o FractionOptions) *Fraction {
 	f := &Fraction{
-		name:     o.Name,
-		gpus:     make(map[string]nvidia.GPU, len(o.GPUs)),
-		units:    make(map[string]unitID, len(o.GPUs)*api.UnitsPerGPU),
-		health:   o.Health,
-		usage:    o.Usage,
-		hint:     o.Hint,
-		strategy: o.Strategy,
+		gpuSet: newGPUSet(o.GPUs, o.Health, o.Strategy),
+		name:   o.Name,
+		units:  make(map[string]unitID, len(o.GPUs)*api.UnitsPerGPU),
+		usage:  o.Usage,
+		hint:   o.Hint,
 	}
 	if f.name == "" {
 		f.name = api.ResourceFraction
 	}
-	if f.health == nil {
-		f.health = AllHealthy
-	}
-	if f.strategy == "" {
-		f.strategy = StrategyDeviceSpecs
-	}
-	gs := append([]nvidia.GPU(nil), o.GPUs...)
-	sort.Slice(gs, func(i, j int) bool { return gs[i].Index < gs[j].Index })
-	for _, g := range gs {
-		f.gpus[g.UUID] = g
-		f.order = append(f.order, g.UUID)
+	for _, g := range f.order {
 		for k := 0; k < api.UnitsPerGPU; k++ {
-			f.units[UnitID(g.UUID, k)] = unitID{gpu: g.UUID, k: k}
+			f.units[UnitID(g, k)] = unitID{gpu: g, k: k}
 		}
 	}
 	return f

@@ -9,6 +9,7 @@ package resource
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -32,6 +33,34 @@ type HealthFunc func(uuid string) bool
 
 // AllHealthy is the HealthFunc of a node without a health checker.
 func AllHealthy(string) bool { return true }
+
+// gpuSet is what every resource indexed by GPU holds: its GPUs by UUID and in
+// index order, their health, and how devices reach containers.
+type gpuSet struct {
+	gpus     map[string]nvidia.GPU
+	order    []string // GPU UUIDs in index order
+	health   HealthFunc
+	strategy DeviceListStrategy
+}
+
+// newGPUSet indexes gpus; a nil health is AllHealthy and an empty strategy is
+// device specs.
+func newGPUSet(gpus []nvidia.GPU, health HealthFunc, strategy DeviceListStrategy) gpuSet {
+	s := gpuSet{gpus: make(map[string]nvidia.GPU, len(gpus)), health: health, strategy: strategy}
+	if s.health == nil {
+		s.health = AllHealthy
+	}
+	if s.strategy == "" {
+		s.strategy = StrategyDeviceSpecs
+	}
+	gs := append([]nvidia.GPU(nil), gpus...)
+	sort.Slice(gs, func(i, j int) bool { return gs[i].Index < gs[j].Index })
+	for _, g := range gs {
+		s.gpus[g.UUID] = g
+		s.order = append(s.order, g.UUID)
+	}
+	return s
+}
 
 // GPUUsage is what the kubelet has allocated on one GPU, as PodResources reports it.
 type GPUUsage struct {

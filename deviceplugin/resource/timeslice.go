@@ -3,7 +3,6 @@ package resource
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strconv"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -18,11 +17,8 @@ import (
 // and GPUFRAC_MEMORY_LIMIT_MIB, the GPU's memory divided by the replicas
 // (times the replicas it holds on the GPU).
 type Timeslice struct {
-	sharing  timeslice.Sharing
-	gpus     map[string]nvidia.GPU
-	order    []string // GPU UUIDs in index order
-	health   HealthFunc
-	strategy DeviceListStrategy
+	gpuSet
+	sharing timeslice.Sharing
 }
 
 var _ Resource = (*Timeslice)(nil)
@@ -40,26 +36,9 @@ type TimesliceOptions struct {
 
 // NewTimeslice builds the time-sliced replica resource.
 func NewTimeslice(o TimesliceOptions) *Timeslice {
-	t := &Timeslice{
-		sharing:  o.Sharing,
-		gpus:     make(map[string]nvidia.GPU, len(o.GPUs)),
-		health:   o.Health,
-		strategy: o.Strategy,
-	}
+	t := &Timeslice{gpuSet: newGPUSet(o.GPUs, o.Health, o.Strategy), sharing: o.Sharing}
 	if t.sharing.ResourceName == "" {
 		t.sharing.ResourceName = api.DefaultTimesliceResource
-	}
-	if t.health == nil {
-		t.health = AllHealthy
-	}
-	if t.strategy == "" {
-		t.strategy = StrategyDeviceSpecs
-	}
-	gs := append([]nvidia.GPU(nil), o.GPUs...)
-	sort.Slice(gs, func(i, j int) bool { return gs[i].Index < gs[j].Index })
-	for _, g := range gs {
-		t.gpus[g.UUID] = g
-		t.order = append(t.order, g.UUID)
 	}
 	return t
 }

@@ -3,7 +3,6 @@ package resource
 import (
 	"context"
 	"fmt"
-	"sort"
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -14,15 +13,12 @@ import (
 
 // Whole serves GPUs as exclusive devices; the device ID is the GPU UUID.
 type Whole struct {
-	name     string
-	gpus     map[string]nvidia.GPU
-	order    []string // GPU UUIDs in index order
-	alloc    map[string]*gpuallocator.Device
-	policy   gpuallocator.Policy
-	health   HealthFunc
-	usage    UsageSource
-	strategy DeviceListStrategy
-	reserve  ReservationHint
+	gpuSet
+	name    string
+	alloc   map[string]*gpuallocator.Device
+	policy  gpuallocator.Policy
+	usage   UsageSource
+	reserve ReservationHint
 }
 
 var _ Resource = (*Whole)(nil)
@@ -58,29 +54,15 @@ type ReservationHint interface {
 // NewWhole builds the whole-GPU resource.
 func NewWhole(o WholeOptions) *Whole {
 	w := &Whole{
-		name:     o.Name,
-		gpus:     make(map[string]nvidia.GPU, len(o.GPUs)),
-		alloc:    make(map[string]*gpuallocator.Device, len(o.Topology)),
-		policy:   gpuallocator.NewBestEffortPolicy(),
-		health:   o.Health,
-		usage:    o.Usage,
-		strategy: o.Strategy,
-		reserve:  o.Reservations,
+		gpuSet:  newGPUSet(o.GPUs, o.Health, o.Strategy),
+		name:    o.Name,
+		alloc:   make(map[string]*gpuallocator.Device, len(o.Topology)),
+		policy:  gpuallocator.NewBestEffortPolicy(),
+		usage:   o.Usage,
+		reserve: o.Reservations,
 	}
 	if w.name == "" {
 		w.name = api.ResourceGPU
-	}
-	if w.health == nil {
-		w.health = AllHealthy
-	}
-	if w.strategy == "" {
-		w.strategy = StrategyDeviceSpecs
-	}
-	gs := append([]nvidia.GPU(nil), o.GPUs...)
-	sort.Slice(gs, func(i, j int) bool { return gs[i].Index < gs[j].Index })
-	for _, g := range gs {
-		w.gpus[g.UUID] = g
-		w.order = append(w.order, g.UUID)
 	}
 	for _, d := range o.Topology {
 		if _, ok := w.gpus[d.UUID]; ok {
