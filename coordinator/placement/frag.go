@@ -286,6 +286,16 @@ func (f fgdPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, int) {
 		after := f.fm.nodeFrag(st.model, st.cpuFree-q.cpu, gpus)
 		return math.Trunc(maxScore * sigmoid((before-after)/1000))
 	}
+	return scoreAfter(gpus, q, score)
+}
+func (fgdPolicy) cacheable() bool  { return true }
+func (fgdPolicy) usesMemory() bool { return false }
+
+// scoreAfter takes q out of gpus, a scratch copy of a node's free milli per
+// GPU, and returns what score says of the result. A whole request takes the k
+// lowest-index fully free GPUs (GPU -1); a share tries each GPU it fits on,
+// one per distinct free amount, and returns the best score and its GPU.
+func scoreAfter(gpus []int32, q *req, score func() float64) (float64, int) {
 	if !q.share {
 		takeWhole(gpus, q.k)
 		return score(), -1
@@ -304,8 +314,6 @@ func (f fgdPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, int) {
 	}
 	return best, bestG
 }
-func (fgdPolicy) cacheable() bool  { return true }
-func (fgdPolicy) usesMemory() bool { return false }
 
 // takeWhole marks the k lowest-index fully free GPUs as used.
 func takeWhole(gpus []int32, k int32) {

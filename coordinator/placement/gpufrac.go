@@ -3,7 +3,6 @@ package placement
 import (
 	"fmt"
 	"math"
-	"slices"
 )
 
 // Tuning of the gpufrac policy. The values were chosen on the default openb
@@ -149,23 +148,7 @@ func (g gpufracPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, in
 		after := g.holeWaste(st.model, st.cpuFree-q.cpu, gpus) + strand(idle, st.cpuFree-q.cpu, st.memFree-q.mem, rho, mu)
 		return math.Floor((before-after)/gpufracResolution) * gpufracResolution
 	}
-	if !q.share {
-		takeWhole(gpus, q.k)
-		return score(), -1
-	}
-	best, bestG := math.Inf(-1), -1
-	for k := range gpus {
-		free := gpus[k]
-		if free < q.m || slices.Contains(gpus[:k], free) {
-			continue // too small, or same free milli as an earlier GPU: same score
-		}
-		gpus[k] = free - q.m
-		if sc := score(); sc > best {
-			best, bestG = sc, k
-		}
-		gpus[k] = free
-	}
-	return best, bestG
+	return scoreAfter(gpus, q, score)
 }
 func (gpufracPolicy) cacheable() bool  { return true }
 func (gpufracPolicy) usesMemory() bool { return true }
