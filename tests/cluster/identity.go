@@ -62,7 +62,7 @@ func (c *Cluster) setUpNodeAgentIdentity(ctx context.Context) error {
 		dir = filepath.Join(root, "deployments", "manifests")
 	}
 	for _, file := range []string{"namespace.yaml", "node-rbac.yaml"} {
-		objs, err := readObjects(filepath.Join(dir, file))
+		objs, err := ReadObjects(filepath.Join(dir, file))
 		if err != nil {
 			return err
 		}

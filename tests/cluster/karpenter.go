@@ -1,12 +1,10 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -21,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2"
 )
 
@@ -246,7 +243,7 @@ func (c *Cluster) applyCRDs(ctx context.Context, dir string) error {
 	}
 	var names []string
 	for _, f := range files {
-		objs, err := readObjects(f)
+		objs, err := ReadObjects(f)
 		if err != nil {
 			return err
 		}
@@ -270,29 +267,6 @@ func (c *Cluster) applyCRDs(ctx context.Context, dir string) error {
 		}
 	}
 	return nil
-}
-
-// readObjects decodes every YAML document in a file.
-func readObjects(path string) ([]*unstructured.Unstructured, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		obj := &unstructured.Unstructured{}
-		err := dec.Decode(&obj.Object)
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("decoding %s: %w", path, err)
-		}
-		if len(obj.Object) > 0 {
-			out = append(out, obj)
-		}
-	}
 }
 
 // ConditionTrue reports whether an unstructured object (a CRD, a NodeClaim, a

@@ -152,7 +152,7 @@ func TestPhasesSubmitEveryExample(t *testing.T) {
 			var got []string
 			for _, ph := range phases(tt.karpenter) {
 				for _, f := range ph.files {
-					if _, err := readObjects(filepath.Join(root, "deployments", "examples", f)); err != nil {
+					if _, err := cluster.ReadObjects(filepath.Join(root, "deployments", "examples", f)); err != nil {
 						t.Errorf("phase %q: %v", ph.what, err)
 					}
 					got = append(got, f)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
 const (
@@ -53,7 +54,7 @@ func phases(karpenter bool) []phase {
 // submitExamples creates the example objects phase by phase and waits after
 // each until its pods settle (see unsettled).
 func submitExamples(ctx context.Context, cfg config, client kubernetes.Interface, dyn dynamic.Interface) error {
-	a := newApplier(client, dyn)
+	a := cluster.NewApplier(client, dyn)
 	n := newNarrator(client)
 	wantPods := 0
 	for _, ph := range phases(cfg.karpenter) {
@@ -62,11 +63,11 @@ func submitExamples(ctx context.Context, cfg config, client kubernetes.Interface
 		var queues []string
 		for _, file := range ph.files {
 			path := filepath.Join(cfg.root, "deployments", "examples", file)
-			objs, err := readObjects(path)
+			objs, err := cluster.ReadObjects(path)
 			if err != nil {
 				return err
 			}
-			names, err := a.apply(ctx, path)
+			names, err := a.ApplyFile(ctx, path)
 			if err != nil {
 				return err
 			}

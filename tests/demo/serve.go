@@ -156,7 +156,7 @@ func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster
 // programs: the Queue CRD, the gpufrac-system namespace, the priority classes
 // of reservations and placeholders, and the coordinator's RBAC.
 func installGpufrac(ctx context.Context, cfg config, c *cluster.Cluster) error {
-	a := newApplier(c.Client, c.Dynamic)
+	a := cluster.NewApplier(c.Client, c.Dynamic)
 	files := []string{
 		filepath.Join(cfg.root, "deployments", "crds", "gpufrac.io_queues.yaml"),
 		filepath.Join(cfg.root, "deployments", "manifests", "namespace.yaml"),
@@ -164,7 +164,7 @@ func installGpufrac(ctx context.Context, cfg config, c *cluster.Cluster) error {
 		filepath.Join(cfg.root, "deployments", "manifests", "coordinator-rbac.yaml"),
 	}
 	for _, f := range files {
-		if _, err := a.apply(ctx, f); err != nil {
+		if _, err := a.ApplyFile(ctx, f); err != nil {
 			return err
 		}
 	}

@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -22,12 +19,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -267,7 +260,7 @@ func startBenchCluster(tb testing.TB) *cluster.Cluster {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		applyYAMLTB(tb, c, data)
+		applyYAML(tb, c, data)
 	}
 	if _, err := c.Client.CoreV1().Namespaces().Create(tb.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}, metav1.CreateOptions{}); err != nil {
 		tb.Fatal(err)
@@ -282,7 +275,7 @@ func startBenchCluster(tb testing.TB) *cluster.Cluster {
 // applyBenchQueue creates the benchmark queue with a quota of gpus GPUs.
 func applyBenchQueue(tb testing.TB, c *cluster.Cluster, gpus int) {
 	tb.Helper()
-	applyYAMLTB(tb, c, queuesYAML(map[string]string{benchQueue: strconv.Itoa(gpus)}))
+	applyYAML(tb, c, queuesYAML(map[string]string{benchQueue: strconv.Itoa(gpus)}))
 }
 
 // addBenchNodes adds n kwok nodes of 8 H100s in a pool, with the fraction
@@ -344,40 +337,6 @@ func addBenchNodes(tb testing.TB, c *cluster.Cluster, prefix, pool string, n int
 		}
 		return ready == n, nil
 	})
-}
-
-// applyYAMLTB creates every object of a multi-document YAML (AlreadyExists
-// is fine). It is applyYAML for benchmarks, which have no *testing.T.
-func applyYAMLTB(tb testing.TB, c *cluster.Cluster, data []byte) {
-	tb.Helper()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := r.Read()
-		if err == io.EOF {
-			return
-		}
-		if err != nil {
-			tb.Fatal(err)
-		}
-		u := &unstructured.Unstructured{}
-		if err := utilyaml.Unmarshal(doc, &u.Object); err != nil {
-			tb.Fatal(err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		m, err := restMapping(c, u.GroupVersionKind())
-		if err != nil {
-			tb.Fatal(err)
-		}
-		var ri dynamic.ResourceInterface = c.Dynamic.Resource(m.Resource)
-		if m.Namespaced {
-			ri = c.Dynamic.Resource(m.Resource).Namespace(cmp.Or(u.GetNamespace(), "default"))
-		}
-		if _, err := ri.Create(tb.Context(), u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			tb.Fatalf("creating %s %s: %v", u.GetKind(), u.GetName(), err)
-		}
-	}
 }
 
 // benchCoordinator is a gpufrac-coordinator process started for a benchmark.

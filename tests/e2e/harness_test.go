@@ -4,27 +4,20 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -142,75 +135,19 @@ func addGPUNodes(t *testing.T, c *cluster.Cluster, prefix, pool string, n int) [
 }
 
 // applyFile creates every object of a multi-document YAML file (AlreadyExists is fine).
-func applyFile(t *testing.T, c *cluster.Cluster, path string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyYAML(t, c, data)
-}
-
-func applyYAML(t *testing.T, c *cluster.Cluster, data []byte) {
-	t.Helper()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := r.Read()
-		if err == io.EOF {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		u := &unstructured.Unstructured{}
-		if err := utilyaml.Unmarshal(doc, &u.Object); err != nil {
-			t.Fatal(err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		gvk := u.GroupVersionKind()
-		mapping, err := restMapping(c, gvk)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ri := c.Dynamic.Resource(mapping.Resource)
-		var createErr error
-		if mapping.Namespaced {
-			ns := u.GetNamespace()
-			if ns == "" {
-				ns = "default"
-			}
-			_, createErr = ri.Namespace(ns).Create(t.Context(), u, metav1.CreateOptions{})
-		} else {
-			_, createErr = ri.Create(t.Context(), u, metav1.CreateOptions{})
-		}
-		if createErr != nil && !apierrors.IsAlreadyExists(createErr) {
-			t.Fatalf("creating %s %s: %v", gvk.Kind, u.GetName(), createErr)
-		}
+func applyFile(tb testing.TB, c *cluster.Cluster, path string) {
+	tb.Helper()
+	if _, err := cluster.NewApplier(c.Client, c.Dynamic).ApplyFile(tb.Context(), path); err != nil {
+		tb.Fatal(err)
 	}
 }
 
-type mapping struct {
-	Resource   schema.GroupVersionResource
-	Namespaced bool
-}
-
-// restMapping resolves a kind through discovery.
-func restMapping(c *cluster.Cluster, gvk schema.GroupVersionKind) (mapping, error) {
-	list, err := c.Client.Discovery().ServerResourcesForGroupVersion(gvk.GroupVersion().String())
-	if err != nil {
-		return mapping{}, fmt.Errorf("discovering %s: %w", gvk.GroupVersion(), err)
+// applyYAML creates every object of multi-document YAML (AlreadyExists is fine).
+func applyYAML(tb testing.TB, c *cluster.Cluster, data []byte) {
+	tb.Helper()
+	if _, err := cluster.NewApplier(c.Client, c.Dynamic).Apply(tb.Context(), "test YAML", data); err != nil {
+		tb.Fatal(err)
 	}
-	for _, r := range list.APIResources {
-		if r.Kind == gvk.Kind && !strings.Contains(r.Name, "/") {
-			return mapping{Resource: gvk.GroupVersion().WithResource(r.Name), Namespaced: r.Namespaced}, nil
-		}
-	}
-	return mapping{}, fmt.Errorf("no resource for %s", gvk)
 }
 
 // coordinator is a running gpufrac-coordinator process.

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"bytes"
@@ -20,20 +20,32 @@ import (
 	"k8s.io/client-go/restmapper"
 )
 
-// applier creates the objects of YAML files, as `kubectl create -f` does.
-type applier struct {
+// Applier creates the objects of YAML files, as `kubectl create -f` does.
+type Applier struct {
 	dyn    dynamic.Interface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 }
 
-func newApplier(client kubernetes.Interface, dyn dynamic.Interface) *applier {
-	return &applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))}
+// NewApplier returns an Applier that maps kinds through client's discovery.
+func NewApplier(client kubernetes.Interface, dyn dynamic.Interface) *Applier {
+	return &Applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))}
 }
 
-// apply creates every object of a multi-document YAML file; objects that
-// exist already are left as they are. It returns "kind/name" of each object.
-func (a *applier) apply(ctx context.Context, path string) ([]string, error) {
-	objs, err := readObjects(path)
+// ApplyFile creates every object of a multi-document YAML file; objects
+// that exist already are left as they are. It returns "kind/name" of each
+// object.
+func (a *Applier) ApplyFile(ctx context.Context, path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return a.Apply(ctx, path, data)
+}
+
+// Apply creates every object of multi-document YAML data, named source in
+// errors, as ApplyFile does.
+func (a *Applier) Apply(ctx context.Context, source string, data []byte) ([]string, error) {
+	objs, err := DecodeObjects(source, data)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +59,7 @@ func (a *applier) apply(ctx context.Context, path string) ([]string, error) {
 			mapping, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: mapping %s: %w", path, obj.GetKind(), err)
+			return nil, fmt.Errorf("%s: mapping %s: %w", source, obj.GetKind(), err)
 		}
 		var ri dynamic.ResourceInterface = a.dyn.Resource(mapping.Resource)
 		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
@@ -58,19 +70,25 @@ func (a *applier) apply(ctx context.Context, path string) ([]string, error) {
 			ri = a.dyn.Resource(mapping.Resource).Namespace(ns)
 		}
 		if _, err := ri.Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("%s: creating %s %s: %w", path, obj.GetKind(), obj.GetName(), err)
+			return nil, fmt.Errorf("%s: creating %s %s: %w", source, obj.GetKind(), obj.GetName(), err)
 		}
 		names = append(names, strings.ToLower(obj.GetKind())+"/"+obj.GetName())
 	}
 	return names, nil
 }
 
-// readObjects decodes every YAML document in a file.
-func readObjects(path string) ([]*unstructured.Unstructured, error) {
+// ReadObjects decodes every YAML or JSON document in a file.
+func ReadObjects(path string) ([]*unstructured.Unstructured, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
+	return DecodeObjects(path, data)
+}
+
+// DecodeObjects decodes every YAML or JSON document in data, named source in
+// errors; empty documents are skipped.
+func DecodeObjects(source string, data []byte) ([]*unstructured.Unstructured, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	var out []*unstructured.Unstructured
 	for {
@@ -80,7 +98,7 @@ func readObjects(path string) ([]*unstructured.Unstructured, error) {
 			return out, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("decoding %s: %w", path, err)
+			return nil, fmt.Errorf("decoding %s: %w", source, err)
 		}
 		if len(obj.Object) > 0 {
 			out = append(out, obj)
