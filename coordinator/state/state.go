@@ -12,7 +12,9 @@
 package state
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -370,12 +372,35 @@ func Build(in Inputs) (*Snapshot, error) {
 		out.CPUCapacityMilli += acc.node.CPUMilli
 		out.MemoryCapacityBytes += acc.node.MemoryBytes
 	}
+	sortBusiestFirst(nodes)
 	snap, err := placement.NewSnapshot(nodes)
 	if err != nil {
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
 	}
 	out.Snapshot = snap
 	return out, nil
+}
+
+// sortBusiestFirst orders nodes by GPU milli in use, most first, then by
+// name. Placement gives ties to the node that comes first, so equal choices
+// go to the busiest node: work packs onto nodes already in use, and lightly
+// used ones can empty for the autoscaler to remove. The listers' order is a
+// map's, so without this ties would fall at random, differently each cycle.
+func sortBusiestFirst(nodes []placement.Node) {
+	used := make(map[string]int, len(nodes))
+	for _, n := range nodes {
+		u := 0
+		for _, g := range n.GPUs {
+			u += placement.MilliPerGPU - g.FreeMilli
+		}
+		used[n.Name] = u
+	}
+	slices.SortFunc(nodes, func(a, b placement.Node) int {
+		if c := cmp.Compare(used[b.Name], used[a.Name]); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 }
 
 // chargeFractions charges a node's fraction pods to their GPUs. gpufrac-node

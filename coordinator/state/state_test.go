@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
 )
 
 type nodeB struct{ n *corev1.Node }
@@ -388,5 +389,43 @@ func TestNewNodesSettleFirst(t *testing.T) {
 	got := free(t, Inputs{Nodes: []*corev1.Node{old, young}, PoolLabel: api.LabelNodePool, NotBefore: now.Add(-3 * time.Second)})
 	if diff := cmp.Diff(map[string][]int{"old": {1000}}, got); diff != "" {
 		t.Errorf("nodes placed on (-want +got):\n%s", diff)
+	}
+}
+
+func TestNodesBusiestFirst(t *testing.T) {
+	// Given in lister order c, a, b, d: b runs a whole GPU, d a 30% fraction.
+	nodes := []*corev1.Node{
+		node("c", 2).inventory("fraction").n, node("a", 2).inventory("fraction").n,
+		node("b", 2).inventory("fraction").n, node("d", 2).inventory("fraction").n,
+	}
+	whole := pod("whole").on("b").gpus(1).p
+	whole.Annotations[api.AnnotationAllocatedGPU] = "b-gpu0"
+	pods := []*corev1.Pod{whole, pod("frac").on("d").fraction(30, "d-gpu1").p}
+	s, err := Build(Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for i := 0; i < s.Len(); i++ {
+		order = append(order, s.Node(i).Name)
+	}
+	if diff := cmp.Diff([]string{"b", "d", "a", "c"}, order); diff != "" {
+		t.Errorf("snapshot node order (-want +got):\n%s", diff)
+	}
+
+	// Ties go to the busiest node: a whole GPU and a fresh-GPU fraction are
+	// worth the same on every node with a free GPU, and land on b.
+	p, err := placement.New(placement.DefaultPolicy, placement.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []placement.Request{{GPUs: 1}, {ShareMilli: 1000}} {
+		d, err := p.Place(s.Snapshot, &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Node != "b" {
+			t.Errorf("%+v placed on %s, want b (the busiest node with room)", r, d.Node)
+		}
 	}
 }
