@@ -63,6 +63,19 @@ func gpuPod(name string, gpus int) *corev1.Pod {
 	}
 }
 
+// taintEvicted tells whether kube-controller-manager's taint-eviction
+// controller marked the default namespace's pod for deletion.
+func taintEvicted(t *testing.T, c *cluster.Cluster, pod string) bool {
+	t.Helper()
+	l, err := c.Client.CoreV1().Events(metav1.NamespaceDefault).List(t.Context(), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + pod + ",reason=TaintManagerEviction",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items) > 0
+}
+
 func podRunning(c *cluster.Cluster, name string) func(ctx context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
 		pod, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, name, metav1.GetOptions{})
@@ -314,14 +327,31 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 		return len(list.Items) == 2, nil
 	})
 
-	// nodeOf waits for a pod to run and returns its node.
-	nodeOf := func(podName string) *corev1.Node {
+	// nodeOf waits for a pod to run and returns its node. A pod bound in the
+	// instant Karpenter removes its new node's karpenter.sh/unregistered
+	// NoExecute taint can be deleted by kube-controller-manager's
+	// taint-eviction controller, whose node cache still has the taint
+	// (kubernetes/kubernetes#119862, not fixed in v1.34): real clusters lose
+	// bare pods to it too. Such a pod is created again, once, and logged; any
+	// other loss fails the test.
+	nodeOf := func(podName string, gpus int) *corev1.Node {
 		t.Helper()
-		waitFor(t, 60*time.Second, podName+" Running", podRunning(c, podName))
-		pod, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, podName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		var pod *corev1.Pod
+		recreated := false
+		waitFor(t, 60*time.Second, podName+" Running", func(ctx context.Context) (bool, error) {
+			p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, podName, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) && !recreated && taintEvicted(t, c, podName) {
+				t.Logf("%s was deleted by the taint-eviction controller's stale node cache (kubernetes/kubernetes#119862); creating it again", podName)
+				recreated = true
+				_, err = c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, gpuPod(podName, gpus), metav1.CreateOptions{})
+				return false, err
+			}
+			if err != nil {
+				return false, nil
+			}
+			pod = p
+			return p.Status.Phase == corev1.PodRunning, nil
+		})
 		node, err := c.Client.CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -353,14 +383,14 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 		list, err := nodeClaims.List(ctx, metav1.ListOptions{})
 		return err == nil && len(list.Items) > 0, err
 	})
-	big := nodeOf("train")
+	big := nodeOf("train", 8)
 	checkLabels(big, "gpu-8x-h100")
 
 	// 2. A 1-GPU pod while the 8-GPU node is full: the cheaper 1×H100 type.
 	if _, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, gpuPod("infer", 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	small := nodeOf("infer")
+	small := nodeOf("infer", 1)
 	checkLabels(small, "gpu-1x-h100")
 	list, err := nodeClaims.List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -376,7 +406,12 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 
 	// 3. Without pods, both nodes are empty and Karpenter removes them.
 	for _, name := range []string{"train", "infer"} {
-		if err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		if apierrors.IsNotFound(err) && taintEvicted(t, c, name) {
+			t.Logf("%s was deleted by the taint-eviction controller's stale node cache (kubernetes/kubernetes#119862)", name)
+			continue
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -393,5 +428,41 @@ func TestKarpenterGPUScaleUpAndDown(t *testing.T) {
 	waitFor(t, 10*time.Second, "OnNode ctx of Karpenter's nodes done", func(context.Context) (bool, error) {
 		_, ended := rec.snapshot()
 		return slices.Contains(ended, big.Name) && slices.Contains(ended, small.Name), nil
+	})
+}
+
+// TestTaintEvictedSeesTheTaintManager checks the helper TestKarpenterGPUScaleUpAndDown
+// relies on to tell a pod lost to the taint-eviction controller from any other loss.
+func TestTaintEvictedSeesTheTaintManager(t *testing.T) {
+	clusterTest(t)
+	c := cluster.StartForTest(t, cluster.Options{})
+	ctx := t.Context()
+	spec := cluster.NodeSpec{Name: "plain", Capacity: cluster.ResourceList(map[corev1.ResourceName]string{
+		corev1.ResourceCPU: "8", corev1.ResourceMemory: "32Gi", corev1.ResourcePods: "10",
+	})}
+	if _, err := c.AddNode(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	p := gpuPod("victim", 0)
+	p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	p.Spec.NodeName = "plain"
+	if _, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "victim Running", podRunning(c, "victim"))
+	if taintEvicted(t, c, "victim") {
+		t.Fatal("taintEvicted before any taint")
+	}
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, "plain", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "example.com/drain", Effect: corev1.TaintEffectNoExecute})
+	if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the taint-eviction controller to delete victim and say so", func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "victim", metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && taintEvicted(t, c, "victim"), nil
 	})
 }
