@@ -27,6 +27,16 @@ import (
 // so in practice entries resolve within one write-back period.
 const inflightTTL = 10 * time.Minute
 
+// informerLagWait is how long GPUFor waits for the pod informer when the
+// kubelet asks for a fraction of a size no known pod is waiting for: the
+// kubelet sees a binding through its own watch and may admit the pod before
+// this agent's informer shows it. Without the wait, the fraction would go by
+// best fit instead of where the coordinator planned it.
+const informerLagWait = 500 * time.Millisecond
+
+// informerLagPoll is how often GPUFor looks again while it waits.
+const informerLagPoll = 10 * time.Millisecond
+
 // reservationTakenTTL is how long a GPU handed to a reservation is skipped by
 // ReservationGPU (see ReservationTaken).
 const reservationTakenTTL = 3 * time.Second
@@ -52,6 +62,7 @@ type Hint struct {
 	podRes   *PodResources
 	resync   time.Duration
 	clock    clock.PassiveClock
+	lagWait  time.Duration // informerLagWait; tests shorten it
 
 	mu sync.Mutex
 	// listing: container -> fraction units it holds, from the last
@@ -102,6 +113,7 @@ func NewHint(client PodAPI, node string, podRes *PodResources) *Hint {
 		podRes:   podRes,
 		resync:   2 * time.Second,
 		clock:    clock.RealClock{},
+		lagWait:  informerLagWait,
 		seen:     map[containerKey]struct{}{},
 		taken:    map[string]bool{},
 		kick:     make(chan struct{}, 1),
@@ -296,24 +308,50 @@ func (h *Hint) ReservationTaken(uuid string) {
 // first, it returns the first chosen GPU that still lacks a fraction of this
 // size; with none, the GPU of any placed container whose planned fraction
 // went elsewhere. ok is false when every such container is already served.
+//
+// When no container of this size on this node is waiting for admission in
+// the informer's view (annotated by the coordinator or not), the kubelet is
+// admitting a pod the informer has not shown yet: GPUFor waits for it up to
+// informerLagWait before it answers.
 func (h *Hint) GPUFor(units int) (string, bool) {
+	deadline := time.Now().Add(h.lagWait)
+	for {
+		gpu, ok, unseen := h.gpuFor(units)
+		if ok || !unseen || !time.Now().Before(deadline) {
+			return gpu, ok
+		}
+		time.Sleep(informerLagPoll)
+	}
+}
+
+// gpuFor is one look at the informer's pods for GPUFor. unseen tells that no
+// container of this size is waiting for admission besides those already
+// answered (in flight).
+func (h *Hint) gpuFor(units int) (gpu string, ok, unseen bool) {
 	pods, err := h.lister.List(labelsEverything())
 	if err != nil {
-		return "", false
+		return "", false, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	admitted := h.reconcileLocked(pods)
 	remaining := map[string]int{} // GPU UUID -> planned fractions of this size not yet given
 	var waiting, all []demandItem
+	pending := 0 // containers of this size not admitted, annotated or not
 	for _, p := range pods {
-		gpu := p.Annotations[api.AnnotationGPU]
-		if gpu == "" || terminated(p) {
+		if terminated(p) {
 			continue
 		}
+		gpu := p.Annotations[api.AnnotationGPU]
 		for i := range p.Spec.Containers {
 			c := &p.Spec.Containers[i]
 			if FractionUnits(c) != units {
+				continue
+			}
+			if _, ok := admitted[containerKey{p.Namespace, p.Name, c.Name}]; !ok {
+				pending++
+			}
+			if gpu == "" {
 				continue
 			}
 			it := demandItem{pod: p, gpu: gpu}
@@ -338,21 +376,21 @@ func (h *Hint) GPUFor(units int) (string, bool) {
 		}
 	}
 	if len(waiting) <= flying {
-		return "", false
+		return "", false, pending <= flying
 	}
 	olderFirst(waiting)
 	olderFirst(all)
 	for _, it := range waiting {
 		if remaining[it.gpu] > 0 {
-			return it.gpu, true
+			return it.gpu, true, false
 		}
 	}
 	for _, it := range all {
 		if remaining[it.gpu] > 0 {
-			return it.gpu, true
+			return it.gpu, true, false
 		}
 	}
-	return waiting[0].gpu, true
+	return waiting[0].gpu, true, false
 }
 
 // Allocated implements resource.PodHint: the answer counts as a placed

@@ -190,6 +190,7 @@ func TestGPUFor(t *testing.T) {
 			}
 			c := newFakeClient(objs...)
 			h := NewHint(c, node, nil)
+			h.lagWait = 0 // answers as of the informer's view; TestGPUForWaitsForTheInformer covers the wait
 			startInformer(t, ctx, h, c)
 			for _, a := range tt.allocated {
 				h.Allocated(ctx, a.gpu, a.units)
@@ -209,6 +210,7 @@ func TestHintWatchesOnlyItsNode(t *testing.T) {
 	ctx := testContext(t)
 	c := newFakeClient()
 	h := NewHint(c, node, nil)
+	h.lagWait = 0 // answers as of the informer's view; TestGPUForWaitsForTheInformer covers the wait
 	startInformer(t, ctx, h, c)
 	c.mu.Lock()
 	got := append([]string(nil), c.selectors...)
@@ -225,6 +227,7 @@ func TestGPUForFollowsPodChanges(t *testing.T) {
 	ctx := testContext(t)
 	c := newFakeClient()
 	h := NewHint(c, node, nil)
+	h.lagWait = 0 // answers as of the informer's view; TestGPUForWaitsForTheInformer covers the wait
 	startInformer(t, ctx, h, c)
 	query := func() answer {
 		var a answer
@@ -275,6 +278,7 @@ func TestInflightExpires(t *testing.T) {
 	ctx := testContext(t)
 	c := newFakeClient(makePod("default", "p").fraction("main", 30).gpu(gpuA).obj())
 	h := NewHint(c, node, nil)
+	h.lagWait = 0 // answers as of the informer's view; TestGPUForWaitsForTheInformer covers the wait
 	clk := testclock.NewFakePassiveClock(t0)
 	h.clock = clk
 	startInformer(t, ctx, h, c)
@@ -289,5 +293,71 @@ func TestInflightExpires(t *testing.T) {
 	clk.SetTime(t0.Add(inflightTTL))
 	if gpu, ok := h.GPUFor(30); !ok || gpu != gpuA {
 		t.Fatalf("GPUFor after expiry = %q, %t; want %q, true", gpu, ok, gpuA)
+	}
+}
+
+// TestGPUForWaitsForTheInformer: the kubelet may admit a fraction before this
+// agent's informer shows the pod. GPUFor then waits for the informer instead of
+// answering "no hint" (which would put the fraction by best fit); it does not
+// wait when a pod of the size is known but not the coordinator's.
+func TestGPUForWaitsForTheInformer(t *testing.T) {
+	tests := []struct {
+		name    string
+		known   []*corev1.Pod // in the informer from the start
+		late    *corev1.Pod   // created while GPUFor waits
+		want    answer
+		minWait time.Duration
+		maxWait time.Duration
+	}{
+		{
+			name:    "the planned pod shows up late: its GPU",
+			late:    makePod("default", "late").fraction("main", 30).gpu(gpuB).obj(),
+			want:    answer{gpuB, true},
+			minWait: 50 * time.Millisecond,
+			maxWait: 2 * time.Second,
+		},
+		{
+			name:    "nothing shows up: no hint after the wait",
+			want:    answer{},
+			minWait: 300 * time.Millisecond,
+			maxWait: 2 * time.Second,
+		},
+		{
+			name:    "a pod of the size without a plan is known: no hint at once",
+			known:   []*corev1.Pod{makePod("default", "other-scheduler").fraction("main", 30).obj()},
+			want:    answer{},
+			maxWait: 250 * time.Millisecond,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := testContext(t)
+			var objs []runtime.Object
+			for _, p := range tt.known {
+				objs = append(objs, p)
+			}
+			c := newFakeClient(objs...)
+			h := NewHint(c, node, nil)
+			h.lagWait = 300 * time.Millisecond
+			startInformer(t, ctx, h, c)
+			if tt.late != nil {
+				go func() {
+					time.Sleep(50 * time.Millisecond)
+					if _, err := c.CoreV1().Pods(tt.late.Namespace).Create(ctx, tt.late, metav1.CreateOptions{}); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			began := time.Now()
+			var got answer
+			got.GPU, got.OK = h.GPUFor(30)
+			took := time.Since(began)
+			if got != tt.want {
+				t.Errorf("GPUFor(30) = %+v, want %+v", got, tt.want)
+			}
+			if took < tt.minWait || took > tt.maxWait {
+				t.Errorf("GPUFor(30) took %s, want %s..%s", took, tt.minWait, tt.maxWait)
+			}
+		})
 	}
 }
