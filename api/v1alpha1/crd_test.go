@@ -1,12 +1,9 @@
 package v1alpha1_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -21,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
@@ -33,30 +29,20 @@ var crdPath = filepath.Join("..", "..", "deployments", "crds", "gpufrac.io_queue
 // readObjects decodes every YAML document of a file.
 func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	objs, err := cluster.ReadObjects(path)
 	if err != nil {
-		t.Fatalf("reading %s: %v", path, err)
+		t.Fatal(err)
 	}
-	return decodeObjects(t, data)
+	return objs
 }
 
 func decodeObjects(t *testing.T, data []byte) []*unstructured.Unstructured {
 	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		obj := &unstructured.Unstructured{}
-		err := dec.Decode(&obj.Object)
-		if errors.Is(err, io.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatalf("decoding YAML: %v", err)
-		}
-		if len(obj.Object) > 0 {
-			out = append(out, obj)
-		}
+	objs, err := cluster.DecodeObjects("test YAML", data)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return objs
 }
 
 // crdSchema returns the openAPIV3Schema of the CRD's only version.
