@@ -8,22 +8,20 @@
 //
 // What is read, and from where:
 //
-//   - CPU and memory: the container requests as kube-scheduler sums them
-//     (init containers: the maximum; sidecars; pod overhead; pod-level
-//     resources), through k8s.io/component-helpers/resource.
-//   - nvidia.com/gpu: whole GPUs, each container's limit (requests must equal
-//     it), summed the same way; 1..Options.MaxGPUs.
-//   - gpufrac.io/gpu-fraction: percent (1..100) of ONE GPU, in one container
-//     only, never together with nvidia.com/gpu; placement.Request.ShareMilli
-//     is percent×10, so 100 is a share of 1000 (a whole GPU reached through
-//     the fraction resource, shareable with nobody).
+//   - GPU resources, CPU and memory: from the request model, api/request,
+//     which the node agent reads pods with too (containers, init containers
+//     and sidecars, requests vs limits, the one-kind and one-fraction rules,
+//     and the refusal of fractions in init containers). Its problems are
+//     this package's problems.
+//   - nvidia.com/gpu: whole GPUs, 1..Options.MaxGPUs in total.
+//   - gpufrac.io/gpu-fraction: percent (1..100) of ONE GPU;
+//     placement.Request.ShareMilli is percent×10, so 100 is a share of 1000
+//     (a whole GPU reached through the fraction resource, shareable with
+//     nobody).
 //   - nvidia.com/mig-<profile> (MIG devices, mixed strategy) and the
-//     time-sliced replica resource (Options.TimesliceResource): whole
-//     numbers of devices, summed like nvidia.com/gpu, placed as
-//     placement.Request.Scalars. A pod holds one kind of GPU: whole GPUs, a
-//     fraction, MIG devices (several profiles may mix) or replicas. Its
-//     queue is charged them in GPU terms (Options.ScalarMilli), at most
-//     Options.MaxGPUs GPUs' worth.
+//     time-sliced replica resource (Options.TimesliceResource): placed as
+//     placement.Request.Scalars; the queue is charged them in GPU terms
+//     (Options.ScalarMilli), at most Options.MaxGPUs GPUs' worth.
 //   - annotation gpufrac.io/gpu-models ("H100|A100"): GPU model patterns,
 //     matched case-insensitively as substrings of the nodes'
 //     nvidia.com/gpu.product label (see MatchModels).
@@ -35,11 +33,10 @@
 //   - non-preemptible: priority at or above Options.NonPreemptiblePriority, or
 //     annotation gpufrac.io/preemptible: "false".
 //
-// A container that sets NVIDIA_VISIBLE_DEVICES in env is refused: with the
-// NVIDIA runtime that variable would grant GPUs behind the device plugin's
-// back. Variables from envFrom (ConfigMaps, Secrets) cannot be seen from the
-// pod spec and are not checked; the node agent's Allocate overrides the
-// variable anyway.
+// A container that sets NVIDIA_VISIBLE_DEVICES in its literal env is refused
+// with a clear reason. That is a courtesy, not the protection: gpufrac-node
+// sets the variable to "void" in every Allocate response (which overrides an
+// image's ENV), and the admission policies refuse it in any container.
 package podrequest
 
 import (
@@ -52,12 +49,11 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	resourcehelper "k8s.io/component-helpers/resource"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 )
@@ -181,14 +177,9 @@ var ErrInvalidRequest = errors.New("invalid GPU request")
 // know (yet): retry later, the request itself is not known to be invalid.
 var ErrJobNotFound = errors.New("owning Job not found")
 
-// Problem is one reason a pod cannot be admitted as written.
-type Problem struct {
-	// Field is the path of the offending field
-	// ("spec.containers[main].resources.limits[gpufrac.io/gpu-fraction]").
-	Field string
-	// Message says what is wrong and how to fix it.
-	Message string
-}
+// Problem is one reason a pod cannot be admitted as written (the request
+// model's, api/request).
+type Problem = request.Problem
 
 // InvalidRequestError lists every problem found in a pod.
 type InvalidRequestError struct {
@@ -205,8 +196,11 @@ func (e *InvalidRequestError) Error() string {
 	return "invalid GPU request: " + strings.Join(msgs, "; ")
 }
 
-// Is makes errors.Is(err, ErrInvalidRequest) true.
-func (e *InvalidRequestError) Is(target error) bool { return target == ErrInvalidRequest }
+// Is makes errors.Is(err, ErrInvalidRequest) and errors.Is(err,
+// request.ErrInvalid) true.
+func (e *InvalidRequestError) Is(target error) bool {
+	return target == ErrInvalidRequest || target == request.ErrInvalid
+}
 
 // parser carries one Parse call's state.
 type parser struct {
@@ -237,11 +231,10 @@ func Parse(pod *corev1.Pod, opts Options) (Parsed, error) {
 	var out Parsed
 
 	out.Queue = p.queue()
-	gpus, share, scalars, scalarMilli := p.gpus()
+	r := request.Parse(pod, request.Options{TimesliceResource: opts.TimesliceResource})
+	gpus, share, scalars, scalarMilli := p.gpus(r)
 	out.Request.GPUs, out.Request.ShareMilli, out.Request.Scalars, out.ScalarMilli = gpus, share, scalars, scalarMilli
-	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
-	cpu, mem := reqs[corev1.ResourceCPU], reqs[corev1.ResourceMemory]
-	out.Request.CPUMilli, out.Request.MemoryBytes = cpu.MilliValue(), mem.Value()
+	out.Request.CPUMilli, out.Request.MemoryBytes = r.CPUMilli, r.MemoryBytes
 	p.visibleDevices()
 	out.ModelPatterns = p.models()
 	if len(out.ModelPatterns) > 0 {
@@ -283,173 +276,35 @@ func (p *parser) queue() string {
 	return q
 }
 
-// container is one container with where it sits in the pod.
-type container struct {
-	c       *corev1.Container
-	field   string // "spec.containers[main]"
-	init    bool   // a regular init container (runs before the others, alone)
-	sidecar bool   // an init container with restartPolicy Always
-}
-
-func (p *parser) containers() []container {
-	var out []container
-	for i := range p.pod.Spec.InitContainers {
-		c := &p.pod.Spec.InitContainers[i]
-		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		out = append(out, container{c: c, field: fmt.Sprintf("spec.initContainers[%s]", c.Name), init: !sidecar, sidecar: sidecar})
-	}
-	for i := range p.pod.Spec.Containers {
-		c := &p.pod.Spec.Containers[i]
-		out = append(out, container{c: c, field: fmt.Sprintf("spec.containers[%s]", c.Name)})
-	}
-	return out
-}
-
-// extended returns a container's amount of an extended resource (its limit;
-// its request when only that is set) after checking that request and limit agree.
-func (p *parser) extended(c container, name corev1.ResourceName) (resource.Quantity, bool) {
-	req, hasReq := c.c.Resources.Requests[name]
-	lim, hasLim := c.c.Resources.Limits[name]
-	field := fmt.Sprintf("%s.resources", c.field)
-	switch {
-	case hasReq && hasLim && req.Cmp(lim) != 0:
-		p.add(field+".requests["+string(name)+"]",
-			"container %q requests %s %s but its limit is %s: extended resources need equal requests and limits (set only the limit)",
-			c.c.Name, req.String(), name, lim.String())
-	case hasReq && !hasLim:
-		p.add(field+".limits["+string(name)+"]",
-			"container %q requests %s %s without a limit: extended resources need a limit equal to the request (set only the limit)",
-			c.c.Name, req.String(), name)
-		return req, true
-	}
-	return lim, hasLim
-}
-
-// gpus checks the GPU resources and returns the pod's whole GPUs, share,
-// scalar resources (MIG devices, replicas) and their worth in milli-GPU.
-func (p *parser) gpus() (int, int, map[string]int64, int64) {
-	var fractionIn []container
-	var fraction int64
-	var gpuIn []container
-	gpuOf := map[*corev1.Container]int64{}
-	var migIn, replicaIn []container
-	scalarOf := map[corev1.ResourceName]map[*corev1.Container]int64{}
-	for _, c := range p.containers() {
-		for _, name := range p.scalarNames(c) {
-			q, ok := p.extended(c, name)
-			if !ok || q.IsZero() {
-				continue // like nvidia.com/gpu: 0, common in templates
-			}
-			field := c.field + ".resources.limits[" + string(name) + "]"
-			v, exact := wholeNumber(q)
-			if !exact || v < 1 {
-				p.add(field, "container %q asks %s %s: MIG devices and time-sliced replicas must be a positive whole number",
-					c.c.Name, q.String(), name)
-				continue
-			}
-			if scalarOf[name] == nil {
-				scalarOf[name] = map[*corev1.Container]int64{}
-			}
-			scalarOf[name][c.c] = v
-			if string(name) == p.timeslice() {
-				replicaIn = append(replicaIn, c)
-			} else {
-				migIn = append(migIn, c)
-			}
-		}
-		// An explicit fraction of 0 is refused, unlike nvidia.com/gpu: 0
-		// (common in templates): no share of a GPU is "0 percent".
-		if q, ok := p.extended(c, api.ResourceFraction); ok {
-			fractionIn = append(fractionIn, c)
-			field := c.field + ".resources.limits[" + api.ResourceFraction + "]"
-			v, exact := wholeNumber(q)
-			switch {
-			case !exact:
-				p.add(field, "container %q asks %s: %s must be a whole number of percent of one GPU, 1..100",
-					c.c.Name, q.String(), api.ResourceFraction)
-			case v < 1 || v > api.UnitsPerGPU:
-				p.add(field, "container %q asks %s: %s is percent of one GPU and must be 1..100; ask %s for whole GPUs",
-					c.c.Name, q.String(), api.ResourceFraction, api.ResourceGPU)
-			default:
-				fraction = v
-			}
-		}
-		if q, ok := p.extended(c, api.ResourceGPU); ok && !q.IsZero() {
-			gpuIn = append(gpuIn, c)
-			field := c.field + ".resources.limits[" + api.ResourceGPU + "]"
-			v, exact := wholeNumber(q)
-			if !exact || v < 1 {
-				p.add(field, "container %q asks %s %s: whole GPUs must be a positive whole number; use %s for part of a GPU",
-					c.c.Name, q.String(), api.ResourceGPU, api.ResourceFraction)
-				continue
-			}
-			gpuOf[c.c] = v
-		}
-	}
-	if len(fractionIn) > 1 {
-		names := make([]string, len(fractionIn))
-		for i, c := range fractionIn {
-			names[i] = strconv.Quote(c.c.Name)
-		}
-		p.add("spec", "containers %s all ask %s: only one container of a pod may hold a GPU fraction (split the pod, or give one container the sum)",
-			strings.Join(names, ", "), api.ResourceFraction)
-	}
-	if len(fractionIn) > 0 && len(gpuIn) > 0 {
-		p.add("spec", "container %q asks %s and container %q asks %s: a pod gets either whole GPUs or a fraction of one GPU, not both",
-			fractionIn[0].c.Name, api.ResourceFraction, gpuIn[0].c.Name, api.ResourceGPU)
-	}
-	p.oneKind([]kindUse{
-		{api.ResourceGPU, gpuIn}, {api.ResourceFraction, fractionIn},
-		{"MIG devices (" + api.MIGResourcePrefix + "*)", migIn}, {p.timeslice(), replicaIn},
-	})
-	var scalars map[string]int64
+// gpus takes the GPU resources from the request model (api/request),
+// adds its problems to p's, checks the coordinator's own limits (at most
+// Options.MaxGPUs GPUs, or GPUs' worth of MIG devices and replicas) and
+// returns the pod's whole GPUs, share, scalar resources (MIG devices,
+// replicas) and their worth in milli-GPU.
+func (p *parser) gpus(r *request.Pod) (int, int, map[string]int64, int64) {
+	p.problems = append(p.problems, r.Problems...)
+	scalars := r.Scalars()
 	var scalarMilli int64
-	if len(scalarOf) > 0 {
-		scalars = make(map[string]int64, len(scalarOf))
-		for name, of := range scalarOf {
-			n := p.podTotal(of)
-			scalars[string(name)] = n
-			scalarMilli += n * p.unitMilli(string(name))
-		}
-		if limit := int64(p.opts.MaxGPUs) * placement.MilliPerGPU; scalarMilli > limit {
-			p.add("spec", "the pod asks %s, %s GPUs' worth in total; at most %d GPUs' worth fit one pod: split the work across pods (a gang)",
-				describeScalars(scalars), strconv.FormatFloat(float64(scalarMilli)/placement.MilliPerGPU, 'f', -1, 64), p.opts.MaxGPUs)
-			return 0, 0, nil, 0
-		}
+	for name, n := range scalars {
+		scalarMilli += n * p.unitMilli(name)
 	}
-	if len(fractionIn) > 0 {
-		return 0, int(fraction) * placement.MilliPerGPU / api.UnitsPerGPU, scalars, scalarMilli
+	if limit := int64(p.opts.MaxGPUs) * placement.MilliPerGPU; scalarMilli > limit {
+		p.add("spec", "the pod asks %s, %s GPUs' worth in total; at most %d GPUs' worth fit one pod: split the work across pods (a gang)",
+			describeScalars(scalars), strconv.FormatFloat(float64(scalarMilli)/placement.MilliPerGPU, 'f', -1, 64), p.opts.MaxGPUs)
+		return 0, 0, nil, 0
 	}
-	total := p.podTotal(gpuOf)
-	if total > int64(p.opts.MaxGPUs) {
+	if len(r.FractionContainers()) > 0 {
+		// One container holds the fraction (else a problem is reported):
+		// its share, not the pod's sum.
+		units := r.FractionContainers()[0].Units()
+		return 0, units * placement.MilliPerGPU / api.UnitsPerGPU, scalars, scalarMilli
+	}
+	if total := r.Whole(); total > p.opts.MaxGPUs {
 		p.add("spec", "the pod asks %d %s in total; at most %d fit one pod: split the work across pods (a gang)",
 			total, api.ResourceGPU, p.opts.MaxGPUs)
 		return 0, 0, scalars, scalarMilli
 	}
-	return int(total), 0, scalars, scalarMilli
-}
-
-// timeslice is the time-sliced replica resource.
-func (p *parser) timeslice() string {
-	if p.opts.TimesliceResource != "" {
-		return p.opts.TimesliceResource
-	}
-	return api.DefaultTimesliceResource
-}
-
-// scalarNames lists a container's MIG and replica resources (requests or
-// limits), sorted so that problems come in a stable order.
-func (p *parser) scalarNames(c container) []corev1.ResourceName {
-	var out []corev1.ResourceName
-	for _, rl := range []corev1.ResourceList{c.c.Resources.Limits, c.c.Resources.Requests} {
-		for name := range rl {
-			if (strings.HasPrefix(string(name), api.MIGResourcePrefix) || string(name) == p.timeslice()) && !slices.Contains(out, name) {
-				out = append(out, name)
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
+	return r.Whole(), 0, scalars, scalarMilli
 }
 
 // unitMilli is what one unit of a scalar resource is charged in milli-GPU.
@@ -457,33 +312,7 @@ func (p *parser) unitMilli(name string) int64 {
 	if m, ok := p.opts.ScalarMilli[name]; ok && m > 0 {
 		return m
 	}
-	return FallbackScalarMilli(name, p.timeslice())
-}
-
-// kindUse is one kind of GPU and the containers asking for it.
-type kindUse struct {
-	what string
-	in   []container
-}
-
-// oneKind reports pods that mix MIG devices or replicas with any other
-// kind of GPU (whole GPUs with fractions are reported by gpus itself).
-func (p *parser) oneKind(kinds []kindUse) {
-	var used []kindUse
-	for _, k := range kinds {
-		if len(k.in) > 0 {
-			used = append(used, k)
-		}
-	}
-	if len(used) < 2 || (len(used) == 2 && used[0].what == api.ResourceGPU && used[1].what == api.ResourceFraction) {
-		return
-	}
-	a, b := used[0], used[1]
-	if b.what == api.ResourceFraction && len(used) > 2 {
-		b = used[2] // whole GPUs with a fraction are already reported
-	}
-	p.add("spec", "container %q asks %s and container %q asks %s: a pod gets one kind of GPU: whole GPUs, a fraction of one GPU, MIG devices or time-sliced replicas",
-		a.in[0].c.Name, a.what, b.in[0].c.Name, b.what)
+	return FallbackScalarMilli(name, p.opts.TimesliceResource)
 }
 
 // describeScalars renders scalar requests as "2 nvidia.com/mig-1g.10gb, 1 nvidia.com/mig-3g.40gb".
@@ -495,48 +324,25 @@ func describeScalars(sc map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-// podTotal sums a per-container amount the way kube-scheduler sums requests:
-// application containers and sidecars add up; a regular init container runs
-// with the sidecars declared before it, and the pod needs the largest of
-// these moments.
-func (p *parser) podTotal(of map[*corev1.Container]int64) int64 {
-	var sidecars, peak, apps int64
-	for _, c := range p.containers() {
-		v := of[c.c]
-		switch {
-		case c.init:
-			peak = max(peak, sidecars+v)
-		case c.sidecar:
-			sidecars += v
-			peak = max(peak, sidecars)
-		default:
-			apps += v
-		}
-	}
-	return max(peak, sidecars+apps)
-}
-
-// wholeNumber returns q as an integer and whether it is one.
-func wholeNumber(q resource.Quantity) (int64, bool) {
-	if q.CmpInt64(1<<40) > 0 || q.CmpInt64(-(1<<40)) < 0 {
-		return 0, false // far beyond any real request; also keeps MilliValue exact
-	}
-	v := q.MilliValue()
-	if v%1000 != 0 {
-		return 0, false
-	}
-	return v / 1000, true
-}
-
+// visibleDevices refuses containers that set NVIDIA_VISIBLE_DEVICES in
+// their literal env. This is a courtesy to the user (a clear reason early),
+// not the protection: gpufrac-node sets the variable to "void" in every
+// Allocate response, and the admission policies refuse it in every container.
 func (p *parser) visibleDevices() {
-	for _, c := range p.containers() {
-		for _, e := range c.c.Env {
+	check := func(c *corev1.Container, field string) {
+		for _, e := range c.Env {
 			if e.Name == api.EnvVisibleDevices {
-				p.add(c.field+".env["+api.EnvVisibleDevices+"]",
+				p.add(field+".env["+api.EnvVisibleDevices+"]",
 					"container %q sets %s itself: remove it; gpufrac gives GPU access through the device plugin, and the variable would bypass it",
-					c.c.Name, api.EnvVisibleDevices)
+					c.Name, api.EnvVisibleDevices)
 			}
 		}
+	}
+	for i := range p.pod.Spec.InitContainers {
+		check(&p.pod.Spec.InitContainers[i], fmt.Sprintf("spec.initContainers[%s]", p.pod.Spec.InitContainers[i].Name))
+	}
+	for i := range p.pod.Spec.Containers {
+		check(&p.pod.Spec.Containers[i], fmt.Sprintf("spec.containers[%s]", p.pod.Spec.Containers[i].Name))
 	}
 	for i := range p.pod.Spec.EphemeralContainers {
 		c := &p.pod.Spec.EphemeralContainers[i]

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 )
 
@@ -57,10 +58,7 @@ type Inputs struct {
 // the mixed strategy (nvidia.com/mig-*) or the time-sliced replica
 // resource (timeslice; "" means api.DefaultTimesliceResource).
 func IsScalar(name corev1.ResourceName, timeslice string) bool {
-	if timeslice == "" {
-		timeslice = api.DefaultTimesliceResource
-	}
-	return strings.HasPrefix(string(name), api.MIGResourcePrefix) || string(name) == timeslice
+	return request.Options{TimesliceResource: timeslice}.IsScalar(name)
 }
 
 // Snapshot is a placement snapshot plus what the coordinator needs besides it.
@@ -137,81 +135,20 @@ type PodDemand struct {
 	Scalars map[string]int64
 }
 
-// Demand sums a pod's requests as the scheduler does: containers added,
-// init containers as a maximum, plus overhead. Replicas count under
-// api.DefaultTimesliceResource; DemandOf takes another name.
+// Demand is what a pod takes, read by the request model (api/request):
+// effective amounts as Kubernetes counts them (app containers and sidecars
+// added, regular init containers as a maximum, pod overhead). Replicas
+// count under api.DefaultTimesliceResource; DemandOf takes another name.
 func Demand(p *corev1.Pod) PodDemand { return DemandOf(p, "") }
 
 // DemandOf is Demand with the time-sliced replica resource named
 // (timeslice; "" means api.DefaultTimesliceResource).
 func DemandOf(p *corev1.Pod, timeslice string) PodDemand {
-	var d PodDemand
-	add := func(rl corev1.ResourceList, lim corev1.ResourceList) (cpu, mem int64, gpu, frac int) {
-		cpu = rl.Cpu().MilliValue()
-		mem = rl.Memory().Value()
-		gpu = int(extended(rl, lim, api.ResourceGPU))
-		frac = int(extended(rl, lim, api.ResourceFraction))
-		return
+	r := request.Parse(p, request.Options{TimesliceResource: timeslice})
+	return PodDemand{
+		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes,
+		WholeGPUs: r.Whole(), FractionPercent: r.Fraction(), Scalars: r.Scalars(),
 	}
-	// scalars calls f with each scalar resource of a container and its
-	// amount: the request, else the limit.
-	scalars := func(c *corev1.Container, f func(name string, n int64)) {
-		for name, q := range c.Resources.Requests {
-			if IsScalar(name, timeslice) && q.Value() > 0 {
-				f(string(name), q.Value())
-			}
-		}
-		for name, q := range c.Resources.Limits {
-			if _, req := c.Resources.Requests[name]; !req && IsScalar(name, timeslice) && q.Value() > 0 {
-				f(string(name), q.Value())
-			}
-		}
-	}
-	for i := range p.Spec.Containers {
-		c := &p.Spec.Containers[i]
-		cpu, mem, gpu, frac := add(c.Resources.Requests, c.Resources.Limits)
-		d.CPUMilli += cpu
-		d.MemoryBytes += mem
-		d.WholeGPUs += gpu
-		d.FractionPercent += frac
-		scalars(c, func(name string, n int64) {
-			if d.Scalars == nil {
-				d.Scalars = map[string]int64{}
-			}
-			d.Scalars[name] += n
-		})
-	}
-	for i := range p.Spec.InitContainers {
-		c := &p.Spec.InitContainers[i]
-		cpu, mem, gpu, frac := add(c.Resources.Requests, c.Resources.Limits)
-		d.CPUMilli = max(d.CPUMilli, cpu)
-		d.MemoryBytes = max(d.MemoryBytes, mem)
-		d.WholeGPUs = max(d.WholeGPUs, gpu)
-		d.FractionPercent = max(d.FractionPercent, frac)
-		scalars(c, func(name string, n int64) {
-			if d.Scalars == nil {
-				d.Scalars = map[string]int64{}
-			}
-			d.Scalars[name] = max(d.Scalars[name], n)
-		})
-	}
-	if p.Spec.Overhead != nil {
-		d.CPUMilli += p.Spec.Overhead.Cpu().MilliValue()
-		d.MemoryBytes += p.Spec.Overhead.Memory().Value()
-	}
-	return d
-}
-
-// extended reads an extended resource: requests, else limits (the API
-// server copies limits into requests for extended resources).
-func extended(req, lim corev1.ResourceList, name corev1.ResourceName) int64 {
-	if q, ok := req[name]; ok {
-		return q.Value()
-	}
-	if q, ok := lim[name]; ok {
-		return q.Value()
-	}
-	return 0
 }
 
 // FractionGPU is the GPU a fraction pod uses: the one the node agent gave it,

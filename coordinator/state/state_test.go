@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 type nodeB struct{ n *corev1.Node }
@@ -427,5 +428,20 @@ func TestNodesBusiestFirst(t *testing.T) {
 		if d.Node != "b" {
 			t.Errorf("%+v placed on %s, want b (the busiest node with room)", r, d.Node)
 		}
+	}
+}
+
+// TestDemandFollowsTheRequestModel: the snapshot counts a pod as the
+// coordinator's parser and the node agent do (api/request): sidecars add to
+// the app containers and to later init containers, regular init containers
+// count as a maximum, and CPU carries the pod overhead.
+func TestDemandFollowsTheRequestModel(t *testing.T) {
+	p := builders.MakePod("p", "ns").GPUs(1).CPU("1").
+		SidecarContainer("proxy").GPUs(1).CPU("500m").
+		InitContainer("setup").GPUs(3).CPU("2").
+		Overhead(corev1.ResourceCPU, "100m").Obj()
+	want := PodDemand{CPUMilli: 2600, WholeGPUs: 4}
+	if diff := cmp.Diff(want, Demand(p)); diff != "" {
+		t.Errorf("Demand (-want +got):\n%s", diff)
 	}
 }

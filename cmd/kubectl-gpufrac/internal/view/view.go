@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpufrac/gpufrac/api"
+	gpurequest "github.com/gpufrac/gpufrac/api/request"
 )
 
 const (
@@ -163,23 +164,11 @@ type request struct {
 	whole, units int
 }
 
+// podRequest reads the pod through the request model (api/request) that
+// the coordinator and gpufrac-node use.
 func podRequest(pod *corev1.Pod) request {
-	var r request
-	for _, c := range pod.Spec.Containers {
-		r.whole += quantity(c.Resources, api.ResourceGPU)
-		r.units += quantity(c.Resources, api.ResourceFraction)
-	}
-	return r
-}
-
-func quantity(res corev1.ResourceRequirements, name corev1.ResourceName) int {
-	if q, ok := res.Limits[name]; ok {
-		return int(q.Value())
-	}
-	if q, ok := res.Requests[name]; ok {
-		return int(q.Value())
-	}
-	return 0
+	r := gpurequest.Parse(pod, gpurequest.Options{})
+	return request{whole: r.Whole(), units: r.Fraction()}
 }
 
 func (r request) String() string {
