@@ -3,7 +3,9 @@ package enforcement
 import (
 	"strings"
 
-	"github.com/gpufrac/gpufrac/api"
+	corev1 "k8s.io/api/core/v1"
+
+	gpurequest "github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -32,7 +34,8 @@ func (a Allowance) add(b Allowance) Allowance {
 }
 
 // anyGPU keys the allowance of a MIG holder: MIG UUIDs do not name their
-// parent GPU, so the holder is unlimited on every GPU.
+// parent GPU, so the holder is unlimited on every GPU it holds nothing else
+// on (see allowanceOn).
 const anyGPU = "*"
 
 // Allowances maps each container's devices (from PodResources) to its GPU
@@ -55,10 +58,11 @@ func Allowances(as []pods.Assignment, gpus map[string]nvidia.GPU, pol Policy) ma
 		}
 		out[k][gpu] = out[k][gpu].add(a)
 	}
+	kinds := gpurequest.Options{TimesliceResource: pol.TimesliceResource}
 	for _, a := range as {
 		k := ContainerKey{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
-		switch {
-		case a.Resource == api.ResourceGPU:
+		switch kinds.KindOf(corev1.ResourceName(a.Resource)) {
+		case gpurequest.Whole:
 			for _, id := range a.DeviceIDs {
 				if strings.HasPrefix(id, "MIG-") {
 					grant(k, anyGPU, Allowance{Unlimited: true})
@@ -66,13 +70,16 @@ func Allowances(as []pods.Assignment, gpus map[string]nvidia.GPU, pol Policy) ma
 					grant(k, id, Allowance{Unlimited: true})
 				}
 			}
-		case strings.HasPrefix(a.Resource, api.MIGResourcePrefix):
+		case gpurequest.MIG:
 			grant(k, anyGPU, Allowance{Unlimited: true})
-		case a.Resource == api.ResourceFraction:
+		case gpurequest.Fraction:
 			for uuid, n := range countShares(a.DeviceIDs, gpus) {
 				grant(k, uuid, Allowance{LimitBytes: resource.MemoryLimitMiB(gpus[uuid], n) << 20})
 			}
-		case a.Resource == pol.TimesliceResource && pol.TimesliceReplicas > 0:
+		case gpurequest.Replica:
+			if pol.TimesliceReplicas <= 0 {
+				continue
+			}
 			for uuid, n := range countShares(a.DeviceIDs, gpus) {
 				grant(k, uuid, Allowance{LimitBytes: (gpus[uuid].MemoryMiB() * uint64(n) / uint64(pol.TimesliceReplicas)) << 20})
 			}
@@ -97,10 +104,14 @@ func countShares(ids []string, gpus map[string]nvidia.GPU) map[string]int {
 }
 
 // allowanceOn returns a container's allowance on one GPU, if it has one.
+// A MIG device's unlimited allowance (anyGPU) covers only GPUs the container
+// holds nothing else on: holding a MIG device never lifts the limit of a
+// fraction or replica the container holds on another GPU (MIG GPUs serve
+// no fractions or replicas, so that GPU is never the MIG device's parent).
 func allowanceOn(byGPU map[string]Allowance, gpu string) (Allowance, bool) {
-	a, ok := byGPU[gpu]
-	if wild, held := byGPU[anyGPU]; held {
-		return a.add(wild), true
+	if a, ok := byGPU[gpu]; ok {
+		return a, true
 	}
-	return a, ok
+	wild, held := byGPU[anyGPU]
+	return wild, held
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource/resourcetest"
 )
 
 const (
@@ -116,7 +117,7 @@ func TestAllowances(t *testing.T) {
 // the limit the fraction resource announced to the container.
 func TestFractionLimitMatchesAllocate(t *testing.T) {
 	g := nvidia.GPU{UUID: "GPU-h100", MemoryBytes: h100Bytes}
-	f := resource.NewFraction(resource.FractionOptions{GPUs: []nvidia.GPU{g}})
+	f := resource.NewFraction(resource.FractionOptions{GPUs: []nvidia.GPU{g}, Usage: &resourcetest.Usage{}})
 	for _, units := range []int{1, 7, 30, 99, 100} {
 		t.Run(fmt.Sprint(units), func(t *testing.T) {
 			resp, err := f.Allocate(t.Context(), unitIDs(g.UUID, units))
@@ -144,5 +145,24 @@ func TestAllowanceOn(t *testing.T) {
 	byGPU[anyGPU] = Allowance{Unlimited: true}
 	if a, ok := allowanceOn(byGPU, "GPU-b"); !ok || !a.Unlimited {
 		t.Errorf("allowanceOn(GPU-b) for a MIG holder = %+v, %v; want unlimited", a, ok)
+	}
+}
+
+// TestMIGDoesNotLiftAFractionLimit: a container holding a MIG device and a
+// fraction on another GPU (a pod the coordinator would refuse, bound by
+// another scheduler) keeps its fraction's limit on the fraction's GPU; the
+// MIG device is unlimited only where the container holds nothing else.
+func TestMIGDoesNotLiftAFractionLimit(t *testing.T) {
+	as := []pods.Assignment{
+		assignment("p", "main", api.MIGResourcePrefix+"1g.10gb", "MIG-1234"),
+		assignment("p", "main", api.ResourceFraction, unitIDs("GPU-h100", 10)...),
+	}
+	allow := Allowances(as, testGPUs(), Policy{}.withDefaults())[ContainerKey{Namespace: "ns", Pod: "p", Container: "main"}]
+	a, ok := allowanceOn(allow, "GPU-h100")
+	if !ok || a.Unlimited || a.LimitBytes != 8155<<20 {
+		t.Errorf("allowance on the fraction's GPU = %+v, %t; want the 10%% limit (8155 MiB)", a, ok)
+	}
+	if a, ok := allowanceOn(allow, "GPU-a100"); !ok || !a.Unlimited {
+		t.Errorf("allowance on another GPU (the MIG device's parent) = %+v, %t; want unlimited", a, ok)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource/resourcetest"
 )
 
 func h100s(n int) []nvidia.GPU {
@@ -144,7 +145,7 @@ func reportP99(b *testing.B, lat []time.Duration) {
 // 8 GPUs / 800 units through the real gRPC endpoint, as the kubelet calls it.
 func BenchmarkAllocateFraction(b *testing.B) {
 	gs := h100s(8)
-	client, _ := dial(b, resource.NewFraction(resource.FractionOptions{GPUs: gs}))
+	client, _ := dial(b, resource.NewFraction(resource.FractionOptions{GPUs: gs, Usage: &resourcetest.Usage{}}))
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: available800(gs)[:30]}}}
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
@@ -163,7 +164,7 @@ func BenchmarkAllocateFraction(b *testing.B) {
 // with all 800 units available, through gRPC.
 func BenchmarkPreferredFraction(b *testing.B) {
 	gs := h100s(8)
-	client, _ := dial(b, resource.NewFraction(resource.FractionOptions{GPUs: gs}))
+	client, _ := dial(b, resource.NewFraction(resource.FractionOptions{GPUs: gs, Usage: &resourcetest.Usage{}}))
 	req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
 		AvailableDeviceIDs: available800(gs), AllocationSize: 30,
 	}}}
@@ -198,7 +199,7 @@ func BenchmarkPreferredWhole(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	client, _ := dial(b, resource.NewWhole(resource.WholeOptions{GPUs: gs, Topology: topo}))
+	client, _ := dial(b, resource.NewWhole(resource.WholeOptions{GPUs: gs, Topology: topo, Usage: &resourcetest.Usage{}}))
 	var ids []string
 	for _, g := range gs {
 		ids = append(ids, g.UUID)

@@ -49,6 +49,7 @@ func benchPreferredWithHint(b *testing.B, fresh bool) {
 	}
 	n := startSimNode(b, ctx)
 	n.fakePlugin(b, ctx, api.ResourceFraction, unitDevices(uuids...), false)
+	n.reserve(b, ctx, uuids[4:]...) // the coordinator's choices are reserved GPUs
 
 	// 110 pods of 10 units: 40 admitted (the simulator hands out units in
 	// ID order, so they fill GPUs 0-3), 70 pending with the coordinator's

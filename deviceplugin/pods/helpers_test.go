@@ -145,7 +145,8 @@ func makePod(namespace, name string) *podBuilder {
 			Namespace: namespace, Name: name, UID: types.UID(namespace + "-" + name),
 			CreationTimestamp: metav1.NewTime(t0),
 		},
-		Spec:   corev1.PodSpec{NodeName: node},
+		// The coordinator's pods: their gpufrac.io/gpu is read.
+		Spec:   corev1.PodSpec{NodeName: node, SchedulerName: api.SchedulerName},
 		Status: corev1.PodStatus{Phase: corev1.PodPending},
 	}}
 }
@@ -181,6 +182,20 @@ func (b *podBuilder) age(d time.Duration) *podBuilder {
 
 func (b *podBuilder) phase(p corev1.PodPhase) *podBuilder {
 	b.p.Status.Phase = p
+	return b
+}
+
+// scheduler sets spec.schedulerName (default: the coordinator's).
+func (b *podBuilder) scheduler(name string) *podBuilder {
+	b.p.Spec.SchedulerName = name
+	return b
+}
+
+// initFraction adds an init container asking for units fraction units.
+func (b *podBuilder) initFraction(container string, units int) *podBuilder {
+	q := *k8sresource.NewQuantity(int64(units), k8sresource.DecimalSI)
+	b.p.Spec.InitContainers = append(b.p.Spec.InitContainers, corev1.Container{Name: container,
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceFraction: q}}})
 	return b
 }
 

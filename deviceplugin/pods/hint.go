@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -18,13 +17,14 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
+	gpurequest "github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 )
 
 // inflightTTL bounds how long an Allocate answer the kubelet never reports
 // (PodResources unreachable and the pod still Pending) keeps counting as a
 // placed fraction. The kubelet records an allocation right after Allocate,
-// so in practice entries resolve within one write-back period.
+// so in practice answers are confirmed within one write-back period.
 const inflightTTL = 10 * time.Minute
 
 // informerLagWait is how long GPUFor waits for the pod informer when the
@@ -37,64 +37,142 @@ const informerLagWait = 500 * time.Millisecond
 // informerLagPoll is how often GPUFor looks again while it waits.
 const informerLagPoll = 10 * time.Millisecond
 
-// reservationTakenTTL is how long a GPU handed to a reservation is skipped by
-// ReservationGPU (see ReservationTaken).
+// reservationTakenTTL is how long a reservation handed its GPU is skipped
+// by ReservationGPU (see ReservationTaken).
 const reservationTakenTTL = 3 * time.Second
 
-// Hint watches the pods bound to this node. It tells the fraction resource
-// which GPU the coordinator chose for the next fraction request
-// (resource.PodHint), and writes back, from the kubelet's PodResources, the
-// GPU each fraction pod (gpufrac.io/allocated-gpu) and each reservation pod
-// (gpufrac.io/reserved-gpu) actually got, and the GPUs each pod holding
-// whole GPUs got (gpufrac.io/allocated-gpu, comma-separated).
+// Hint watches the pods bound to this node and keeps one record per pod
+// UID: what the pod asks (read by the request model, api/request), the GPU
+// the coordinator chose for its fractions, the Allocate answers the kubelet
+// got for it, and what the kubelet's PodResources says it holds. From those
+// records it tells the fraction resource which GPU the coordinator chose
+// for the next fraction request (resource.PodHint), refuses fractions asked
+// by init containers, tells the whole-GPU resource which GPU a waiting
+// reservation pod asks for (resource.ReservationHint), and writes back the
+// GPU each fraction pod (gpufrac.io/allocated-gpu), each reservation pod
+// (gpufrac.io/reserved-gpu) and each pod holding whole GPUs
+// (gpufrac.io/allocated-gpu, comma-separated) actually got.
 //
-// Allocate does not say which pod it serves, so the hint matches counts, not
-// pods: the coordinator's choices for pods of one size form a demand per GPU;
-// containers known to be admitted (PodResources, the allocated-gpu
-// annotation, or a phase past Pending) and Allocate answers not yet seen
-// admitted (in flight) consume it at the GPU they actually got. Same-size
-// pods are interchangeable: whichever the kubelet admits, the GPUs end up
-// with the units the coordinator planned.
+// Untrusted input: gpufrac.io/gpu is a pod annotation. The coordinator
+// writes it through the binding (CONTRACT: only the binding may set it, as
+// the admission policies enforce), but where the policies are missing any
+// pod's author can. So it is read only from pods whose spec.schedulerName
+// is the coordinator's (HintOptions.SchedulerName), and the fraction
+// resource honours it only on a GPU a reservation pod holds (see
+// resource.Fraction.Preferred). gpufrac.io/allocated-gpu on a pod is read as
+// "admitted": a pod's author who forges it only loses their own hint.
+//
+// Allocate does not say which pod it serves (the kubelet admits pods one at
+// a time, container by container). An answer is recorded on the waiting
+// container of its size the coordinator planned on that GPU, else on the
+// oldest waiting container of its size; when the kubelet's PodResources (or
+// the pod's phase) later tells which container really got which GPU, the
+// answer moves to that container's record. Same-size pods are thus
+// interchangeable only until the kubelet says who got what: whichever the
+// kubelet admits first, the GPUs end up with the units the coordinator
+// planned, and each record ends with what its pod holds.
 type Hint struct {
-	client   PodAPI
-	informer cache.SharedIndexInformer
-	lister   corelisters.PodLister
-	podRes   *PodResources
-	resync   time.Duration
-	clock    clock.PassiveClock
-	lagWait  time.Duration // informerLagWait; tests shorten it
+	client    PodAPI
+	informer  cache.SharedIndexInformer
+	lister    corelisters.PodLister
+	podRes    *PodResources
+	resync    time.Duration
+	clock     clock.WithTicker
+	lagWait   time.Duration // informerLagWait; tests shorten it
+	scheduler string        // the coordinator's scheduler name
 
 	mu sync.Mutex
-	// listing: container -> fraction units it holds, from the last
+	// records: pod UID -> what the hint knows of the pod, for the pods the
+	// informer shows on this node.
+	records map[types.UID]*record
+	// order: the records, oldest pod first (then namespace/name); rebuilt
+	// by reconcileLocked.
+	order []*record
+	// listing: container -> the fraction units it holds, from the last
 	// PodResources listing (nil before the first).
-	listing map[containerKey]admission
-	// seen: containers already known admitted; a container entering it
-	// resolves one in-flight entry.
-	seen map[containerKey]struct{}
-	// inflight are Allocate answers not yet seen admitted, oldest first.
-	inflight []given
-	// taken: GPU UUID -> handed to a reservation pod not yet written back.
-	taken map[string]bool
-	kick  chan struct{} // asks the write-back loop to run now
+	listing map[containerKey]listedFraction
+	// wholeListing: pod -> the whole GPUs (nvidia.com/gpu device IDs) its
+	// containers hold, from the last PodResources listing.
+	wholeListing map[types.NamespacedName][]string
+	// unattributed: Allocate answers for which no waiting container was
+	// known yet (the informer had not shown the pod), oldest first.
+	unattributed []answer
+	kick         chan struct{} // asks the write-back loop to run now
 }
 
 // containerKey names one container of a pod on this node. PodResources
-// carries no pod UID, so namespace and name identify the pod.
+// carries no pod UID, so namespace and name identify the pod; the informer
+// maps them to the UID of the pod of that name now.
 type containerKey struct{ namespace, pod, container string }
 
-// admission is a container's fraction allocation as far as the hint knows.
-type admission struct {
+// listedFraction is a container's fraction units in a PodResources listing.
+type listedFraction struct {
+	gpu   string
 	units int
-	gpu   string // "" when only the pod's phase tells it was admitted
-	// planned is the coordinator's GPU for the pod, the best guess when gpu is "".
-	planned string
 }
 
-// given is one Allocate answer.
-type given struct {
+// answer is one Allocate answer: units given on gpu at a time.
+type answer struct {
 	gpu   string
 	units int
 	at    time.Time
+}
+
+// record is what the hint knows of one pod bound to this node.
+type record struct {
+	pod *corev1.Pod
+	// planned is the coordinator's GPU for the pod's fractions
+	// (gpufrac.io/gpu), read only from pods with the coordinator's
+	// scheduler name; "" otherwise.
+	planned string
+	// slots are the pod's app containers asking fraction units, in spec order.
+	slots []*slot
+	// initUnits are the fraction units its init containers ask, which are refused.
+	initUnits []int
+	// whole tells whether the pod asks whole GPUs (nvidia.com/gpu).
+	whole bool
+	// reservation tells whether it is a gpufrac reservation pod
+	// (IsReservation); planned is then the GPU it asks for.
+	reservation bool
+	// handedAt is when ReservationTaken marked the reservation handed its
+	// GPU (zero when never).
+	handedAt time.Time
+}
+
+func (r *record) key() types.NamespacedName {
+	return types.NamespacedName{Namespace: r.pod.Namespace, Name: r.pod.Name}
+}
+
+func (r *record) terminated() bool { return terminated(r.pod) }
+
+// pending tells whether the kubelet has not started the pod: phase Pending
+// (or not set yet).
+func (r *record) pending() bool {
+	return r.pod.Status.Phase == corev1.PodPending || r.pod.Status.Phase == ""
+}
+
+// slotState is what the hint knows of one fraction container's admission.
+type slotState int
+
+const (
+	// waiting: not known to be admitted, no Allocate answer recorded on it.
+	waiting slotState = iota
+	// answered: an Allocate answer is recorded on it (gpu, answeredAt),
+	// not yet confirmed by the kubelet.
+	answered
+	// admitted: the kubelet reported it (PodResources, the allocated-gpu
+	// write-back, or a phase past Pending); gpu is the GPU it got, "" when
+	// only the phase tells (then the planned GPU is assumed).
+	admitted
+)
+
+// slot is one app container's fraction.
+type slot struct {
+	container  string
+	units      int
+	state      slotState
+	gpu        string
+	answeredAt time.Time
 }
 
 var (
@@ -102,22 +180,45 @@ var (
 	_ resource.ReservationHint = (*Hint)(nil)
 )
 
+// HintOption configures a Hint.
+type HintOption func(*Hint)
+
+// WithSchedulerName sets the coordinator's scheduler name: only pods with
+// it have their gpufrac.io/gpu read (default api.SchedulerName).
+func WithSchedulerName(name string) HintOption {
+	return func(h *Hint) {
+		if name != "" {
+			h.scheduler = name
+		}
+	}
+}
+
+// WithClock sets the clock of the informer-lag wait, the answers' expiry,
+// the reservation marks and the write-back period (default the real clock).
+func WithClock(c clock.WithTicker) HintOption {
+	return func(h *Hint) { h.clock = c }
+}
+
 // NewHint watches pods with spec.nodeName == node. podRes may be nil, and
 // then nothing is written back and admissions are learnt from pod phases.
-func NewHint(client PodAPI, node string, podRes *PodResources) *Hint {
+func NewHint(client PodAPI, node string, podRes *PodResources, opts ...HintOption) *Hint {
 	inf := NewNodeInformer(client, node)
-	return &Hint{
-		client:   client,
-		informer: inf,
-		lister:   corelisters.NewPodLister(inf.GetIndexer()),
-		podRes:   podRes,
-		resync:   2 * time.Second,
-		clock:    clock.RealClock{},
-		lagWait:  informerLagWait,
-		seen:     map[containerKey]struct{}{},
-		taken:    map[string]bool{},
-		kick:     make(chan struct{}, 1),
+	h := &Hint{
+		client:    client,
+		informer:  inf,
+		lister:    corelisters.NewPodLister(inf.GetIndexer()),
+		podRes:    podRes,
+		resync:    2 * time.Second,
+		clock:     clock.RealClock{},
+		lagWait:   informerLagWait,
+		scheduler: api.SchedulerName,
+		records:   map[types.UID]*record{},
+		kick:      make(chan struct{}, 1),
 	}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
 }
 
 // Run starts the informer and the write-back loop until ctx ends.
@@ -132,7 +233,7 @@ func (h *Hint) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(h.resync)
+	t := h.clock.NewTicker(h.resync)
 	defer t.Stop()
 	for {
 		if err := h.writeBack(ctx); err != nil {
@@ -141,7 +242,7 @@ func (h *Hint) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.C():
 		case <-h.kick:
 		}
 	}
@@ -150,255 +251,459 @@ func (h *Hint) Run(ctx context.Context) error {
 // HasSynced tells whether the pod informer has synced.
 func (h *Hint) HasSynced() bool { return h.informer.HasSynced() }
 
-// FractionUnits is the number of fraction units a container asks for.
+// FractionUnits is the number of fraction units a container asks for, as
+// the request model reads it (its limit, else its request).
 func FractionUnits(c *corev1.Container) int {
-	q, ok := c.Resources.Limits[api.ResourceFraction]
-	if !ok {
-		q, ok = c.Resources.Requests[api.ResourceFraction]
-	}
-	if !ok {
-		return 0
-	}
-	return int(q.Value())
+	p := gpurequest.Parse(&corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{*c}}}, gpurequest.Options{})
+	return p.Fraction()
 }
 
 func terminated(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// reconcileLocked returns every fraction container known to be admitted and
-// resolves the in-flight entries of containers newly seen admitted. h.mu
-// must be held.
-func (h *Hint) reconcileLocked(pods []*corev1.Pod) map[containerKey]admission {
-	admitted := make(map[containerKey]admission, len(h.listing))
-	for k, a := range h.listing {
-		admitted[k] = a
+// newRecord reads what a pod asks for.
+func (h *Hint) newRecord(p *corev1.Pod) *record {
+	r := &record{reservation: IsReservation(p.Namespace, p.Name)}
+	req := gpurequest.Parse(p, gpurequest.Options{})
+	for _, c := range req.FractionContainers() {
+		r.slots = append(r.slots, &slot{container: c.Name, units: c.Units()})
 	}
+	for _, c := range req.InitFractions() {
+		r.initUnits = append(r.initUnits, c.Units())
+	}
+	r.whole = req.Whole() > 0
+	return r
+}
+
+// plannedGPU is the GPU the coordinator chose for p, when p is the
+// coordinator's: a reservation pod (the coordinator alone creates pods in
+// the reservation namespace) or a pod with the coordinator's scheduler name.
+func (h *Hint) plannedGPU(p *corev1.Pod, reservation bool) string {
+	if !reservation && p.Spec.SchedulerName != h.scheduler {
+		return ""
+	}
+	return p.Annotations[api.AnnotationGPU]
+}
+
+// reconcileLocked brings the records in line with the informer's pods and
+// the last PodResources listing: new pods get a record, gone pods lose
+// theirs, answers past inflightTTL are dropped, containers newly known to be
+// admitted take over the answer they account for, and answers recorded
+// before their pod was known find it. h.mu must be held.
+func (h *Hint) reconcileLocked(pods []*corev1.Pod) {
+	seen := make(map[types.UID]bool, len(pods))
 	for _, p := range pods {
-		past := p.Status.Phase != corev1.PodPending && p.Status.Phase != ""
-		for i := range p.Spec.Containers {
-			c := &p.Spec.Containers[i]
-			n := FractionUnits(c)
-			if n <= 0 {
-				continue
-			}
-			key := containerKey{p.Namespace, p.Name, c.Name}
-			if _, ok := admitted[key]; ok {
-				continue
-			}
-			if gpu := p.Annotations[api.AnnotationAllocatedGPU]; gpu != "" {
-				admitted[key] = admission{units: n, gpu: gpu}
-			} else if past {
-				admitted[key] = admission{units: n, planned: p.Annotations[api.AnnotationGPU]}
-			}
+		seen[p.UID] = true
+		r := h.records[p.UID]
+		if r == nil {
+			r = h.newRecord(p)
+			h.records[p.UID] = r
 		}
+		r.pod = p
+		r.planned = h.plannedGPU(p, r.reservation)
 	}
-	for key, a := range admitted {
-		if _, ok := h.seen[key]; ok {
+	h.order = h.order[:0]
+	for uid, r := range h.records {
+		if !seen[uid] {
+			delete(h.records, uid)
 			continue
 		}
-		h.seen[key] = struct{}{}
-		h.resolveLocked(a)
+		h.order = append(h.order, r)
 	}
-	for key := range h.seen {
-		if _, ok := admitted[key]; !ok {
-			delete(h.seen, key)
+	slices.SortFunc(h.order, func(a, b *record) int {
+		if c := a.pod.CreationTimestamp.Compare(b.pod.CreationTimestamp.Time); c != 0 {
+			return c
 		}
-	}
-	now := h.clock.Now()
-	kept := h.inflight[:0]
-	for _, g := range h.inflight {
-		if now.Sub(g.at) < inflightTTL {
-			kept = append(kept, g)
-		}
-	}
-	h.inflight = kept
-	return admitted
-}
+		return strings.Compare(a.pod.Namespace+"/"+a.pod.Name, b.pod.Namespace+"/"+b.pod.Name)
+	})
 
-// resolveLocked drops the in-flight entry a newly admitted container
-// accounts for: the one with its GPU and size, or, when its GPU is unknown,
-// the oldest of its size on its planned GPU, else the oldest of its size. An
-// admission with a known GPU and no such entry predates this process and
-// resolves nothing.
-func (h *Hint) resolveLocked(a admission) {
-	match := func(gpu string) bool {
-		for i, g := range h.inflight {
-			if g.units == a.units && (gpu == "" || g.gpu == gpu) {
-				h.inflight = append(h.inflight[:i], h.inflight[i+1:]...)
-				return true
+	now := h.clock.Now()
+	for _, r := range h.order {
+		for _, s := range r.slots {
+			if s.state == answered && now.Sub(s.answeredAt) >= inflightTTL {
+				s.state, s.gpu = waiting, ""
 			}
 		}
-		return false
 	}
-	if a.gpu != "" {
-		match(a.gpu)
+	h.unattributed = slices.DeleteFunc(h.unattributed, func(a answer) bool { return now.Sub(a.at) >= inflightTTL })
+
+	for _, r := range h.order {
+		if r.terminated() {
+			continue
+		}
+		for _, s := range r.slots {
+			gpu, known := h.admissionOf(r, s)
+			switch {
+			case !known:
+			case s.state == admitted:
+				if gpu != "" {
+					s.gpu = gpu // a better source than the phase
+				}
+			default:
+				h.admitLocked(r, s, gpu)
+			}
+		}
+	}
+	kept := h.unattributed[:0]
+	for _, a := range h.unattributed {
+		if s := h.waitingSlotLocked(a.units, a.gpu); s != nil {
+			s.state, s.gpu, s.answeredAt = answered, a.gpu, a.at
+			continue
+		}
+		kept = append(kept, a)
+	}
+	h.unattributed = kept
+}
+
+// admissionOf tells whether the container behind s is known to be admitted
+// and, if known, the GPU it got: from the PodResources listing, else the
+// pod's allocated-gpu annotation, else ("" GPU) a phase past Pending.
+func (h *Hint) admissionOf(r *record, s *slot) (gpu string, known bool) {
+	if l, ok := h.listing[containerKey{r.pod.Namespace, r.pod.Name, s.container}]; ok {
+		return l.gpu, true
+	}
+	if g := r.pod.Annotations[api.AnnotationAllocatedGPU]; g != "" && !strings.Contains(g, ",") {
+		return g, true
+	}
+	return "", !r.pending()
+}
+
+// admitLocked records that the container behind s (of r) was admitted and
+// got gpu ("" when unknown), and settles the answer that accounts for it:
+// its own when it had one that fits; else the answer recorded on another
+// waiting container of its size on that GPU (same-size pods are
+// interchangeable until the kubelet tells), which then waits again and takes
+// s's own answer, if any; else an answer not yet attributed.
+func (h *Hint) admitLocked(r *record, s *slot, gpu string) {
+	own := s.state == answered
+	ownGPU, ownAt := s.gpu, s.answeredAt
+	s.state = admitted
+	if own && (gpu == "" || gpu == ownGPU) {
+		s.gpu = ownGPU
 		return
 	}
-	if a.planned == "" || !match(a.planned) {
-		match("")
+	s.gpu = gpu
+	if gpu == "" {
+		// Only the phase tells: take the answer most likely its own.
+		if t := h.answeredSlotLocked(s.units, r.planned); t != nil {
+			s.gpu = t.gpu
+			t.state, t.gpu = waiting, ""
+		} else if t := h.answeredSlotLocked(s.units, ""); t != nil {
+			s.gpu = t.gpu
+			t.state, t.gpu = waiting, ""
+		} else if i := h.unattributedLocked(s.units, ""); i >= 0 {
+			s.gpu = h.unattributed[i].gpu
+			h.unattributed = slices.Delete(h.unattributed, i, i+1)
+		}
+		return
+	}
+	if t := h.answeredSlotLocked(s.units, gpu); t != nil {
+		if own {
+			t.gpu, t.answeredAt = ownGPU, ownAt // the answers swap owners
+		} else {
+			t.state, t.gpu = waiting, ""
+		}
+		return
+	}
+	if i := h.unattributedLocked(s.units, gpu); i >= 0 {
+		h.unattributed = slices.Delete(h.unattributed, i, i+1)
+	}
+	if own {
+		// s's answer went to a container not known to be admitted yet.
+		h.attributeLocked(answer{gpu: ownGPU, units: s.units, at: ownAt})
 	}
 }
 
-// demandItem is one container of a pod the coordinator placed.
-type demandItem struct {
-	pod *corev1.Pod
-	gpu string
+// answeredSlotLocked returns the oldest container with an answer of units
+// on gpu ("" for any GPU), nil if none.
+func (h *Hint) answeredSlotLocked(units int, gpu string) *slot {
+	for _, r := range h.order {
+		if r.terminated() {
+			continue
+		}
+		for _, s := range r.slots {
+			if s.state == answered && s.units == units && (gpu == "" || s.gpu == gpu) {
+				return s
+			}
+		}
+	}
+	return nil
 }
 
-func olderFirst(items []demandItem) {
-	sort.SliceStable(items, func(i, j int) bool {
-		a, b := items[i].pod, items[j].pod
-		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
-			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+// unattributedLocked returns the index of the oldest unattributed answer
+// of units on gpu ("" for any), -1 if none.
+func (h *Hint) unattributedLocked(units int, gpu string) int {
+	return slices.IndexFunc(h.unattributed, func(a answer) bool { return a.units == units && (gpu == "" || a.gpu == gpu) })
+}
+
+// waitingSlotLocked returns the container an answer of units on gpu is
+// recorded on: the oldest waiting container of that size the coordinator
+// planned on gpu, else the oldest waiting one of that size with a plan,
+// else the oldest waiting one of that size; nil if none.
+func (h *Hint) waitingSlotLocked(units int, gpu string) *slot {
+	var planned, any *slot
+	for _, r := range h.order {
+		if r.terminated() {
+			continue
 		}
-		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
-	})
+		for _, s := range r.slots {
+			if s.state != waiting || s.units != units {
+				continue
+			}
+			if r.planned == gpu && gpu != "" {
+				return s
+			}
+			if planned == nil && r.planned != "" {
+				planned = s
+			}
+			if any == nil {
+				any = s
+			}
+		}
+	}
+	if planned != nil {
+		return planned
+	}
+	return any
+}
+
+// attributeLocked records an answer on the container it most likely
+// serves, or keeps it unattributed.
+func (h *Hint) attributeLocked(a answer) {
+	if s := h.waitingSlotLocked(a.units, a.gpu); s != nil {
+		s.state, s.gpu, s.answeredAt = answered, a.gpu, a.at
+		return
+	}
+	h.unattributed = append(h.unattributed, a)
+}
+
+// reconcile lists the informer's pods and reconciles the records. It
+// returns false when the informer cannot be read.
+func (h *Hint) reconcile() bool {
+	pods, err := h.lister.List(labelsEverything())
+	if err != nil {
+		return false
+	}
+	h.mu.Lock()
+	h.reconcileLocked(pods)
+	h.mu.Unlock()
+	return true
 }
 
 // ReservationGPU implements resource.ReservationHint: the GPU asked for by
-// the oldest reservation pod bound here and not yet given a GPU.
+// the oldest reservation pod bound here, waiting for admission and not yet
+// handed a GPU.
 func (h *Hint) ReservationGPU() (string, bool) {
-	all, err := h.lister.Pods(api.SystemNamespace).List(labelsEverything())
-	if err != nil {
+	if !h.reconcile() {
 		return "", false
 	}
-	var best *corev1.Pod
-	for _, p := range all {
-		if p.Labels[api.LabelRole] != api.RoleReservation || p.Annotations[api.AnnotationGPU] == "" || p.Annotations[api.AnnotationReservedGPU] != "" {
-			continue
-		}
-		h.mu.Lock()
-		taken := h.taken[p.Annotations[api.AnnotationGPU]]
-		h.mu.Unlock()
-		if taken {
-			continue
-		}
-		if p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
-			continue
-		}
-		if best == nil || p.CreationTimestamp.Before(&best.CreationTimestamp) || (p.CreationTimestamp.Equal(&best.CreationTimestamp) && p.Name < best.Name) {
-			best = p
-		}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r := h.waitingReservationLocked(""); r != nil {
+		return r.planned, true
 	}
-	if best == nil {
-		return "", false
-	}
-	return best.Annotations[api.AnnotationGPU], true
+	return "", false
 }
 
-// ReservationTaken implements resource.ReservationHint. The mark only has
-// to outlive the admission in flight (the kubelet records the allocation
-// right after Allocate; from then on it never offers the GPU again), so it
-// is dropped after reservationTakenTTL. A longer mark kept a reservation
-// whose GPU another one-GPU pod took from getting it back later.
+// waitingReservationLocked returns the oldest reservation pod waiting for
+// admission that asks for gpu ("" for any GPU) and was not handed a GPU in
+// the last reservationTakenTTL; nil if none.
+func (h *Hint) waitingReservationLocked(gpu string) *record {
+	now := h.clock.Now()
+	for _, r := range h.order {
+		if !r.reservation || r.planned == "" || !r.pending() || r.pod.Annotations[api.AnnotationReservedGPU] != "" ||
+			len(h.wholeListing[r.key()]) > 0 || (gpu != "" && r.planned != gpu) {
+			continue
+		}
+		if !r.handedAt.IsZero() && now.Sub(r.handedAt) < reservationTakenTTL {
+			continue
+		}
+		return r
+	}
+	return nil
+}
+
+// ReservationTaken implements resource.ReservationHint: the reservations
+// waiting for uuid are marked handed. The mark only has to outlive the
+// admission in flight (the kubelet records the allocation right after
+// Allocate; from then on PodResources shows it), so it lasts
+// reservationTakenTTL. A longer mark kept a reservation whose GPU another
+// one-GPU pod took from getting it back later.
 func (h *Hint) ReservationTaken(uuid string) {
 	h.mu.Lock()
-	h.taken[uuid] = true
-	h.mu.Unlock()
-	time.AfterFunc(reservationTakenTTL, func() {
-		h.mu.Lock()
-		delete(h.taken, uuid)
-		h.mu.Unlock()
-	})
+	defer h.mu.Unlock()
+	now := h.clock.Now()
+	for _, r := range h.order {
+		if r.reservation && r.planned == uuid && r.pending() {
+			r.handedAt = now
+		}
+	}
 }
 
-// GPUFor implements resource.PodHint. Among the containers of this size the
-// coordinator placed here and the kubelet has not admitted yet, oldest
+// ReservationOnly implements resource.ReservationHint. It reads the
+// kubelet's PodResources again (the list is cached briefly and dropped
+// after every allocation), so that pods already admitted do not count as
+// waiting.
+func (h *Hint) ReservationOnly(ctx context.Context, uuid string) bool {
+	if h.podRes != nil {
+		if as, err := h.podRes.List(ctx); err == nil {
+			h.setListing(as)
+		}
+	}
+	if !h.reconcile() {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !slices.ContainsFunc(h.order, func(r *record) bool {
+		return r.reservation && r.planned == uuid && r.pending() && r.pod.Annotations[api.AnnotationReservedGPU] == "" && len(h.wholeListing[r.key()]) == 0
+	}) {
+		return false
+	}
+	for _, r := range h.order {
+		if r.reservation || !r.whole || r.terminated() || !r.pending() ||
+			len(h.wholeListing[r.key()]) > 0 || r.pod.Annotations[api.AnnotationAllocatedGPU] != "" {
+			continue
+		}
+		klog.FromContext(ctx).V(2).Info("A GPU carrying fractions is not given whole while a pod other than its reservation waits for whole GPUs",
+			"gpu", uuid, "waiting", klog.KObj(r.pod))
+		return false
+	}
+	return true
+}
+
+// GPUFor implements resource.PodHint. Among the containers of this size
+// the coordinator placed here and the kubelet has not admitted yet, oldest
 // first, it returns the first chosen GPU that still lacks a fraction of this
 // size; with none, the GPU of any placed container whose planned fraction
 // went elsewhere. ok is false when every such container is already served.
 //
 // When no container of this size on this node is waiting for admission in
-// the informer's view (annotated by the coordinator or not), the kubelet is
-// admitting a pod the informer has not shown yet: GPUFor waits for it up to
-// informerLagWait before it answers.
+// the informer's view (the coordinator's or not), the kubelet is admitting
+// a pod the informer has not shown yet: GPUFor waits for it up to
+// informerLagWait, on the hint's clock, before it answers.
 func (h *Hint) GPUFor(units int) (string, bool) {
-	deadline := time.Now().Add(h.lagWait)
+	deadline := h.clock.Now().Add(h.lagWait)
 	for {
 		gpu, ok, unseen := h.gpuFor(units)
-		if ok || !unseen || !time.Now().Before(deadline) {
+		if ok || !unseen || !h.clock.Now().Before(deadline) {
 			return gpu, ok
 		}
-		time.Sleep(informerLagPoll)
+		<-h.clock.After(informerLagPoll)
 	}
 }
 
-// gpuFor is one look at the informer's pods for GPUFor. unseen tells that no
-// container of this size is waiting for admission besides those already
-// answered (in flight).
+// plannedSlot is a fraction container of a pod the coordinator placed.
+type plannedSlot struct {
+	r *record
+	s *slot
+}
+
+// gpuFor is one look at the records for GPUFor. unseen tells that no
+// container of this size waits for admission (app containers, and init
+// containers whose fraction Refusal refuses) besides answers not yet
+// attributed.
 func (h *Hint) gpuFor(units int) (gpu string, ok, unseen bool) {
-	pods, err := h.lister.List(labelsEverything())
-	if err != nil {
+	if !h.reconcile() {
 		return "", false, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	admitted := h.reconcileLocked(pods)
 	remaining := map[string]int{} // GPU UUID -> planned fractions of this size not yet given
-	var waiting, all []demandItem
-	pending := 0 // containers of this size not admitted, annotated or not
-	for _, p := range pods {
-		if terminated(p) {
+	var waitingPlanned, all []plannedSlot
+	pending := 0 // containers of this size waiting, planned or not
+	for _, r := range h.order {
+		if r.terminated() {
 			continue
 		}
-		gpu := p.Annotations[api.AnnotationGPU]
-		for i := range p.Spec.Containers {
-			c := &p.Spec.Containers[i]
-			if FractionUnits(c) != units {
+		if r.pending() && slices.Contains(r.initUnits, units) {
+			pending++
+		}
+		for _, s := range r.slots {
+			if s.units != units {
 				continue
 			}
-			if _, ok := admitted[containerKey{p.Namespace, p.Name, c.Name}]; !ok {
+			switch s.state {
+			case waiting:
 				pending++
+			case answered:
+				remaining[s.gpu]-- // placed, whoever it turns out to be
 			}
-			if gpu == "" {
+			if r.planned == "" {
 				continue
 			}
-			it := demandItem{pod: p, gpu: gpu}
-			all = append(all, it)
-			remaining[gpu]++
-			if a, ok := admitted[containerKey{p.Namespace, p.Name, c.Name}]; ok {
-				got := a.gpu
+			all = append(all, plannedSlot{r, s})
+			remaining[r.planned]++
+			switch s.state {
+			case admitted:
+				got := s.gpu
 				if got == "" {
-					got = gpu // admitted, GPU unknown: assume as planned
+					got = r.planned // admitted, GPU unknown: assume as planned
 				}
 				remaining[got]--
-			} else {
-				waiting = append(waiting, it)
+			case waiting:
+				waitingPlanned = append(waitingPlanned, plannedSlot{r, s})
 			}
 		}
 	}
 	flying := 0
-	for _, g := range h.inflight {
-		if g.units == units {
-			remaining[g.gpu]--
+	for _, a := range h.unattributed {
+		if a.units == units {
+			remaining[a.gpu]--
 			flying++
 		}
 	}
-	if len(waiting) <= flying {
+	if len(waitingPlanned) <= flying {
 		return "", false, pending <= flying
 	}
-	olderFirst(waiting)
-	olderFirst(all)
-	for _, it := range waiting {
-		if remaining[it.gpu] > 0 {
-			return it.gpu, true, false
+	for _, it := range waitingPlanned {
+		if remaining[it.r.planned] > 0 {
+			return it.r.planned, true, false
 		}
 	}
 	for _, it := range all {
-		if remaining[it.gpu] > 0 {
-			return it.gpu, true, false
+		if remaining[it.r.planned] > 0 {
+			return it.r.planned, true, false
 		}
 	}
-	return waiting[0].gpu, true, false
+	return waitingPlanned[0].r.planned, true, false
 }
 
-// Allocated implements resource.PodHint: the answer counts as a placed
-// fraction of this size on uuid until the kubelet reports the container
-// that got it, and the write-back runs at once.
-func (h *Hint) Allocated(ctx context.Context, uuid string, units int) {
+// ErrInitContainerFraction is returned (wrapped, naming the pod) for a
+// fraction request that only init containers can be asking for.
+var ErrInitContainerFraction = fmt.Errorf("fractions (%s) are served to app containers only: "+
+	"the kubelet reports no init container's devices, so gpufrac-node could neither record nor limit the share; move the fraction to an app container", api.ResourceFraction)
+
+// Refusal implements resource.PodHint: a request for units is refused
+// while a pod waiting for admission here asks that many units in an init
+// container. Allocate does not say which pod it serves, so when such a pod
+// waits beside an app container of the same size the request is refused
+// too (fail closed): the kubelet admits one pod at a time, and that pod's
+// init containers come first.
+func (h *Hint) Refusal(units int) error {
+	if !h.reconcile() {
+		return nil
+	}
 	h.mu.Lock()
-	h.inflight = append(h.inflight, given{gpu: uuid, units: units, at: h.clock.Now()})
+	defer h.mu.Unlock()
+	for _, r := range h.order {
+		if r.terminated() || !r.pending() || !slices.Contains(r.initUnits, units) {
+			continue
+		}
+		return fmt.Errorf("pod %s asks %d units in an init container: %w", klog.KObj(r.pod), units, ErrInitContainerFraction)
+	}
+	return nil
+}
+
+// Allocated implements resource.PodHint: the answer is recorded on the
+// waiting container it most likely serves (see waitingSlotLocked) until
+// the kubelet reports the container that got it, and the write-back runs at
+// once.
+func (h *Hint) Allocated(ctx context.Context, uuid string, units int) {
+	h.reconcile()
+	h.mu.Lock()
+	h.attributeLocked(answer{gpu: uuid, units: units, at: h.clock.Now()})
 	h.mu.Unlock()
 	klog.FromContext(ctx).V(4).Info("Fraction allocated", "gpu", uuid, "units", units)
 	if h.podRes != nil {
@@ -410,63 +715,104 @@ func (h *Hint) Allocated(ctx context.Context, uuid string, units int) {
 	}
 }
 
-// writeBack annotates pods with the GPUs the kubelet's PodResources says
-// they hold: fraction pods (gpufrac.io/allocated-gpu, the GPU of their
-// units), reservation pods (gpufrac.io/reserved-gpu) and pods holding whole
-// GPUs (gpufrac.io/allocated-gpu, the sorted, comma-separated device IDs of
-// all their containers: GPU UUIDs, or MIG UUIDs in the single strategy).
-// A pod holding both a fraction and whole GPUs keeps its fraction's GPU:
-// the coordinator and the hint read allocated-gpu of fraction pods as one
-// UUID.
+// answersInFlight counts the Allocate answers not yet confirmed by the
+// kubelet, recorded on a container or not.
+func (h *Hint) answersInFlight() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.unattributed)
+	for _, r := range h.order {
+		for _, s := range r.slots {
+			if s.state == answered {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// setListing stores a PodResources listing: each container's fraction
+// units and each pod's whole GPUs.
+func (h *Hint) setListing(as []Assignment) {
+	listing := map[containerKey]listedFraction{}
+	whole := map[types.NamespacedName][]string{}
+	for _, a := range as {
+		switch a.Resource {
+		case api.ResourceFraction:
+			gpu, err := resource.GPUOfUnits(a.DeviceIDs)
+			if err != nil {
+				continue
+			}
+			listing[containerKey{a.Namespace, a.Pod, a.Container}] = listedFraction{gpu: gpu, units: len(a.DeviceIDs)}
+		case api.ResourceGPU:
+			key := types.NamespacedName{Namespace: a.Namespace, Name: a.Pod}
+			whole[key] = append(whole[key], a.DeviceIDs...)
+		}
+	}
+	for key, ids := range whole {
+		slices.Sort(ids)
+		whole[key] = slices.Compact(ids)
+	}
+	h.mu.Lock()
+	h.listing, h.wholeListing = listing, whole
+	h.mu.Unlock()
+}
+
+// writeBack reads the kubelet's PodResources into the records and annotates
+// each pod with what its record says it holds: fraction pods
+// (gpufrac.io/allocated-gpu, the GPU of the units of their first app
+// container listed), reservation pods (gpufrac.io/reserved-gpu, their one
+// GPU) and pods holding whole GPUs (gpufrac.io/allocated-gpu, the sorted,
+// comma-separated device IDs of all their containers: GPU UUIDs, or MIG
+// UUIDs in the single strategy). A pod holding both a fraction and whole
+// GPUs keeps its fraction's GPU: the coordinator and the hint read
+// allocated-gpu of fraction pods as one UUID.
 func (h *Hint) writeBack(ctx context.Context) error {
 	h.podRes.Invalidate()
 	as, err := h.podRes.List(ctx)
 	if err != nil {
 		return err
 	}
-	listing := map[containerKey]admission{}
-	want := map[types.NamespacedName]map[string]string{} // pod -> annotation -> GPU
-	whole := map[types.NamespacedName][]string{}         // pod -> whole GPUs held, over its containers
-	for _, a := range as {
-		key := types.NamespacedName{Namespace: a.Namespace, Name: a.Pod}
+	h.setListing(as)
+	pods, err := h.lister.List(labelsEverything())
+	if err != nil {
+		return fmt.Errorf("listing pods from the informer: %w", err)
+	}
+	type want struct {
+		pod  *corev1.Pod
+		anns map[string]string
+	}
+	var wants []want
+	h.mu.Lock()
+	h.reconcileLocked(pods)
+	for _, r := range h.order {
+		anns := map[string]string{}
+		held := h.wholeListing[r.key()]
+		for _, s := range r.slots {
+			if l, ok := h.listing[containerKey{r.pod.Namespace, r.pod.Name, s.container}]; ok {
+				anns[api.AnnotationAllocatedGPU] = l.gpu
+				break
+			}
+		}
 		switch {
-		case a.Resource == api.ResourceFraction:
-			gpu, err := resource.GPUOfUnits(a.DeviceIDs)
-			if err != nil {
-				continue
+		case r.reservation:
+			if len(held) == 1 {
+				anns[api.AnnotationReservedGPU] = held[0]
 			}
-			listing[containerKey{a.Namespace, a.Pod, a.Container}] = admission{units: len(a.DeviceIDs), gpu: gpu}
-			setWant(want, key, api.AnnotationAllocatedGPU, gpu)
-		case a.Resource == api.ResourceGPU && IsReservation(a.Namespace, a.Pod):
-			if len(a.DeviceIDs) == 1 {
-				setWant(want, key, api.AnnotationReservedGPU, a.DeviceIDs[0])
-			}
-		case a.Resource == api.ResourceGPU:
-			whole[key] = append(whole[key], a.DeviceIDs...)
+		case len(held) > 0 && anns[api.AnnotationAllocatedGPU] == "":
+			anns[api.AnnotationAllocatedGPU] = strings.Join(held, ",")
+		}
+		if len(anns) > 0 {
+			wants = append(wants, want{r.pod, anns})
 		}
 	}
-	for key, ids := range whole {
-		if _, ok := want[key][api.AnnotationAllocatedGPU]; ok || len(ids) == 0 {
-			continue // a fraction's GPU, or nothing to say
-		}
-		slices.Sort(ids)
-		setWant(want, key, api.AnnotationAllocatedGPU, strings.Join(slices.Compact(ids), ","))
-	}
-	if pods, err := h.lister.List(labelsEverything()); err == nil {
-		h.mu.Lock()
-		h.listing = listing
-		h.reconcileLocked(pods)
-		h.mu.Unlock()
-	}
+	h.mu.Unlock()
+
 	var firstErr error
-	for key, anns := range want {
-		p, err := h.lister.Pods(key.Namespace).Get(key.Name)
-		if err != nil {
-			continue // not in the cache (yet, or any more)
-		}
+	for _, w := range wants {
 		patch := map[string]string{}
-		for k, v := range anns {
-			if p.Annotations[k] != v {
+		for k, v := range w.anns {
+			if w.pod.Annotations[k] != v {
 				patch[k] = v
 			}
 		}
@@ -475,22 +821,15 @@ func (h *Hint) writeBack(ctx context.Context) error {
 		}
 		body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
 		if err != nil {
-			return fmt.Errorf("encoding annotations of pod %s: %w", key, err)
+			return fmt.Errorf("encoding annotations of pod %s: %w", klog.KObj(w.pod), err)
 		}
-		if _, err := h.client.PatchPod(ctx, key.Namespace, key.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
+		if _, err := h.client.PatchPod(ctx, w.pod.Namespace, w.pod.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
 			if firstErr == nil {
-				firstErr = fmt.Errorf("annotating pod %s: %w", key, err)
+				firstErr = fmt.Errorf("annotating pod %s: %w", klog.KObj(w.pod), err)
 			}
 			continue
 		}
-		klog.FromContext(ctx).V(2).Info("Wrote back GPU", "pod", klog.KObj(p), "annotations", patch)
+		klog.FromContext(ctx).V(2).Info("Wrote back GPU", "pod", klog.KObj(w.pod), "annotations", patch)
 	}
 	return firstErr
-}
-
-func setWant(want map[types.NamespacedName]map[string]string, key types.NamespacedName, ann, gpu string) {
-	if want[key] == nil {
-		want[key] = map[string]string{}
-	}
-	want[key][ann] = gpu
 }

@@ -26,7 +26,7 @@ type call struct {
 	units int
 }
 
-type answer struct {
+type hintAnswer struct {
 	GPU string
 	OK  bool
 }
@@ -37,7 +37,7 @@ func TestGPUFor(t *testing.T) {
 		pods      []*corev1.Pod
 		allocated []call
 		units     int
-		want      answer
+		want      hintAnswer
 	}{
 		{
 			name: "the oldest pending pod of the size gives its GPU",
@@ -46,7 +46,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "old").fraction("main", 30).gpu(gpuB).age(time.Hour).obj(),
 			},
 			units: 30,
-			want:  answer{gpuB, true},
+			want:  hintAnswer{gpuB, true},
 		},
 		{
 			name: "equal ages are ordered by namespace and name",
@@ -55,19 +55,19 @@ func TestGPUFor(t *testing.T) {
 				makePod("team-a", "z").fraction("main", 30).gpu(gpuB).obj(),
 			},
 			units: 30,
-			want:  answer{gpuB, true},
+			want:  hintAnswer{gpuB, true},
 		},
 		{
 			name:  "a pod of another size does not match",
 			pods:  []*corev1.Pod{makePod("default", "p").fraction("main", 50).gpu(gpuA).obj()},
 			units: 30,
-			want:  answer{},
+			want:  hintAnswer{},
 		},
 		{
 			name:  "a pod without the coordinator's choice does not match",
 			pods:  []*corev1.Pod{makePod("default", "p").fraction("main", 30).obj()},
 			units: 30,
-			want:  answer{},
+			want:  hintAnswer{},
 		},
 		{
 			name: "pods bound to another node are not seen",
@@ -76,7 +76,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "here").fraction("main", 30).gpu(gpuB).obj(),
 			},
 			units: 30,
-			want:  answer{gpuB, true},
+			want:  hintAnswer{gpuB, true},
 		},
 		{
 			name: "a pod carrying allocated-gpu is skipped",
@@ -85,7 +85,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "young").fraction("main", 30).gpu(gpuB).obj(),
 			},
 			units: 30,
-			want:  answer{gpuB, true},
+			want:  hintAnswer{gpuB, true},
 		},
 		{
 			name: "a running pod is skipped",
@@ -94,7 +94,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "young").fraction("main", 30).gpu(gpuB).obj(),
 			},
 			units: 30,
-			want:  answer{gpuB, true},
+			want:  hintAnswer{gpuB, true},
 		},
 		{
 			name: "a finished pod is neither waiting nor planned",
@@ -103,7 +103,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "failed").fraction("main", 30).gpu(gpuA).phase(corev1.PodFailed).age(time.Hour).obj(),
 			},
 			units: 30,
-			want:  answer{},
+			want:  hintAnswer{},
 		},
 		{
 			name: "any container of the pod may ask",
@@ -111,7 +111,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "p").plain("sidecar").fraction("main", 30).gpu(gpuA).obj(),
 			},
 			units: 30,
-			want:  answer{gpuA, true},
+			want:  hintAnswer{gpuA, true},
 		},
 		{
 			name: "a request without a limit counts",
@@ -121,7 +121,7 @@ func TestGPUFor(t *testing.T) {
 				return p
 			}()},
 			units: 25,
-			want:  answer{gpuC, true},
+			want:  hintAnswer{gpuC, true},
 		},
 		{
 			name: "a fraction recorded by Allocated serves the pod planned there",
@@ -131,7 +131,7 @@ func TestGPUFor(t *testing.T) {
 			},
 			allocated: []call{{gpuA, 30}},
 			units:     30,
-			want:      answer{gpuB, true},
+			want:      hintAnswer{gpuB, true},
 		},
 		{
 			name: "same-size pods are interchangeable: the young pod's GPU served first leaves the old pod's",
@@ -141,7 +141,7 @@ func TestGPUFor(t *testing.T) {
 			},
 			allocated: []call{{gpuB, 30}},
 			units:     30,
-			want:      answer{gpuA, true},
+			want:      hintAnswer{gpuA, true},
 		},
 		{
 			name: "every placed pod served: no hint",
@@ -151,7 +151,7 @@ func TestGPUFor(t *testing.T) {
 			},
 			allocated: []call{{gpuB, 30}, {gpuA, 30}},
 			units:     30,
-			want:      answer{},
+			want:      hintAnswer{},
 		},
 		{
 			name: "an allocation of another size serves nobody of this size",
@@ -160,7 +160,7 @@ func TestGPUFor(t *testing.T) {
 			},
 			allocated: []call{{gpuA, 50}},
 			units:     30,
-			want:      answer{gpuA, true},
+			want:      hintAnswer{gpuA, true},
 		},
 		{
 			name: "a pod whose fraction went to another GPU frees its planned GPU for the next pod",
@@ -169,7 +169,7 @@ func TestGPUFor(t *testing.T) {
 				makePod("default", "young").fraction("main", 30).gpu(gpuB).obj(),
 			},
 			units: 30,
-			want:  answer{gpuA, true},
+			want:  hintAnswer{gpuA, true},
 		},
 		{
 			name: "two same-size containers of one pod are two fractions",
@@ -178,7 +178,7 @@ func TestGPUFor(t *testing.T) {
 			},
 			allocated: []call{{gpuA, 30}},
 			units:     30,
-			want:      answer{gpuA, true},
+			want:      hintAnswer{gpuA, true},
 		},
 	}
 	for _, tt := range tests {
@@ -195,7 +195,7 @@ func TestGPUFor(t *testing.T) {
 			for _, a := range tt.allocated {
 				h.Allocated(ctx, a.gpu, a.units)
 			}
-			var got answer
+			var got hintAnswer
 			got.GPU, got.OK = h.GPUFor(tt.units)
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("GPUFor(%d) (-want +got):\n%s", tt.units, diff)
@@ -229,12 +229,12 @@ func TestGPUForFollowsPodChanges(t *testing.T) {
 	h := NewHint(c, node, nil)
 	h.lagWait = 0 // answers as of the informer's view; TestGPUForWaitsForTheInformer covers the wait
 	startInformer(t, ctx, h, c)
-	query := func() answer {
-		var a answer
+	query := func() hintAnswer {
+		var a hintAnswer
 		a.GPU, a.OK = h.GPUFor(30)
 		return a
 	}
-	if got := query(); got != (answer{}) {
+	if got := query(); got != (hintAnswer{}) {
 		t.Fatalf("GPUFor on an empty node = %+v", got)
 	}
 
@@ -242,10 +242,10 @@ func TestGPUForFollowsPodChanges(t *testing.T) {
 	if _, err := c.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, ctx, "the new pod's hint", func() bool { return query() == answer{gpuA, true} })
+	eventually(t, ctx, "the new pod's hint", func() bool { return query() == hintAnswer{gpuA, true} })
 
 	h.Allocated(ctx, gpuA, 30)
-	if got := query(); got != (answer{}) {
+	if got := query(); got != (hintAnswer{}) {
 		t.Fatalf("GPUFor after Allocated = %+v, want no hint", got)
 	}
 
@@ -263,11 +263,8 @@ func TestGPUForFollowsPodChanges(t *testing.T) {
 	if _, err := c.CoreV1().Pods("default").Create(ctx, p2, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, ctx, "the second pod's hint", func() bool { return query() == answer{gpuA, true} })
-	h.mu.Lock()
-	inflight := len(h.inflight)
-	h.mu.Unlock()
-	if inflight != 0 {
+	eventually(t, ctx, "the second pod's hint", func() bool { return query() == hintAnswer{gpuA, true} })
+	if inflight := h.answersInFlight(); inflight != 0 {
 		t.Errorf("%d answers still in flight after the pod started", inflight)
 	}
 }
@@ -277,10 +274,9 @@ func TestGPUForFollowsPodChanges(t *testing.T) {
 func TestInflightExpires(t *testing.T) {
 	ctx := testContext(t)
 	c := newFakeClient(makePod("default", "p").fraction("main", 30).gpu(gpuA).obj())
-	h := NewHint(c, node, nil)
+	clk := testclock.NewFakeClock(t0)
+	h := NewHint(c, node, nil, WithClock(clk))
 	h.lagWait = 0 // answers as of the informer's view; TestGPUForWaitsForTheInformer covers the wait
-	clk := testclock.NewFakePassiveClock(t0)
-	h.clock = clk
 	startInformer(t, ctx, h, c)
 	h.Allocated(ctx, gpuA, 30)
 	if _, ok := h.GPUFor(30); ok {
@@ -299,34 +295,33 @@ func TestInflightExpires(t *testing.T) {
 // TestGPUForWaitsForTheInformer: the kubelet may admit a fraction before this
 // agent's informer shows the pod. GPUFor then waits for the informer instead of
 // answering "no hint" (which would put the fraction by best fit); it does not
-// wait when a pod of the size is known but not the coordinator's.
+// wait when a pod of the size is known but not the coordinator's. The wait
+// runs on the hint's clock: the test steps a fake clock and never sleeps.
 func TestGPUForWaitsForTheInformer(t *testing.T) {
+	const lagWait = 300 * time.Millisecond
 	tests := []struct {
-		name    string
-		known   []*corev1.Pod // in the informer from the start
-		late    *corev1.Pod   // created while GPUFor waits
-		want    answer
-		minWait time.Duration
-		maxWait time.Duration
+		name  string
+		known []*corev1.Pod // in the informer from the start
+		late  *corev1.Pod   // created while GPUFor waits
+		want  hintAnswer
+		// waited is the fake time GPUFor took.
+		waited time.Duration
 	}{
 		{
-			name:    "the planned pod shows up late: its GPU",
-			late:    makePod("default", "late").fraction("main", 30).gpu(gpuB).obj(),
-			want:    answer{gpuB, true},
-			minWait: 50 * time.Millisecond,
-			maxWait: 2 * time.Second,
+			name:   "the planned pod shows up late: its GPU, one poll after it shows",
+			late:   makePod("default", "late").fraction("main", 30).gpu(gpuB).obj(),
+			want:   hintAnswer{gpuB, true},
+			waited: informerLagPoll,
 		},
 		{
-			name:    "nothing shows up: no hint after the wait",
-			want:    answer{},
-			minWait: 300 * time.Millisecond,
-			maxWait: 2 * time.Second,
+			name:   "nothing shows up: no hint after the wait",
+			want:   hintAnswer{},
+			waited: lagWait,
 		},
 		{
-			name:    "a pod of the size without a plan is known: no hint at once",
-			known:   []*corev1.Pod{makePod("default", "other-scheduler").fraction("main", 30).obj()},
-			want:    answer{},
-			maxWait: 250 * time.Millisecond,
+			name:  "a pod of the size without a plan is known: no hint at once",
+			known: []*corev1.Pod{makePod("default", "other-scheduler").fraction("main", 30).scheduler("default-scheduler").obj()},
+			want:  hintAnswer{},
 		},
 	}
 	for _, tt := range tests {
@@ -337,26 +332,46 @@ func TestGPUForWaitsForTheInformer(t *testing.T) {
 				objs = append(objs, p)
 			}
 			c := newFakeClient(objs...)
-			h := NewHint(c, node, nil)
-			h.lagWait = 300 * time.Millisecond
+			clk := testclock.NewFakeClock(t0)
+			h := NewHint(c, node, nil, WithClock(clk))
+			h.lagWait = lagWait
 			startInformer(t, ctx, h, c)
+			done := make(chan hintAnswer, 1)
+			go func() {
+				var a hintAnswer
+				a.GPU, a.OK = h.GPUFor(30)
+				done <- a
+			}()
 			if tt.late != nil {
-				go func() {
-					time.Sleep(50 * time.Millisecond)
-					if _, err := c.CoreV1().Pods(tt.late.Namespace).Create(ctx, tt.late, metav1.CreateOptions{}); err != nil {
-						t.Error(err)
+				eventually(t, ctx, "GPUFor to wait on the clock", clk.HasWaiters)
+				if _, err := c.CoreV1().Pods(tt.late.Namespace).Create(ctx, tt.late, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, ctx, "the late pod in the informer", func() bool {
+					_, err := h.lister.Pods(tt.late.Namespace).Get(tt.late.Name)
+					return err == nil
+				})
+			}
+			// Step the fake clock one poll at a time while GPUFor waits.
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case got := <-done:
+					if got != tt.want {
+						t.Errorf("GPUFor(30) = %+v, want %+v", got, tt.want)
 					}
-				}()
-			}
-			began := time.Now()
-			var got answer
-			got.GPU, got.OK = h.GPUFor(30)
-			took := time.Since(began)
-			if got != tt.want {
-				t.Errorf("GPUFor(30) = %+v, want %+v", got, tt.want)
-			}
-			if took < tt.minWait || took > tt.maxWait {
-				t.Errorf("GPUFor(30) took %s, want %s..%s", took, tt.minWait, tt.maxWait)
+					if waited := clk.Since(t0); waited != tt.waited {
+						t.Errorf("GPUFor(30) took %s on the clock, want %s", waited, tt.waited)
+					}
+					return
+				case <-tick.C:
+					if clk.HasWaiters() {
+						clk.Step(informerLagPoll)
+					}
+				case <-ctx.Done():
+					t.Fatalf("GPUFor(30) did not return: %v", ctx.Err())
+				}
 			}
 		})
 	}

@@ -136,7 +136,8 @@ func (p *PodResources) Usage(ctx context.Context) (map[string]resource.GPUUsage,
 	return UsageOf(as, p.wholeName, p.fractionName), nil
 }
 
-// UsageOf sums assignments into per-GPU usage.
+// UsageOf sums assignments into per-GPU usage: the pod holding each GPU
+// whole, the fraction units and the time-sliced replicas on it.
 func UsageOf(as []Assignment, wholeName, fractionName string) map[string]resource.GPUUsage {
 	usage := map[string]resource.GPUUsage{}
 	for _, a := range as {
@@ -148,14 +149,22 @@ func UsageOf(as []Assignment, wholeName, fractionName string) map[string]resourc
 				u.WholeHolderIsReservation = IsReservation(a.Namespace, a.Pod)
 				usage[id] = u
 			}
-		case fractionName:
+		default:
+			// Fraction units, and time-sliced replicas of any resource
+			// name (a renamed one, or one an earlier config served): both
+			// are "<uuid>::<k>". MIG devices (MIG UUIDs) and other
+			// devices do not parse and are left out.
 			for _, id := range a.DeviceIDs {
 				gpu, _, err := resource.ParseUnitID(id)
 				if err != nil {
 					continue
 				}
 				u := usage[gpu]
-				u.Units++
+				if a.Resource == fractionName {
+					u.Units++
+				} else {
+					u.Replicas++
+				}
 				usage[gpu] = u
 			}
 		}

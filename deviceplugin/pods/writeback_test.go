@@ -89,6 +89,25 @@ func (n *simNode) allocate(t testing.TB, ctx context.Context, p *corev1.Pod, res
 	return a.DeviceIDs
 }
 
+// reserve holds each of the GPUs whole with a reservation pod, as the
+// coordinator does before it binds fractions there: the hint is honoured
+// only on such GPUs. The GPUs are served whole by a fake plugin that hands
+// them out in ID order, so pass them sorted.
+func (n *simNode) reserve(t testing.TB, ctx context.Context, gpus ...string) {
+	t.Helper()
+	var devs []*v1beta1.Device
+	for _, g := range gpus {
+		devs = append(devs, &v1beta1.Device{ID: g, Health: v1beta1.Healthy})
+	}
+	n.fakePlugin(t, ctx, api.ResourceGPU, devs, false)
+	for i, g := range gpus {
+		r := makePod(api.SystemNamespace, fmt.Sprintf("%s%d", api.ReservationNamePrefix, i)).whole("hold", 1).obj()
+		if got := n.allocate(t, ctx, r, api.ResourceGPU, 1); len(got) != 1 || got[0] != g {
+			t.Fatalf("reservation %s got %v, want %s", r.Name, got, g)
+		}
+	}
+}
+
 // whole adds a container asking for n whole GPUs.
 func (b *podBuilder) whole(container string, n int) *podBuilder {
 	q := *k8sresource.NewQuantity(int64(n), k8sresource.DecimalSI)
@@ -231,6 +250,7 @@ func TestAdmissionOrderDoesNotMatter(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := testContext(t)
 			n := startSimNode(t, ctx)
+			n.reserve(t, ctx, gpuA, gpuB)
 			pods := map[string]*corev1.Pod{
 				"old":   makePod("default", "old").fraction("main", 30).gpu(gpuA).age(time.Hour).obj(),
 				"young": makePod("default", "young").fraction("main", 30).gpu(gpuB).obj(),

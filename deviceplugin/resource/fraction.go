@@ -2,10 +2,12 @@ package resource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -36,10 +38,12 @@ type FractionOptions struct {
 	// GPUs are the GPUs offered as fractions.
 	GPUs   []nvidia.GPU
 	Health HealthFunc
-	// Usage, when set, keeps fractions off GPUs held whole by a pod other
-	// than a gpufrac reservation.
+	// Usage keeps fractions off GPUs held whole by a pod other than a
+	// gpufrac reservation. Without it (nil, or failing) no fraction is
+	// given: ErrUsageUnknown.
 	Usage UsageSource
-	// Hint, when set, finds the GPU the coordinator chose for the pod.
+	// Hint, when set, finds the GPU the coordinator chose for the pod, and
+	// refuses fractions asked by init containers.
 	Hint     PodHint
 	Strategy DeviceListStrategy
 }
@@ -82,9 +86,18 @@ func (f *Fraction) Devices() []*pluginapi.Device {
 // ErrTooManyUnits is returned for a request above one GPU's worth of units.
 var ErrTooManyUnits = fmt.Errorf("a fraction request may ask for at most %d units (one GPU)", api.UnitsPerGPU)
 
-// Preferred implements Resource. The GPU is, in order: the GPU the
-// coordinator recorded on a pending pod of this size, else the best-fitting
-// GPU (fewest free units that still fit) not held whole by another pod.
+// Preferred implements Resource. The GPU is, in order:
+//
+//  1. the GPU the pod hint names (the coordinator's choice, recorded on a
+//     pod waiting for admission), honoured only when a reservation pod holds
+//     that GPU (so no other pod holds it whole) and it has room: the hint
+//     comes from a pod annotation, which is untrusted input where the
+//     admission policies are missing, and a reservation marks exactly the
+//     GPUs the coordinator shares;
+//  2. else the best-fitting GPU (fewest free units that still fit) that no
+//     pod other than a reservation holds whole.
+//
+// Without the kubelet's allocations (ErrUsageUnknown) it refuses.
 func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []string, size int) ([]string, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("preferred allocation of %d units: size must be positive", size)
@@ -108,18 +121,27 @@ func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []strin
 		}
 		pinned = g
 	}
+	usage, err := readUsage(ctx, f.usage)
+	if err != nil {
+		return nil, fmt.Errorf("preferred allocation of %d units: %w", size, err)
+	}
 
 	gpu := ""
 	if f.hint != nil && pinned == "" {
-		if g, ok := f.hint.GPUFor(size); ok && len(free[g]) >= size {
+		if err := f.hint.Refusal(size); err != nil {
+			return nil, fmt.Errorf("preferred allocation of %d units: %w", size, err)
+		}
+		if g, ok := f.hint.GPUFor(size); ok && len(free[g]) >= size && f.health(g) && usage[g].WholeHolderIsReservation {
 			gpu = g
+		} else if ok {
+			klog.FromContext(ctx).V(2).Info("Pod hint not honoured: its GPU is not held by a reservation, or has no room", "gpu", g, "units", size, "free", len(free[g]), "wholeHolder", usage[g].WholeHolder)
 		}
 	}
 	if gpu == "" {
-		gpu = f.bestFit(ctx, free, pinned, size)
+		gpu = f.bestFit(free, usage, pinned, size)
 	}
 	if gpu == "" {
-		return nil, fmt.Errorf("no GPU on this node has %d free fraction units", size)
+		return nil, fmt.Errorf("no GPU on this node has %d free fraction units and is not held whole by another pod", size)
 	}
 
 	ks := free[gpu]
@@ -139,13 +161,7 @@ func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []strin
 
 // bestFit returns the GPU with the fewest free units that still holds size,
 // skipping GPUs held whole by a pod that is not a reservation; "" if none.
-func (f *Fraction) bestFit(ctx context.Context, free map[string][]int, pinned string, size int) string {
-	var usage map[string]GPUUsage
-	if f.usage != nil {
-		if u, err := f.usage.Usage(ctx); err == nil {
-			usage = u
-		}
-	}
+func (f *Fraction) bestFit(free map[string][]int, usage map[string]GPUUsage, pinned string, size int) string {
 	// Among GPUs with equally few free units, one held by a reservation
 	// wins over one nothing holds: with the coordinator, fractions belong on
 	// reserved GPUs, where no whole-GPU pod can be given the GPU later.
@@ -156,7 +172,7 @@ func (f *Fraction) bestFit(ctx context.Context, free map[string][]int, pinned st
 			continue
 		}
 		u := usage[g]
-		if u.WholeHolder != "" && !u.WholeHolderIsReservation {
+		if u.HeldWholeByOther() {
 			continue
 		}
 		if n < bestFree || (n == bestFree && u.WholeHolderIsReservation && !bestReserved) {
@@ -166,8 +182,15 @@ func (f *Fraction) bestFit(ctx context.Context, free map[string][]int, pinned st
 	return best
 }
 
+// ErrHeldWhole is returned for fraction units of a GPU that a pod other
+// than a reservation holds whole.
+var ErrHeldWhole = errors.New("the GPU is held whole by another pod")
+
 // Allocate implements Resource: device access to the one GPU behind ids and
-// the memory and compute limits of the fraction.
+// the memory and compute limits of the fraction. It refuses units of a GPU
+// another pod (not a reservation) holds whole, whatever chose them, units
+// while the kubelet's allocations are unknown, and sizes the pods waiting
+// here ask only in init containers (PodHint.Refusal).
 func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	n := len(ids)
 	if n > api.UnitsPerGPU {
@@ -181,13 +204,25 @@ func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.Conta
 	if !ok {
 		return nil, fmt.Errorf("allocating %d units: unknown GPU %s", n, uuid)
 	}
+	usage, err := readUsage(ctx, f.usage)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d units of %s: %w", n, uuid, err)
+	}
+	if u := usage[uuid]; u.HeldWholeByOther() {
+		return nil, fmt.Errorf("allocating %d units of %s: %w (%s)", n, uuid, ErrHeldWhole, u.WholeHolder)
+	}
+	if f.hint != nil {
+		if err := f.hint.Refusal(n); err != nil {
+			return nil, fmt.Errorf("allocating %d units: %w", n, err)
+		}
+	}
 	limitMiB := MemoryLimitMiB(g, n)
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{
+	resp := newResponse(map[string]string{
 		api.EnvMemoryLimitMiB: strconv.FormatUint(limitMiB, 10),
 		// The container sees exactly one GPU, so MPS addresses it as device 0.
 		api.EnvMPSMemLimit:         "0=" + strconv.FormatUint(limitMiB, 10) + "M",
 		api.EnvMPSThreadPercentage: strconv.Itoa(n),
-	}}
+	})
 	containerDevices(f.strategy, []nvidia.GPU{g}, resp)
 	if f.hint != nil {
 		f.hint.Allocated(ctx, uuid, n)

@@ -168,7 +168,7 @@ func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAll
 		}
 		devs = append(devs, r.devs[i])
 	}
-	resp := &pluginapi.ContainerAllocateResponse{}
+	resp := newResponse(nil)
 	if r.strategy == StrategyCDI {
 		for _, d := range devs {
 			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: CDIKind + "=" + d.UUID})

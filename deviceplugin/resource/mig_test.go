@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
 
@@ -100,10 +101,10 @@ func TestMIGAllocate(t *testing.T) {
 		wantErr  string
 	}{
 		{name: "device specs: parent GPU, capabilities, control devices", capsFile: caps, ids: []string{"MIG-1-0", "MIG-1-1"},
-			want: &pluginapi.ContainerAllocateResponse{Devices: specs("/dev/nvidia5", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31",
+			want: &pluginapi.ContainerAllocateResponse{Envs: voidEnv, Devices: specs("/dev/nvidia5", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31",
 				"/dev/nvidia-caps/nvidia-cap39", "/dev/nvidia-caps/nvidia-cap40", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")}},
 		{name: "CDI names the MIG device", strategy: StrategyCDI, capsFile: filepath.Join(t.TempDir(), "absent"), ids: []string{"MIG-0-1"},
-			want: &pluginapi.ContainerAllocateResponse{CdiDevices: []*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=MIG-0-1"}}}},
+			want: &pluginapi.ContainerAllocateResponse{Envs: voidEnv, CdiDevices: []*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=MIG-0-1"}}}},
 		{name: "capability missing", capsFile: caps, ids: []string{"MIG-0-0"}, wantErr: "has no minor for gpu0/gi1/access"},
 		{name: "no capability file", capsFile: filepath.Join(t.TempDir(), "absent"), ids: []string{"MIG-1-0"}, wantErr: "reading MIG capability minors"},
 		{name: "unknown device", capsFile: caps, ids: []string{"MIG-7-7"}, wantErr: "unknown device"},
@@ -130,6 +131,9 @@ func TestMIGAllocate(t *testing.T) {
 		})
 	}
 }
+
+// voidEnv is the environment every Allocate response carries.
+var voidEnv = map[string]string{api.EnvVisibleDevices: "void"}
 
 func specs(paths ...string) []*pluginapi.DeviceSpec {
 	out := make([]*pluginapi.DeviceSpec, len(paths))

@@ -8,11 +8,13 @@ package resource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
 
@@ -71,20 +73,56 @@ type GPUUsage struct {
 	WholeHolderIsReservation bool
 	// Units is the number of fraction units allocated on the GPU.
 	Units int
+	// Replicas is the number of time-sliced replicas allocated on the GPU
+	// (of any resource whose device IDs are "<uuid>::<k>" other than the
+	// fractions: a renamed replica resource, or one left from an earlier
+	// config).
+	Replicas int
 }
 
+// Shared tells whether other pods hold a share of the GPU (fraction units
+// or replicas), so it cannot be given whole.
+func (u GPUUsage) Shared() bool { return u.Units > 0 || u.Replicas > 0 }
+
+// HeldWholeByOther tells whether a pod other than a reservation holds the
+// GPU whole, so no share of it may be given.
+func (u GPUUsage) HeldWholeByOther() bool { return u.WholeHolder != "" && !u.WholeHolderIsReservation }
+
 // UsageSource reports per-GPU allocations from the kubelet's PodResources.
-// Implementations answer from a cache; an error means "unknown", and callers
-// then decide from the kubelet's available list alone.
+// Implementations answer from a cache; an error means "unknown".
 type UsageSource interface {
 	Usage(ctx context.Context) (map[string]GPUUsage, error)
 }
 
+// ErrUsageUnknown is returned when whole GPUs or fractions are asked for
+// while the kubelet's allocations cannot be read (no PodResources, or it
+// fails): without them gpufrac-node cannot keep fractions off GPUs held
+// whole nor whole-GPU pods off shared GPUs, so it refuses (fails closed).
+var ErrUsageUnknown = errors.New("the kubelet's PodResources cannot be read, so gpufrac-node cannot tell which GPUs are held whole or shared")
+
+// readUsage reads src; a nil src (PodResources disabled) is ErrUsageUnknown.
+func readUsage(ctx context.Context, src UsageSource) (map[string]GPUUsage, error) {
+	if src == nil {
+		return nil, ErrUsageUnknown
+	}
+	u, err := src.Usage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUsageUnknown, err)
+	}
+	return u, nil
+}
+
 // PodHint finds the GPU the coordinator chose for the next container asking
 // for units fraction units on this node. ok is false when no such pod is known
-// (standalone mode or a pod scheduled by another scheduler).
+// (standalone mode or a pod scheduled by another scheduler). The GPU is a
+// hint from a pod annotation: the fraction resource honours it only on a GPU
+// a reservation pod holds (see Fraction.Preferred).
 type PodHint interface {
 	GPUFor(units int) (uuid string, ok bool)
+	// Refusal returns why a request for units fraction units must be
+	// refused (every pod waiting for admission here that asks that many
+	// units asks them in an init container), or nil.
+	Refusal(units int) error
 	// Allocated records that units fraction units were given on GPU uuid,
 	// so the matching pod stops being a candidate and gets the GPU written back.
 	Allocated(ctx context.Context, uuid string, units int)
@@ -94,7 +132,8 @@ type PodHint interface {
 type DeviceListStrategy string
 
 // The device list strategies. Neither passes GPUs through an environment
-// variable a user could also set in the pod spec.
+// variable a user could also set in the pod spec; every response sets
+// NVIDIA_VISIBLE_DEVICES=void (VisibleDevicesVoid).
 const (
 	// StrategyDeviceSpecs mounts /dev/nvidiaN and the control devices.
 	StrategyDeviceSpecs DeviceListStrategy = "device-specs"
@@ -117,6 +156,35 @@ var controlDevices = [...]string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvid
 // CDIKind is the CDI vendor/class of gpufrac's GPU devices, as
 // `nvidia-ctk cdi generate --device-name-strategy=uuid` names them.
 const CDIKind = "nvidia.com/gpu"
+
+// VisibleDevicesVoid is the value every Allocate response gives
+// NVIDIA_VISIBLE_DEVICES. The NVIDIA container toolkit reads the variable from
+// the container's final environment to choose which GPUs to inject, and treats
+// "void" as no GPUs and no driver injection at all, like runc
+// (NVIDIA/nvidia-container-toolkit, internal/config/image/cuda_image.go:
+// DevicesFromEnvvars returns no devices for "void", as for an unset or empty
+// variable; the runtime's modifiers skip "void" too). The kubelet puts a device
+// plugin's envs in the container config, which the runtime applies over the
+// image's ENV, so "void" overrides what CUDA images set
+// (NVIDIA_VISIBLE_DEVICES=all): under the toolkit's default settings an image
+// can no longer select GPUs. The kubelet lists the pod's own env and envFrom
+// after the plugin's envs (GenerateRunContainerOptions), so those would win
+// again; the admission policies
+// refuse the variable in containers, and the toolkit setting
+// accept-nvidia-visible-devices-envvar-when-unprivileged = false makes the
+// toolkit ignore it in unprivileged containers altogether. Only device specs
+// and CDI devices grant GPUs. (Driver libraries then come with CDI devices,
+// whose specs carry them; with device specs the runtime injects none.)
+const VisibleDevicesVoid = "void"
+
+// newResponse starts a container response: NVIDIA_VISIBLE_DEVICES=void plus envs.
+func newResponse(envs map[string]string) *pluginapi.ContainerAllocateResponse {
+	all := map[string]string{api.EnvVisibleDevices: VisibleDevicesVoid}
+	for k, v := range envs {
+		all[k] = v
+	}
+	return &pluginapi.ContainerAllocateResponse{Envs: all}
+}
 
 // containerDevices fills resp with access to gpus according to strategy.
 func containerDevices(strategy DeviceListStrategy, gpus []nvidia.GPU, resp *pluginapi.ContainerAllocateResponse) {

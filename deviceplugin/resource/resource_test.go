@@ -42,18 +42,50 @@ func allUnits(n int, used map[int]int) []string {
 	return out
 }
 
+// fakeUsage is a UsageSource that always answers.
 type fakeUsage map[string]GPUUsage
 
 func (f fakeUsage) Usage(context.Context) (map[string]GPUUsage, error) { return f, nil }
 
+// failingUsage is a UsageSource whose next call fails with nextErr (once),
+// as the kubelet's PodResources does while the kubelet restarts.
+type failingUsage struct {
+	fakeUsage
+	nextErr error
+}
+
+func (f *failingUsage) Usage(ctx context.Context) (map[string]GPUUsage, error) {
+	if err := f.nextErr; err != nil {
+		f.nextErr = nil
+		return nil, err
+	}
+	return f.fakeUsage.Usage(ctx)
+}
+
 type fakeHint struct {
 	gpu       string
+	refusal   error
 	allocated []string
 }
 
 func (h *fakeHint) GPUFor(int) (string, bool) { return h.gpu, h.gpu != "" }
+func (h *fakeHint) Refusal(int) error         { return h.refusal }
 func (h *fakeHint) Allocated(_ context.Context, uuid string, units int) {
 	h.allocated = append(h.allocated, fmt.Sprintf("%s:%d", uuid, units))
+}
+
+// fakeReservations is a ReservationHint: a reservation waits for gpu, and
+// only is what ReservationOnly answers.
+type fakeReservations struct {
+	gpu   string
+	only  bool
+	taken []string
+}
+
+func (r *fakeReservations) ReservationGPU() (string, bool) { return r.gpu, r.gpu != "" }
+func (r *fakeReservations) ReservationTaken(uuid string)   { r.taken = append(r.taken, uuid) }
+func (r *fakeReservations) ReservationOnly(_ context.Context, u string) bool {
+	return r.only && u == r.gpu
 }
 
 func TestUnitIDRoundTrip(t *testing.T) {
@@ -109,8 +141,9 @@ func TestFractionPreferred(t *testing.T) {
 		available   []string
 		mustInclude []string
 		size        int
-		usage       fakeUsage
+		usage       UsageSource
 		hint        string
+		refusal     string
 		unhealthy   string
 		wantGPU     string
 		wantErr     string
@@ -118,8 +151,18 @@ func TestFractionPreferred(t *testing.T) {
 		{name: "empty node takes the first GPU", available: allUnits(8, nil), size: 30, wantGPU: "GPU-0"},
 		{name: "best fit picks the fullest GPU that fits", available: allUnits(4, map[int]int{0: 80, 1: 50, 2: 65}), size: 30, wantGPU: "GPU-2"},
 		{name: "a 60 does not fit beside a 60", available: allUnits(2, map[int]int{0: 60}), size: 60, wantGPU: "GPU-1"},
-		{name: "coordinator's GPU wins over best fit", available: allUnits(4, map[int]int{1: 50}), size: 30, hint: "GPU-3", wantGPU: "GPU-3"},
-		{name: "coordinator's GPU without room falls back", available: allUnits(2, map[int]int{1: 90}), size: 30, hint: "GPU-1", wantGPU: "GPU-0"},
+		{name: "coordinator's GPU, held by a reservation, wins over best fit", available: allUnits(4, map[int]int{1: 50}), size: 30, hint: "GPU-3",
+			usage: fakeUsage{"GPU-3": {WholeHolder: "gpufrac-system/gpufrac-reservation-3", WholeHolderIsReservation: true}}, wantGPU: "GPU-3"},
+		{name: "coordinator's GPU without a reservation is not honoured", available: allUnits(4, map[int]int{1: 50}), size: 30, hint: "GPU-3", wantGPU: "GPU-1"},
+		{name: "coordinator's GPU without room falls back", available: allUnits(2, map[int]int{1: 90}), size: 30, hint: "GPU-1",
+			usage: fakeUsage{"GPU-1": {WholeHolder: "gpufrac-system/gpufrac-reservation-1", WholeHolderIsReservation: true}}, wantGPU: "GPU-0"},
+		{name: "coordinator's GPU held whole by another pod is not honoured", available: allUnits(2, nil), size: 10, hint: "GPU-1",
+			usage: fakeUsage{"GPU-1": {WholeHolder: "victims/trainer"}}, wantGPU: "GPU-0"},
+		{name: "unhealthy coordinator's GPU is not honoured", available: allUnits(2, nil), size: 10, hint: "GPU-1", unhealthy: "GPU-1",
+			usage: fakeUsage{"GPU-1": {WholeHolder: "gpufrac-system/gpufrac-reservation-1", WholeHolderIsReservation: true}}, wantGPU: "GPU-0"},
+		{name: "every GPU held whole by other pods: refused", available: allUnits(2, nil), size: 10,
+			usage:   fakeUsage{"GPU-0": {WholeHolder: "a/x"}, "GPU-1": {WholeHolder: "a/y"}, "GPU-2": {WholeHolder: "a/z"}},
+			wantErr: "no GPU on this node has 10 free fraction units and is not held whole by another pod"},
 		{name: "GPU held whole by a pod is skipped", available: allUnits(2, nil), size: 10,
 			usage: fakeUsage{"GPU-0": {WholeHolder: "default/trainer"}}, wantGPU: "GPU-1"},
 		{name: "GPU held by a reservation is used", available: allUnits(2, map[int]int{1: 20}), size: 10,
@@ -131,15 +174,22 @@ func TestFractionPreferred(t *testing.T) {
 		{name: "must-include across GPUs fails", available: allUnits(3, nil), mustInclude: []string{UnitID("GPU-0", 1), UnitID("GPU-1", 1)}, size: 10, wantErr: "one GPU"},
 		{name: "over 100 units fails", available: allUnits(2, nil), size: 101, wantErr: "at most 100 units"},
 		{name: "nothing fits on one GPU", available: allUnits(2, map[int]int{0: 50, 1: 50}), size: 60, wantErr: "no GPU on this node has 60 free fraction units"},
+		{name: "the kubelet's allocations unknown: refused", available: allUnits(2, nil), size: 10,
+			usage: &failingUsage{nextErr: errors.New("connection refused")}, wantErr: "cannot tell which GPUs are held whole"},
+		{name: "init-container fraction: refused", available: allUnits(2, nil), size: 10, refusal: "only init containers ask", wantErr: "only init containers ask"},
 		{name: "unknown device", available: []string{"GPU-9::1"}, size: 1, wantErr: "unknown device"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o := FractionOptions{GPUs: gpus(8), Health: func(u string) bool { return u != tc.unhealthy }}
+			o := FractionOptions{GPUs: gpus(8), Health: func(u string) bool { return u != tc.unhealthy }, Usage: fakeUsage{}}
 			if tc.usage != nil {
 				o.Usage = tc.usage
 			}
-			if tc.hint != "" {
-				o.Hint = &fakeHint{gpu: tc.hint}
+			if tc.hint != "" || tc.refusal != "" {
+				h := &fakeHint{gpu: tc.hint}
+				if tc.refusal != "" {
+					h.refusal = errors.New(tc.refusal)
+				}
+				o.Hint = h
 			}
 			ids, err := NewFraction(o).Preferred(t.Context(), tc.available, tc.mustInclude, tc.size)
 			if tc.wantErr != "" {
@@ -179,7 +229,8 @@ func TestFractionPreferred(t *testing.T) {
 
 func TestFractionAllocate(t *testing.T) {
 	h := &fakeHint{}
-	f := NewFraction(FractionOptions{GPUs: gpus(8), Hint: h})
+	usage := &failingUsage{fakeUsage: fakeUsage{"GPU-3": {WholeHolder: "gpufrac-system/gpufrac-reservation-3", WholeHolderIsReservation: true}}}
+	f := NewFraction(FractionOptions{GPUs: gpus(8), Hint: h, Usage: usage})
 	resp, err := f.Allocate(t.Context(), units("GPU-3", 0, 30))
 	if err != nil {
 		t.Fatalf("Allocate(30 units) error = %v", err)
@@ -188,12 +239,10 @@ func TestFractionAllocate(t *testing.T) {
 		api.EnvMemoryLimitMiB:      "24576",
 		api.EnvMPSMemLimit:         "0=24576M",
 		api.EnvMPSThreadPercentage: "30",
+		api.EnvVisibleDevices:      "void",
 	}
 	if diff := cmp.Diff(wantEnv, resp.Envs); diff != "" {
 		t.Errorf("Allocate() envs (-want +got):\n%s", diff)
-	}
-	if _, set := resp.Envs[api.EnvVisibleDevices]; set {
-		t.Errorf("Allocate() passed the GPU through %s", api.EnvVisibleDevices)
 	}
 	var paths []string
 	for _, d := range resp.Devices {
@@ -212,10 +261,32 @@ func TestFractionAllocate(t *testing.T) {
 	if _, err := f.Allocate(t.Context(), allUnits(2, nil)[:101]); !errors.Is(err, ErrTooManyUnits) {
 		t.Errorf("Allocate(101 units) error = %v, want ErrTooManyUnits", err)
 	}
+
+	// Failure paths: the kubelet's allocations unreadable, a GPU held
+	// whole by another pod, a size only init containers ask for. None of
+	// them is recorded as allocated.
+	usage.nextErr = errors.New("connection refused")
+	if _, err := f.Allocate(t.Context(), units("GPU-2", 0, 10)); !errors.Is(err, ErrUsageUnknown) {
+		t.Errorf("Allocate with PodResources failing: error = %v, want ErrUsageUnknown", err)
+	}
+	usage.fakeUsage["GPU-1"] = GPUUsage{WholeHolder: "victims/trainer"}
+	if _, err := f.Allocate(t.Context(), units("GPU-1", 0, 10)); !errors.Is(err, ErrHeldWhole) || !strings.Contains(err.Error(), "victims/trainer") {
+		t.Errorf("Allocate on a GPU held whole: error = %v, want ErrHeldWhole naming victims/trainer", err)
+	}
+	h.refusal = errors.New("only init containers ask 10 units")
+	if _, err := f.Allocate(t.Context(), units("GPU-2", 0, 10)); err == nil || !strings.Contains(err.Error(), "only init containers") {
+		t.Errorf("Allocate refused by the hint: error = %v", err)
+	}
+	if diff := cmp.Diff([]string{"GPU-3:30"}, h.allocated); diff != "" {
+		t.Errorf("hint told after refusals (-want +got):\n%s", diff)
+	}
+	if _, err := NewFraction(FractionOptions{GPUs: gpus(1)}).Allocate(t.Context(), units("GPU-0", 0, 10)); !errors.Is(err, ErrUsageUnknown) {
+		t.Errorf("Allocate without PodResources: error = %v, want ErrUsageUnknown", err)
+	}
 }
 
 func TestCDIStrategy(t *testing.T) {
-	f := NewFraction(FractionOptions{GPUs: gpus(2), Strategy: StrategyCDI})
+	f := NewFraction(FractionOptions{GPUs: gpus(2), Strategy: StrategyCDI, Usage: fakeUsage{}})
 	resp, err := f.Allocate(t.Context(), units("GPU-1", 0, 50))
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +297,7 @@ func TestCDIStrategy(t *testing.T) {
 	if diff := cmp.Diff([]*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=GPU-1"}}, resp.CdiDevices, cmpProto()); diff != "" {
 		t.Errorf("CDI devices (-want +got):\n%s", diff)
 	}
-	w := NewWhole(WholeOptions{GPUs: gpus(2), Strategy: StrategyCDI})
+	w := NewWhole(WholeOptions{GPUs: gpus(2), Strategy: StrategyCDI, Usage: fakeUsage{}})
 	resp, err = w.Allocate(t.Context(), []string{"GPU-0", "GPU-1"})
 	if err != nil || len(resp.CdiDevices) != 2 {
 		t.Errorf("whole CDI allocate = %v, %v", resp, err)
@@ -238,30 +309,50 @@ func TestCDIStrategy(t *testing.T) {
 
 func TestWholePreferred(t *testing.T) {
 	all := []string{"GPU-0", "GPU-1", "GPU-2", "GPU-3"}
+	reserved := GPUUsage{WholeHolder: "gpufrac-system/gpufrac-reservation-x", WholeHolderIsReservation: true}
 	for _, tc := range []struct {
 		name        string
 		available   []string
 		mustInclude []string
 		size        int
-		usage       fakeUsage
+		usage       UsageSource
+		reserve     *fakeReservations
 		want        []string
-		wantErr     bool
+		wantTaken   []string
+		wantErr     string
 	}{
 		{name: "index order without topology", available: all, size: 2, want: []string{"GPU-0", "GPU-1"}},
 		{name: "skips GPUs carrying fractions", available: all, size: 2, usage: fakeUsage{"GPU-0": {Units: 30}}, want: []string{"GPU-1", "GPU-2"}},
-		{name: "uses shared GPUs when clean ones run out", available: all, size: 4, usage: fakeUsage{"GPU-0": {Units: 30}}, want: all},
+		{name: "skips GPUs carrying replicas", available: all, size: 2, usage: fakeUsage{"GPU-1": {Replicas: 1}}, want: []string{"GPU-0", "GPU-2"}},
+		{name: "never shares when clean GPUs run out", available: all, size: 4, usage: fakeUsage{"GPU-0": {Units: 30}},
+			wantErr: "only 3 of the 4 GPUs free for it carry no fractions or time-sliced replicas"},
+		{name: "a must-include GPU carrying fractions fails", available: all, mustInclude: []string{"GPU-0"}, size: 2, usage: fakeUsage{"GPU-0": {Replicas: 2}},
+			wantErr: "must-include GPU GPU-0: it carries 0 fraction units and 2 time-sliced replicas"},
 		{name: "must include", available: all, mustInclude: []string{"GPU-3"}, size: 2, want: []string{"GPU-3", "GPU-0"}},
-		{name: "too few", available: all[:1], size: 2, wantErr: true},
+		{name: "too few", available: all[:1], size: 2, wantErr: "only 1 of the 1 GPUs"},
+		{name: "the kubelet's allocations unknown: refused", available: all, size: 1, usage: &failingUsage{nextErr: errors.New("EOF")},
+			wantErr: "cannot tell which GPUs are held whole or shared"},
+		{name: "a reservation gets the coordinator's clean GPU", available: all, size: 1, reserve: &fakeReservations{gpu: "GPU-2"},
+			want: []string{"GPU-2"}, wantTaken: []string{"GPU-2"}},
+		{name: "a reservation gets its GPU carrying fractions when only it can be asking", available: all, size: 1,
+			usage: fakeUsage{"GPU-2": {Units: 40}}, reserve: &fakeReservations{gpu: "GPU-2", only: true},
+			want: []string{"GPU-2"}, wantTaken: []string{"GPU-2"}},
+		{name: "a GPU carrying fractions is not handed to whoever comes while a reservation waits for it", available: all, size: 1,
+			usage: fakeUsage{"GPU-2": {Units: 40}, "GPU-0": reserved}, reserve: &fakeReservations{gpu: "GPU-2"},
+			want: []string{"GPU-0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o := WholeOptions{GPUs: gpus(4)}
+			o := WholeOptions{GPUs: gpus(4), Usage: fakeUsage{}}
 			if tc.usage != nil {
 				o.Usage = tc.usage
 			}
+			if tc.reserve != nil {
+				o.Reservations = tc.reserve
+			}
 			got, err := NewWhole(o).Preferred(t.Context(), tc.available, tc.mustInclude, tc.size)
-			if tc.wantErr {
-				if err == nil {
-					t.Fatalf("Preferred() = %v, want an error", got)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Preferred() = %v, %v; want an error containing %q", got, err, tc.wantErr)
 				}
 				return
 			}
@@ -271,7 +362,57 @@ func TestWholePreferred(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("Preferred() (-want +got):\n%s", diff)
 			}
+			if tc.reserve != nil {
+				if diff := cmp.Diff(tc.wantTaken, tc.reserve.taken); diff != "" {
+					t.Errorf("GPUs marked taken by a reservation (-want +got):\n%s", diff)
+				}
+			}
 		})
+	}
+}
+
+// TestWholeAllocateIsExclusive: whole-GPU Allocate never hands out a GPU
+// that carries fractions or replicas, whatever chose it (the kubelet calls
+// Allocate with its own choice when it skips the preferred allocation),
+// except to the reservation pod that can only be asking for it.
+func TestWholeAllocateIsExclusive(t *testing.T) {
+	usage := &failingUsage{fakeUsage: fakeUsage{"GPU-1": {Units: 30}, "GPU-2": {Replicas: 1}}}
+	res := &fakeReservations{gpu: "GPU-1"}
+	w := NewWhole(WholeOptions{GPUs: gpus(4), Usage: usage, Reservations: res})
+	for _, tc := range []struct {
+		name    string
+		ids     []string
+		only    bool
+		nextErr error
+		wantErr error
+		want    string // in the message
+	}{
+		{name: "clean GPUs", ids: []string{"GPU-0", "GPU-3"}},
+		{name: "a GPU carrying fractions", ids: []string{"GPU-1"}, wantErr: ErrShared, want: "GPU-1: it carries 30 fraction units"},
+		{name: "a GPU carrying replicas among clean ones", ids: []string{"GPU-0", "GPU-2"}, wantErr: ErrShared, want: "GPU-2: it carries 0 fraction units and 1 time-sliced replicas"},
+		{name: "the reservation waiting for its shared GPU", ids: []string{"GPU-1"}, only: true},
+		{name: "a shared GPU in a larger request even while its reservation waits", ids: []string{"GPU-1", "GPU-0"}, only: true, wantErr: ErrShared},
+		{name: "PodResources failing", ids: []string{"GPU-0"}, nextErr: errors.New("kubelet restarting"), wantErr: ErrUsageUnknown, want: "kubelet restarting"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res.only, usage.nextErr = tc.only, tc.nextErr
+			resp, err := w.Allocate(t.Context(), tc.ids)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Allocate(%v) = %v, %v; want %v containing %q", tc.ids, resp, err, tc.wantErr, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Allocate(%v): %v", tc.ids, err)
+			}
+			if got := len(resp.Devices); got != len(tc.ids)+len(controlDevices) {
+				t.Errorf("Allocate(%v) gave %d device specs", tc.ids, got)
+			}
+		})
+	}
+	if _, err := NewWhole(WholeOptions{GPUs: gpus(1)}).Allocate(t.Context(), []string{"GPU-0"}); !errors.Is(err, ErrUsageUnknown) {
+		t.Errorf("Allocate without PodResources: error = %v, want ErrUsageUnknown", err)
 	}
 }
 

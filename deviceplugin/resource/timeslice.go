@@ -134,9 +134,7 @@ func (t *Timeslice) Allocate(_ context.Context, ids []string) (*pluginapi.Contai
 			limit = l
 		}
 	}
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{
-		api.EnvMemoryLimitMiB: strconv.FormatUint(limit, 10),
-	}}
+	resp := newResponse(map[string]string{api.EnvMemoryLimitMiB: strconv.FormatUint(limit, 10)})
 	containerDevices(t.strategy, gs, resp)
 	return resp, nil
 }

@@ -83,7 +83,7 @@ func TestTimesliceAllocate(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Allocate(%v): %v", tc.ids, err)
 			}
-			if diff := cmp.Diff(map[string]string{api.EnvMemoryLimitMiB: tc.wantLimit}, resp.Envs); diff != "" {
+			if diff := cmp.Diff(map[string]string{api.EnvMemoryLimitMiB: tc.wantLimit, api.EnvVisibleDevices: "void"}, resp.Envs); diff != "" {
 				t.Errorf("envs (-want +got):\n%s", diff)
 			}
 			var paths []string

@@ -2,9 +2,11 @@ package resource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -33,8 +35,9 @@ type WholeOptions struct {
 	// the same GPUs; GPUs missing from it are still served, without topology.
 	Topology []*gpuallocator.Device
 	Health   HealthFunc
-	// Usage, when set, lets Preferred keep GPUs that carry fractions out of
-	// whole-GPU allocations while clean GPUs remain.
+	// Usage tells which GPUs carry fractions or replicas, which are never
+	// given whole. Without it (nil, or failing) no whole GPU is given:
+	// ErrUsageUnknown.
 	Usage    UsageSource
 	Strategy DeviceListStrategy
 	// Reservations, when set, names the GPU the coordinator wants for the
@@ -49,6 +52,12 @@ type ReservationHint interface {
 	// ReservationTaken records that the GPU was handed to a reservation, so
 	// the next reservation waiting on this node is asked about instead.
 	ReservationTaken(uuid string)
+	// ReservationOnly tells whether a one-GPU request now can only be a
+	// reservation's for uuid: a reservation pod waiting for admission asks
+	// for uuid, and no other pod waiting for admission here asks for whole
+	// GPUs. Only then may a GPU that carries fractions be given whole - to
+	// the reservation that protects them.
+	ReservationOnly(ctx context.Context, uuid string) bool
 }
 
 // NewWhole builds the whole-GPU resource.
@@ -84,8 +93,11 @@ func (w *Whole) Devices() []*pluginapi.Device {
 	return devs
 }
 
-// Preferred implements Resource. It prefers GPUs that carry no fractions,
-// then applies go-gpuallocator's best-effort policy (NVLink-aware) to them.
+// Preferred implements Resource. A reservation pod waiting here gets the
+// GPU the coordinator chose for it. Otherwise only GPUs that carry no
+// fraction units or replicas are candidates (go-gpuallocator's best-effort,
+// NVLink-aware policy picks among them): a whole GPU is exclusive, and when
+// too few clean GPUs are free the request fails instead of sharing one.
 func (w *Whole) Preferred(ctx context.Context, available, mustInclude []string, size int) ([]string, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("preferred allocation of %d whole GPUs: size must be positive", size)
@@ -95,30 +107,45 @@ func (w *Whole) Preferred(ctx context.Context, available, mustInclude []string, 
 			return nil, fmt.Errorf("preferred allocation: unknown GPU %q", id)
 		}
 	}
+	usage, err := readUsage(ctx, w.usage)
+	if err != nil {
+		return nil, fmt.Errorf("preferred allocation of %d whole GPUs: %w", size, err)
+	}
 	// A reservation pod gets the GPU the coordinator chose for its fractions.
 	// If another one-GPU pod is admitted first and takes it, the reservation
 	// gets another GPU and the coordinator follows gpufrac.io/reserved-gpu.
+	// A GPU that already carries fractions goes only to the reservation
+	// (ReservationOnly).
 	if w.reserve != nil && size == 1 && len(mustInclude) == 0 {
-		if g, ok := w.reserve.ReservationGPU(); ok && contains(available, g) {
+		if g, ok := w.reserve.ReservationGPU(); ok && contains(available, g) && (!usage[g].Shared() || w.reserve.ReservationOnly(ctx, g)) {
 			w.reserve.ReservationTaken(g)
 			return []string{g}, nil
 		}
 	}
-	candidates := available
-	if w.usage != nil {
-		if usage, err := w.usage.Usage(ctx); err == nil {
-			clean := make([]string, 0, len(available))
-			for _, id := range available {
-				if usage[id].Units == 0 {
-					clean = append(clean, id)
-				}
-			}
-			if len(clean) >= size && containsAll(clean, mustInclude) {
-				candidates = clean
-			}
+	clean := make([]string, 0, len(available))
+	for _, id := range available {
+		if !usage[id].Shared() {
+			clean = append(clean, id)
 		}
 	}
-	return w.pick(candidates, mustInclude, size)
+	for _, id := range mustInclude {
+		if u := usage[id]; u.Shared() {
+			return nil, fmt.Errorf("preferred allocation of %d whole GPUs: must-include GPU %s: %w", size, id, sharedError(u))
+		}
+	}
+	if len(clean) < size {
+		return nil, fmt.Errorf("preferred allocation of %d whole GPUs: only %d of the %d GPUs free for it carry no fractions or time-sliced replicas: %w",
+			size, len(clean), len(available), ErrShared)
+	}
+	return w.pick(clean, mustInclude, size)
+}
+
+// ErrShared is returned for a whole GPU that carries fraction units or
+// time-sliced replicas of other pods.
+var ErrShared = errors.New("whole GPUs are exclusive, and a GPU that carries fractions or time-sliced replicas is never given whole")
+
+func sharedError(u GPUUsage) error {
+	return fmt.Errorf("it carries %d fraction units and %d time-sliced replicas: %w", u.Units, u.Replicas, ErrShared)
 }
 
 func (w *Whole) pick(available, mustInclude []string, size int) ([]string, error) {
@@ -163,8 +190,11 @@ func (w *Whole) pick(available, mustInclude []string, size int) ([]string, error
 	return ids, nil
 }
 
-// Allocate implements Resource.
-func (w *Whole) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+// Allocate implements Resource. It refuses a GPU that carries fraction
+// units or replicas of other pods (whatever chose it), except to a
+// reservation pod asking for exactly that GPU (ReservationOnly), and any GPU
+// while the kubelet's allocations are unknown.
+func (w *Whole) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	gs := make([]nvidia.GPU, 0, len(ids))
 	for _, id := range ids {
 		g, ok := w.gpus[id]
@@ -173,7 +203,22 @@ func (w *Whole) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerA
 		}
 		gs = append(gs, g)
 	}
-	resp := &pluginapi.ContainerAllocateResponse{}
+	usage, err := readUsage(ctx, w.usage)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d whole GPUs: %w", len(ids), err)
+	}
+	for _, id := range ids {
+		u := usage[id]
+		if !u.Shared() {
+			continue
+		}
+		if len(ids) == 1 && w.reserve != nil && w.reserve.ReservationOnly(ctx, id) {
+			klog.FromContext(ctx).V(2).Info("Shared GPU given to its reservation pod", "gpu", id, "units", u.Units)
+			continue
+		}
+		return nil, fmt.Errorf("allocating whole GPU %s: %w", id, sharedError(u))
+	}
+	resp := newResponse(nil)
 	containerDevices(w.strategy, gs, resp)
 	return resp, nil
 }
