@@ -37,6 +37,10 @@ const (
 	AnnotationAllocatedGPU = Domain + "/allocated-gpu"
 	// AnnotationReservedGPU is the GPU UUID a reservation pod holds, written by the node agent.
 	AnnotationReservedGPU = Domain + "/reserved-gpu"
+	// AnnotationConfigError is set on a Node by gpufrac-node while it fails
+	// closed because its config was invalid at start: the reason. Removed
+	// once a valid config is in force.
+	AnnotationConfigError = Domain + "/config-error"
 	// AnnotationGPUModels restricts a pod to GPU models ("H100|A100").
 	AnnotationGPUModels = Domain + "/gpu-models"
 	// AnnotationPreemptible marks a pod non-preemptible when "false".

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
@@ -47,6 +48,7 @@ func main() {
 	flag.DurationVar(&cfg.HealthQuietPeriod, "health-quiet-period", 5*time.Minute, "a GPU is healthy again after this long without a critical Xid")
 	flag.DurationVar(&cfg.HealthProbeInterval, "health-probe-interval", time.Second, "how often GPUs are probed through NVML")
 	flag.StringVar(&o.ignoredXids, "ignored-xids", "", "comma-separated Xids that never mark a GPU unhealthy, replacing the default application Xids 13,31,43,45,68,109")
+	flag.StringVar(&cfg.SchedulerName, "scheduler-name", api.SchedulerName, "the coordinator's scheduler name: the gpufrac.io/gpu placement hint is read only from pods with this spec.schedulerName")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	flag.Parse()
 

@@ -53,6 +53,9 @@ type Config struct {
 	// ProcRoot is the procfs the GPU memory watchdog maps PIDs through
 	// ("" is /proc; tests use a fixture tree).
 	ProcRoot string
+	// SchedulerName is the coordinator's scheduler name: only pods with it
+	// have their gpufrac.io/gpu placement hint read ("" is api.SchedulerName).
+	SchedulerName string
 }
 
 // Agent is a running gpufrac-node.
@@ -76,9 +79,11 @@ type Agent struct {
 	applyMu    sync.Mutex                     // serialises config applications
 	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
 
-	migLayout *mig.Manager                      // nil when the NVML backend has no MIG
-	builtin   *config.File                      // the built-in defaults, which never reshape MIG
-	current   *config.File                      // config last applied; guarded by applyMu
+	migLayout  *mig.Manager // nil when the NVML backend has no MIG
+	builtin    *config.File // the built-in defaults, which never reshape MIG
+	failClosed *config.File // what an invalid config at start gives: whole GPUs only; never reshapes MIG
+	current    *config.File // config last applied; guarded by applyMu
+	closed     bool         // serving failClosed since start; guarded by applyMu
 	policy    atomic.Pointer[config.NodePolicy] // resolved policy in force
 
 	invMu         sync.Mutex    // guards lastInventory
@@ -174,8 +179,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			defer pr.Close()
 		}
 	}
+	if a.podRes == nil {
+		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs and fractions")
+	}
 	if a.client != nil {
-		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes)
+		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
 		goRun("pod-hints", a.hint.Run)
 	}
 
@@ -225,6 +233,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	check := func(f *config.File) error { _, err := a.build(f, deps); return err }
 	initial := &config.File{Version: config.Version}
 	a.builtin = initial
+	a.failClosed = &config.File{Version: config.Version, Default: config.Policy{Mode: config.ModeExclusive}}
+	var startErr error // why the config at start is unusable
 	if a.cfg.ConfigFile != "" {
 		w, err := config.NewWatcher(a.cfg.ConfigFile,
 			config.WithRegisterer(a.reg),
@@ -242,12 +252,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("watching config: %w", err)
 		}
-		if f, err := w.Load(ctx); err != nil {
-			logger.Error(err, "Config unusable at start; serving built-in defaults until a valid one appears", "file", a.cfg.ConfigFile)
-			a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", "gpufrac-node serves its defaults: %v", err)
-		} else if err := check(f); err != nil {
-			logger.Error(err, "Config unusable at start; serving built-in defaults until a valid one appears", "file", a.cfg.ConfigFile)
-			a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", "gpufrac-node serves its defaults: %v", err)
+		f, err := w.Load(ctx)
+		if err == nil {
+			err = check(f)
+		}
+		if err != nil {
+			startErr = err
+			initial = a.failClosed
 		} else {
 			initial = f
 		}
@@ -255,6 +266,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if err := a.apply(ctx, initial, deps); err != nil {
 		return fmt.Errorf("applying config: %w", err)
+	}
+	if startErr != nil {
+		a.reportFailClosed(ctx, startErr)
 	}
 	goRun("memory-watchdog", a.watchdog.Run)
 	<-ctx.Done()
@@ -283,7 +297,7 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	}
 	// Reshape MIG before Build reads it; only an admin's config does, so a
 	// missing or broken config file never destroys a MIG layout.
-	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin {
+	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
 		a.migLayout.Apply(ctx, np)
 	}
 	res, err := a.build(f, deps)
@@ -305,6 +319,13 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	}
 	a.current = f
 	klog.FromContext(ctx).Info("Serving resources", "resources", a.manager.Resources())
+	switch {
+	case f == a.failClosed:
+		a.closed = true
+	case a.closed:
+		a.closed = false
+		a.reportReopened(ctx)
+	}
 	return nil
 }
 
@@ -334,16 +355,21 @@ func (a *Agent) nodeEvent(typ, reason, format string, args ...any) {
 	a.recorder.Eventf(ref, typ, reason, format, args...)
 }
 
-// allocObserver counts allocations and drops the PodResources cache: the
-// kubelet records an allocation right after Allocate returns, and the next
-// GetPreferredAllocation must see it.
+// allocObserver counts allocations, tells PodResources which devices were
+// just given and drops its cache: the kubelet records an allocation only
+// after Allocate returns, and the next admission must see it (a whole GPU
+// must never be given while a fraction on it is still unlisted).
 type allocObserver struct{ a *Agent }
 
-func (o allocObserver) Allocated(res string, n int, d time.Duration, err error) {
-	o.a.metrics.Allocated(res, n, d, err)
-	if o.a.podRes != nil {
-		o.a.podRes.Invalidate()
+func (o allocObserver) Allocated(res string, ids []string, d time.Duration, err error) {
+	o.a.metrics.Allocated(res, ids, d, err)
+	if o.a.podRes == nil {
+		return
 	}
+	if err == nil {
+		o.a.podRes.Answered(res, ids)
+	}
+	o.a.podRes.Invalidate()
 }
 
 // newWatchdog builds the GPU memory watchdog. Without API access it cannot

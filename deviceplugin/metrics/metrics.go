@@ -34,6 +34,7 @@ type Metrics struct {
 	allocations *prometheus.CounterVec
 	allocateDur *prometheus.HistogramVec
 	nvmlErrors  *prometheus.CounterVec
+	failClosed  prometheus.Gauge
 	collector   *gpuCollector
 }
 
@@ -57,6 +58,10 @@ func New(reg prometheus.Registerer, src Sources, version string) *Metrics {
 			Name: "gpufrac_nvml_errors_total",
 			Help: "NVML queries that failed at scrape time, by query (\"memory\", \"utilization\").",
 		}, []string{"query"}),
+		failClosed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpufrac_config_fail_closed",
+			Help: "1 while gpufrac-node fails closed because its config was invalid at start (it serves whole GPUs only, no fractions, replicas or MIG devices) until a valid config is loaded; 0 otherwise.",
+		}),
 	}
 	m.collector = &gpuCollector{src: src, errs: m.nvmlErrors}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -65,7 +70,7 @@ func New(reg prometheus.Registerer, src Sources, version string) *Metrics {
 		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version(), "component": "gpufrac-node"},
 	})
 	build.Set(1)
-	reg.MustRegister(m.xids, m.allocations, m.allocateDur, m.nvmlErrors, m.collector, build)
+	reg.MustRegister(m.xids, m.allocations, m.allocateDur, m.nvmlErrors, m.failClosed, m.collector, build)
 	return m
 }
 
@@ -74,8 +79,17 @@ func (m *Metrics) Xid(ev nvidia.XidEvent, critical bool) {
 	m.xids.WithLabelValues(ev.UUID, strconv.FormatUint(ev.Xid, 10), strconv.FormatBool(critical)).Inc()
 }
 
+// FailClosed sets gpufrac_config_fail_closed.
+func (m *Metrics) FailClosed(on bool) {
+	v := 0.
+	if on {
+		v = 1
+	}
+	m.failClosed.Set(v)
+}
+
 // Allocated implements plugin.Observer.
-func (m *Metrics) Allocated(res string, _ int, d time.Duration, err error) {
+func (m *Metrics) Allocated(res string, _ []string, d time.Duration, err error) {
 	result := "success"
 	if err != nil {
 		result = "error"

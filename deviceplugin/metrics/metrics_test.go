@@ -196,9 +196,9 @@ func TestCollectorWithoutInventory(t *testing.T) {
 func TestCounters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg, Sources{}, "v1.2.3")
-	m.Allocated("gpufrac.io/gpu-fraction", 30, 200*time.Microsecond, nil)
-	m.Allocated("gpufrac.io/gpu-fraction", 120, 20*time.Microsecond, errors.New("too many units"))
-	m.Allocated("nvidia.com/gpu", 2, 3*time.Millisecond, nil)
+	m.Allocated("gpufrac.io/gpu-fraction", make([]string, 30), 200*time.Microsecond, nil)
+	m.Allocated("gpufrac.io/gpu-fraction", make([]string, 120), 20*time.Microsecond, errors.New("too many units"))
+	m.Allocated("nvidia.com/gpu", make([]string, 2), 3*time.Millisecond, nil)
 	m.Xid(nvidia.XidEvent{UUID: "GPU-1", Xid: 79}, true)
 	m.Xid(nvidia.XidEvent{UUID: "GPU-1", Xid: 79}, true)
 	m.Xid(nvidia.XidEvent{UUID: "GPU-2", Xid: 13}, false)

@@ -23,14 +23,15 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 )
 
-// Observer is told about every allocation outcome, for metrics.
+// Observer is told about every allocation outcome (for metrics, and so
+// the node agent counts devices it just gave until the kubelet lists them).
 type Observer interface {
-	Allocated(resource string, devices int, d time.Duration, err error)
+	Allocated(resource string, devices []string, d time.Duration, err error)
 }
 
 type nopObserver struct{}
 
-func (nopObserver) Allocated(string, int, time.Duration, error) {}
+func (nopObserver) Allocated(string, []string, time.Duration, error) {}
 
 // Server is the device-plugin endpoint of one resource.
 //
@@ -265,7 +266,7 @@ func (s *Server) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	for _, cr := range req.ContainerRequests {
 		start := time.Now()
 		c, err := res.Allocate(ctx, cr.DevicesIds)
-		s.observer.Allocated(res.Name(), len(cr.DevicesIds), time.Since(start), err)
+		s.observer.Allocated(res.Name(), cr.DevicesIds, time.Since(start), err)
 		if err != nil {
 			klog.FromContext(ctx).Info("Allocation refused", "resource", res.Name(), "devices", len(cr.DevicesIds), "err", err)
 			return nil, fmt.Errorf("%s: %w", res.Name(), err)

@@ -251,6 +251,13 @@ func (h *Hint) Run(ctx context.Context) error {
 // HasSynced tells whether the pod informer has synced.
 func (h *Hint) HasSynced() bool { return h.informer.HasSynced() }
 
+// Pod returns the pod of that name bound to this node, as the informer
+// shows it now.
+func (h *Hint) Pod(namespace, name string) (*corev1.Pod, bool) {
+	p, err := h.lister.Pods(namespace).Get(name)
+	return p, err == nil
+}
+
 // FractionUnits is the number of fraction units a container asks for, as
 // the request model reads it (its limit, else its request).
 func FractionUnits(c *corev1.Container) int {

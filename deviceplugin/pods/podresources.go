@@ -41,7 +41,23 @@ type PodResources struct {
 	mu      sync.Mutex
 	fetched time.Time
 	cache   []Assignment
+	// answered: devices an Allocate answer gave that no listing has shown
+	// yet, oldest first (see Answered).
+	answered []answeredDevices
 }
+
+// answeredDevices are the devices of one Allocate answer.
+type answeredDevices struct {
+	resource string
+	ids      []string
+	at       time.Time
+}
+
+// answeredTTL is how long devices an Allocate answer gave count as
+// allocated without a listing showing them. The kubelet records an
+// allocation right after Allocate returns; an answer it never records (the
+// pod's admission failed on a later container) stops counting after this.
+const answeredTTL = 30 * time.Second
 
 var _ resource.UsageSource = (*PodResources)(nil)
 
@@ -127,13 +143,66 @@ func assignmentsOf(resp *podresourcesapi.ListPodResourcesResponse) []Assignment 
 	return out
 }
 
-// Usage implements resource.UsageSource.
+// Answered records the devices an Allocate answer just gave. The kubelet
+// records the allocation only after Allocate returns, and a listing taken
+// in between (the write-back, kicked by the same answer) is cached: until a
+// listing shows the devices, or answeredTTL passes, Usage counts them, so
+// the next admission never sees a GPU as freer than it is.
+func (p *PodResources) Answered(resource string, ids []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.answered = append(p.answered, answeredDevices{resource: resource, ids: slices.Clone(ids), at: p.clock.Now()})
+	p.fetched = time.Time{}
+}
+
+// Usage implements resource.UsageSource: the kubelet's listing plus the
+// devices answered but not listed yet.
 func (p *PodResources) Usage(ctx context.Context) (map[string]resource.GPUUsage, error) {
 	as, err := p.List(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return UsageOf(as, p.wholeName, p.fractionName), nil
+	return UsageOf(append(slices.Clip(as), p.unlisted(as)...), p.wholeName, p.fractionName), nil
+}
+
+// unlisted returns the answered devices the listing as does not show, as
+// assignments of a pod named "(being admitted)", and forgets the others.
+func (p *PodResources) unlisted(as []Assignment) []Assignment {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.answered) == 0 {
+		return nil
+	}
+	listed := map[string]map[string]bool{} // resource -> device ID -> listed
+	for _, a := range as {
+		if listed[a.Resource] == nil {
+			listed[a.Resource] = map[string]bool{}
+		}
+		for _, id := range a.DeviceIDs {
+			listed[a.Resource][id] = true
+		}
+	}
+	now := p.clock.Now()
+	var out []Assignment
+	kept := p.answered[:0]
+	for _, ans := range p.answered {
+		if now.Sub(ans.at) >= answeredTTL {
+			continue
+		}
+		var missing []string
+		for _, id := range ans.ids {
+			if !listed[ans.resource][id] {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		kept = append(kept, ans)
+		out = append(out, Assignment{Pod: "(being admitted)", Resource: ans.resource, DeviceIDs: missing})
+	}
+	p.answered = kept
+	return out
 }
 
 // UsageOf sums assignments into per-GPU usage: the pod holding each GPU

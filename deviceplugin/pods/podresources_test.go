@@ -67,6 +67,14 @@ func TestUsageOf(t *testing.T) {
 			want: map[string]resource.GPUUsage{gpuA: {Units: 2}, gpuB: {Units: 1}},
 		},
 		{
+			name: "time-sliced replicas of any resource name count as replicas",
+			assignments: []Assignment{
+				{Namespace: "default", Pod: "r1", Container: "main", Resource: api.DefaultTimesliceResource, DeviceIDs: []string{unit(gpuA, 0), unit(gpuA, 3)}},
+				{Namespace: "default", Pod: "r2", Container: "main", Resource: "example.com/renamed", DeviceIDs: []string{unit(gpuB, 1)}},
+			},
+			want: map[string]resource.GPUUsage{gpuA: {Replicas: 2}, gpuB: {Replicas: 1}},
+		},
+		{
 			name:  "custom resource names",
 			whole: "example.com/gpu", frac: "example.com/frac",
 			assignments: []Assignment{
@@ -265,5 +273,46 @@ func TestPodResourcesUnavailable(t *testing.T) {
 	defer cancel()
 	if _, err := pr.Usage(ctx); err == nil {
 		t.Fatal("Usage without a kubelet succeeded")
+	}
+}
+
+// TestUsageCountsAnsweredDevices: devices an Allocate answer gave count as
+// allocated until a listing shows them, or answeredTTL passes, so a listing
+// taken before the kubelet recorded the allocation (and cached) never makes
+// a GPU look freer than it is.
+func TestUsageCountsAnsweredDevices(t *testing.T) {
+	ctx := testContext(t)
+	n := startSimNode(t, ctx)
+	n.fakePlugin(t, ctx, api.ResourceFraction, unitDevices(gpuA, gpuB), false)
+	clk := testclock.NewFakePassiveClock(t0)
+	pr, err := NewPodResources(filepath.Join(n.dir, "pr.sock"), time.Hour, clk) // the cache never expires by itself
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	if _, err := pr.List(ctx); err != nil { // an empty listing, cached
+		t.Fatal(err)
+	}
+	ids := []string{resource.UnitID(gpuB, 0), resource.UnitID(gpuB, 1)}
+	pr.Answered(api.ResourceFraction, ids)
+	if _, err := pr.List(ctx); err != nil { // a stale listing, cached again
+		t.Fatal(err)
+	}
+	usage, err := pr.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := usage[gpuB].Units; got != 2 {
+		t.Errorf("units on %s before the kubelet lists them = %d, want 2", gpuB, got)
+	}
+	clk.SetTime(t0.Add(answeredTTL))
+	if usage, _ = pr.Usage(ctx); usage[gpuB].Units != 0 {
+		t.Errorf("units on %s after answeredTTL = %d, want 0 (never listed)", gpuB, usage[gpuB].Units)
+	}
+	pr.mu.Lock()
+	left := len(pr.answered)
+	pr.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d answers kept after their TTL", left)
 	}
 }
