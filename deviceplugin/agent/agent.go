@@ -79,12 +79,12 @@ type Agent struct {
 	applyMu    sync.Mutex                     // serialises config applications
 	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
 
-	migLayout  *mig.Manager // nil when the NVML backend has no MIG
-	builtin    *config.File // the built-in defaults, which never reshape MIG
-	failClosed *config.File // what an invalid config at start gives: whole GPUs only; never reshapes MIG
-	current    *config.File // config last applied; guarded by applyMu
-	closed     bool         // serving failClosed since start; guarded by applyMu
-	policy    atomic.Pointer[config.NodePolicy] // resolved policy in force
+	migLayout  *mig.Manager                      // nil when the NVML backend has no MIG
+	builtin    *config.File                      // the built-in defaults, which never reshape MIG
+	failClosed *config.File                      // what an invalid config at start gives: whole GPUs only; never reshapes MIG
+	current    *config.File                      // config last applied; guarded by applyMu
+	closed     bool                              // serving failClosed since start; guarded by applyMu
+	policy     atomic.Pointer[config.NodePolicy] // resolved policy in force
 
 	invMu         sync.Mutex    // guards lastInventory
 	lastInventory string        // last inventory annotation written
