@@ -128,10 +128,13 @@ func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []strin
 
 	gpu := ""
 	if f.hint != nil && pinned == "" {
+		// GPUFor first: it waits for the pod informer when the kubelet
+		// admits a pod the informer has not shown yet, which Refusal needs too.
+		g, ok := f.hint.GPUFor(size)
 		if err := f.hint.Refusal(size); err != nil {
 			return nil, fmt.Errorf("preferred allocation of %d units: %w", size, err)
 		}
-		if g, ok := f.hint.GPUFor(size); ok && len(free[g]) >= size && f.health(g) && usage[g].WholeHolderIsReservation {
+		if ok && len(free[g]) >= size && f.health(g) && usage[g].WholeHolderIsReservation {
 			gpu = g
 		} else if ok {
 			klog.FromContext(ctx).V(2).Info("Pod hint not honoured: its GPU is not held by a reservation, or has no room", "gpu", g, "units", size, "free", len(free[g]), "wholeHolder", usage[g].WholeHolder)

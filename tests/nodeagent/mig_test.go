@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -48,6 +50,9 @@ default:
 
 	// One replica: one GPU, a quarter of its 80 GiB.
 	a := n.allocate(pod("ts-1"), api.DefaultTimesliceResource, 1)
+	if got := a.Response.Envs[api.EnvVisibleDevices]; got != "void" {
+		t.Errorf("replica: %s = %q, want void", api.EnvVisibleDevices, got)
+	}
 	if got := a.Response.Envs[api.EnvMemoryLimitMiB]; got != "20480" {
 		t.Errorf("%s = %q, want 20480 (81920 MiB / 4)", api.EnvMemoryLimitMiB, got)
 	}
@@ -101,8 +106,10 @@ default:
 	if len(a.Response.CdiDevices) != 1 || a.Response.CdiDevices[0].Name != "nvidia.com/gpu="+a.DeviceIDs[0] {
 		t.Errorf("MIG allocation CDI devices = %v, want nvidia.com/gpu=%s", a.Response.CdiDevices, a.DeviceIDs[0])
 	}
-	if len(a.Response.Envs) != 0 {
-		t.Errorf("MIG allocation envs = %v, want none (the hardware isolates MIG memory)", a.Response.Envs)
+	// No memory limit (the hardware isolates MIG memory); only
+	// NVIDIA_VISIBLE_DEVICES=void, as in every response.
+	if diff := cmp.Diff(map[string]string{api.EnvVisibleDevices: "void"}, a.Response.Envs); diff != "" {
+		t.Errorf("MIG allocation envs (-want +got):\n%s", diff)
 	}
 	parent := parentOf(t, n, a.DeviceIDs[0])
 	if wholeIDs[parent] {

@@ -90,8 +90,9 @@ func TestWholeAndFractionAllocations(t *testing.T) {
 			t.Errorf("whole allocation lacks %s: %v", want, paths)
 		}
 	}
-	if _, set := w.Response.Envs[api.EnvVisibleDevices]; set {
-		t.Error("whole allocation set NVIDIA_VISIBLE_DEVICES")
+	// NVIDIA_VISIBLE_DEVICES=void: the image's own ENV cannot select GPUs.
+	if got := w.Response.Envs[api.EnvVisibleDevices]; got != "void" {
+		t.Errorf("whole allocation: %s = %q, want void", api.EnvVisibleDevices, got)
 	}
 
 	// A 30-unit fraction: exactly one GPU, the 30% memory limit of an 80 GiB H100.
@@ -105,6 +106,9 @@ func TestWholeAndFractionAllocations(t *testing.T) {
 	}
 	if got := f.Response.Envs[api.EnvMPSThreadPercentage]; got != "30" {
 		t.Errorf("%s = %q, want 30", api.EnvMPSThreadPercentage, got)
+	}
+	if got := f.Response.Envs[api.EnvVisibleDevices]; got != "void" {
+		t.Errorf("fraction: %s = %q, want void", api.EnvVisibleDevices, got)
 	}
 	if got := len(f.Response.Devices); got != 4 { // /dev/nvidiaN + 3 control devices
 		t.Errorf("fraction got %d device specs, want 4 (one GPU)", got)
