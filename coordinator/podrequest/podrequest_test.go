@@ -308,6 +308,13 @@ func TestParseInvalid(t *testing.T) {
 				Message: `container "main" asks 500m: gpufrac.io/gpu-fraction must be a whole number of percent of one GPU, 1..100`}},
 		},
 		{
+			name: "fraction in an init container (one rule with gpufrac-node: refused)",
+			pod:  pod("p").InitContainer("setup").Fraction(20).Obj(),
+			want: []podrequest.Problem{{Field: "spec.initContainers[setup].resources.limits[gpufrac.io/gpu-fraction]",
+				Message: `container "setup" is an init container and asks 20 gpufrac.io/gpu-fraction: fractions are served to app containers (spec.containers) only, ` +
+					`since the kubelet reports no init container's devices and gpufrac could neither record nor limit its share; move the fraction to an app container`}},
+		},
+		{
 			name: "fraction together with whole GPUs",
 			pod:  pod("p").Fraction(30).Container("other").GPUs(1).Obj(),
 			want: []podrequest.Problem{{Field: "spec",

@@ -327,9 +327,10 @@ func TestInvalidRequests(t *testing.T) {
 		builders.MakePod("too-big", "default").Queue("q").Fraction(150).UID("too-big").Obj(),
 		builders.MakePod("both", "default").Queue("q").Fraction(30).GPUs(1).UID("both").Obj(),
 		builders.MakePod("env", "default").Queue("q").GPUs(1).Env(api.EnvVisibleDevices, "all").UID("env").Obj(),
+		builders.MakePod("init-frac", "default").Queue("q").InitContainer("setup").Fraction(20).UID("init-frac").Obj(),
 	)
 	c.cycle()
-	for _, p := range []string{"no-queue", "unknown-queue", "too-big", "both", "env"} {
+	for _, p := range []string{"no-queue", "unknown-queue", "too-big", "both", "env", "init-frac"} {
 		if c.boundTo(p) != "" || c.reason(p) != api.ReasonInvalidRequest || c.b.msgs[p] == "" {
 			t.Errorf("%s: bound=%q reason=%q msg=%q, want InvalidRequest with a message", p, c.boundTo(p), c.reason(p), c.b.msgs[p])
 		}
