@@ -65,6 +65,13 @@ func mockGPUs(t *testing.T) []nvidia.GPU {
 // file; objs seed the fake API server (the Node is always there).
 func startAgent(t *testing.T, config string, objs ...runtime.Object) *env {
 	t.Helper()
+	return startAgentWith(t, config, nil, objs...)
+}
+
+// startAgentWith is startAgent with prep called on the fake API server
+// before the agent starts (to add reactors that fail calls).
+func startAgentWith(t *testing.T, config string, prep func(*fake.Clientset), objs ...runtime.Object) *env {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	t.Cleanup(cancel)
@@ -91,6 +98,9 @@ func startAgent(t *testing.T, config string, objs ...runtime.Object) *env {
 
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
 	e.client = fake.NewClientset(append([]runtime.Object{node}, objs...)...)
+	if prep != nil {
+		prep(e.client)
+	}
 	lib, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed(nodeName))
 	if err != nil {
 		t.Fatal(err)

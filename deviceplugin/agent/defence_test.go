@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -240,4 +244,38 @@ func gaugeHelp(e *env, name string) string {
 	}
 	e.t.Fatalf("metric %s not registered", name)
 	return ""
+}
+
+// TestFailClosedWhenTheNodeCannotBePatched: the Node annotation cannot be
+// written (the API refuses the patch once); the node still fails closed,
+// and the event and the metric still say why.
+func TestFailClosedWhenTheNodeCannotBePatched(t *testing.T) {
+	var refused atomic.Int32
+	e := startAgentWith(t, "version: v1\ndefault:\n  mode: turbo\n", func(c *fake.Clientset) {
+		c.PrependReactor("patch", "nodes", func(action clienttesting.Action) (bool, runtime.Object, error) {
+			patch := string(action.(clienttesting.PatchAction).GetPatch())
+			if strings.Contains(patch, api.AnnotationConfigError) && refused.CompareAndSwap(0, 1) {
+				return true, nil, errors.New("the API server refused the patch")
+			}
+			return false, nil, nil
+		})
+	})
+	e.waitServed("whole GPUs only", map[string]served{
+		api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1},
+	})
+	e.poll("the fail-closed event", func() bool {
+		for _, ev := range e.nodeEvents() {
+			if strings.HasPrefix(ev, "Warning GPUConfigRejected: gpufrac-node fails closed") {
+				return true
+			}
+		}
+		return false
+	})
+	if refused.Load() != 1 {
+		t.Fatal("the config error was never patched onto the Node")
+	}
+	if got := e.nodeAnnotation(api.AnnotationConfigError); got != "" {
+		t.Errorf("annotation %s = %q after a refused patch", api.AnnotationConfigError, got)
+	}
+	e.checkGauge("gpufrac_config_fail_closed", 1)
 }
