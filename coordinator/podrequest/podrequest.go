@@ -170,8 +170,9 @@ func (p *Parsed) QueueResources() queue.Resources {
 	}
 }
 
-// ErrInvalidRequest is matched (errors.Is) by every *InvalidRequestError.
-var ErrInvalidRequest = errors.New("invalid GPU request")
+// ErrInvalidRequest is matched (errors.Is) by every *InvalidRequestError;
+// it is the request model's request.ErrInvalid.
+var ErrInvalidRequest = request.ErrInvalid
 
 // ErrJobNotFound reports a pod controlled by a Job that JobLookup does not
 // know (yet): retry later, the request itself is not known to be invalid.
@@ -181,26 +182,9 @@ var ErrJobNotFound = errors.New("owning Job not found")
 // model's, api/request).
 type Problem = request.Problem
 
-// InvalidRequestError lists every problem found in a pod.
-type InvalidRequestError struct {
-	// Problems are in the order the pod was checked.
-	Problems []Problem
-}
-
-// Error joins the problems' messages.
-func (e *InvalidRequestError) Error() string {
-	msgs := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		msgs[i] = p.Message
-	}
-	return "invalid GPU request: " + strings.Join(msgs, "; ")
-}
-
-// Is makes errors.Is(err, ErrInvalidRequest) and errors.Is(err,
-// request.ErrInvalid) true.
-func (e *InvalidRequestError) Is(target error) bool {
-	return target == ErrInvalidRequest || target == request.ErrInvalid
-}
+// InvalidRequestError lists every problem found in a pod (the request
+// model's error, with the coordinator's own problems added).
+type InvalidRequestError = request.InvalidError
 
 // parser carries one Parse call's state.
 type parser struct {
