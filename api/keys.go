@@ -22,20 +22,51 @@ const (
 
 	// SchedulerName is the schedulerName pods use to be scheduled by the coordinator.
 	SchedulerName = "gpufrac-scheduler"
-	// SystemNamespace holds reservation and placeholder pods.
+	// SystemNamespace holds gpufrac's components: the gpufrac-node DaemonSet,
+	// the coordinator's Deployment, their ServiceAccounts and the
+	// coordinator's leader-election Lease. It runs the privileged node agent,
+	// so it cannot enforce Pod Security "restricted".
 	SystemNamespace = "gpufrac-system"
+	// ReservationNamespace holds reservation and placeholder pods, and nothing
+	// else: only the coordinator creates pods there, only of their shape, and
+	// it enforces Pod Security "restricted" (deployments/manifests). The node
+	// agent recognises reservations by it and ReservationNamePrefix.
+	ReservationNamespace = "gpufrac-reservations"
+	// CoordinatorServiceAccount is the coordinator's ServiceAccount in
+	// SystemNamespace; the admission policies let only it write what the
+	// coordinator owns.
+	CoordinatorServiceAccount = "gpufrac-coordinator"
+	// NodeServiceAccount is gpufrac-node's ServiceAccount in SystemNamespace;
+	// the admission policies let it write only pods bound to its own node
+	// and only its own Node.
+	NodeServiceAccount = "gpufrac-node"
 
-	// LabelQueue names the queue a pod is charged to.
+	// LabelQueue names the queue a pod is charged to. Tenants write it; the
+	// admission policies refuse a queue that does not list the pod's namespace.
 	LabelQueue = Domain + "/queue"
+	// LabelDefaultQueue, on a Namespace, names the queue of the coordinator's
+	// pods there that carry no LabelQueue. Only whoever administers namespaces
+	// sets it (tenants cannot write Namespace objects).
+	LabelDefaultQueue = Domain + "/default-queue"
 	// LabelPodGroup names the gang a pod belongs to.
 	LabelPodGroup = Domain + "/pod-group"
 	// AnnotationMinMember is the gang's minimum member count.
 	AnnotationMinMember = Domain + "/min-member"
-	// AnnotationGPU is the GPU UUID the coordinator chose for a fraction pod.
+	// AnnotationGPU is the GPU UUID the coordinator chose for a fraction pod
+	// (written only through the pods/binding subresource) or for a
+	// reservation pod (at its creation). A protocol annotation: only the
+	// coordinator may set or change it (see ProtocolAnnotations).
 	AnnotationGPU = Domain + "/gpu"
-	// AnnotationAllocatedGPU is the GPU UUID the node agent actually gave a pod.
+	// AnnotationAdmittedQueue is the queue the coordinator charged a pod to,
+	// written only through the pods/binding subresource: queue usage counts
+	// the bound pods that carry it, whatever their gpufrac.io/queue label
+	// says now. A protocol annotation of the coordinator.
+	AnnotationAdmittedQueue = Domain + "/admitted-queue"
+	// AnnotationAllocatedGPU is the GPU UUID the node agent actually gave a
+	// pod. A protocol annotation of the node agent.
 	AnnotationAllocatedGPU = Domain + "/allocated-gpu"
-	// AnnotationReservedGPU is the GPU UUID a reservation pod holds, written by the node agent.
+	// AnnotationReservedGPU is the GPU UUID a reservation pod holds, written
+	// by the node agent. A protocol annotation of the node agent.
 	AnnotationReservedGPU = Domain + "/reserved-gpu"
 	// AnnotationConfigError is set on a Node by gpufrac-node while it fails
 	// closed because its config was invalid at start: the reason. Removed
@@ -55,7 +86,7 @@ const (
 	// cluster harness runs a node agent on fake nodes carrying it.
 	LabelGPUNode = Domain + "/gpu-node"
 
-	// LabelRole marks gpufrac's own pods in SystemNamespace: RoleReservation or RolePlaceholder.
+	// LabelRole marks gpufrac's own pods in ReservationNamespace: RoleReservation or RolePlaceholder.
 	LabelRole = Domain + "/role"
 	// RoleReservation is the LabelRole value of reservation pods.
 	RoleReservation = "reservation"
@@ -96,3 +127,25 @@ const (
 	// room in the cluster now (placeholders ask Karpenter for capacity).
 	ReasonNoCapacity = "NoCapacity"
 )
+
+// ProtocolAnnotation is a pod annotation gpufrac's components write for each
+// other, and who owns it.
+type ProtocolAnnotation struct {
+	// Key is the annotation key.
+	Key string
+	// Owner is the component that alone may set or change it:
+	// CoordinatorServiceAccount or NodeServiceAccount.
+	Owner string
+}
+
+// ProtocolAnnotations lists every pod annotation the components write for
+// each other. deployments/manifests/admission-policies.yaml refuses anyone
+// but the owner who sets or changes one (a test keeps the two in step).
+func ProtocolAnnotations() []ProtocolAnnotation {
+	return []ProtocolAnnotation{
+		{Key: AnnotationGPU, Owner: CoordinatorServiceAccount},
+		{Key: AnnotationAdmittedQueue, Owner: CoordinatorServiceAccount},
+		{Key: AnnotationAllocatedGPU, Owner: NodeServiceAccount},
+		{Key: AnnotationReservedGPU, Owner: NodeServiceAccount},
+	}
+}

@@ -54,6 +54,7 @@ func (q *Queue) DeepCopy() *Queue {
 	}
 	out := &Queue{TypeMeta: q.TypeMeta, Spec: q.Spec, Status: q.Status}
 	q.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	out.Spec.Namespaces = copyStrings(q.Spec.Namespaces)
 	out.Spec.Resources = QueueResources{
 		GPU:    q.Spec.Resources.GPU.deepCopy(),
 		CPU:    q.Spec.Resources.CPU.deepCopy(),
@@ -96,4 +97,11 @@ func copyList(l corev1.ResourceList) corev1.ResourceList {
 		return nil
 	}
 	return l.DeepCopy()
+}
+
+func copyStrings(s []string) []string {
+	if s == nil {
+		return nil
+	}
+	return append([]string{}, s...)
 }

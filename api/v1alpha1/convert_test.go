@@ -29,8 +29,9 @@ func fullQueue() *v1alpha1.Queue {
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.QueueKind},
 		ObjectMeta: metav1.ObjectMeta{Name: "team-a", Labels: map[string]string{"team": "a"}},
 		Spec: v1alpha1.QueueSpec{
-			Parent:   "org",
-			Priority: 10,
+			Parent:     "org",
+			Priority:   10,
+			Namespaces: []string{"team-a", "team-a-batch"},
 			Resources: v1alpha1.QueueResources{
 				GPU:    &v1alpha1.ResourceQuota{Quota: qty("2.5"), Limit: qty("4"), OverQuotaWeight: ptr.To[int32](2)},
 				CPU:    &v1alpha1.ResourceQuota{Quota: qty("500m")},
@@ -136,6 +137,7 @@ func TestDeepCopyIsIndependent(t *testing.T) {
 	}
 	// Change every reference-typed field of the copy; the original must not move.
 	cp.Labels["team"] = "b"
+	cp.Spec.Namespaces[0] = "team-b"
 	cp.Spec.Resources.GPU.Quota.Add(resource.MustParse("1"))
 	*cp.Spec.Resources.GPU.OverQuotaWeight = 7
 	cp.Spec.Resources.CPU.Quota = nil
@@ -162,7 +164,7 @@ func TestExampleQueuesConvert(t *testing.T) {
 		got[q.Name] = q.Spec
 	}
 	team := func(quota, limit string, weight int32) v1alpha1.QueueSpec {
-		return v1alpha1.QueueSpec{Parent: "org", Resources: v1alpha1.QueueResources{
+		return v1alpha1.QueueSpec{Parent: "org", Namespaces: []string{"default"}, Resources: v1alpha1.QueueResources{
 			GPU:    &v1alpha1.ResourceQuota{Quota: qty(quota), Limit: qty(limit), OverQuotaWeight: ptr.To(weight)},
 			CPU:    &v1alpha1.ResourceQuota{Quota: qty("128")},
 			Memory: &v1alpha1.ResourceQuota{Quota: qty("1Ti")},
@@ -181,6 +183,30 @@ func TestExampleQueuesConvert(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got, quantityEqual); diff != "" {
 		t.Errorf("example queues (-want +got):\n%s", diff)
+	}
+}
+
+func TestAllowsNamespace(t *testing.T) {
+	tests := []struct {
+		name       string
+		namespaces []string
+		ns         string
+		want       bool
+	}{
+		{name: "absent: nobody", ns: "default", want: false},
+		{name: "empty: nobody", namespaces: []string{}, ns: "default", want: false},
+		{name: "listed", namespaces: []string{"a", "b"}, ns: "b", want: true},
+		{name: "not listed", namespaces: []string{"a", "b"}, ns: "c", want: false},
+		{name: "no prefix match", namespaces: []string{"team"}, ns: "team-a", want: false},
+		{name: "every namespace", namespaces: []string{v1alpha1.AllNamespaces}, ns: "anything", want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := v1alpha1.QueueSpec{Namespaces: tc.namespaces}
+			if got := s.AllowsNamespace(tc.ns); got != tc.want {
+				t.Errorf("AllowsNamespace(%q) with %q = %v, want %v", tc.ns, tc.namespaces, got, tc.want)
+			}
+		})
 	}
 }
 

@@ -170,7 +170,8 @@ func TestCRDAgainstAPIServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a local control plane")
 	}
-	c := cluster.StartForTest(t, cluster.Options{})
+	// Bare: the harness would install the CRD itself.
+	c := cluster.StartForTest(t, cluster.Options{Bare: true})
 	ctx := t.Context()
 	crds := c.Dynamic.Resource(cluster.CRDResource())
 	for _, obj := range readObjects(t, crdPath) {
@@ -224,6 +225,9 @@ func TestCRDAgainstAPIServer(t *testing.T) {
 		{name: "own parent", yaml: `{metadata: {name: selfish}, spec: {parent: selfish}}`, wantErr: "a queue cannot be its own parent"},
 		{name: "bad parent name", yaml: `{metadata: {name: badp}, spec: {parent: "Team_A"}}`, wantErr: "spec.parent"},
 		{name: "unknown resource dropped", yaml: `{metadata: {name: unk}, spec: {resources: {tpu: {quota: "1"}}}}`},
+		{name: "namespaces and every namespace", yaml: `{metadata: {name: nss}, spec: {namespaces: [team-a, "*"]}}`},
+		{name: "namespace that is no name", yaml: `{metadata: {name: nsbad}, spec: {namespaces: [Team_A]}}`, wantErr: `must be a namespace name or "*"`},
+		{name: "namespace listed twice", yaml: `{metadata: {name: nsdup}, spec: {namespaces: [a, a]}}`, wantErr: "spec.namespaces[1]"},
 	}
 	for _, tc := range validation {
 		t.Run(tc.name, func(t *testing.T) {
@@ -297,7 +301,7 @@ func TestCRDAgainstAPIServer(t *testing.T) {
 		for _, c := range table.ColumnDefinitions {
 			cols = append(cols, c.Name)
 		}
-		wantCols := []string{"Name", "Parent", "GPU Quota", "GPU Limit", "GPU Allocated", "Pending", "Priority", "Age"}
+		wantCols := []string{"Name", "Parent", "GPU Quota", "GPU Limit", "GPU Allocated", "Pending", "Priority", "Namespaces", "Age"}
 		if diff := cmp.Diff(wantCols, cols); diff != "" {
 			t.Errorf("columns (-want +got):\n%s", diff)
 		}
@@ -308,7 +312,7 @@ func TestCRDAgainstAPIServer(t *testing.T) {
 		// Spec quantities print as the user wrote them; status quantities in
 		// the canonical form resource.Quantity marshals to (3.5 -> "3500m").
 		got := table.Rows[0].Cells[:len(wantCols)-1]
-		want := []any{"team-a", "org", "8", "10", "3500m", float64(2), float64(10)}
+		want := []any{"team-a", "org", "8", "10", "3500m", float64(2), float64(10), `["default"]`}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("team-a row (-want +got):\n%s", diff)
 		}

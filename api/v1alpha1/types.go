@@ -87,6 +87,27 @@ type QueueSpec struct {
 	Priority int32 `json:"priority,omitempty"`
 	// Resources are the queue's quota, limit and over-quota weight per resource.
 	Resources QueueResources `json:"resources,omitempty"`
+	// Namespaces lists the namespaces whose pods may use this queue (label
+	// gpufrac.io/queue, or a namespace's gpufrac.io/default-queue);
+	// AllNamespaces ("*") lets every namespace in. Empty or absent: no
+	// namespace may, so a queue serves nobody until its administrator says
+	// who. It is read on the leaf queue a pod names; a parent's list is not
+	// inherited. The admission policies refuse a pod outside the list, and
+	// the coordinator refuses it too (InvalidRequest) where they are absent.
+	Namespaces []string `json:"namespaces,omitempty"`
+}
+
+// AllNamespaces in QueueSpec.Namespaces lets pods of every namespace use the queue.
+const AllNamespaces = "*"
+
+// AllowsNamespace tells whether pods of namespace ns may use the queue.
+func (s *QueueSpec) AllowsNamespace(ns string) bool {
+	for _, n := range s.Namespaces {
+		if n == ns || n == AllNamespaces {
+			return true
+		}
+	}
+	return false
 }
 
 // QueueResources holds one ResourceQuota per resource. A resource left out is

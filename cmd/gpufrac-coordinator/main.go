@@ -32,7 +32,7 @@ func main() {
 	var seed uint64
 	s := &cfg.Scheduler
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config")
-	flag.StringVar(&metricsAddr, "metrics-addr", ":8080", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:8080", "address of /metrics, /healthz and /readyz (empty disables); loopback by default, the manifests bind the pod IP")
 	flag.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader on a Lease so only one replica schedules")
 	flag.StringVar(&cfg.LeaseNamespace, "lease-namespace", api.SystemNamespace, "namespace of the leader-election Lease")
 	flag.StringVar(&cfg.LeaseName, "lease-name", "gpufrac-coordinator", "name of the leader-election Lease")

@@ -42,7 +42,7 @@ func main() {
 	flag.IntVar(&o.mockGPUs, "mock-gpus", 0, "with a mock backend: the number of GPUs (0: the DGX's eight)")
 	flag.StringVar(&o.mockState, "mock-state-dir", "", "with a mock backend: directory whose files set fake processes, memory use and Xid events")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for API access; empty uses the in-cluster config, or runs standalone outside a cluster")
-	flag.StringVar(&o.metricsAddr, "metrics-addr", ":9400", "address of /metrics, /healthz and /readyz (empty disables)")
+	flag.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9400", "address of /metrics, /healthz and /readyz (empty disables); loopback by default, the manifests bind the pod IP")
 	flag.StringVar(&cfg.ProcRoot, "proc-root", "/proc", "procfs the GPU memory watchdog maps NVML's host PIDs through (gpufrac-node runs with hostPID); tests point it at a fixture tree")
 	flag.StringVar(&o.strategy, "device-list-strategy", string(resource.StrategyDeviceSpecs), "how GPUs reach containers: device-specs or cdi")
 	flag.DurationVar(&cfg.HealthQuietPeriod, "health-quiet-period", 5*time.Minute, "a GPU is healthy again after this long without a critical Xid")

@@ -182,14 +182,17 @@ func (a *App) lead(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactory(a.client, 0)
 	podInf := factory.Core().V1().Pods()
 	nodeInf := factory.Core().V1().Nodes()
+	// Namespaces name their default queue (label gpufrac.io/default-queue).
+	nsInf := factory.Core().V1().Namespaces()
 	jobInf := factory.Batch().V1().Jobs()
 	jobLister := jobInf.Lister() // registers the informer before Start
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(a.dynamic, 0)
 	queueInf := dynFactory.ForResource(v1alpha1.QueueGVR())
 
-	// Karpenter's Nominated events on placeholders, and its NodeClaims when
-	// the CRD is installed, tell which new nodes to prefer.
-	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.SystemNamespace))
+	// Karpenter's Nominated events on placeholders (in the reservation
+	// namespace), and its NodeClaims when the CRD is installed, tell which
+	// new nodes to prefer.
+	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace))
 	eventInf := sysFactory.Core().V1().Events().Informer()
 	var claimLister cache.GenericLister
 	var claimSynced cache.InformerSynced = func() bool { return true }
@@ -215,8 +218,9 @@ func (a *App) lead(ctx context.Context) error {
 		reserver = reservation.NewManager(a.client, recorder, a.cfg.Reservation, nil)
 	}
 	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
-		Pods:  podInf.Lister(),
-		Nodes: nodeInf.Lister(),
+		Pods:       podInf.Lister(),
+		Nodes:      nodeInf.Lister(),
+		Namespaces: nsInf.Lister(),
 		Jobs: func(ns, name string) (*batchv1.Job, bool) {
 			j, err := jobLister.Jobs(ns).Get(name)
 			return j, err == nil
@@ -267,6 +271,9 @@ func (a *App) lead(ctx context.Context) error {
 	if _, err := nodeInf.Informer().AddEventHandler(wake); err != nil {
 		return fmt.Errorf("watching nodes: %w", err)
 	}
+	if _, err := nsInf.Informer().AddEventHandler(wake); err != nil {
+		return fmt.Errorf("watching namespaces: %w", err)
+	}
 	if _, err := queueInf.Informer().AddEventHandler(wake); err != nil {
 		return fmt.Errorf("watching queues: %w", err)
 	}
@@ -282,7 +289,7 @@ func (a *App) lead(ctx context.Context) error {
 	defer factory.Shutdown()
 	defer dynFactory.Shutdown()
 	defer sysFactory.Shutdown()
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced) {
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}
 	a.synced.Store(true)

@@ -36,6 +36,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/restricted"
 )
 
 // Label keys of placeholder pods.
@@ -347,7 +348,7 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      NamePrefix + group + "-" + strconv.Itoa(i),
-			Namespace: api.SystemNamespace,
+			Namespace: api.ReservationNamespace,
 			Labels:    map[string]string{api.LabelRole: api.RolePlaceholder, LabelGroup: group},
 			Annotations: map[string]string{
 				AnnotationWorkloads:            workloads,
@@ -357,7 +358,6 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			PriorityClassName:             o.PriorityClassName,
 			TerminationGracePeriodSeconds: new(int64),
-			AutomountServiceAccountToken:  new(bool),
 			NodeSelector:                  sel,
 			Affinity:                      aff,
 			Tolerations:                   append([]corev1.Toleration(nil), src.Spec.Tolerations...),
@@ -371,12 +371,14 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 	if b.milli > 0 {
 		pod.Annotations[AnnotationPackedMilli] = strconv.FormatInt(b.milli, 10)
 	}
+	// The reservation namespace enforces Pod Security "restricted".
+	restricted.Apply(&pod.Spec)
 	return pod
 }
 
 // IsPlaceholder tells whether p is a placeholder pod.
 func IsPlaceholder(p *corev1.Pod) bool {
-	return p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RolePlaceholder
+	return p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RolePlaceholder
 }
 
 // GroupOf is the group label value of the placeholders serving an item.

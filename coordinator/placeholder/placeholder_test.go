@@ -97,7 +97,7 @@ func TestPlanCopiesConstraintsAndPool(t *testing.T) {
 	if q := p.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU]; q.MilliValue() != 2000 {
 		t.Errorf("cpu %s, want 2", q.String())
 	}
-	if p.Namespace != api.SystemNamespace || !IsPlaceholder(p) {
+	if p.Namespace != api.ReservationNamespace || !IsPlaceholder(p) {
 		t.Errorf("placeholder in %s with labels %v", p.Namespace, p.Labels)
 	}
 }

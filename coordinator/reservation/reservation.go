@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/restricted"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -74,10 +75,10 @@ func Pod(node, gpu string, o Options) *corev1.Pod { return PodAt(node, gpu, 0, o
 // PodAt builds the attempt-th reservation pod of a GPU of a node.
 func PodAt(node, gpu string, attempt int, o Options) *corev1.Pod {
 	one := resource.MustParse("1")
-	return &corev1.Pod{
+	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      NameAt(node, gpu, attempt),
-			Namespace: api.SystemNamespace,
+			Namespace: api.ReservationNamespace,
 			Labels: map[string]string{
 				api.LabelRole:         api.RoleReservation,
 				api.LabelReservedNode: node,
@@ -91,7 +92,6 @@ func PodAt(node, gpu string, attempt int, o Options) *corev1.Pod {
 			NodeName:                      node,
 			PriorityClassName:             o.PriorityClassName,
 			TerminationGracePeriodSeconds: new(int64),
-			AutomountServiceAccountToken:  new(bool),
 			// Whatever the node's taints, the reservation must stay with its GPU.
 			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			Containers: []corev1.Container{{
@@ -104,6 +104,9 @@ func PodAt(node, gpu string, attempt int, o Options) *corev1.Pod {
 			}},
 		},
 	}
+	// The reservation namespace enforces Pod Security "restricted".
+	restricted.Apply(&p.Spec)
+	return p
 }
 
 // Manager creates and removes reservation pods.
@@ -130,7 +133,7 @@ func NewManager(client kubernetes.Interface, recorder record.EventRecorder, o Op
 // Ensure creates the attempt-th reservation of a GPU unless it exists.
 func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) error {
 	p := PodAt(node, gpu, attempt, m.opts)
-	_, err := m.client.CoreV1().Pods(api.SystemNamespace).Create(ctx, p, metav1.CreateOptions{FieldManager: "gpufrac-coordinator"})
+	_, err := m.client.CoreV1().Pods(api.ReservationNamespace).Create(ctx, p, metav1.CreateOptions{FieldManager: "gpufrac-coordinator"})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}

@@ -29,7 +29,7 @@ func TestNamesAreDeterministicPerAttempt(t *testing.T) {
 
 func TestPodHoldsTheGPUAndProtectsTheNode(t *testing.T) {
 	p := PodAt("node-1", "GPU-x", 2, DefaultOptions())
-	if p.Spec.NodeName != "node-1" || p.Namespace != api.SystemNamespace || p.Annotations[api.AnnotationDoNotDisrupt] != "true" || p.Annotations[api.AnnotationGPU] != "GPU-x" {
+	if p.Spec.NodeName != "node-1" || p.Namespace != api.ReservationNamespace || p.Annotations[api.AnnotationDoNotDisrupt] != "true" || p.Annotations[api.AnnotationGPU] != "GPU-x" {
 		t.Errorf("pod %+v", p.ObjectMeta)
 	}
 	if q := p.Spec.Containers[0].Resources.Limits[api.ResourceGPU]; q.Value() != 1 {
@@ -54,7 +54,7 @@ func TestReconcileRemovesIdleReservationsAfterGrace(t *testing.T) {
 	if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
 		t.Fatalf("second Ensure (AlreadyExists) = %v", err)
 	}
-	p, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
+	p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestReconcileRemovesIdleReservationsAfterGrace(t *testing.T) {
 	if n := m.Reconcile(ctx, idle, nil); n != 1 {
 		t.Fatalf("removed %d after the grace period, want 1", n)
 	}
-	if _, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
+	if _, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
 		t.Error("reservation pod still exists")
 	}
 }

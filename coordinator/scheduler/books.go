@@ -49,18 +49,23 @@ func (s listerSource) Queues() ([]*v1alpha1.Queue, error) {
 }
 
 // books is the queues' accounting for one cycle: the tree, charged with the
-// bound and assumed pods, and the fair shares from this cycle's demand.
+// pods the coordinator admitted (bound, or being bound), and the fair
+// shares from this cycle's demand.
 type books struct {
 	tree     *queue.Tree
 	capacity queue.Resources
 	treeErr  error
+	// specs: queue name -> its spec (namespaces allowed), of every Queue object.
+	specs map[string]*v1alpha1.QueueSpec
 }
 
 // newBooks builds the queue tree. Queues the tree refuses (unknown parent,
 // cycles) are left out and their pods get InvalidRequest with the reason.
 func newBooks(qs []*v1alpha1.Queue, snap *state.Snapshot) (*books, error) {
 	specs := make([]queue.Spec, 0, len(qs))
+	byName := make(map[string]*v1alpha1.QueueSpec, len(qs))
 	for _, q := range qs {
+		byName[q.Name] = &q.Spec
 		sp, err := queue.SpecFromAPI(q)
 		if err != nil {
 			continue // an invalid Queue object: its pods are told through validQueue
@@ -68,7 +73,7 @@ func newBooks(qs []*v1alpha1.Queue, snap *state.Snapshot) (*books, error) {
 		specs = append(specs, sp)
 	}
 	t, err := queue.NewTree(specs)
-	b := &books{tree: t, treeErr: err}
+	b := &books{tree: t, treeErr: err, specs: byName}
 	if t == nil {
 		return nil, fmt.Errorf("building queue tree: %w", err)
 	}
@@ -76,8 +81,11 @@ func newBooks(qs []*v1alpha1.Queue, snap *state.Snapshot) (*books, error) {
 	return b, nil
 }
 
-// validQueue tells whether pods may be charged to the queue.
-func (b *books) validQueue(name string) error {
+// validQueue tells whether pods of namespace ns may be charged to the queue:
+// a valid leaf whose spec.namespaces lets ns in. The admission policies
+// refuse the pods of other namespaces at creation; this check is what is
+// left where they are not installed, or when a queue's list changed since.
+func (b *books) validQueue(name, ns string) error {
 	if err := b.tree.ValidateLeaf(name); err != nil {
 		var te *queue.TreeError
 		if errors.As(b.treeErr, &te) {
@@ -87,23 +95,52 @@ func (b *books) validQueue(name string) error {
 		}
 		return err
 	}
+	if !b.allows(name, ns) {
+		return fmt.Errorf("%s", QueueNamespaceMessage(name, ns))
+	}
 	return nil
 }
 
-// chargeBound charges every bound or assumed pod with a queue label to its queue.
-func (b *books) chargeBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, parse func(*corev1.Pod) (podInfo, error)) {
+// QueueNamespaceMessage says that a queue does not take pods from a
+// namespace and what to change; the admission policy says the same.
+func QueueNamespaceMessage(queue, ns string) string {
+	return fmt.Sprintf("queue %s does not take pods from namespace %s: set label %s to a queue whose spec.namespaces lists %s, or ask the cluster admin to add %s to spec.namespaces of Queue %s",
+		queue, ns, api.LabelQueue, ns, ns, queue)
+}
+
+// allows tells whether the queue lets pods of namespace ns in.
+func (b *books) allows(name, ns string) bool {
+	spec, ok := b.specs[name]
+	return ok && spec.AllowsNamespace(ns)
+}
+
+// chargeBound charges the pods the coordinator admitted: bound pods by the
+// queue their binding recorded (parseAdmitted; other bound pods are not the
+// coordinator's work, whatever their labels say), and pods being bound by
+// their parsed queue. Non-preemptibility counts only for a pod in a
+// namespace its queue allows (a queue may have dropped a namespace since).
+func (b *books) chargeBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, parse func(*corev1.Pod) (podInfo, error), parseAdmitted func(*corev1.Pod) (podInfo, bool, error)) {
 	for _, p := range pods {
-		if p.Labels[api.LabelQueue] == "" || state.Terminal(p) {
+		if state.Terminal(p) {
 			continue
 		}
-		if _, ok := assumed[p.UID]; p.Spec.NodeName == "" && !ok {
+		var pi podInfo
+		switch _, being := assumed[p.UID]; {
+		case p.Spec.NodeName != "":
+			var ok bool
+			if pi, ok, _ = parseAdmitted(p); !ok {
+				continue
+			}
+		case being:
+			var err error
+			if pi, err = parse(p); err != nil {
+				continue
+			}
+		default:
 			continue
 		}
-		pi, err := parse(p)
-		if err != nil {
-			continue
-		}
-		_ = b.tree.Assume(pi.queue, pi.res, pi.nonPreemptible) // unknown queues are not charged
+		np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
+		_ = b.tree.Assume(pi.queue, pi.res, np) // unknown queues are not charged
 	}
 }
 

@@ -27,7 +27,7 @@ func (s *Scheduler) OnEvent(obj any) {
 	}
 	ev, ok := obj.(*corev1.Event)
 	if !ok || ev.Reason != karpenterNominated || ev.InvolvedObject.Kind != "Pod" ||
-		ev.InvolvedObject.Namespace != api.SystemNamespace || !strings.HasPrefix(ev.InvolvedObject.Name, placeholder.NamePrefix) {
+		ev.InvolvedObject.Namespace != api.ReservationNamespace || !strings.HasPrefix(ev.InvolvedObject.Name, placeholder.NamePrefix) {
 		return
 	}
 	nodes, claims := parseNomination(ev.Message)

@@ -7,8 +7,62 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 )
 
-// parse turns a pod into what the cycle needs, through podrequest.
+// parse turns a pod into what the cycle needs, through podrequest. A pod
+// of the coordinator without a queue label is charged to its namespace's
+// default queue (label gpufrac.io/default-queue on the Namespace) when it
+// names one.
 func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
+	if p.Labels[api.LabelQueue] == "" && p.Spec.SchedulerName == s.opts.SchedulerName {
+		if q := s.defaultQueue(p.Namespace); q != "" {
+			p = withQueueLabel(p, q)
+		}
+	}
+	return s.parseAsIs(p)
+}
+
+// parseAdmitted parses a pod the coordinator bound: it is charged to the
+// queue its binding recorded (gpufrac.io/admitted-queue), whatever its queue
+// label says now. The label is the tenant's to change; the annotation only
+// the coordinator writes (the admission policies see to it). ok is false for
+// pods the coordinator did not admit.
+func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error) {
+	q := p.Annotations[api.AnnotationAdmittedQueue]
+	if q == "" {
+		return podInfo{}, false, nil
+	}
+	if p.Labels[api.LabelQueue] != q {
+		p = withQueueLabel(p, q)
+	}
+	pi, err = s.parseAsIs(p)
+	return pi, err == nil, err
+}
+
+// withQueueLabel returns a copy of p (sharing all but its labels) whose
+// queue label is q.
+func withQueueLabel(p *corev1.Pod, q string) *corev1.Pod {
+	cp := *p
+	cp.Labels = make(map[string]string, len(p.Labels)+1)
+	for k, v := range p.Labels {
+		cp.Labels[k] = v
+	}
+	cp.Labels[api.LabelQueue] = q
+	return &cp
+}
+
+// defaultQueue is the queue a namespace names for its label-less pods, ""
+// for none.
+func (s *Scheduler) defaultQueue(namespace string) string {
+	if s.deps.Namespaces == nil {
+		return ""
+	}
+	ns, err := s.deps.Namespaces.Get(namespace)
+	if err != nil {
+		return ""
+	}
+	return ns.Labels[api.LabelDefaultQueue]
+}
+
+func (s *Scheduler) parseAsIs(p *corev1.Pod) (podInfo, error) {
 	np := s.opts.NonPreemptiblePriority
 	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, JobLookup: s.deps.Jobs, GPUModels: s.models,
 		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli}

@@ -61,7 +61,7 @@ func TestWaitingFractionKeepsItsGPU(t *testing.T) {
 			}
 
 			// 3. Admit or remove f's reservation.
-			obj, _, _ := c.pods.GetByKey(api.SystemNamespace + "/" + reservation.Name("n1", planned))
+			obj, _, _ := c.pods.GetByKey(api.ReservationNamespace + "/" + reservation.Name("n1", planned))
 			mine := obj.(*corev1.Pod).DeepCopy()
 			if tt.removeReservation {
 				_ = c.pods.Delete(mine)

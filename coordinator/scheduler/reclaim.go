@@ -40,17 +40,21 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d reclaimed pods of other queues to end", w.queue, waiting)
 	}
 
-	// 2. Candidates: running workloads (gangs whole) of other queues.
+	// 2. Candidates: running workloads (gangs whole) the coordinator
+	// admitted to other queues. A pod is non-preemptible only inside its
+	// queue's namespaces: gpufrac.io/preemptible "false" protects nothing in
+	// a namespace the queue no longer lets in.
 	groups := map[string][]*corev1.Pod{}
 	cands := map[string]*queue.Workload{}
 	for _, p := range in.Pods {
 		if p.Spec.NodeName == "" || state.Terminal(p) || p.DeletionTimestamp != nil {
 			continue
 		}
-		pi, err := s.parse(p)
-		if err != nil || pi.queue == w.queue {
+		pi, ok, _ := s.parseAdmitted(p)
+		if !ok || pi.queue == w.queue {
 			continue
 		}
+		pi.nonPreemptible = pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
 		key := p.Namespace + "/" + p.Name
 		if pi.group != "" {
 			key = p.Namespace + "/" + pi.group

@@ -89,6 +89,9 @@ type Binder interface {
 type Deps struct {
 	Pods  corelisters.PodLister
 	Nodes corelisters.NodeLister
+	// Namespaces reads the namespaces' default queues (label
+	// gpufrac.io/default-queue); nil: no namespace has one.
+	Namespaces corelisters.NamespaceLister
 	// Jobs finds a pod's owning batch/v1 Job (gangs derived from parallelism); may be nil.
 	Jobs   func(namespace, name string) (*batchv1.Job, bool)
 	Queues QueueSource
@@ -343,7 +346,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	for _, iv := range invalid {
 		s.markPending(ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &res)
 	}
-	books.chargeBound(pods, assumed, s.parse)
+	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 
 	// 4. Order: queues by dominant share, then priority, then age.
@@ -560,6 +563,9 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 			// Karpenter must not disrupt the node of non-preemptible work.
 			ann[api.AnnotationDoNotDisrupt] = "true"
 		}
+		// The queue charged, for the books of every later cycle (and of a
+		// restarted coordinator): only bound pods that carry it are charged.
+		ann[api.AnnotationAdmittedQueue] = w.queue
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
 		s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann}
 	}

@@ -155,7 +155,7 @@ func h100Node(name, pool string, n int) *corev1.Node {
 }
 
 func queueOf(name, gpus string) *v1alpha1.Queue {
-	return builders.MakeQueue(name).GPUQuota(gpus).Obj()
+	return builders.MakeQueue(name).GPUQuota(gpus).Namespaces("default").Obj()
 }
 
 func gpuPod(name, queue string, n int) *corev1.Pod {
@@ -164,6 +164,18 @@ func gpuPod(name, queue string, n int) *corev1.Pod {
 
 func fracPod(name, queue string, pct int) *corev1.Pod {
 	return builders.MakePod(name, "default").Queue(queue).Fraction(pct).CPU("1").UID(name).Obj()
+}
+
+// admitted makes p a Running pod the coordinator bound to node in an
+// earlier cycle (or before a restart): its binding recorded the queue.
+func admitted(p *corev1.Pod, node string) *corev1.Pod {
+	p.Spec.NodeName = node
+	p.Status.Phase = corev1.PodRunning
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[api.AnnotationAdmittedQueue] = p.Labels[api.LabelQueue]
+	return p
 }
 
 func TestFractionsGetAGPUAndNeverOverlap(t *testing.T) {
@@ -354,10 +366,7 @@ func TestReclaimReturnsAStarvedQueueItsQuota(t *testing.T) {
 	// team-b borrowed all 4 GPUs while team-a was idle; team-a (deserves 2) now asks for 2.
 	var pods []*corev1.Pod
 	for i := 0; i < 4; i++ {
-		p := gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1)
-		p.Spec.NodeName = "n1"
-		p.Status.Phase = corev1.PodRunning
-		pods = append(pods, p)
+		pods = append(pods, admitted(gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1), "n1"))
 	}
 	pods = append(pods, gpuPod("a-0", "team-a", 2))
 	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
@@ -480,7 +489,7 @@ func TestFractionsWaitForTheirReservation(t *testing.T) {
 		t.Errorf("a second reservation was created while the first waits: %v", r.ensured)
 	}
 	// The node agent writes the GPU the kubelet gave the reservation: fractions bind there.
-	obj, _, _ := c.pods.GetByKey(api.SystemNamespace + "/" + reservation.Name("n1", strings.TrimPrefix(r.ensured[0], "n1/")))
+	obj, _, _ := c.pods.GetByKey(api.ReservationNamespace + "/" + reservation.Name("n1", strings.TrimPrefix(r.ensured[0], "n1/")))
 	res := obj.(*corev1.Pod).DeepCopy()
 	res.Annotations[api.AnnotationReservedGPU] = res.Annotations[api.AnnotationGPU]
 	_ = c.pods.Update(res)

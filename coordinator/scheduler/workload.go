@@ -93,7 +93,7 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 			continue // the Job is not in the cache yet: try again next cycle
 		}
 		if err == nil {
-			err = b.validQueue(pi.queue)
+			err = b.validQueue(pi.queue, p.Namespace)
 		}
 		if err != nil {
 			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})

@@ -162,7 +162,7 @@ func FractionGPU(p *corev1.Pod) string {
 
 // IsReservation tells whether p is a gpufrac reservation pod.
 func IsReservation(p *corev1.Pod) bool {
-	return p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RoleReservation
+	return p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RoleReservation
 }
 
 // fraction is one fraction pod on a node: the GPU the coordinator planned

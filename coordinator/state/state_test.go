@@ -371,7 +371,7 @@ func TestWholeGPUsWrittenBackAreChargedExactly(t *testing.T) {
 
 func TestReservedGPUNeverLooksWhollyFree(t *testing.T) {
 	r := pod("gpufrac-reservation-x").on("n").gpus(1).p
-	r.Namespace = api.SystemNamespace
+	r.Namespace = api.ReservationNamespace
 	r.Labels[api.LabelRole] = api.RoleReservation
 	r.Annotations[api.AnnotationGPU] = "n-gpu1"
 	r.Annotations[api.AnnotationReservedGPU] = "n-gpu1"

@@ -305,7 +305,7 @@ func TestFractionFollowsCoordinator(t *testing.T) {
 	first := fractionPod("first", 30, target.UUID, time.Hour)
 	second := fractionPod("second", 50, target.UUID, time.Minute)
 	reservation := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: api.SystemNamespace, Name: api.ReservationNamePrefix + nodeName + "-5", UID: "uid-reservation",
+		ObjectMeta: metav1.ObjectMeta{Namespace: api.ReservationNamespace, Name: api.ReservationNamePrefix + nodeName + "-5", UID: "uid-reservation",
 			Annotations: map[string]string{api.AnnotationGPU: target.UUID}},
 		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "hold", Resources: corev1.ResourceRequirements{
 			Limits: corev1.ResourceList{api.ResourceGPU: *k8sresource.NewQuantity(1, k8sresource.DecimalSI)},
@@ -355,7 +355,7 @@ func TestFractionFollowsCoordinator(t *testing.T) {
 	want := map[string]string{
 		"team-a/first":  target.UUID,
 		"team-a/second": target.UUID,
-		api.SystemNamespace + "/" + reservation.Name: reserved,
+		api.ReservationNamespace + "/" + reservation.Name: reserved,
 	}
 	var annotations map[string]string
 	e.poll("allocated-gpu and reserved-gpu written back", func() bool {

@@ -243,5 +243,5 @@ func UsageOf(as []Assignment, wholeName, fractionName string) map[string]resourc
 
 // IsReservation tells whether a pod is a gpufrac reservation pod.
 func IsReservation(namespace, name string) bool {
-	return namespace == api.SystemNamespace && strings.HasPrefix(name, api.ReservationNamePrefix)
+	return namespace == api.ReservationNamespace && strings.HasPrefix(name, api.ReservationNamePrefix)
 }

@@ -42,12 +42,12 @@ func TestUsageOf(t *testing.T) {
 		{
 			name: "a whole GPU held by a reservation, with fractions on it",
 			assignments: []Assignment{
-				{Namespace: api.SystemNamespace, Pod: api.ReservationNamePrefix + "x", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
+				{Namespace: api.ReservationNamespace, Pod: api.ReservationNamePrefix + "x", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
 				{Namespace: "default", Pod: "f1", Container: "main", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 0), unit(gpuA, 1)}},
 				{Namespace: "default", Pod: "f2", Container: "main", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 7)}},
 			},
 			want: map[string]resource.GPUUsage{
-				gpuA: {WholeHolder: api.SystemNamespace + "/" + api.ReservationNamePrefix + "x", WholeHolderIsReservation: true, Units: 3},
+				gpuA: {WholeHolder: api.ReservationNamespace + "/" + api.ReservationNamePrefix + "x", WholeHolderIsReservation: true, Units: 3},
 			},
 		},
 		{
@@ -104,10 +104,10 @@ func TestIsReservation(t *testing.T) {
 		namespace, pod string
 		want           bool
 	}{
-		{name: "reservation", namespace: api.SystemNamespace, pod: api.ReservationNamePrefix + "node-a-0", want: true},
-		{name: "placeholder in the system namespace", namespace: api.SystemNamespace, pod: "gpufrac-placeholder-1"},
+		{name: "reservation", namespace: api.ReservationNamespace, pod: api.ReservationNamePrefix + "node-a-0", want: true},
+		{name: "placeholder in the system namespace", namespace: api.ReservationNamespace, pod: "gpufrac-placeholder-1"},
 		{name: "prefix in another namespace", namespace: "default", pod: api.ReservationNamePrefix + "x"},
-		{name: "prefix not at the start", namespace: api.SystemNamespace, pod: "x-" + api.ReservationNamePrefix},
+		{name: "prefix not at the start", namespace: api.ReservationNamespace, pod: "x-" + api.ReservationNamePrefix},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,7 +182,7 @@ func TestPodResourcesList(t *testing.T) {
 			}},
 			{Name: "sidecar"},
 		}},
-		{Namespace: api.SystemNamespace, Name: api.ReservationNamePrefix + "r", Containers: []*podresourcesapi.ContainerResources{
+		{Namespace: api.ReservationNamespace, Name: api.ReservationNamePrefix + "r", Containers: []*podresourcesapi.ContainerResources{
 			{Name: "hold", Devices: []*podresourcesapi.ContainerDevices{
 				devices(api.ResourceGPU, 0, gpuA),
 				devices(api.ResourceGPU, 1, gpuA),
@@ -206,7 +206,7 @@ func TestPodResourcesList(t *testing.T) {
 	}
 	want := []Assignment{
 		{Namespace: "default", Pod: "frac", Container: "main", Resource: api.ResourceFraction, DeviceIDs: []string{unit(gpuA, 0), unit(gpuA, 1), unit(gpuA, 2)}},
-		{Namespace: api.SystemNamespace, Pod: api.ReservationNamePrefix + "r", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
+		{Namespace: api.ReservationNamespace, Pod: api.ReservationNamePrefix + "r", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
 		{Namespace: "default", Pod: "mixed", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpuB, gpuC}},
 		{Namespace: "default", Pod: "mixed", Container: "main", Resource: "example.com/nic", DeviceIDs: []string{"nic-0"}},
 	}
@@ -218,7 +218,7 @@ func TestPodResourcesList(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantUsage := map[string]resource.GPUUsage{
-		gpuA: {WholeHolder: api.SystemNamespace + "/" + api.ReservationNamePrefix + "r", WholeHolderIsReservation: true, Units: 3},
+		gpuA: {WholeHolder: api.ReservationNamespace + "/" + api.ReservationNamePrefix + "r", WholeHolderIsReservation: true, Units: 3},
 		gpuB: {WholeHolder: "default/mixed"},
 		gpuC: {WholeHolder: "default/mixed"},
 	}

@@ -182,7 +182,7 @@ func TestRefusesFractionsOfInitContainers(t *testing.T) {
 // reservation waiting for it, and only while no other pod waits here for
 // whole GPUs.
 func TestReservationOnly(t *testing.T) {
-	reservation := makePod(api.SystemNamespace, api.ReservationNamePrefix+"n-3").whole("hold", 1).gpu(gpuA).obj()
+	reservation := makePod(api.ReservationNamespace, api.ReservationNamePrefix+"n-3").whole("hold", 1).gpu(gpuA).obj()
 	tests := []struct {
 		name   string
 		pods   []*corev1.Pod
@@ -202,7 +202,7 @@ func TestReservationOnly(t *testing.T) {
 		{name: "a pod dressed as a reservation outside the reservation namespace is no reservation",
 			pods: []*corev1.Pod{makePod("tenant", api.ReservationNamePrefix+"x").whole("hold", 1).gpu(gpuA).obj()},
 			gpu:  gpuA, want: false},
-		{name: "a reservation already holding its GPU", pods: []*corev1.Pod{makePod(api.SystemNamespace, api.ReservationNamePrefix+"n-3").whole("hold", 1).gpu(gpuA).
+		{name: "a reservation already holding its GPU", pods: []*corev1.Pod{makePod(api.ReservationNamespace, api.ReservationNamePrefix+"n-3").whole("hold", 1).gpu(gpuA).
 			annotate(api.AnnotationReservedGPU, gpuA).obj()}, gpu: gpuA, want: false},
 	}
 	for _, tt := range tests {
@@ -228,7 +228,7 @@ func TestReservationOnly(t *testing.T) {
 // skipped for reservationTakenTTL of the hint's clock, then asked about again.
 func TestReservationTakenExpiresOnTheClock(t *testing.T) {
 	ctx := testContext(t)
-	r := makePod(api.SystemNamespace, api.ReservationNamePrefix+"n-1").whole("hold", 1).gpu(gpuB).obj()
+	r := makePod(api.ReservationNamespace, api.ReservationNamePrefix+"n-1").whole("hold", 1).gpu(gpuB).obj()
 	c := newFakeClient(r)
 	clk := testclock.NewFakeClock(t0)
 	h := NewHint(c, node, nil, WithClock(clk))

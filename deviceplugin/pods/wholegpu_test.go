@@ -60,12 +60,12 @@ func TestWriteBackWholeGPUs(t *testing.T) {
 		},
 		{
 			name:   "a reservation gets reserved-gpu, not allocated-gpu",
-			pods:   []*corev1.Pod{makePod(api.SystemNamespace, api.ReservationNamePrefix+"n-0").whole("hold", 1).obj()},
-			allocs: []alloc{{api.SystemNamespace + "/" + api.ReservationNamePrefix + "n-0", "hold", api.ResourceGPU, 1}},
+			pods:   []*corev1.Pod{makePod(api.ReservationNamespace, api.ReservationNamePrefix+"n-0").whole("hold", 1).obj()},
+			allocs: []alloc{{api.ReservationNamespace + "/" + api.ReservationNamePrefix + "n-0", "hold", api.ResourceGPU, 1}},
 			want: map[string]map[string]string{
-				api.SystemNamespace + "/" + api.ReservationNamePrefix + "n-0": {api.AnnotationReservedGPU: wholeUUID(0)},
+				api.ReservationNamespace + "/" + api.ReservationNamePrefix + "n-0": {api.AnnotationReservedGPU: wholeUUID(0)},
 			},
-			wantPatched: []string{api.SystemNamespace + "/" + api.ReservationNamePrefix + "n-0"},
+			wantPatched: []string{api.ReservationNamespace + "/" + api.ReservationNamePrefix + "n-0"},
 		},
 		{
 			name:        "already written: no patch",

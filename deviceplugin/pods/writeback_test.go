@@ -101,7 +101,7 @@ func (n *simNode) reserve(t testing.TB, ctx context.Context, gpus ...string) {
 	}
 	n.fakePlugin(t, ctx, api.ResourceGPU, devs, false)
 	for i, g := range gpus {
-		r := makePod(api.SystemNamespace, fmt.Sprintf("%s%d", api.ReservationNamePrefix, i)).whole("hold", 1).obj()
+		r := makePod(api.ReservationNamespace, fmt.Sprintf("%s%d", api.ReservationNamePrefix, i)).whole("hold", 1).obj()
 		if got := n.allocate(t, ctx, r, api.ResourceGPU, 1); len(got) != 1 || got[0] != g {
 			t.Fatalf("reservation %s got %v, want %s", r.Name, got, g)
 		}
@@ -131,9 +131,9 @@ func TestWriteBack(t *testing.T) {
 	frac := makePod("default", "frac").fraction("main", 30).gpu(gpuA).obj()
 	done := makePod("default", "frac-done").fraction("main", 20).gpu(gpuB).annotate(api.AnnotationAllocatedGPU, gpuB).obj()
 	trainer := makePod("default", "trainer").whole("main", 1).obj()
-	reservation := makePod(api.SystemNamespace, api.ReservationNamePrefix+"one").whole("main", 1).obj()
+	reservation := makePod(api.ReservationNamespace, api.ReservationNamePrefix+"one").whole("main", 1).obj()
 	imposter := makePod("default", api.ReservationNamePrefix+"imposter").whole("main", 1).obj()
-	two := makePod(api.SystemNamespace, api.ReservationNamePrefix+"two").whole("main", 2).obj()
+	two := makePod(api.ReservationNamespace, api.ReservationNamePrefix+"two").whole("main", 2).obj()
 	ghost := makePod("default", "ghost").fraction("main", 10).obj() // known to the kubelet only
 	c := newFakeClient(frac, done, trainer, reservation, imposter, two)
 	h := NewHint(c, node, n.podRes)
@@ -161,16 +161,16 @@ func TestWriteBack(t *testing.T) {
 	want := map[string]map[string]string{
 		"default/frac":      {api.AnnotationGPU: gpuA, api.AnnotationAllocatedGPU: gpuB}, // the GPU actually held
 		"default/frac-done": {api.AnnotationGPU: gpuB, api.AnnotationAllocatedGPU: gpuB},
-		// Whole-GPU pods, a reservation's name outside gpufrac-system included.
+		// Whole-GPU pods, a reservation's name outside gpufrac-reservations included.
 		"default/trainer": {api.AnnotationAllocatedGPU: wholeUUID(0)},
 		"default/" + api.ReservationNamePrefix + "imposter":           {api.AnnotationAllocatedGPU: wholeUUID(2)},
-		api.SystemNamespace + "/" + api.ReservationNamePrefix + "one": {api.AnnotationReservedGPU: wholeUUID(1)},
+		api.ReservationNamespace + "/" + api.ReservationNamePrefix + "one": {api.AnnotationReservedGPU: wholeUUID(1)},
 	}
 	if diff := cmp.Diff(want, c.annotations(t)); diff != "" {
 		t.Errorf("annotations after write-back (-want +got):\n%s", diff)
 	}
 	wantPatches := []string{"default/frac", "default/" + api.ReservationNamePrefix + "imposter", "default/trainer",
-		api.SystemNamespace + "/" + api.ReservationNamePrefix + "one"}
+		api.ReservationNamespace + "/" + api.ReservationNamePrefix + "one"}
 	got := c.patches()
 	slices.Sort(got)
 	if diff := cmp.Diff(wantPatches, got); diff != "" {
@@ -180,7 +180,7 @@ func TestWriteBack(t *testing.T) {
 	// Once the cache shows the annotations, another pass patches nothing.
 	eventually(t, ctx, "the annotations in the informer cache", func() bool {
 		p, err := h.lister.Pods("default").Get("frac")
-		r, err2 := h.lister.Pods(api.SystemNamespace).Get(api.ReservationNamePrefix + "one")
+		r, err2 := h.lister.Pods(api.ReservationNamespace).Get(api.ReservationNamePrefix + "one")
 		w, err3 := h.lister.Pods("default").Get("trainer")
 		i, err4 := h.lister.Pods("default").Get(api.ReservationNamePrefix + "imposter")
 		return err == nil && err2 == nil && err3 == nil && err4 == nil &&

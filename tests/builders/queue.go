@@ -86,3 +86,10 @@ func quantity(s string) *resource.Quantity {
 	q := resource.MustParse(s)
 	return &q
 }
+
+// Namespaces sets spec.namespaces: the namespaces whose pods may use the
+// queue (v1alpha1.AllNamespaces for every one).
+func (w *QueueWrapper) Namespaces(ns ...string) *QueueWrapper {
+	w.queue.Spec.Namespaces = append([]string{}, ns...)
+	return w
+}

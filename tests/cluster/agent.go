@@ -52,10 +52,6 @@ type NodeAgentOptions struct {
 	Config string
 	// Args are appended to gpufrac-node's arguments (e.g. "-v=4", "--health-quiet-period=2s").
 	Args []string
-	// ManifestsDir holds namespace.yaml and node-rbac.yaml, applied at start: the
-	// agents authenticate as the gpufrac-node ServiceAccount with exactly that RBAC.
-	// Empty means <repository root>/deployments/manifests.
-	ManifestsDir string
 	// StopGracePeriod is the simulators' kubeletsim.Options.StopGracePeriod: how long
 	// a resource whose plugin went away keeps its (unhealthy) devices. Zero means the
 	// kubelet's five minutes.
@@ -92,6 +88,12 @@ type NodeAgent struct {
 	// is empty (the agent then serves its built-in defaults). WriteConfig
 	// changes it.
 	ConfigPath string
+	// Kubeconfig is gpufrac-node's --kubeconfig: a token of the gpufrac-node
+	// ServiceAccount bound to Pod, so the API server knows the agent's node.
+	Kubeconfig string
+	// Pod is the agent's pod on its node (from the DaemonSet's template), the
+	// object its token is bound to.
+	Pod *corev1.Pod
 }
 
 // WriteConfig replaces this node agent's config file the way the kubelet
@@ -335,14 +337,27 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	wg.Go(func() { status.run(syncCtx) })
 	undo = append(undo, func() { cancelSync(); wg.Wait() })
 
-	// 3. gpufrac-node.
+	// 3. Its identity: a pod of the DaemonSet on the node, and a token bound
+	// to that pod.
+	kubeconfig, pod, err := c.nodeAgentKubeconfig(ctx, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	agent.Kubeconfig, agent.Pod = kubeconfig, pod
+	undo = append(undo, func() {
+		if err := c.deleteNodeAgentPod(context.WithoutCancel(ctx), pod); err != nil {
+			klog.FromContext(ctx).Error(err, "Removing the node agent's pod")
+		}
+	})
+
+	// 4. gpufrac-node.
 	args := []string{
 		"--node-name=" + node.Name,
 		"--nvml=mock:" + agent.Model,
 		"--mock-state-dir=" + stateDir,
 		"--kubelet-dir=" + filepath.Join(sockDir, "dp"),
 		"--pod-resources-socket=" + agent.PodResourcesSocket,
-		"--kubeconfig=" + c.componentKubeconfig(nodeAgentIdentity),
+		"--kubeconfig=" + kubeconfig,
 		"--allow-standalone=false",
 		"-v=2",
 	}

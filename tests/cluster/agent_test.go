@@ -83,6 +83,23 @@ func fractionPod(name string, units int) *corev1.Pod {
 	return pod
 }
 
+// bindFraction creates a fraction pod of gpufrac-scheduler and binds it to a
+// node itself, as the coordinator does but without a GPU choice: gpufrac's
+// admission policies keep fractions away from kube-scheduler and from
+// spec.nodeName, so the test plays the coordinator (as admin, through the
+// pods/binding subresource) and the node agent picks the GPU by its own rule.
+func bindFraction(t *testing.T, c *cluster.Cluster, pod *corev1.Pod, node string) {
+	t.Helper()
+	pod.Spec.SchedulerName = api.SchedulerName
+	createPod(t, c, pod)
+	if err := c.Client.CoreV1().Pods(pod.Namespace).Bind(t.Context(), &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("binding %s to %s: %v", pod.Name, node, err)
+	}
+}
+
 func createPod(t *testing.T, c *cluster.Cluster, pod *corev1.Pod) {
 	t.Helper()
 	if _, err := c.Client.CoreV1().Pods(pod.Namespace).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
@@ -229,7 +246,7 @@ func TestNodeAgents(t *testing.T) {
 	})
 
 	t.Run("a fraction pod runs and gets its GPU written back", func(t *testing.T) {
-		createPod(t, c, onNode(fractionPod("frac-30", 30), "gpu-b"))
+		bindFraction(t, c, fractionPod("frac-30", 30), "gpu-b")
 		waitFor(t, 30*time.Second, "frac-30 Running", podRunning(c, "frac-30"))
 		units := podDevices(t, agents["gpu-b"], "frac-30", api.ResourceFraction)
 		if len(units) != 30 {
@@ -243,8 +260,8 @@ func TestNodeAgents(t *testing.T) {
 	})
 
 	t.Run("a failed allocation fails the pod with the plugin's message", func(t *testing.T) {
-		// 150 units fit the node's 800 for kube-scheduler; the plugin refuses more than one GPU.
-		createPod(t, c, onNode(fractionPod("frac-150", 150), "gpu-b"))
+		// The plugin refuses more than one GPU's 100 units, whoever bound the pod.
+		bindFraction(t, c, fractionPod("frac-150", 150), "gpu-b")
 		waitFor(t, 30*time.Second, "frac-150 Failed", func(ctx context.Context) (bool, error) {
 			pod, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "frac-150", metav1.GetOptions{})
 			return err == nil && pod.Status.Phase == corev1.PodFailed, err

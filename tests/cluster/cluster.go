@@ -87,6 +87,17 @@ type Options struct {
 	// NodeAgents, when not nil, runs a real gpufrac-node with a kubelet simulator for
 	// every kwok GPU node (see NodeAgentOptions and Cluster.NodeAgent).
 	NodeAgents *NodeAgentOptions
+	// DeploymentsDir holds gpufrac's crds/ and manifests/. Empty means
+	// <repository root>/deployments.
+	DeploymentsDir string
+	// Bare leaves gpufrac out: none of its cluster objects is installed (for
+	// tests of those objects themselves). It cannot be combined with NodeAgents.
+	Bare bool
+	// NoAdmissionPolicies installs gpufrac's cluster objects without its
+	// admission policies (manifests/admission-policies.yaml), for tests of
+	// what happens where an admin left them out. By default every cluster
+	// runs under them.
+	NoAdmissionPolicies bool
 }
 
 // Cluster is a running local control plane. Its exported fields are read-only.
@@ -133,7 +144,9 @@ type Cluster struct {
 // Start starts a cluster and waits until it is ready: etcd healthy, the API server's
 // /readyz OK, the default namespace and its default ServiceAccount present,
 // kube-scheduler, kube-controller-manager and kwok answering their health checks,
-// and, with Karpenter, its CRDs established, its objects created and its /readyz OK.
+// gpufrac's cluster objects installed and its admission policies in force (unless
+// Options say otherwise), and, with Karpenter, its CRDs established, its objects
+// created and its /readyz OK.
 //
 // ctx bounds the life of the cluster: when it is cancelled the cluster stops (call
 // Stop anyway to wait for that). Startup itself is bounded by Options.StartTimeout.
@@ -151,6 +164,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if err := checkTools(binDir, opts.Karpenter != nil); err != nil {
 		return nil, err
+	}
+	if opts.Bare && opts.NodeAgents != nil {
+		return nil, errors.New("a bare cluster (Options.Bare) has no identity for node agents")
 	}
 	if opts.NodeAgents != nil {
 		bin := opts.NodeAgents.Binary
@@ -409,16 +425,17 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	logger.V(2).Info("Control plane ready", "duration", time.Since(c.started).Round(time.Millisecond))
 
-	// 6. Karpenter.
-	if c.opts.Karpenter != nil {
-		if err := c.startKarpenter(ctx); err != nil {
+	// 6. What a gpufrac installation brings besides its programs: the Queue
+	// CRD, namespaces, priority classes, RBAC and the admission policies.
+	if !c.opts.Bare {
+		if err := c.installGpufrac(ctx); err != nil {
 			return err
 		}
 	}
 
-	// 7. The node agents' identity: the project's RBAC for gpufrac-node.
-	if c.opts.NodeAgents != nil {
-		if err := c.setUpNodeAgentIdentity(ctx); err != nil {
+	// 7. Karpenter.
+	if c.opts.Karpenter != nil {
+		if err := c.startKarpenter(ctx); err != nil {
 			return err
 		}
 	}

@@ -2,13 +2,18 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
@@ -17,79 +22,137 @@ import (
 )
 
 const (
-	// nodeAgentIdentity names the node agents' kubeconfig.
-	nodeAgentIdentity = "gpufrac-node"
-	// nodeAgentServiceAccount is the ServiceAccount node-rbac.yaml binds.
-	nodeAgentServiceAccount = "gpufrac-node"
-	// nodeAgentTokenLifetime matches the cluster certificates' lifetime.
-	nodeAgentTokenLifetime = 7 * 24 * time.Hour
+	// tokenLifetime matches the cluster certificates' lifetime.
+	tokenLifetime = 7 * 24 * time.Hour
+	// daemonSetFile is the node agent's DaemonSet in deployments/manifests.
+	daemonSetFile = "node-daemonset.yaml"
+	// agentPodPrefix starts the name of every node agent's pod.
+	agentPodPrefix = "gpufrac-node-"
 )
 
-// manifestResource returns the resource of a kind the node manifests hold, and
-// whether it is namespaced; ok is false for kinds the harness does not apply.
-func manifestResource(kind string) (gvr schema.GroupVersionResource, namespaced, ok bool) {
-	rbac := func(resource string) schema.GroupVersionResource {
-		return schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: resource}
+// serviceAccountToken requests a token of a ServiceAccount, bound to the pod
+// boundTo when it is not nil (the API server then puts the pod's node into
+// it and refuses it once the pod is gone).
+func (c *Cluster) serviceAccountToken(ctx context.Context, namespace, name string, boundTo *corev1.Pod) (string, error) {
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To(int64(tokenLifetime.Seconds())),
+	}}
+	if boundTo != nil {
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{
+			Kind: "Pod", APIVersion: "v1", Name: boundTo.Name, UID: boundTo.UID,
+		}
 	}
-	switch kind {
-	case "Namespace":
-		return schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, false, true
-	case "ServiceAccount":
-		return schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}, true, true
-	case "ClusterRole":
-		return rbac("clusterroles"), false, true
-	case "ClusterRoleBinding":
-		return rbac("clusterrolebindings"), false, true
-	case "Role":
-		return rbac("roles"), true, true
-	case "RoleBinding":
-		return rbac("rolebindings"), true, true
+	tr, err := c.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, req, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, name, err)
 	}
-	return schema.GroupVersionResource{}, false, false
+	return tr.Status.Token, nil
 }
 
-// setUpNodeAgentIdentity applies the project's namespace and node-agent RBAC
-// manifests and writes a kubeconfig with a token of the gpufrac-node
-// ServiceAccount, so the agents run with exactly the permissions a real
-// deployment grants them (and a missing permission fails the tests).
-func (c *Cluster) setUpNodeAgentIdentity(ctx context.Context) error {
-	dir := c.opts.NodeAgents.ManifestsDir
-	if dir == "" {
-		root, err := RepoRoot()
-		if err != nil {
-			return err
-		}
-		dir = filepath.Join(root, "deployments", "manifests")
-	}
-	for _, file := range []string{"namespace.yaml", "node-rbac.yaml"} {
-		objs, err := ReadObjects(filepath.Join(dir, file))
-		if err != nil {
-			return err
-		}
-		for _, obj := range objs {
-			gvr, namespaced, ok := manifestResource(obj.GetKind())
-			if !ok {
-				return fmt.Errorf("applying %s: kind %s is not supported by the harness", file, obj.GetKind())
-			}
-			var err error
-			if namespaced {
-				_, err = c.Dynamic.Resource(gvr).Namespace(obj.GetNamespace()).Create(ctx, obj, metav1.CreateOptions{})
-			} else {
-				_, err = c.Dynamic.Resource(gvr).Create(ctx, obj, metav1.CreateOptions{})
-			}
-			if err != nil {
-				return fmt.Errorf("creating %s %s from %s: %w", obj.GetKind(), obj.GetName(), file, err)
-			}
-		}
-	}
-	tr, err := c.Client.CoreV1().ServiceAccounts(api.SystemNamespace).CreateToken(ctx, nodeAgentServiceAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: ptr.To(int64(nodeAgentTokenLifetime.Seconds())),
-		}}, metav1.CreateOptions{})
+// nodeAgentPod makes the node agent's pod on a node from the gpufrac-node
+// DaemonSet's pod template (deployments/manifests/node-daemonset.yaml), as
+// the DaemonSet controller would, and returns it as created. The harness runs
+// gpufrac-node as a process, not in this pod (kwok runs no containers): the
+// pod is what the agent's identity is bound to, exactly as on a real node,
+// where the agent's projected service-account token names its pod and the
+// API server adds the pod's node. Two differences from a DaemonSet pod, both
+// for the test bed: it tolerates every taint (Karpenter's new nodes start
+// tainted, and a pod bound straight to a node is evicted by a NoExecute taint
+// it does not tolerate), and its owner is its Node (so Karpenter treats it as
+// a node's own pod and garbage collection removes it with the node).
+func (c *Cluster) nodeAgentPod(ctx context.Context, node *corev1.Node) (*corev1.Pod, error) {
+	dir, err := c.deploymentsDir()
 	if err != nil {
-		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", api.SystemNamespace, nodeAgentServiceAccount, err)
+		return nil, err
 	}
-	return c.writeKubeconfig(nodeAgentIdentity, nodeAgentIdentity, tr.Status.Token)
+	path := filepath.Join(dir, "manifests", daemonSetFile)
+	objs, err := ReadObjects(path)
+	if err != nil {
+		return nil, err
+	}
+	var ds appsv1.DaemonSet
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &ds); err != nil {
+				return nil, fmt.Errorf("decoding the DaemonSet of %s: %w", path, err)
+			}
+		}
+	}
+	if ds.Name == "" {
+		return nil, fmt.Errorf("no DaemonSet in %s", path)
+	}
+	name := agentPodPrefix + node.Name
+	if len(name) > 253 {
+		name = name[:253]
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: *ds.Spec.Template.ObjectMeta.DeepCopy(),
+		Spec:       *ds.Spec.Template.Spec.DeepCopy(),
+	}
+	pod.Name, pod.Namespace = name, ds.Namespace
+	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
+	pod.Spec.NodeName = node.Name
+	pod.Spec.NodeSelector = nil
+	pod.Spec.Tolerations = append(pod.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
+	pods := c.Client.CoreV1().Pods(pod.Namespace)
+	var created *corev1.Pod
+	// A node that came back under the same name may still have its old
+	// agent pod (garbage collection has not caught up): replace it.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		created, err = pods.Create(ctx, pod, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			old, getErr := pods.Get(ctx, name, metav1.GetOptions{})
+			if getErr == nil && len(old.OwnerReferences) == 1 && old.OwnerReferences[0].UID == node.UID {
+				created = old
+				return true, nil
+			}
+			delErr := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			return false, client404(delErr)
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the node agent's pod on %s: %w", node.Name, err)
+	}
+	return created, nil
+}
+
+// client404 is nil for NotFound (gone already), else err.
+func client404(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// nodeAgentKubeconfig creates the node agent's pod on a node and writes a
+// kubeconfig with a token of the gpufrac-node ServiceAccount bound to it, so
+// the agent runs with exactly the identity a real deployment gives it: the
+// RBAC of node-rbac.yaml, and the admission policies' hold on its node. It
+// returns the kubeconfig's path and the pod; deleting the pod revokes the
+// token.
+func (c *Cluster) nodeAgentKubeconfig(ctx context.Context, node *corev1.Node) (string, *corev1.Pod, error) {
+	pod, err := c.nodeAgentPod(ctx, node)
+	if err != nil {
+		return "", nil, err
+	}
+	path, err := c.ServiceAccountKubeconfig(ctx, api.SystemNamespace, api.NodeServiceAccount, pod)
+	if err != nil {
+		return "", nil, errors.Join(err, c.deleteNodeAgentPod(ctx, pod))
+	}
+	return path, pod, nil
+}
+
+// deleteNodeAgentPod removes a node agent's pod (NotFound is success).
+func (c *Cluster) deleteNodeAgentPod(ctx context.Context, pod *corev1.Pod) error {
+	err := c.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: ptr.To[int64](0),
+		Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting the node agent's pod %s: %w", pod.Name, err)
+	}
+	return nil
 }
 
 // writeKubeconfig writes the kubeconfig of one identity with a bearer token.

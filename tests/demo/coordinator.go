@@ -13,23 +13,17 @@ import (
 	"syscall"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
 const (
-	// coordinatorServiceAccount is the ServiceAccount coordinator-rbac.yaml binds.
-	coordinatorServiceAccount = "gpufrac-coordinator"
 	// coordinatorIdentity is the coordinator's identity in its Lease.
 	coordinatorIdentity = "gpufrac-demo"
 	// coordinatorLease is the coordinator's default Lease name.
@@ -49,42 +43,6 @@ type coordinatorProcess struct {
 	err     error         // its exit status, once done is closed
 	log     string
 	metrics string // host:port of /metrics, /healthz, /readyz
-}
-
-// coordinatorKubeconfig writes a kubeconfig for the coordinator's
-// ServiceAccount (from deployments/manifests/coordinator-rbac.yaml, already
-// applied): the admin kubeconfig's server and CA with a token of that
-// ServiceAccount, so the coordinator runs with exactly the permissions a real
-// deployment grants it.
-func coordinatorKubeconfig(ctx context.Context, client kubernetes.Interface, adminKubeconfig, path string) error {
-	tr, err := client.CoreV1().ServiceAccounts(api.SystemNamespace).CreateToken(ctx, coordinatorServiceAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(7 * 24 * 3600))}},
-		metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", api.SystemNamespace, coordinatorServiceAccount, err)
-	}
-	cfg, err := clientcmd.LoadFromFile(adminKubeconfig)
-	if err != nil {
-		return fmt.Errorf("reading the admin kubeconfig: %w", err)
-	}
-	ctxName := cfg.CurrentContext
-	kctx, ok := cfg.Contexts[ctxName]
-	if !ok {
-		return fmt.Errorf("the admin kubeconfig has no context %q", ctxName)
-	}
-	server, ok := cfg.Clusters[kctx.Cluster]
-	if !ok {
-		return fmt.Errorf("the admin kubeconfig has no cluster %q", kctx.Cluster)
-	}
-	out := clientcmdapi.NewConfig()
-	out.Clusters["gpufrac-demo"] = server.DeepCopy()
-	out.AuthInfos[coordinatorServiceAccount] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
-	out.Contexts["gpufrac-demo"] = &clientcmdapi.Context{Cluster: "gpufrac-demo", AuthInfo: coordinatorServiceAccount}
-	out.CurrentContext = "gpufrac-demo"
-	if err := clientcmd.WriteToFile(*out, path); err != nil {
-		return fmt.Errorf("writing the coordinator's kubeconfig: %w", err)
-	}
-	return nil
 }
 
 // startCoordinator runs bin/gpufrac-coordinator against the cluster with the

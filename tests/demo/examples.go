@@ -273,7 +273,7 @@ func outcome(pods []corev1.Pod) string {
 // tell prints what is new among placeholders and Karpenter's nodes, and
 // returns how many placeholders exist.
 func (n *narrator) tell(ctx context.Context) (int, error) {
-	phs, err := n.client.CoreV1().Pods(api.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelRole + "=" + api.RolePlaceholder})
+	phs, err := n.client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelRole + "=" + api.RolePlaceholder})
 	if err != nil {
 		return 0, fmt.Errorf("listing placeholders: %w", err)
 	}

@@ -49,7 +49,7 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 	gangs := map[string][]string{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RoleReservation && p.Annotations[api.AnnotationReservedGPU] != "" {
+		if p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RoleReservation && p.Annotations[api.AnnotationReservedGPU] != "" {
 			f.reservations++
 			continue
 		}
@@ -132,7 +132,7 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 			f.fractions, f.sharedGPUs)
 	}
 	if f.reservations > 0 {
-		add("[reservation]: a gpufrac-system pod holding a shared GPU whole, so no whole-GPU pod can land on it (%d in all). It carries karpenter.sh/do-not-disrupt: Karpenter never consolidates a node while its GPUs are shared; the reservation goes %s after the GPU's last fraction.",
+		add("[reservation]: a gpufrac-reservations pod holding a shared GPU whole, so no whole-GPU pod can land on it (%d in all). It carries karpenter.sh/do-not-disrupt: Karpenter never consolidates a node while its GPUs are shared; the reservation goes %s after the GPU's last fraction.",
 			f.reservations, reservationGrace)
 	}
 	if len(f.whole) > 0 || len(f.gangs) > 0 {

@@ -92,19 +92,19 @@ func startDemo(ctx context.Context, cfg config, p progress) (c *cluster.Cluster,
 		return nil, nil, err
 	}
 	began := time.Now()
-	if err := installGpufrac(ctx, cfg, c); err != nil {
-		return nil, nil, err
-	}
-	kubeconfig := filepath.Join(cfg.dir, "coordinator.kubeconfig")
-	if err := coordinatorKubeconfig(ctx, c.Client, c.KubeconfigPath, kubeconfig); err != nil {
+	// The cluster installed gpufrac's objects (Queue CRD, namespaces, priority
+	// classes, RBAC, admission policies); the coordinator runs as its
+	// ServiceAccount, with exactly the rights a deployment grants it.
+	kubeconfig, err := c.ServiceAccountKubeconfig(ctx, api.SystemNamespace, api.CoordinatorServiceAccount, nil)
+	if err != nil {
 		return nil, nil, err
 	}
 	co, err = startCoordinator(ctx, cfg, c, kubeconfig)
 	if err != nil {
 		return nil, nil, err
 	}
-	p.say("installed the Queue CRD, priority classes and RBAC; gpufrac-coordinator leads as ServiceAccount %s/%s (pid %d, metrics http://%s/metrics) in %s",
-		api.SystemNamespace, coordinatorServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
+	p.say("installed the Queue CRD, priority classes, RBAC and admission policies; gpufrac-coordinator leads as ServiceAccount %s/%s (pid %d, metrics http://%s/metrics) in %s",
+		api.SystemNamespace, api.CoordinatorServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
 	if err := addNodes(ctx, cfg, c, p); err != nil {
 		return nil, nil, err
 	}
@@ -126,8 +126,8 @@ func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster
 		BinDir:       cfg.binDir(),
 		Dir:          cfg.clusterDir(),
 		StartTimeout: cfg.timeout,
+		DeploymentsDir: filepath.Join(cfg.root, "deployments"),
 		NodeAgents: &cluster.NodeAgentOptions{
-			ManifestsDir: filepath.Join(cfg.root, "deployments", "manifests"),
 			// A node Karpenter removes takes its devices with it quickly.
 			StopGracePeriod: 5 * time.Second,
 		},
@@ -150,34 +150,6 @@ func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster
 	}
 	p.say("control plane up in %s", time.Since(began).Round(100*time.Millisecond))
 	return c, nil
-}
-
-// installGpufrac applies what a gpufrac installation brings besides its
-// programs: the Queue CRD, the gpufrac-system namespace, the priority classes
-// of reservations and placeholders, and the coordinator's RBAC.
-func installGpufrac(ctx context.Context, cfg config, c *cluster.Cluster) error {
-	a := cluster.NewApplier(c.Client, c.Dynamic)
-	files := []string{
-		filepath.Join(cfg.root, "deployments", "crds", "gpufrac.io_queues.yaml"),
-		filepath.Join(cfg.root, "deployments", "manifests", "namespace.yaml"),
-		filepath.Join(cfg.root, "deployments", "manifests", "priorityclasses.yaml"),
-		filepath.Join(cfg.root, "deployments", "manifests", "coordinator-rbac.yaml"),
-	}
-	for _, f := range files {
-		if _, err := a.ApplyFile(ctx, f); err != nil {
-			return err
-		}
-	}
-	// The coordinator's queue informer needs the CRD served.
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, err := c.Dynamic.Resource(queueGVR).List(ctx, metav1.ListOptions{})
-		return err == nil, nil
-	}); err != nil {
-		return fmt.Errorf("waiting for the Queue CRD to be served: %w", err)
-	}
-	return nil
 }
 
 // linkState puts the admin kubeconfig and the logs where the README says.

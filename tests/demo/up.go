@@ -293,7 +293,7 @@ func printHowTo(cfg config, burst bool) {
 	fmt.Printf(`
 The demo cluster keeps running. Try (any kubectl 1.34; the bin/ tools need none):
   export KUBECONFIG=$PWD/%s
-  kubectl get pods -A -o wide                         # every pod, gpufrac-system's reservations included
+  kubectl get pods -A -o wide                         # every pod, gpufrac-reservations' reservations and placeholders included
   kubectl get queues                                  # quota, allocated GPUs and pending work per queue
   kubectl describe pod eval-nightly                   # why it waits: condition and event with the numbers
 %s  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)

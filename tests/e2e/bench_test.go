@@ -246,22 +246,18 @@ func BenchmarkGang256(b *testing.B) {
 }
 
 // startBenchCluster starts the test bed without node agents, with gpufrac's
-// namespace, priority classes and Queue CRD, and builds the coordinator.
+// cluster objects, and builds the coordinator. Without the admission
+// policies: the benchmark plays gpufrac-node itself, as admin (resAgent
+// writes gpufrac.io/reserved-gpu, which the policies keep for the node
+// agent), and gives kube-scheduler's pods the same queue label as the
+// coordinator's so both runs create the same objects.
 func startBenchCluster(tb testing.TB) *cluster.Cluster {
 	tb.Helper()
 	if testing.Short() {
 		tb.Skip("end-to-end benchmark: needs the local cluster (make tools)")
 	}
 	buildBinary(tb, "gpufrac-coordinator")
-	c := cluster.StartForTest(tb, cluster.Options{})
-	root := repoRoot(tb)
-	for _, f := range []string{"crds/gpufrac.io_queues.yaml", "manifests/namespace.yaml", "manifests/priorityclasses.yaml"} {
-		data, err := os.ReadFile(filepath.Join(root, "deployments", f))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		applyYAML(tb, c, data)
-	}
+	c := cluster.StartForTest(tb, cluster.Options{NoAdmissionPolicies: true})
 	if _, err := c.Client.CoreV1().Namespaces().Create(tb.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}, metav1.CreateOptions{}); err != nil {
 		tb.Fatal(err)
 	}
@@ -772,12 +768,12 @@ func deleteBenchPods(tb testing.TB, c *cluster.Cluster) {
 func deleteReservations(tb testing.TB, c *cluster.Cluster) {
 	tb.Helper()
 	sel := api.LabelRole + "=" + api.RoleReservation
-	if err := c.Client.CoreV1().Pods(api.SystemNamespace).DeleteCollection(tb.Context(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
+	if err := c.Client.CoreV1().Pods(api.ReservationNamespace).DeleteCollection(tb.Context(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
 		metav1.ListOptions{LabelSelector: sel}); err != nil {
 		tb.Fatal(err)
 	}
 	waitFor(tb, 2*time.Minute, "reservation pods gone", func(ctx context.Context) (bool, error) {
-		l, err := c.Client.CoreV1().Pods(api.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		l, err := c.Client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		return err == nil && len(l.Items) == 0, nil
 	})
 }
@@ -801,7 +797,7 @@ func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &resAgent{cancel: cancel, seen: map[string]time.Time{}, ready: map[string]time.Time{}}
-	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(api.SystemNamespace),
+	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(api.ReservationNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = api.LabelRole + "=" + api.RoleReservation }))
 	inf := factory.Core().V1().Pods().Informer()
 	todo := make(chan *corev1.Pod, 4096)

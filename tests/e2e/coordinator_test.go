@@ -19,10 +19,12 @@ import (
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
+// queuesYAML makes top-level queues with GPU quotas that take pods from
+// every namespace.
 func queuesYAML(quotas map[string]string) []byte {
 	var b strings.Builder
 	for name, gpus := range quotas {
-		fmt.Fprintf(&b, "---\napiVersion: gpufrac.io/v1alpha1\nkind: Queue\nmetadata: {name: %s}\nspec:\n  resources:\n    gpu: {quota: %q}\n", name, gpus)
+		fmt.Fprintf(&b, "---\napiVersion: gpufrac.io/v1alpha1\nkind: Queue\nmetadata: {name: %s}\nspec:\n  namespaces: [\"*\"]\n  resources:\n    gpu: {quota: %q}\n", name, gpus)
 	}
 	return []byte(b.String())
 }

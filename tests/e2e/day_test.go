@@ -485,7 +485,7 @@ func (m *meter) onEvent(obj any) {
 	default:
 		return
 	}
-	if e.InvolvedObject.Namespace == api.SystemNamespace && strings.HasPrefix(e.InvolvedObject.Name, api.ReservationNamePrefix) {
+	if e.InvolvedObject.Namespace == api.ReservationNamespace && strings.HasPrefix(e.InvolvedObject.Name, api.ReservationNamePrefix) {
 		m.reservationHits = append(m.reservationHits, e.InvolvedObject.Name+": "+e.Reason+": "+e.Message)
 		return
 	}
@@ -529,7 +529,7 @@ func (m *meter) sample(now time.Time) {
 	var whole int64
 	onNode := map[string]int64{} // node name -> running script pods' demand in percent
 	for _, p := range pods {
-		if p.Namespace == api.SystemNamespace && p.DeletionTimestamp == nil {
+		if p.Namespace == api.ReservationNamespace && p.DeletionTimestamp == nil {
 			switch p.Labels[api.LabelRole] {
 			case api.RolePlaceholder:
 				s.Placeholders++

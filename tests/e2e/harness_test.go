@@ -84,15 +84,10 @@ func startCluster(t *testing.T, opts cluster.Options) *cluster.Cluster {
 	if opts.NodeAgents == nil {
 		opts.NodeAgents = &cluster.NodeAgentOptions{}
 	}
-	c := cluster.StartForTest(t, opts)
-	applyFile(t, c, filepath.Join(repoRoot(t), "deployments", "crds", "gpufrac.io_queues.yaml"))
-	applyFile(t, c, filepath.Join(repoRoot(t), "deployments", "manifests", "namespace.yaml"))
-	applyFile(t, c, filepath.Join(repoRoot(t), "deployments", "manifests", "priorityclasses.yaml"))
-	waitFor(t, 30*time.Second, "the Queue CRD to be served", func(ctx context.Context) (bool, error) {
-		_, err := c.Dynamic.Resource(queueGVR).List(ctx, metav1.ListOptions{})
-		return err == nil, nil
-	})
-	return c
+	// The harness installs gpufrac's cluster objects (Queue CRD, namespaces,
+	// priority classes, RBAC) and its admission policies: every test runs
+	// under them.
+	return cluster.StartForTest(t, opts)
 }
 
 var queueGVR = schema.GroupVersionResource{Group: "gpufrac.io", Version: "v1alpha1", Resource: "queues"}
@@ -165,7 +160,13 @@ func startCoordinator(t *testing.T, c *cluster.Cluster, id string, args ...strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := append([]string{"--kubeconfig=" + c.KubeconfigPath, "--metrics-addr=", "--identity=" + id,
+	// As its ServiceAccount: exactly the rights coordinator-rbac.yaml grants,
+	// and the identity the admission policies trust.
+	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.SystemNamespace, api.CoordinatorServiceAccount, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append([]string{"--kubeconfig=" + kubeconfig, "--metrics-addr=", "--identity=" + id,
 		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
 	cmd := exec.Command(bin, all...)
 	cmd.Stdout, cmd.Stderr = f, f

@@ -59,7 +59,7 @@ func nodeClaims(t testing.TB, c *cluster.Cluster) int {
 
 func systemPods(t testing.TB, c *cluster.Cluster, role string) []corev1.Pod {
 	t.Helper()
-	l, err := c.Client.CoreV1().Pods(api.SystemNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: api.LabelRole + "=" + role})
+	l, err := c.Client.CoreV1().Pods(api.ReservationNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: api.LabelRole + "=" + role})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,6 +249,7 @@ func TestSharedGPUNodeIsNeverConsolidated(t *testing.T) {
 	// Node B: an equal 1-GPU node, made for a default-scheduler GPU pod.
 	gp := pod("ballast", "team-a").GPUs(1).Obj()
 	gp.Spec.SchedulerName = ""
+	delete(gp.Labels, api.LabelQueue) // a queue label needs the coordinator's scheduler name
 	gp.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
 		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"e2e": "yes"}}, TopologyKey: "kubernetes.io/hostname",
 		Namespaces: []string{"default"},
@@ -271,6 +272,7 @@ func TestSharedGPUNodeIsNeverConsolidated(t *testing.T) {
 	}
 	mover := pod("mover", "team-a").Obj()
 	mover.Spec.SchedulerName = ""
+	delete(mover.Labels, api.LabelQueue)
 	mover.Spec.NodeName = nodeB
 	mover.Labels["e2e"] = "mover"
 	mover.OwnerReferences = nil

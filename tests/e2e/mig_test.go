@@ -382,7 +382,7 @@ func TestConfigEditSwitchesANodeFromFractionsToMIGForTheCoordinator(t *testing.T
 	}
 	// The MIG profile no node serves asks Karpenter for one whole GPU.
 	waitFor(t, 30*time.Second, "a placeholder for the 3g.40gb device", func(ctx context.Context) (bool, error) {
-		l, err := c.Client.CoreV1().Pods(api.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelRole + "=" + api.RolePlaceholder})
+		l, err := c.Client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelRole + "=" + api.RolePlaceholder})
 		if err != nil {
 			return false, nil
 		}

@@ -186,7 +186,7 @@ func (r request) String() string {
 
 // roleOf tells a pod's role from its labels, namespace and request.
 func roleOf(p *corev1.Pod, r request) Role {
-	if p.Namespace == api.SystemNamespace {
+	if p.Namespace == api.ReservationNamespace {
 		switch p.Labels[api.LabelRole] {
 		case api.RoleReservation:
 			return RoleReservation
@@ -558,7 +558,7 @@ func holders(hs []Holder, opts Options) string {
 
 // describe renders one holding of a GPU: "default/p 30%", "default/train (whole)",
 // "default/w (whole, gang g)", "[reservation]" (with its name when wide) or
-// "gpufrac-system/p (placeholder)", plus the phase when the pod is not Running.
+// "gpufrac-reservations/p (placeholder)", plus the phase when the pod is not Running.
 func describe(h Holder, opts Options) string {
 	var s string
 	switch h.Role {

@@ -96,7 +96,7 @@ func terminating() podOpt {
 
 // reservation is a reservation pod of the coordinator holding uuid on node.
 func reservation(name, node, uuid string) corev1.Pod {
-	return pod(name, node, api.ResourceGPU, 1, inNamespace(api.SystemNamespace), labelled(api.LabelRole, api.RoleReservation),
+	return pod(name, node, api.ResourceGPU, 1, inNamespace(api.ReservationNamespace), labelled(api.LabelRole, api.RoleReservation),
 		annotated(api.AnnotationReservedGPU, uuid), annotated(api.AnnotationDoNotDisrupt, "true"))
 }
 
@@ -177,9 +177,9 @@ Rejected at device admission (Failed):
 				pod("ddp-0", "static", api.ResourceGPU, 1, annotated(api.AnnotationAllocatedGPU, "GPU-static-3-0000-0000"), labelled(api.LabelPodGroup, "ddp")),
 				reservation("gpufrac-reservation-k1-0b", "k1", "GPU-k1-0-0000-0000"),
 				pod("burst-1", "k1", api.ResourceFraction, 40, annotated(api.AnnotationAllocatedGPU, "GPU-k1-0-0000-0000")),
-				pod("gpufrac-placeholder-abc-1", "k2", api.ResourceGPU, 1, inNamespace(api.SystemNamespace), labelled(api.LabelRole, api.RolePlaceholder),
+				pod("gpufrac-placeholder-abc-1", "k2", api.ResourceGPU, 1, inNamespace(api.ReservationNamespace), labelled(api.LabelRole, api.RolePlaceholder),
 					annotated(api.AnnotationAllocatedGPU, "GPU-k2-0-0000-0000"), terminating()),
-				pod("gpufrac-placeholder-abc-2", "", api.ResourceGPU, 1, inNamespace(api.SystemNamespace), labelled(api.LabelRole, api.RolePlaceholder),
+				pod("gpufrac-placeholder-abc-2", "", api.ResourceGPU, 1, inNamespace(api.ReservationNamespace), labelled(api.LabelRole, api.RolePlaceholder),
 					annotated(annotationPlaceholderWorkloads, "default/burst-2,default/burst-3"), unschedulable("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")),
 				pod("eval", "", api.ResourceGPU, 3, labelled(api.LabelQueue, "team-b"), reason(api.ReasonOverQuota, "queue team-b: non-preemptible pods use 2 of 4 deserved GPUs and 3 more is asked")),
 				pod("gang-0", "", api.ResourceGPU, 1, labelled(api.LabelQueue, "team-b"), reason(api.ReasonGangIncomplete, "")),
@@ -192,7 +192,7 @@ Rejected at device admission (Failed):
 NODE k2 (Ready)  made by Karpenter (NodePool gpu, gpu-1x-h100)  1× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 1, gpufrac.io/gpu-fraction 100
   no do-not-disrupt pods: Karpenter may consolidate this node when it is empty or underused
   GPU  UUID           MODE      HEALTH  USED  HELD BY
-  0    GPU-k2-0-000…  fraction  ok      100%  gpufrac-system/gpufrac-placeholder-abc-1 (placeholder) [Terminating]
+  0    GPU-k2-0-000…  fraction  ok      100%  gpufrac-reservations/gpufrac-placeholder-abc-1 (placeholder) [Terminating]
 
 NODE static (Ready)  4× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 4, gpufrac.io/gpu-fraction 400
   do-not-disrupt: 1 reservation (shared GPU), default/train
@@ -209,7 +209,7 @@ Pending GPU pods:
 
 Placeholders (gpufrac-coordinator asking Karpenter for capacity):
   POD                                       ASKS   FOR                              WHY
-  gpufrac-system/gpufrac-placeholder-abc-2  1 GPU  default/burst-2,default/burst-3  Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.
+  gpufrac-reservations/gpufrac-placeholder-abc-2  1 GPU  default/burst-2,default/burst-3  Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.
 
 6 GPUs on 3 nodes (2 made by Karpenter): 3 held whole, 2 shared by 3 fractions, 1 free; 2 GPU pods pending.
 `,
@@ -222,9 +222,9 @@ Placeholders (gpufrac-coordinator asking Karpenter for capacity):
 			},
 			wide: true,
 			want: `NODE a (Ready)  1× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 1, gpufrac.io/gpu-fraction 100
-  do-not-disrupt: gpufrac-system/gpufrac-reservation-a-0
+  do-not-disrupt: gpufrac-reservations/gpufrac-reservation-a-0
   GPU  UUID               MODE      HEALTH  USED  HELD BY
-  0    GPU-a-0-0000-0000  fraction  ok      0%    [reservation gpufrac-system/gpufrac-reservation-a-0]
+  0    GPU-a-0-0000-0000  fraction  ok      0%    [reservation gpufrac-reservations/gpufrac-reservation-a-0]
 
 1 GPU on 1 node: 0 held whole, 0 shared by 0 fractions, 0 free, 1 reserved with no fraction yet.
 `,
