@@ -163,7 +163,7 @@ func TestWriteBack(t *testing.T) {
 		"default/frac-done": {api.AnnotationGPU: gpuB, api.AnnotationAllocatedGPU: gpuB},
 		// Whole-GPU pods, a reservation's name outside gpufrac-reservations included.
 		"default/trainer": {api.AnnotationAllocatedGPU: wholeUUID(0)},
-		"default/" + api.ReservationNamePrefix + "imposter":           {api.AnnotationAllocatedGPU: wholeUUID(2)},
+		"default/" + api.ReservationNamePrefix + "imposter":                {api.AnnotationAllocatedGPU: wholeUUID(2)},
 		api.ReservationNamespace + "/" + api.ReservationNamePrefix + "one": {api.AnnotationReservedGPU: wholeUUID(1)},
 	}
 	if diff := cmp.Diff(want, c.annotations(t)); diff != "" {

@@ -123,9 +123,9 @@ func gpuInstanceTypes() []cluster.InstanceType {
 // agents on every GPU node.
 func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster, error) {
 	opts := cluster.Options{
-		BinDir:       cfg.binDir(),
-		Dir:          cfg.clusterDir(),
-		StartTimeout: cfg.timeout,
+		BinDir:         cfg.binDir(),
+		Dir:            cfg.clusterDir(),
+		StartTimeout:   cfg.timeout,
 		DeploymentsDir: filepath.Join(cfg.root, "deployments"),
 		NodeAgents: &cluster.NodeAgentOptions{
 			// A node Karpenter removes takes its devices with it quickly.
