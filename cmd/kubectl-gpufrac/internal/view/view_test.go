@@ -208,7 +208,7 @@ Pending GPU pods:
   default/gang-0  1 GPU   team-b  GangIncomplete
 
 Placeholders (gpufrac-coordinator asking Karpenter for capacity):
-  POD                                       ASKS   FOR                              WHY
+  POD                                             ASKS   FOR                              WHY
   gpufrac-reservations/gpufrac-placeholder-abc-2  1 GPU  default/burst-2,default/burst-3  Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.
 
 6 GPUs on 3 nodes (2 made by Karpenter): 3 held whole, 2 shared by 3 fractions, 1 free; 2 GPU pods pending.
