@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -27,7 +28,7 @@ import (
 const PoliciesFile = "admission-policies.yaml"
 
 // policyReadyTimeout bounds the wait for the admission policies to be in force.
-const policyReadyTimeout = 30 * time.Second
+const policyReadyTimeout = 60 * time.Second
 
 // gpufracManifests are the files of deployments/ that a gpufrac installation
 // applies besides its programs, in order; the admission policies come last
@@ -157,6 +158,8 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 		_ = pods(api.SystemNamespace).Delete(context.WithoutCancel(ctx), "gpufrac-harness-probe", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	}()
 
+	// Each probe breaks one policy only: where several refuse a request, the
+	// API server names one of them.
 	probes := []policyProbe{
 		{"gpufrac-protocol-annotations", func(ctx context.Context) error {
 			p := probePod("probe", metav1.NamespaceDefault)
@@ -165,8 +168,9 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 			return err
 		}},
 		{"gpufrac-scheduling", func(ctx context.Context) error {
+			// A fraction for the default scheduler: no other policy applies.
 			p := probePod("probe", metav1.NamespaceDefault)
-			p.Labels = map[string]string{api.LabelQueue: probeQueue}
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{api.ResourceFraction: resource.MustParse("10")}
 			_, err := pods(metav1.NamespaceDefault).Create(ctx, p, dry)
 			return err
 		}},
