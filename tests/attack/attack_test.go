@@ -223,6 +223,28 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		}
 	})
 
+	t.Run("a namespace's default queue", func(t *testing.T) {
+		// The namespace's admin names team-a: label-less pods of the
+		// coordinator there are admitted to team-a.
+		b.labelNamespace(t, attackerNS, "team-a")
+		p := create(t, b.tenant, builders.MakePod("defaulted", attackerNS).CPU("100m").Obj())
+		waitFor(t, 30*time.Second, "the label-less pod bound and charged to team-a", func(ctx context.Context) (bool, error) {
+			got, err := b.c.Client.CoreV1().Pods(attackerNS).Get(ctx, p.Name, metav1.GetOptions{})
+			return err == nil && got.Spec.NodeName != "" && got.Annotations[api.AnnotationAdmittedQueue] == "team-a", nil
+		})
+		// A default queue that does not take the namespace refuses them at
+		// admission (the API server sees the label a moment later: poll).
+		b.labelNamespace(t, attackerNS, "team-b")
+		var err error
+		waitFor(t, 10*time.Second, "the default queue team-b to be read", func(ctx context.Context) (bool, error) {
+			_, err = b.tenant.CoreV1().Pods(attackerNS).Create(ctx, builders.MakePod("defaulted-b", attackerNS).CPU("100m").Obj(),
+				metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err != nil, nil
+		})
+		refused(t, err, "gpufrac-queue-namespaces", "queue team-b does not take pods from namespace team-a-ns")
+		b.labelNamespace(t, attackerNS, "")
+	})
+
 	t.Run("NVIDIA_VISIBLE_DEVICES", func(t *testing.T) {
 		for _, tc := range []struct {
 			name string
@@ -525,6 +547,19 @@ func (b *bed) grantEdit(t *testing.T, ns string) func() {
 		if err := b.c.Client.RbacV1().RoleBindings(ns).Delete(context.WithoutCancel(t.Context()), name, metav1.DeleteOptions{}); err != nil {
 			t.Errorf("removing the tenant's edit rights in %s: %v", ns, err)
 		}
+	}
+}
+
+// labelNamespace sets (or, with "", removes) a namespace's default queue, as its admin.
+func (b *bed) labelNamespace(t *testing.T, ns, queue string) {
+	t.Helper()
+	var v any = queue
+	if queue == "" {
+		v = nil
+	}
+	if _, err := b.c.Client.CoreV1().Namespaces().Patch(t.Context(), ns, types.MergePatchType,
+		mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]any{api.LabelDefaultQueue: v}}}), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 
