@@ -22,21 +22,28 @@ const (
 
 	// SchedulerName is the schedulerName pods use to be scheduled by the coordinator.
 	SchedulerName = "gpufrac-scheduler"
-	// SystemNamespace holds gpufrac's components: the gpufrac-node DaemonSet,
-	// the coordinator's Deployment, their ServiceAccounts and the
+	// ComponentNamespace holds gpufrac's components: the gpufrac-node
+	// DaemonSet, the coordinator's Deployment, their ServiceAccounts and the
 	// coordinator's leader-election Lease. It runs the privileged node agent,
 	// so it cannot enforce Pod Security "restricted".
-	SystemNamespace = "gpufrac-system"
+	ComponentNamespace = "gpufrac-system"
 	// ReservationNamespace holds reservation and placeholder pods, and nothing
 	// else: only the coordinator creates pods there, only of their shape, and
 	// it enforces Pod Security "restricted" (deployments/manifests). The node
 	// agent recognises reservations by it and ReservationNamePrefix.
 	ReservationNamespace = "gpufrac-reservations"
+	// SystemNamespace is the namespace of reservation and placeholder pods,
+	// under the name it had when those shared gpufrac-system with the
+	// components.
+	//
+	// Deprecated: use ReservationNamespace (or ComponentNamespace for the
+	// components).
+	SystemNamespace = ReservationNamespace
 	// CoordinatorServiceAccount is the coordinator's ServiceAccount in
-	// SystemNamespace; the admission policies let only it write what the
+	// ComponentNamespace; the admission policies let only it write what the
 	// coordinator owns.
 	CoordinatorServiceAccount = "gpufrac-coordinator"
-	// NodeServiceAccount is gpufrac-node's ServiceAccount in SystemNamespace;
+	// NodeServiceAccount is gpufrac-node's ServiceAccount in ComponentNamespace;
 	// the admission policies let it write only pods bound to its own node
 	// and only its own Node.
 	NodeServiceAccount = "gpufrac-node"

@@ -34,7 +34,7 @@ func main() {
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config")
 	flag.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:8080", "address of /metrics, /healthz and /readyz (empty disables); loopback by default, the manifests bind the pod IP")
 	flag.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader on a Lease so only one replica schedules")
-	flag.StringVar(&cfg.LeaseNamespace, "lease-namespace", api.SystemNamespace, "namespace of the leader-election Lease")
+	flag.StringVar(&cfg.LeaseNamespace, "lease-namespace", api.ComponentNamespace, "namespace of the leader-election Lease")
 	flag.StringVar(&cfg.LeaseName, "lease-name", "gpufrac-coordinator", "name of the leader-election Lease")
 	flag.StringVar(&cfg.Identity, "identity", os.Getenv("POD_NAME"), "this replica's identity in the Lease (default hostname_pid)")
 	flag.DurationVar(&cfg.LeaseDuration, "lease-duration", 15*time.Second, "leader-election lease duration")

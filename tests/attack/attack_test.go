@@ -289,7 +289,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		refused(t, err, "gpufrac-reservation-namespace", "only gpufrac-coordinator creates pods in gpufrac-reservations")
 		grant()
 		// The coordinator's own credentials cannot make it run anything else.
-		coord, err := b.c.ServiceAccountConfig(t.Context(), api.SystemNamespace, api.CoordinatorServiceAccount, nil)
+		coord, err := b.c.ServiceAccountConfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -364,7 +364,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		if agent == nil {
 			t.Fatalf("no node agent on %s", attackerNode)
 		}
-		cfg, err := b.c.ServiceAccountConfig(t.Context(), api.SystemNamespace, api.NodeServiceAccount, agent.Pod)
+		cfg, err := b.c.ServiceAccountConfig(t.Context(), api.ComponentNamespace, api.NodeServiceAccount, agent.Pod)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -385,7 +385,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 			mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"app": "hijacked"}}}), metav1.PatchOptions{})
 		refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations gpufrac.io/allocated-gpu and gpufrac.io/reserved-gpu of a pod")
 		// A token of its ServiceAccount bound to no pod names no node.
-		unbound, err := b.c.ServiceAccountConfig(t.Context(), api.SystemNamespace, api.NodeServiceAccount, nil)
+		unbound, err := b.c.ServiceAccountConfig(t.Context(), api.ComponentNamespace, api.NodeServiceAccount, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -721,7 +721,7 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func(ctx conte
 // startCoordinator runs gpufrac-coordinator as its ServiceAccount until the test ends.
 func startCoordinator(t *testing.T, c *cluster.Cluster) {
 	t.Helper()
-	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.SystemNamespace, api.CoordinatorServiceAccount, nil)
+	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

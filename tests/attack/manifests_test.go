@@ -87,8 +87,8 @@ func TestPoliciesMatchTheCode(t *testing.T) {
 		}
 	}
 	for sa, want := range map[string]string{
-		"coordinator": "system:serviceaccount:" + api.SystemNamespace + ":" + api.CoordinatorServiceAccount,
-		"node":        "system:serviceaccount:" + api.SystemNamespace + ":" + api.NodeServiceAccount,
+		"coordinator": "system:serviceaccount:" + api.ComponentNamespace + ":" + api.CoordinatorServiceAccount,
+		"node":        "system:serviceaccount:" + api.ComponentNamespace + ":" + api.NodeServiceAccount,
 	} {
 		if got := variable(proto, sa); got != "'"+want+"'" {
 			t.Errorf("protocol policy's %s identity %s, want %q", sa, got, want)

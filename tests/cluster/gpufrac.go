@@ -147,15 +147,15 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 	}()
 	// The node-agent policy holds gpufrac-node's ServiceAccount: a token bound
 	// to no pod carries no node name, so any write of it is refused.
-	nodeClient, err := c.serviceAccountClient(ctx, api.SystemNamespace, api.NodeServiceAccount, nil)
+	nodeClient, err := c.serviceAccountClient(ctx, api.ComponentNamespace, api.NodeServiceAccount, nil)
 	if err != nil {
 		return err
 	}
-	if _, err := pods(api.SystemNamespace).Create(ctx, probePod("gpufrac-harness-probe", api.SystemNamespace), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := pods(api.ComponentNamespace).Create(ctx, probePod("gpufrac-harness-probe", api.ComponentNamespace), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating the probe pod: %w", err)
 	}
 	defer func() {
-		_ = pods(api.SystemNamespace).Delete(context.WithoutCancel(ctx), "gpufrac-harness-probe", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		_ = pods(api.ComponentNamespace).Delete(context.WithoutCancel(ctx), "gpufrac-harness-probe", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	}()
 
 	// Each probe breaks one policy only: where several refuse a request, the
@@ -195,7 +195,7 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 			return err
 		}},
 		{"gpufrac-node-agent", func(ctx context.Context) error {
-			_, err := nodeClient.CoreV1().Pods(api.SystemNamespace).Patch(ctx, "gpufrac-harness-probe", types.MergePatchType,
+			_, err := nodeClient.CoreV1().Pods(api.ComponentNamespace).Patch(ctx, "gpufrac-harness-probe", types.MergePatchType,
 				[]byte(`{"metadata":{"annotations":{"`+api.AnnotationAllocatedGPU+`":"GPU-probe"}}}`),
 				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
 			return err

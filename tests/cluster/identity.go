@@ -136,7 +136,7 @@ func (c *Cluster) nodeAgentKubeconfig(ctx context.Context, node *corev1.Node) (s
 	if err != nil {
 		return "", nil, err
 	}
-	path, err := c.ServiceAccountKubeconfig(ctx, api.SystemNamespace, api.NodeServiceAccount, pod)
+	path, err := c.ServiceAccountKubeconfig(ctx, api.ComponentNamespace, api.NodeServiceAccount, pod)
 	if err != nil {
 		return "", nil, errors.Join(err, c.deleteNodeAgentPod(ctx, pod))
 	}

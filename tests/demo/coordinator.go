@@ -94,7 +94,7 @@ func (co *coordinatorProcess) waitLeading(ctx context.Context, client kubernetes
 			return false, fmt.Errorf("gpufrac-coordinator exited (%v); see %s", co.err, co.log)
 		default:
 		}
-		l, err := client.CoordinationV1().Leases(api.SystemNamespace).Get(ctx, coordinatorLease, metav1.GetOptions{})
+		l, err := client.CoordinationV1().Leases(api.ComponentNamespace).Get(ctx, coordinatorLease, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}

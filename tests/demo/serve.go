@@ -95,7 +95,7 @@ func startDemo(ctx context.Context, cfg config, p progress) (c *cluster.Cluster,
 	// The cluster installed gpufrac's objects (Queue CRD, namespaces, priority
 	// classes, RBAC, admission policies); the coordinator runs as its
 	// ServiceAccount, with exactly the rights a deployment grants it.
-	kubeconfig, err := c.ServiceAccountKubeconfig(ctx, api.SystemNamespace, api.CoordinatorServiceAccount, nil)
+	kubeconfig, err := c.ServiceAccountKubeconfig(ctx, api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -104,7 +104,7 @@ func startDemo(ctx context.Context, cfg config, p progress) (c *cluster.Cluster,
 		return nil, nil, err
 	}
 	p.say("installed the Queue CRD, priority classes, RBAC and admission policies; gpufrac-coordinator leads as ServiceAccount %s/%s (pid %d, metrics http://%s/metrics) in %s",
-		api.SystemNamespace, api.CoordinatorServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
+		api.ComponentNamespace, api.CoordinatorServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
 	if err := addNodes(ctx, cfg, c, p); err != nil {
 		return nil, nil, err
 	}

@@ -325,7 +325,7 @@ func leaseHolder(t *testing.T, c *cluster.Cluster) string {
 	t.Helper()
 	var holder string
 	waitFor(t, 30*time.Second, "a coordinator leader", func(ctx context.Context) (bool, error) {
-		l, err := c.Client.CoordinationV1().Leases(api.SystemNamespace).Get(ctx, "gpufrac-coordinator", metav1.GetOptions{})
+		l, err := c.Client.CoordinationV1().Leases(api.ComponentNamespace).Get(ctx, "gpufrac-coordinator", metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil {
 			return false, nil
 		}

@@ -162,7 +162,7 @@ func startCoordinator(t *testing.T, c *cluster.Cluster, id string, args ...strin
 	}
 	// As its ServiceAccount: exactly the rights coordinator-rbac.yaml grants,
 	// and the identity the admission policies trust.
-	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.SystemNamespace, api.CoordinatorServiceAccount, nil)
+	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
