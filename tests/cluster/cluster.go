@@ -312,6 +312,11 @@ func (c *Cluster) start(ctx context.Context) error {
 				"--endpoint-reconciler-type=none",
 				"--allow-privileged=true",
 				"--profiling=false",
+				// gpufrac's security model needs no flag on 1.34: the PodSecurity and
+				// ValidatingAdmissionPolicy admission plugins are on by default, and
+				// the node of the pod a service-account token is bound to goes into the
+				// token and the request's user info (ServiceAccountTokenPodNodeInfo,
+				// GA and locked on since 1.32).
 			}, nil
 		},
 		ready: func(ctx context.Context, ports []int) error {
