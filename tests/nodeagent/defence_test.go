@@ -35,7 +35,9 @@ func TestDefenceInDepthWithoutPolicies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the local control plane (make tools)")
 	}
-	c := cluster.StartForTest(t, cluster.Options{})
+	// The test bed installs gpufrac's admission policies by default; this
+	// test is about a node without them.
+	c := cluster.StartForTest(t, cluster.Options{NoAdmissionPolicies: true})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	// A Node object no kwok manages: pods bound to it stay Pending, as on a
