@@ -57,7 +57,7 @@ func TestWaitingFractionKeepsItsGPU(t *testing.T) {
 				Node("n1").Annotation(api.AnnotationGPU, other).Obj())
 			c.cycle()
 			if c.boundTo("f") != "" {
-				t.Fatalf("f was bound to %s (GPU %s) before its reservation was admitted", c.boundTo("f"), c.b.ann["f"][api.AnnotationGPU])
+				t.Fatalf("f was bound to %s (GPU %s) before its reservation was admitted", c.boundTo("f"), c.b.Annotations["f"][api.AnnotationGPU])
 			}
 
 			// 3. Admit or remove f's reservation.
@@ -74,7 +74,7 @@ func TestWaitingFractionKeepsItsGPU(t *testing.T) {
 			got := struct {
 				Node, GPU string
 				Ensured   int
-			}{c.boundTo("f"), c.b.ann["f"][api.AnnotationGPU], len(r.ensured)}
+			}{c.boundTo("f"), c.b.Annotations["f"][api.AnnotationGPU], len(r.ensured)}
 			want := struct {
 				Node, GPU string
 				Ensured   int

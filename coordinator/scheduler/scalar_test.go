@@ -84,10 +84,10 @@ func TestMIGDevicesAndReplicasArePlacedAndChargedInGPUTerms(t *testing.T) {
 	}
 	want := map[string]string{"m-0": "mig", "m-1": "mig", "r-0": "ts", "r-1": "ts", "f": "frac", "w": "frac"}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Fatalf("nodes (-want +got):\n%s\nreasons: %v", diff, c.b.msgs)
+		t.Fatalf("nodes (-want +got):\n%s\nreasons: %v", diff, c.b.Messages)
 	}
 	for _, n := range []string{"m-0", "r-0"} {
-		if g := c.b.ann[n][api.AnnotationGPU]; g != "" {
+		if g := c.b.Annotations[n][api.AnnotationGPU]; g != "" {
 			t.Errorf("%s annotated with GPU %s; MIG devices and replicas are chosen by the kubelet", n, g)
 		}
 	}
@@ -116,7 +116,7 @@ func TestMIGDevicesWithNoRoomAskForWholeGPUs(t *testing.T) {
 			t.Errorf("%s bound to %s, which serves no MIG devices", p.Name, c.boundTo(p.Name))
 		default:
 			waiting = append(waiting, p.Name)
-			if r, msg := c.reason(p.Name), c.b.msgs[p.Name]; r != api.ReasonNoCapacity || !strings.Contains(msg, "had insufficient "+mig1g) {
+			if r, msg := c.reason(p.Name), c.b.Messages[p.Name]; r != api.ReasonNoCapacity || !strings.Contains(msg, "had insufficient "+mig1g) {
 				t.Errorf("%s: reason %s %q, want NoCapacity naming %s", p.Name, r, msg, mig1g)
 			}
 		}

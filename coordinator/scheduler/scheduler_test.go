@@ -16,49 +16,10 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
-
-// fakeBinder records bindings, pending reasons and evictions.
-type fakeBinder struct {
-	mu      sync.Mutex
-	bound   map[string]string            // pod -> node
-	ann     map[string]map[string]string // pod -> annotations written at bind
-	reasons map[string]string            // pod -> last pending reason
-	msgs    map[string]string            // pod -> last pending message
-	evicted []string
-}
-
-func newFakeBinder() *fakeBinder {
-	return &fakeBinder{bound: map[string]string{}, ann: map[string]map[string]string{}, reasons: map[string]string{}, msgs: map[string]string{}}
-}
-
-func (f *fakeBinder) Bind(_ context.Context, p *corev1.Pod, node string, ann map[string]string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.bound[p.Name] = node
-	f.ann[p.Name] = ann
-	return nil
-}
-
-func (f *fakeBinder) MarkPending(_ context.Context, p *corev1.Pod, reason, msg string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if reason == corev1.PodReasonUnschedulable {
-		return fmt.Errorf("wrote Unschedulable")
-	}
-	f.reasons[p.Name] = reason
-	f.msgs[p.Name] = msg
-	return nil
-}
-
-func (f *fakeBinder) Evict(_ context.Context, p *corev1.Pod, _ string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.evicted = append(f.evicted, p.Name)
-	return nil
-}
 
 type staticQueues []*v1alpha1.Queue
 
@@ -68,7 +29,7 @@ func (s staticQueues) Queues() ([]*v1alpha1.Queue, error) { return s, nil }
 type cluster struct {
 	t      *testing.T
 	s      *Scheduler
-	b      *fakeBinder
+	b      *schedulertest.Binder
 	pods   cache.Indexer
 	nodes  cache.Indexer
 	policy string
@@ -76,7 +37,7 @@ type cluster struct {
 
 func newCluster(t *testing.T, policy string, nodes []*corev1.Node, queues []*v1alpha1.Queue, pods ...*corev1.Pod) *cluster {
 	t.Helper()
-	c := &cluster{t: t, b: newFakeBinder(),
+	c := &cluster{t: t, b: schedulertest.NewBinder(),
 		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 	}
@@ -127,16 +88,11 @@ func (c *cluster) cycle() Result {
 	}
 }
 
-func (c *cluster) boundTo(pod string) string {
-	c.b.mu.Lock()
-	defer c.b.mu.Unlock()
-	return c.b.bound[pod]
-}
+func (c *cluster) boundTo(pod string) string { return c.b.BoundTo(pod) }
 
 func (c *cluster) reason(pod string) string {
-	c.b.mu.Lock()
-	defer c.b.mu.Unlock()
-	return c.b.reasons[pod]
+	r, _ := c.b.Reason(pod)
+	return r
 }
 
 // h100Node is a Ready node with n GPUs published in fraction mode.
@@ -185,9 +141,9 @@ func TestFractionsGetAGPUAndNeverOverlap(t *testing.T) {
 	gpu := map[string]string{}
 	for _, p := range []string{"sixty-a", "sixty-b", "thirty", "ten"} {
 		if c.boundTo(p) != "n1" {
-			t.Fatalf("%s bound to %q (reason %s: %s)", p, c.boundTo(p), c.reason(p), c.b.msgs[p])
+			t.Fatalf("%s bound to %q (reason %s: %s)", p, c.boundTo(p), c.reason(p), c.b.Messages[p])
 		}
-		gpu[p] = c.b.ann[p][api.AnnotationGPU]
+		gpu[p] = c.b.Annotations[p][api.AnnotationGPU]
 		if !strings.HasPrefix(gpu[p], "GPU-n1-") {
 			t.Fatalf("%s annotated gpu %q", p, gpu[p])
 		}
@@ -215,7 +171,7 @@ func TestTenTensFillOneGPUUnderBinpack(t *testing.T) {
 	c.cycle()
 	gpus := map[string]bool{}
 	for _, p := range pods {
-		gpus[c.b.ann[p.Name][api.AnnotationGPU]] = true
+		gpus[c.b.Annotations[p.Name][api.AnnotationGPU]] = true
 	}
 	if len(gpus) != 1 {
 		t.Errorf("ten 10%% fractions used %d GPUs, want 1: %v", len(gpus), gpus)
@@ -229,13 +185,13 @@ func TestOverQuotaIsNeverUnschedulable(t *testing.T) {
 		gpuPod("p1", "small", 2), gpuPod("p2", "small", 2), gpuPod("p3", "small", 2))
 	c.cycle()
 	if c.boundTo("p1") == "" {
-		t.Fatalf("p1 within quota not bound: %s", c.b.msgs["p1"])
+		t.Fatalf("p1 within quota not bound: %s", c.b.Messages["p1"])
 	}
 	// p2 borrows the idle queue's share (preemptible, within fair share); p3 has no room at all.
 	if r := c.reason("p3"); r != api.ReasonOverQuota && r != api.ReasonOverLimit {
-		t.Errorf("p3 reason %q (%s), want OverQuota", r, c.b.msgs["p3"])
+		t.Errorf("p3 reason %q (%s), want OverQuota", r, c.b.Messages["p3"])
 	}
-	for p, r := range c.b.reasons {
+	for p, r := range c.b.Reasons {
 		if r == corev1.PodReasonUnschedulable || r == api.ReasonNoCapacity && p == "p3" {
 			t.Errorf("%s got reason %s", p, r)
 		}
@@ -258,7 +214,7 @@ func TestGangAllOrNothingInOnePool(t *testing.T) {
 	for _, p := range gang {
 		n := c.boundTo(p.Name)
 		if n == "" {
-			t.Fatalf("%s not bound: %s %s", p.Name, c.reason(p.Name), c.b.msgs[p.Name])
+			t.Fatalf("%s not bound: %s %s", p.Name, c.reason(p.Name), c.b.Messages[p.Name])
 		}
 		pools[n[:1]] = true
 	}
@@ -295,8 +251,8 @@ func TestGangLargerThanEveryPoolIsInvalid(t *testing.T) {
 	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 8), h100Node("b1", "b", 8)}, []*v1alpha1.Queue{queueOf("q", "16")}, gang...)
 	c.cycle()
 	for _, p := range gang {
-		if r := c.reason(p.Name); r != api.ReasonInvalidRequest || !strings.Contains(c.b.msgs[p.Name], "largest node pool has 8") {
-			t.Errorf("%s: reason %q msg %q, want InvalidRequest naming the largest pool", p.Name, r, c.b.msgs[p.Name])
+		if r := c.reason(p.Name); r != api.ReasonInvalidRequest || !strings.Contains(c.b.Messages[p.Name], "largest node pool has 8") {
+			t.Errorf("%s: reason %q msg %q, want InvalidRequest naming the largest pool", p.Name, r, c.b.Messages[p.Name])
 		}
 	}
 	// With pools that can grow (Karpenter), the gang waits for capacity instead.
@@ -343,8 +299,8 @@ func TestInvalidRequests(t *testing.T) {
 	)
 	c.cycle()
 	for _, p := range []string{"no-queue", "unknown-queue", "too-big", "both", "env", "init-frac"} {
-		if c.boundTo(p) != "" || c.reason(p) != api.ReasonInvalidRequest || c.b.msgs[p] == "" {
-			t.Errorf("%s: bound=%q reason=%q msg=%q, want InvalidRequest with a message", p, c.boundTo(p), c.reason(p), c.b.msgs[p])
+		if c.boundTo(p) != "" || c.reason(p) != api.ReasonInvalidRequest || c.b.Messages[p] == "" {
+			t.Errorf("%s: bound=%q reason=%q msg=%q, want InvalidRequest with a message", p, c.boundTo(p), c.reason(p), c.b.Messages[p])
 		}
 	}
 }
@@ -354,10 +310,10 @@ func TestNonPreemptibleGetsDoNotDisrupt(t *testing.T) {
 		builders.MakePod("np", "default").Queue("q").GPUs(1).Preemptible(false).UID("np").Obj(),
 		builders.MakePod("p", "default").Queue("q").GPUs(1).UID("p").Obj())
 	c.cycle()
-	if got := c.b.ann["np"][api.AnnotationDoNotDisrupt]; got != "true" {
-		t.Errorf("non-preemptible pod annotations %v, want do-not-disrupt", c.b.ann["np"])
+	if got := c.b.Annotations["np"][api.AnnotationDoNotDisrupt]; got != "true" {
+		t.Errorf("non-preemptible pod annotations %v, want do-not-disrupt", c.b.Annotations["np"])
 	}
-	if _, set := c.b.ann["p"][api.AnnotationDoNotDisrupt]; set {
+	if _, set := c.b.Annotations["p"][api.AnnotationDoNotDisrupt]; set {
 		t.Errorf("preemptible pod got do-not-disrupt")
 	}
 }
@@ -371,32 +327,32 @@ func TestReclaimReturnsAStarvedQueueItsQuota(t *testing.T) {
 	pods = append(pods, gpuPod("a-0", "team-a", 2))
 	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
 	c.cycle()
-	sort.Strings(c.b.evicted)
-	if len(c.b.evicted) != 2 {
-		t.Fatalf("evicted %v, want two team-b pods", c.b.evicted)
+	sort.Strings(c.b.Evicted)
+	if len(c.b.Evicted) != 2 {
+		t.Fatalf("evicted %v, want two team-b pods", c.b.Evicted)
 	}
-	for _, e := range c.b.evicted {
+	for _, e := range c.b.Evicted {
 		if !strings.HasPrefix(e, "b-") {
 			t.Errorf("evicted %s, not a team-b pod", e)
 		}
 	}
-	if r := c.reason("a-0"); r != api.ReasonNoCapacity || !strings.Contains(c.b.msgs["a-0"], "reclaiming") {
-		t.Errorf("a-0 reason %q msg %q", r, c.b.msgs["a-0"])
+	if r := c.reason("a-0"); r != api.ReasonNoCapacity || !strings.Contains(c.b.Messages["a-0"], "reclaiming") {
+		t.Errorf("a-0 reason %q msg %q", r, c.b.Messages["a-0"])
 	}
 	// While victims run, nothing more is evicted.
 	c.cycle()
-	if len(c.b.evicted) != 2 {
-		t.Errorf("second cycle evicted more: %v", c.b.evicted)
+	if len(c.b.Evicted) != 2 {
+		t.Errorf("second cycle evicted more: %v", c.b.Evicted)
 	}
 	// Victims gone: team-a's pod binds.
-	for _, e := range c.b.evicted {
+	for _, e := range c.b.Evicted {
 		obj, _, _ := c.pods.GetByKey("default/" + e)
 		_ = c.pods.Delete(obj)
 		c.s.OnPodDelete(obj)
 	}
 	c.cycle()
 	if c.boundTo("a-0") != "n1" {
-		t.Errorf("a-0 not bound after reclaim: %s %s", c.reason("a-0"), c.b.msgs["a-0"])
+		t.Errorf("a-0 not bound after reclaim: %s %s", c.reason("a-0"), c.b.Messages["a-0"])
 	}
 }
 
@@ -495,12 +451,12 @@ func TestFractionsWaitForTheirReservation(t *testing.T) {
 	_ = c.pods.Update(res)
 	c.cycle()
 	for _, p := range []string{"f1", "f2"} {
-		if got := c.b.ann[p][api.AnnotationGPU]; got != res.Annotations[api.AnnotationReservedGPU] {
+		if got := c.b.Annotations[p][api.AnnotationGPU]; got != res.Annotations[api.AnnotationReservedGPU] {
 			t.Errorf("%s bound with GPU %q, want the reserved %s", p, got, res.Annotations[api.AnnotationReservedGPU])
 		}
 	}
 	if c.boundTo("whole") == "" {
-		t.Errorf("the whole-GPU pod did not get the other GPU: %s", c.b.msgs["whole"])
+		t.Errorf("the whole-GPU pod did not get the other GPU: %s", c.b.Messages["whole"])
 	}
 	// The fractions end: the reservation goes (the fake removes at once; the real one after its grace).
 	for _, p := range []string{"f1", "f2"} {

@@ -23,8 +23,8 @@ func TestBindingRecordsTheAdmittedQueue(t *testing.T) {
 		gpuPod("whole", "q", 1), fracPod("frac", "q", 30))
 	c.cycle()
 	for _, p := range []string{"whole", "frac"} {
-		if got := c.b.ann[p][api.AnnotationAdmittedQueue]; got != "q" {
-			t.Errorf("%s bound with annotations %v, want %s=q", p, c.b.ann[p], api.AnnotationAdmittedQueue)
+		if got := c.b.Annotations[p][api.AnnotationAdmittedQueue]; got != "q" {
+			t.Errorf("%s bound with annotations %v, want %s=q", p, c.b.Annotations[p], api.AnnotationAdmittedQueue)
 		}
 	}
 }
@@ -57,7 +57,7 @@ func TestQueueUsageCountsOnlyAdmittedWork(t *testing.T) {
 	c.s.deps.Status = rec
 	c.cycle()
 	if got := c.boundTo("victim"); got != "n2" {
-		t.Fatalf("team-b's non-preemptible pod within its quota was not bound (to n2, the only room): %q, reason %s: %s", got, c.reason("victim"), c.b.msgs["victim"])
+		t.Fatalf("team-b's non-preemptible pod within its quota was not bound (to n2, the only room): %q, reason %s: %s", got, c.reason("victim"), c.b.Messages["victim"])
 	}
 	c.cycle()
 	if got := rec.st["team-a"].Allocated[v1alpha1.ResourceGPU]; got.MilliValue() != 1000 {
@@ -83,13 +83,13 @@ func TestQueueRefusesPodsOfOtherNamespaces(t *testing.T) {
 			t.Errorf("%s was bound to %s", pod, got)
 		}
 		ns := map[string]string{"intruder": "team-b-ns", "lonely": "default"}[pod]
-		if r, msg := c.reason(pod), c.b.msgs[pod]; r != api.ReasonInvalidRequest || msg != QueueNamespaceMessage(queue, ns) {
+		if r, msg := c.reason(pod), c.b.Messages[pod]; r != api.ReasonInvalidRequest || msg != QueueNamespaceMessage(queue, ns) {
 			t.Errorf("%s pending %s: %q, want %s: %q", pod, r, msg, api.ReasonInvalidRequest, QueueNamespaceMessage(queue, ns))
 		}
 	}
 	for _, pod := range []string{"anyone", "member"} {
 		if c.boundTo(pod) == "" {
-			t.Errorf("%s was not bound: %s %s", pod, c.reason(pod), c.b.msgs[pod])
+			t.Errorf("%s was not bound: %s %s", pod, c.reason(pod), c.b.Messages[pod])
 		}
 	}
 	if want := "queue team-a does not take pods from namespace team-b-ns: set label gpufrac.io/queue to a queue whose spec.namespaces lists team-b-ns, or ask the cluster admin to add team-b-ns to spec.namespaces of Queue team-a"; QueueNamespaceMessage("team-a", "team-b-ns") != want {
@@ -109,13 +109,13 @@ func TestNamespaceDefaultQueue(t *testing.T) {
 		builders.MakePod("no-default", "plain").GPUs(1).UID("no-default").Obj())
 	c.s.deps.Namespaces = corelisters.NewNamespaceLister(nsIndexer)
 	c.cycle()
-	if got := c.b.ann["unlabelled"][api.AnnotationAdmittedQueue]; got != "team-a" {
+	if got := c.b.Annotations["unlabelled"][api.AnnotationAdmittedQueue]; got != "team-a" {
 		t.Errorf("a label-less pod in team-a-ns was charged to %q, want its namespace's default team-a (reason %s)", got, c.reason("unlabelled"))
 	}
-	if got := c.b.ann["labelled"][api.AnnotationAdmittedQueue]; got != "other" {
+	if got := c.b.Annotations["labelled"][api.AnnotationAdmittedQueue]; got != "other" {
 		t.Errorf("a pod naming its queue was charged to %q, want other", got)
 	}
-	if r, msg := c.reason("no-default"), c.b.msgs["no-default"]; r != api.ReasonInvalidRequest || !strings.Contains(msg, "label gpufrac.io/queue is missing") {
+	if r, msg := c.reason("no-default"), c.b.Messages["no-default"]; r != api.ReasonInvalidRequest || !strings.Contains(msg, "label gpufrac.io/queue is missing") {
 		t.Errorf("a label-less pod without a default queue: %s %q, want InvalidRequest for the missing label", r, msg)
 	}
 }
@@ -149,8 +149,8 @@ func TestNonPreemptibleOnlyInsideTheQueueNamespaces(t *testing.T) {
 			}
 			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{teamA, teamB}, cp...)
 			c.cycle()
-			if len(c.b.evicted) != tc.wantEvict {
-				t.Errorf("evicted %v, want %d of team-b's pods", c.b.evicted, tc.wantEvict)
+			if len(c.b.Evicted) != tc.wantEvict {
+				t.Errorf("evicted %v, want %d of team-b's pods", c.b.Evicted, tc.wantEvict)
 			}
 		})
 	}

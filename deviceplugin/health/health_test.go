@@ -88,18 +88,60 @@ func TestXidQuietPeriodRecovery(t *testing.T) {
 		t.Errorf("critical=%d changes=%d, want 1 and 1", critical.Load(), changes.Load())
 	}
 
-	// Not yet recovered inside the quiet period.
+	// Not yet recovered inside the quiet period. The probe a tick runs is
+	// called here directly, so the assertion follows a probe that did run at
+	// this time (Run's own ticks may run it too: the result is the same).
 	clk.Step(59 * time.Second)
-	waitFor(t, "a probe tick", func() bool { return clk.HasWaiters() })
-	time.Sleep(20 * time.Millisecond) // let the tick be processed; health must not flip
+	c.probe(ctx)
 	if c.Healthy(uuids[2]) {
-		t.Fatal("GPU recovered before the quiet period ended")
+		t.Fatal("GPU recovered 59 s after a critical Xid, inside the 60 s quiet period")
 	}
-	// Recovered after it.
+	if got := changes.Load(); got != 1 {
+		t.Errorf("changes = %d after a probe inside the quiet period, want still 1", got)
+	}
+	// Recovered after it, by Run's own tick.
 	clk.Step(2 * time.Second)
 	waitFor(t, "GPU 2 healthy again", func() bool { return c.Healthy(uuids[2]) })
 	if changes.Load() != 2 {
 		t.Errorf("changes = %d, want 2", changes.Load())
+	}
+}
+
+// TestQuietPeriodBoundary checks the quiet period itself, probe by probe on
+// a fake clock: unhealthy up to the last instant of the period, healthy from
+// its end, and a second critical Xid inside it starts the period again.
+func TestQuietPeriodBoundary(t *testing.T) {
+	m, uuids := startMock(t)
+	t0 := time.Unix(1_700_000_000, 0)
+	clk := clocktesting.NewFakeClock(t0)
+	c := NewChecker(m, uuids, Options{QuietPeriod: time.Minute, Clock: clk})
+	ctx := t.Context()
+	xid := func() { c.record(ctx, nvidia.XidEvent{UUID: uuids[3], Xid: 79}) }
+	healthyAt := func(d time.Duration) bool {
+		clk.SetTime(t0.Add(d))
+		c.probe(ctx)
+		return c.Healthy(uuids[3])
+	}
+	xid()
+	steps := []struct {
+		at      time.Duration
+		healthy bool
+		xid     bool // a new critical Xid right after the probe
+	}{
+		{at: 0, healthy: false},
+		{at: 59*time.Second + 999*time.Millisecond, healthy: false},
+		{at: time.Minute, healthy: true},
+		{at: 61 * time.Second, healthy: true, xid: true},
+		{at: 120 * time.Second, healthy: false}, // 59 s after the second Xid
+		{at: 121 * time.Second, healthy: true},
+	}
+	for _, s := range steps {
+		if got := healthyAt(s.at); got != s.healthy {
+			t.Errorf("at %s: healthy = %v, want %v", s.at, got, s.healthy)
+		}
+		if s.xid {
+			xid()
+		}
 	}
 }
 

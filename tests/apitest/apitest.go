@@ -1,0 +1,62 @@
+// Package apitest makes client-go's fake clientsets fail on demand, as
+// Karpenter's fakes take NextCreateErr: FailNext makes the next n requests
+// of a verb on a resource fail with a given error, so the code behind an
+// API seam has tests of its failure paths, not only of the happy one.
+package apitest
+
+import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// Injection is a failure planted in a fake clientset.
+type Injection struct {
+	mu    sync.Mutex
+	left  int
+	fired int
+}
+
+// Fired is how many requests the injection failed so far.
+func (i *Injection) Fired() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.fired
+}
+
+// Left is how many more requests it will fail.
+func (i *Injection) Left() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.left
+}
+
+// FailNext makes the next n requests with verb ("create", "delete",
+// "patch", "get", ...) on resource ("pods", "leases", ...) fail with err.
+// subresource narrows it ("binding", "eviction", "status"); "" matches any
+// request on the resource, subresources included. Requests after the n-th
+// reach the fake's tracker as usual. Pass the clientset's Fake field
+// (fake.Clientset.Fake or the dynamic fake's).
+func FailNext(f *k8stesting.Fake, verb, resource, subresource string, n int, err error) *Injection {
+	inj := &Injection{left: n}
+	f.PrependReactor(verb, resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if subresource != "" && a.GetSubresource() != subresource {
+			return false, nil, nil
+		}
+		inj.mu.Lock()
+		defer inj.mu.Unlock()
+		if inj.left == 0 {
+			return false, nil, nil
+		}
+		inj.left--
+		inj.fired++
+		return true, nil, err
+	})
+	return inj
+}
+
+// FailOnce is FailNext for one request.
+func FailOnce(f *k8stesting.Fake, verb, resource, subresource string, err error) *Injection {
+	return FailNext(f, verb, resource, subresource, 1, err)
+}
