@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,14 @@ func FromUnstructured(u *unstructured.Unstructured) (*Queue, error) {
 	}
 	q := &Queue{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), q); err != nil {
+		// The converter's errors do not name the field ("unrecognized type:
+		// int32"); encoding/json's do, and the message goes to the Queue's
+		// condition and its pods.
+		if raw, jerr := json.Marshal(u.UnstructuredContent()); jerr == nil {
+			if jerr := json.Unmarshal(raw, &Queue{}); jerr != nil {
+				err = jerr
+			}
+		}
 		return nil, fmt.Errorf("converting queue %q: %w", u.GetName(), err)
 	}
 	return q, nil

@@ -149,3 +149,16 @@ type QueueStatus struct {
 	// Conditions are the queue's conditions (for example a bad parent).
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// ConditionValid is the Queue condition that says whether the coordinator
+// could use the queue: False (reason ReasonInvalidQueue) with the problem
+// in its message when the object does not convert, its numbers are wrong,
+// or its parent is missing or invalid; its pods then stay pending with
+// InvalidRequest saying the same.
+const ConditionValid = "Valid"
+
+// The reasons of ConditionValid.
+const (
+	ReasonQueueValid   = "Valid"
+	ReasonInvalidQueue = "InvalidQueue"
+)

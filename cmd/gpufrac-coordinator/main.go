@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"flag"
+	"math"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,12 +14,14 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
 	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 )
 
@@ -46,8 +49,8 @@ func main() {
 	flag.Uint64Var(&seed, "seed", 1, "seed of the placement policy's random choices")
 	flag.IntVar(&s.BindWorkers, "bind-workers", 16, "bindings in flight at once")
 	flag.StringVar(&s.TimesliceResource, "timeslice-resource", api.DefaultTimesliceResource, "resource name of time-sliced replicas (the nodes' timeslice.resourceName)")
-	var npPrio int
-	flag.IntVar(&npPrio, "non-preemptible-priority", 1000000, "pods with this priority or higher are non-preemptible")
+	npPrio := int(podrequest.DefaultNonPreemptiblePriority)
+	flag.IntVar(&npPrio, "non-preemptible-priority", npPrio, "pods with this priority or higher are non-preemptible (0 and negative values allowed)")
 	cfg.Reservation = reservation.DefaultOptions()
 	flag.BoolVar(&cfg.Reservations, "reservations", true, "hold every shared GPU with a reservation pod (needed whenever anything else may take whole GPUs)")
 	flag.StringVar(&cfg.Reservation.Image, "reservation-image", cfg.Reservation.Image, "image of reservation pods")
@@ -60,7 +63,11 @@ func main() {
 	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
 	flag.Parse()
 	s.Seed = seed
-	s.NonPreemptiblePriority = int32(npPrio)
+	if npPrio < math.MinInt32 || npPrio > math.MaxInt32 {
+		klog.ErrorS(nil, "--non-preemptible-priority is outside the range of a pod priority (int32)", "value", npPrio)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
+	s.NonPreemptiblePriority = ptr.To(int32(npPrio))
 	cfg.Version = version
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -251,6 +251,7 @@ func (a *App) lead(ctx context.Context) error {
 			return nil
 		}(),
 		Status:   scheduler.DynamicStatusWriter{Client: a.dynamic},
+		Recorder: recorder,
 		Registry: a.reg,
 	})
 	if err != nil {

@@ -43,6 +43,11 @@ type Spec struct {
 	Limit Resources
 	// Weights are the over-quota weights per resource.
 	Weights Weights
+	// Invalid, when set, says why the caller could not read the queue (its
+	// object does not convert, its amounts do not parse). NewTree leaves the
+	// queue out and reports Invalid as its problem, so its pods and its
+	// children learn why instead of hearing that it does not exist.
+	Invalid string
 }
 
 // maxCount bounds GPU and CPU amounts (in units, not milli) so that their
@@ -224,6 +229,7 @@ func dimFromName(name string) dim {
 func NewTree(specs []Spec) (*Tree, error) {
 	t := &Tree{queues: map[string]*node{}}
 	problems := map[string]string{}
+	unreadable := map[string]bool{} // queue -> the caller could not read it (Spec.Invalid)
 	byName := map[string]Spec{}
 	for _, s := range specs {
 		switch {
@@ -231,6 +237,11 @@ func NewTree(specs []Spec) (*Tree, error) {
 			problems["(unnamed)"] = "a queue has no name"
 			continue
 		case problems[s.Name] != "":
+			continue
+		}
+		if s.Invalid != "" {
+			problems[s.Name] = s.Invalid
+			unreadable[s.Name] = true
 			continue
 		}
 		if _, dup := byName[s.Name]; dup {
@@ -277,6 +288,8 @@ func NewTree(specs []Spec) (*Tree, error) {
 				problems[name] = "its parents form a cycle: " + strings.Join(cycle, " -> ")
 			case !parentKnown && problems[s.Parent] == "":
 				problems[name] = fmt.Sprintf("parent %q does not exist", s.Parent)
+			case unreadable[s.Parent]:
+				problems[name] = fmt.Sprintf("parent %q is invalid: %s", s.Parent, problems[s.Parent])
 			default:
 				problems[name] = fmt.Sprintf("parent %q is invalid", s.Parent)
 			}

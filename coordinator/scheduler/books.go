@@ -5,8 +5,10 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
@@ -16,24 +18,39 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
-// QueueSource lists the Queue objects.
+// QueueSource lists the Queue objects: those it could read, and those it
+// could not (invalid), each with why.
 type QueueSource interface {
-	Queues() ([]*v1alpha1.Queue, error)
+	Queues() (valid []*v1alpha1.Queue, invalid []InvalidQueue, err error)
+}
+
+// InvalidQueue is a Queue object that did not convert.
+type InvalidQueue struct {
+	// Name is the object's name.
+	Name string
+	// Object is the object as read, for events and status; may be nil.
+	Object runtime.Object
+	// Conditions are the object's status conditions as read.
+	Conditions []metav1.Condition
+	// Err says why it did not convert.
+	Err error
 }
 
 // QueuesFromLister reads Queue objects from the dynamic informer's lister
-// for queues.gpufrac.io. Objects that do not convert are skipped; their pods
-// learn why through InvalidRequest.
+// for queues.gpufrac.io. Objects that do not convert are returned as
+// invalid: the cycle reports them on the Queue (condition Valid=False and
+// an event) and their pods get InvalidRequest saying why.
 func QueuesFromLister(l cache.GenericLister) QueueSource { return listerSource{l} }
 
 type listerSource struct{ l cache.GenericLister }
 
-func (s listerSource) Queues() ([]*v1alpha1.Queue, error) {
+func (s listerSource) Queues() ([]*v1alpha1.Queue, []InvalidQueue, error) {
 	objs, err := s.l.List(labels.Everything())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]*v1alpha1.Queue, 0, len(objs))
+	var invalid []InvalidQueue
 	for _, o := range objs {
 		u, ok := o.(*unstructured.Unstructured)
 		if !ok {
@@ -41,11 +58,33 @@ func (s listerSource) Queues() ([]*v1alpha1.Queue, error) {
 		}
 		q, err := v1alpha1.FromUnstructured(u)
 		if err != nil {
+			invalid = append(invalid, InvalidQueue{Name: u.GetName(), Object: u, Conditions: conditionsOf(u), Err: err})
 			continue
 		}
 		out = append(out, q)
 	}
-	return out, nil
+	return out, invalid, nil
+}
+
+// conditionsOf reads status.conditions of an object that may not convert
+// as a whole; conditions that do not convert are dropped.
+func conditionsOf(u *unstructured.Unstructured) []metav1.Condition {
+	raw, ok, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	if !ok {
+		return nil
+	}
+	var out []metav1.Condition
+	for _, r := range raw {
+		m, ok := r.(map[string]any)
+		if !ok {
+			continue
+		}
+		var c metav1.Condition
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &c); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // books is the queues' accounting for one cycle: the tree, charged with the
@@ -59,18 +98,23 @@ type books struct {
 	specs map[string]*v1alpha1.QueueSpec
 }
 
-// newBooks builds the queue tree. Queues the tree refuses (unknown parent,
-// cycles) are left out and their pods get InvalidRequest with the reason.
-func newBooks(qs []*v1alpha1.Queue, snap *state.Snapshot) (*books, error) {
-	specs := make([]queue.Spec, 0, len(qs))
+// newBooks builds the queue tree. Queues that do not convert (invalid),
+// whose amounts are wrong, or that the tree refuses (unknown or invalid
+// parent, cycles) are left out; their pods get InvalidRequest with the
+// reason and the cycle reports it on the Queue (problems).
+func newBooks(qs []*v1alpha1.Queue, invalid []InvalidQueue, snap *state.Snapshot) (*books, error) {
+	specs := make([]queue.Spec, 0, len(qs)+len(invalid))
 	byName := make(map[string]*v1alpha1.QueueSpec, len(qs))
 	for _, q := range qs {
 		byName[q.Name] = &q.Spec
 		sp, err := queue.SpecFromAPI(q)
 		if err != nil {
-			continue // an invalid Queue object: its pods are told through validQueue
+			sp = queue.Spec{Name: q.Name, Parent: q.Spec.Parent, Invalid: err.Error()}
 		}
 		specs = append(specs, sp)
+	}
+	for _, iq := range invalid {
+		specs = append(specs, queue.Spec{Name: iq.Name, Invalid: iq.Err.Error()})
 	}
 	t, err := queue.NewTree(specs)
 	b := &books{tree: t, treeErr: err, specs: byName}
@@ -79,6 +123,15 @@ func newBooks(qs []*v1alpha1.Queue, snap *state.Snapshot) (*books, error) {
 	}
 	b.capacity = queue.Resources{GPUMilli: snap.GPUCapacityMilli, CPUMilli: snap.CPUCapacityMilli, MemoryBytes: snap.MemoryCapacityBytes}
 	return b, nil
+}
+
+// problems lists the queues left out of the tree and why (name -> why).
+func (b *books) problems() map[string]string {
+	var te *queue.TreeError
+	if errors.As(b.treeErr, &te) {
+		return te.Problems
+	}
+	return nil
 }
 
 // validQueue tells whether pods of namespace ns may be charged to the queue:

@@ -63,12 +63,9 @@ func (s *Scheduler) defaultQueue(namespace string) string {
 }
 
 func (s *Scheduler) parseAsIs(p *corev1.Pod) (podInfo, error) {
-	np := s.opts.NonPreemptiblePriority
 	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, JobLookup: s.deps.Jobs, GPUModels: s.models,
-		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli}
-	if np != 0 {
-		opts.NonPreemptiblePriority = &np
-	}
+		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli,
+		NonPreemptiblePriority: s.opts.NonPreemptiblePriority}
 	r, err := podrequest.Parse(p, opts)
 	if err != nil {
 		return podInfo{}, err

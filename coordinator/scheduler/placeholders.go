@@ -92,7 +92,7 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 		return
 	}
 	logger := klog.FromContext(ctx)
-	now := time.Now()
+	now := s.clock.Now()
 	desired := placeholder.Plan(demand, s.opts.Placeholder)
 	want := map[string]*corev1.Pod{}
 	wantGroup := map[string]bool{}

@@ -25,7 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
@@ -47,8 +49,10 @@ type Options struct {
 	Seed uint64
 	// BindWorkers is how many bindings run at once.
 	BindWorkers int
-	// NonPreemptiblePriority: pods at or above it are non-preemptible.
-	NonPreemptiblePriority int32
+	// NonPreemptiblePriority: pods at or above it are non-preemptible; nil
+	// means podrequest.DefaultNonPreemptiblePriority (0 is a threshold like
+	// any other: every pod of priority 0 or more is non-preemptible).
+	NonPreemptiblePriority *int32
 	// MaxGPUsPerPod bounds nvidia.com/gpu per pod (one node's GPUs).
 	MaxGPUsPerPod int
 	// Interval is the longest wait between cycles.
@@ -107,7 +111,11 @@ type Deps struct {
 	// Status writes Queue status; nil disables it.
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
-	Evictor  Evictor
+	Evictor Evictor
+	// Recorder records events on Queues (an invalid queue); nil records none.
+	Recorder record.EventRecorder
+	// Clock is the scheduler's clock; nil means the real one.
+	Clock    clock.Clock
 	Registry prometheus.Registerer
 }
 
@@ -116,6 +124,7 @@ type Deps struct {
 type Scheduler struct {
 	opts    Options
 	deps    Deps
+	clock   clock.Clock
 	placer  *placement.Placer
 	metrics *metrics
 	wake    chan struct{}
@@ -125,10 +134,12 @@ type Scheduler struct {
 	assumed    map[types.UID]assumedPod      // pods being bound -> where
 	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it
 
-	models     []string             // GPU products in the cluster, set at the start of each cycle
-	lastStatus map[string]string    // queue -> last status written (JSON), used only by Cycle
-	preferred  map[string][]string  // placeholder group -> nodes where its placeholders landed
-	released   map[string]time.Time // placeholder group -> when its landed placeholders were deleted
+	models     []string          // GPU products in the cluster, set at the start of each cycle
+	lastStatus map[string]string // queue -> last status written (statusKey), used only by Cycle
+	// lastInvalid: invalid queue -> the problem last reported in an event, used only by Cycle.
+	lastInvalid map[string]string
+	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
+	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
@@ -176,19 +187,23 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	if d.Registry == nil {
 		d.Registry = prometheus.NewRegistry()
 	}
+	if d.Clock == nil {
+		d.Clock = clock.RealClock{}
+	}
 	m, err := newMetrics(d.Registry)
 	if err != nil {
 		return nil, err
 	}
 	return &Scheduler{
-		opts: o, deps: d, placer: p, metrics: m,
-		wake:       make(chan struct{}, 1),
-		binds:      make(chan bindTask, 4096),
-		assumed:    map[types.UID]assumedPod{},
-		reclaiming: map[string]map[types.UID]bool{},
-		lastStatus: map[string]string{},
-		preferred:  map[string][]string{},
-		released:   map[string]time.Time{},
+		opts: o, deps: d, clock: d.Clock, placer: p, metrics: m,
+		wake:        make(chan struct{}, 1),
+		binds:       make(chan bindTask, 4096),
+		assumed:     map[types.UID]assumedPod{},
+		reclaiming:  map[string]map[types.UID]bool{},
+		lastStatus:  map[string]string{},
+		lastInvalid: map[string]string{},
+		preferred:   map[string][]string{},
+		released:    map[string]time.Time{},
 
 		nominatedClaims: map[string][]string{},
 	}, nil
@@ -265,9 +280,9 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case t := <-s.binds:
-			start := time.Now()
+			start := s.clock.Now()
 			err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
-			s.metrics.bind(err, time.Since(start))
+			s.metrics.bind(err, s.clock.Since(start))
 			if err != nil {
 				klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
 				s.mu.Lock()
@@ -289,7 +304,7 @@ type Result struct {
 
 // Cycle runs one scheduling cycle.
 func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
-	start := time.Now()
+	start := s.clock.Now()
 	logger := klog.FromContext(ctx)
 	res := Result{Pending: map[string]int{}}
 
@@ -310,7 +325,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("listing pods: %w", err)
 	}
-	queues, err := s.deps.Queues.Queues()
+	queues, badQueues, err := s.deps.Queues.Queues()
 	if err != nil {
 		return res, fmt.Errorf("listing queues: %w", err)
 	}
@@ -319,14 +334,14 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource}
 	if s.opts.NewNodeSettle > 0 {
-		inputs.NotBefore = time.Now().Add(-s.opts.NewNodeSettle)
+		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
 	}
 	snap, err := state.Build(inputs)
 	if err != nil {
 		return res, err
 	}
 	s.scalarMilli = snap.ScalarMilli
-	books, err := newBooks(queues, snap)
+	books, err := newBooks(queues, badQueues, snap)
 	if err != nil {
 		return res, err
 	}
@@ -430,9 +445,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			waiting = append(waiting, w)
 		}
 	}
-	s.writeQueueStatus(ctx, books, waiting, books.tree.Names())
-	s.metrics.cycle(time.Since(start), res)
-	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", time.Since(start))
+	s.writeQueueStatus(ctx, books, waiting, queues, badQueues)
+	s.metrics.cycle(s.clock.Since(start), res)
+	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", s.clock.Since(start))
 	return res, nil
 }
 
@@ -543,7 +558,7 @@ func inPool(pool string) string {
 
 // bind records the assumption and queues the bindings.
 func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot) {
-	now := time.Now()
+	now := s.clock.Now()
 	s.mu.Lock()
 	for i, d := range ds {
 		gpu := ""

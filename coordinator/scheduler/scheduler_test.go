@@ -23,7 +23,7 @@ import (
 
 type staticQueues []*v1alpha1.Queue
 
-func (s staticQueues) Queues() ([]*v1alpha1.Queue, error) { return s, nil }
+func (s staticQueues) Queues() ([]*v1alpha1.Queue, []InvalidQueue, error) { return s, nil, nil }
 
 // cluster is a scheduler over fixed objects, bindings applied in memory.
 type cluster struct {

@@ -6,8 +6,10 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
@@ -46,9 +48,11 @@ func resourceList(r queue.Resources) corev1.ResourceList {
 	}
 }
 
-// writeQueueStatus publishes each queue's usage and pending work when it
-// changed since the last write.
-func (s *Scheduler) writeQueueStatus(ctx context.Context, b *books, ws []*workload, names []string) {
+// writeQueueStatus publishes each queue's usage, pending work and
+// condition Valid when they changed since the last write, and records a
+// Warning event InvalidQueue on a Queue when it becomes invalid (or its
+// problem changes). Queues that are gone are forgotten.
+func (s *Scheduler) writeQueueStatus(ctx context.Context, b *books, ws []*workload, queues []*v1alpha1.Queue, invalid []InvalidQueue) {
 	if s.deps.Status == nil {
 		return
 	}
@@ -58,25 +62,86 @@ func (s *Scheduler) writeQueueStatus(ctx context.Context, b *books, ws []*worklo
 		requested[w.queue] = requested[w.queue].Add(w.resources())
 		pending[w.queue]++
 	}
-	for _, name := range names {
-		used, np, ok := b.tree.Usage(name)
-		if !ok {
-			continue
-		}
-		st := v1alpha1.QueueStatus{
-			Allocated:               resourceList(used),
-			AllocatedNonPreemptible: resourceList(np),
-			Requested:               resourceList(requested[name]),
-			PendingGangs:            pending[name],
-		}
-		key, _ := json.Marshal(st)
-		if s.lastStatus[name] == string(key) {
-			continue
-		}
-		if err := s.deps.Status.WriteQueueStatus(ctx, name, st); err != nil {
-			klog.FromContext(ctx).V(2).Info("Queue status not written", "queue", name, "err", err)
-			continue
-		}
-		s.lastStatus[name] = string(key)
+	problems := b.problems()
+	type target struct {
+		name  string
+		obj   func() runtime.Object // for the event; nil result: none
+		conds []metav1.Condition
 	}
+	targets := make([]target, 0, len(queues)+len(invalid))
+	for _, q := range queues {
+		obj := func() runtime.Object {
+			if u, err := v1alpha1.ToUnstructured(q); err == nil {
+				return u
+			}
+			return nil
+		}
+		targets = append(targets, target{q.Name, obj, q.Status.Conditions})
+	}
+	for _, iq := range invalid {
+		targets = append(targets, target{iq.Name, func() runtime.Object { return iq.Object }, iq.Conditions})
+	}
+	now := metav1.NewTime(s.clock.Now())
+	seen := make(map[string]bool, len(targets))
+	for _, tg := range targets {
+		seen[tg.name] = true
+		var st v1alpha1.QueueStatus
+		if used, np, ok := b.tree.Usage(tg.name); ok {
+			st = v1alpha1.QueueStatus{
+				Allocated:               resourceList(used),
+				AllocatedNonPreemptible: resourceList(np),
+				Requested:               resourceList(requested[tg.name]),
+				PendingGangs:            pending[tg.name],
+			}
+		}
+		cond := metav1.Condition{Type: v1alpha1.ConditionValid, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonQueueValid,
+			Message: "the coordinator schedules this queue's pods", LastTransitionTime: now}
+		why, bad := problems[tg.name]
+		if bad {
+			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, v1alpha1.ReasonInvalidQueue, why
+		}
+		st.Conditions = append([]metav1.Condition(nil), tg.conds...)
+		meta.SetStatusCondition(&st.Conditions, cond)
+		if bad && s.lastInvalid[tg.name] != why && s.deps.Recorder != nil {
+			if obj := tg.obj(); obj != nil {
+				s.deps.Recorder.Event(obj, corev1.EventTypeWarning, v1alpha1.ReasonInvalidQueue, "the coordinator cannot use this queue: "+why)
+			}
+		}
+		if bad {
+			s.lastInvalid[tg.name] = why
+		} else {
+			delete(s.lastInvalid, tg.name)
+		}
+		key := statusKey(st)
+		if s.lastStatus[tg.name] == key {
+			continue
+		}
+		if err := s.deps.Status.WriteQueueStatus(ctx, tg.name, st); err != nil {
+			klog.FromContext(ctx).V(2).Info("Queue status not written", "queue", tg.name, "err", err)
+			continue
+		}
+		s.lastStatus[tg.name] = key
+	}
+	for name := range s.lastStatus {
+		if !seen[name] {
+			delete(s.lastStatus, name)
+		}
+	}
+	for name := range s.lastInvalid {
+		if !seen[name] {
+			delete(s.lastInvalid, name)
+		}
+	}
+}
+
+// statusKey is what a status write is compared by: its JSON without the
+// conditions' transition times, which differ until the informer shows the
+// last write.
+func statusKey(st v1alpha1.QueueStatus) string {
+	st.Conditions = append([]metav1.Condition(nil), st.Conditions...)
+	for i := range st.Conditions {
+		st.Conditions[i].LastTransitionTime = metav1.Time{}
+	}
+	key, _ := json.Marshal(st)
+	return string(key)
 }

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+)
+
+// TestMain lets a test run this binary's main() in a child process.
+func TestMain(m *testing.M) {
+	if os.Getenv("GPUFRAC_COORDINATOR_RUN_MAIN") == "1" {
+		os.Args = append([]string{os.Args[0]}, strings.Fields(os.Getenv("GPUFRAC_COORDINATOR_ARGS"))...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func runMain(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "GPUFRAC_COORDINATOR_RUN_MAIN=1", "GPUFRAC_COORDINATOR_ARGS="+strings.Join(args, " "))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(out), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+// TestNonPreemptiblePriorityHasOneDefault: the flag's default is the
+// library's (podrequest.DefaultNonPreemptiblePriority), not a second number.
+func TestNonPreemptiblePriorityHasOneDefault(t *testing.T) {
+	out, _ := runMain(t, "-h")
+	m := regexp.MustCompile(`(?m)-non-preemptible-priority int\n.*\(default (-?\d+)\)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no default for --non-preemptible-priority in the usage:\n%s", out)
+	}
+	if want := fmt.Sprint(podrequest.DefaultNonPreemptiblePriority); m[1] != want {
+		t.Errorf("--non-preemptible-priority defaults to %s, the scheduler's default is %s", m[1], want)
+	}
+}
+
+// TestNonPreemptiblePriorityOutOfRangeIsRefused: a value no pod priority
+// can have is an error at start, not a silent wrap-around.
+func TestNonPreemptiblePriorityOutOfRangeIsRefused(t *testing.T) {
+	out, code := runMain(t, "--non-preemptible-priority=4294967296", "--kubeconfig=/nonexistent")
+	if code != 2 || !strings.Contains(out, "outside the range of a pod priority") {
+		t.Errorf("exit %d, output:\n%s\nwant exit 2 naming the range", code, out)
+	}
+}

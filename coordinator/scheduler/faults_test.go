@@ -1,0 +1,106 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// TestNonPreemptiblePriorityZeroIsSettable: a threshold of 0 makes every
+// pod non-preemptible; it must not fall back to the default.
+func TestNonPreemptiblePriorityZeroIsSettable(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		builders.MakePod("p50", "default").Queue("q").GPUs(1).Priority(50).UID("p50").Obj())
+	c.s.opts.NonPreemptiblePriority = ptr.To[int32](0)
+	c.cycle()
+	if got := c.b.Annotations["p50"][api.AnnotationDoNotDisrupt]; got != "true" {
+		t.Errorf("priority-50 pod with threshold 0: annotations %v, want do-not-disrupt (non-preemptible)", c.b.Annotations["p50"])
+	}
+}
+
+// badQueueCluster is a cluster whose queues come from a lister holding a
+// valid queue "good", a Queue object that does not convert ("bad": its
+// priority is a string) and a child of it.
+func badQueueCluster(t *testing.T) (*cluster, *recordingStatus) {
+	t.Helper()
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, q := range []*v1alpha1.Queue{queueOf("good", "8"), builders.MakeQueue("child").Parent("bad").GPUQuota("1").Obj()} {
+		u, err := v1alpha1.ToUnstructured(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = idx.Add(u)
+	}
+	bad := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.APIVersion, "kind": v1alpha1.QueueKind,
+		"metadata": map[string]any{"name": "bad", "uid": "uid-bad"},
+		"spec":     map[string]any{"priority": "high"},
+	}}
+	_ = idx.Add(bad)
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, nil,
+		gpuPod("in-bad", "bad", 1), gpuPod("in-child", "child", 1), gpuPod("in-good", "good", 1))
+	c.s.deps.Queues = QueuesFromLister(cache.NewGenericLister(idx, v1alpha1.QueueGVR().GroupResource()))
+	rec := &recordingStatus{st: map[string]v1alpha1.QueueStatus{}}
+	c.s.deps.Status = rec
+	return c, rec
+}
+
+// TestQueueThatFailsConversionIsReported: a Queue object the coordinator
+// cannot read is not dropped silently: its pods say it is invalid and why,
+// its children that their parent is invalid (not "does not exist"), and
+// the Queue itself gets a condition saying why.
+func TestQueueThatFailsConversionIsReported(t *testing.T) {
+	c, rec := badQueueCluster(t)
+	events := record.NewFakeRecorder(10)
+	c.s.deps.Recorder = events
+	c.cycle()
+	if c.boundTo("in-good") == "" {
+		t.Errorf("a pod of the valid queue was not bound: %s", c.b.Messages["in-good"])
+	}
+	if r, msg := c.b.Reason("in-bad"); r != api.ReasonInvalidRequest || !strings.Contains(msg, "queue bad is invalid") || !strings.Contains(msg, "priority") {
+		t.Errorf("pod of the unreadable queue: %s %q, want InvalidRequest saying queue bad is invalid and why (its priority)", r, msg)
+	}
+	if r, msg := c.b.Reason("in-child"); r != api.ReasonInvalidRequest || strings.Contains(msg, "does not exist") || !strings.Contains(msg, `parent "bad" is invalid`) {
+		t.Errorf("pod of the child queue: %s %q, want InvalidRequest saying its parent is invalid", r, msg)
+	}
+	st, ok := rec.st["bad"]
+	if !ok {
+		t.Fatalf("no status written for queue bad; written: %v", rec.st)
+	}
+	cond := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionValid)
+	if cond == nil || cond.Status != metav1.ConditionFalse || !strings.Contains(cond.Message, "priority") {
+		t.Errorf("queue bad conditions %+v, want Valid=False naming the priority", st.Conditions)
+	}
+	if cond := meta.FindStatusCondition(rec.st["child"].Conditions, v1alpha1.ConditionValid); cond == nil || cond.Status != metav1.ConditionFalse {
+		t.Errorf("queue child conditions %+v, want Valid=False", rec.st["child"].Conditions)
+	}
+	if cond := meta.FindStatusCondition(rec.st["good"].Conditions, v1alpha1.ConditionValid); cond == nil || cond.Status != metav1.ConditionTrue {
+		t.Errorf("queue good conditions %+v, want Valid=True", rec.st["good"].Conditions)
+	}
+	// An event on each invalid queue, once: the next cycle repeats neither
+	// the events nor the status writes.
+	writes := rec.n
+	c.cycle()
+	close(events.Events)
+	var got []string
+	for e := range events.Events {
+		got = append(got, e)
+	}
+	if len(got) != 2 || !strings.HasPrefix(got[0], "Warning InvalidQueue") || !strings.HasPrefix(got[1], "Warning InvalidQueue") {
+		t.Errorf("events %q, want one Warning InvalidQueue for bad and one for child", got)
+	}
+	if rec.n != writes {
+		t.Errorf("the second cycle wrote %d unchanged statuses again", rec.n-writes)
+	}
+}
