@@ -1,8 +1,11 @@
 package scheduler
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -10,10 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -102,5 +107,55 @@ func TestQueueThatFailsConversionIsReported(t *testing.T) {
 	}
 	if rec.n != writes {
 		t.Errorf("the second cycle wrote %d unchanged statuses again", rec.n-writes)
+	}
+}
+
+// fakePlaceholders records placeholder creations and deletions.
+type fakePlaceholders struct{ created, deleted []string }
+
+func (f *fakePlaceholders) Create(_ context.Context, p *corev1.Pod) error {
+	f.created = append(f.created, p.Name)
+	return nil
+}
+
+func (f *fakePlaceholders) Delete(_ context.Context, p *corev1.Pod, _ string) error {
+	f.deleted = append(f.deleted, p.Name)
+	return nil
+}
+
+// TestPlaceholderHintsArePrunedWithNodeChurn: the nodes Karpenter
+// nominated or where placeholders landed, and the release times, are kept
+// per placeholder group; with Karpenter's nodes coming and going and new
+// groups every hour, they must go with their groups and nodes, not grow.
+func TestPlaceholderHintsArePrunedWithNodeChurn(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")})
+	c.s.deps.Placeholders = &fakePlaceholders{}
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	for i := range 50 {
+		group := fmt.Sprintf("%010x", i)
+		node := fmt.Sprintf("kwok-gpu-%d", i)
+		c.s.OnEvent(&corev1.Event{
+			Reason:         karpenterNominated,
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: api.SystemNamespace, Name: placeholder.NamePrefix + group + "-0"},
+			Message:        fmt.Sprintf("Pod should schedule on: nodeclaim/claim-%d, node/%s", i, node),
+		})
+		// The group's placeholder landed on its node and was released.
+		ph := builders.MakePod(placeholder.NamePrefix+group+"-1", api.SystemNamespace).UID(group).
+			Label(api.LabelRole, api.RolePlaceholder).Label(placeholder.LabelGroup, group).Node(node).Obj()
+		_ = c.pods.Add(ph)
+		c.s.mu.Lock()
+		c.s.released[group] = clk.Now() // as syncPlaceholders records it for a group with pending work
+		c.s.mu.Unlock()
+		c.cycle()
+		_ = c.pods.Delete(ph)
+	}
+	// Nodes gone, no placeholders, no pending work: nothing to remember.
+	clk.Step(time.Hour)
+	c.cycle()
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if n, m, r := len(c.s.preferred), len(c.s.nominatedClaims), len(c.s.released); n+m+r != 0 {
+		t.Errorf("after 50 groups came and went: %d preferred, %d nominatedClaims, %d released entries left, want none", n, m, r)
 	}
 }

@@ -189,3 +189,40 @@ func appendUniqueStr(s []string, x string) []string {
 	}
 	return append(s, x)
 }
+
+// pruneHints forgets the placement hints of placeholder groups that have
+// neither placeholders nor admitted pending work (live), nodes that no
+// longer exist, and release times past their cooldown. Without it the
+// hints grow with every group and every node Karpenter ever made.
+func (s *Scheduler) pruneHints(live map[string]bool, nodes []*corev1.Node) {
+	exists := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		exists[n.Name] = true
+	}
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for g, ns := range s.preferred {
+		kept := ns[:0]
+		for _, n := range ns {
+			if exists[n] {
+				kept = append(kept, n)
+			}
+		}
+		if !live[g] || len(kept) == 0 {
+			delete(s.preferred, g)
+			continue
+		}
+		s.preferred[g] = kept
+	}
+	for g := range s.nominatedClaims {
+		if !live[g] {
+			delete(s.nominatedClaims, g)
+		}
+	}
+	for g, t := range s.released {
+		if !live[g] && now.Sub(t) >= releaseCooldown {
+			delete(s.released, g)
+		}
+	}
+}

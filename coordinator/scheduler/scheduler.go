@@ -378,9 +378,11 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	plans := map[types.UID]plan{}      // pods waiting for reservations -> their placement
 	var demand []placeholder.Item      // admitted work with no room: asks for capacity
 	var existing []*corev1.Pod         // placeholder pods
+	liveGroups := map[string]bool{}    // placeholder groups with placeholders or admitted pending work
 	for _, p := range pods {
 		if placeholder.IsPlaceholder(p) {
 			existing = append(existing, p)
+			liveGroups[p.Labels[placeholder.LabelGroup]] = true
 		}
 	}
 	for _, w := range workloads {
@@ -398,6 +400,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			continue
 		}
 		items := s.items(w, snap, existing)
+		if len(items) > 0 {
+			liveGroups[placeholder.GroupOf(items[0])] = true
+		}
 		decisions := s.keepPlans(snap, w)
 		var placeErr error
 		if decisions == nil {
@@ -437,6 +442,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
 	}
 	s.syncPlaceholders(ctx, demand, pods)
+	s.pruneHints(liveGroups, nodes)
 
 	// 6. Report.
 	var waiting []*workload
