@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -157,5 +158,66 @@ func TestPlaceholderHintsArePrunedWithNodeChurn(t *testing.T) {
 	defer c.s.mu.Unlock()
 	if n, m, r := len(c.s.preferred), len(c.s.nominatedClaims), len(c.s.released); n+m+r != 0 {
 		t.Errorf("after 50 groups came and went: %d preferred, %d nominatedClaims, %d released entries left, want none", n, m, r)
+	}
+}
+
+// reclaimCluster: team-b borrowed all 4 GPUs of n1 while team-a was idle;
+// team-a (deserves 2) now asks for 2.
+func reclaimCluster(t *testing.T, terminating ...string) *cluster {
+	t.Helper()
+	var pods []*corev1.Pod
+	gone := map[string]bool{}
+	for _, n := range terminating {
+		gone[n] = true
+	}
+	for i := range 4 {
+		p := gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1)
+		p.Spec.NodeName = "n1"
+		p.Status.Phase = corev1.PodRunning
+		if gone[p.Name] {
+			p.DeletionTimestamp = &metav1.Time{Time: time.Unix(1_700_000_000, 0)}
+		}
+		pods = append(pods, p)
+	}
+	pods = append(pods, gpuPod("a-0", "team-a", 2))
+	return newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
+}
+
+// TestReclaimDoesNotStallOnRefusedEvictions: evictions the API refuses
+// (429: a PodDisruptionBudget) are not remembered as victims to wait for;
+// a later cycle tries again instead of waiting forever.
+func TestReclaimDoesNotStallOnRefusedEvictions(t *testing.T) {
+	c := reclaimCluster(t)
+	refused := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	c.b.EvictErr = func(*corev1.Pod) error { return refused }
+	c.cycle()
+	if got := c.b.EvictedPods(); len(got) != 0 {
+		t.Fatalf("evicted %v although every eviction was refused", got)
+	}
+	// The budget allows it now.
+	c.b.EvictErr = nil
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	for range 3 {
+		clk.Step(30 * time.Second)
+		c.cycle()
+	}
+	if got := c.b.EvictedPods(); len(got) != 2 {
+		_, msg := c.b.Reason("a-0")
+		t.Errorf("after the budget allowed it: evicted %v, want two team-b pods (a-0 says %q)", got, msg)
+	}
+}
+
+// TestReclaimWaitsForVictimsAfterRestart: a new leader does not know what
+// the old one evicted, but the API does: victims still terminating are
+// waited for, not joined by more victims.
+func TestReclaimWaitsForVictimsAfterRestart(t *testing.T) {
+	c := reclaimCluster(t, "b-0", "b-1") // the previous leader's victims, still terminating
+	c.cycle()
+	if got := c.b.EvictedPods(); len(got) != 0 {
+		t.Errorf("a restarted coordinator evicted %v while two victims were still terminating", got)
+	}
+	if r, msg := c.b.Reason("a-0"); r != api.ReasonNoCapacity || !strings.Contains(msg, "terminating") {
+		t.Errorf("a-0: %s %q, want NoCapacity saying it waits for terminating pods", r, msg)
 	}
 }

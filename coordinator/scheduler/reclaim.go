@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -17,37 +18,65 @@ type Evictor interface {
 	Evict(ctx context.Context, pod *corev1.Pod, reason string) error
 }
 
+// evictionRetry is how long a victim whose eviction the API refused (a
+// PodDisruptionBudget, 429) is left out of the candidates: other victims
+// are chosen meanwhile, and the refused one is tried again after it.
+const evictionRetry = 10 * time.Second
+
 // reclaim tries to give a queue below its deserved quota the room for w by
 // evicting preemptible, over-quota workloads of other queues (whole gangs,
 // lowest priority first). It returns a message for w's pods when it evicted
 // or is still waiting for earlier victims to go; "" when nothing can be done.
+//
+// Victims are remembered only once their eviction succeeded, and only for
+// the moment until the informer shows them terminating: from then on the
+// API itself says they are going, so a restarted coordinator waits for
+// them as its predecessor did, instead of evicting more.
 func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state.Inputs) string {
 	if s.deps.Evictor == nil {
 		return ""
 	}
-	// 1. Earlier victims still running: wait for them, evict nothing more.
+	now := s.clock.Now()
+	// 1. Earlier victims still running, or pods terminating that would make
+	// room: wait for them, evict nothing more.
 	s.mu.Lock()
 	waiting := 0
 	for uid := range s.reclaiming[w.queue] {
-		if podExists(in.Pods, uid) {
+		if p := podByUID(in.Pods, uid); p != nil && p.DeletionTimestamp == nil {
 			waiting++
 		} else {
-			delete(s.reclaiming[w.queue], uid)
+			delete(s.reclaiming[w.queue], uid) // gone, or the API shows it terminating
 		}
+	}
+	if len(s.reclaiming[w.queue]) == 0 {
+		delete(s.reclaiming, w.queue)
+	}
+	for uid, until := range s.refused {
+		if !now.Before(until) || podByUID(in.Pods, uid) == nil {
+			delete(s.refused, uid)
+		}
+	}
+	refused := make(map[types.UID]bool, len(s.refused))
+	for uid := range s.refused {
+		refused[uid] = true
 	}
 	s.mu.Unlock()
 	if waiting > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d reclaimed pods of other queues to end", w.queue, waiting)
 	}
+	if n := s.fitsWithoutTerminating(w, in); n > 0 {
+		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d terminating pods to end", w.queue, n)
+	}
 
 	// 2. Candidates: running workloads (gangs whole) the coordinator
-	// admitted to other queues. A pod is non-preemptible only inside its
-	// queue's namespaces: gpufrac.io/preemptible "false" protects nothing in
-	// a namespace the queue no longer lets in.
+	// admitted to other queues, but for victims whose eviction was refused a
+	// moment ago. A pod is non-preemptible only inside its queue's
+	// namespaces: gpufrac.io/preemptible "false" protects nothing in a
+	// namespace the queue no longer lets in.
 	groups := map[string][]*corev1.Pod{}
 	cands := map[string]*queue.Workload{}
 	for _, p := range in.Pods {
-		if p.Spec.NodeName == "" || state.Terminal(p) || p.DeletionTimestamp != nil {
+		if p.Spec.NodeName == "" || state.Terminal(p) || p.DeletionTimestamp != nil || refused[p.UID] {
 			continue
 		}
 		pi, ok, _ := s.parseAdmitted(p)
@@ -103,30 +132,70 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state
 		return ""
 	}
 
-	// 4. Evict, and remember the victims so the next cycles wait for them.
-	s.mu.Lock()
-	if s.reclaiming[w.queue] == nil {
-		s.reclaiming[w.queue] = map[types.UID]bool{}
-	}
-	for _, p := range evict {
-		s.reclaiming[w.queue][p.UID] = true
-	}
-	s.mu.Unlock()
+	// 4. Evict, and remember the victims evicted so the next cycles wait
+	// for them; a refused eviction is tried again after evictionRetry.
+	var evicted int
+	var lastErr error
 	for _, p := range evict {
 		msg := fmt.Sprintf("reclaimed by queue %s, which is below its deserved quota", w.queue)
-		if err := s.deps.Evictor.Evict(ctx, p, msg); err != nil {
-			klog.FromContext(ctx).Error(err, "Evicting for reclaim", "pod", klog.KObj(p), "queue", w.queue)
+		err := s.deps.Evictor.Evict(ctx, p, msg)
+		s.mu.Lock()
+		if err != nil {
+			s.refused[p.UID] = now.Add(evictionRetry)
+		} else {
+			if s.reclaiming[w.queue] == nil {
+				s.reclaiming[w.queue] = map[types.UID]bool{}
+			}
+			s.reclaiming[w.queue][p.UID] = true
+			evicted++
+		}
+		s.mu.Unlock()
+		if err != nil {
+			lastErr = err
+			klog.FromContext(ctx).Error(err, "Evicting for reclaim refused; trying other victims", "pod", klog.KObj(p), "queue", w.queue, "retryAfter", evictionRetry)
 		}
 	}
-	klog.FromContext(ctx).Info("Reclaiming quota", "queue", w.queue, "workload", w.key, "victims", len(victims), "pods", len(evict))
-	return fmt.Sprintf("queue %s is below its deserved quota: reclaiming %d pods (%d workloads) from over-quota queues", w.queue, len(evict), len(victims))
+	klog.FromContext(ctx).Info("Reclaiming quota", "queue", w.queue, "workload", w.key, "victims", len(victims), "pods", len(evict), "evicted", evicted)
+	msg := fmt.Sprintf("queue %s is below its deserved quota: reclaiming %d pods (%d workloads) from over-quota queues", w.queue, evicted, len(victims))
+	if lastErr != nil {
+		msg += fmt.Sprintf("; %d evictions refused, tried again in %s: %v", len(evict)-evicted, evictionRetry, lastErr)
+	}
+	return msg
 }
 
-func podExists(pods []*corev1.Pod, uid types.UID) bool {
+// fitsWithoutTerminating returns the number of terminating pods (deleted or
+// evicted, still holding their resources) when w would fit once they are
+// gone; 0 when none are terminating or w would not fit even then.
+func (s *Scheduler) fitsWithoutTerminating(w *workload, in state.Inputs) int {
+	rest := make([]*corev1.Pod, 0, len(in.Pods))
+	going := 0
+	for _, p := range in.Pods {
+		if p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !state.Terminal(p) {
+			going++
+			continue
+		}
+		rest = append(rest, p)
+	}
+	if going == 0 {
+		return 0
+	}
+	in.Pods = rest
+	trial, err := state.Build(in)
+	if err != nil {
+		return 0
+	}
+	if _, err := s.place(trial, w); err != nil {
+		return 0
+	}
+	return going
+}
+
+// podByUID finds a pod that still holds resources (not terminal) by UID.
+func podByUID(pods []*corev1.Pod, uid types.UID) *corev1.Pod {
 	for _, p := range pods {
 		if p.UID == uid && !state.Terminal(p) {
-			return true
+			return p
 		}
 	}
-	return false
+	return nil
 }

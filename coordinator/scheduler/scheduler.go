@@ -132,7 +132,8 @@ type Scheduler struct {
 
 	mu         sync.Mutex
 	assumed    map[types.UID]assumedPod      // pods being bound -> where
-	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it
+	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it, until the informer shows them terminating
+	refused    map[types.UID]time.Time       // victim whose eviction was refused -> when it may be tried again
 
 	models     []string          // GPU products in the cluster, set at the start of each cycle
 	lastStatus map[string]string // queue -> last status written (statusKey), used only by Cycle
@@ -200,6 +201,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		binds:       make(chan bindTask, 4096),
 		assumed:     map[types.UID]assumedPod{},
 		reclaiming:  map[string]map[types.UID]bool{},
+		refused:     map[types.UID]time.Time{},
 		lastStatus:  map[string]string{},
 		lastInvalid: map[string]string{},
 		preferred:   map[string][]string{},
