@@ -23,6 +23,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...".
@@ -51,6 +52,7 @@ func main() {
 	flag.StringVar(&s.TimesliceResource, "timeslice-resource", api.DefaultTimesliceResource, "resource name of time-sliced replicas (the nodes' timeslice.resourceName)")
 	npPrio := int(podrequest.DefaultNonPreemptiblePriority)
 	flag.IntVar(&npPrio, "non-preemptible-priority", npPrio, "pods with this priority or higher are non-preemptible (0 and negative values allowed)")
+	flag.DurationVar(&s.GangBindTimeout, "gang-bind-timeout", scheduler.DefaultGangBindTimeout, "how long a gang may hold GPUs bound in part (a member's binding failed) before its bound members are evicted and it is placed again whole")
 	cfg.Reservation = reservation.DefaultOptions()
 	flag.BoolVar(&cfg.Reservations, "reservations", true, "hold every shared GPU with a reservation pod (needed whenever anything else may take whole GPUs)")
 	flag.StringVar(&cfg.Reservation.Image, "reservation-image", cfg.Reservation.Image, "image of reservation pods")

@@ -228,6 +228,7 @@ func (a *App) lead(ctx context.Context) error {
 		Queues:   scheduler.QueuesFromLister(queueInf.Lister()),
 		Binder:   bnd,
 		Evictor:  bnd,
+		Releaser: bnd,
 		Reserver: reserver,
 		NodeClaims: func(name string) string {
 			if claimLister == nil {

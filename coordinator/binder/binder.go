@@ -127,10 +127,29 @@ func (b *Binder) recentlySaid(pod *corev1.Pod, reason string) bool {
 // Evict evicts the pod through the Eviction API (PodDisruptionBudgets
 // apply) and records why on the pod.
 func (b *Binder) Evict(ctx context.Context, pod *corev1.Pod, reason string) error {
+	return b.evict(ctx, pod, corev1.EventTypeNormal, "Reclaimed", reason)
+}
+
+// Release evicts a bound pod to give its resources back (a gang that did
+// not bind whole), with a Warning event of the given reason and message.
+// It evicts rather than deletes: the pod ends gracefully, its
+// PodDisruptionBudget applies, and the API server adds the DisruptionTarget
+// condition; the coordinator needs no right to delete pods.
+func (b *Binder) Release(ctx context.Context, pod *corev1.Pod, reason, message string) error {
+	return b.evict(ctx, pod, corev1.EventTypeWarning, reason, message)
+}
+
+// evict evicts the pod, preconditioned on its UID (a pod of the same name
+// made since is left alone), and records the event once it succeeded.
+func (b *Binder) evict(ctx context.Context, pod *corev1.Pod, eventType, reason, message string) error {
+	uid := pod.UID
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	if uid != "" {
+		ev.DeleteOptions = &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+	}
 	if err := b.client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, ev); err != nil {
 		return fmt.Errorf("evicting %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	b.recorder.Event(pod, corev1.EventTypeNormal, "Reclaimed", reason)
+	b.recorder.Event(pod, eventType, reason, message)
 	return nil
 }

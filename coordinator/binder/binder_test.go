@@ -1,17 +1,23 @@
 package binder
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/apitest"
 )
 
 // TestBindIsOneRequest checks that a binding is one pods/binding create that
@@ -97,5 +103,92 @@ func TestMarkPendingRefreshesAMessageAtMostEveryMessageRefresh(t *testing.T) {
 				t.Errorf("status patches = %d, want %d", writes, tt.wantWrites)
 			}
 		})
+	}
+}
+
+// TestFailuresSurfaceAndRecordNothing: when the API refuses a binding, an
+// eviction (a PodDisruptionBudget: 429) or a status patch, the caller gets
+// the error (wrapped, still matchable) and no event claims it happened; the
+// next call goes through.
+func TestFailuresSurfaceAndRecordNothing(t *testing.T) {
+	pdb := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	tests := []struct {
+		name        string
+		verb, res   string
+		sub         string
+		err         error
+		call        func(ctx context.Context, b *Binder, p *corev1.Pod) error
+		match       func(error) bool
+		wantEventOK string // the event after the second, successful call ("" for none)
+	}{
+		{name: "bind", verb: "create", res: "pods", sub: "binding", err: apierrors.NewConflict(corev1.Resource("pods"), "p", errors.New("pod is being deleted")),
+			call:  func(ctx context.Context, b *Binder, p *corev1.Pod) error { return b.Bind(ctx, p, "n1", nil) },
+			match: apierrors.IsConflict},
+		{name: "evict for reclaim", verb: "create", res: "pods", sub: "eviction", err: pdb,
+			call: func(ctx context.Context, b *Binder, p *corev1.Pod) error {
+				return b.Evict(ctx, p, "reclaimed by queue a")
+			},
+			match:       apierrors.IsTooManyRequests,
+			wantEventOK: "Normal Reclaimed reclaimed by queue a"},
+		{name: "release a gang member", verb: "create", res: "pods", sub: "eviction", err: pdb,
+			call: func(ctx context.Context, b *Binder, p *corev1.Pod) error {
+				return b.Release(ctx, p, "GangRollback", "gang g rolled back")
+			},
+			match:       apierrors.IsTooManyRequests,
+			wantEventOK: "Warning GangRollback gang g rolled back"},
+		{name: "mark pending", verb: "patch", res: "pods", sub: "status", err: apierrors.NewServiceUnavailable("etcd"),
+			call: func(ctx context.Context, b *Binder, p *corev1.Pod) error {
+				return b.MarkPending(ctx, p, ReasonNoCapacity, "no room")
+			},
+			match:       apierrors.IsServiceUnavailable,
+			wantEventOK: "Warning NoCapacity no room"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-1"}}
+			client := fake.NewSimpleClientset(pod)
+			inj := apitest.FailOnce(&client.Fake, tt.verb, tt.res, tt.sub, tt.err)
+			rec := record.NewFakeRecorder(4)
+			b := New(client, rec)
+			err := tt.call(t.Context(), b, pod)
+			if err == nil || !tt.match(err) || inj.Fired() != 1 {
+				t.Fatalf("first call: err = %v (fired %d), want the injected error, wrapped", err, inj.Fired())
+			}
+			if len(rec.Events) != 0 {
+				t.Fatalf("an event was recorded for a call that failed: %q", <-rec.Events)
+			}
+			if err := tt.call(t.Context(), b, pod); err != nil {
+				t.Fatalf("second call: %v", err)
+			}
+			var got string
+			if len(rec.Events) > 0 {
+				got = <-rec.Events
+			}
+			if got != tt.wantEventOK {
+				t.Errorf("event after success = %q, want %q", got, tt.wantEventOK)
+			}
+		})
+	}
+}
+
+// TestEvictionIsPreconditionedOnTheUID: a pod deleted and made again under
+// the same name is not evicted in place of the one meant.
+func TestEvictionIsPreconditionedOnTheUID(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-1"}}
+	client := fake.NewSimpleClientset(pod)
+	client.ClearActions()
+	if err := New(client, nil).Release(t.Context(), pod, "GangRollback", "why"); err != nil {
+		t.Fatal(err)
+	}
+	var uid string
+	for _, a := range client.Actions() {
+		if ca, ok := a.(clienttesting.CreateAction); ok {
+			if ev, ok := ca.GetObject().(*policyv1.Eviction); ok && ev.DeleteOptions != nil && ev.DeleteOptions.Preconditions != nil && ev.DeleteOptions.Preconditions.UID != nil {
+				uid = string(*ev.DeleteOptions.Preconditions.UID)
+			}
+		}
+	}
+	if uid != "uid-1" {
+		t.Errorf("eviction precondition UID = %q, want uid-1", uid)
 	}
 }

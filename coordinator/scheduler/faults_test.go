@@ -171,9 +171,7 @@ func reclaimCluster(t *testing.T, terminating ...string) *cluster {
 		gone[n] = true
 	}
 	for i := range 4 {
-		p := gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1)
-		p.Spec.NodeName = "n1"
-		p.Status.Phase = corev1.PodRunning
+		p := admitted(gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1), "n1")
 		if gone[p.Name] {
 			p.DeletionTimestamp = &metav1.Time{Time: time.Unix(1_700_000_000, 0)}
 		}
@@ -219,5 +217,72 @@ func TestReclaimWaitsForVictimsAfterRestart(t *testing.T) {
 	}
 	if r, msg := c.b.Reason("a-0"); r != api.ReasonNoCapacity || !strings.Contains(msg, "terminating") {
 		t.Errorf("a-0: %s %q, want NoCapacity saying it waits for terminating pods", r, msg)
+	}
+}
+
+func gangOf(name string, n int) []*corev1.Pod {
+	var out []*corev1.Pod
+	for i := range n {
+		pn := fmt.Sprintf("%s-%d", name, i)
+		out = append(out, builders.MakePod(pn, "default").Queue("q").GPUs(1).CPU("1").PodGroup(name).MinMember(n).UID(pn).Obj())
+	}
+	return out
+}
+
+// TestGangRollsBackWhenAMemberCannotBind: one member's binding keeps
+// failing; the members bound must not hold their GPUs for longer than the
+// gang bind timeout: they are evicted with a reason, and the pending member
+// says why the gang waits.
+func TestGangRollsBackWhenAMemberCannotBind(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, gangOf("g", 4)...)
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	conflict := apierrors.NewConflict(corev1.Resource("pods/binding"), "g-2", fmt.Errorf("pod g-2 is being deleted"))
+	c.b.BindErr = func(p *corev1.Pod, _ string) error {
+		if p.Name == "g-2" {
+			return conflict
+		}
+		return nil
+	}
+	c.cycle()
+	for _, n := range []string{"g-0", "g-1", "g-3"} {
+		if c.boundTo(n) == "" {
+			t.Fatalf("%s not bound in the first cycle", n)
+		}
+	}
+	// Cycles go by for a minute; the binding of g-2 keeps failing.
+	for range 12 {
+		clk.Step(5 * time.Second)
+		c.cycle()
+	}
+	released := c.b.ReleasedPods()
+	for _, n := range []string{"g-0", "g-1", "g-3"} {
+		if _, ok := released[n]; !ok {
+			t.Errorf("%s still holds its GPU a minute after its gang failed to bind whole (released: %v)", n, released)
+		}
+	}
+	if r, msg := c.b.Reason("g-2"); r != api.ReasonGangIncomplete || !strings.Contains(msg, "rolled back") {
+		t.Errorf("g-2: %s %q, want GangIncomplete saying the gang was rolled back", r, msg)
+	}
+}
+
+// TestGangRetriesAFailedBindWithinTheTimeout: a binding that fails once is
+// retried by the next cycle and the gang completes; nothing is rolled back.
+func TestGangRetriesAFailedBindWithinTheTimeout(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, gangOf("g", 4)...)
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	c.b.NextBindErr = apierrors.NewServiceUnavailable("etcd leader changed")
+	c.cycle()
+	clk.Step(time.Second)
+	c.cycle()
+	for _, p := range gangOf("g", 4) {
+		if c.boundTo(p.Name) == "" {
+			r, msg := c.b.Reason(p.Name)
+			t.Errorf("%s not bound after a retry: %s %q", p.Name, r, msg)
+		}
+	}
+	if got := c.b.ReleasedPods(); len(got) != 0 {
+		t.Errorf("released %v after a binding that failed once", got)
 	}
 }

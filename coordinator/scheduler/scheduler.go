@@ -13,6 +13,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -69,6 +70,11 @@ type Options struct {
 	// ElasticPools says node pools can grow (Karpenter is installed): a gang
 	// larger than every pool then waits for capacity instead of being refused.
 	ElasticPools bool
+	// GangBindTimeout bounds how long a gang may hold GPUs bound in part
+	// (fewer than min-member members bound, say because a binding failed):
+	// past it the bound members are evicted and the gang is placed again
+	// whole. Zero means DefaultGangBindTimeout.
+	GangBindTimeout time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
 	// TimesliceResource is the time-sliced replica resource the node agents
@@ -112,6 +118,9 @@ type Deps struct {
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
 	Evictor Evictor
+	// Releaser evicts the bound members of a gang that did not bind whole;
+	// nil disables the rollback.
+	Releaser Releaser
 	// Recorder records events on Queues (an invalid queue); nil records none.
 	Recorder record.EventRecorder
 	// Clock is the scheduler's clock; nil means the real one.
@@ -141,6 +150,12 @@ type Scheduler struct {
 	lastInvalid map[string]string
 	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
 	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
+	// gangPartial: gang bound in part -> when a cycle first saw it so, used only by Cycle.
+	gangPartial map[string]time.Time
+	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
+	gangEvicted map[types.UID]bool
+	// gangErr: gang -> the last error binding one of its members (guarded by mu).
+	gangErr map[string]string
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
@@ -156,6 +171,7 @@ type bindTask struct {
 	pod         *corev1.Pod
 	node        string
 	annotations map[string]string
+	gang        string // the pod's gang ("" for none)
 }
 
 // New returns a scheduler.
@@ -177,6 +193,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
+	}
+	if o.GangBindTimeout <= 0 {
+		o.GangBindTimeout = DefaultGangBindTimeout
 	}
 	if o.Placeholder.PoolLabel == "" {
 		o.Placeholder.PoolLabel = o.PoolLabel
@@ -208,6 +227,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		released:    map[string]time.Time{},
 
 		nominatedClaims: map[string][]string{},
+		gangPartial:     map[string]time.Time{},
+		gangEvicted:     map[types.UID]bool{},
+		gangErr:         map[string]string{},
 	}, nil
 }
 
@@ -282,18 +304,28 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case t := <-s.binds:
-			start := s.clock.Now()
-			err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
-			s.metrics.bind(err, s.clock.Since(start))
-			if err != nil {
-				klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
-				s.mu.Lock()
-				delete(s.assumed, t.pod.UID)
-				s.mu.Unlock()
-				s.Wake()
-			}
+			_ = s.runBind(ctx, t)
 		}
 	}
+}
+
+// runBind writes one binding. On failure the pod is no longer assumed: it
+// goes back to pending and the next cycle places it again.
+func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
+	start := s.clock.Now()
+	err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
+	s.metrics.bind(err, s.clock.Since(start))
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
+		s.mu.Lock()
+		delete(s.assumed, t.pod.UID)
+		if t.gang != "" {
+			s.gangErr[t.gang] = fmt.Sprintf("binding %s to %s: %v", t.pod.Name, t.node, err)
+		}
+		s.mu.Unlock()
+		s.Wake()
+	}
+	return err
 }
 
 // Result summarises one cycle.
@@ -358,11 +390,23 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			pending = append(pending, p)
 		}
 	}
-	workloads, invalid := s.group(pending, pods, assumed, books)
+	workloads, invalid, census := s.group(pending, pods, assumed, books)
 	workloads, invalid = s.dropOversizedGangs(snap, workloads, invalid)
 	for _, iv := range invalid {
 		s.markPending(ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &res)
 	}
+	// Gangs bound in part for longer than GangBindTimeout give their GPUs
+	// back; their pending members wait until the evicted ones are gone.
+	rollingBack := s.checkGangBinds(ctx, census)
+	workloads = slices.DeleteFunc(workloads, func(w *workload) bool {
+		msg, rolling := rollingBack[w.key]
+		if rolling {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, msg, &res)
+			}
+		}
+		return rolling
+	})
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 
@@ -590,7 +634,21 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		// restarted coordinator): only bound pods that carry it are charged.
 		ann[api.AnnotationAdmittedQueue] = w.queue
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
-		s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann}
+		gang := ""
+		if w.gang {
+			gang = w.key
+		}
+		select {
+		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang}:
+		case <-ctx.Done():
+			// Run is ending and its bind workers with it: forget what was not sent.
+			s.mu.Lock()
+			for _, q := range w.pods[i:] {
+				delete(s.assumed, q.pod.UID)
+			}
+			s.mu.Unlock()
+			return
+		}
 	}
 }
 

@@ -83,7 +83,7 @@ type invalidPod struct {
 
 // group parses pending pods and gathers them into workloads. Gang members
 // already bound (or being bound) count toward min-member and pin the pool.
-func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]*workload, []invalidPod) {
+func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]*workload, []invalidPod, map[string]*gangCensus) {
 	var invalid []invalidPod
 	byKey := map[string]*workload{}
 	var order []string
@@ -122,13 +122,15 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 	// Gangs: count members already placed; check min-member and queue agreement.
 	bound := map[string]int{}
 	boundPool := map[string]string{}
-	nodes := map[string]string{} // node -> pool, filled lazily
+	census := map[string]*gangCensus{} // gang -> its bound members, for checkGangBinds
+	nodes := map[string]string{}       // node -> pool, filled lazily
 	for _, p := range all {
-		if p.Spec.SchedulerName != s.opts.SchedulerName || state.Terminal(p) {
+		if p.Spec.SchedulerName != s.opts.SchedulerName {
 			continue
 		}
 		node := p.Spec.NodeName
-		if a, ok := assumed[p.UID]; ok && node == "" {
+		a, inflight := assumed[p.UID]
+		if inflight && node == "" {
 			node = a.Node
 		}
 		if node == "" {
@@ -139,6 +141,23 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 			continue
 		}
 		key := p.Namespace + "/" + pi.group
+		c := census[key]
+		if c == nil {
+			c = &gangCensus{}
+			census[key] = c
+		}
+		c.min = max(c.min, pi.minMember)
+		if state.Terminal(p) {
+			c.ran++
+			continue
+		}
+		c.held++
+		switch {
+		case inflight && p.Spec.NodeName == "":
+			c.inflight++
+		case p.DeletionTimestamp == nil:
+			c.live = append(c.live, p)
+		}
 		bound[key]++
 		if _, ok := nodes[node]; !ok {
 			nodes[node] = s.poolOf(node)
@@ -172,7 +191,7 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 		}
 		ws = append(ws, w)
 	}
-	return ws, invalid
+	return ws, invalid, census
 }
 
 func (s *Scheduler) poolOf(node string) string {

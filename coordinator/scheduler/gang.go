@@ -1,0 +1,128 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// A gang is bound member by member: one binding can fail (the pod was
+// deleted or changed, the node went, the API server refused) while the
+// others succeed. Bound members then hold GPUs for a gang that does not
+// run. A failed member is placed and bound again by the next cycle, so a
+// passing failure heals; a gang still bound in part after GangBindTimeout
+// is rolled back: its bound members are evicted (the Eviction API, so the
+// pods end gracefully and PodDisruptionBudgets apply), each with an event
+// saying why, and its pending members say why they wait. A bound pod
+// cannot be unbound, so eviction is the rollback, as Kueue evicts a
+// workload whose pods are not ready in time (waitForPodsReady); the pods'
+// controller (a Job) makes new ones, and the gang is placed again whole.
+//
+// The time a gang was first seen bound in part lives in memory: a new
+// leader starts the clock again, so a gang holds GPUs in part for at most
+// the leader hand-over plus GangBindTimeout.
+
+// DefaultGangBindTimeout is Options.GangBindTimeout's default.
+const DefaultGangBindTimeout = 30 * time.Second
+
+// ReasonGangRollback is the event reason on a gang member evicted because
+// its gang did not bind whole in time.
+const ReasonGangRollback = "GangRollback"
+
+// Releaser evicts a pod to give its resources back, recording reason and
+// message on it (coordinator/binder.Binder).
+type Releaser interface {
+	Release(ctx context.Context, pod *corev1.Pod, reason, message string) error
+}
+
+// gangCensus counts the members of one gang that were bound.
+type gangCensus struct {
+	// min is the gang's min-member.
+	min int
+	// held counts the members bound or being bound that still hold their
+	// resources (terminating ones included); ran counts those bound that
+	// ended (Succeeded or Failed).
+	held, ran int
+	// inflight counts the members whose binding is being written.
+	inflight int
+	// live are the bound members not terminating: what a rollback evicts.
+	live []*corev1.Pod
+}
+
+// partial tells whether the gang holds resources without ever having had
+// min-member members bound at once.
+func (c *gangCensus) partial() bool { return c.held > 0 && c.held+c.ran < c.min }
+
+// checkGangBinds finds the gangs bound in part, rolls back those bound in
+// part for longer than GangBindTimeout, and returns them with the message
+// their pending members get.
+func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangCensus) map[string]string {
+	now := s.clock.Now()
+	rolling := map[string]string{}
+	for key := range s.gangPartial {
+		if c := census[key]; c == nil || !c.partial() {
+			delete(s.gangPartial, key)
+			s.mu.Lock()
+			delete(s.gangErr, key)
+			s.mu.Unlock()
+		}
+	}
+	for uid := range s.gangEvicted {
+		if !censusHolds(census, uid) {
+			delete(s.gangEvicted, uid)
+		}
+	}
+	for key, c := range census {
+		if !c.partial() {
+			continue
+		}
+		since, seen := s.gangPartial[key]
+		if !seen {
+			since = now
+			s.gangPartial[key] = now
+		}
+		if c.inflight > 0 || now.Sub(since) < s.opts.GangBindTimeout {
+			continue // bindings in flight, or time left for the failed ones to be bound again
+		}
+		s.mu.Lock()
+		cause := s.gangErr[key]
+		s.mu.Unlock()
+		if cause != "" {
+			cause = " (last failure: " + cause + ")"
+		}
+		msg := fmt.Sprintf("gang %s had %d of its %d members bound but not the rest within %s%s; it was rolled back: its bound members are evicted to give their GPUs back, and the gang is placed again whole once they are gone",
+			key, c.held+c.ran, c.min, s.opts.GangBindTimeout, cause)
+		rolling[key] = msg
+		if s.deps.Releaser == nil {
+			continue
+		}
+		for _, p := range c.live {
+			if s.gangEvicted[p.UID] {
+				continue
+			}
+			if err := s.deps.Releaser.Release(ctx, p, ReasonGangRollback, msg); err != nil {
+				klog.FromContext(ctx).Error(err, "Evicting a member of a gang bound in part; trying again next cycle", "pod", klog.KObj(p), "podGroup", key)
+				continue
+			}
+			s.gangEvicted[p.UID] = true
+		}
+		klog.FromContext(ctx).Info("Rolled back a gang bound in part", "podGroup", key, "bound", c.held+c.ran, "minMember", c.min, "evicting", len(c.live))
+	}
+	return rolling
+}
+
+// censusHolds tells whether a pod of uid is among the live members of a gang.
+func censusHolds(census map[string]*gangCensus, uid types.UID) bool {
+	for _, c := range census {
+		for _, p := range c.live {
+			if p.UID == uid {
+				return true
+			}
+		}
+	}
+	return false
+}
