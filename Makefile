@@ -22,10 +22,14 @@ build:
 -include tests/demo/demo.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
-# The cluster tests run four at a time (-parallel 4): each has its own control
-# plane and mostly waits, so on 2 cores four overlap well (docs/benchmarks.md).
+# The coordinator's and the node agent's packages run under the race detector
+# (RACE_PKGS); the rest without it. The cluster tests run four at a time
+# (-parallel 4): each has its own control plane and mostly waits, so on
+# 2 cores four overlap well (docs/benchmarks.md).
+RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cmd/gpufrac-coordinator/... ./cmd/gpufrac-node/...
 test: build tools
-	$(GO) test -count=1 -parallel 4 -timeout 40m $(PKGS)
+	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS)
+	$(GO) test -count=1 -parallel 4 -timeout 40m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(RACE_PKGS))")
 
 ## unit: the fast tests only (no local cluster)
 unit:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,6 +75,8 @@ type App struct {
 	reg     *prometheus.Registry
 	leading atomic.Bool
 	synced  atomic.Bool
+	// leadFn is the work done while leading: lead, or a test's stand-in.
+	leadFn func(ctx context.Context) error
 }
 
 // New returns a coordinator talking to the API server of rc.
@@ -105,7 +108,9 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 		host, _ := os.Hostname()
 		cfg.Identity = fmt.Sprintf("%s_%d", host, os.Getpid())
 	}
-	return &App{cfg: cfg, rest: rc, client: client, events: events, dynamic: dyn, reg: prometheus.NewRegistry()}, nil
+	a := &App{cfg: cfg, rest: rc, client: client, events: events, dynamic: dyn, reg: prometheus.NewRegistry()}
+	a.leadFn = a.lead
+	return a, nil
 }
 
 // Leading tells whether this replica holds the lease (always true without leader election).
@@ -126,8 +131,14 @@ func (a *App) Ready() error {
 
 // Run schedules while leading, until ctx ends (the main serves Registry and
 // Ready). Losing the lease ends Run with an error, so the process restarts
-// and never schedules from a stale view (the client-go leader-election
-// example's advice: everything under the lease stops before it is released).
+// and never schedules from a stale view; work under the lease that fails
+// ends Run with its error.
+//
+// Everything under the lease stops before the lease is released (the
+// client-go leader-election example's warning): client-go's elector, with
+// ReleaseOnCancel, gives the lease up as soon as its context ends while
+// OnStartedLeading's goroutine may still run. So the elector runs on a
+// context of its own, which is cancelled only once the work returned.
 func (a *App) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -138,16 +149,25 @@ func (a *App) Run(ctx context.Context) error {
 	a.reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if !a.cfg.LeaderElect {
 		a.leading.Store(true)
-		return a.lead(ctx)
+		defer a.leading.Store(false)
+		return a.leadFn(ctx)
 	}
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, a.cfg.LeaseNamespace, a.cfg.LeaseName,
 		a.client.CoreV1(), a.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: a.cfg.Identity})
 	if err != nil {
 		return fmt.Errorf("creating lease lock: %w", err)
 	}
-	var leadErr error
-	lost := make(chan struct{})
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+
+	// electCtx outlives ctx until the work has stopped; it keeps ctx's logger.
+	electCtx, stopElecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElecting()
+	var (
+		mu       sync.Mutex // guards closing and working
+		closing  bool       // Run is ending: no work starts any more
+		working  bool       // the work under the lease was started
+		workDone = make(chan error, 1)
+	)
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		ReleaseOnCancel: true,
 		LeaseDuration:   a.cfg.LeaseDuration,
@@ -156,24 +176,64 @@ func (a *App) Run(ctx context.Context) error {
 		Name:            a.cfg.LeaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
+				mu.Lock()
+				if closing {
+					mu.Unlock()
+					return
+				}
+				working = true
+				mu.Unlock()
+				// The work ends when the lease is lost (lctx) or Run's ctx ends.
+				wctx, cancel := context.WithCancel(lctx)
+				stop := context.AfterFunc(ctx, cancel)
 				logger.Info("Started leading", "identity", a.cfg.Identity)
 				a.leading.Store(true)
-				leadErr = a.lead(lctx)
-			},
-			OnStoppedLeading: func() {
+				err := a.leadFn(wctx)
 				a.leading.Store(false)
-				close(lost)
+				stop()
+				cancel()
+				workDone <- err
 			},
+			OnStoppedLeading: func() { a.leading.Store(false) },
 		},
 	})
-	select {
-	case <-lost:
-		if ctx.Err() == nil {
-			return fmt.Errorf("lost the lease %s/%s: %w", a.cfg.LeaseNamespace, a.cfg.LeaseName, errors.Join(leadErr, errors.New("leadership lost")))
-		}
-	default:
+	if err != nil {
+		return fmt.Errorf("configuring leader election: %w", err)
 	}
-	return leadErr
+	electorDone := make(chan struct{})
+	go func() {
+		defer close(electorDone)
+		le.Run(electCtx)
+	}()
+
+	var workErr error
+	lost := false
+	select {
+	case <-ctx.Done():
+	case workErr = <-workDone:
+		mu.Lock()
+		working = false
+		mu.Unlock()
+	case <-electorDone:
+		lost = true // renewing failed: the elector cancelled the work's context
+	}
+	mu.Lock()
+	closing = true
+	wait := working
+	mu.Unlock()
+	if wait {
+		workErr = <-workDone // the work stops before the lease is released
+	}
+	stopElecting() // releases the lease if still held
+	<-electorDone
+	switch {
+	case workErr != nil:
+		return workErr
+	case ctx.Err() == nil:
+		// The work ends by itself only when the lease was lost.
+		return fmt.Errorf("lost the lease %s/%s: leadership lost (renewing failed: %v)", a.cfg.LeaseNamespace, a.cfg.LeaseName, lost)
+	}
+	return nil
 }
 
 // lead runs informers and the scheduler until ctx ends.

@@ -286,3 +286,30 @@ func TestGangRetriesAFailedBindWithinTheTimeout(t *testing.T) {
 		t.Errorf("released %v after a binding that failed once", got)
 	}
 }
+
+// TestBindQueueSendHonoursCancellation: when Run ends its bind workers stop;
+// a cycle that still hands out bindings must end too, not block on a full
+// queue nobody reads (which kept the lease holder from stopping).
+func TestBindQueueSendHonoursCancellation(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		gpuPod("p1", "q", 1), gpuPod("p2", "q", 1))
+	c.s.binds = make(chan bindTask) // no worker reads it
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.s.Cycle(ctx)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Cycle blocked on the bind queue after its context was cancelled")
+	}
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if len(c.s.assumed) != 0 {
+		t.Errorf("%d pods still assumed after their bindings were dropped", len(c.s.assumed))
+	}
+}
