@@ -49,12 +49,21 @@ type journalEntry struct {
 // Snapshot is the cluster as placement sees it: nodes, their free resources,
 // and the undo journal of open checkpoints. It is not safe for concurrent
 // use; Clone gives an independent copy.
+//
+// Reserved GPUs (GPU.Reserved) are known as such (reserved) and keep their
+// true free milli (free). The policies, the fit checks and the choice of
+// whole GPUs read view instead, where a reserved GPU never shows a whole GPU
+// free (at most reservedViewMilli): so no whole-GPU request takes it and
+// fragmentation scores count it as room for shares only. view is free
+// itself when no GPU is reserved (the simulator's case).
 type Snapshot struct {
-	nodes  []nodeState
-	free   []int32 // free milli of every GPU, node i's at nodes[i].gpuOff
-	byName map[string]int
-	models []string // interned GPU models; nodeState.model indexes it
-	src    *genSource
+	nodes    []nodeState
+	free     []int32 // free milli of every GPU, node i's at nodes[i].gpuOff
+	view     []int32 // free as placement reads it (see above); aliases free when reserved is nil
+	reserved []bool  // GPU (same index as free) -> held whole by a reservation; nil when none is
+	byName   map[string]int
+	models   []string // interned GPU models; nodeState.model indexes it
+	src      *genSource
 	// tainted is true when some node has a taint pods must tolerate.
 	tainted bool
 	// Scalar resources (Node.Scalars): their names, sorted, and the free
@@ -95,6 +104,13 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 	}
 	modelIdx := map[string]int32{}
 	for i := range nodes {
+		for _, g := range nodes[i].GPUs {
+			if g.Reserved && s.reserved == nil {
+				s.reserved = make([]bool, 0, nGPU)
+			}
+		}
+	}
+	for i := range nodes {
 		n := &nodes[i]
 		if n.Name == "" {
 			return nil, fmt.Errorf("building snapshot: node %d has no name", i)
@@ -125,6 +141,9 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 			if g.FreeMilli < 0 || g.FreeMilli > MilliPerGPU {
 				return nil, fmt.Errorf("building snapshot: node %q GPU %q has %d milli free, want 0..%d", n.Name, g.ID, g.FreeMilli, MilliPerGPU)
 			}
+			if s.reserved != nil {
+				s.reserved = append(s.reserved, g.Reserved)
+			}
 			s.free = append(s.free, int32(g.FreeMilli))
 		}
 		if model := nodeModel(n); model != "" && (len(n.GPUs) > 0 || len(n.Scalars) > 0) {
@@ -137,9 +156,41 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 			st.model = id
 		}
 		s.nodes[i] = st
+	}
+	s.view = s.free
+	if s.reserved != nil {
+		s.view = make([]int32, len(s.free))
+		for g := range s.free {
+			s.view[g] = s.viewOf(g)
+		}
+	}
+	for i := range s.nodes {
 		s.refresh(i)
 	}
 	return s, nil
+}
+
+// reservedViewMilli is the most free milli a reserved GPU shows in view:
+// less than a whole GPU (see Snapshot).
+const reservedViewMilli = MilliPerGPU - 1
+
+// viewOf is GPU g's free milli as placement reads it.
+func (s *Snapshot) viewOf(g int) int32 {
+	if s.reserved != nil && s.reserved[g] {
+		return min(s.free[g], reservedViewMilli)
+	}
+	return s.free[g]
+}
+
+// syncView recomputes node i's view from its free milli.
+func (s *Snapshot) syncView(i int) {
+	if s.reserved == nil {
+		return
+	}
+	st := &s.nodes[i]
+	for g := st.gpuOff; g < st.gpuOff+st.gpuN; g++ {
+		s.view[g] = s.viewOf(int(g))
+	}
 }
 
 func nodeModel(n *Node) string {
@@ -168,7 +219,8 @@ func (s *Snapshot) Node(i int) Node {
 	n.Kinds = st.kinds
 	n.GPUs = make([]GPU, st.gpuN)
 	for g := range n.GPUs {
-		n.GPUs[g] = GPU{ID: st.meta.GPUs[g].ID, FreeMilli: int(s.free[int(st.gpuOff)+g])}
+		k := int(st.gpuOff) + g
+		n.GPUs[g] = GPU{ID: st.meta.GPUs[g].ID, FreeMilli: int(s.free[k]), Reserved: s.reserved != nil && s.reserved[k]}
 	}
 	n.Scalars = s.nodeScalarMap(i)
 	return n
@@ -188,17 +240,22 @@ func (s *Snapshot) GPUMilli() (capacity, used int64) {
 // stay valid across a snapshot and its clones.
 func (s *Snapshot) Clone() *Snapshot {
 	c := &Snapshot{
-		nodes:   append([]nodeState(nil), s.nodes...),
-		free:    append([]int32(nil), s.free...),
-		byName:  s.byName, // never written after NewSnapshot
-		models:  s.models, // never written after NewSnapshot
-		src:     s.src,
-		tainted: s.tainted,
-		elig:    map[string]*eligibility{},
+		nodes:    append([]nodeState(nil), s.nodes...),
+		free:     append([]int32(nil), s.free...),
+		reserved: s.reserved, // never written after NewSnapshot
+		byName:   s.byName,   // never written after NewSnapshot
+		models:   s.models,   // never written after NewSnapshot
+		src:      s.src,
+		tainted:  s.tainted,
+		elig:     map[string]*eligibility{},
 
 		scalarNames: s.scalarNames, // never written after NewSnapshot
 		scalarIdx:   s.scalarIdx,   // never written after NewSnapshot
 		scal:        append([]int64(nil), s.scal...),
+	}
+	c.view = c.free
+	if s.reserved != nil {
+		c.view = append([]int32(nil), s.view...)
 	}
 	s.eligMu.Lock()
 	for k, v := range s.elig {
@@ -208,10 +265,23 @@ func (s *Snapshot) Clone() *Snapshot {
 	return c
 }
 
-// gpus returns node i's free milli per GPU; the slice aliases the snapshot.
+// gpus returns node i's free milli per GPU as placement reads it (view:
+// reserved GPUs never whole); the slice aliases the snapshot.
 func (s *Snapshot) gpus(i int) []int32 {
 	st := &s.nodes[i]
+	return s.view[st.gpuOff : st.gpuOff+st.gpuN]
+}
+
+// trueFree returns node i's true free milli per GPU (free); the slice
+// aliases the snapshot. Changes to it must be followed by syncView.
+func (s *Snapshot) trueFree(i int) []int32 {
+	st := &s.nodes[i]
 	return s.free[st.gpuOff : st.gpuOff+st.gpuN]
+}
+
+// isReserved tells whether GPU g of node i is reserved.
+func (s *Snapshot) isReserved(i, g int) bool {
+	return s.reserved != nil && s.reserved[int(s.nodes[i].gpuOff)+g]
 }
 
 // refresh recomputes node i's derived GPU fields.
@@ -260,7 +330,7 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 		}
 	}
 	st := &s.nodes[i]
-	gpus := s.gpus(i)
+	gpus := s.trueFree(i)
 	milli := int32(r.ShareMilli)
 	want := 1
 	if r.ShareMilli == 0 {
@@ -290,6 +360,9 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 		if f < 0 || f > MilliPerGPU {
 			return fmt.Errorf("%s placement on %s: GPU %d has %d milli free: %w", action, d.Node, g, gpus[g], ErrConflict)
 		}
+		if r.ShareMilli == 0 && sign < 0 && s.isReserved(i, g) {
+			return fmt.Errorf("%s placement on %s: GPU %d is reserved for shares: %w", action, d.Node, g, ErrConflict)
+		}
 	}
 	kind := r.kind()
 	if sign > 0 && kind >= 0 && st.kinds[kind] <= 0 {
@@ -308,6 +381,7 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 		st.kinds[kind] -= int32(sign)
 	}
 	st.gen = s.src.next()
+	s.syncView(i)
 	s.refresh(i)
 	return nil
 }
@@ -318,7 +392,7 @@ func (s *Snapshot) record(i int) {
 		return
 	}
 	e := journalEntry{node: i, state: s.nodes[i], extra: -1, scal: -1}
-	gpus := s.gpus(i)
+	gpus := s.trueFree(i)
 	n := copy(e.free[:], gpus)
 	if n < len(gpus) {
 		e.extra = len(s.journalFree)
@@ -355,11 +429,12 @@ func (s *Snapshot) Rollback(cp Checkpoint) error {
 	for j := len(s.journal) - 1; j >= cp.journal; j-- {
 		e := &s.journal[j]
 		s.nodes[e.node] = e.state
-		gpus := s.gpus(e.node)
+		gpus := s.trueFree(e.node)
 		n := copy(gpus, e.free[:])
 		if n < len(gpus) {
 			copy(gpus[n:], s.journalFree[e.extra:])
 		}
+		s.syncView(e.node)
 		if e.scal >= 0 {
 			copy(s.nodeScalars(e.node), s.journalScal[e.scal:])
 		}

@@ -38,6 +38,10 @@ type GPU struct {
 	ID string
 	// FreeMilli is how much of the GPU is free, 0..MilliPerGPU.
 	FreeMilli int
+	// Reserved says the GPU is held whole by a reservation pod (the
+	// coordinator's shared GPUs): shares may use its free milli, whole-GPU
+	// requests never take it, even when it is all free.
+	Reserved bool
 }
 
 // KindCounts counts the pods already running on a node by kind: index 0 holds

@@ -145,9 +145,12 @@ func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) err
 }
 
 // Reconcile removes reservations that no fraction needs any more (after the
-// grace period), and reservations that failed or never got their GPU within
-// AdmitTimeout. wanted lists GPUs with fractions being placed this cycle.
-// It returns the number of reservations removed.
+// grace period), reservations that failed or never got their GPU within
+// AdmitTimeout, and orphaned reservations (state.Reservation.Orphaned: the
+// node gone, cordoned or not Ready, the GPU unhealthy or out of fraction
+// mode) as soon as no fraction runs on their GPU - at once, whatever runs
+// there, when the node is gone. wanted lists GPUs with fractions being
+// placed this cycle. It returns the number of reservations removed.
 func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
 	now := m.clock.Now()
 	removed := 0
@@ -163,6 +166,11 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 		}
 		reason := ""
 		switch {
+		case r.Orphaned != "" && (r.Fractions == 0 || r.NodeGone):
+			reason = "orphaned: " + r.Orphaned
+		case r.Orphaned != "":
+			delete(m.idleSince, key) // its fractions still run: it goes when they have
+			continue
 		case p.Status.Phase == corev1.PodFailed:
 			reason = fmt.Sprintf("reservation failed on %s: %s", key.Node, p.Status.Message)
 		case !r.Ready && r.Fractions == 0 && now.Sub(p.CreationTimestamp.Time) > m.opts.AdmitTimeout:
@@ -182,7 +190,17 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 		if reason == "" {
 			continue
 		}
-		if err := m.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		var opts metav1.DeleteOptions
+		if p.UID != "" {
+			// Not a reservation of the same name made since.
+			opts.Preconditions = &metav1.Preconditions{UID: &p.UID}
+		}
+		if r.NodeLost {
+			// No kubelet will confirm a graceful deletion: remove it now. A
+			// node that comes back kills the orphaned container itself.
+			opts.GracePeriodSeconds = new(int64)
+		}
+		if err := m.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, opts); err != nil && !apierrors.IsNotFound(err) {
 			klog.FromContext(ctx).Error(err, "Removing reservation", "pod", klog.KObj(p))
 			continue
 		}

@@ -87,6 +87,9 @@ type Snapshot struct {
 type NodeGPU struct{ Node, GPU string }
 
 // Reservation is a reservation pod holding a GPU whole for its fractions.
+// Every reservation pod bound to a node is one, whatever its node and GPU
+// have become: one the coordinator can no longer use is Orphaned, and the
+// reservation manager removes it once no fraction runs on its GPU.
 type Reservation struct {
 	Pod *corev1.Pod
 	// Ready is true once the node agent wrote the GPU the kubelet gave it
@@ -94,6 +97,16 @@ type Reservation struct {
 	Ready bool
 	// Fractions counts the fraction pods on the GPU (bound or assumed).
 	Fractions int
+	// Orphaned says why no fraction may be placed on the GPU any more ("" when
+	// they may): its node is gone, cordoned or not Ready, or its GPU left
+	// fraction mode, turned unhealthy or left the node's inventory.
+	Orphaned string
+	// NodeLost is true when the reservation's node no longer exists or is not
+	// Ready: no kubelet there confirms a graceful deletion.
+	NodeLost bool
+	// NodeGone is true when the node no longer exists: nothing runs there,
+	// fractions included.
+	NodeGone bool
 }
 
 // ReservedGPU is the GPU a reservation pod holds: the one the kubelet gave
@@ -112,9 +125,11 @@ func Terminal(p *corev1.Pod) bool {
 
 // NodeReady tells whether a node may take new pods.
 func NodeReady(n *corev1.Node) bool {
-	if n.Spec.Unschedulable {
-		return false
-	}
+	return !n.Spec.Unschedulable && readyCondition(n)
+}
+
+// readyCondition tells whether the node's Ready condition is True.
+func readyCondition(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue
@@ -176,11 +191,12 @@ type fraction struct {
 type nodeAcc struct {
 	fracs     []fraction // fraction pods on the node, charged by chargeFractions
 	node      *placement.Node
-	gpuIndex  map[string]int  // GPU ID -> index in node.GPUs
-	whole     int             // whole GPUs taken by pods without a known GPU
-	held      map[string]bool // GPU ID -> held whole by a pod (written back)
-	reserved  map[string]bool
-	unplacedF []int // fraction percents on unknown GPUs
+	gpuIndex  map[string]int         // GPU ID -> index in node.GPUs
+	inventory map[string]api.GPUInfo // GPU UUID -> the node agent's record of it, every GPU
+	whole     int                    // whole GPUs taken by pods without a known GPU
+	held      map[string]bool        // GPU ID -> held whole by a pod (written back)
+	reserved  map[string]bool        // GPU ID -> held by a usable reservation (shares only)
+	unplacedF []int                  // fraction percents on unknown GPUs
 	// partitioned counts the healthy GPUs in modes mig and timeslice.
 	partitioned int
 }
@@ -193,8 +209,10 @@ func Build(in Inputs) (*Snapshot, error) {
 	order := make([]string, 0, len(in.Nodes))
 	noFrac := map[string]bool{}
 	scalarMilli := map[string]int64{}
+	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
 		if !NodeReady(n) || (!in.NotBefore.IsZero() && n.CreationTimestamp.Time.After(in.NotBefore)) {
+			left[n.Name] = n
 			continue
 		}
 		pn := &placement.Node{
@@ -206,8 +224,11 @@ func Build(in Inputs) (*Snapshot, error) {
 			CPUMilli:    n.Status.Allocatable.Cpu().MilliValue(),
 			MemoryBytes: n.Status.Allocatable.Memory().Value(),
 		}
-		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}, held: map[string]bool{}}
+		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}, held: map[string]bool{}, inventory: map[string]api.GPUInfo{}}
 		inv, hasInv := inventory(n)
+		for _, g := range inv {
+			acc.inventory[g.UUID] = g
+		}
 		acc.partitioned = partitioned(inv, scalarMilli)
 		for name, q := range n.Status.Allocatable {
 			if IsScalar(name, in.TimesliceResource) && q.Value() > 0 {
@@ -232,6 +253,7 @@ func Build(in Inputs) (*Snapshot, error) {
 		order = append(order, n.Name)
 	}
 
+	offFracs := map[NodeGPU]int{} // GPU of a node left out -> fraction pods on it
 	for _, p := range in.Pods {
 		nodeName := p.Spec.NodeName
 		var assumedGPU string
@@ -239,7 +261,18 @@ func Build(in Inputs) (*Snapshot, error) {
 			nodeName, assumedGPU = a.Node, a.GPU
 		}
 		acc := accs[nodeName]
-		if nodeName == "" || acc == nil || Terminal(p) {
+		if nodeName == "" || Terminal(p) {
+			continue
+		}
+		if acc == nil {
+			// A node left out, or gone: only its reservations and the
+			// fractions on their GPUs matter, so they can be removed.
+			switch {
+			case IsReservation(p):
+				trackOffNode(reservations, p, nodeName, left[nodeName], in.NotBefore)
+			case p.Spec.NodeName != "" && hasFraction(p):
+				offFracs[NodeGPU{nodeName, FractionGPU(p)}]++
+			}
 			continue
 		}
 		d := DemandOf(p, in.TimesliceResource)
@@ -260,18 +293,26 @@ func Build(in Inputs) (*Snapshot, error) {
 			acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: p.Annotations[api.AnnotationAllocatedGPU]})
 		case d.WholeGPUs > 0:
 			if IsReservation(p) {
-				if g := ReservedGPU(p); g != "" {
-					if _, ok := acc.gpuIndex[g]; ok {
-						acc.reserved[g] = true
-						key := NodeGPU{nodeName, g}
-						if reservations[key] == nil {
-							reservations[key] = &Reservation{}
-						}
-						reservations[key].Pod = p
-						reservations[key].Ready = p.Annotations[api.AnnotationReservedGPU] == g
-						continue
-					}
+				g := ReservedGPU(p)
+				key := NodeGPU{nodeName, g}
+				if reservations[key] == nil {
+					reservations[key] = &Reservation{}
 				}
+				r := reservations[key]
+				r.Pod = p
+				r.Ready = g != "" && p.Annotations[api.AnnotationReservedGPU] == g
+				r.Orphaned = acc.orphaned(nodeName, g)
+				i, placed := acc.gpuIndex[g]
+				switch {
+				case r.Orphaned == "":
+					acc.reserved[g] = true
+				case placed:
+					// Its GPU is placed whole (exclusive mode): the reservation
+					// holds it until it is removed.
+					acc.node.GPUs[i].FreeMilli = 0
+					acc.held[g] = true
+				}
+				continue
 			}
 			if d.WholeGPUs <= placement.MaxKindGPUs {
 				acc.node.Kinds[d.WholeGPUs]++
@@ -292,6 +333,11 @@ func Build(in Inputs) (*Snapshot, error) {
 
 	for _, name := range order {
 		chargeFractions(name, accs[name], reservations)
+	}
+	for key, n := range offFracs {
+		if r := reservations[key]; r != nil {
+			r.Fractions += n
+		}
 	}
 
 	nodes := make([]placement.Node, 0, len(order))
@@ -329,6 +375,9 @@ func sortBusiestFirst(nodes []placement.Node) {
 		u := 0
 		for _, g := range n.GPUs {
 			u += placement.MilliPerGPU - g.FreeMilli
+			if g.Reserved {
+				u++ // a shared GPU, even an idle one, makes the node busier
+			}
 		}
 		used[n.Name] = u
 	}
@@ -395,8 +444,67 @@ func chargeFractions(node string, acc *nodeAcc, reservations map[NodeGPU]*Reserv
 		}
 		if !charge(g, f.pct) {
 			acc.unplacedF = append(acc.unplacedF, f.pct)
+			// On a GPU no longer placed (unhealthy, other mode): it still
+			// keeps that GPU's reservation, if any, in use.
+			if r := reservations[NodeGPU{node, g}]; g != "" && r != nil {
+				r.Fractions++
+			}
 		}
 	}
+}
+
+// orphaned says why fractions may not be placed on GPU g of this (Ready)
+// node any more; "" when they may.
+func (acc *nodeAcc) orphaned(node, g string) string {
+	inv, known := acc.inventory[g]
+	switch {
+	case g == "":
+		return fmt.Sprintf("the reservation on %s names no GPU", node)
+	case !known:
+		return fmt.Sprintf("GPU %s is not in the GPU inventory of %s", g, node)
+	case !inv.Healthy:
+		return fmt.Sprintf("GPU %s on %s is unhealthy", g, node)
+	case inv.Mode != "fraction":
+		return fmt.Sprintf("GPU %s on %s is in mode %s, not fraction", g, node, inv.Mode)
+	}
+	return ""
+}
+
+// trackOffNode records a reservation pod on a node left out of the
+// snapshot (n) or gone (n nil) as orphaned. Nodes left out only because they
+// are young (notBefore) are skipped: they are about to take fractions.
+func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *corev1.Node, notBefore time.Time) {
+	var why string
+	switch {
+	case n == nil:
+		why = fmt.Sprintf("node %s no longer exists", node)
+	case n.Spec.Unschedulable:
+		why = fmt.Sprintf("node %s is cordoned", node)
+	case !NodeReady(n):
+		why = fmt.Sprintf("node %s is not Ready", node)
+	default:
+		return // young: NotBefore
+	}
+	g := ReservedGPU(p)
+	key := NodeGPU{node, g}
+	if rs[key] == nil {
+		rs[key] = &Reservation{}
+	}
+	r := rs[key]
+	r.Pod, r.Orphaned = p, why
+	r.NodeGone, r.NodeLost = n == nil, n == nil || !readyCondition(n)
+	r.Ready = g != "" && p.Annotations[api.AnnotationReservedGPU] == g
+}
+
+// hasFraction tells whether a pod asks for a GPU fraction.
+func hasFraction(p *corev1.Pod) bool {
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		if extended(c.Resources.Requests, c.Resources.Limits, api.ResourceFraction) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedKeys(m map[string]int) []string {
@@ -443,12 +551,10 @@ func settle(acc *nodeAcc) {
 			gs[i].FreeMilli = 0 // over-committed by other schedulers; nothing is free
 		}
 		// A reserved GPU is held whole by its reservation pod, even with no
-		// fraction on it yet (or during the reservation's grace): it must
-		// never look fully free, or a whole-GPU request would be bound to a
-		// GPU the kubelet cannot give. A 100% fraction takes a free GPU.
-		if acc.reserved[gs[i].ID] && gs[i].FreeMilli == placement.MilliPerGPU {
-			gs[i].FreeMilli = placement.MilliPerGPU - 1
-		}
+		// fraction on it yet (or during the reservation's grace): placement
+		// never gives it to a whole-GPU request, which the kubelet could not
+		// admit there.
+		gs[i].Reserved = acc.reserved[gs[i].ID]
 	}
 }
 

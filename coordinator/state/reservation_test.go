@@ -1,0 +1,128 @@
+package state
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+)
+
+// reservationOn is an admitted reservation pod holding gpu on node.
+func reservationOn(node, gpu string) *corev1.Pod {
+	r := pod("gpufrac-reservation-" + node + "-" + gpu).on(node).gpus(1).phase(corev1.PodRunning).p
+	r.Namespace = api.SystemNamespace
+	r.Labels[api.LabelRole] = api.RoleReservation
+	r.Annotations[api.AnnotationGPU] = gpu
+	r.Annotations[api.AnnotationReservedGPU] = gpu
+	return r
+}
+
+// withGPU changes GPU index i of the node's inventory.
+func (b *nodeB) withGPU(i int, change func(*api.GPUInfo)) *nodeB {
+	inv, err := api.DecodeInventory(b.n.Annotations[api.AnnotationGPUInventory])
+	if err != nil {
+		panic(err)
+	}
+	change(&inv[i])
+	s, _ := api.EncodeInventory(inv)
+	b.n.Annotations[api.AnnotationGPUInventory] = s
+	return b
+}
+
+func (b *nodeB) cordoned() *nodeB { b.n.Spec.Unschedulable = true; return b }
+
+// TestReservationsAreTrackedWhateverTheirNodeOrGPU: a reservation whose GPU
+// left fraction mode or turned unhealthy, or whose node is cordoned, not
+// Ready or gone, stays in the snapshot, marked orphaned with why and with
+// the fractions still on it, so the reservation manager can remove it.
+func TestReservationsAreTrackedWhateverTheirNodeOrGPU(t *testing.T) {
+	tests := []struct {
+		name     string
+		node     *corev1.Node // nil: the node was deleted
+		fraction bool         // a 30% fraction runs on the GPU
+		orphaned string       // part of the reason, "" when the reservation is fine
+		lost     bool         // its node is gone or not Ready
+	}{
+		{name: "healthy shared GPU", node: node("n", 2).inventory("fraction").n, fraction: true},
+		{name: "node cordoned", node: node("n", 2).inventory("fraction").cordoned().n, orphaned: "cordoned"},
+		{name: "node not Ready", node: node("n", 2).inventory("fraction").notReady().n, fraction: true, orphaned: "not Ready", lost: true},
+		{name: "node deleted", orphaned: "no longer exists", lost: true},
+		{name: "GPU unhealthy", node: node("n", 2).inventory("fraction").withGPU(1, func(g *api.GPUInfo) { g.Healthy = false }).n, fraction: true, orphaned: "unhealthy"},
+		{name: "GPU switched to MIG", node: node("n", 2).inventory("fraction").withGPU(1, func(g *api.GPUInfo) { g.Mode = "mig" }).n, orphaned: "mode mig"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pods := []*corev1.Pod{reservationOn("n", "n-gpu1")}
+			if tt.fraction {
+				f := pod("f").on("n").fraction(30, "n-gpu1").phase(corev1.PodRunning).p
+				f.Annotations[api.AnnotationAllocatedGPU] = "n-gpu1"
+				pods = append(pods, f)
+			}
+			var nodes []*corev1.Node
+			if tt.node != nil {
+				nodes = append(nodes, tt.node)
+			}
+			s, err := Build(Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := s.Reservations[NodeGPU{"n", "n-gpu1"}]
+			if r == nil {
+				t.Fatalf("the reservation fell out of the snapshot; reservations: %v", s.Reservations)
+			}
+			if (tt.orphaned == "") != (r.Orphaned == "") || !strings.Contains(r.Orphaned, tt.orphaned) {
+				t.Errorf("orphaned %q, want it to say %q", r.Orphaned, tt.orphaned)
+			}
+			if want := map[bool]int{true: 1}[tt.fraction]; r.Fractions != want {
+				t.Errorf("fractions = %d, want %d", r.Fractions, want)
+			}
+			if r.NodeLost != tt.lost || r.NodeGone != (tt.node == nil) {
+				t.Errorf("NodeLost %v NodeGone %v, want %v and %v", r.NodeLost, r.NodeGone, tt.lost, tt.node == nil)
+			}
+			if !r.Ready {
+				t.Error("an admitted reservation is not Ready")
+			}
+		})
+	}
+}
+
+// TestReservedGPUIsExplicit: a reserved GPU is said so, not encoded in its
+// free milli: it shows all its room for fractions, and still never takes a
+// whole-GPU pod.
+func TestReservedGPUIsExplicit(t *testing.T) {
+	s, err := Build(Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n},
+		Pods: []*corev1.Pod{reservationOn("n", "n-gpu1")}, PoolLabel: api.LabelNodePool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := s.Node(0).GPUs
+	if gpus[1].FreeMilli != placement.MilliPerGPU || !gpus[1].Reserved || gpus[0].Reserved {
+		t.Errorf("GPUs %+v, want gpu1 reserved with all its 1000 milli free, gpu0 not reserved", gpus)
+	}
+	p, err := placement.New(placement.DefaultPolicy, placement.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		d, err := p.Place(s.Snapshot, &placement.Request{GPUs: 1})
+		if err != nil {
+			break
+		}
+		if d.GPUs[0] == "n-gpu1" {
+			t.Fatalf("a whole-GPU request got the reserved GPU")
+		}
+		if err := s.Assume(&placement.Request{GPUs: 1}, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Fractions use the reserved GPU: it is the reservation's purpose. (A
+	// 100% fraction takes an unreserved GPU: placement never sees a whole
+	// reserved GPU free, see placement.Snapshot.)
+	d, err := p.Place(s.Snapshot, &placement.Request{ShareMilli: 900})
+	if err != nil || d.GPUs[0] != "n-gpu1" {
+		t.Errorf("a 90%% fraction: %+v, %v; want the reserved GPU", d, err)
+	}
+}
