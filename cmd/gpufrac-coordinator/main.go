@@ -71,6 +71,12 @@ func main() {
 	}
 	s.NonPreemptiblePriority = ptr.To(int32(npPrio))
 	cfg.Version = version
+	faults, err := faultPoint()
+	if err != nil {
+		klog.ErrorS(err, "Invalid fault point")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
+	cfg.Faults = faults
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

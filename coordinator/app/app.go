@@ -61,6 +61,9 @@ type Config struct {
 	Reservation reservation.Options
 	// Version is reported in gpufrac_build_info.
 	Version string
+	// Faults pauses the coordinator at a fault point: set only by binaries
+	// built with -tags faultinject, for the chaos suite.
+	Faults scheduler.Faults
 }
 
 // App is a running coordinator.
@@ -313,6 +316,7 @@ func (a *App) lead(ctx context.Context) error {
 		}(),
 		Status:   scheduler.DynamicStatusWriter{Client: a.dynamic},
 		Recorder: recorder,
+		Faults:   a.cfg.Faults,
 		Registry: a.reg,
 	})
 	if err != nil {

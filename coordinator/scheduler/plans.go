@@ -144,9 +144,12 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 		wg.Go(func() {
 			for j := range todo {
 				key := j.key
+				s.fault(ctx, FaultReserve)
 				if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU, j.attempt); err != nil {
 					klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
+					continue
 				}
+				s.fault(ctx, FaultReservationCreated)
 			}
 		})
 	}

@@ -124,7 +124,10 @@ type Deps struct {
 	// Recorder records events on Queues (an invalid queue); nil records none.
 	Recorder record.EventRecorder
 	// Clock is the scheduler's clock; nil means the real one.
-	Clock    clock.Clock
+	Clock clock.Clock
+	// Faults is the chaos suite's hook at the Fault* points (binaries built
+	// with -tags faultinject); nil everywhere else.
+	Faults   Faults
 	Registry prometheus.Registerer
 }
 
@@ -233,6 +236,30 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	}, nil
 }
 
+// Faults is a hook at moments a test stops the coordinator at (package
+// faultpoint); Reached may block until ctx ends.
+type Faults interface {
+	Reached(ctx context.Context, point string)
+}
+
+// The fault points.
+const (
+	// FaultBind is reached before each binding.
+	FaultBind = "bind"
+	// FaultGangMemberBound is reached after a gang member's binding succeeded.
+	FaultGangMemberBound = "gang-member-bound"
+	// FaultReserve is reached before each reservation pod is created.
+	FaultReserve = "reserve"
+	// FaultReservationCreated is reached after a reservation pod was created.
+	FaultReservationCreated = "reservation-created"
+)
+
+func (s *Scheduler) fault(ctx context.Context, point string) {
+	if s.deps.Faults != nil {
+		s.deps.Faults.Reached(ctx, point)
+	}
+}
+
 // Wake asks for a cycle soon.
 func (s *Scheduler) Wake() {
 	select {
@@ -312,9 +339,13 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 // runBind writes one binding. On failure the pod is no longer assumed: it
 // goes back to pending and the next cycle places it again.
 func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
+	s.fault(ctx, FaultBind)
 	start := s.clock.Now()
 	err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
 	s.metrics.bind(err, s.clock.Since(start))
+	if err == nil && t.gang != "" {
+		s.fault(ctx, FaultGangMemberBound)
+	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
 		s.mu.Lock()
