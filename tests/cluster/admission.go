@@ -221,6 +221,9 @@ func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 	if agent == nil {
 		return nil // no device manager on this node: nothing to allocate
 	}
+	if agent.ctl.restarting() {
+		return errAgentNotReady
+	}
 	key := types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}
 	ref := kubeletsim.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
 	a.mu.Lock()
@@ -237,6 +240,11 @@ func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 				return fmt.Errorf("admitting pod %s: %w", key, ctx.Err())
 			}
 			a.release(ctx, key, "")
+			if agent.ctl.restarting() {
+				// Interrupted by a restart the test made (RestartNodeAgent,
+				// RestartKubelet): admit it again once the plugin is back.
+				return fmt.Errorf("%w: admitting pod %s during a restart: %w", errAgentNotReady, key, err)
+			}
 			return &rejection{message: allocateFailedMessage(err)}
 		}
 	}

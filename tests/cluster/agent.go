@@ -56,6 +56,9 @@ type NodeAgentOptions struct {
 	// a resource whose plugin went away keeps its (unhealthy) devices. Zero means the
 	// kubelet's five minutes.
 	StopGracePeriod time.Duration
+	// BeforeAllocate, when set, is every simulator's kubeletsim.Options.BeforeAllocate,
+	// with the node's name: the hook to act mid-Allocate (it may block).
+	BeforeAllocate func(ctx context.Context, node string, pod kubeletsim.PodRef, resource string, devices []string)
 }
 
 // DefaultGPUModels maps the GPU product labels of the go-nvml mock servers to
@@ -94,6 +97,10 @@ type NodeAgent struct {
 	// Pod is the agent's pod on its node (from the DaemonSet's template), the
 	// object its token is bound to.
 	Pod *corev1.Pod
+
+	// ctl restarts gpufrac-node and the simulator (faults.go); PID,
+	// MetricsAddr and LogPath above describe the first gpufrac-node process.
+	ctl *agentControl
 }
 
 // WriteConfig replaces this node agent's config file the way the kubelet
@@ -320,12 +327,18 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	}
 
 	// 2. The kubelet simulator, and the node status following its device lists.
-	agent.Kubelet = kubeletsim.New(kubeletsim.Options{
+	simOpts := kubeletsim.Options{
 		NodeName:           node.Name,
 		Dir:                filepath.Join(sockDir, "dp"),
 		PodResourcesSocket: agent.PodResourcesSocket,
 		StopGracePeriod:    c.opts.NodeAgents.StopGracePeriod,
-	})
+	}
+	if hook := c.opts.NodeAgents.BeforeAllocate; hook != nil {
+		simOpts.BeforeAllocate = func(ctx context.Context, pod kubeletsim.PodRef, resource string, devices []string) {
+			hook(ctx, node.Name, pod, resource, devices)
+		}
+	}
+	agent.Kubelet = kubeletsim.New(simOpts)
 	if err := agent.Kubelet.Start(ctx); err != nil {
 		return nil, nil, fmt.Errorf("starting the kubelet simulator of node %s: %w", node.Name, err)
 	}
@@ -375,7 +388,7 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		agent.ConfigPath = path
 	}
 	args = append(args, c.opts.NodeAgents.Args...)
-	ports, p, err := c.startComponent(ctx, component{
+	comp := component{
 		name:  nodeAgentPrefix + node.Name,
 		path:  c.nodeAgentBinary(),
 		ports: 1,
@@ -385,12 +398,14 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		ready: func(ctx context.Context, ports []int) error {
 			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[0]), nil)
 		},
-	})
+	}
+	ports, p, err := c.startComponent(ctx, comp)
 	if err != nil {
 		return nil, nil, err
 	}
+	agent.ctl = &agentControl{c: c, comp: comp, node: &running{comp: comp, ports: ports, proc: p}}
 	// Before the simulator stops: gpufrac-node should see its kubelet go last.
-	undo = append(undo, func() { _ = p.stop(5 * time.Second) })
+	undo = append(undo, agent.ctl.stop)
 	agent.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	agent.LogPath = p.LogPath
 	agent.PID = p.PID

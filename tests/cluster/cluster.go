@@ -128,6 +128,7 @@ type Cluster struct {
 	stopping      bool                             // set by Stop; no OnNode call starts after it
 	agents        map[string]*agentEntry           // node name -> its node agent, from start to stop
 	agentsChanged chan struct{}                    // closed and replaced whenever agents changes
+	apiServer     *running                         // kube-apiserver, for RestartAPIServer
 
 	ctx         context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
 	cancel      context.CancelFunc
@@ -292,7 +293,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	adminAuth := http.Header{"Authorization": []string{"Bearer " + c.pki.tokens["admin"]}}
-	apiPorts, _, err := c.startComponent(ctx, component{
+	apiComp := component{
 		name:  "kube-apiserver",
 		ports: 1,
 		args: func(ports []int) ([]string, error) {
@@ -322,10 +323,14 @@ func (c *Cluster) start(ctx context.Context) error {
 		ready: func(ctx context.Context, ports []int) error {
 			return probeHTTP(ctx, tlsClient, fmt.Sprintf("https://127.0.0.1:%d/readyz", ports[0]), adminAuth)
 		},
-	})
+	}
+	apiPorts, apiProc, err := c.startComponent(ctx, apiComp)
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	c.apiServer = &running{comp: apiComp, ports: apiPorts, proc: apiProc}
+	c.mu.Unlock()
 	c.apiURL = "https://127.0.0.1:" + strconv.Itoa(apiPorts[0])
 	if err := c.writeKubeconfigs(); err != nil {
 		return err
@@ -499,30 +504,17 @@ type component struct {
 // and the process.
 func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, *process, error) {
 	logger := klog.FromContext(ctx).WithValues("component", comp.name)
-	bin := filepath.Join(c.binDir, comp.name)
-	switch {
-	case comp.path != "":
-		bin = comp.path
-	case comp.bin != "":
-		bin = filepath.Join(c.binDir, comp.bin)
-	}
 	logPath := filepath.Join(c.LogDir(), comp.name+".log")
-	env := append([]string{"HOME=" + filepath.Join(c.Dir, "home")}, comp.env...)
 	for attempt := 1; ; attempt++ {
 		ports, err := freePorts(comp.ports)
 		if err != nil {
 			return nil, nil, err
 		}
-		args, err := comp.args(ports)
-		if err != nil {
-			return nil, nil, err
-		}
 		began := time.Now()
-		p, err := c.track(startProcess(comp.name, bin, args, env, logPath))
-		if err != nil {
+		p, err := c.launch(ctx, comp, ports)
+		if p == nil {
 			return nil, nil, err
 		}
-		err = waitReady(ctx, p, func(ctx context.Context) error { return comp.ready(ctx, ports) })
 		if err == nil {
 			logger.V(2).Info("Component ready", "pid", p.PID, "ports", ports, "duration", time.Since(began).Round(time.Millisecond))
 			return ports, p, nil
@@ -537,6 +529,29 @@ func (c *Cluster) startComponent(ctx context.Context, comp component) ([]int, *p
 		return nil, nil, fmt.Errorf("starting %s (log %s): %w\n--- last lines of %s ---\n%s",
 			comp.name, logPath, err, logPath, p.logTail(20))
 	}
+}
+
+// launch starts comp on the given ports and waits until its ready probe
+// succeeds. It returns the process (nil when it could not start) and, when
+// it started but never got ready, why.
+func (c *Cluster) launch(ctx context.Context, comp component, ports []int) (*process, error) {
+	bin := filepath.Join(c.binDir, comp.name)
+	switch {
+	case comp.path != "":
+		bin = comp.path
+	case comp.bin != "":
+		bin = filepath.Join(c.binDir, comp.bin)
+	}
+	args, err := comp.args(ports)
+	if err != nil {
+		return nil, err
+	}
+	env := append([]string{"HOME=" + filepath.Join(c.Dir, "home")}, comp.env...)
+	p, err := c.track(startProcess(comp.name, bin, args, env, filepath.Join(c.LogDir(), comp.name+".log")))
+	if err != nil {
+		return nil, err
+	}
+	return p, waitReady(ctx, p, func(ctx context.Context) error { return comp.ready(ctx, ports) })
 }
 
 // track records a started process so Stop can end it, or stops it at once when Stop

@@ -189,6 +189,9 @@ func (k *Kubelet) allocate(ctx context.Context, pod PodRef, container, resource 
 	logger.V(4).Info("Allocating devices", "devices", chosen, "preferred", preferred)
 
 	// 3. Allocate, then PreStartContainer when the plugin asks for it.
+	if k.opts.BeforeAllocate != nil {
+		k.opts.BeforeAllocate(ctx, pod, resource, slices.Clone(chosen))
+	}
 	resp, err := k.callAllocate(ctx, ep, chosen)
 	if err != nil {
 		return nil, err

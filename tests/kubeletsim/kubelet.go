@@ -84,6 +84,11 @@ type Options struct {
 	Rand *rand.Rand
 	// Clock drives the stop grace period. Nil means the real clock.
 	Clock clock.Clock
+	// BeforeAllocate, when set, is called by Allocate once the devices are
+	// chosen and before the plugin's Allocate is called, with the admission
+	// lock held: a test hook to act mid-Allocate (restart the simulator, say).
+	// It may block; ctx is Allocate's.
+	BeforeAllocate func(ctx context.Context, pod PodRef, resource string, devices []string)
 }
 
 // Kubelet simulates one node's kubelet device manager. Create it with New.
