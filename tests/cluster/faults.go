@@ -114,8 +114,11 @@ func (a *NodeAgent) RestartAgent(ctx context.Context) error {
 // RestartKubelet restarts the node's kubelet simulator (kubeletsim
 // Restart: plugin connections close, sockets are removed, allocations are
 // kept) and returns once every resource it knew is registered again with
-// devices. Pods it was admitting are admitted again after it.
-func (a *NodeAgent) RestartKubelet(ctx context.Context) error {
+// devices. Pods it was admitting are admitted again after it. midway, when
+// not nil, is called once the simulator has restarted and before its
+// plugins are back: the moment to let an Allocate held in BeforeAllocate go
+// on into the restarted simulator.
+func (a *NodeAgent) RestartKubelet(ctx context.Context, midway func()) error {
 	a.ctl.mu.Lock()
 	defer a.ctl.mu.Unlock()
 	a.ctl.inRestart.Store(true)
@@ -123,6 +126,9 @@ func (a *NodeAgent) RestartKubelet(ctx context.Context) error {
 	before := a.Kubelet.Resources()
 	if err := a.Kubelet.Restart(ctx); err != nil {
 		return fmt.Errorf("restarting the kubelet simulator of %s: %w", a.Node, err)
+	}
+	if midway != nil {
+		midway()
 	}
 	return a.waitRegistered(ctx, before)
 }

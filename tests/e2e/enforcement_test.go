@@ -407,7 +407,8 @@ func (w *watchdogBed) waitMetric(t *testing.T, name string, labels map[string]st
 // from the agent's /metrics (0 when there is none).
 func (w *watchdogBed) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + w.agent.MetricsAddr + "/metrics")
+	_, addr := w.agent.Process() // the current gpufrac-node: it may have been restarted
+	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatalf("reading gpufrac-node's metrics: %v", err)
 	}

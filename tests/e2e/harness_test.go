@@ -54,15 +54,23 @@ type build struct {
 // build itself skips the work when bin/ is up to date).
 func buildBinary(t testing.TB, name string) string {
 	t.Helper()
-	v, _ := builds.LoadOrStore(name, &build{})
+	return buildBinaryAs(t, name, name)
+}
+
+// buildBinaryAs builds command cmd with extra go build flags into bin/out,
+// once per test binary.
+func buildBinaryAs(t testing.TB, cmdName, out string, flags ...string) string {
+	t.Helper()
+	v, _ := builds.LoadOrStore(out, &build{})
 	b := v.(*build)
 	b.once.Do(func() {
 		root := repoRoot(t)
-		b.path = filepath.Join(root, "bin", name)
-		cmd := exec.Command("go", "build", "-o", b.path, "./cmd/"+name)
+		b.path = filepath.Join(root, "bin", out)
+		args := append(append([]string{"build"}, flags...), "-o", b.path, "./cmd/"+cmdName)
+		cmd := exec.Command("go", args...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("building %s: %v\n%s", name, err, out)
+			b.err = fmt.Errorf("building %s: %v\n%s", cmdName, err, out)
 		}
 	})
 	if b.err != nil {
@@ -154,9 +162,14 @@ type coordinator struct {
 // startCoordinator runs the real coordinator against the cluster.
 func startCoordinator(t *testing.T, c *cluster.Cluster, id string, args ...string) *coordinator {
 	t.Helper()
-	bin := filepath.Join(repoRoot(t), "bin", "gpufrac-coordinator")
+	return startCoordinatorBin(t, c, filepath.Join(repoRoot(t), "bin", "gpufrac-coordinator"), id, nil, args...)
+}
+
+// startCoordinatorBin runs a coordinator binary with extra environment.
+func startCoordinatorBin(t *testing.T, c *cluster.Cluster, bin, id string, env []string, args ...string) *coordinator {
+	t.Helper()
 	logPath := filepath.Join(c.LogDir(), "coordinator-"+id+".log")
-	f, err := os.Create(logPath)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +182,7 @@ func startCoordinator(t *testing.T, c *cluster.Cluster, id string, args ...strin
 	all := append([]string{"--kubeconfig=" + kubeconfig, "--metrics-addr=", "--identity=" + id,
 		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
 	cmd := exec.Command(bin, all...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
