@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -111,5 +112,26 @@ func TestAPIFailuresAreRetried(t *testing.T) {
 	}
 	if _, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the reservation still exists: %v", err)
+	}
+}
+
+// TestRemoveFailed: reservation pods the kubelet rejected are deleted, with
+// an event saying why; one already gone counts as removed.
+func TestRemoveFailed(t *testing.T) {
+	p := Pod("n", "g", DefaultOptions())
+	p.UID = "uid-f"
+	p.Status.Phase, p.Status.Message = corev1.PodFailed, "Pod was rejected: requested number of devices unavailable"
+	gone := PodAt("n", "g", 1, DefaultOptions())
+	client := fake.NewSimpleClientset(p)
+	events := record.NewFakeRecorder(2)
+	m := NewManager(client, events, DefaultOptions(), nil)
+	if n := m.RemoveFailed(t.Context(), []*corev1.Pod{p, gone}); n != 2 {
+		t.Errorf("removed %d, want 2", n)
+	}
+	if _, err := client.CoreV1().Pods(api.SystemNamespace).Get(t.Context(), p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the failed reservation still exists: %v", err)
+	}
+	if e := <-events.Events; e != "Normal ReservationRemoved reservation failed on n: "+p.Status.Message {
+		t.Errorf("event %q", e)
 	}
 }

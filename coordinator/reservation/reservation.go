@@ -145,7 +145,7 @@ func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) err
 }
 
 // Reconcile removes reservations that no fraction needs any more (after the
-// grace period), reservations that failed or never got their GPU within
+// grace period), reservations that never got their GPU within
 // AdmitTimeout, and orphaned reservations (state.Reservation.Orphaned: the
 // node gone, cordoned or not Ready, the GPU unhealthy or out of fraction
 // mode) as soon as no fraction runs on their GPU - at once, whatever runs
@@ -171,8 +171,6 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 		case r.Orphaned != "":
 			delete(m.idleSince, key) // its fractions still run: it goes when they have
 			continue
-		case p.Status.Phase == corev1.PodFailed:
-			reason = fmt.Sprintf("reservation failed on %s: %s", key.Node, p.Status.Message)
 		case !r.Ready && r.Fractions == 0 && now.Sub(p.CreationTimestamp.Time) > m.opts.AdmitTimeout:
 			reason = fmt.Sprintf("reservation did not get GPU %s on %s within %s", key.GPU, key.Node, m.opts.AdmitTimeout)
 		case r.Fractions == 0 && !wanted[key]:
@@ -205,6 +203,29 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 			continue
 		}
 		delete(m.idleSince, key)
+		m.recorder.Event(p, corev1.EventTypeNormal, "ReservationRemoved", reason)
+		klog.FromContext(ctx).Info("Removed reservation", "pod", klog.KObj(p), "reason", reason)
+		removed++
+	}
+	return removed
+}
+
+// RemoveFailed removes reservation pods that ended Failed (the kubelet
+// rejected them: their GPU was taken) with an event saying why. They hold
+// nothing, but their name stays taken until they are gone. It returns the
+// number removed.
+func (m *Manager) RemoveFailed(ctx context.Context, pods []*corev1.Pod) int {
+	removed := 0
+	for _, p := range pods {
+		opts := metav1.DeleteOptions{}
+		if p.UID != "" {
+			opts.Preconditions = &metav1.Preconditions{UID: &p.UID}
+		}
+		if err := m.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, opts); err != nil && !apierrors.IsNotFound(err) {
+			klog.FromContext(ctx).Error(err, "Removing failed reservation", "pod", klog.KObj(p))
+			continue
+		}
+		reason := fmt.Sprintf("reservation failed on %s: %s", p.Spec.NodeName, p.Status.Message)
 		m.recorder.Event(p, corev1.EventTypeNormal, "ReservationRemoved", reason)
 		klog.FromContext(ctx).Info("Removed reservation", "pod", klog.KObj(p), "reason", reason)
 		removed++

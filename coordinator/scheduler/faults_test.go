@@ -20,6 +20,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -311,5 +312,27 @@ func TestBindQueueSendHonoursCancellation(t *testing.T) {
 	defer c.s.mu.Unlock()
 	if len(c.s.assumed) != 0 {
 		t.Errorf("%d pods still assumed after their bindings were dropped", len(c.s.assumed))
+	}
+}
+
+// TestFailedReservationsAreRemoved: a reservation the kubelet rejected at
+// admission (its GPU was taken) ends Failed; it holds nothing, but left in
+// place it keeps its name taken and says "rejected at admission" forever.
+// The reservation manager is given it to remove.
+func TestFailedReservationsAreRemoved(t *testing.T) {
+	failed := reservation.PodAt("n1", "GPU-n1-0", 0, reservation.DefaultOptions())
+	failed.UID = "failed-reservation"
+	failed.Status.Phase = corev1.PodFailed
+	failed.Status.Reason = "UnexpectedAdmissionError"
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "8")}, failed, fracPod("f1", "q", 40))
+	r := &fakeReserver{c: c}
+	c.s.deps.Reserver = r
+	c.cycle()
+	if len(r.removedPods) != 1 || r.removedPods[0] != failed.Name {
+		t.Errorf("reservations removed %v, want the failed %s", r.removedPods, failed.Name)
+	}
+	// Its name stays taken until it is gone: the next reservation of that GPU uses the next attempt.
+	if len(r.ensured) == 1 && r.ensured[0] == "n1/GPU-n1-0" && r.attempts[0] == 0 {
+		t.Errorf("a new reservation of GPU-n1-0 reuses the failed one's name (attempt 0)")
 	}
 }

@@ -87,6 +87,8 @@ type Options struct {
 type Reserver interface {
 	Ensure(ctx context.Context, node, gpu string, attempt int) error
 	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int
+	// RemoveFailed removes reservation pods that ended Failed.
+	RemoveFailed(ctx context.Context, pods []*corev1.Pod) int
 }
 
 // Binder writes bindings and pending reasons.
@@ -517,6 +519,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	s.ensureReservations(ctx, snap)
 	if s.deps.Reserver != nil {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
+		s.deps.Reserver.RemoveFailed(ctx, snap.FailedReservations)
 	}
 	s.syncPlaceholders(ctx, demand, pods)
 	s.pruneHints(liveGroups, nodes)
@@ -722,6 +725,9 @@ func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
 		if r.Pod != nil {
 			taken[r.Pod.Name] = true
 		}
+	}
+	for _, p := range snap.FailedReservations {
+		taken[p.Name] = true // until it is removed: a create would meet AlreadyExists
 	}
 	for k := 0; ; k++ {
 		if !taken[reservation.NameAt(node, gpu, k)] {

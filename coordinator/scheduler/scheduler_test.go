@@ -398,14 +398,17 @@ func TestQueueStatusIsPublished(t *testing.T) {
 // fakeReserver creates reservation pods straight into the cluster's pods, as
 // bound and (when admit) already given their GPU by the node agent.
 type fakeReserver struct {
-	c       *cluster
-	admit   bool
-	ensured []string
-	removed int
+	c           *cluster
+	admit       bool
+	ensured     []string
+	attempts    []int
+	removed     int
+	removedPods []string
 }
 
 func (f *fakeReserver) Ensure(_ context.Context, node, gpu string, attempt int) error {
 	f.ensured = append(f.ensured, node+"/"+gpu)
+	f.attempts = append(f.attempts, attempt)
 	p := reservation.PodAt(node, gpu, attempt, reservation.DefaultOptions())
 	p.UID = types.UID(p.Name)
 	if f.admit {
@@ -422,6 +425,14 @@ func (f *fakeReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.
 		}
 	}
 	return f.removed
+}
+
+func (f *fakeReserver) RemoveFailed(_ context.Context, pods []*corev1.Pod) int {
+	for _, p := range pods {
+		_ = f.c.pods.Delete(p)
+		f.removedPods = append(f.removedPods, p.Name)
+	}
+	return len(pods)
 }
 
 func TestFractionsWaitForTheirReservation(t *testing.T) {

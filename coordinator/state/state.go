@@ -69,6 +69,10 @@ type Snapshot struct {
 	NoFraction map[string]bool
 	// Reservations are the reservation pods by node and GPU UUID.
 	Reservations map[NodeGPU]*Reservation
+	// FailedReservations are reservation pods that ended Failed (the kubelet
+	// rejected them at admission): they hold nothing, but keep their name
+	// until removed.
+	FailedReservations []*corev1.Pod
 	// ScalarMilli is what one unit of each scalar resource is worth in
 	// milli-GPU, from the inventories of the Ready nodes: a MIG device its
 	// memory over its GPU's, a replica 1000/replicas. When GPUs differ, the
@@ -254,6 +258,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	}
 
 	offFracs := map[NodeGPU]int{} // GPU of a node left out -> fraction pods on it
+	var failed []*corev1.Pod      // failed reservation pods
 	for _, p := range in.Pods {
 		nodeName := p.Spec.NodeName
 		var assumedGPU string
@@ -261,6 +266,9 @@ func Build(in Inputs) (*Snapshot, error) {
 			nodeName, assumedGPU = a.Node, a.GPU
 		}
 		acc := accs[nodeName]
+		if p.Status.Phase == corev1.PodFailed && IsReservation(p) && p.DeletionTimestamp == nil {
+			failed = append(failed, p)
+		}
 		if nodeName == "" || Terminal(p) {
 			continue
 		}
@@ -346,7 +354,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
 		}
 	}
-	out := &Snapshot{NoFraction: noFrac, Reservations: reservations, ScalarMilli: scalarMilli}
+	out := &Snapshot{NoFraction: noFrac, Reservations: reservations, FailedReservations: failed, ScalarMilli: scalarMilli}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)

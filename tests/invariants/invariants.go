@@ -166,11 +166,16 @@ func Eventually(tb testing.TB, client kubernetes.Interface, dyn dynamic.Interfac
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), limit)
 	defer cancel()
-	var last []Violation
+	var last []Violation // from the last check that read the cluster
 	var lastErr error
 	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		last, lastErr = Check(ctx, client, dyn, o)
-		return lastErr == nil && len(last) == 0, nil
+		vs, err := Check(ctx, client, dyn, o)
+		if err != nil {
+			lastErr = err
+			return false, nil
+		}
+		last, lastErr = vs, nil
+		return len(vs) == 0, nil
 	})
 	if err == nil {
 		return
