@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -424,10 +425,12 @@ func TestChaosAPIServerNodeAgentAndKubeletRestarts(t *testing.T) {
 }
 
 // TestChaosNodeLossAndMIGSwitch deletes a GPU node under running fractions
-// (an involuntary loss, as a spot interruption) and switches another node to
-// MIG while its shared GPUs hold reservations, each while a burst is being
-// scheduled: the reservations of the lost node go at once, those of the
-// switched node once their fractions have, and the MIG layout then applies.
+// (an involuntary loss, as a spot interruption), switches another node to
+// MIG while its shared GPUs hold reservations, and cordons a third to drain
+// it, each while a burst is being scheduled: the reservations of the lost
+// node go (the test bed's pod garbage collection removes its pods within
+// seconds too), those of the switched and the cordoned node once their
+// fractions have, and the MIG layout then applies.
 func TestChaosNodeLossAndMIGSwitch(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{
@@ -474,6 +477,12 @@ func TestChaosNodeLossAndMIGSwitch(t *testing.T) {
 	if err := agent.WriteConfig(strings.Replace(partitionConfig, "default:\n  mode: fraction", "default:\n  mode: mig", 1)); err != nil {
 		t.Fatal(err)
 	}
+	// The node says its GPUs are in mode mig (the layout waits: they are in
+	// use), then the fractions end.
+	waitFor(t, 30*time.Second, nodes[2]+"'s inventory to say mig", func(ctx context.Context) (bool, error) {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, nodes[2], metav1.GetOptions{})
+		return err == nil && shapeOf(n).Modes["mig"] == 8, nil
+	})
 	deletePods(t, c, cf.fractions...)
 	waitFor(t, 30*time.Second, "the reservations of the node switched to MIG to go", func(context.Context) (bool, error) {
 		return len(reservationsOn(t, c, nodes[2])) == 0, nil
@@ -481,4 +490,34 @@ func TestChaosNodeLossAndMIGSwitch(t *testing.T) {
 	waitShape(t, c, nodes[2], 60*time.Second, migShape())
 	running(t, c, 120*time.Second, d.all()...)
 	settled(t, c, "after the switch to MIG")
+
+	// 3. gpu-0 is cordoned to be drained while burst e is being scheduled;
+	// its fractions end: their reservations go, and with them the
+	// karpenter.sh/do-not-disrupt that would pin the node.
+	if len(reservationsOn(t, c, nodes[0])) == 0 {
+		t.Fatalf("no reservation on %s under its fractions", nodes[0])
+	}
+	deletePods(t, c, append(d.whole, d.gang...)...)
+	e := submit(t, c, "e", burstShape{fractions: 3, pct: 30, wholeGPUs: 1, gang: 2})
+	n0, err := c.Client.CoreV1().Nodes().Get(t.Context(), nodes[0], metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0.Spec.Unschedulable = true
+	if _, err := c.Client.CoreV1().Nodes().Update(t.Context(), n0, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The drain: every pod on gpu-0 ends; so does burst e, which has nowhere
+	// else to run (gpu-1 is gone, gpu-2 serves MIG devices).
+	var drained []string
+	for _, p := range podsOf(t, c, "default", "e2e=yes") {
+		if p.Spec.NodeName == nodes[0] || slices.Contains(e.all(), p.Name) {
+			drained = append(drained, p.Name)
+		}
+	}
+	deletePods(t, c, drained...)
+	waitFor(t, 30*time.Second, "the reservations of the cordoned node to go", func(context.Context) (bool, error) {
+		return len(reservationsOn(t, c, nodes[0])) == 0, nil
+	})
+	settled(t, c, "after the cordon")
 }
