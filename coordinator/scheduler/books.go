@@ -197,12 +197,19 @@ func (b *books) chargeBound(pods []*corev1.Pod, assumed map[types.UID]state.Assu
 	}
 }
 
-// demand computes fair shares from the pending workloads' demand on top of usage.
+// demand computes fair shares from each queue's demand: its usage plus its
+// pending workloads (queue.Tree.FairShare takes the whole demand, not what
+// is added to the usage).
 func (b *books) demand(ws []*workload) {
 	demand := map[string]queue.Resources{}
 	for _, w := range ws {
 		if w.incomplete == "" {
 			demand[w.queue] = demand[w.queue].Add(w.resources())
+		}
+	}
+	for q, d := range demand {
+		if used, _, ok := b.tree.Usage(q); ok {
+			demand[q] = d.Add(used)
 		}
 	}
 	b.tree.FairShare(b.capacity, demand)

@@ -336,3 +336,27 @@ func TestFailedReservationsAreRemoved(t *testing.T) {
 		t.Errorf("a new reservation of GPU-n1-0 reuses the failed one's name (attempt 0)")
 	}
 }
+
+// TestQueueBorrowsIdleQuotaWhenItsPodsArriveInSteps: team-b may borrow idle
+// team-a's share whether its pods arrive at once or a few per cycle. The
+// fair share is computed from each queue's demand, its usage plus what it
+// asks for (queue.FairShare); with pending requests alone, a queue that
+// already used its quota had a demand no larger than its usage, so it got
+// no surplus once its first pods ran.
+func TestQueueBorrowsIdleQuotaWhenItsPodsArriveInSteps(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("team-a", "4"), queueOf("team-b", "4")})
+	for i := range 8 {
+		_ = c.pods.Add(gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1))
+		if i%2 == 1 {
+			c.cycle()
+		}
+	}
+	c.cycle()
+	for i := range 8 {
+		n := fmt.Sprintf("b-%d", i)
+		if c.boundTo(n) == "" {
+			r, msg := c.b.Reason(n)
+			t.Errorf("%s not bound: %s %q", n, r, msg)
+		}
+	}
+}

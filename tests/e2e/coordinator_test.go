@@ -143,6 +143,7 @@ func TestCoordinatorPlacesWholeAndFractionPods(t *testing.T) {
 			}
 		}
 	}
+	checkInvariants(t, c)
 }
 
 func TestGangBindsAllOrNothingInOnePool(t *testing.T) {
@@ -196,6 +197,7 @@ func TestGangBindsAllOrNothingInOnePool(t *testing.T) {
 			t.Errorf("%s was bound to %s although its gang cannot fit", n, p.Spec.NodeName)
 		}
 	}
+	checkInvariants(t, c)
 }
 
 func TestOverQuotaStaysPendingAndReclaimReturnsQuota(t *testing.T) {
@@ -241,6 +243,7 @@ func TestOverQuotaStaysPendingAndReclaimReturnsQuota(t *testing.T) {
 	if left != 4 {
 		t.Errorf("team-b runs %d pods after reclaim, want its deserved 4", left)
 	}
+	checkInvariants(t, c)
 }
 
 func TestLeaderKilledMidRunLosesAndDuplicatesNothing(t *testing.T) {
@@ -318,6 +321,7 @@ func TestLeaderKilledMidRunLosesAndDuplicatesNothing(t *testing.T) {
 			t.Errorf("%s failed: %s", p.Name, p.Status.Message)
 		}
 	}
+	checkInvariants(t, c)
 }
 
 // leaseHolder returns the identity holding the coordinator's Lease.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
+	"github.com/gpufrac/gpufrac/tests/invariants"
 )
 
 // repoRoot finds the repository root (where go.mod is).
@@ -245,4 +246,11 @@ func scheduledReason(p *corev1.Pod) string {
 		}
 	}
 	return ""
+}
+
+// checkInvariants asserts tests/invariants on the cluster once it settles,
+// for tests whose coordinator keeps idle reservations for its default grace.
+func checkInvariants(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{AllowIdleReservations: true}, 60*time.Second)
 }
