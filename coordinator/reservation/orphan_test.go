@@ -99,7 +99,7 @@ func TestAPIFailuresAreRetried(t *testing.T) {
 	if err := m.Ensure(ctx, "n", "g", 0); err != nil {
 		t.Fatalf("second Ensure = %v", err)
 	}
-	p, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, Name("n", "g"), metav1.GetOptions{})
+	p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, Name("n", "g"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestAPIFailuresAreRetried(t *testing.T) {
 	if n := m.Reconcile(ctx, rs, nil); n != 1 {
 		t.Fatalf("second reconcile removed %d, want 1", n)
 	}
-	if _, err := client.CoreV1().Pods(api.SystemNamespace).Get(ctx, p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the reservation still exists: %v", err)
 	}
 }
@@ -128,7 +128,7 @@ func TestRemoveFailed(t *testing.T) {
 	if n := m.RemoveFailed(t.Context(), []*corev1.Pod{p, gone}); n != 2 {
 		t.Errorf("removed %d, want 2", n)
 	}
-	if _, err := client.CoreV1().Pods(api.SystemNamespace).Get(t.Context(), p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := client.CoreV1().Pods(api.ReservationNamespace).Get(t.Context(), p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the failed reservation still exists: %v", err)
 	}
 	if e := <-events.Events; e != "Normal ReservationRemoved reservation failed on n: "+p.Status.Message {

@@ -139,11 +139,11 @@ func TestPlaceholderHintsArePrunedWithNodeChurn(t *testing.T) {
 		node := fmt.Sprintf("kwok-gpu-%d", i)
 		c.s.OnEvent(&corev1.Event{
 			Reason:         karpenterNominated,
-			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: api.SystemNamespace, Name: placeholder.NamePrefix + group + "-0"},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: api.ReservationNamespace, Name: placeholder.NamePrefix + group + "-0"},
 			Message:        fmt.Sprintf("Pod should schedule on: nodeclaim/claim-%d, node/%s", i, node),
 		})
 		// The group's placeholder landed on its node and was released.
-		ph := builders.MakePod(placeholder.NamePrefix+group+"-1", api.SystemNamespace).UID(group).
+		ph := builders.MakePod(placeholder.NamePrefix+group+"-1", api.ReservationNamespace).UID(group).
 			Label(api.LabelRole, api.RolePlaceholder).Label(placeholder.LabelGroup, group).Node(node).Obj()
 		_ = c.pods.Add(ph)
 		c.s.mu.Lock()

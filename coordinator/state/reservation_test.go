@@ -13,7 +13,7 @@ import (
 // reservationOn is an admitted reservation pod holding gpu on node.
 func reservationOn(node, gpu string) *corev1.Pod {
 	r := pod("gpufrac-reservation-" + node + "-" + gpu).on(node).gpus(1).phase(corev1.PodRunning).p
-	r.Namespace = api.SystemNamespace
+	r.Namespace = api.ReservationNamespace
 	r.Labels[api.LabelRole] = api.RoleReservation
 	r.Annotations[api.AnnotationGPU] = gpu
 	r.Annotations[api.AnnotationReservedGPU] = gpu

@@ -506,13 +506,7 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 
 // hasFraction tells whether a pod asks for a GPU fraction.
 func hasFraction(p *corev1.Pod) bool {
-	for i := range p.Spec.Containers {
-		c := &p.Spec.Containers[i]
-		if extended(c.Resources.Requests, c.Resources.Limits, api.ResourceFraction) > 0 {
-			return true
-		}
-	}
-	return false
+	return request.Parse(p, request.Options{}).Fraction() > 0
 }
 
 func sortedKeys(m map[string]int) []string {

@@ -62,7 +62,7 @@ func supervise(t *testing.T, c *cluster.Cluster, bin, id string, args ...string)
 	t.Helper()
 	s := &supervisedCoordinator{done: make(chan struct{})}
 	logPath := filepath.Join(c.LogDir(), "coordinator-"+id+".log")
-	all := append([]string{"--kubeconfig=" + c.KubeconfigPath, "--metrics-addr=", "--identity=" + id,
+	all := append([]string{"--kubeconfig=" + coordinatorKubeconfig(t, c), "--metrics-addr=", "--identity=" + id,
 		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
 	start := func() (*exec.Cmd, error) {
 		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -104,13 +104,7 @@ func supervise(t *testing.T, c *cluster.Cluster, bin, id string, args ...string)
 	}()
 	t.Cleanup(func() {
 		s.stop(syscall.SIGTERM)
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			if len(b) > 20000 {
-				b = b[len(b)-20000:]
-			}
-			t.Logf("coordinator %s log (tail):\n%s", id, b)
-		}
+		logTailOnFailure(t, id, logPath)
 	})
 	return s
 }
@@ -138,7 +132,7 @@ func (s *supervisedCoordinator) stop(sig syscall.Signal) {
 func waitLeader(t *testing.T, c *cluster.Cluster, id string) {
 	t.Helper()
 	waitFor(t, 30*time.Second, id+" to lead", func(ctx context.Context) (bool, error) {
-		l, err := c.Client.CoordinationV1().Leases(api.SystemNamespace).Get(ctx, "gpufrac-coordinator", metav1.GetOptions{})
+		l, err := c.Client.CoordinationV1().Leases(api.ComponentNamespace).Get(ctx, "gpufrac-coordinator", metav1.GetOptions{})
 		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == id, nil
 	})
 }
@@ -216,7 +210,7 @@ func deletePods(t *testing.T, c *cluster.Cluster, names ...string) {
 func reservationsOn(t *testing.T, c *cluster.Cluster, node string) []corev1.Pod {
 	t.Helper()
 	var out []corev1.Pod
-	for _, p := range podsOf(t, c, api.SystemNamespace, api.LabelRole+"="+api.RoleReservation) {
+	for _, p := range podsOf(t, c, api.ReservationNamespace, api.LabelRole+"="+api.RoleReservation) {
 		if node == "" || p.Spec.NodeName == node {
 			out = append(out, p)
 		}

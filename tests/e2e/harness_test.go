@@ -174,13 +174,7 @@ func startCoordinatorBin(t *testing.T, c *cluster.Cluster, bin, id string, env [
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As its ServiceAccount: exactly the rights coordinator-rbac.yaml grants,
-	// and the identity the admission policies trust.
-	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := append([]string{"--kubeconfig=" + kubeconfig, "--metrics-addr=", "--identity=" + id,
+	all := append([]string{"--kubeconfig=" + coordinatorKubeconfig(t, c), "--metrics-addr=", "--identity=" + id,
 		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
 	cmd := exec.Command(bin, all...)
 	cmd.Env = append(os.Environ(), env...)
@@ -193,15 +187,33 @@ func startCoordinatorBin(t *testing.T, c *cluster.Cluster, bin, id string, env [
 	t.Cleanup(func() {
 		co.stop(syscall.SIGTERM)
 		f.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			if len(b) > 20000 {
-				b = b[len(b)-20000:]
-			}
-			t.Logf("coordinator %s log (tail):\n%s", id, b)
-		}
+		logTailOnFailure(t, id, logPath)
 	})
 	return co
+}
+
+// coordinatorKubeconfig is a kubeconfig of the coordinator's ServiceAccount:
+// exactly the rights coordinator-rbac.yaml grants, and the identity the
+// admission policies trust.
+func coordinatorKubeconfig(t *testing.T, c *cluster.Cluster) string {
+	t.Helper()
+	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig
+}
+
+// logTailOnFailure logs the end of a coordinator's log when the test failed.
+func logTailOnFailure(t *testing.T, id, logPath string) {
+	if !t.Failed() {
+		return
+	}
+	b, _ := os.ReadFile(logPath)
+	if len(b) > 20000 {
+		b = b[len(b)-20000:]
+	}
+	t.Logf("coordinator %s log (tail):\n%s", id, b)
 }
 
 func (co *coordinator) stop(sig syscall.Signal) {

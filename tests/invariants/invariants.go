@@ -17,7 +17,8 @@
 //  3. placeholder: every placeholder pod serves pending work the queues
 //     admitted (its pods wait with NoCapacity or ReservationPending).
 //  4. queue: every Queue's status.allocated (gpu, cpu) equals the usage
-//     recomputed from its pods and its children's.
+//     recomputed from the bound pods charged to it (gpufrac.io/admitted-queue)
+//     and to its children.
 //  5. pending: every pending pod of the coordinator older than
 //     Options.PendingGrace says why (PodScheduled=False with a reason, never
 //     Unschedulable).
@@ -45,6 +46,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
 // The invariants, as Violation.Invariant names them.
@@ -194,11 +196,11 @@ func terminal(p *corev1.Pod) bool {
 }
 
 func isReservation(p *corev1.Pod) bool {
-	return p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RoleReservation
+	return p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RoleReservation
 }
 
 func isPlaceholder(p *corev1.Pod) bool {
-	return p.Namespace == api.SystemNamespace && p.Labels[api.LabelRole] == api.RolePlaceholder
+	return p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RolePlaceholder
 }
 
 // amount reads an extended resource of a pod: per container the request,
@@ -343,7 +345,7 @@ func (w *world) reservations() {
 			continue
 		case node.Spec.Unschedulable:
 			w.add(Reservation, key(p), "its node %s is cordoned", node.Name)
-		case !ready(node):
+		case !cluster.IsNodeReady(node):
 			w.add(Reservation, key(p), "its node %s is not Ready", node.Name)
 		}
 		if g == "" {
@@ -374,15 +376,6 @@ func (w *world) reservations() {
 			w.add(Reservation, k.String(), "%d reservations: %s", len(rs), strings.Join(rs, ", "))
 		}
 	}
-}
-
-func ready(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // scheduledReason is a pending pod's PodScheduled=False reason ("" if none).
@@ -442,7 +435,9 @@ func (w *world) queueUsage() {
 		used[q.Name] = &usage{}
 	}
 	for _, p := range w.pods {
-		leaf := p.Labels[api.LabelQueue]
+		// A bound pod is charged to the queue its binding recorded; bound pods
+		// without it are not the coordinator's work, whatever their labels say.
+		leaf := p.Annotations[api.AnnotationAdmittedQueue]
 		if leaf == "" || p.Spec.NodeName == "" || terminal(p) || used[leaf] == nil {
 			continue
 		}

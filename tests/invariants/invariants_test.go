@@ -31,17 +31,18 @@ func gpuNode() *corev1.Node {
 }
 
 func reservation(gpu string) *corev1.Pod {
-	return builders.MakePod("res-"+gpu, api.SystemNamespace).Label(api.LabelRole, api.RoleReservation).GPUs(1).Node("n").
+	return builders.MakePod("res-"+gpu, api.ReservationNamespace).Label(api.LabelRole, api.RoleReservation).GPUs(1).Node("n").
 		Annotation(api.AnnotationGPU, gpu).Annotation(api.AnnotationReservedGPU, gpu).SchedulerName("default-scheduler").Obj()
 }
 
 func fraction(name string, pct int, gpu string) *corev1.Pod {
-	return builders.MakePod(name, "default").Queue("q").Fraction(pct).CPU("1").Node("n").
+	return builders.MakePod(name, "default").Queue("q").Fraction(pct).CPU("1").Node("n").Annotation(api.AnnotationAdmittedQueue, "q").
 		Annotation(api.AnnotationGPU, gpu).Annotation(api.AnnotationAllocatedGPU, gpu).Obj()
 }
 
 func whole(name, gpu string) *corev1.Pod {
-	return builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").Node("n").Annotation(api.AnnotationAllocatedGPU, gpu).Obj()
+	return builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").Node("n").Annotation(api.AnnotationAdmittedQueue, "q").
+		Annotation(api.AnnotationAllocatedGPU, gpu).Obj()
 }
 
 // queueWithStatus is queue q with allocated gpu and cpu in its status.
@@ -114,22 +115,22 @@ func TestCheck(t *testing.T) {
 			s, _ := api.EncodeInventory(inv)
 			n[0].Annotations[api.AnnotationGPUInventory] = s
 			return n, p, q
-		}, want: []string{"[reservation] gpufrac-system/res-n-gpu0: GPU n-gpu0 on n is in mode mig"}},
+		}, want: []string{"[reservation] gpufrac-reservations/res-n-gpu0: GPU n-gpu0 on n is in mode mig"}},
 		{name: "idle reservation", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			return n, []*corev1.Pod{reservation("n-gpu0"), whole("w", "n-gpu1")}, []*v1alpha1.Queue{queueWithStatus("1", "1")}
-		}, want: []string{"[reservation] gpufrac-system/res-n-gpu0: no fraction uses GPU n-gpu0 on n"}},
+		}, want: []string{"[reservation] gpufrac-reservations/res-n-gpu0: no fraction uses GPU n-gpu0 on n"}},
 		{name: "reservation on a deleted node", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			return nil, p, q
-		}, want: []string{"[reservation] gpufrac-system/res-n-gpu0: its node n no longer exists"}},
+		}, want: []string{"[reservation] gpufrac-reservations/res-n-gpu0: its node n no longer exists"}},
 		{name: "reservation on a cordoned node", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			n[0].Spec.Unschedulable = true
 			return n, p, q
-		}, want: []string{"[reservation] gpufrac-system/res-n-gpu0: its node n is cordoned"}},
+		}, want: []string{"[reservation] gpufrac-reservations/res-n-gpu0: its node n is cordoned"}},
 		{name: "placeholder for nothing pending", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
-			ph := builders.MakePod(placeholder.NamePrefix+"x-0", api.SystemNamespace).Label(api.LabelRole, api.RolePlaceholder).
+			ph := builders.MakePod(placeholder.NamePrefix+"x-0", api.ReservationNamespace).Label(api.LabelRole, api.RolePlaceholder).
 				Annotation(placeholder.AnnotationWorkloads, "default/gone").SchedulerName("default-scheduler").Obj()
 			return n, append(p, ph), q
-		}, want: []string{`[placeholder] gpufrac-system/gpufrac-placeholder-x-0: serves no pending admitted work (workloads "default/gone")`}},
+		}, want: []string{`[placeholder] gpufrac-reservations/gpufrac-placeholder-x-0: serves no pending admitted work (workloads "default/gone")`}},
 		{name: "queue status off", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			return n, p, []*v1alpha1.Queue{queueWithStatus("2.7", "3")}
 		}, want: []string{"[queue] queue q: status says 2700m GPU and 3 CPU allocated, its pods use 1.700 GPU and 3.000 CPU"}},
@@ -165,7 +166,7 @@ func TestCheck(t *testing.T) {
 func TestPendingWithAReasonAndAPlaceholderIsFine(t *testing.T) {
 	p := builders.MakePod("waits", "default").Queue("q").GPUs(1).Obj()
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: api.ReasonNoCapacity}}
-	ph := builders.MakePod(placeholder.NamePrefix+"x-0", api.SystemNamespace).Label(api.LabelRole, api.RolePlaceholder).
+	ph := builders.MakePod(placeholder.NamePrefix+"x-0", api.ReservationNamespace).Label(api.LabelRole, api.RolePlaceholder).
 		Annotation(placeholder.AnnotationWorkloads, "default/other,default/waits").SchedulerName("default-scheduler").Obj()
 	if got := check(t, []*corev1.Node{gpuNode()}, []*corev1.Pod{p, ph}, []*v1alpha1.Queue{queueWithStatus("0", "0")}); len(got) != 0 {
 		t.Errorf("violations %v, want none", got)
