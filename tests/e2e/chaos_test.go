@@ -151,7 +151,9 @@ type burst struct {
 	fractions, whole, gang []string
 }
 
-func (b burst) all() []string { return append(append(append([]string(nil), b.fractions...), b.whole...), b.gang...) }
+func (b burst) all() []string {
+	return append(append(append([]string(nil), b.fractions...), b.whole...), b.gang...)
+}
 
 // burstShape sizes a burst: fractions of pct percent, one pod of wholeGPUs,
 // a gang of gang one-GPU pods; nodeSel pins every pod to one node ("" for any).
