@@ -348,6 +348,7 @@ func TestChaosAPIServerNodeAgentAndKubeletRestarts(t *testing.T) {
 	agent := c.NodeAgent(node)
 	applyYAML(t, c, queuesYAML(map[string]string{"q": "8"}))
 	supervise(t, c, bin, "c1", chaosArgs...)
+	waitLeader(t, c, "c1")
 
 	// 1. The API server restarts while burst a is being scheduled.
 	a := submit(t, c, "a", burstShape{fractions: 5, pct: 30, wholeGPUs: 2, gang: 3})
@@ -439,6 +440,7 @@ func TestChaosNodeLossAndMIGSwitch(t *testing.T) {
 	agent := c.NodeAgent(nodes[2])
 	applyYAML(t, c, queuesYAML(map[string]string{"q": "24"}))
 	supervise(t, c, bin, "c1", chaosArgs...)
+	waitLeader(t, c, "c1")
 	small := func(node string) burstShape {
 		return burstShape{fractions: 3, pct: 30, wholeGPUs: 1, gang: 2, nodeSel: node}
 	}

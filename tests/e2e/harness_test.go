@@ -125,11 +125,19 @@ func addGPUNodes(t *testing.T, c *cluster.Cluster, prefix, pool string, n int) [
 			t.Fatalf("node agent of %s: %v", name, err)
 		}
 		cancel()
-		// The coordinator needs the inventory and the fraction capacity.
+		// The coordinator needs the inventory and the fraction capacity, and
+		// a node without the not-ready taint new nodes start with (pods do not
+		// tolerate it: a test that hits the control plane right away, say
+		// restarts the API server, would keep it for the restart's duration).
 		waitFor(t, 30*time.Second, name+" to publish GPUs", func(ctx context.Context) (bool, error) {
 			n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, nil
+			}
+			for _, taint := range n.Spec.Taints {
+				if taint.Key == corev1.TaintNodeNotReady {
+					return false, nil
+				}
 			}
 			q := n.Status.Allocatable[api.ResourceFraction]
 			return n.Annotations[api.AnnotationGPUInventory] != "" && q.Value() == 800, nil
