@@ -425,8 +425,7 @@ func TestChaosAPIServerNodeAgentAndKubeletRestarts(t *testing.T) {
 // (an involuntary loss, as a spot interruption), switches another node to
 // MIG while its shared GPUs hold reservations, and cordons a third to drain
 // it, each while a burst is being scheduled: the reservations of the lost
-// node go (the test bed's pod garbage collection removes its pods within
-// seconds too), those of the switched and the cordoned node once their
+// node go at once, those of the switched and the cordoned node once their
 // fractions have, and the MIG layout then applies.
 func TestChaosNodeLossAndMIGSwitch(t *testing.T) {
 	t.Parallel()
