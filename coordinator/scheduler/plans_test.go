@@ -1,6 +1,9 @@
 package scheduler
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -122,4 +126,84 @@ func TestReservationPendingIsReportedAfterTheDelay(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNoReservationForAGPUAReservationHolds replays the demo's overbooked
+// node: the coordinator binds a one-GPU pod and reserves the node's other
+// three GPUs in one cycle; gpufrac-node gives the whole-GPU pod the GPU the
+// first reservation asked for, that reservation the second one's GPU, and
+// the second reservation the GPU the coordinator had counted for the
+// whole-GPU pod. While the node agent has written back all but the second
+// reservation's GPU, no GPU is free, and the coordinator must not reserve
+// one more (the kubelet would fail it: "Requested: 1, Available: 0"). Once
+// all is written back, every fraction binds to a GPU its reservation holds.
+func TestNoReservationForAGPUAReservationHolds(t *testing.T) {
+	c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		gpuPod("ddp-0", "q", 1), fracPod("f0", "q", 60), fracPod("f1", "q", 60), fracPod("f2", "q", 60))
+	r := &fakeReserver{c: c}
+	c.s.deps.Reserver = r
+
+	// 1. ddp-0 binds, the fractions wait for three reservations.
+	c.cycle()
+	if c.boundTo("ddp-0") != "n1" || len(r.ensured) != 3 {
+		t.Fatalf("after the first cycle: ddp-0 bound to %q, reservations %v; want n1 and three", c.boundTo("ddp-0"), r.ensured)
+	}
+	var asked []string // the GPUs reservations a, b and c ask for
+	for _, e := range r.ensured {
+		asked = append(asked, strings.TrimPrefix(e, "n1/"))
+	}
+	slices.Sort(asked)
+	counted := "" // the GPU the coordinator counted for ddp-0
+	for i := range 4 {
+		if g := fmt.Sprintf("GPU-n1-%d", i); !slices.Contains(asked, g) {
+			counted = g
+		}
+	}
+	update := func(namespace, name, key, value string) {
+		t.Helper()
+		obj, ok, _ := c.pods.GetByKey(namespace + "/" + name)
+		if !ok {
+			t.Fatalf("no pod %s/%s", namespace, name)
+		}
+		p := obj.(*corev1.Pod).DeepCopy()
+		p.Annotations[key] = value
+		_ = c.pods.Update(p)
+	}
+
+	// 2. The kubelet admitted ddp-0 on a's GPU, a on b's, b on the one
+	// counted for ddp-0, c on its own; b's GPU is not written back yet.
+	update("default", "ddp-0", api.AnnotationAllocatedGPU, asked[0])
+	update(api.ReservationNamespace, reservation.Name("n1", asked[0]), api.AnnotationReservedGPU, asked[1])
+	update(api.ReservationNamespace, reservation.Name("n1", asked[2]), api.AnnotationReservedGPU, asked[2])
+	c.cycle()
+	if len(r.ensured) != 3 {
+		t.Fatalf("with every GPU of n1 held, reservations asked for: %v; want only the first three", r.ensured)
+	}
+
+	// 3. b's GPU is written back: the fractions bind, each under a reservation.
+	update(api.ReservationNamespace, reservation.Name("n1", asked[1]), api.AnnotationReservedGPU, counted)
+	c.cycle()
+	reserved := map[string]bool{asked[1]: true, asked[2]: true, counted: true}
+	perGPU := map[string]int{}
+	for _, f := range []string{"f0", "f1", "f2"} {
+		g := c.b.Annotations[f][api.AnnotationGPU]
+		if c.boundTo(f) != "n1" || !reserved[g] {
+			t.Errorf("%s bound to %q on GPU %q (%s); want n1, on a GPU a reservation holds (%v)", f, c.boundTo(f), g, msg(c.b, f), reserved)
+		}
+		perGPU[g]++
+	}
+	for g, n := range perGPU {
+		if n > 1 {
+			t.Errorf("%d fractions of 60%% bound to GPU %s", n, g)
+		}
+	}
+	if len(r.ensured) != 3 {
+		t.Errorf("reservations asked for: %v; want only the first three", r.ensured)
+	}
+}
+
+// msg is the pod's last pending message on the fake binder.
+func msg(b *schedulertest.Binder, pod string) string {
+	_, m := b.Reason(pod)
+	return m
 }

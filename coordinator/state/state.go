@@ -67,7 +67,9 @@ type Snapshot struct {
 	// NoFraction names nodes whose GPUs have no known UUIDs (no inventory)
 	// or are not in fraction mode: fractions must not go there.
 	NoFraction map[string]bool
-	// Reservations are the reservation pods by node and GPU UUID.
+	// Reservations are the reservation pods by node and GPU UUID. A
+	// reservation not yet told its GPU whose asked GPU another pod holds is
+	// in none: it holds a GPU not known yet (chargeAsking).
 	Reservations map[NodeGPU]*Reservation
 	// FailedReservations are reservation pods that ended Failed (the kubelet
 	// rejected them at admission): they hold nothing, but keep their name
@@ -209,6 +211,7 @@ type nodeAcc struct {
 // unknown nodes are ignored.
 func Build(in Inputs) (*Snapshot, error) {
 	reservations := map[NodeGPU]*Reservation{}
+	var asking []askingReservation
 	accs := make(map[string]*nodeAcc, len(in.Nodes))
 	order := make([]string, 0, len(in.Nodes))
 	noFrac := map[string]bool{}
@@ -303,23 +306,14 @@ func Build(in Inputs) (*Snapshot, error) {
 			if IsReservation(p) {
 				g := ReservedGPU(p)
 				key := NodeGPU{nodeName, g}
-				if reservations[key] == nil {
-					reservations[key] = &Reservation{}
+				orphaned := acc.orphaned(nodeName, g)
+				if _, placed := acc.gpuIndex[g]; placed && orphaned == "" && p.Annotations[api.AnnotationReservedGPU] == "" {
+					// Not told its GPU yet: counted once every pod that was is
+					// (chargeAsking).
+					asking = append(asking, askingReservation{acc: acc, key: key, pod: p})
+					continue
 				}
-				r := reservations[key]
-				r.Pod = p
-				r.Ready = g != "" && p.Annotations[api.AnnotationReservedGPU] == g
-				r.Orphaned = acc.orphaned(nodeName, g)
-				i, placed := acc.gpuIndex[g]
-				switch {
-				case r.Orphaned == "":
-					acc.reserved[g] = true
-				case placed:
-					// Its GPU is placed whole (exclusive mode): the reservation
-					// holds it until it is removed.
-					acc.node.GPUs[i].FreeMilli = 0
-					acc.held[g] = true
-				}
+				acc.reserve(reservations, key, p, orphaned)
 				continue
 			}
 			if d.WholeGPUs <= placement.MaxKindGPUs {
@@ -339,6 +333,7 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 	}
 
+	chargeAsking(asking, reservations)
 	for _, name := range order {
 		chargeFractions(name, accs[name], reservations)
 	}
@@ -370,6 +365,65 @@ func Build(in Inputs) (*Snapshot, error) {
 	}
 	out.Snapshot = snap
 	return out, nil
+}
+
+// askingReservation is a reservation pod the node agent has not yet told
+// the GPU it got (no gpufrac.io/reserved-gpu): key is the GPU it asks for.
+type askingReservation struct {
+	acc *nodeAcc
+	key NodeGPU
+	pod *corev1.Pod
+}
+
+// reserve records p as the reservation of key.GPU. A reservation that is
+// not orphaned holds its GPU for fractions; an orphaned one whose GPU is
+// placed whole (exclusive mode) holds it until it is removed.
+func (acc *nodeAcc) reserve(reservations map[NodeGPU]*Reservation, key NodeGPU, p *corev1.Pod, orphaned string) {
+	r := reservations[key]
+	if r == nil {
+		r = &Reservation{}
+		reservations[key] = r
+	}
+	r.Pod = p
+	r.Ready = key.GPU != "" && p.Annotations[api.AnnotationReservedGPU] == key.GPU
+	r.Orphaned = orphaned
+	i, placed := acc.gpuIndex[key.GPU]
+	switch {
+	case orphaned == "":
+		acc.reserved[key.GPU] = true
+	case placed:
+		acc.node.GPUs[i].FreeMilli = 0
+		acc.held[key.GPU] = true
+	}
+}
+
+// chargeAsking counts the reservations not yet told their GPU, oldest
+// first, each on the GPU it asks for - unless a pod is known to hold that
+// GPU: a reservation told it got it, a whole-GPU pod whose GPUs were
+// written back, or an older reservation asking for it. The kubelet then gave
+// the reservation another GPU, not known yet: gpufrac-node hands the GPU a
+// waiting reservation asks for to whichever one-GPU pod the kubelet admits
+// first (Allocate does not say which pod it serves), so a whole-GPU pod
+// admitted beside a reservation takes its GPU and the reservation the next
+// one. Such a reservation is counted like a whole-GPU pod not yet admitted,
+// on a clean GPU (settle). Counted on the GPU it asks for, two pods would
+// share one GPU in the snapshot, the GPU the kubelet really gave would look
+// free, and the coordinator would reserve it for fractions - a reservation
+// the kubelet then fails with no GPU left.
+func chargeAsking(asking []askingReservation, reservations map[NodeGPU]*Reservation) {
+	slices.SortFunc(asking, func(a, b askingReservation) int {
+		if c := a.pod.CreationTimestamp.Compare(b.pod.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.pod.Name, b.pod.Name)
+	})
+	for _, a := range asking {
+		if a.acc.reserved[a.key.GPU] || a.acc.held[a.key.GPU] {
+			a.acc.whole++
+			continue
+		}
+		a.acc.reserve(reservations, a.key, a.pod, "")
+	}
 }
 
 // sortBusiestFirst orders nodes by GPU milli in use, most first, then by

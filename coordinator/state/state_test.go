@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -380,6 +381,104 @@ func TestReservedGPUNeverLooksWhollyFree(t *testing.T) {
 	// (TestReservedGPUIsExplicit).
 	if diff := cmp.Diff(map[string][]int{"n": {1000, 1000}}, got); diff != "" {
 		t.Errorf("GPU free milli (-want +got):\n%s", diff)
+	}
+}
+
+// reservation builds a reservation pod created at second sec asking for
+// GPU asked; got, when not empty, is the GPU the node agent wrote back.
+func reservation(name string, sec int, asked, got string) *corev1.Pod {
+	r := pod(name).on("n").gpus(1).p
+	r.Namespace = api.ReservationNamespace
+	r.Labels[api.LabelRole] = api.RoleReservation
+	r.CreationTimestamp = metav1.NewTime(time.Date(2026, 11, 24, 10, 0, sec, 0, time.UTC))
+	r.Annotations[api.AnnotationGPU] = asked
+	if got != "" {
+		r.Annotations[api.AnnotationReservedGPU] = got
+	}
+	return r
+}
+
+// TestReservationsNeverShareAGPU: the kubelet gives every one-GPU pod its
+// own GPU, and gpufrac-node gives a waiting reservation's GPU to whichever
+// one-GPU pod is admitted first, so a reservation may get another GPU than
+// it asked for. Until the node agent writes that back, its GPU is unknown:
+// it must never be counted on a GPU another pod is known to hold, or the GPU
+// it really got looks free and the coordinator reserves it once more (the
+// demo's "Requested: 1, Available: 0" reservation). Whatever the lister's
+// order.
+func TestReservationsNeverShareAGPU(t *testing.T) {
+	ddp := pod("ddp-0").on("n").gpus(1).p
+	ddp.Annotations[api.AnnotationAllocatedGPU] = "n-gpu1" // written back: it got what reservation a asked for
+	type held struct {
+		Pod   string
+		Ready bool
+	}
+	for _, tc := range []struct {
+		name         string
+		pods         []*corev1.Pod
+		wantFree     []int
+		wantReserved []bool
+		wantRes      map[string]held // GPU -> reservation counted on it
+	}{
+		{
+			// The demo's snapshot: a asked gpu1, which ddp-0 got, and got
+			// gpu2 (written back); b asked gpu2, got gpu3 (not written back yet).
+			name: "a reservation told its GPU holds the one another asks for",
+			pods: []*corev1.Pod{ddp, reservation("a", 0, "n-gpu1", "n-gpu2"), reservation("b", 0, "n-gpu2", ""), reservation("c", 0, "n-gpu0", "n-gpu0")},
+			// gpu3 is held by b, GPU unknown: nothing is free.
+			wantFree: []int{1000, 0, 1000, 0}, wantReserved: []bool{true, false, true, false},
+			wantRes: map[string]held{"n-gpu0": {"c", true}, "n-gpu2": {"a", true}},
+		},
+		{
+			name:     "a whole-GPU pod holds the GPU a reservation asks for",
+			pods:     []*corev1.Pod{ddp, reservation("a", 0, "n-gpu1", ""), reservation("b", 0, "n-gpu2", ""), reservation("c", 0, "n-gpu0", "n-gpu0")},
+			wantFree: []int{1000, 0, 1000, 0}, wantReserved: []bool{true, false, true, false},
+			wantRes: map[string]held{"n-gpu0": {"c", true}, "n-gpu2": {"b", false}},
+		},
+		{
+			name:     "two reservations ask for one GPU: the older is counted on it",
+			pods:     []*corev1.Pod{reservation("late", 1, "n-gpu1", ""), reservation("early", 0, "n-gpu1", "")},
+			wantFree: []int{0, 1000, 1000, 1000}, wantReserved: []bool{false, true, false, false}, // late holds a GPU not known yet: a clean one
+			wantRes: map[string]held{"n-gpu1": {"early", false}},
+		},
+		{
+			name:     "reservations not told their GPUs yet are counted on the GPUs they ask for",
+			pods:     []*corev1.Pod{reservation("a", 0, "n-gpu1", ""), reservation("b", 0, "n-gpu3", "")},
+			wantFree: []int{1000, 1000, 1000, 1000}, wantReserved: []bool{false, true, false, true},
+			wantRes: map[string]held{"n-gpu1": {"a", false}, "n-gpu3": {"b", false}},
+		},
+	} {
+		for _, order := range []string{"as listed", "reversed"} {
+			t.Run(tc.name+", "+order, func(t *testing.T) {
+				pods := slices.Clone(tc.pods)
+				if order == "reversed" {
+					slices.Reverse(pods)
+				}
+				s, err := Build(Inputs{Nodes: []*corev1.Node{node("n", 4).inventory("fraction").n}, Pods: pods, PoolLabel: api.LabelNodePool})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var gotFree []int
+				var gotReserved []bool
+				for _, g := range s.Node(0).GPUs {
+					gotFree = append(gotFree, g.FreeMilli)
+					gotReserved = append(gotReserved, g.Reserved)
+				}
+				if diff := cmp.Diff(tc.wantReserved, gotReserved); diff != "" {
+					t.Errorf("GPU reserved (-want +got):\n%s", diff)
+				}
+				if diff := cmp.Diff(tc.wantFree, gotFree); diff != "" {
+					t.Errorf("GPU free milli (-want +got):\n%s", diff)
+				}
+				gotRes := map[string]held{}
+				for k, r := range s.Reservations {
+					gotRes[k.GPU] = held{r.Pod.Name, r.Ready}
+				}
+				if diff := cmp.Diff(tc.wantRes, gotRes); diff != "" {
+					t.Errorf("reservations by GPU (-want +got):\n%s", diff)
+				}
+			})
+		}
 	}
 }
 

@@ -59,6 +59,31 @@ func TestReadLines(t *testing.T) {
 
 func strPtr(s string) *string { return &s }
 
+func TestTelling(t *testing.T) {
+	many := strings.Repeat("E1124 10:23:55.0 failed\n", maxTelling+5)
+	tests := []struct {
+		name string
+		log  string
+		want []string
+	}{
+		{name: "nothing wrong", log: "I1124 10:23:55.0 started\nI1124 10:23:56.0 Scheduling cycle\n"},
+		{
+			name: "errors and the GPUs' story, in order",
+			log: "I1124 started\nE1124 boom\nI1124 \"Reserved GPU for fractions\" gpu=\"GPU-1\"\n" +
+				"I1124 \"Wrote back GPU\" pod=\"ns/r\"\nI1124 Scheduling cycle\nrejected: Allocate failed due to x",
+			want: []string{"E1124 boom", `I1124 "Reserved GPU for fractions" gpu="GPU-1"`, `I1124 "Wrote back GPU" pod="ns/r"`, "rejected: Allocate failed due to x"},
+		},
+		{name: "the last maxTelling lines", log: many + "E1124 last\n", want: append(slices.Repeat([]string{"E1124 10:23:55.0 failed"}, maxTelling-1), "E1124 last")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, telling(tt.log)); diff != "" {
+				t.Errorf("telling (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestPodsOf(t *testing.T) {
 	tests := []struct {
 		name string
@@ -284,7 +309,17 @@ func TestUpStatusDown(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
+	// down removes the state directory, logs and all: keep them first when
+	// the test failed (once: the test downs the demo, and so does the cleanup).
+	kept := false
+	keepOnFailure := func() {
+		if t.Failed() && !kept {
+			kept = true
+			keepLogs(t, state, filepath.Join(tmp, "kept"))
+		}
+	}
 	t.Cleanup(func() {
+		keepOnFailure()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if out, err := demo(ctx, "down"); err != nil {
@@ -349,6 +384,7 @@ func TestUpStatusDown(t *testing.T) {
 		t.Errorf("a second up: %v\n%s", err, again)
 	}
 
+	keepOnFailure()
 	out, err = demo(ctx, "down")
 	if err != nil {
 		t.Fatalf("down: %v\n%s", err, out)
@@ -359,6 +395,59 @@ func TestUpStatusDown(t *testing.T) {
 	if left := processesMentioning(t, state); len(left) > 0 {
 		t.Errorf("processes left after down: %v", left)
 	}
+}
+
+// keepLogs copies the demo's logs (demo.log and every component's log under
+// logs/, a link into the cluster directory) from the state directory to dst,
+// which down leaves alone, and prints in the test log where they are and the
+// lines that say what went wrong: errors and device-admission failures.
+func keepLogs(t *testing.T, state, dst string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Errorf("keeping the logs: %v", err)
+		return
+	}
+	srcs := []string{filepath.Join(state, "demo.log")}
+	logs, _ := filepath.Glob(filepath.Join(state, "logs", "*.log"))
+	srcs = append(srcs, logs...)
+	for _, src := range srcs {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Logf("keeping %s: %v", src, err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dst, filepath.Base(src)), data, 0o644); err != nil {
+			t.Errorf("keeping %s: %v", src, err)
+			continue
+		}
+		if lines := telling(string(data)); len(lines) > 0 {
+			t.Logf("%s, the lines that tell (%d):\n%s", filepath.Base(src), len(lines), strings.Join(lines, "\n"))
+		}
+	}
+	t.Logf("logs kept in %s", dst)
+}
+
+// maxTelling bounds the lines telling returns from one log.
+const maxTelling = 60
+
+// tellingMarks are what makes a log line worth printing when the test
+// fails: a device admission the kubelet simulator failed, and the story of
+// GPUs told in gpufrac's logs at their default verbosity (reservations
+// created and removed by gpufrac-coordinator, the GPUs gpufrac-node wrote
+// back).
+var tellingMarks = []string{"Allocate failed", "UnexpectedAdmissionError", "Reserved GPU", "Removed reservation", "Wrote back GPU"}
+
+// telling returns a log's klog error lines and lines with a tellingMark,
+// the last maxTelling of them.
+func telling(log string) []string {
+	var out []string
+	for l := range strings.Lines(log) {
+		l = strings.TrimSuffix(l, "\n")
+		if strings.HasPrefix(l, "E") || slices.ContainsFunc(tellingMarks, func(m string) bool { return strings.Contains(l, m) }) {
+			out = append(out, l)
+		}
+	}
+	return out[max(0, len(out)-maxTelling):]
 }
 
 // processesMentioning lists live processes whose command line contains s.
