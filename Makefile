@@ -10,16 +10,34 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 PKGS := ./...
 
-.PHONY: all build test unit lint fmt vet demo demo-down clean
+# The release version is the chart's appVersion: binaries are stamped with it
+# (cmd/internal/version) and images tagged with it, so the chart, the images
+# and the binaries in them always name one version.
+CHART := deployments/helm/gpufrac
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(CURDIR)/$(CHART)/Chart.yaml)
+GO_LDFLAGS := -s -w -X github.com/gpufrac/gpufrac/cmd/internal/version.version=$(VERSION)
+# gpufrac-node calls NVML through cgo (go-nvml dlopens libnvidia-ml.so.1, which
+# needs glibc); every other command is static. The images' Dockerfiles build
+# through build-node and build-static, so their flags are these.
+STATIC_CMDS := gpufrac-coordinator kubectl-gpufrac gpufrac-sim
+
+.PHONY: all build build-node build-static test unit lint fmt vet demo demo-down clean
 all: build
 
-## build: the gpufrac binaries into bin/
-build:
+## build: the gpufrac binaries into bin/, stamped with VERSION
+build: build-node build-static
+
+build-node:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=1 $(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/gpufrac-node
+
+build-static:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(STATIC_CMDS))
 
 -include tests/tools/tools.mk
 -include tests/demo/demo.mk
+-include deployments/images/images.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
 # The cluster tests run four at a time (-parallel 4): each has its own control

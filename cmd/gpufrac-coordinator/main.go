@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,14 +17,12 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
+	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 )
-
-// version is stamped at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	klog.InitFlags(nil)
@@ -58,10 +57,15 @@ func main() {
 	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")
 	flag.StringVar(&s.Placeholder.Image, "placeholder-image", s.Placeholder.Image, "image of placeholder pods")
 	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
+	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println("gpufrac-coordinator", version.Get())
+		return
+	}
 	s.Seed = seed
 	s.NonPreemptiblePriority = int32(npPrio)
-	cfg.Version = version
+	cfg.Version = version.Get()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
