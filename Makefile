@@ -49,10 +49,14 @@ test: build tools
 unit:
 	$(GO) test -count=1 -short -timeout 10m $(PKGS)
 
-## lint: gofmt and go vet
-lint:
+## lint: gofmt, go vet, helm lint of the chart (Helm 3 and 4) and a server-side dry run of its renderings on the test bed
+lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \
+		echo "$$h lint --strict $(CHART) -f $$f"; $(BIN)/$$h lint --strict $(CHART) --namespace gpufrac -f $$f >/dev/null; \
+	done; done
+	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -34,7 +34,7 @@ const policyReadyTimeout = 60 * time.Second
 // applies besides its programs, in order; the admission policies come last
 // (PoliciesFile), once the Queue CRD they take parameters from is served.
 var gpufracManifests = []string{
-	filepath.Join("crds", "gpufrac.io_queues.yaml"),
+	filepath.Join("helm", "gpufrac", "crds", "gpufrac.io_queues.yaml"),
 	filepath.Join("manifests", "namespace.yaml"),
 	filepath.Join("manifests", "priorityclasses.yaml"),
 	filepath.Join("manifests", "coordinator-rbac.yaml"),
