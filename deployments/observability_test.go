@@ -19,6 +19,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
+	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
@@ -104,6 +105,9 @@ func exported(t *testing.T) *recorder {
 	enforcement.New(enforcement.Options{Registerer: r})
 	mig.NewManager(nil, nil, mig.Options{Registerer: r})
 	timeslice.NewCollector(r, timeslice.Sources{})
+	if _, err := cdi.New(cdi.Options{SpecDirs: []string{t.TempDir()}, Registerer: r}); err != nil {
+		t.Fatal(err)
+	}
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// gpufrac-coordinator: the App's own registry (build info, leader, Go,
@@ -189,7 +193,7 @@ func shippedQueries(t *testing.T) []query {
 func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	qs := shippedQueries(t)
 	wantAlerts := []string{"GPUUnhealthy", "GPUMemoryLimitViolations", "GPUConfigRejected", "GPUCoordinatorNoLeader",
-		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions"}
+		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions", "GPUCDISpecMissing"}
 	for _, a := range wantAlerts {
 		if !slices.ContainsFunc(qs, func(q query) bool { return q.where == "alert "+a }) {
 			t.Errorf("the PrometheusRule has no alert %s", a)

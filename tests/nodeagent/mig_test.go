@@ -79,9 +79,10 @@ default:
 }
 
 func TestMixedNodeServesMIGAndFractions(t *testing.T) {
+	specDir := t.TempDir()
 	n := startNode(t, nodeOptions{
 		quietPeriod: time.Minute,
-		extraArgs:   []string{"--device-list-strategy=cdi"},
+		extraArgs:   []string{"--device-list-strategy=cdi", "--cdi-spec-dirs=" + specDir},
 		config: `version: v1
 default:
   mode: fraction
@@ -100,6 +101,10 @@ default:
 			t.Fatalf("MIG device ID %q is not a MIG UUID", d.ID)
 		}
 	}
+	// The NVIDIA toolkit's CDI spec for this layout, so the CDI names resolve.
+	n.waitMetrics(fmt.Sprintf("mig_uuid=%q", mig.Devices[27].ID))
+	n.writeCDISpec(specDir, "dgxh100")
+	n.waitMetrics("gpufrac_cdi_devices_unresolved 0")
 
 	// A MIG device allocation names the MIG device, never its parent GPU.
 	a := n.allocate(pod("mig-1"), "nvidia.com/mig-1g.10gb", 1)
