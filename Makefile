@@ -38,6 +38,7 @@ build-static:
 -include tests/tools/tools.mk
 -include tests/demo/demo.mk
 -include deployments/images/images.mk
+-include deployments/krew/krew.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
 # The cluster tests run four at a time (-parallel 4): each has its own control
