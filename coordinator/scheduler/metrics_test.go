@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +42,17 @@ func TestPendingAgeByReason(t *testing.T) {
 	// The bound pod is pending no more; a reason with no pod has no series.
 	if n := testutil.CollectAndCount(c.s.metrics.pendingAge); n != 2 {
 		t.Errorf("%d reasons with an age, want 2 (InvalidRequest, %s)", n, over)
+	}
+}
+
+func TestStatusPatchClearsPendingGangs(t *testing.T) {
+	// A merge patch without pendingGangs would leave the last count (say 2)
+	// on a queue whose workloads were all placed.
+	body, err := statusPatch(v1alpha1.QueueStatus{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), `"pendingGangs":0`) {
+		t.Errorf("status patch %s does not set pendingGangs to 0", body)
 	}
 }
