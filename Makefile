@@ -55,7 +55,7 @@ lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \
-		echo "$$h lint --strict $(CHART) -f $$f"; $(BIN)/$$h lint --strict $(CHART) --namespace gpufrac -f $$f >/dev/null; \
+		echo "$$h lint --strict $(CHART) -f $$f"; $(BIN)/$$h lint --strict $(CHART) --namespace gpufrac-system -f $$f >/dev/null; \
 	done; done
 	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 

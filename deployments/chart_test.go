@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -334,7 +335,7 @@ func TestChartDryRunOnTestBed(t *testing.T) {
 	// helm install needs its release namespace; the chart's reservation
 	// namespace must exist for the dry run of the objects in it.
 	nsObjs, err := cluster.DecodeObjects("namespaces", []byte(fmt.Sprintf(
-		"apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: gpufrac-system}\n", cluster.ChartNamespace)))
+		"apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n", cluster.ChartNamespace, api.ReservationNamespace)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/gpufrac/gpufrac/api"
 )
 
 const (
@@ -29,9 +31,10 @@ const (
 	Helm3 = "helm"
 	Helm4 = "helm4"
 	// ChartRelease and ChartNamespace are the release and namespace the test
-	// bed installs the chart as.
+	// bed installs the chart as: the components' namespace the code and the
+	// README name (api.ComponentNamespace).
 	ChartRelease   = "gpufrac"
-	ChartNamespace = "gpufrac"
+	ChartNamespace = api.ComponentNamespace
 )
 
 // ErrHelmMissing is returned (wrapped) when a helm binary is not in bin/.

@@ -25,10 +25,10 @@ let two nodes run two versions under one release.
 {{- printf "%s:%s" .image.repository $tag -}}
 {{- end -}}
 
-{{/* The reservation namespace, refusing the release's own when the chart creates it. */}}
+{{/* The reservation namespace, never the release's own: only reservation and placeholder pods may live there. */}}
 {{- define "gpufrac.reservationNamespace" -}}
-{{- if and .Values.reservationNamespace.create (eq .Release.Namespace .Values.reservationNamespace.name) -}}
-{{- fail (printf "the release namespace is %s, which the chart creates as the reservation namespace; install into another namespace (e.g. --namespace gpufrac), or set reservationNamespace.create=false and create %s yourself with its Pod Security labels" .Release.Namespace .Release.Namespace) -}}
+{{- if eq .Release.Namespace .Values.reservationNamespace.name -}}
+{{- fail (printf "the release namespace is %s, the reservation namespace, where only gpufrac-coordinator's reservation and placeholder pods may live: install the components into their own namespace (--namespace gpufrac-system)" .Release.Namespace) -}}
 {{- end -}}
 {{- .Values.reservationNamespace.name -}}
 {{- end -}}
