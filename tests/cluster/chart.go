@@ -19,11 +19,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
 )
 
 const (
@@ -280,13 +285,119 @@ func ReplaceFlag(args []string, name, value string) []string {
 	return out
 }
 
-// Flag returns the value of --name=value in args.
+// Flag returns the value of the last --name=value in args (the one Go's
+// flag package keeps).
 func Flag(args []string, name string) (string, bool) {
 	prefix := "--" + name + "="
-	for _, a := range args {
+	for _, a := range slices.Backward(args) {
 		if v, ok := strings.CutPrefix(a, prefix); ok {
 			return v, true
 		}
 	}
 	return "", false
+}
+
+// Install is gpufrac as the chart installed it on the test bed: every object
+// but the workloads was applied; the components run as local processes with
+// the workloads' ServiceAccounts, arguments and config, which it holds.
+type Install struct {
+	// Objects is the whole rendering, workloads included.
+	Objects Objects
+	// Namespace is the release namespace (components, Lease).
+	Namespace string
+	// Node and Coordinator are the workloads' containers (zero when disabled).
+	Node, Coordinator Container
+	// NodeConfig is the admin's config the DaemonSet mounts (ConfigMap
+	// gpufrac-node-config, key config.yaml).
+	NodeConfig string
+}
+
+// workloadKinds are what the test bed runs as processes instead (the node
+// agents' pods, bound to their nodes, come from the DaemonSet's template:
+// identity.go), and what only matters in a real cluster (Services and
+// monitors of those pods).
+var workloadKinds = []string{"DaemonSet", "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor", "PodMonitor"}
+
+// TestbedValues is the values file the test bed installs the chart with, in
+// the repository (tests/cluster/testbed-values.yaml).
+func TestbedValues() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "tests", "cluster", "testbed-values.yaml"), nil
+}
+
+// InstallChart renders the chart with o (the CRDs included) and applies
+// every object but the workloads with server-side apply, as `helm install`
+// (or `helm upgrade`, on a cluster that has it) would; the Queue CRD is
+// established when it returns. It is safe to call again with other values:
+// that is an upgrade (objects the new rendering drops are not deleted).
+func (c *Cluster) InstallChart(ctx context.Context, o ChartOptions) (*Install, error) {
+	if o.Namespace == "" {
+		o.Namespace = ChartNamespace
+	}
+	o.IncludeCRDs = true
+	objs, err := RenderChart(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	in := &Install{Objects: objs, Namespace: o.Namespace}
+	if objs.Find("DaemonSet", "gpufrac-node") != nil {
+		if in.Node, err = objs.WorkloadContainer("DaemonSet", "gpufrac-node"); err != nil {
+			return nil, err
+		}
+		if in.NodeConfig, err = objs.ConfigMapData("gpufrac-node-config", "config.yaml"); err != nil {
+			return nil, err
+		}
+	}
+	if objs.Find("Deployment", "gpufrac-coordinator") != nil {
+		if in.Coordinator, err = objs.WorkloadContainer("Deployment", "gpufrac-coordinator"); err != nil {
+			return nil, err
+		}
+	}
+	// helm install needs the release namespace to exist (it stores the release there).
+	ns, err := DecodeObjects("release namespace", []byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: "+o.Namespace+"}\n"))
+	if err != nil {
+		return nil, err
+	}
+	applier := NewApplier(c.Client, c.Dynamic)
+	if _, err := applier.ServerSideApply(ctx, "release namespace", ns, ApplyOptions{FieldManager: "helm"}); err != nil {
+		return nil, err
+	}
+	// The admission policies last, once the Queue CRD they take parameters
+	// from is established and the reservation namespace can take pods (its
+	// default ServiceAccount exists), as installGpufrac's probes need.
+	policies := []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+	if _, err := applier.ServerSideApply(ctx, "the gpufrac chart", objs.Without(append(policies, workloadKinds...)...), ApplyOptions{FieldManager: "helm"}); err != nil {
+		return nil, err
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		crd, err := c.Dynamic.Resource(CRDResource()).Get(ctx, v1alpha1.QueueResource+"."+v1alpha1.Group, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return ConditionTrue(crd, "Established"), nil
+	}); err != nil {
+		return nil, fmt.Errorf("waiting for the chart's Queue CRD to be established: %w", err)
+	}
+	if p := objs.OfKind(policies...); len(p) > 0 {
+		if err := c.waitDefaultServiceAccount(ctx, api.ReservationNamespace); err != nil {
+			return nil, err
+		}
+		if _, err := applier.ServerSideApply(ctx, "the gpufrac chart's admission policies", p, ApplyOptions{FieldManager: "helm"}); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	c.install = in
+	c.mu.Unlock()
+	return in, nil
+}
+
+// Installed returns what the last InstallChart installed (nil before).
+func (c *Cluster) Installed() *Install {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.install
 }

@@ -160,14 +160,23 @@ func startCoordinator(t *testing.T, c *cluster.Cluster, id string, args ...strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As its ServiceAccount: exactly the rights coordinator-rbac.yaml grants,
-	// and the identity the admission policies trust.
-	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
+	// As the chart's Deployment runs it: its arguments (the kubelet's
+	// expansion, with the pod name id) and its ServiceAccount, with exactly
+	// the rights the chart grants and the identity the admission policies
+	// trust. A local process differs in its kubeconfig and metrics address
+	// (off); the tests shorten leader election, and args come last (the last
+	// value of a flag wins).
+	in := c.Installed()
+	chartArgs, err := cluster.ExpandArgs(in.Coordinator.Args, map[string]string{"POD_NAME": id, "POD_IP": "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := append([]string{"--kubeconfig=" + kubeconfig, "--metrics-addr=", "--identity=" + id,
-		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
+	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), in.Namespace, in.Coordinator.ServiceAccount, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append(append(cluster.ReplaceFlag(chartArgs, "metrics-addr", ""), "--kubeconfig="+kubeconfig,
+		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms"), args...)
 	cmd := exec.Command(bin, all...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
