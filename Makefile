@@ -10,16 +10,35 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 PKGS := ./...
 
-.PHONY: all build test unit lint fmt vet demo demo-down clean
+# The release version is the chart's appVersion: binaries are stamped with it
+# (cmd/internal/version) and images tagged with it, so the chart, the images
+# and the binaries in them always name one version.
+CHART := deployments/helm/gpufrac
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(CURDIR)/$(CHART)/Chart.yaml)
+GO_LDFLAGS := -s -w -X github.com/gpufrac/gpufrac/cmd/internal/version.version=$(VERSION)
+# gpufrac-node calls NVML through cgo (go-nvml dlopens libnvidia-ml.so.1, which
+# needs glibc); every other command is static. The images' Dockerfiles build
+# through build-node and build-static, so their flags are these.
+STATIC_CMDS := gpufrac-coordinator kubectl-gpufrac gpufrac-sim
+
+.PHONY: all build build-node build-static test unit lint fmt vet demo demo-down clean
 all: build
 
-## build: the gpufrac binaries into bin/
-build:
+## build: the gpufrac binaries into bin/, stamped with VERSION
+build: build-node build-static
+
+build-node:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=1 $(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/gpufrac-node
+
+build-static:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(STATIC_CMDS))
 
 -include tests/tools/tools.mk
 -include tests/demo/demo.mk
+-include deployments/images/images.mk
+-include deployments/krew/krew.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
 # The coordinator's and the node agent's packages run under the race detector
@@ -35,10 +54,14 @@ test: build tools
 unit:
 	$(GO) test -count=1 -short -timeout 10m $(PKGS)
 
-## lint: gofmt and go vet
-lint:
+## lint: gofmt, go vet, helm lint of the chart (Helm 3 and 4) and a server-side dry run of its renderings on the test bed
+lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \
+		echo "$$h lint --strict $(CHART) -f $$f"; $(BIN)/$$h lint --strict $(CHART) --namespace gpufrac-system -f $$f >/dev/null; \
+	done; done
+	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -29,7 +29,7 @@ const (
 	ComponentNamespace = "gpufrac-system"
 	// ReservationNamespace holds reservation and placeholder pods, and nothing
 	// else: only the coordinator creates pods there, only of their shape, and
-	// it enforces Pod Security "restricted" (deployments/manifests). The node
+	// it enforces Pod Security "restricted" (deployments/helm/gpufrac). The node
 	// agent recognises reservations by it and ReservationNamePrefix.
 	ReservationNamespace = "gpufrac-reservations"
 	// SystemNamespace is the namespace of reservation and placeholder pods,
@@ -146,7 +146,7 @@ type ProtocolAnnotation struct {
 }
 
 // ProtocolAnnotations lists every pod annotation the components write for
-// each other. deployments/manifests/admission-policies.yaml refuses anyone
+// each other. The chart's admission policies (deployments/helm/gpufrac) refuse anyone
 // but the owner who sets or changes one (a test keeps the two in step).
 func ProtocolAnnotations() []ProtocolAnnotation {
 	return []ProtocolAnnotation{

@@ -215,7 +215,7 @@ func TestGVR(t *testing.T) {
 	if got, want := gvr.String(), "gpufrac.io/v1alpha1, Resource=queues"; got != want {
 		t.Errorf("QueueGVR = %q, want %q", got, want)
 	}
-	if _, err := os.Stat(filepath.Join("..", "..", "deployments", "crds", "gpufrac.io_"+gvr.Resource+".yaml")); err != nil {
+	if _, err := os.Stat(filepath.Join("..", "..", "deployments", "helm", "gpufrac", "crds", "gpufrac.io_"+gvr.Resource+".yaml")); err != nil {
 		t.Errorf("CRD file for %s: %v", gvr, err)
 	}
 }

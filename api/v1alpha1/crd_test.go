@@ -24,7 +24,7 @@ import (
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
-var crdPath = filepath.Join("..", "..", "deployments", "crds", "gpufrac.io_queues.yaml")
+var crdPath = filepath.Join("..", "..", "deployments", "helm", "gpufrac", "crds", "gpufrac.io_queues.yaml")
 
 // readObjects decodes every YAML document of a file.
 func readObjects(t *testing.T, path string) []*unstructured.Unstructured {

@@ -6,7 +6,7 @@
 // reads queues with the dynamic client and converts them with FromUnstructured
 // (runtime.DefaultUnstructuredConverter), and writes status with
 // ToUnstructured. The schema the API server enforces is
-// deployments/crds/gpufrac.io_queues.yaml; crd_test.go keeps the two in step.
+// deployments/helm/gpufrac/crds/gpufrac.io_queues.yaml; crd_test.go keeps the two in step.
 package v1alpha1
 
 import (

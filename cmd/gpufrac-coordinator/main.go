@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"os/signal"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
+	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -25,9 +27,6 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
-
-// version is stamped at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	klog.InitFlags(nil)
@@ -63,14 +62,19 @@ func main() {
 	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")
 	flag.StringVar(&s.Placeholder.Image, "placeholder-image", s.Placeholder.Image, "image of placeholder pods")
 	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
+	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println("gpufrac-coordinator", version.Get())
+		return
+	}
 	s.Seed = seed
 	if npPrio < math.MinInt32 || npPrio > math.MaxInt32 {
 		klog.ErrorS(nil, "--non-preemptible-priority is outside the range of a pod priority (int32)", "value", npPrio)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
 	s.NonPreemptiblePriority = ptr.To(int32(npPrio))
-	cfg.Version = version
+	cfg.Version = version.Get()
 	faults, err := faultPoint()
 	if err != nil {
 		klog.ErrorS(err, "Invalid fault point")

@@ -21,14 +21,13 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
+	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
+	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 )
-
-// version is stamped at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	klog.InitFlags(nil)
@@ -49,8 +48,15 @@ func main() {
 	flag.DurationVar(&cfg.HealthProbeInterval, "health-probe-interval", time.Second, "how often GPUs are probed through NVML")
 	flag.StringVar(&o.ignoredXids, "ignored-xids", "", "comma-separated Xids that never mark a GPU unhealthy, replacing the default application Xids 13,31,43,45,68,109")
 	flag.StringVar(&cfg.SchedulerName, "scheduler-name", api.SchedulerName, "the coordinator's scheduler name: the gpufrac.io/gpu placement hint is read only from pods with this spec.schedulerName")
+	flag.StringVar(&o.cdiSpecDirs, "cdi-spec-dirs", strings.Join(cdi.DefaultSpecDirs, ","), "with --device-list-strategy=cdi: comma-separated CDI spec directories every device handed out must resolve in")
+	flag.DurationVar(&cfg.CDICheckInterval, "cdi-check-interval", cdi.DefaultInterval, "with --device-list-strategy=cdi: how often the CDI specs are checked (they are also watched)")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
+	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println("gpufrac-node", version.Get())
+		return
+	}
 
 	// The agent's live heap is 3-4 MB and grows slowly at idle; at the
 	// default GOGC=100 it doubles before each collection, which shows as
@@ -76,6 +82,7 @@ type options struct {
 	kubeconfig   string
 	strategy     string
 	ignoredXids  string
+	cdiSpecDirs  string
 	standaloneOK bool
 }
 
@@ -84,11 +91,16 @@ func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
-	cfg.Version = version
+	cfg.Version = version.Get()
 
 	var err error
 	if cfg.DeviceListStrategy, err = resource.ParseDeviceListStrategy(o.strategy); err != nil {
 		return err
+	}
+	for _, d := range strings.Split(o.cdiSpecDirs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			cfg.CDISpecDirs = append(cfg.CDISpecDirs, d)
+		}
 	}
 	if o.ignoredXids != "" {
 		for _, s := range strings.Split(o.ignoredXids, ",") {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/view"
 )
 
@@ -32,11 +33,16 @@ func main() {
 	flag.StringVar(&kubecontext, "context", "", "kubeconfig context to use")
 	flag.BoolVar(&wide, "wide", false, "print full GPU UUIDs and reservation pod names")
 	flag.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls")
+	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
 		fmt.Fprintln(flag.CommandLine.Output(), "Usage: kubectl gpufrac [flags]\n\nPrints every GPU node, its GPUs and the pods holding them.")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *printVersion {
+		fmt.Println("kubectl-gpufrac", version.Get())
+		return
+	}
 	if err := run(kubeconfig, kubecontext, wide, timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "kubectl-gpufrac:", err)
 		os.Exit(1)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -113,6 +112,9 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 	}
 	a := &App{cfg: cfg, rest: rc, client: client, events: events, dynamic: dyn, reg: prometheus.NewRegistry()}
 	a.leadFn = a.lead
+	if err := a.registerMetrics(); err != nil {
+		return nil, fmt.Errorf("registering metrics: %w", err)
+	}
 	return a, nil
 }
 
@@ -144,12 +146,6 @@ func (a *App) Ready() error {
 // context of its own, which is cancelled only once the work returned.
 func (a *App) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	build := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "gpufrac_build_info", Help: "Always 1; labels carry the gpufrac version and the Go version.",
-		ConstLabels: prometheus.Labels{"version": a.cfg.Version, "component": "gpufrac-coordinator"},
-	})
-	build.Set(1)
-	a.reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if !a.cfg.LeaderElect {
 		a.leading.Store(true)
 		defer a.leading.Store(false)
@@ -278,7 +274,11 @@ func (a *App) lead(ctx context.Context) error {
 	bnd := binder.New(a.client, recorder)
 	var reserver scheduler.Reserver
 	if a.cfg.Reservations {
-		reserver = reservation.NewManager(a.client, recorder, a.cfg.Reservation, nil)
+		rm := reservation.NewManager(a.client, recorder, a.cfg.Reservation, nil)
+		if err := rm.Register(a.reg); err != nil {
+			return fmt.Errorf("registering reservation metrics: %w", err)
+		}
+		reserver = rm
 	}
 	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
 		Pods:       podInf.Lister(),

@@ -117,6 +117,7 @@ type Manager struct {
 	clock    clock.PassiveClock
 
 	idleSince map[state.NodeGPU]time.Time // reservation -> when it was first seen without fractions
+	metrics   *metrics
 }
 
 // NewManager returns a manager.
@@ -127,7 +128,7 @@ func NewManager(client kubernetes.Interface, recorder record.EventRecorder, o Op
 	if recorder == nil {
 		recorder = &record.FakeRecorder{}
 	}
-	return &Manager{client: client, recorder: recorder, opts: o, clock: clk, idleSince: map[state.NodeGPU]time.Time{}}
+	return &Manager{client: client, recorder: recorder, opts: o, clock: clk, idleSince: map[state.NodeGPU]time.Time{}, metrics: newMetrics()}
 }
 
 // Ensure creates the attempt-th reservation of a GPU unless it exists.
@@ -154,6 +155,7 @@ func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) err
 func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
 	now := m.clock.Now()
 	removed := 0
+	defer func() { m.metrics.observe(rs, m.idleSince, now) }()
 	for key := range m.idleSince {
 		if rs[key] == nil {
 			delete(m.idleSince, key)

@@ -1,6 +1,8 @@
 package reservation
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"strings"
 	"testing"
 	"time"
@@ -62,13 +64,31 @@ func TestReconcileRemovesIdleReservationsAfterGrace(t *testing.T) {
 	key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
 	busy := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true, Fractions: 1}}
 	idle := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true}}
+	reg := prometheus.NewRegistry()
+	if err := m.Register(reg); err != nil {
+		t.Fatal(err)
+	}
 	if n := m.Reconcile(ctx, busy, nil); n != 0 {
 		t.Fatalf("removed %d busy reservations", n)
+	}
+	if got := testutil.ToFloat64(m.metrics.reservations.WithLabelValues(stateInUse)); got != 1 {
+		t.Errorf("gpufrac_reservations{state=in_use} = %v, want 1", got)
 	}
 	m.Reconcile(ctx, idle, nil) // idle from now
 	clk.Step(59 * time.Second)
 	if n := m.Reconcile(ctx, idle, nil); n != 0 {
 		t.Fatalf("removed within the grace period")
+	}
+	want := `
+# HELP gpufrac_reservation_idle_max_seconds How long the longest-idle reservation pod has held its GPU without any fraction; it is removed after --reservation-grace, so a value well beyond it means reservations are not cleaned up.
+# TYPE gpufrac_reservation_idle_max_seconds gauge
+gpufrac_reservation_idle_max_seconds 59
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpufrac_reservation_idle_max_seconds"); err != nil {
+		t.Error(err)
+	}
+	if got := testutil.ToFloat64(m.metrics.reservations.WithLabelValues(stateIdle)); got != 1 {
+		t.Errorf("gpufrac_reservations{state=idle} = %v, want 1", got)
 	}
 	if n := m.Reconcile(ctx, idle, map[state.NodeGPU]bool{key: true}); n != 0 {
 		t.Fatalf("removed a reservation fractions are being placed on")

@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	cycleDuration prometheus.Histogram
 	pending       *prometheus.GaugeVec
+	pendingAge    *prometheus.GaugeVec
 	bindings      *prometheus.CounterVec
 	bindDuration  prometheus.Histogram
 
@@ -25,7 +26,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpufrac_pending_pods",
-			Help: "Pods left pending by the last cycle, by reason: OverQuota, OverLimit, GangIncomplete, NoCapacity, InvalidRequest.",
+			Help: "Pods left pending by the last cycle, by reason: OverQuota, OverLimit, GangIncomplete, NoCapacity, InvalidRequest, ReservationPending.",
+		}, []string{"reason"}),
+		pendingAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpufrac_pending_pods_oldest_age_seconds",
+			Help: "Age (since creation) of the oldest pod the last cycle left pending, by reason (as gpufrac_pending_pods); no series for a reason with no pod.",
 		}, []string{"reason"}),
 		bindings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpufrac_bindings_total",
@@ -45,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "gpufrac_placeholders_landed_total",
 		Help: "Placeholder pods that were scheduled onto a node (the capacity arrived) and released for the real pods.",
 	})
-	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded} {
+	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -53,11 +58,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) cycle(d time.Duration, r Result) {
+// cycle records a cycle that began at start and took d.
+func (m *metrics) cycle(start time.Time, d time.Duration, r Result) {
 	m.cycleDuration.Observe(d.Seconds())
 	m.pending.Reset()
 	for reason, n := range r.Pending {
 		m.pending.WithLabelValues(reason).Set(float64(n))
+	}
+	m.pendingAge.Reset()
+	for reason, t := range r.OldestPending {
+		m.pendingAge.WithLabelValues(reason).Set(max(start.Sub(t), 0).Seconds())
 	}
 }
 

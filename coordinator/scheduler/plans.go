@@ -120,7 +120,7 @@ func planWaiting(plans, previous map[types.UID]plan, w *workload, ds []placement
 func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, plans map[types.UID]plan, now time.Time, res *Result) {
 	for _, p := range w.pods {
 		if now.Sub(plans[p.pod.UID].since) < s.opts.ReservationReportDelay {
-			res.Pending[api.ReasonReservationPending]++
+			res.pending(api.ReasonReservationPending, p.pod)
 			continue
 		}
 		s.markPending(ctx, p.pod, api.ReasonReservationPending, msg, res)

@@ -367,6 +367,20 @@ type Result struct {
 	Bound int
 	// Pending counts pods left pending, by reason.
 	Pending map[string]int
+	// OldestPending is the creation time of the oldest pod left pending, by
+	// reason (gpufrac_pending_pods_oldest_age_seconds).
+	OldestPending map[string]time.Time
+}
+
+// pending counts p as left pending for reason.
+func (r *Result) pending(reason string, p *corev1.Pod) {
+	r.Pending[reason]++
+	if r.OldestPending == nil {
+		r.OldestPending = map[string]time.Time{}
+	}
+	if t, ok := r.OldestPending[reason]; !ok || p.CreationTimestamp.Time.Before(t) {
+		r.OldestPending[reason] = p.CreationTimestamp.Time
+	}
 }
 
 // Cycle runs one scheduling cycle.
@@ -532,7 +546,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 	}
 	s.writeQueueStatus(ctx, books, waiting, queues, badQueues)
-	s.metrics.cycle(s.clock.Since(start), res)
+	s.metrics.cycle(start, s.clock.Since(start), res)
 	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", s.clock.Since(start))
 	return res, nil
 }
@@ -546,7 +560,7 @@ func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 }
 
 func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {
-	res.Pending[reason]++
+	res.pending(reason, p)
 	if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
 		klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
 	}

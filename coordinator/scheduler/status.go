@@ -28,7 +28,7 @@ type DynamicStatusWriter struct{ Client dynamic.Interface }
 
 // WriteQueueStatus implements StatusWriter with a merge patch of the status subresource.
 func (w DynamicStatusWriter) WriteQueueStatus(ctx context.Context, name string, st v1alpha1.QueueStatus) error {
-	body, err := json.Marshal(map[string]any{"status": st})
+	body, err := statusPatch(st)
 	if err != nil {
 		return err
 	}
@@ -37,6 +37,22 @@ func (w DynamicStatusWriter) WriteQueueStatus(ctx context.Context, name string, 
 		return fmt.Errorf("writing status of queue %s: %w", name, err)
 	}
 	return nil
+}
+
+// statusPatch is the merge patch that sets st. A merge patch leaves out what
+// st omits (omitempty), which would keep a stale pendingGangs once a queue's
+// last workload was placed: it is written even when 0.
+func statusPatch(st v1alpha1.QueueStatus) ([]byte, error) {
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	fields["pendingGangs"] = st.PendingGangs
+	return json.Marshal(map[string]any{"status": fields})
 }
 
 // resourceList renders Resources with the CRD's keys (gpu in GPUs, fractions allowed).

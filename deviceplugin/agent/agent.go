@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/health"
@@ -56,6 +57,11 @@ type Config struct {
 	// SchedulerName is the coordinator's scheduler name: only pods with it
 	// have their gpufrac.io/gpu placement hint read ("" is api.SchedulerName).
 	SchedulerName string
+	// CDISpecDirs are the node's CDI spec directories, checked with the cdi
+	// device-list strategy (nil: cdi.DefaultSpecDirs).
+	CDISpecDirs []string
+	// CDICheckInterval is how often the CDI specs are checked (0: cdi.DefaultInterval).
+	CDICheckInterval time.Duration
 }
 
 // Agent is a running gpufrac-node.
@@ -71,6 +77,7 @@ type Agent struct {
 	podRes   *pods.PodResources
 	watchdog *enforcement.Watchdog
 	metrics  *metrics.Metrics
+	cdi      *cdi.Checker   // nil unless the device-list strategy is cdi
 	recorder *eventRecorder // nil: standalone, events are dropped
 	gpus     []nvidia.GPU
 	topology []*gpuallocator.Device
@@ -78,6 +85,7 @@ type Agent struct {
 
 	applyMu    sync.Mutex                     // serialises config applications
 	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
+	cdiChecker atomic.Pointer[cdi.Checker]    // the CDI check, for Ready, once started
 
 	migLayout  *mig.Manager                      // nil when the NVML backend has no MIG
 	builtin    *config.File                      // the built-in defaults, which never reshape MIG
@@ -110,10 +118,14 @@ func (a *Agent) Registry() *prometheus.Registry { return a.reg }
 // Ready returns nil once every resource is registered with the kubelet, and
 // the reason otherwise (for /readyz). It is safe to call while Run runs.
 func (a *Agent) Ready() error {
-	if m := a.registered.Load(); m != nil && m.Registered() {
-		return nil
+	m := a.registered.Load()
+	if m == nil || !m.Registered() {
+		return errors.New("device plugins not registered with the kubelet")
 	}
-	return errors.New("device plugins not registered with the kubelet")
+	if c := a.cdiChecker.Load(); c != nil {
+		return c.Ready()
+	}
+	return nil
 }
 
 // Resources lists the resources being served.
@@ -224,7 +236,29 @@ func (a *Agent) Run(ctx context.Context) error {
 	goRun("health", a.checker.Run)
 	a.watchdog = a.newWatchdog(ctx, goRun)
 
-	// 3. The admin's config: apply now, then on every valid change.
+	// 3. With CDI, every device name handed out must resolve in the node's
+	// CDI specs (written by the NVIDIA container toolkit): checked now, on
+	// spec changes and after every config or MIG layout change.
+	if a.cfg.DeviceListStrategy == resource.StrategyCDI {
+		c, err := cdi.New(cdi.Options{
+			SpecDirs: a.cfg.CDISpecDirs, Interval: a.cfg.CDICheckInterval, Registerer: a.reg,
+			OnChange: func(st cdi.Status) {
+				if st.OK() {
+					a.nodeEvent(corev1.EventTypeNormal, "CDISpecResolved", "every GPU and MIG device served resolves in the node's CDI specs")
+					return
+				}
+				a.nodeEvent(corev1.EventTypeWarning, "CDISpecMissing", "%s", a.cdi.Describe(st))
+			},
+		})
+		if err != nil {
+			return err
+		}
+		a.cdi = c
+		a.cdiChecker.Store(c)
+		goRun("cdi", c.Run)
+	}
+
+	// 4. The admin's config: apply now, then on every valid change.
 	deps := resource.Deps{Topology: a.topology, Health: a.checker.Healthy, Usage: usage, Strategy: a.cfg.DeviceListStrategy}
 	if a.hint != nil {
 		deps.Hint = a.hint
@@ -303,6 +337,9 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	res, err := a.build(f, deps)
 	if err != nil {
 		return err
+	}
+	if a.cdi != nil {
+		res = a.cdi.Checked(res)
 	}
 	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil {
 		a.invMu.Lock()

@@ -39,6 +39,7 @@ type env struct {
 	client  *fake.Clientset
 	kubelet *kubeletsim.Kubelet
 	agent   *Agent
+	lib     nvidia.Lib   // the agent's mock
 	gpus    []nvidia.GPU // the mock's GPUs, in index order
 }
 
@@ -71,6 +72,12 @@ func startAgent(t *testing.T, config string, objs ...runtime.Object) *env {
 // startAgentWith is startAgent with prep called on the fake API server
 // before the agent starts (to add reactors that fail calls).
 func startAgentWith(t *testing.T, config string, prep func(*fake.Clientset), objs ...runtime.Object) *env {
+	t.Helper()
+	return startAgentFull(t, config, prep, nil, objs...)
+}
+
+// startAgentFull is startAgentWith with the agent's Config changed by mod.
+func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod func(*Config), objs ...runtime.Object) *env {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -105,7 +112,7 @@ func startAgentWith(t *testing.T, config string, prep func(*fake.Clientset), obj
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.agent = New(Config{
+	cfg := Config{
 		NodeName:            nodeName,
 		KubeletDir:          filepath.Join(dir, "dp"),
 		PodResourcesSocket:  filepath.Join(dir, "pr.sock"),
@@ -113,7 +120,12 @@ func startAgentWith(t *testing.T, config string, prep func(*fake.Clientset), obj
 		HealthProbeInterval: 100 * time.Millisecond,
 		ProcRoot:            filepath.Join(dir, "proc"), // empty: the watchdog maps no process
 		Version:             "test",
-	}, lib, podstest.Clientset{Interface: e.client})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e.lib = lib
+	e.agent = New(cfg, lib, podstest.Clientset{Interface: e.client})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- e.agent.Run(runCtx) }()

@@ -17,6 +17,7 @@ const (
 type metrics struct {
 	reloads     *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
+	lastOK      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -31,6 +32,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gpufrac_config_last_reload_success_timestamp_seconds",
 			Help: "Unix time of the last successful config load; 0 before the first.",
 		}),
+		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpufrac_config_last_reload_successful",
+			Help: "1 when the last config load succeeded, 0 when it was rejected (the node keeps its last good config, or its defaults, until a valid one appears).",
+		}),
 	}
 	// Both series exist from the start, so rate() and alerts see a zero.
 	m.reloads.WithLabelValues(reloadSuccess)
@@ -38,7 +43,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.reloads, m.lastSuccess} {
+	for _, c := range []prometheus.Collector{m.reloads, m.lastSuccess, m.lastOK} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering config reload metrics: %w", err)
 		}

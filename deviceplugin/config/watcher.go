@@ -394,8 +394,10 @@ func (w *Watcher) count(out outcome) {
 	case outcomeChanged, outcomeRestored:
 		w.metrics.reloads.WithLabelValues(reloadSuccess).Inc()
 		w.metrics.lastSuccess.Set(float64(w.clock.Now().UnixNano()) / 1e9)
+		w.metrics.lastOK.Set(1)
 	case outcomeRejected:
 		w.metrics.reloads.WithLabelValues(reloadRejected).Inc()
+		w.metrics.lastOK.Set(0)
 	}
 }
 

@@ -526,6 +526,9 @@ func TestWatcherLoadAndMetrics(t *testing.T) {
 	if _, err := h.w.Load(h.ctx); !errors.Is(err, ErrInvalid) {
 		t.Errorf("second Load(bad) error = %v, want ErrInvalid", err)
 	}
+	if got := testutil.ToFloat64(h.w.metrics.lastOK); got != 0 {
+		t.Errorf("gpufrac_config_last_reload_successful after a rejected load = %v, want 0", got)
+	}
 	// Back to the good bytes.
 	writeFile(t, path, cfg(2))
 	if again := h.load(2); again != first {
@@ -536,6 +539,9 @@ func TestWatcherLoadAndMetrics(t *testing.T) {
 # HELP gpufrac_config_last_reload_success_timestamp_seconds Unix time of the last successful config load; 0 before the first.
 # TYPE gpufrac_config_last_reload_success_timestamp_seconds gauge
 gpufrac_config_last_reload_success_timestamp_seconds 1.7000000605e+09
+# HELP gpufrac_config_last_reload_successful 1 when the last config load succeeded, 0 when it was rejected (the node keeps its last good config, or its defaults, until a valid one appears).
+# TYPE gpufrac_config_last_reload_successful gauge
+gpufrac_config_last_reload_successful 1
 # HELP gpufrac_config_reloads_total Config file loads by result: success (the file was read and is now in force, including a return to the config already in force) or rejected (the file could not be read or is invalid; the last good config stays in force).
 # TYPE gpufrac_config_reloads_total counter
 gpufrac_config_reloads_total{result="rejected"} 1

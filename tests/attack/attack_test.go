@@ -1,7 +1,7 @@
 // Package attack is the trust-boundary suite of issue 12: on the local test
 // bed, with the real gpufrac-node on every GPU node, the real
 // gpufrac-coordinator as its ServiceAccount and gpufrac's admission policies
-// installed as deployments/manifests ships them, an ordinary tenant (a
+// installed as the Helm chart (deployments/helm/gpufrac) ships them, an ordinary tenant (a
 // ServiceAccount token with the bootstrap "edit" role in its own namespace,
 // nothing more) tries to take another team's GPU, quota or node, and
 // gpufrac-node's own credentials try to write outside their node. Every

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
 
@@ -48,7 +50,8 @@ type NodeAgentOptions struct {
 	// Models maps a node's nvidia.com/gpu.product label to the mock model gpufrac-node
 	// runs on. Nil means DefaultGPUModels(); unknown or missing labels get DefaultGPUModel.
 	Models map[string]string
-	// Config, when not empty, is written to a file passed to gpufrac-node as --config.
+	// Config, when not empty, replaces the chart's node config (values
+	// node.config) in the file passed to gpufrac-node as --config.
 	Config string
 	// Args are appended to gpufrac-node's arguments (e.g. "-v=4", "--health-quiet-period=2s").
 	Args []string
@@ -87,9 +90,8 @@ type NodeAgent struct {
 	LogPath string
 	// PID is gpufrac-node's process ID.
 	PID int
-	// ConfigPath is gpufrac-node's --config file, "" when NodeAgentOptions.Config
-	// is empty (the agent then serves its built-in defaults). WriteConfig
-	// changes it.
+	// ConfigPath is gpufrac-node's --config file: the chart's node config, or
+	// NodeAgentOptions.Config. WriteConfig changes it.
 	ConfigPath string
 	// Kubeconfig is gpufrac-node's --kubeconfig: a token of the gpufrac-node
 	// ServiceAccount bound to Pod, so the API server knows the agent's node.
@@ -120,6 +122,24 @@ func (a *NodeAgent) WriteConfig(content string) error {
 		return fmt.Errorf("writing the config of node %s: %w", a.Node, err)
 	}
 	return nil
+}
+
+// Metrics returns the agent's /metrics page.
+func (a *NodeAgent) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.MetricsAddr+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("reading the metrics of node %s: %w", a.Node, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("reading the metrics of node %s: %w", a.Node, err)
+	}
+	return string(b), nil
 }
 
 // agentEntry is a node agent from the moment its node is seen.
@@ -344,13 +364,40 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	}
 	undo = append(undo, agent.Kubelet.Stop)
 	status := newStatusSync(c, node.Name)
+
+	// 3. gpufrac-node's arguments: the chart DaemonSet's, as the kubelet
+	// expands them, where a local process differs: its sockets, metrics port,
+	// config file and CDI spec directory are its own, and the harness adds
+	// the mock NVML and the kubeconfig of its identity (4.).
+	in := c.Installed()
+	args, err := ExpandArgs(in.Node.Args, map[string]string{"NODE_NAME": node.Name, "POD_IP": "127.0.0.1"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("gpufrac-node arguments from the chart: %w", err)
+	}
+	gpuCount := 0
+	// A node made from a cloud instance type (Karpenter) has as many mock GPUs
+	// as the type sells, not the DGX's eight.
+	if q, ok := node.Status.Allocatable[api.ResourceGPU]; ok && q.Value() > 0 && q.Value() != 8 {
+		gpuCount = int(q.Value())
+		args = append(args, fmt.Sprintf("--mock-gpus=%d", gpuCount))
+	}
+	if strategy, _ := Flag(args, "device-list-strategy"); strategy == string(resource.StrategyCDI) {
+		// The node's NVIDIA toolkit: a spec for its GPUs now, and for its
+		// MIG devices whenever they change, before the node status does.
+		specs, err := newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, gpuCount)
+		if err != nil {
+			return nil, nil, err
+		}
+		agent.Kubelet.OnChange(specs.update)
+		args = ReplaceFlag(args, "cdi-spec-dirs", specDir(nodeDir))
+	}
 	agent.Kubelet.OnChange(status.update)
 	var wg sync.WaitGroup
 	syncCtx, cancelSync := context.WithCancel(ctx)
 	wg.Go(func() { status.run(syncCtx) })
 	undo = append(undo, func() { cancelSync(); wg.Wait() })
 
-	// 3. Its identity: a pod of the DaemonSet on the node, and a token bound
+	// 4. Its identity: a pod of the DaemonSet on the node, and a token bound
 	// to that pod.
 	kubeconfig, pod, err := c.nodeAgentKubeconfig(ctx, node)
 	if err != nil {
@@ -363,37 +410,33 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		}
 	})
 
-	// 4. gpufrac-node.
-	args := []string{
-		"--node-name=" + node.Name,
-		"--nvml=mock:" + agent.Model,
-		"--mock-state-dir=" + stateDir,
-		"--kubelet-dir=" + filepath.Join(sockDir, "dp"),
-		"--pod-resources-socket=" + agent.PodResourcesSocket,
-		"--kubeconfig=" + kubeconfig,
+	// 5. gpufrac-node.
+	args = ReplaceFlag(args, "kubelet-dir", filepath.Join(sockDir, "dp"))
+	args = ReplaceFlag(args, "pod-resources-socket", agent.PodResourcesSocket)
+	args = append(args,
+		"--nvml=mock:"+agent.Model,
+		"--mock-state-dir="+stateDir,
+		"--kubeconfig="+kubeconfig,
 		"--allow-standalone=false",
-		"-v=2",
+	)
+	cfg := in.NodeConfig
+	if c.opts.NodeAgents.Config != "" {
+		cfg = c.opts.NodeAgents.Config
 	}
-	// A node made from a cloud instance type (Karpenter) has as many mock GPUs
-	// as the type sells, not the DGX's eight.
-	if q, ok := node.Status.Allocatable[api.ResourceGPU]; ok && q.Value() > 0 && q.Value() != 8 {
-		args = append(args, fmt.Sprintf("--mock-gpus=%d", q.Value()))
+	path := filepath.Join(nodeDir, "config.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
 	}
-	if cfg := c.opts.NodeAgents.Config; cfg != "" {
-		path := filepath.Join(nodeDir, "config.yaml")
-		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-			return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
-		}
-		args = append(args, "--config="+path)
-		agent.ConfigPath = path
-	}
+	args = ReplaceFlag(args, "config", path)
+	agent.ConfigPath = path
+	// The test's own arguments come last: the last value of a flag wins.
 	args = append(args, c.opts.NodeAgents.Args...)
 	comp := component{
 		name:  nodeAgentPrefix + node.Name,
 		path:  c.nodeAgentBinary(),
 		ports: 1,
 		args: func(ports []int) ([]string, error) {
-			return append(slices.Clone(args), fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[0])), nil
+			return ReplaceFlag(slices.Clone(args), "metrics-addr", fmt.Sprintf("127.0.0.1:%d", ports[0])), nil
 		},
 		ready: func(ctx context.Context, ports []int) error {
 			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[0]), nil)

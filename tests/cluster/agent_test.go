@@ -215,6 +215,14 @@ func TestNodeAgents(t *testing.T) {
 				return err == nil && len(inv) == 8, nil
 			})
 		}
+		// The agents run with the chart's arguments: CDI device names, which
+		// the node's spec (the harness plays the NVIDIA toolkit) resolves.
+		for name, agent := range agents {
+			waitFor(t, 10*time.Second, name+" CDI devices resolved", func(ctx context.Context) (bool, error) {
+				body, err := agent.Metrics(ctx)
+				return strings.Contains(body, "gpufrac_cdi_devices_served 8\n") && strings.Contains(body, "gpufrac_cdi_devices_unresolved 0\n"), err
+			})
+		}
 		if got := c.NodeAgent("cpu-node"); got != nil {
 			t.Errorf("cpu-node has a node agent: %+v", got)
 		}

@@ -87,16 +87,17 @@ type Options struct {
 	// NodeAgents, when not nil, runs a real gpufrac-node with a kubelet simulator for
 	// every kwok GPU node (see NodeAgentOptions and Cluster.NodeAgent).
 	NodeAgents *NodeAgentOptions
-	// DeploymentsDir holds gpufrac's crds/ and manifests/. Empty means
-	// <repository root>/deployments.
-	DeploymentsDir string
+	// Chart says how gpufrac's Helm chart (deployments/helm/gpufrac) is
+	// installed: its objects are applied at start, and the node agents run
+	// with its DaemonSet's arguments, config and identity. No values files
+	// means TestbedValues(); the release namespace is ChartNamespace.
+	Chart ChartOptions
 	// Bare leaves gpufrac out: none of its cluster objects is installed (for
 	// tests of those objects themselves). It cannot be combined with NodeAgents.
 	Bare bool
-	// NoAdmissionPolicies installs gpufrac's cluster objects without its
-	// admission policies (manifests/admission-policies.yaml), for tests of
-	// what happens where an admin left them out. By default every cluster
-	// runs under them.
+	// NoAdmissionPolicies installs the chart with admissionPolicies.enabled=
+	// false, for tests of what happens where an admin left them out. By
+	// default every cluster runs under them.
 	NoAdmissionPolicies bool
 }
 
@@ -129,6 +130,7 @@ type Cluster struct {
 	agents        map[string]*agentEntry           // node name -> its node agent, from start to stop
 	agentsChanged chan struct{}                    // closed and replaced whenever agents changes
 	apiServer     *running                         // kube-apiserver, for RestartAPIServer
+	install       *Install                         // what InstallChart last installed
 
 	ctx         context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
 	cancel      context.CancelFunc

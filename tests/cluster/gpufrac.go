@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,70 +24,30 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/restricted"
 )
 
-// PoliciesFile is the admission policies' file in deployments/manifests.
-const PoliciesFile = "admission-policies.yaml"
-
 // policyReadyTimeout bounds the wait for the admission policies to be in force.
 const policyReadyTimeout = 60 * time.Second
 
-// gpufracManifests are the files of deployments/ that a gpufrac installation
-// applies besides its programs, in order; the admission policies come last
-// (PoliciesFile), once the Queue CRD they take parameters from is served.
-var gpufracManifests = []string{
-	filepath.Join("crds", "gpufrac.io_queues.yaml"),
-	filepath.Join("manifests", "namespace.yaml"),
-	filepath.Join("manifests", "priorityclasses.yaml"),
-	filepath.Join("manifests", "coordinator-rbac.yaml"),
-	filepath.Join("manifests", "node-rbac.yaml"),
-}
-
-// deploymentsDir is Options.DeploymentsDir or <repository root>/deployments.
-func (c *Cluster) deploymentsDir() (string, error) {
-	if c.opts.DeploymentsDir != "" {
-		return c.opts.DeploymentsDir, nil
-	}
-	root, err := RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(root, "deployments"), nil
-}
-
-// installGpufrac applies gpufrac's cluster objects (Queue CRD, namespaces,
-// priority classes, both components' RBAC) and, unless
-// Options.NoAdmissionPolicies, its admission policies, and waits until the
-// CRD is served and every policy refuses what it must.
+// installGpufrac installs gpufrac's chart (Options.Chart; the admission
+// policies unless Options.NoAdmissionPolicies) and waits until every policy
+// refuses what it must.
 func (c *Cluster) installGpufrac(ctx context.Context) error {
 	began := time.Now()
-	dir, err := c.deploymentsDir()
-	if err != nil {
-		return err
-	}
-	a := NewApplier(c.Client, c.Dynamic)
-	for _, f := range gpufracManifests {
-		if _, err := a.ApplyFile(ctx, filepath.Join(dir, f)); err != nil {
-			return fmt.Errorf("installing gpufrac: %w", err)
-		}
-	}
-	if err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		crd, err := c.Dynamic.Resource(CRDResource()).Get(ctx, v1alpha1.QueueResource+"."+v1alpha1.Group, metav1.GetOptions{})
+	o := c.opts.Chart
+	if len(o.ValuesFiles) == 0 {
+		v, err := TestbedValues()
 		if err != nil {
-			return false, err
+			return err
 		}
-		return ConditionTrue(crd, "Established"), nil
-	}); err != nil {
-		return fmt.Errorf("waiting for the Queue CRD to be established: %w", err)
+		o.ValuesFiles = []string{v}
+	}
+	if c.opts.NoAdmissionPolicies {
+		o.Set = append(slices.Clone(o.Set), "admissionPolicies.enabled=false")
+	}
+	if _, err := c.InstallChart(ctx, o); err != nil {
+		return fmt.Errorf("installing gpufrac's chart: %w", err)
 	}
 	if c.opts.NoAdmissionPolicies {
 		return nil
-	}
-	// The namespace's default ServiceAccount must exist before pods (the
-	// probes' dry runs included) can be created there.
-	if err := c.waitDefaultServiceAccount(ctx, api.ReservationNamespace); err != nil {
-		return err
-	}
-	if _, err := a.ApplyFile(ctx, filepath.Join(dir, "manifests", PoliciesFile)); err != nil {
-		return fmt.Errorf("installing gpufrac's admission policies: %w", err)
 	}
 	if err := c.waitPoliciesInForce(ctx); err != nil {
 		return err

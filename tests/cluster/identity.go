@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -17,15 +16,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
-
-	"github.com/gpufrac/gpufrac/api"
 )
 
 const (
 	// tokenLifetime matches the cluster certificates' lifetime.
 	tokenLifetime = 7 * 24 * time.Hour
-	// daemonSetFile is the node agent's DaemonSet in deployments/manifests.
-	daemonSetFile = "node-daemonset.yaml"
+	// nodeDaemonSet is the chart's DaemonSet of gpufrac-node.
+	nodeDaemonSet = "gpufrac-node"
 	// agentPodPrefix starts the name of every node agent's pod.
 	agentPodPrefix = "gpufrac-node-"
 )
@@ -50,7 +47,7 @@ func (c *Cluster) serviceAccountToken(ctx context.Context, namespace, name strin
 }
 
 // nodeAgentPod makes the node agent's pod on a node from the gpufrac-node
-// DaemonSet's pod template (deployments/manifests/node-daemonset.yaml), as
+// DaemonSet's pod template (the chart's, as installed), as
 // the DaemonSet controller would, and returns it as created. The harness runs
 // gpufrac-node as a process, not in this pod (kwok runs no containers): the
 // pod is what the agent's identity is bound to, exactly as on a real node,
@@ -61,25 +58,17 @@ func (c *Cluster) serviceAccountToken(ctx context.Context, namespace, name strin
 // it does not tolerate), and its owner is its Node (so Karpenter treats it as
 // a node's own pod and garbage collection removes it with the node).
 func (c *Cluster) nodeAgentPod(ctx context.Context, node *corev1.Node) (*corev1.Pod, error) {
-	dir, err := c.deploymentsDir()
-	if err != nil {
-		return nil, err
+	in := c.Installed()
+	if in == nil {
+		return nil, errors.New("node agents need gpufrac's chart installed (Options.Bare is set)")
 	}
-	path := filepath.Join(dir, "manifests", daemonSetFile)
-	objs, err := ReadObjects(path)
-	if err != nil {
-		return nil, err
+	obj := in.Objects.Find("DaemonSet", nodeDaemonSet)
+	if obj == nil {
+		return nil, fmt.Errorf("the chart, as installed, has no DaemonSet %s", nodeDaemonSet)
 	}
 	var ds appsv1.DaemonSet
-	for _, o := range objs {
-		if o.GetKind() == "DaemonSet" {
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &ds); err != nil {
-				return nil, fmt.Errorf("decoding the DaemonSet of %s: %w", path, err)
-			}
-		}
-	}
-	if ds.Name == "" {
-		return nil, fmt.Errorf("no DaemonSet in %s", path)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &ds); err != nil {
+		return nil, fmt.Errorf("decoding the chart's DaemonSet %s: %w", nodeDaemonSet, err)
 	}
 	name := agentPodPrefix + node.Name
 	if len(name) > 253 {
@@ -96,6 +85,7 @@ func (c *Cluster) nodeAgentPod(ctx context.Context, node *corev1.Node) (*corev1.
 	pod.Spec.Tolerations = append(pod.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
 	pods := c.Client.CoreV1().Pods(pod.Namespace)
 	var created *corev1.Pod
+	var err error
 	// A node that came back under the same name may still have its old
 	// agent pod (garbage collection has not caught up): replace it.
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -128,7 +118,7 @@ func client404(err error) error {
 // nodeAgentKubeconfig creates the node agent's pod on a node and writes a
 // kubeconfig with a token of the gpufrac-node ServiceAccount bound to it, so
 // the agent runs with exactly the identity a real deployment gives it: the
-// RBAC of node-rbac.yaml, and the admission policies' hold on its node. It
+// chart's RBAC for it, and the admission policies' hold on its node. It
 // returns the kubeconfig's path and the pod; deleting the pod revokes the
 // token.
 func (c *Cluster) nodeAgentKubeconfig(ctx context.Context, node *corev1.Node) (string, *corev1.Pod, error) {
@@ -136,7 +126,7 @@ func (c *Cluster) nodeAgentKubeconfig(ctx context.Context, node *corev1.Node) (s
 	if err != nil {
 		return "", nil, err
 	}
-	path, err := c.ServiceAccountKubeconfig(ctx, api.ComponentNamespace, api.NodeServiceAccount, pod)
+	path, err := c.ServiceAccountKubeconfig(ctx, pod.Namespace, pod.Spec.ServiceAccountName, pod)
 	if err != nil {
 		return "", nil, errors.Join(err, c.deleteNodeAgentPod(ctx, pod))
 	}

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
-	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
@@ -31,8 +30,9 @@ const (
 	// coordinatorStopGrace is how long the coordinator gets to release its
 	// Lease after SIGTERM.
 	coordinatorStopGrace = 10 * time.Second
-	// reservationGrace is the coordinator's --reservation-grace in the demo:
-	// short, so scaling the burst down frees Karpenter's nodes within a minute.
+	// reservationGrace is the coordinator's --reservation-grace in the demo
+	// (tests/demo/demo-values.yaml): short, so scaling the burst down frees
+	// Karpenter's nodes within a minute.
 	reservationGrace = 15 * time.Second
 )
 
@@ -43,12 +43,16 @@ type coordinatorProcess struct {
 	err     error         // its exit status, once done is closed
 	log     string
 	metrics string // host:port of /metrics, /healthz, /readyz
+	// leaseNamespace holds its leader-election Lease (the chart's namespace).
+	leaseNamespace string
 }
 
-// startCoordinator runs bin/gpufrac-coordinator against the cluster with the
-// given kubeconfig, leader election on, logging to the cluster's log dir,
-// and waits until it holds its Lease and has synced its caches.
-func startCoordinator(ctx context.Context, cfg config, c *cluster.Cluster, kubeconfig string) (*coordinatorProcess, error) {
+// startCoordinator runs bin/gpufrac-coordinator against the cluster with
+// the arguments of the chart's Deployment (as the kubelet expands them) and
+// the chart's ServiceAccount (kubeconfig), logging to the cluster's log dir,
+// and waits until it holds its Lease and has synced its caches. Only what a
+// local process needs differs: its metrics address and the kubeconfig.
+func startCoordinator(ctx context.Context, cfg config, c *cluster.Cluster, in *cluster.Install, kubeconfig string) (*coordinatorProcess, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -58,14 +62,21 @@ func startCoordinator(ctx context.Context, cfg config, c *cluster.Cluster, kubec
 		metrics: "127.0.0.1:" + strconv.Itoa(port),
 		done:    make(chan struct{}),
 	}
+	args, err := cluster.ExpandArgs(in.Coordinator.Args, map[string]string{"POD_NAME": coordinatorIdentity, "POD_IP": "127.0.0.1"})
+	if err != nil {
+		return nil, fmt.Errorf("gpufrac-coordinator arguments from the chart: %w", err)
+	}
+	if g, _ := cluster.Flag(args, "reservation-grace"); g != reservationGrace.String() {
+		return nil, fmt.Errorf("the chart gives --reservation-grace=%s, the demo says %s (tests/demo/demo-values.yaml)", g, reservationGrace)
+	}
+	co.leaseNamespace, _ = cluster.Flag(args, "lease-namespace")
+	args = append(cluster.ReplaceFlag(args, "metrics-addr", co.metrics), "--kubeconfig="+kubeconfig)
 	f, err := os.Create(co.log)
 	if err != nil {
 		return nil, fmt.Errorf("creating the coordinator log: %w", err)
 	}
 	defer f.Close() // the child has its own descriptor
-	co.cmd = exec.Command(filepath.Join(cfg.binDir(), "gpufrac-coordinator"),
-		"--kubeconfig="+kubeconfig, "--metrics-addr="+co.metrics, "--identity="+coordinatorIdentity,
-		"--leader-elect=true", "--reservation-grace="+reservationGrace.String(), "-v=2")
+	co.cmd = exec.Command(filepath.Join(cfg.binDir(), "gpufrac-coordinator"), args...)
 	co.cmd.Stdout, co.cmd.Stderr = f, f
 	// Its own process group, and it dies with the demo's background process.
 	co.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -94,7 +105,7 @@ func (co *coordinatorProcess) waitLeading(ctx context.Context, client kubernetes
 			return false, fmt.Errorf("gpufrac-coordinator exited (%v); see %s", co.err, co.log)
 		default:
 		}
-		l, err := client.CoordinationV1().Leases(api.ComponentNamespace).Get(ctx, coordinatorLease, metav1.GetOptions{})
+		l, err := client.CoordinationV1().Leases(co.leaseNamespace).Get(ctx, coordinatorLease, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}

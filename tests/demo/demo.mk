@@ -2,9 +2,10 @@
 #
 # make demo builds what it needs (gpufrac binaries, the cluster tools, the demo
 # driver) and runs `gpufrac-demo up`: in the background, a local control plane
-# with Karpenter's kwok provider (1x/8x H100 machines), the Queue CRD, priority
-# classes and RBAC, the real gpufrac-coordinator as its ServiceAccount, and static
-# mock-H100 GPU nodes, every GPU node with a real gpufrac-node; then it submits
+# with Karpenter's kwok provider (1x/8x H100 machines), gpufrac's Helm chart
+# (rendered with bin/helm and applied), the real gpufrac-coordinator with the
+# chart's arguments as its ServiceAccount, and static mock-H100 GPU nodes, every
+# GPU node with a real gpufrac-node run as the chart's DaemonSet runs it; then it submits
 # deployments/examples step by step and prints the per-node, per-GPU view with a
 # legend. The cluster keeps running until make demo-down.
 # DEMO_ARGS passes flags to `gpufrac-demo up`, e.g.

@@ -341,7 +341,7 @@ func TestUpStatusDown(t *testing.T) {
 	}
 	for _, want := range []string{
 		"NODE gpu-node-1 (Ready)", "NODE gpu-node-2 (Ready)",
-		"gpufrac-coordinator leads as ServiceAccount gpufrac-system/gpufrac-coordinator",
+		"installed the gpufrac chart", "gpufrac-coordinator runs with the chart's arguments and leads as ServiceAccount gpufrac-system/gpufrac-coordinator",
 		"default/ddp-0 (whole, gang ddp)", "default/ddp-1 (whole, gang ddp)", "default/train-llm (whole)",
 		"made by Karpenter (NodePool gpu, gpu-", "Karpenter launched node", "export KUBECONFIG=",
 	} {

@@ -92,19 +92,21 @@ func startDemo(ctx context.Context, cfg config, p progress) (c *cluster.Cluster,
 		return nil, nil, err
 	}
 	began := time.Now()
-	// The cluster installed gpufrac's objects (Queue CRD, namespaces, priority
-	// classes, RBAC, admission policies); the coordinator runs as its
-	// ServiceAccount, with exactly the rights a deployment grants it.
-	kubeconfig, err := c.ServiceAccountKubeconfig(ctx, api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
+	// The cluster installed gpufrac's chart (Queue CRD, namespaces, priority
+	// classes, RBAC, admission policies, node config); the coordinator runs
+	// with the chart Deployment's arguments as its ServiceAccount, with
+	// exactly the rights a deployment grants it.
+	in := c.Installed()
+	kubeconfig, err := c.ServiceAccountKubeconfig(ctx, in.Namespace, in.Coordinator.ServiceAccount, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	co, err = startCoordinator(ctx, cfg, c, kubeconfig)
+	co, err = startCoordinator(ctx, cfg, c, in, kubeconfig)
 	if err != nil {
 		return nil, nil, err
 	}
-	p.say("installed the Queue CRD, priority classes, RBAC and admission policies; gpufrac-coordinator leads as ServiceAccount %s/%s (pid %d, metrics http://%s/metrics) in %s",
-		api.ComponentNamespace, api.CoordinatorServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
+	p.say("installed the gpufrac chart (deployments/helm/gpufrac: Queue CRD, namespaces, priority classes, RBAC, admission policies, node config); gpufrac-coordinator runs with the chart's arguments and leads as ServiceAccount %s/%s (pid %d, metrics http://%s/metrics) in %s",
+		in.Namespace, in.Coordinator.ServiceAccount, co.cmd.Process.Pid, co.metrics, time.Since(began).Round(100*time.Millisecond))
 	if err := addNodes(ctx, cfg, c, p); err != nil {
 		return nil, nil, err
 	}
@@ -123,10 +125,14 @@ func gpuInstanceTypes() []cluster.InstanceType {
 // agents on every GPU node.
 func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster, error) {
 	opts := cluster.Options{
-		BinDir:         cfg.binDir(),
-		Dir:            cfg.clusterDir(),
-		StartTimeout:   cfg.timeout,
-		DeploymentsDir: filepath.Join(cfg.root, "deployments"),
+		BinDir:       cfg.binDir(),
+		Dir:          cfg.clusterDir(),
+		StartTimeout: cfg.timeout,
+		// The chart, as the test bed installs it, with the demo's values.
+		Chart: cluster.ChartOptions{ValuesFiles: []string{
+			filepath.Join(cfg.root, "tests", "cluster", "testbed-values.yaml"),
+			filepath.Join(cfg.root, "tests", "demo", "demo-values.yaml"),
+		}},
 		NodeAgents: &cluster.NodeAgentOptions{
 			// A node Karpenter removes takes its devices with it quickly.
 			StopGracePeriod: 5 * time.Second,

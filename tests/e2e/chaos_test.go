@@ -62,8 +62,7 @@ func supervise(t *testing.T, c *cluster.Cluster, bin, id string, args ...string)
 	t.Helper()
 	s := &supervisedCoordinator{done: make(chan struct{})}
 	logPath := filepath.Join(c.LogDir(), "coordinator-"+id+".log")
-	all := append([]string{"--kubeconfig=" + coordinatorKubeconfig(t, c), "--metrics-addr=", "--identity=" + id,
-		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
+	all := coordinatorArgs(t, c, id, args...)
 	start := func() (*exec.Cmd, error) {
 		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {

@@ -182,8 +182,7 @@ func startCoordinatorBin(t *testing.T, c *cluster.Cluster, bin, id string, env [
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := append([]string{"--kubeconfig=" + coordinatorKubeconfig(t, c), "--metrics-addr=", "--identity=" + id,
-		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms", "-v=2"}, args...)
+	all := coordinatorArgs(t, c, id, args...)
 	cmd := exec.Command(bin, all...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
@@ -200,16 +199,25 @@ func startCoordinatorBin(t *testing.T, c *cluster.Cluster, bin, id string, env [
 	return co
 }
 
-// coordinatorKubeconfig is a kubeconfig of the coordinator's ServiceAccount:
-// exactly the rights coordinator-rbac.yaml grants, and the identity the
-// admission policies trust.
-func coordinatorKubeconfig(t *testing.T, c *cluster.Cluster) string {
+// coordinatorArgs are the arguments of a coordinator process, as the
+// chart's Deployment runs it: its arguments (the kubelet's expansion, with
+// the pod name id) and its ServiceAccount, with exactly the rights the chart
+// grants and the identity the admission policies trust. A local process
+// differs in its kubeconfig and metrics address (off); the tests shorten
+// leader election, and args come last (the last value of a flag wins).
+func coordinatorArgs(t *testing.T, c *cluster.Cluster, id string, args ...string) []string {
 	t.Helper()
-	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), api.ComponentNamespace, api.CoordinatorServiceAccount, nil)
+	in := c.Installed()
+	chartArgs, err := cluster.ExpandArgs(in.Coordinator.Args, map[string]string{"POD_NAME": id, "POD_IP": "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return kubeconfig
+	kubeconfig, err := c.ServiceAccountKubeconfig(t.Context(), in.Namespace, in.Coordinator.ServiceAccount, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(append(cluster.ReplaceFlag(chartArgs, "metrics-addr", ""), "--kubeconfig="+kubeconfig,
+		"--lease-duration=4s", "--renew-deadline=3s", "--retry-period=500ms"), args...)
 }
 
 // logTailOnFailure logs the end of a coordinator's log when the test failed.

@@ -79,9 +79,10 @@ default:
 }
 
 func TestMixedNodeServesMIGAndFractions(t *testing.T) {
+	specDir := t.TempDir()
 	n := startNode(t, nodeOptions{
 		quietPeriod: time.Minute,
-		extraArgs:   []string{"--device-list-strategy=cdi"},
+		extraArgs:   []string{"--device-list-strategy=cdi", "--cdi-spec-dirs=" + specDir},
 		config: `version: v1
 default:
   mode: fraction
@@ -100,6 +101,10 @@ default:
 			t.Fatalf("MIG device ID %q is not a MIG UUID", d.ID)
 		}
 	}
+	// The NVIDIA toolkit's CDI spec for this layout, so the CDI names resolve.
+	n.waitMetrics(fmt.Sprintf("mig_uuid=%q", mig.Devices[27].ID))
+	n.writeCDISpec(specDir, "dgxh100")
+	n.waitMetrics("gpufrac_cdi_devices_unresolved 0")
 
 	// A MIG device allocation names the MIG device, never its parent GPU.
 	a := n.allocate(pod("mig-1"), "nvidia.com/mig-1g.10gb", 1)
@@ -179,8 +184,13 @@ func TestConfigEditSwitchesFractionToMIGLive(t *testing.T) {
 
 func TestMIGLayoutChangeWaitsForAllocatedDevice(t *testing.T) {
 	const before = "version: v1\ndefault:\n  mode: fraction\n  mig: {layout: all-3g.40gb}\n  gpus: [{indices: \"0\", mode: mig}]\n"
-	n := startNode(t, nodeOptions{config: before, extraArgs: []string{"--device-list-strategy=cdi"}})
-	n.waitResource("nvidia.com/mig-3g.40gb", "2 MIG devices on GPU 0", registered(2))
+	specDir := t.TempDir()
+	n := startNode(t, nodeOptions{config: before, extraArgs: []string{"--device-list-strategy=cdi", "--cdi-spec-dirs=" + specDir}})
+	st := n.waitResource("nvidia.com/mig-3g.40gb", "2 MIG devices on GPU 0", registered(2))
+	// The NVIDIA toolkit's CDI spec for this layout.
+	n.waitMetrics(fmt.Sprintf("mig_uuid=%q", st.Devices[1].ID))
+	n.writeCDISpec(specDir, "dgxh100")
+	n.waitMetrics("gpufrac_cdi_devices_unresolved 0")
 	p := pod("holds-a-3g")
 	n.allocate(p, "nvidia.com/mig-3g.40gb", 1)
 

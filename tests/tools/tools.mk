@@ -13,20 +13,38 @@ ETCD_VERSION := v3.6.16
 K8S_VERSION := v1.34.4
 KWOK_VERSION := v0.8.0
 KARPENTER_VERSION := v1.14.1
+HELM3_VERSION := v3.22.0
+HELM4_VERSION := v4.3.1
+PROMETHEUS_OPERATOR_VERSION := v0.85.0
+PROMETHEUS_VERSION := v0.316.0
 
 # kubectl version and Helm refuse unversioned binaries; stamp both version packages.
 K8S_VERSION_PKGS := k8s.io/component-base/version k8s.io/client-go/pkg/version
 K8S_LDFLAGS := -s -w $(foreach p,$(K8S_VERSION_PKGS),-X $(p).gitVersion=$(K8S_VERSION) \
 	-X $(p).gitMajor=1 -X $(p).gitMinor=34 -X $(p).gitTreeState=clean)
 
+# Helm refuses charts whose kubeVersion the binary's default does not satisfy
+# (it would say 1.20 unstamped); stamp its version and the Kubernetes minor it targets.
+HELM3_LDFLAGS := -s -w -X helm.sh/helm/v3/internal/version.version=$(HELM3_VERSION) \
+	-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=34 \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=34
+HELM4_LDFLAGS := -s -w -X helm.sh/helm/v4/internal/version.version=$(HELM4_VERSION) \
+	-X helm.sh/helm/v4/internal/version.gitTreeState=clean
+
 # Stage definitions kwok needs (it exits with "no stages found" without them).
 KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 
+# The chart must work with Helm 3 and Helm 4: bin/helm is Helm 3, bin/helm4 Helm 4.
+# Its monitoring objects are dry-run against the Prometheus Operator's CRDs, and
+# its alert and dashboard queries are parsed with Prometheus' own PromQL parser.
+CHART_TOOLS := $(BIN)/helm $(BIN)/helm4 $(BIN)/prometheus-operator-crds $(BIN)/promql-metrics
+
 TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
-	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds
+	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(CHART_TOOLS)
 
 .PHONY: tools tools-clean
-## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok and karpenter-kwok into bin/
+## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4 and the chart's checkers into bin/
 tools: $(TOOLS)
 
 ## tools-clean: remove the tool binaries so the next `make tools` rebuilds them
@@ -59,6 +77,12 @@ $(BIN)/kube-controller-manager:
 $(BIN)/kwok:
 	$(call build_tool,kwok,$(KWOK_VERSION),kwok,sigs.k8s.io/kwok/cmd/kwok,-s -w)
 
+$(BIN)/helm:
+	$(call build_tool,helm,$(HELM3_VERSION),helm3,helm.sh/helm/v3/cmd/helm,$(HELM3_LDFLAGS))
+
+$(BIN)/helm4:
+	$(call build_tool,helm4,$(HELM4_VERSION),helm4,helm.sh/helm/v4/cmd/helm,$(HELM4_LDFLAGS))
+
 # The Karpenter kwok provider's main package is also named kwok: give it its own name.
 $(BIN)/karpenter-kwok:
 	$(call build_tool,karpenter-kwok,$(KARPENTER_VERSION),karpenter,sigs.k8s.io/karpenter/kwok,-s -w)
@@ -84,4 +108,20 @@ $(BIN)/karpenter-crds:
 		$(TOOLS_GO) list -m -f '{{.Dir}}' sigs.k8s.io/karpenter); \
 	rm -rf $@.tmp; mkdir -p $@.tmp; \
 	install -m 0644 $$dir/kwok/charts/crds/*.yaml $$dir/kwok/apis/crds/*.yaml $@.tmp/; \
+	rm -rf $@; mv $@.tmp $@
+
+# Prometheus' PromQL parser behind a small command (tests/tools/promql).
+$(BIN)/promql-metrics:
+	$(call build_tool,promql-metrics,$(PROMETHEUS_VERSION),promql,.,-s -w)
+
+# The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs:
+# the chart's monitoring objects are dry-run against them on the test bed.
+$(BIN)/prometheus-operator-crds:
+	@echo "copying prometheus-operator $(PROMETHEUS_OPERATOR_VERSION) CRDs"
+	@set -e; dir=$$(cd $(TOOLS_DIR)/prometheus-operator && $(TOOLS_GO) mod download github.com/prometheus-operator/prometheus-operator && \
+		$(TOOLS_GO) list -m -f '{{.Dir}}' github.com/prometheus-operator/prometheus-operator); \
+	rm -rf $@.tmp; mkdir -p $@.tmp; \
+	for k in servicemonitors podmonitors prometheusrules; do \
+		install -m 0644 $$dir/example/prometheus-operator-crd/monitoring.coreos.com_$$k.yaml $@.tmp/; \
+	done; \
 	rm -rf $@; mv $@.tmp $@

@@ -1,0 +1,45 @@
+{{/* Labels every object of the chart carries. */}}
+{{- define "gpufrac.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/part-of: gpufrac
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of a component: (dict "name" "gpufrac-node"). */}}
+{{- define "gpufrac.selectorLabels" -}}
+app.kubernetes.io/name: {{ .name }}
+{{- end -}}
+
+{{/*
+The image of a component: (dict "image" .Values.node.image "root" $). The tag
+is the chart's appVersion unless set, and never "latest": a moving tag would
+let two nodes run two versions under one release.
+*/}}
+{{- define "gpufrac.image" -}}
+{{- $tag := .image.tag | default .root.Chart.AppVersion -}}
+{{- if eq $tag "latest" -}}
+{{- fail (printf "%s: the tag \"latest\" is not allowed; leave tag empty for the chart's appVersion (%s) or name a release" .image.repository .root.Chart.AppVersion) -}}
+{{- end -}}
+{{- printf "%s:%s" .image.repository $tag -}}
+{{- end -}}
+
+{{/* The reservation namespace, never the release's own: only reservation and placeholder pods may live there. */}}
+{{- define "gpufrac.reservationNamespace" -}}
+{{- if eq .Release.Namespace .Values.reservationNamespace.name -}}
+{{- fail (printf "the release namespace is %s, the reservation namespace, where only gpufrac-coordinator's reservation and placeholder pods may live: install the components into their own namespace (--namespace gpufrac-system)" .Release.Namespace) -}}
+{{- end -}}
+{{- .Values.reservationNamespace.name -}}
+{{- end -}}
+
+{{/* A Go duration of whole seconds, minutes or hours ("90s", "2m", "1h") in seconds. */}}
+{{- define "gpufrac.seconds" -}}
+{{- $d := toString . -}}
+{{- if hasSuffix "ms" $d -}}0
+{{- else if hasSuffix "h" $d -}}{{ mul (trimSuffix "h" $d | int) 3600 }}
+{{- else if hasSuffix "m" $d -}}{{ mul (trimSuffix "m" $d | int) 60 }}
+{{- else if hasSuffix "s" $d -}}{{ trimSuffix "s" $d | int }}
+{{- else -}}{{ fail (printf "%q is not a duration of whole seconds, minutes or hours" $d) }}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,262 @@
+package deployments_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+
+	"github.com/gpufrac/gpufrac/coordinator/app"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler"
+	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
+	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
+	"github.com/gpufrac/gpufrac/mig"
+	"github.com/gpufrac/gpufrac/tests/cluster"
+	"github.com/gpufrac/gpufrac/timeslice"
+)
+
+// recorder is a Registerer that records the names every collector
+// describes (a vector without children describes its name but gathers
+// nothing, so gathering would miss it), and which are histograms or
+// summaries (their series carry _bucket, _sum and _count).
+type recorder struct {
+	reg        *prometheus.Registry
+	names      map[string]bool
+	histograms map[string]bool
+}
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func newRecorder() *recorder {
+	return &recorder{reg: prometheus.NewRegistry(), names: map[string]bool{}, histograms: map[string]bool{}}
+}
+
+func (r *recorder) Register(c prometheus.Collector) error {
+	if err := r.reg.Register(c); err != nil {
+		return err
+	}
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		m := fqName.FindStringSubmatch(d.String())
+		if m == nil {
+			continue
+		}
+		r.names[m[1]] = true
+		switch c.(type) {
+		case prometheus.Histogram, *prometheus.HistogramVec, prometheus.Summary, *prometheus.SummaryVec:
+			r.histograms[m[1]] = true
+		}
+	}
+	return nil
+}
+
+func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *recorder) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
+
+// gathered adds the names a registry gathers (for registries a component
+// builds itself; their metrics here have no labels, so they all gather).
+func (r *recorder) gathered(t *testing.T, g prometheus.Gatherer) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		r.names[mf.GetName()] = true
+	}
+}
+
+// exported builds every metric the components register, from the
+// constructors of the packages that own them, and returns their names.
+func exported(t *testing.T) *recorder {
+	t.Helper()
+	r := newRecorder()
+
+	// gpufrac-node: what deviceplugin/agent registers on its registry.
+	metrics.New(r, metrics.Sources{}, "test")
+	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfgFile, []byte("version: v1\ndefault: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.NewWatcher(cfgFile, config.WithRegisterer(r)); err != nil {
+		t.Fatal(err)
+	}
+	enforcement.New(enforcement.Options{Registerer: r})
+	mig.NewManager(nil, nil, mig.Options{Registerer: r})
+	timeslice.NewCollector(r, timeslice.Sources{})
+	if _, err := cdi.New(cdi.Options{SpecDirs: []string{t.TempDir()}, Registerer: r}); err != nil {
+		t.Fatal(err)
+	}
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// gpufrac-coordinator: the App's own registry (build info, leader, Go,
+	// process), then what lead() registers on it.
+	a, err := app.New(app.Config{Version: "test"}, &rest.Config{Host: "https://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.gathered(t, a.Registry())
+	if _, err := scheduler.New(scheduler.Options{}, scheduler.Deps{Registry: r}); err != nil {
+		t.Fatal(err)
+	}
+	if err := reservation.NewManager(nil, nil, reservation.DefaultOptions(), nil).Register(r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// has tells whether a series name belongs to an exported metric.
+func (r *recorder) has(name string) bool {
+	if r.names[name] {
+		return true
+	}
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && r.histograms[base] {
+			return true
+		}
+	}
+	return false
+}
+
+// query is a PromQL expression the chart ships, and where.
+type query struct{ where, expr string }
+
+// shippedQueries renders the chart with its observability values and
+// collects the PrometheusRule's expressions and the dashboard's queries.
+func shippedQueries(t *testing.T) []query {
+	t.Helper()
+	dir, err := cluster.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := render(t, helmPath(t, cluster.Helm3), filepath.Join(dir, "ci", "observability-values.yaml"))
+	var qs []query
+	rule := objs.Find("PrometheusRule", "gpufrac")
+	if rule == nil {
+		t.Fatal("the chart renders no PrometheusRule with prometheusRule.enabled")
+	}
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	for _, g := range groups {
+		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rules {
+			rm := r.(map[string]any)
+			qs = append(qs, query{where: "alert " + rm["alert"].(string), expr: rm["expr"].(string)})
+		}
+	}
+	data, err := objs.ConfigMapData("gpufrac-dashboard", "gpufrac.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(data), &dash); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			qs = append(qs, query{where: "panel " + p.Title, expr: tg.Expr})
+		}
+	}
+	return qs
+}
+
+// TestAlertsAndDashboardUseExportedMetrics parses every alert expression and
+// dashboard query with Prometheus' own PromQL parser (bin/promql-metrics)
+// and checks that every metric they read is one the components export.
+func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
+	qs := shippedQueries(t)
+	wantAlerts := []string{"GPUUnhealthy", "GPUMemoryLimitViolations", "GPUConfigRejected", "GPUCoordinatorNoLeader",
+		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions", "GPUCDISpecMissing"}
+	for _, a := range wantAlerts {
+		if !slices.ContainsFunc(qs, func(q query) bool { return q.where == "alert "+a }) {
+			t.Errorf("the PrometheusRule has no alert %s", a)
+		}
+	}
+	parser := filepath.Join(repoRoot(t), "bin", "promql-metrics")
+	if _, err := os.Stat(parser); err != nil {
+		if testing.Short() {
+			t.Skip("bin/promql-metrics missing (make tools)")
+		}
+		t.Fatalf("%v (make tools builds it)", err)
+	}
+	var in bytes.Buffer
+	for _, q := range qs {
+		line, _ := json.Marshal(q.expr)
+		in.Write(append(line, '\n'))
+	}
+	cmd := exec.Command(parser)
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("promql-metrics: %v", err)
+	}
+	exp := exported(t)
+	dec := json.NewDecoder(bytes.NewReader(out))
+	used := map[string]bool{}
+	for _, q := range qs {
+		var res struct {
+			Metrics []string `json:"metrics"`
+			Error   string   `json:"error"`
+		}
+		if err := dec.Decode(&res); err != nil {
+			t.Fatalf("reading promql-metrics' answer for %s: %v", q.where, err)
+		}
+		if res.Error != "" {
+			t.Errorf("%s: %q does not parse: %s", q.where, q.expr, res.Error)
+			continue
+		}
+		if len(res.Metrics) == 0 {
+			t.Errorf("%s: %q reads no metric", q.where, q.expr)
+		}
+		for _, m := range res.Metrics {
+			used[m] = true
+			if !exp.has(m) {
+				t.Errorf("%s reads %s, which no gpufrac component exports", q.where, m)
+			}
+		}
+	}
+	t.Logf("%d queries read %d metrics, all exported (of %d)", len(qs), len(used), len(exp.names))
+}
+
+// TestExportedRecorderCanFail: the check above fails for a metric no
+// component exports (so it cannot pass by accident).
+func TestExportedRecorderCanFail(t *testing.T) {
+	exp := exported(t)
+	for _, name := range []string{"gpufrac_gpu_healthy", "gpufrac_binding_duration_seconds_bucket", "gpufrac_coordinator_leader"} {
+		if !exp.has(name) {
+			t.Errorf("%s should be exported", name)
+		}
+	}
+	for _, name := range []string{"gpufrac_gpu_temperature_celsius", "gpufrac_gpu_healthy_bucket", "gpufrac_pending_pods_total"} {
+		if exp.has(name) {
+			t.Errorf("%s is not exported by any component", name)
+		}
+	}
+}

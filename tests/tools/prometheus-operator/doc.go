@@ -1,0 +1,2 @@
+// Package tools pins the Prometheus Operator module for its CRD files only.
+package tools
