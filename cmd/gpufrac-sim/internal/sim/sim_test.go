@@ -38,6 +38,40 @@ func TestCurves(t *testing.T) {
 	}
 }
 
+func TestCurvesAreaAndGap(t *testing.T) {
+	// Two seeds of two policies over columns 0..4.
+	rs := []*Result{
+		{Policy: "a", Seed: 1, Alloc: []float64{0, 1, 2, 3, 4}},
+		{Policy: "b", Seed: 1, Alloc: []float64{0, 1, 2, 2, 2}},
+		{Policy: "a", Seed: 2, Alloc: []float64{0, 1, 2, 3, 2}},
+		{Policy: "b", Seed: 2, Alloc: []float64{0, 1, 1, 3, 4}},
+	}
+	cs := Curves(rs, 1, 4)
+	if len(cs) != 2 || cs[0].Policy != "a" || cs[1].Policy != "b" {
+		t.Fatalf("Curves: %+v", cs)
+	}
+	a, b := &cs[0], &cs[1]
+	opts := cmpopts.EquateApprox(0, 1e-12)
+	// Seed 1 of a: trapezoids over 1..4 = (1.5 + 2.5 + 3.5) / 3 = 2.5; seed 2: (1.5 + 2.5 + 2.5) / 3.
+	if diff := cmp.Diff(Stat{Mean: (2.5 + 6.5/3) / 2, SD: math.Sqrt(2) * (2.5 - 6.5/3) / 2, Min: 6.5 / 3, Max: 2.5}, a.Area, opts); diff != "" {
+		t.Errorf("area of a (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(Stat{Mean: 3, SD: math.Sqrt(2), Min: 2, Max: 4}, a.At[4], opts); diff != "" {
+		t.Errorf("a at column 4 (-want +got):\n%s", diff)
+	}
+	// Mean curves: a = 0 1 2 3 3, b = 0 1 1.5 2.5 3: a−b is 0 at 1 and 4.
+	worst, at, area := Gap(a, b)
+	if worst != 0 || at != 1 || math.Abs(area-(a.Area.Mean-b.Area.Mean)) > 1e-12 {
+		t.Errorf("Gap(a, b) = %v at %d, area %v", worst, at, area)
+	}
+	if worst, at, _ := Gap(b, a); worst != -0.5 || at != 2 {
+		t.Errorf("Gap(b, a) = %v at %d, want -0.5 at 2", worst, at)
+	}
+	if !math.IsNaN(Area([]float64{1, 2}, 0, 2)) || !math.IsNaN(Area([]float64{1, 2}, 1, 1)) {
+		t.Error("Area outside the curve: want NaN")
+	}
+}
+
 // loadTrace reads the default openb trace, or skips when it is not there.
 func loadTrace(t testing.TB) ([]openb.NodeSpec, []openb.Pod) {
 	t.Helper()
