@@ -123,19 +123,22 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if len(variants) == 0 && len(cfg.Families) == 0 {
 		variants = []string{""}
 	}
-	for _, v := range variants {
-		if _, err := runWorkload(ctx, cfg, nodes, pods, v, cfg.OutDir, stdout); err != nil {
-			return err
-		}
-	}
 	fams, err := selectFamilies(cfg.Families, nodes)
 	if err != nil {
 		return err
 	}
-	for _, fam := range fams {
+	if len(variants) > 0 {
+		// The variants asked for one by one make a family of their own,
+		// reported in OutDir itself.
+		fams = append([]openb.Family{{Name: "variants", About: "the --variant list", Variants: variants}}, fams...)
+	}
+	for k, fam := range fams {
 		out := ""
 		if cfg.OutDir != "" {
 			out = filepath.Join(cfg.OutDir, fam.Name)
+			if k == 0 && len(variants) > 0 {
+				out = cfg.OutDir
+			}
 		}
 		var wls []sim.Workload
 		for _, v := range fam.Variants {
@@ -179,7 +182,7 @@ func selectFamilies(names []string, nodes []openb.NodeSpec) ([]openb.Family, err
 func runWorkload(ctx context.Context, cfg Config, nodes []openb.NodeSpec, pods []openb.Pod, v, outDir string, stdout io.Writer) (sim.Workload, error) {
 	base := pods
 	name := "default"
-	if v != "" {
+	if v != "" && v != "default" {
 		spec, err := openb.ParseVariant(v)
 		if err != nil {
 			return sim.Workload{}, err
