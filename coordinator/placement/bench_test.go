@@ -72,37 +72,49 @@ func BenchmarkPlace(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				type assumed struct {
-					r *Request
-					d Decision
-				}
-				ring := make([]assumed, 0, 500)
-				next, placed := 0, 0
-				for i := 0; b.Loop(); i++ {
-					r := &mix[i%len(mix)]
-					d, err := p.Place(s, r)
-					if err != nil {
-						continue
-					}
-					placed++
-					if err := s.Assume(r, d); err != nil {
-						b.Fatal(err)
-					}
-					if len(ring) < cap(ring) {
-						ring = append(ring, assumed{r, d})
-						continue
-					}
-					if err := s.Forget(ring[next].r, ring[next].d); err != nil {
-						b.Fatal(err)
-					}
-					ring[next] = assumed{r, d}
-					next = (next + 1) % len(ring)
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-				b.ReportMetric(float64(placed)/float64(b.N), "placed/op")
+				placeLoop(b, s, p, mix, false)
 			})
 		}
 	}
+}
+
+// placeLoop places mix round and round on s, assuming each decision and
+// forgetting the oldest of the last 500 so the fill level stays put (one
+// node changes per step, as in the coordinator). With feed, every request
+// is also added to the snapshot's demand first, as the coordinator and the
+// simulator do.
+func placeLoop(b *testing.B, s *Snapshot, p *Placer, mix []Request, feed bool) {
+	type assumed struct {
+		r *Request
+		d Decision
+	}
+	ring := make([]assumed, 0, 500)
+	next, placed := 0, 0
+	for i := 0; b.Loop(); i++ {
+		r := &mix[i%len(mix)]
+		if feed {
+			s.AddDemand(r)
+		}
+		d, err := p.Place(s, r)
+		if err != nil {
+			continue
+		}
+		placed++
+		if err := s.Assume(r, d); err != nil {
+			b.Fatal(err)
+		}
+		if len(ring) < cap(ring) {
+			ring = append(ring, assumed{r, d})
+			continue
+		}
+		if err := s.Forget(ring[next].r, ring[next].d); err != nil {
+			b.Fatal(err)
+		}
+		ring[next] = assumed{r, d}
+		next = (next + 1) % len(ring)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	b.ReportMetric(float64(placed)/float64(b.N), "placed/op")
 }
 
 // BenchmarkPlaceCold is the first decision of a fresh Placer: every node is
@@ -152,35 +164,7 @@ func BenchmarkPlaceWithDemand(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			type assumed struct {
-				r *Request
-				d Decision
-			}
-			ring := make([]assumed, 0, 500)
-			next, placed := 0, 0
-			for i := 0; b.Loop(); i++ {
-				r := &mix[i%len(mix)]
-				s.AddDemand(r)
-				d, err := p.Place(s, r)
-				if err != nil {
-					continue
-				}
-				placed++
-				if err := s.Assume(r, d); err != nil {
-					b.Fatal(err)
-				}
-				if len(ring) < cap(ring) {
-					ring = append(ring, assumed{r, d})
-					continue
-				}
-				if err := s.Forget(ring[next].r, ring[next].d); err != nil {
-					b.Fatal(err)
-				}
-				ring[next] = assumed{r, d}
-				next = (next + 1) % len(ring)
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-			b.ReportMetric(float64(placed)/float64(b.N), "placed/op")
+			placeLoop(b, s, p, mix, true)
 		})
 	}
 }

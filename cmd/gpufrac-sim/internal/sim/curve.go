@@ -24,14 +24,7 @@ type Curve struct {
 // Curves returns each policy's curve, in first-seen order, with its area
 // over columns lo..hi.
 func Curves(results []*Result, lo, hi int) []Curve {
-	var order []string
-	by := map[string][]*Result{}
-	for _, r := range results {
-		if _, ok := by[r.Policy]; !ok {
-			order = append(order, r.Policy)
-		}
-		by[r.Policy] = append(by[r.Policy], r)
-	}
+	order, by := byPolicy(results)
 	out := make([]Curve, 0, len(order))
 	for _, p := range order {
 		rs := by[p]

@@ -102,19 +102,20 @@ func loadTrace(t testing.TB) ([]openb.NodeSpec, []openb.Pod) {
 	return nodes, pods
 }
 
+// every returns every k-th element of xs.
+func every[T any](xs []T, k int) []T {
+	var out []T
+	for i := 0; i < len(xs); i += k {
+		out = append(out, xs[i])
+	}
+	return out
+}
+
 // One seed on a subsample (every 8th node, every 6th pod): the curve's
 // invariants hold for every policy.
 func TestRunInvariantsOnSubsample(t *testing.T) {
 	nodes, pods := loadTrace(t)
-	var subNodes []openb.NodeSpec
-	for i := 0; i < len(nodes); i += 8 {
-		subNodes = append(subNodes, nodes[i])
-	}
-	var subPods []openb.Pod
-	for i := 0; i < len(pods); i += 6 {
-		subPods = append(subPods, pods[i])
-	}
-	spec := &Spec{Nodes: subNodes, Pods: subPods, Inflation: 1.3, Coverage: 0.95}
+	spec := &Spec{Nodes: every(nodes, 8), Pods: every(pods, 6), Inflation: 1.3, Coverage: 0.95}
 	for _, policy := range []string{"random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "gpufrac", "binpack", "spread"} {
 		t.Run(policy, func(t *testing.T) {
 			r, err := RunOne(t.Context(), spec, policy, 42)
@@ -169,15 +170,7 @@ func TestScarceModelGuardOnSubsample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var subNodes []openb.NodeSpec
-	for i := 0; i < len(nodes); i += 4 {
-		subNodes = append(subNodes, nodes[i])
-	}
-	var subPods []openb.Pod
-	for i := 0; i < len(base); i += 4 {
-		subPods = append(subPods, base[i])
-	}
-	spec := &Spec{Nodes: subNodes, Pods: subPods, Inflation: 1.3, Coverage: 0.95}
+	spec := &Spec{Nodes: every(nodes, 4), Pods: every(base, 4), Inflation: 1.3, Coverage: 0.95}
 	var jobs []Job
 	for _, p := range []string{"fgd", "gpufrac"} {
 		for _, s := range []uint64{42, 43, 44} {
