@@ -17,8 +17,17 @@ import (
 // (another scheduler's, no queue) count with their plain requests, without
 // model constraints; placeholders and reservation pods stand for demand
 // counted elsewhere and are skipped.
-func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, ws []*workload) {
+//
+// A pending pod's model list (gpufrac.io/gpu-models) is tenant input. It only
+// ever makes other pods prefer other models, never keeps them from a node
+// they fit; still, pending pods count only when their queue's quota admits
+// them now (incomplete gangs and pods their queue may not run do not), so a
+// tenant cannot steer the cluster with a backlog it may not run.
+func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, ws []*workload, b *books) {
 	for _, w := range ws {
+		if w.incomplete != "" || !b.check(w).allowed {
+			continue
+		}
 		for k := range w.pods {
 			snap.AddDemand(&w.pods[k].req)
 		}
