@@ -1,6 +1,9 @@
 package placement
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // charges are what one request pays, on top of a node's cached score, for
 // capacity that other demand will need (see charger). Both parts are in
@@ -10,21 +13,21 @@ type charges struct {
 	// (model index -> charge); nil charges nothing.
 	byModel []float64
 	// perSlot is the charge for each k-GPU slot (k fully free GPUs on one
-	// node) the placement breaks, by model and k; slots reports whether any
-	// is set.
+	// node) the placement breaks, by model and k.
 	perSlot [][MaxKindGPUs + 1]float64
-	slots   bool
-	// ks are the k with a slot charge on some model, ascending.
-	ks []int32
+	// ks are the k with a slot charge on some model, ascending, and minK
+	// the first of them (more than any node has when there is none).
+	ks   []int32
+	minK int32
 }
 
 // chargeSlot adds w to the charge for breaking a k-GPU slot on model m.
 func (c *charges) chargeSlot(m int, k int32, w float64) {
 	c.perSlot[m][k] += w
-	c.slots = true
 	if i, found := slices.BinarySearch(c.ks, k); !found {
 		c.ks = slices.Insert(c.ks, i, k)
 	}
+	c.minK = c.ks[0]
 }
 
 // reset clears c for a snapshot with n models.
@@ -39,20 +42,28 @@ func (c *charges) reset(n int) {
 	}
 	c.perSlot = c.perSlot[:n]
 	clear(c.perSlot)
-	c.slots = false
-	c.ks = c.ks[:0]
+	c.ks, c.minK = c.ks[:0], math.MaxInt32
 }
 
-// of is the charge for placing q on node i (a share on GPU gpu).
-func (c *charges) of(s *Snapshot, i int, q *req, gpu int) float64 {
+// at is the charge for placing q on node i (a share on GPU gpu): what it
+// takes from the node's model and from its multi-GPU slots. Most nodes have
+// fewer fully free GPUs than the smallest charged slot and skip the slots.
+// It is kept out of line: inlined, it slowed Place's loop for every policy.
+//
+//go:noinline
+func (c *charges) at(s *Snapshot, i int, q *req, gpu int) float64 {
 	st := &s.nodes[i]
-	var sum float64
-	if st.model >= 0 {
-		sum = c.byModel[st.model]
+	if st.model < 0 {
+		return 0
 	}
-	if !c.slots || st.model < 0 {
-		return sum
+	if st.fullFree >= c.minK {
+		return c.byModel[st.model] + c.slotCharge(s, st, q, gpu)
 	}
+	return c.byModel[st.model]
+}
+
+// slotCharge is the charge for the k-GPU slots placing q on node st breaks.
+func (c *charges) slotCharge(s *Snapshot, st *nodeState, q *req, gpu int) float64 {
 	full := st.fullFree
 	after := full
 	switch {
@@ -62,8 +73,9 @@ func (c *charges) of(s *Snapshot, i int, q *req, gpu int) float64 {
 		after--
 	}
 	if after == full {
-		return sum // no fully free GPU taken: no slot broken
+		return 0 // no fully free GPU taken: no slot broken
 	}
+	var sum float64
 	per := &c.perSlot[st.model]
 	for _, k := range c.ks {
 		if k > full {

@@ -175,7 +175,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 				sc, g = p.policy.score(p, s, i, &q)
 			}
 			if ch != nil {
-				sc -= ch.of(s, i, &q, g)
+				sc -= ch.at(s, i, &q, g)
 			}
 			if sc > bestScore {
 				best, bestGPU, bestScore = i, g, sc
