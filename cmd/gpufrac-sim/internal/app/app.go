@@ -130,7 +130,11 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if len(variants) > 0 {
 		// The variants asked for one by one make a family of their own,
 		// reported in OutDir itself.
-		fams = append([]openb.Family{{Name: "variants", About: "the --variant list", Variants: variants}}, fams...)
+		own := openb.Family{Name: "variants", About: "the --variant list", Variants: variants}
+		if len(cfg.Variants) == 0 {
+			own.Name, own.About = "default", "the trace as is"
+		}
+		fams = append([]openb.Family{own}, fams...)
 	}
 	for k, fam := range fams {
 		out := ""
