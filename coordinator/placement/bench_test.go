@@ -33,10 +33,15 @@ func benchMix() []Request {
 // filledCluster is n nodes of 8 GPUs (96 cores, 384 GiB) about 60% used:
 // each GPU is free, full, or holds one of the usual shares.
 func filledCluster(b *testing.B, n int) *Snapshot {
+	return filledClusterOf(b, n, func(int) string { return "G2" })
+}
+
+// filledClusterOf is filledCluster with node i of model model(i).
+func filledClusterOf(b *testing.B, n int, model func(i int) string) *Snapshot {
 	rng := rand.New(rand.NewPCG(uint64(n), 42))
 	nodes := make([]Node, n)
 	for i := range nodes {
-		nd := Node{Name: fmt.Sprintf("node-%05d", i), Model: "G2", CPUMilli: 96000, MemoryBytes: 384 * gib, GPUs: make([]GPU, 8)}
+		nd := Node{Name: fmt.Sprintf("node-%05d", i), Model: model(i), CPUMilli: 96000, MemoryBytes: 384 * gib, GPUs: make([]GPU, 8)}
 		for g := range nd.GPUs {
 			free := []int{1000, 1000, 1000, 0, 0, 0, 190, 530, 350, 680}[rng.IntN(10)]
 			nd.GPUs[g] = GPU{ID: fmt.Sprintf("%s-%d", nd.Name, g), FreeMilli: free}
@@ -67,37 +72,49 @@ func BenchmarkPlace(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				type assumed struct {
-					r *Request
-					d Decision
-				}
-				ring := make([]assumed, 0, 500)
-				next, placed := 0, 0
-				for i := 0; b.Loop(); i++ {
-					r := &mix[i%len(mix)]
-					d, err := p.Place(s, r)
-					if err != nil {
-						continue
-					}
-					placed++
-					if err := s.Assume(r, d); err != nil {
-						b.Fatal(err)
-					}
-					if len(ring) < cap(ring) {
-						ring = append(ring, assumed{r, d})
-						continue
-					}
-					if err := s.Forget(ring[next].r, ring[next].d); err != nil {
-						b.Fatal(err)
-					}
-					ring[next] = assumed{r, d}
-					next = (next + 1) % len(ring)
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-				b.ReportMetric(float64(placed)/float64(b.N), "placed/op")
+				placeLoop(b, s, p, mix, false)
 			})
 		}
 	}
+}
+
+// placeLoop places mix round and round on s, assuming each decision and
+// forgetting the oldest of the last 500 so the fill level stays put (one
+// node changes per step, as in the coordinator). With feed, every request
+// is also added to the snapshot's demand first, as the coordinator and the
+// simulator do.
+func placeLoop(b *testing.B, s *Snapshot, p *Placer, mix []Request, feed bool) {
+	type assumed struct {
+		r *Request
+		d Decision
+	}
+	ring := make([]assumed, 0, 500)
+	next, placed := 0, 0
+	for i := 0; b.Loop(); i++ {
+		r := &mix[i%len(mix)]
+		if feed {
+			s.AddDemand(r)
+		}
+		d, err := p.Place(s, r)
+		if err != nil {
+			continue
+		}
+		placed++
+		if err := s.Assume(r, d); err != nil {
+			b.Fatal(err)
+		}
+		if len(ring) < cap(ring) {
+			ring = append(ring, assumed{r, d})
+			continue
+		}
+		if err := s.Forget(ring[next].r, ring[next].d); err != nil {
+			b.Fatal(err)
+		}
+		ring[next] = assumed{r, d}
+		next = (next + 1) % len(ring)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	b.ReportMetric(float64(placed)/float64(b.N), "placed/op")
 }
 
 // BenchmarkPlaceCold is the first decision of a fresh Placer: every node is
@@ -122,5 +139,32 @@ func BenchmarkPlaceCold(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkPlaceWithDemand is BenchmarkPlace with the demand the coordinator
+// feeds (Snapshot.AddDemand, every request placed) on a cluster of two
+// models, where a fifth of the requests may only use the smaller one (one
+// node in seven): gpufrac's charges are live on every decision.
+func BenchmarkPlaceWithDemand(b *testing.B) {
+	mix := benchMix()
+	typical := TypicalFromRequests(mix, 0.95)
+	for i := range mix {
+		if i%5 == 0 && mix[i].GPUs <= 2 {
+			mix[i].Models = []string{"T4"}
+		}
+	}
+	for _, n := range []int{1500, 10000} {
+		b.Run(fmt.Sprintf("gpufrac/%dnodes", n), func(b *testing.B) {
+			s := filledClusterOf(b, n, func(i int) string { return []string{"G2", "G2", "G2", "G2", "G2", "G2", "T4"}[i%7] })
+			for i := range mix {
+				s.AddDemand(&mix[i]) // what runs already
+			}
+			p, err := New("gpufrac", Options{Typical: typical})
+			if err != nil {
+				b.Fatal(err)
+			}
+			placeLoop(b, s, p, mix, true)
+		})
 	}
 }

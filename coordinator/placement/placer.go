@@ -34,6 +34,8 @@ type Placer struct {
 	costCache []costEntry
 
 	scratch []int32 // GPU free values of a node being scored
+	// charges is the charger's scratch for the request being placed.
+	charges charges
 }
 
 type cacheEntry struct {
@@ -155,6 +157,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		}
 	} else {
 		row := p.cacheRow(s, &q)
+		ch := p.chargesFor(s, &q)
 		for i := range s.nodes {
 			if !elig.ok(i) || !s.fits(i, &q) {
 				continue
@@ -171,6 +174,9 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 			} else {
 				sc, g = p.policy.score(p, s, i, &q)
 			}
+			if ch != nil {
+				sc -= ch.at(s, i, &q, g)
+			}
 			if sc > bestScore {
 				best, bestGPU, bestScore = i, g, sc
 			}
@@ -180,6 +186,29 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		return Decision{}, p.explain(s, &q, elig)
 	}
 	return s.decision(best, bestGPU, bestScore, &q), nil
+}
+
+// charger is a policy that charges a request, on top of its cached per-node
+// score, for capacity it takes that other demand will need: what that costs
+// depends on the whole cluster (free capacity and demand), not on one node,
+// so it cannot be cached by node generation.
+type charger interface {
+	// charges fills c for q and reports whether any charge is non-zero.
+	charges(s *Snapshot, q *req, c *charges) bool
+}
+
+// chargesFor returns the policy's charges for q, nil when it has none.
+func (p *Placer) chargesFor(s *Snapshot, q *req) *charges {
+	ch, ok := p.policy.(charger)
+	if !ok || q.k == 0 || len(s.models) == 0 || !s.demand.constrained() {
+		return nil // a CPU-only request takes no GPU capacity
+	}
+	c := &p.charges
+	c.reset(len(s.models))
+	if !ch.charges(s, q, c) {
+		return nil
+	}
+	return c
 }
 
 // compiler is a policy with data to resolve against a snapshot's models.

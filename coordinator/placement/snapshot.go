@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -82,6 +83,22 @@ type Snapshot struct {
 	// elig caches per-node eligibility by request class key -> eligibility.
 	eligMu sync.Mutex
 	elig   map[string]*eligibility
+
+	// htypes are the node types (model, GPU count, allocatable CPU and
+	// memory) of the nodes with GPUs and a model, to tell which models can
+	// host a request; never written after NewSnapshot.
+	htypes []hostType
+	// modelFree (model index -> free GPU milli of its nodes) and freeMilli
+	// (all nodes) are kept in step by refresh and Rollback.
+	modelFree []int64
+	freeMilli int64
+	// slots counts k-GPU slots (k fully free GPUs on one node) by model:
+	// model index -> k -> Σ_nodes ⌊fullFree/k⌋; allSlots counts every node's.
+	// Both are kept in step by refresh and Rollback.
+	slots    [][MaxKindGPUs + 1]int64
+	allSlots [MaxKindGPUs + 1]int64
+	// demand is the workload's GPU demand by host types (AddDemand).
+	demand demandBook
 }
 
 // NewSnapshot builds a snapshot of nodes. It keeps a pointer to each Node's
@@ -103,6 +120,7 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 		return nil, err
 	}
 	modelIdx := map[string]int32{}
+	typeSeen := map[hostType]bool{}
 	for i := range nodes {
 		for _, g := range nodes[i].GPUs {
 			if g.Reserved && s.reserved == nil {
@@ -152,8 +170,14 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 				id = int32(len(s.models))
 				modelIdx[model] = id
 				s.models = append(s.models, model)
+				s.modelFree = append(s.modelFree, 0)
+				s.slots = append(s.slots, [MaxKindGPUs + 1]int64{})
 			}
 			st.model = id
+			if ht := (hostType{model: id, gpus: int32(len(n.GPUs)), cpu: n.CPUMilli, mem: n.MemoryBytes}); len(n.GPUs) > 0 && !typeSeen[ht] {
+				typeSeen[ht] = true
+				s.htypes = append(s.htypes, ht)
+			}
 		}
 		s.nodes[i] = st
 	}
@@ -252,6 +276,13 @@ func (s *Snapshot) Clone() *Snapshot {
 		scalarNames: s.scalarNames, // never written after NewSnapshot
 		scalarIdx:   s.scalarIdx,   // never written after NewSnapshot
 		scal:        append([]int64(nil), s.scal...),
+
+		htypes:    s.htypes, // never written after NewSnapshot
+		modelFree: append([]int64(nil), s.modelFree...),
+		freeMilli: s.freeMilli,
+		slots:     slices.Clone(s.slots),
+		allSlots:  s.allSlots,
+		demand:    s.demand.clone(),
 	}
 	c.view = c.free
 	if s.reserved != nil {
@@ -297,7 +328,33 @@ func (s *Snapshot) refresh(i int) {
 		}
 		total += f
 	}
+	s.freeChanged(st.model, total-st.totalFree)
+	s.slotsChanged(st.model, st.fullFree, full)
 	st.fullFree, st.maxFree, st.totalFree = full, maxF, total
+}
+
+// slotsChanged keeps the slot counts in step with a node whose fully free
+// GPUs went from before to after.
+func (s *Snapshot) slotsChanged(model, before, after int32) {
+	if before == after {
+		return
+	}
+	for k := int32(2); k <= MaxKindGPUs && (k <= before || k <= after); k++ {
+		d := int64(after/k - before/k)
+		s.allSlots[k] += d
+		if model >= 0 {
+			s.slots[model][k] += d
+		}
+	}
+}
+
+// freeChanged keeps the per-model and cluster free milli in step with a
+// node's totalFree.
+func (s *Snapshot) freeChanged(model int32, delta int32) {
+	s.freeMilli += int64(delta)
+	if model >= 0 {
+		s.modelFree[model] += int64(delta)
+	}
 }
 
 // Assume takes the decision's resources from the snapshot, as if the pod were
@@ -428,6 +485,8 @@ func (s *Snapshot) Rollback(cp Checkpoint) error {
 	}
 	for j := len(s.journal) - 1; j >= cp.journal; j-- {
 		e := &s.journal[j]
+		s.freeChanged(e.state.model, e.state.totalFree-s.nodes[e.node].totalFree)
+		s.slotsChanged(e.state.model, s.nodes[e.node].fullFree, e.state.fullFree)
 		s.nodes[e.node] = e.state
 		gpus := s.trueFree(e.node)
 		n := copy(gpus, e.free[:])

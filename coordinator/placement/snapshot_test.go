@@ -263,6 +263,7 @@ func TestCachedScoresMatchFreshPlacer(t *testing.T) {
 			var cp *Checkpoint
 			for step := range 400 {
 				r := randomRequest()
+				s.AddDemand(&r) // charges (gpufrac) come from the demand, uncached
 				fresh, err := New(policy, Options{Typical: typical})
 				if err != nil {
 					t.Fatal(err)
@@ -305,6 +306,7 @@ func TestCachedScoresMatchFreshPlacer(t *testing.T) {
 					}
 					s = s.Clone()
 				}
+				checkBookkeeping(t, s)
 			}
 		})
 	}

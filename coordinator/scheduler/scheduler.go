@@ -456,6 +456,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	})
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
+	s.feedDemand(snap, pods, assumed, workloads, books)
 
 	// 4. Order: queues by dominant share, then priority, then age.
 	sortWorkloads(workloads, books)

@@ -97,6 +97,35 @@ func TestRunWritesReports(t *testing.T) {
 		t.Errorf("curve CSV: %d rows, header %v...", len(rows), rows[0][:3])
 	}
 
+	for _, name := range []string{"curve.md", "curve.csv"} {
+		if _, err := os.Stat(filepath.Join(cfg.OutDir, "default", name)); err != nil {
+			t.Errorf("missing whole-curve report: %v", err)
+		}
+	}
+
+	// A family: every variant's reports under the family, and the family's
+	// table, curves and plot.
+	stdout.Reset()
+	cfg.Variants, cfg.Families, cfg.Compare = nil, []string{"gpuspec", "focus"}, [2]string{"gpufrac", "fgd"}
+	if err := Run(t.Context(), cfg, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## family gpuspec", "## family focus", "| gpuspec=0.20 |", "| gpuspec=0.20,focus=A,conc=0.50 |", "worst x (gap)"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	for _, name := range []string{"gpuspec/family.md", "gpuspec/family.svg", "gpuspec/curves.csv", "gpuspec/gpuspec=0.33/curve.md", "focus/gpuspec=0.20,focus=B,conc=0.50/gpufrac_alloc.csv"} {
+		if _, err := os.Stat(filepath.Join(cfg.OutDir, name)); err != nil {
+			t.Errorf("missing family report: %v", err)
+		}
+	}
+	cfg.Families = []string{"nope"}
+	if err := Run(t.Context(), cfg, &stdout); err == nil || !strings.Contains(err.Error(), "scarcemix") {
+		t.Errorf("Run with an unknown family: got %v, want an error listing the families", err)
+	}
+
+	cfg.Families = nil
 	cfg.Policies = []string{"nope"}
 	if err := Run(t.Context(), cfg, &stdout); err == nil {
 		t.Error("Run with an unknown policy: got nil error")

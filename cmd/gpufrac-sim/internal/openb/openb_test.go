@@ -249,7 +249,80 @@ func TestResample(t *testing.T) {
 			t.Errorf("gpuspec=0.25: %d constrained pods, want 235", constrained)
 		}
 	})
-	for _, bad := range []string{"share", "share=2", "cpuonly=1", "colour=0.5", "share=x"} {
+	t.Run("gpuspec focused", func(t *testing.T) {
+		nodes := append(slices.Clone(nodes), NodeSpec{Name: "p", CPUMilli: 16000, MemoryMiB: 1 << 20, GPUs: 1, Model: "P100"})
+		onModel := func(ps []Pod, model string) (n, shares int) {
+			for _, p := range ps {
+				if len(p.Models) == 1 && p.Models[0] == model {
+					n++
+					if p.Class() == "share" {
+						shares++
+					}
+				}
+			}
+			return n, shares
+		}
+		for _, tc := range []struct {
+			spec                string
+			constrained, wantT4 int // wantT4 within ±tol; -1: all that fit T4
+			tol                 int
+			shares              int // constrained shares, -1: any
+		}{
+			// 235 constrained; T4 can host every one-GPU and two-GPU pod.
+			{spec: "gpuspec=0.25,focus=T4,conc=1", constrained: 235, wantT4: -1, shares: -1},
+			{spec: "gpuspec=0.25,focus=T4,conc=0.5", constrained: 235, wantT4: 116, tol: 20, shares: -1},
+			{spec: "gpuspec=0.25,focus=T4,conc=0", constrained: 235, wantT4: 0, tol: 0, shares: -1},
+			{spec: "gpuspec=0.25,focus=T4,conc=1,specshare=1", constrained: 235, wantT4: 235, tol: 0, shares: 235},
+			{spec: "specshare=0,focus=T4,gpuspec=0.25,conc=1", constrained: 235, wantT4: -1, shares: 0},
+		} {
+			v, err := ParseVariant(tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Resample(pods, nodes, v, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			constrained, fitT4 := 0, 0
+			for _, p := range got {
+				if len(p.Models) > 0 {
+					constrained++
+					if p.NumGPU <= 4 {
+						fitT4++
+					}
+				}
+			}
+			t4, shares := onModel(got, "T4")
+			if tc.wantT4 < 0 { // conc=1: every constrained pod that fits a T4 node
+				tc.wantT4 = fitT4
+			}
+			if constrained != tc.constrained || t4 < tc.wantT4-tc.tol || t4 > tc.wantT4+tc.tol {
+				t.Errorf("%s: %d constrained, %d on T4; want %d, %d±%d", tc.spec, constrained, t4, tc.constrained, tc.wantT4, tc.tol)
+			}
+			if tc.shares >= 0 && shares != tc.shares {
+				t.Errorf("%s: %d constrained shares on T4, want %d", tc.spec, shares, tc.shares)
+			}
+			if mix := Describe(got); math.Abs(mix.Constrained-float64(constrained)/940) > 1e-9 || math.Abs(mix.ByModel["T4"]-float64(t4)/float64(constrained)) > 1e-9 {
+				t.Errorf("%s: Describe says %+v", tc.spec, mix)
+			}
+		}
+		// The eight-GPU pods fit no T4 node: they draw among the others.
+		v, _ := ParseVariant("gpuspec=1,focus=T4,conc=1")
+		got, err := Resample(pods, nodes, v, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range got {
+			if p.NumGPU == 8 && (len(p.Models) != 1 || p.Models[0] != "G2") {
+				t.Errorf("eight-GPU pod %s constrained to %v, want [G2]", p.Name, p.Models)
+			}
+		}
+		if _, err := Resample(pods, nodes, Variant{{Kind: "gpuspec", Value: 0.2}, {Kind: "focus", Model: "H100"}}, 1); err == nil {
+			t.Error("focus on a model no node has: got nil error")
+		}
+	})
+	for _, bad := range []string{"share", "share=2", "cpuonly=1", "colour=0.5", "share=x",
+		"focus=T4", "conc=0.5", "gpuspec=0.2,conc=0.5", "gpuspec=0.2,specshare=2", "gpuspec=0.2,focus="} {
 		if _, err := ParseVariant(bad); err == nil {
 			t.Errorf("ParseVariant(%q): got nil error", bad)
 		}
@@ -257,5 +330,44 @@ func TestResample(t *testing.T) {
 	v, err := ParseVariant("share=0.6,cpuonly=0.3")
 	if err != nil || v.String() != "share=0.60,cpuonly=0.30" {
 		t.Errorf("ParseVariant: got %v, %v", v, err)
+	}
+	v, err = ParseVariant("gpuspec=0.33,focus=T4,conc=0.5,specshare=1")
+	if err != nil || v.String() != "gpuspec=0.33,focus=T4,conc=0.50,specshare=1.00" {
+		t.Errorf("ParseVariant: got %v, %v", v, err)
+	}
+}
+
+func TestFamilies(t *testing.T) {
+	nodes := []NodeSpec{
+		{Name: "g", GPUs: 8, Model: "G2"}, {Name: "g2", GPUs: 8, Model: "G2"}, {Name: "g3", GPUs: 8, Model: "G2"},
+		{Name: "t", GPUs: 4, Model: "T4"}, {Name: "a", GPUs: 1, Model: "A10"}, {Name: "c"},
+	}
+	if got := ScarceModel(nodes); got != "T4" {
+		t.Errorf("ScarceModel: %q, want T4 (A10 holds under a tenth)", got)
+	}
+	fams := Families(nodes)
+	byName := map[string]Family{}
+	for _, f := range fams {
+		byName[f.Name] = f
+		for _, v := range f.Variants {
+			if v == "" {
+				continue
+			}
+			if _, err := ParseVariant(v); err != nil {
+				t.Errorf("family %s: %v", f.Name, err)
+			}
+		}
+	}
+	want := map[string]int{"default": 1, "share": 2, "multigpu": 2, "cpuonly": 2, "gpuspec": 2, "scarce": 12, "scarcemix": 6, "focus": 3}
+	for name, n := range want {
+		if len(byName[name].Variants) != n {
+			t.Errorf("family %s: %d variants, want %d", name, len(byName[name].Variants), n)
+		}
+	}
+	if got := byName["focus"].Variants; !slices.Equal(got, []string{"gpuspec=0.2,focus=A10,conc=0.5", "gpuspec=0.2,focus=T4,conc=0.5", "gpuspec=0.2,focus=G2,conc=0.5"}) {
+		t.Errorf("focus family: %v, want fewest GPUs first", got)
+	}
+	if fams := Families([]NodeSpec{{Name: "x", GPUs: 2}}); len(fams) != 5 {
+		t.Errorf("a cluster without models: %d families, want the 5 without model constraints", len(fams))
 	}
 }

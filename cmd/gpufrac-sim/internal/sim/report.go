@@ -47,9 +47,9 @@ type Summary struct {
 	Elapsed, MaxElapsed time.Duration
 }
 
-// Summarize groups results by policy, in first-seen order, with statistics
-// at the given columns.
-func Summarize(results []*Result, cols []int) []Summary {
+// byPolicy groups results by policy: the policies in first-seen order and
+// policy -> its results.
+func byPolicy(results []*Result) ([]string, map[string][]*Result) {
 	var order []string
 	by := map[string][]*Result{}
 	for _, r := range results {
@@ -58,6 +58,13 @@ func Summarize(results []*Result, cols []int) []Summary {
 		}
 		by[r.Policy] = append(by[r.Policy], r)
 	}
+	return order, by
+}
+
+// Summarize groups results by policy, in first-seen order, with statistics
+// at the given columns.
+func Summarize(results []*Result, cols []int) []Summary {
+	order, by := byPolicy(results)
 	out := make([]Summary, 0, len(order))
 	for _, p := range order {
 		rs := by[p]

@@ -96,6 +96,9 @@ func replay(ctx context.Context, spec *Spec, pods []openb.Pod, policy string, se
 		}
 		r := pods[k].Request()
 		arrived += r.GPUMilli()
+		// The pod has arrived: it is part of the demand the coordinator
+		// would see (pending or placed), whether or not it fits.
+		snap.AddDemand(&r)
 		d, err := placer.Place(snap, &r)
 		switch {
 		case errors.Is(err, placement.ErrUnschedulable):

@@ -1,0 +1,160 @@
+package placement
+
+import (
+	"slices"
+)
+
+// hostType is a kind of node as far as hosting a request goes: GPU model,
+// GPU count and allocatable CPU and memory.
+type hostType struct {
+	model    int32
+	gpus     int32
+	cpu, mem int64
+}
+
+// demandBook is the workload's GPU demand by the GPU models able to host it:
+// what gpufrac weighs each model's free capacity against (see
+// Snapshot.AddDemand).
+type demandBook struct {
+	total int64 // GPU milli of every request counted
+	// multi is the demand of requests for k ≥ 2 whole GPUs that every model
+	// can host, by k (larger counts in the last slot).
+	multi [MaxKindGPUs + 1]int64
+	sets  []demandSet // one per distinct set of host models, short of all
+	// shapes caches a request shape's index in sets, or demandAnyModel /
+	// demandNoModel.
+	shapes map[demandShape]int
+}
+
+// demandSet is the demand of the requests that only these models can host.
+type demandSet struct {
+	models []int32 // snapshot model indices, ascending; never written once built
+	milli  int64
+	// multi is the part of milli asking k ≥ 2 whole GPUs, by k.
+	multi [MaxKindGPUs + 1]int64
+}
+
+// demandShape is what decides which models can host a request.
+type demandShape struct {
+	cpu, mem int64
+	gpus     int32 // GPUs needed on one node: k, or 1 for a share
+	models   string
+}
+
+// Marks of a shape that has no demand set.
+const (
+	demandAnyModel = -1 // every model can host it
+	demandNoModel  = -2 // no model can
+)
+
+// constrained reports whether any demand is constrained: to some models, or
+// to k-GPU slots.
+func (d *demandBook) constrained() bool {
+	return len(d.sets) > 0 || d.multi != [MaxKindGPUs + 1]int64{}
+}
+
+func (d *demandBook) clone() demandBook {
+	c := demandBook{total: d.total, multi: d.multi, sets: slices.Clone(d.sets)}
+	if d.shapes != nil {
+		c.shapes = make(map[demandShape]int, len(d.shapes))
+		for k, v := range d.shapes {
+			c.shapes[k] = v
+		}
+	}
+	return c
+}
+
+// AddDemand counts r's GPU demand in the workload the snapshot serves: the
+// pods placed and the pods waiting, once each, whether or not they fit. The
+// gpufrac policy reads it to keep flexible pods off the GPU models that
+// constrained demand needs. Demand is constrained to the models that have a
+// node able to host it: by its model list, or by its size (a pod asking more
+// GPUs, CPU or memory than the nodes of most models have). Requests asking
+// no GPU, or that no node can host, count for nothing. Rollback does not
+// undo it.
+func (s *Snapshot) AddDemand(r *Request) {
+	milli := r.GPUMilli()
+	if milli <= 0 || r.Validate() != nil || len(s.htypes) == 0 {
+		return
+	}
+	sh := demandShape{cpu: r.CPUMilli, mem: r.MemoryBytes, gpus: int32(max(r.GPUs, 1))}
+	if len(r.Models) > 0 {
+		sh.models = modelsKey(r.Models)
+	}
+	k, ok := s.demand.shapes[sh]
+	if !ok {
+		k = s.demandSetOf(r, &sh)
+		if s.demand.shapes == nil {
+			s.demand.shapes = map[demandShape]int{}
+		}
+		s.demand.shapes[sh] = k
+	}
+	if k == demandNoModel {
+		return
+	}
+	s.demand.total += milli
+	multi := &s.demand.multi
+	if k >= 0 {
+		s.demand.sets[k].milli += milli
+		multi = &s.demand.sets[k].multi
+	}
+	if r.GPUs >= 2 {
+		multi[min(r.GPUs, MaxKindGPUs)] += milli
+	}
+}
+
+// demandSetOf finds or makes the set of the models able to host sh.
+func (s *Snapshot) demandSetOf(r *Request, sh *demandShape) int {
+	var models []int32
+	for _, ht := range s.htypes {
+		if slices.Contains(models, ht.model) || len(r.Models) > 0 && !slices.Contains(r.Models, s.models[ht.model]) {
+			continue
+		}
+		if ht.gpus >= sh.gpus && ht.cpu >= sh.cpu && ht.mem >= sh.mem {
+			models = append(models, ht.model)
+		}
+	}
+	slices.Sort(models)
+	switch {
+	case len(models) == 0:
+		return demandNoModel
+	case len(models) == s.gpuModels():
+		return demandAnyModel
+	}
+	for k := range s.demand.sets {
+		if slices.Equal(s.demand.sets[k].models, models) {
+			return k
+		}
+	}
+	s.demand.sets = append(s.demand.sets, demandSet{models: models})
+	return len(s.demand.sets) - 1
+}
+
+// modelsKey is a model list in a canonical text form.
+func modelsKey(models []string) string {
+	if len(models) == 1 {
+		return models[0]
+	}
+	m := slices.Clone(models)
+	slices.Sort(m)
+	m = slices.Compact(m)
+	key := ""
+	for i, x := range m {
+		if i > 0 {
+			key += "|"
+		}
+		key += x
+	}
+	return key
+}
+
+// gpuModels is the number of models with GPU nodes.
+func (s *Snapshot) gpuModels() int {
+	var seen []int32
+	for _, ht := range s.htypes {
+		if !slices.Contains(seen, ht.model) {
+			seen = append(seen, ht.model)
+		}
+	}
+	return len(seen)
+}

@@ -1,0 +1,51 @@
+package scheduler
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// feedDemand tells the snapshot what GPU demand the cluster serves
+// (placement.Snapshot.AddDemand): every pod bound or being bound, and every
+// pending pod this cycle may place. The placement policy weighs the demand
+// that only some GPU models can host against those models' free capacity,
+// so that flexible pods leave it to them. Pods this scheduler cannot parse
+// (another scheduler's, no queue) count with their plain requests, without
+// model constraints; placeholders and reservation pods stand for demand
+// counted elsewhere and are skipped.
+//
+// A pending pod's model list (gpufrac.io/gpu-models) is tenant input. It only
+// ever makes other pods prefer other models, never keeps them from a node
+// they fit; still, pending pods count only when their queue's quota admits
+// them now (incomplete gangs and pods their queue may not run do not), so a
+// tenant cannot steer the cluster with a backlog it may not run.
+func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, ws []*workload, b *books) {
+	for _, w := range ws {
+		if w.incomplete != "" || !b.check(w).allowed {
+			continue
+		}
+		for k := range w.pods {
+			snap.AddDemand(&w.pods[k].req)
+		}
+	}
+	for _, p := range pods {
+		if _, ok := assumed[p.UID]; (p.Spec.NodeName == "" && !ok) || state.Terminal(p) ||
+			placeholder.IsPlaceholder(p) || state.IsReservation(p) {
+			continue
+		}
+		if pi, err := s.parse(p); err == nil {
+			snap.AddDemand(&pi.req)
+			continue
+		}
+		d := state.DemandOf(p, s.opts.TimesliceResource)
+		r := placement.Request{CPUMilli: d.CPUMilli, MemoryBytes: d.MemoryBytes, GPUs: d.WholeGPUs}
+		if d.WholeGPUs == 0 && d.FractionPercent > 0 {
+			r.ShareMilli = min(d.FractionPercent*placement.MilliPerGPU/100, placement.MilliPerGPU)
+		}
+		snap.AddDemand(&r)
+	}
+}

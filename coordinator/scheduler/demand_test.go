@@ -1,0 +1,65 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// The cycle feeds the demand it sees to placement: with a T4-only pod
+// running and another waiting, gpufrac leaves the last T4 GPU to the waiting
+// one and puts the older flexible pod on the H100 node, although the T4
+// node is the busiest (ties go to the busiest node).
+func TestConstrainedDemandKeepsItsModel(t *testing.T) {
+	t4 := builders.MakeNode("t4").GPUs(2).CPU("64").Memory("256Gi").Pool("a").Product("NVIDIA-T4").Obj()
+	h100 := builders.MakeNode("h100").GPUs(8).CPU("128").Memory("1Ti").Pool("a").Product("NVIDIA-H100-80GB-HBM3").Obj()
+	old := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	pod := func(name string, created metav1.Time) *builders.PodWrapper {
+		return builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("4").UID(name).Created(created)
+	}
+	running := pod("t4-running", old).GPUModels("NVIDIA-T4").Node("t4").Obj()
+	flexible := pod("flexible", metav1.NewTime(old.Add(time.Minute))).Obj()
+	waiting := pod("t4-waiting", metav1.NewTime(old.Add(2*time.Minute))).GPUModels("NVIDIA-T4").Obj()
+	c := newCluster(t, placement.DefaultPolicy, []*corev1.Node{t4, h100}, []*v1alpha1.Queue{queueOf("q", "16")}, running, flexible, waiting)
+	c.cycle()
+	if got := c.boundTo("flexible"); got != "h100" {
+		t.Errorf("flexible pod bound to %q, want h100 (the last T4 GPU is wanted by t4-waiting)", got)
+	}
+	if got := c.boundTo("t4-waiting"); got != "t4" {
+		t.Errorf("t4-waiting bound to %q (reason %q), want t4", got, c.reason("t4-waiting"))
+	}
+}
+
+// Pending pods that their queue may not run do not count as demand: with
+// the T4-only pod over its queue's limit, the flexible pod fills the T4 node
+// as it would without any demand (ties go to the busiest node); within the
+// limit, it counts and the flexible pod leaves the T4 GPU to it.
+func TestDemandCountsOnlyPodsTheirQueueMayRun(t *testing.T) {
+	for _, tc := range []struct {
+		limit, want string
+	}{
+		{limit: "1", want: "t4"},
+		{limit: "2", want: "h100"},
+	} {
+		t.Run("limit "+tc.limit, func(t *testing.T) {
+			t4 := builders.MakeNode("t4").GPUs(2).CPU("64").Memory("256Gi").Pool("a").Product("NVIDIA-T4").Obj()
+			h100 := builders.MakeNode("h100").GPUs(8).CPU("128").Memory("1Ti").Pool("a").Product("NVIDIA-H100-80GB-HBM3").Obj()
+			old := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			running := builders.MakePod("running", "default").Queue("q").GPUs(1).CPU("4").UID("running").Created(old).Node("t4").Obj()
+			flexible := builders.MakePod("flexible", "default").Queue("q").GPUs(1).CPU("4").UID("flexible").Created(metav1.NewTime(old.Add(time.Minute))).Obj()
+			t4Pair := builders.MakePod("t4-pair", "default").Queue("small").GPUs(2).CPU("4").UID("t4-pair").Created(metav1.NewTime(old.Add(2 * time.Minute))).GPUModels("NVIDIA-T4").Obj()
+			queues := []*v1alpha1.Queue{queueOf("q", "16"), builders.MakeQueue("small").GPUQuota(tc.limit).GPULimit(tc.limit).Namespaces("default").Obj()}
+			c := newCluster(t, placement.DefaultPolicy, []*corev1.Node{t4, h100}, queues, running, flexible, t4Pair)
+			c.cycle()
+			if got := c.boundTo("flexible"); got != tc.want {
+				t.Errorf("flexible pod bound to %q, want %s (t4-pair: %q)", got, tc.want, c.b.msgs["t4-pair"])
+			}
+		})
+	}
+}
