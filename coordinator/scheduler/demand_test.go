@@ -58,7 +58,7 @@ func TestDemandCountsOnlyPodsTheirQueueMayRun(t *testing.T) {
 			c := newCluster(t, placement.DefaultPolicy, []*corev1.Node{t4, h100}, queues, running, flexible, t4Pair)
 			c.cycle()
 			if got := c.boundTo("flexible"); got != tc.want {
-				t.Errorf("flexible pod bound to %q, want %s (t4-pair: %q)", got, tc.want, c.b.msgs["t4-pair"])
+				t.Errorf("flexible pod bound to %q, want %s (t4-pair: %q)", got, tc.want, msg(c.b, "t4-pair"))
 			}
 		})
 	}
