@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -86,7 +87,10 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state
 		pi.nonPreemptible = pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
 		key := p.Namespace + "/" + p.Name
 		if pi.group != "" {
-			key = p.Namespace + "/" + pi.group
+			// A gang's pods were admitted as one, so they share how; pods
+			// relabelled into a gang after admission do not join its
+			// protection.
+			key = p.Namespace + "/" + pi.group + "/preemptible=" + strconv.FormatBool(!pi.nonPreemptible)
 		}
 		c := cands[key]
 		if c == nil {

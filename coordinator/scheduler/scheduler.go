@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -679,9 +680,13 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 			// Karpenter must not disrupt the node of non-preemptible work.
 			ann[api.AnnotationDoNotDisrupt] = "true"
 		}
-		// The queue charged, for the books of every later cycle (and of a
-		// restarted coordinator): only bound pods that carry it are charged.
+		// The queue charged, and how, for the books of every later cycle
+		// (and of a restarted coordinator): only bound pods that carry the
+		// queue are charged, and only pods admitted non-preemptible (within
+		// the deserved quota) are protected from reclaim, whatever
+		// gpufrac.io/preemptible says later. A gang is admitted as one.
 		ann[api.AnnotationAdmittedQueue] = w.queue
+		ann[api.AnnotationAdmittedPreemptible] = strconv.FormatBool(!w.nonPreemptible)
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
 		gang := ""
 		if w.gang {
