@@ -192,7 +192,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	if a.podRes == nil {
-		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs and fractions")
+		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs, fractions and replicas")
 	}
 	if a.client != nil {
 		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
