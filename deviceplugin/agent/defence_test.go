@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
@@ -278,4 +279,51 @@ func TestFailClosedWhenTheNodeCannotBePatched(t *testing.T) {
 		t.Errorf("annotation %s = %q after a refused patch", api.AnnotationConfigError, got)
 	}
 	e.checkGauge("gpufrac_config_fail_closed", 1)
+}
+
+// TestNodeLabelsUnreadableAtStartFailClosed: the admin's config shares
+// GPUs as fractions by default and time-slices the nodes of pool "sliced".
+// This node is in that pool, and the API server does not answer when
+// gpufrac-node reads its labels at start. Without them no group matches, and
+// the default (fractions) would be served on a node its admin configured
+// otherwise: instead the node fails closed (whole GPUs only), says why, and
+// applies its group's config once the labels can be read.
+func TestNodeLabelsUnreadableAtStartFailClosed(t *testing.T) {
+	const config = "version: v1\ndefault:\n  mode: fraction\ngroups:\n  - nodeSelector: {gpufrac.io/pool: sliced}\n    mode: timeslice\n"
+	var refusing atomic.Bool
+	refusing.Store(true)
+	sliced := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"gpufrac.io/pool": "sliced"}}}
+	e := startAgentWith(t, config, func(c *fake.Clientset) {
+		if err := c.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), sliced, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if refusing.Load() {
+				return true, nil, errors.New("the API server is not answering")
+			}
+			return false, nil, nil
+		})
+	})
+	e.waitServed("whole GPUs only while the node's group is unknown", map[string]served{
+		api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1},
+	})
+	e.poll("the fail-closed event naming the labels", func() bool {
+		for _, ev := range e.nodeEvents() {
+			if strings.HasPrefix(ev, "Warning GPUConfigRejected: gpufrac-node fails closed") && strings.Contains(ev, "labels") {
+				return true
+			}
+		}
+		return false
+	})
+	if want := map[string]served{api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1}}; !cmp.Equal(want, e.served()) {
+		t.Fatalf("served while the node's group is unknown (-want +got):\n%s", cmp.Diff(want, e.served()))
+	}
+	e.checkGauge("gpufrac_config_fail_closed", 1)
+	refusing.Store(false)
+	e.waitServed("the sliced group's config", map[string]served{
+		api.ResourceGPU:              {Healthy: 0, Connected: false, Registrations: 1},
+		api.DefaultTimesliceResource: {Healthy: 32, Connected: true, Registrations: 1},
+	})
+	e.poll("the config error removed", func() bool { return e.nodeAnnotation(api.AnnotationConfigError) == "" })
+	e.checkGauge("gpufrac_config_fail_closed", 0)
 }
