@@ -448,6 +448,20 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		_, err = node.CoreV1().Pods(attackerNS).Patch(t.Context(), mine.Name, types.MergePatchType,
 			mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"app": "hijacked"}}}), metav1.PatchOptions{})
 		refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations gpufrac.io/allocated-gpu and gpufrac.io/reserved-gpu of a pod")
+		// Nor the rest of its metadata: a finalizer would keep the pod from
+		// ever being deleted, an owner that does not exist would have the
+		// garbage collector delete it.
+		for what, meta := range map[string]map[string]any{
+			"a finalizer": {"finalizers": []string{"example.com/hold"}},
+			"an owner":    {"ownerReferences": []any{map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}}},
+		} {
+			_, err = node.CoreV1().Pods(attackerNS).Patch(t.Context(), mine.Name, types.MergePatchType, mergePatch(map[string]any{"metadata": meta}), metav1.PatchOptions{})
+			if err == nil {
+				t.Errorf("gpufrac-node set %s on a pod of its node", what)
+			} else {
+				refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations")
+			}
+		}
 		// A token of its ServiceAccount bound to no pod names no node.
 		unbound, err := b.c.ServiceAccountConfig(t.Context(), api.ComponentNamespace, api.NodeServiceAccount, nil)
 		if err != nil {
