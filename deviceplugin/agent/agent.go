@@ -62,7 +62,15 @@ type Config struct {
 	CDISpecDirs []string
 	// CDICheckInterval is how often the CDI specs are checked (0: cdi.DefaultInterval).
 	CDICheckInterval time.Duration
+	// NodeResyncInterval is how often writes of the Node's annotations
+	// (the GPU inventory, the config error) that failed are tried again
+	// (0: DefaultNodeResyncInterval).
+	NodeResyncInterval time.Duration
 }
+
+// DefaultNodeResyncInterval is how often failed writes of the Node's
+// annotations are tried again by default.
+const DefaultNodeResyncInterval = 30 * time.Second
 
 // Agent is a running gpufrac-node.
 type Agent struct {
@@ -98,9 +106,12 @@ type Agent struct {
 	closed     bool                              // serving failClosed since start; guarded by applyMu
 	policy     atomic.Pointer[config.NodePolicy] // resolved policy in force
 
-	invMu         sync.Mutex    // guards lastInventory
-	lastInventory string        // last inventory annotation written
-	modes         []config.Mode // per-GPU modes in force, by index
+	cfgErrMu       sync.Mutex    // guards configErr and configErrStale; held while writing the annotation
+	configErr      *string       // what the Node's config-error annotation must say (nil: absent)
+	configErrStale bool          // the annotation may not say configErr: its last write failed
+	invMu          sync.Mutex    // guards lastInventory
+	lastInventory  string        // last inventory annotation written
+	modes          []config.Mode // per-GPU modes in force, by index
 }
 
 // New returns an agent on lib; client may be nil (standalone mode). The
@@ -316,6 +327,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if startErr != nil {
 		a.reportFailClosed(ctx, startErr)
+	}
+	if a.client != nil && a.cfg.NodeName != "" {
+		goRun("node-annotations", a.resyncNode)
 	}
 	goRun("memory-watchdog", a.watchdog.Run)
 	<-ctx.Done()
