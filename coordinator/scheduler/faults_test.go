@@ -163,7 +163,9 @@ func TestPlaceholderHintsArePrunedWithNodeChurn(t *testing.T) {
 }
 
 // reclaimCluster: team-b borrowed all 4 GPUs of n1 while team-a was idle;
-// team-a (deserves 2) now asks for 2.
+// team-a (deserves 2) now asks for 2. The terminating pods were deleted
+// with the default grace period of 30 s, a moment ago on the scheduler's
+// clock.
 func reclaimCluster(t *testing.T, terminating ...string) *cluster {
 	t.Helper()
 	var pods []*corev1.Pod
@@ -171,15 +173,18 @@ func reclaimCluster(t *testing.T, terminating ...string) *cluster {
 	for _, n := range terminating {
 		gone[n] = true
 	}
+	now := time.Unix(1_700_000_000, 0)
 	for i := range 4 {
 		p := admitted(gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1), "n1")
 		if gone[p.Name] {
-			p.DeletionTimestamp = &metav1.Time{Time: time.Unix(1_700_000_000, 0)}
+			p.DeletionTimestamp = &metav1.Time{Time: now.Add(30 * time.Second)}
 		}
 		pods = append(pods, p)
 	}
 	pods = append(pods, gpuPod("a-0", "team-a", 2))
-	return newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
+	c.s.clock = clocktesting.NewFakeClock(now)
+	return c
 }
 
 // TestReclaimDoesNotStallOnRefusedEvictions: evictions the API refuses

@@ -479,6 +479,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			liveGroups[p.Labels[placeholder.LabelGroup]] = true
 		}
 	}
+	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			for _, p := range w.pods {
@@ -508,7 +509,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 				// Beyond deserved quota: wait for free capacity, never ask for more.
 				reason = binder.ReasonOverQuota
 				msg = fmt.Sprintf("queue %s is over its deserved quota and the cluster has no free capacity for this pod: %s", w.queue, placeErr)
-			} else if m := s.reclaim(ctx, w, books, inputs); m != "" {
+			} else if m := s.reclaim(ctx, w, books, reclaimIn); m != "" {
 				msg = m
 			} else {
 				// Admitted within quota, no room: ask Karpenter for capacity.
