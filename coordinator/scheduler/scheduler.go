@@ -433,7 +433,12 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		if _, busy := assumed[p.UID]; busy {
 			continue
 		}
-		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName {
+		// A pod with scheduling gates may not be bound until they are gone
+		// (the API server refuses the binding; its PodScheduled condition
+		// says SchedulingGated): placed, it would hold capacity and a
+		// reservation, and its binding would fail in every cycle.
+		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
+			len(p.Spec.SchedulingGates) == 0 {
 			pending = append(pending, p)
 		}
 	}
