@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -363,5 +364,29 @@ func TestQueueBorrowsIdleQuotaWhenItsPodsArriveInSteps(t *testing.T) {
 			r, msg := c.b.Reason(n)
 			t.Errorf("%s not bound: %s %q", n, r, msg)
 		}
+	}
+}
+
+// TestGangBindErrorsAreForgotten: the last binding error of each gang is
+// kept to explain a rollback. A gang whose binding failed before any member
+// was bound never becomes "bound in part", and a tenant that deletes its
+// gangs' pods while they are being bound (or any passing API failure) must
+// not make that memory grow with every gang name ever seen.
+func TestGangBindErrorsAreForgotten(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")})
+	gone := apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "x")
+	c.b.BindErr = func(*corev1.Pod, string) error { return gone }
+	for i := range 20 {
+		name := fmt.Sprintf("g%d", i)
+		p := builders.MakePod(name+"-0", "default").Queue("q").GPUs(1).CPU("1").UID(name).PodGroup(name).MinMember(1).Obj()
+		_ = c.pods.Add(p)
+		c.cycle() // the binding fails: the pod was deleted meanwhile
+		_ = c.pods.Delete(p)
+	}
+	c.cycle()
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if n := len(c.s.gangErr); n != 0 {
+		t.Errorf("%d gang binding errors remembered after their gangs are gone, want 0", n)
 	}
 }

@@ -66,11 +66,18 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 	for key := range s.gangPartial {
 		if c := census[key]; c == nil || !c.partial() {
 			delete(s.gangPartial, key)
-			s.mu.Lock()
-			delete(s.gangErr, key)
-			s.mu.Unlock()
 		}
 	}
+	// A binding error matters only to explain the rollback of a gang bound
+	// in part; kept for gangs none of whose members was bound (or whose
+	// pods are gone), the errors grew with every gang name ever seen.
+	s.mu.Lock()
+	for key := range s.gangErr {
+		if c := census[key]; c == nil || !c.partial() {
+			delete(s.gangErr, key)
+		}
+	}
+	s.mu.Unlock()
 	for uid := range s.gangEvicted {
 		if !censusHolds(census, uid) {
 			delete(s.gangEvicted, uid)
