@@ -161,6 +161,9 @@ type Scheduler struct {
 	gangEvicted map[types.UID]bool
 	// gangErr: gang -> the last error binding one of its members (guarded by mu).
 	gangErr map[string]string
+	// bindBackoff: workload -> when it may be placed again after a failed
+	// binding, and the back-off after the next failure (guarded by mu).
+	bindBackoff map[string]bindRetry
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
@@ -177,6 +180,7 @@ type bindTask struct {
 	node        string
 	annotations map[string]string
 	gang        string // the pod's gang ("" for none)
+	workload    string // the pod's workload (its gang, or itself)
 }
 
 // New returns a scheduler.
@@ -235,6 +239,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
+		bindBackoff:     map[string]bindRetry{},
 	}, nil
 }
 
@@ -355,6 +360,7 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		if t.gang != "" {
 			s.gangErr[t.gang] = fmt.Sprintf("binding %s to %s: %v", t.pod.Name, t.node, err)
 		}
+		s.backOffLocked(t, err)
 		s.mu.Unlock()
 		s.Wake()
 	}
@@ -459,6 +465,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 		return rolling
 	})
+	// Workloads whose binding failed a moment ago wait out their back-off.
+	workloads = s.holdBackedOff(ctx, workloads, start, &res)
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 	s.feedDemand(snap, pods, assumed, workloads, books)
@@ -694,7 +702,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 			gang = w.key
 		}
 		select {
-		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang}:
+		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key}:
 		case <-ctx.Done():
 			// Run is ending and its bind workers with it: forget what was not sent.
 			s.mu.Lock()
