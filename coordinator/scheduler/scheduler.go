@@ -469,7 +469,6 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	workloads = s.holdBackedOff(ctx, workloads, start, &res)
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
-	s.feedDemand(snap, pods, assumed, workloads, books)
 
 	// 4. Order: queues by dominant share, then priority, then age.
 	sortWorkloads(workloads, books)
@@ -479,6 +478,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	sort.SliceStable(workloads, func(i, j int) bool {
 		return s.hasPlan(workloads[i]) && !s.hasPlan(workloads[j])
 	})
+	s.feedDemand(snap, pods, assumed, workloads, books)
 
 	// 5. Admit and place, workload by workload.
 	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
