@@ -89,6 +89,9 @@ type Reserver interface {
 	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int
 	// RemoveFailed removes reservation pods that ended Failed.
 	RemoveFailed(ctx context.Context, pods []*corev1.Pod) int
+	// Removing lists the reservation pods Reconcile deleted that may still
+	// be in the informer's cache (state.Inputs.Removing).
+	Removing() map[types.UID]bool
 }
 
 // Binder writes bindings and pending reasons.
@@ -420,6 +423,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource}
+	if s.deps.Reserver != nil {
+		inputs.Removing = s.deps.Reserver.Removing()
+	}
 	if s.opts.NewNodeSettle > 0 {
 		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
 	}

@@ -427,6 +427,8 @@ func (f *fakeReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.
 	return f.removed
 }
 
+func (f *fakeReserver) Removing() map[types.UID]bool { return nil }
+
 func (f *fakeReserver) RemoveFailed(_ context.Context, pods []*corev1.Pod) int {
 	for _, p := range pods {
 		_ = f.c.pods.Delete(p)
