@@ -47,8 +47,9 @@ type reclaimScope struct {
 	indexed bool
 	// byUID: pod UID -> the pod, for pods that still hold resources.
 	byUID map[types.UID]*corev1.Pod
-	// groups: workload key -> a running workload the coordinator admitted
-	// (a gang whole, or one pod), every queue's; keys sorted in order.
+	// groups: "queue:namespace/name" -> a running workload the coordinator
+	// admitted to that queue (a gang whole, or one pod), every queue's; keys
+	// sorted in order.
 	groups map[string]*victimGroup
 	order  []string
 
@@ -116,9 +117,12 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 		// gpufrac.io/preemptible "false" protects nothing in a namespace
 		// the queue no longer lets in.
 		np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
-		key := p.Namespace + "/" + p.Name
+		// A workload is one queue's: pods of another queue that carry the
+		// same pod group name (tenant input) are that queue's own workload,
+		// never part of this one.
+		key := pi.queue + ":" + p.Namespace + "/" + p.Name
 		if pi.group != "" {
-			key = p.Namespace + "/" + pi.group
+			key = pi.queue + ":" + p.Namespace + "/" + pi.group
 		}
 		g := sc.groups[key]
 		if g == nil {

@@ -10,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 // TestReclaimDoesNotWaitForAPodThatTakesForeverToEnd: a starved queue
@@ -93,5 +94,37 @@ func BenchmarkCycleWithStarvedBacklog(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestReclaimNeverTakesAGangOfAnotherQueueByItsName: two queues take pods
+// from one namespace. A team-b pod labelled with the pod group of team-a's
+// running gang is team-b's own workload, not part of that gang: reclaiming
+// from team-b (far over its quota) must evict team-b's pods, never team-a's
+// gang, which is within its quota. Grouped by namespace and pod group
+// alone, the three pods were one candidate charged to whichever queue's
+// pod the lister returned first - the newest candidate, so team-a's gang
+// was evicted for team-b's loan whenever that was team-b.
+func TestReclaimNeverTakesAGangOfAnotherQueueByItsName(t *testing.T) {
+	old := time.Unix(1_690_000_000, 0)
+	mk := func(name, queue string, created time.Duration) *builders.PodWrapper {
+		return builders.MakePod(name, "default").Queue(queue).GPUs(1).CPU("1").UID(name).Created(metav1.NewTime(old.Add(created)))
+	}
+	pods := []*corev1.Pod{
+		admitted(mk("a-train-0", "team-a", 3*time.Minute).PodGroup("train").MinMember(2).Obj(), "n1"),
+		admitted(mk("a-train-1", "team-a", 3*time.Minute).PodGroup("train").MinMember(2).Obj(), "n1"),
+		admitted(mk("b-train", "team-b", 2*time.Minute).PodGroup("train").MinMember(1).Obj(), "n1"),
+		gpuPod("c-0", "team-c", 1),
+	}
+	for i := range 5 {
+		pods = append(pods, admitted(mk(fmt.Sprintf("b-%d", i), "team-b", 0).Obj(), "n1"))
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)},
+		[]*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "0"), queueOf("team-c", "2")}, pods...)
+	c.s.clock = clocktesting.NewFakeClock(old.Add(time.Hour))
+	c.cycle()
+	got := c.b.EvictedPods()
+	if len(got) != 1 || got[0] != "b-train" {
+		t.Errorf("evicted %v, want [b-train]: team-b's newest pod, and nothing of team-a (c-0: %q)", got, msg(c.b, "c-0"))
 	}
 }
