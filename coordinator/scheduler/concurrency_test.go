@@ -12,6 +12,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 )
 
 // TestRunUnderFailingBindingsBindsEachPodOnce runs the scheduler as the
@@ -32,22 +33,8 @@ func TestRunUnderFailingBindingsBindsEachPodOnce(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
 	c.s.clock = clk
 
-	var mu sync.Mutex
-	calls, bound := 0, map[string]int{}
-	applied := make(chan *corev1.Pod, 1024)
-	c.b.BindErr = func(p *corev1.Pod, node string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		calls++
-		if calls%3 == 0 {
-			return apierrors.NewServiceUnavailable("etcd leader changed")
-		}
-		bound[p.Name]++
-		q := p.DeepCopy()
-		q.Spec.NodeName = node
-		applied <- q
-		return nil
-	}
+	fb := &applyingBinder{Binder: c.b, bound: map[string]int{}, applied: make(chan *corev1.Pod, 1024)}
+	c.s.deps.Binder = fb
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	wg.Go(func() { c.s.Run(ctx) })
@@ -56,7 +43,7 @@ func TestRunUnderFailingBindingsBindsEachPodOnce(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				return
-			case p := <-applied:
+			case p := <-fb.applied:
 				time.Sleep(time.Millisecond)
 				_ = c.pods.Update(p)
 				c.s.OnPod(p)
@@ -71,9 +58,9 @@ func TestRunUnderFailingBindingsBindsEachPodOnce(t *testing.T) {
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		mu.Lock()
-		n := len(bound)
-		mu.Unlock()
+		fb.mu.Lock()
+		n := len(fb.bound)
+		fb.mu.Unlock()
 		if n == len(pods) {
 			break
 		}
@@ -81,14 +68,51 @@ func TestRunUnderFailingBindingsBindsEachPodOnce(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(bound) != len(pods) {
-		t.Errorf("%d of %d pods bound", len(bound), len(pods))
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	if len(fb.bound) != len(pods) {
+		var missing []string
+		for _, p := range pods {
+			if fb.bound[p.Name] == 0 {
+				r, m := c.b.Reason(p.Name)
+				missing = append(missing, fmt.Sprintf("%s (%s %q)", p.Name, r, m))
+			}
+		}
+		t.Errorf("%d of %d pods bound; not: %v", len(fb.bound), len(pods), missing)
 	}
-	for name, n := range bound {
+	for name, n := range fb.bound {
 		if n != 1 {
 			t.Errorf("%s bound %d times", name, n)
 		}
 	}
+}
+
+// applyingBinder fails every third binding and sends the pods it binds, as
+// the API server has them (node and the binding's annotations), to applied.
+type applyingBinder struct {
+	*schedulertest.Binder
+	mu      sync.Mutex
+	calls   int
+	bound   map[string]int // pod -> successful bindings
+	applied chan *corev1.Pod
+}
+
+func (b *applyingBinder) Bind(ctx context.Context, p *corev1.Pod, node string, ann map[string]string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls++
+	if b.calls%3 == 0 {
+		return apierrors.NewServiceUnavailable("etcd leader changed")
+	}
+	b.bound[p.Name]++
+	q := p.DeepCopy()
+	q.Spec.NodeName = node
+	if q.Annotations == nil {
+		q.Annotations = map[string]string{}
+	}
+	for k, v := range ann {
+		q.Annotations[k] = v
+	}
+	b.applied <- q
+	return nil
 }

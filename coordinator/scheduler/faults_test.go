@@ -390,3 +390,28 @@ func TestGangBindErrorsAreForgotten(t *testing.T) {
 		t.Errorf("%d gang binding errors remembered after their gangs are gone, want 0", n)
 	}
 }
+
+// TestGangRollbackStaysInItsQueue: two queues take pods from one
+// namespace. A team-b pod that carries the pod group of team-a's running
+// gang and a min-member beyond it (labels and annotations stay the pod
+// author's to change after binding) is team-b's own workload: its min-member
+// must not make team-a's gang look bound in part and get it rolled back.
+func TestGangRollbackStaysInItsQueue(t *testing.T) {
+	mk := func(name, queue string, min int) *corev1.Pod {
+		return admitted(builders.MakePod(name, "default").Queue(queue).GPUs(1).CPU("1").UID(name).PodGroup("train").MinMember(min).Obj(), "n1")
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("team-a", "4"), queueOf("team-b", "4")},
+		mk("a-train-0", "team-a", 2), mk("a-train-1", "team-a", 2), mk("b-train", "team-b", 10))
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	for range 10 {
+		c.cycle()
+		clk.Step(10 * time.Second)
+	}
+	released := c.b.ReleasedPods()
+	for _, n := range []string{"a-train-0", "a-train-1"} {
+		if _, ok := released[n]; ok {
+			t.Errorf("team-a's complete gang was rolled back (released %v) because of team-b's pod", released)
+		}
+	}
+}

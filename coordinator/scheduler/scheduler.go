@@ -158,11 +158,11 @@ type Scheduler struct {
 	lastInvalid map[string]string
 	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
 	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
-	// gangPartial: gang bound in part -> when a cycle first saw it so, used only by Cycle.
+	// gangPartial: gang (gangID) bound in part -> when a cycle first saw it so, used only by Cycle.
 	gangPartial map[string]time.Time
 	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
 	gangEvicted map[types.UID]bool
-	// gangErr: gang -> the last error binding one of its members (guarded by mu).
+	// gangErr: gang (gangID) -> the last error binding one of its members (guarded by mu).
 	gangErr map[string]string
 	// bindBackoff: workload -> when it may be placed again after a failed
 	// binding, and the back-off after the next failure (guarded by mu).
@@ -182,7 +182,7 @@ type bindTask struct {
 	pod         *corev1.Pod
 	node        string
 	annotations map[string]string
-	gang        string // the pod's gang ("" for none)
+	gang        string // the pod's gang (gangID; "" for none)
 	workload    string // the pod's workload (its gang, or itself)
 }
 
@@ -463,7 +463,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	// back; their pending members wait until the evicted ones are gone.
 	rollingBack := s.checkGangBinds(ctx, census)
 	workloads = slices.DeleteFunc(workloads, func(w *workload) bool {
-		msg, rolling := rollingBack[w.key]
+		msg, rolling := rollingBack[w.id()]
 		if rolling {
 			for _, p := range w.pods {
 				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, msg, &res)
@@ -703,10 +703,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		// restarted coordinator): only bound pods that carry it are charged.
 		ann[api.AnnotationAdmittedQueue] = w.queue
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
-		gang := ""
-		if w.gang {
-			gang = w.key
-		}
+		gang := w.id()
 		select {
 		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key}:
 		case <-ctx.Done():
