@@ -141,6 +141,10 @@ const (
 	// ReasonNoCapacity is the pod-condition reason of admitted work with no
 	// room in the cluster now (placeholders ask Karpenter for capacity).
 	ReasonNoCapacity = "NoCapacity"
+	// ReasonBindingFailed is the pod-condition reason of a pod the
+	// coordinator placed whose binding the API server refused or failed; it
+	// is placed and bound again after a back-off.
+	ReasonBindingFailed = "BindingFailed"
 )
 
 // ProtocolAnnotation is a pod annotation gpufrac's components write for each
