@@ -795,9 +795,16 @@ type resAgent struct {
 // startReservationAgent starts the agent; stop it with stop.
 func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 	tb.Helper()
+	return newResAgent(tb, c.Client, true)
+}
+
+// newResAgent starts an agent that writes through client, once the harness
+// admitted a reservation (afterAdmission) or as soon as it exists.
+func newResAgent(tb testing.TB, client kubernetes.Interface, afterAdmission bool) *resAgent {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &resAgent{cancel: cancel, seen: map[string]time.Time{}, ready: map[string]time.Time{}}
-	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(api.ReservationNamespace),
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(api.ReservationNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = api.LabelRole + "=" + api.RoleReservation }))
 	inf := factory.Core().V1().Pods().Informer()
 	todo := make(chan *corev1.Pod, 4096)
@@ -811,7 +818,7 @@ func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 			a.seen[p.Name] = time.Now()
 		}
 		a.mu.Unlock()
-		if p.Annotations[cluster.AnnotationAdmitted] != "true" || p.Annotations[api.AnnotationReservedGPU] != "" {
+		if (afterAdmission && p.Annotations[cluster.AnnotationAdmitted] != "true") || p.Annotations[api.AnnotationReservedGPU] != "" {
 			return
 		}
 		select {
@@ -832,7 +839,7 @@ func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 				case p := <-todo:
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 						api.AnnotationReservedGPU: p.Annotations[api.AnnotationGPU]}}})
-					_, err := c.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+					_, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 					if err != nil {
 						if ctx.Err() == nil {
 							tb.Logf("writing reserved-gpu on %s: %v", p.Name, err)
