@@ -109,6 +109,9 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 	if cfg.Scheduler.ReservationReportDelay == 0 {
 		cfg.Scheduler.ReservationReportDelay = scheduler.DefaultReservationReportDelay
 	}
+	if cfg.Scheduler.GangReportDelay == 0 {
+		cfg.Scheduler.GangReportDelay = scheduler.DefaultGangReportDelay
+	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("building client: %w", err)

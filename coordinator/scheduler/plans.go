@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -128,36 +127,34 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, pl
 }
 
 // ensureReservations creates the reservation pods this cycle asked for
-// (reserve records them in snap.Reservations without a pod), BindWorkers at
-// a time: one request each, and a burst of fractions may want hundreds.
+// (reserve records them in snap.Reservations without a pod), through the
+// writer: one request each, and a burst of fractions may want thousands. A
+// reservation whose creation is still queued or running is not asked for
+// again.
 func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot) {
 	if s.deps.Reserver == nil {
 		return
 	}
-	type job struct {
-		key     state.NodeGPU
-		attempt int
-	}
-	todo := make(chan job)
-	var wg sync.WaitGroup
-	for range s.opts.BindWorkers {
-		wg.Go(func() {
-			for j := range todo {
-				key := j.key
-				s.fault(ctx, FaultReserve)
-				if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU, j.attempt); err != nil {
-					klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
-					continue
-				}
-				s.fault(ctx, FaultReservationCreated)
+	var taken map[string]bool // computed once: a name per GPU asked for, among thousands
+	for key, r := range snap.Reservations {
+		if r.Pod != nil {
+			continue
+		}
+		wkey := "reserve/" + key.Node + "/" + key.GPU
+		if s.writes.busy(wkey) {
+			continue
+		}
+		if taken == nil {
+			taken = reservationNames(snap)
+		}
+		attempt := reservationAttempt(taken, key.Node, key.GPU)
+		s.writes.do(ctx, wkey, func(ctx context.Context) {
+			s.fault(ctx, FaultReserve)
+			if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU, attempt); err != nil {
+				klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
+				return
 			}
+			s.fault(ctx, FaultReservationCreated)
 		})
 	}
-	for key, r := range snap.Reservations {
-		if r.Pod == nil {
-			todo <- job{key: key, attempt: reservationAttempt(snap, key.Node, key.GPU)}
-		}
-	}
-	close(todo)
-	wg.Wait()
 }
