@@ -53,7 +53,7 @@ func queueWithStatus(gpu, cpu string) *v1alpha1.Queue {
 	return q
 }
 
-func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1alpha1.Queue) []Violation {
+func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1alpha1.Queue, opts ...Options) []Violation {
 	t.Helper()
 	var objs []runtime.Object
 	for _, n := range nodes {
@@ -75,7 +75,12 @@ func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1a
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{v1alpha1.QueueGVR(): "QueueList"}, dynObjs...)
-	got, err := Check(t.Context(), fake.NewSimpleClientset(objs...), dyn, Options{Now: func() time.Time { return now }})
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	o.Now = func() time.Time { return now }
+	got, err := Check(t.Context(), fake.NewSimpleClientset(objs...), dyn, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +98,7 @@ func TestCheck(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
+		opts   Options
 		mutate func(nodes []*corev1.Node, pods []*corev1.Pod, qs []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue)
 		want   []string // "[invariant] object: part of the message"
 	}{
@@ -151,6 +157,19 @@ func TestCheck(t *testing.T) {
 			"[gpu] default/v2: runs on n holding GPUs, but gpufrac-node never wrote back",
 			"[gpu] n/n-gpu1: fractions default/v1, default/v2 are bound to it but no reservation holds it",
 		}},
+		// Without a write-back (NoWriteBack: nothing plays that part of
+		// gpufrac-node), the same pods are still checked for their GPU.
+		{name: "fractions never written back, no write-back expected", opts: Options{NoWriteBack: true}, mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
+			for _, name := range []string{"v1", "v2"} {
+				f := fraction(name, 60, "n-gpu1")
+				delete(f.Annotations, api.AnnotationAllocatedGPU)
+				f.Status.Phase = corev1.PodRunning
+				p = append(p, f)
+			}
+			return n, p, []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
+		}, want: []string{
+			"[gpu] n/n-gpu1: fractions default/v1, default/v2 are bound to it but no reservation holds it",
+		}},
 		{name: "bound without the queue charged", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			return n, append(p, builders.MakePod("sneaked", "default").Queue("q").CPU("1").Node("n").Obj()), q
 		}, want: []string{"[queue] default/sneaked: bound to n without gpufrac.io/admitted-queue"}},
@@ -174,7 +193,7 @@ func TestCheck(t *testing.T) {
 			if tt.mutate != nil {
 				nodes, pods, qs = tt.mutate(nodes, pods, qs)
 			}
-			got := check(t, nodes, pods, qs)
+			got := check(t, nodes, pods, qs, tt.opts)
 			var gotS []string
 			for _, v := range got {
 				gotS = append(gotS, v.String())
