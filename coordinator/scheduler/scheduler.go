@@ -177,6 +177,9 @@ type Scheduler struct {
 	bindBackoff map[string]bindRetry
 	// said: pod -> the pending reason last written or queued for it (guarded by mu).
 	said map[types.UID]said
+	// reserveCreated: GPU -> when its reservation pod was created, until
+	// the informer shows it (guarded by mu; see reservationEcho).
+	reserveCreated map[state.NodeGPU]time.Time
 	// writes runs the cycle's API writes other than bindings.
 	writes *writer
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
@@ -266,6 +269,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		bindBackoff:     map[string]bindRetry{},
 		stateCache:      state.NewCache(),
 		said:            map[types.UID]said{},
+		reserveCreated:  map[state.NodeGPU]time.Time{},
 		writes:          newWriter(),
 	}, nil
 }
