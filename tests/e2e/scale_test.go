@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -590,18 +589,7 @@ func startScaleCoordinator(t *testing.T, c *cluster.Cluster, cfg scaleConfig, na
 	}
 	co := &benchCoordinator{coordinator: startCoordinatorBin(t, c, filepath.Join(repoRoot(t), "bin", "gpufrac-coordinator"), name, nil, args...), metrics: metrics}
 	began := time.Now()
-	waitFor(t, 2*time.Minute, "the coordinator to be ready", func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metrics+"/readyz", nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	waitReady(t, metrics, 2*time.Minute)
 	t.Logf("coordinator ready (leading, informers synced) %s after its start", time.Since(began).Round(time.Millisecond))
 	return co, prof
 }
@@ -694,42 +682,9 @@ func startScaleKubeScheduler(t *testing.T, c *cluster.Cluster, cfg scaleConfig) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	conf := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection: {kubeconfig: %q, qps: %d, burst: %d}
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: %s
-`, kubeconfig, cfg.qps, cfg.burst, scaleKubeScheduler)
-	confPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(filepath.Join(c.LogDir(), scaleKubeScheduler+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(repoRoot(t), "bin", "kube-scheduler"), "--config="+confPath, "--secure-port=0")
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ks := &coordinator{cmd: cmd, log: f.Name()}
-	t.Cleanup(func() {
-		ks.stop(syscall.SIGTERM)
-		f.Close()
-	})
-	probe := builders.MakePod("probe-kube-scheduler", benchNamespace).CPU("10m").SchedulerName(scaleKubeScheduler).Obj()
-	if _, err := c.Client.CoreV1().Pods(benchNamespace).Create(ctx, probe, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ks := kubeSchedulerProcess(t, c, kubeconfig, scaleKubeScheduler, cfg.qps, cfg.burst)
 	began := time.Now()
-	waitFor(t, 2*time.Minute, "the benchmark kube-scheduler to bind its probe pod", func(ctx context.Context) (bool, error) {
-		p, err := c.Client.CoreV1().Pods(benchNamespace).Get(ctx, probe.Name, metav1.GetOptions{})
-		return err == nil && p.Spec.NodeName != "", nil
-	})
+	probeKubeScheduler(t, c, scaleKubeScheduler, 2*time.Minute)
 	t.Logf("kube-scheduler bound its probe pod %s after its start", time.Since(began).Round(time.Millisecond))
 	return ks
 }

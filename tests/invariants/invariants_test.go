@@ -87,6 +87,19 @@ func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1a
 	return got
 }
 
+// runningUnwritten are running fractions of 60 % on n-gpu1 that gpufrac-node
+// never wrote back.
+func runningUnwritten(names ...string) []*corev1.Pod {
+	var ps []*corev1.Pod
+	for _, name := range names {
+		f := fraction(name, 60, "n-gpu1")
+		delete(f.Annotations, api.AnnotationAllocatedGPU)
+		f.Status.Phase = corev1.PodRunning
+		ps = append(ps, f)
+	}
+	return ps
+}
+
 // TestCheck starts from a correct cluster (two fractions sharing a reserved
 // GPU, a whole GPU, the queue's status right) and breaks one invariant per
 // case: each must be reported, and only that one.
@@ -145,13 +158,7 @@ func TestCheck(t *testing.T) {
 		// 60 % running on one GPU that no reservation holds, never written
 		// back, must not pass for want of anything to check.
 		{name: "running fractions never written back", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
-			for _, name := range []string{"v1", "v2"} {
-				f := fraction(name, 60, "n-gpu1")
-				delete(f.Annotations, api.AnnotationAllocatedGPU)
-				f.Status.Phase = corev1.PodRunning
-				p = append(p, f)
-			}
-			return n, p, []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
+			return n, append(p, runningUnwritten("v1", "v2")...), []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
 		}, want: []string{
 			"[gpu] default/v1: runs on n holding GPUs, but gpufrac-node never wrote back",
 			"[gpu] default/v2: runs on n holding GPUs, but gpufrac-node never wrote back",
@@ -160,13 +167,7 @@ func TestCheck(t *testing.T) {
 		// Without a write-back (NoWriteBack: nothing plays that part of
 		// gpufrac-node), the same pods are still checked for their GPU.
 		{name: "fractions never written back, no write-back expected", opts: Options{NoWriteBack: true}, mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
-			for _, name := range []string{"v1", "v2"} {
-				f := fraction(name, 60, "n-gpu1")
-				delete(f.Annotations, api.AnnotationAllocatedGPU)
-				f.Status.Phase = corev1.PodRunning
-				p = append(p, f)
-			}
-			return n, p, []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
+			return n, append(p, runningUnwritten("v1", "v2")...), []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
 		}, want: []string{
 			"[gpu] n/n-gpu1: fractions default/v1, default/v2 are bound to it but no reservation holds it",
 		}},
