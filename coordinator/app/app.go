@@ -58,12 +58,26 @@ type Config struct {
 	Reservations bool
 	// Reservation configures reservation pods.
 	Reservation reservation.Options
+	// QPS and Burst are the API client's rate limit (bindings, reservation
+	// pods, status writes; events have a client of their own with the
+	// same limit). Zero means DefaultQPS and DefaultBurst.
+	QPS   float32
+	Burst int
 	// Version is reported in gpufrac_build_info.
 	Version string
 	// Faults pauses the coordinator at a fault point: set only by binaries
 	// built with -tags faultinject, for the chaos suite.
 	Faults scheduler.Faults
 }
+
+// DefaultQPS and DefaultBurst are the API client's default rate limit.
+// Binding is one request per pod (fractions' annotations ride on the
+// Binding): they allow bursts like kube-scheduler's defaults do (50 QPS,
+// 100 burst) and more.
+const (
+	DefaultQPS   = 200
+	DefaultBurst = 400
+)
 
 // App is a running coordinator.
 type App struct {
@@ -85,14 +99,18 @@ type App struct {
 func New(cfg Config, rc *rest.Config) (*App, error) {
 	rc = rest.CopyConfig(rc)
 	rc.UserAgent = "gpufrac-coordinator"
-	if rc.QPS == 0 {
-		// Binding is one request per pod (fractions' annotations ride on the
-		// Binding): allow bursts like kube-scheduler's defaults do (50 QPS,
-		// 100 burst) and more.
-		rc.QPS, rc.Burst = 200, 400
+	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
+	if rc.QPS <= 0 {
+		rc.QPS = DefaultQPS
+	}
+	if rc.Burst <= 0 {
+		rc.Burst = DefaultBurst
 	}
 	if cfg.Scheduler.ReservationReportDelay == 0 {
 		cfg.Scheduler.ReservationReportDelay = scheduler.DefaultReservationReportDelay
+	}
+	if cfg.Scheduler.GangReportDelay == 0 {
+		cfg.Scheduler.GangReportDelay = scheduler.DefaultGangReportDelay
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {

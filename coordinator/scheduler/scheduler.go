@@ -59,6 +59,13 @@ type Options struct {
 	MaxGPUsPerPod int
 	// Interval is the longest wait between cycles.
 	Interval time.Duration
+	// GangReportDelay is how long a gang waits for its members (from the
+	// creation of its oldest pending member) before its pods say so
+	// (PodScheduled=False, reason GangIncomplete, and an event): a Job's
+	// pods arrive within moments, and telling each one that it waits for
+	// the others would cost two API writes per member for nothing. Zero
+	// reports at once. The coordinator uses DefaultGangReportDelay.
+	GangReportDelay time.Duration
 	// ReservationReportDelay is how long fractions wait for their GPU's
 	// reservation before their pods say so (PodScheduled=False, reason
 	// ReservationPending, and an event); shorter waits are part of binding
@@ -154,7 +161,7 @@ type Scheduler struct {
 	refused    map[types.UID]time.Time       // victim whose eviction was refused -> when it may be tried again
 
 	models     []string          // GPU products in the cluster, set at the start of each cycle
-	lastStatus map[string]string // queue -> last status written (statusKey), used only by Cycle
+	lastStatus map[string]string // queue -> last status written or queued (statusKey); guarded by mu
 	// lastInvalid: invalid queue -> the problem last reported in an event, used only by Cycle.
 	lastInvalid map[string]string
 	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
@@ -168,10 +175,26 @@ type Scheduler struct {
 	// bindBackoff: workload -> when it may be placed again after a failed
 	// binding, and the back-off after the next failure (guarded by mu).
 	bindBackoff map[string]bindRetry
+	// said: pod -> the pending reason last written or queued for it (guarded by mu).
+	said map[types.UID]said
+	// reserveCreated: GPU -> when its reservation pod was created, until
+	// the informer shows it (guarded by mu; see reservationEcho).
+	reserveCreated map[state.NodeGPU]time.Time
+	// writes runs the cycle's API writes other than bindings.
+	writes *writer
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
 	scalarMilli     map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
+
+	// What cycles keep of each pod and node from one cycle to the next,
+	// used only by Cycle: the snapshot's reads (state.Cache) and the
+	// parses (pod object -> its parses; parseIn are the inputs they were
+	// made with, parseCycle counts the cycles).
+	stateCache *state.Cache
+	parsed     map[*corev1.Pod]*parseEntry
+	parseIn    parseInputs
+	parseCycle uint64
 }
 
 type assumedPod struct {
@@ -244,6 +267,10 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
 		bindBackoff:     map[string]bindRetry{},
+		stateCache:      state.NewCache(),
+		said:            map[types.UID]said{},
+		reserveCreated:  map[state.NodeGPU]time.Time{},
+		writes:          newWriter(),
 	}, nil
 }
 
@@ -307,6 +334,7 @@ func (s *Scheduler) OnPodDelete(obj any) {
 // Options.Interval. Bindings run on BindWorkers goroutines.
 func (s *Scheduler) Run(ctx context.Context) {
 	var wg sync.WaitGroup
+	wg.Go(func() { s.writes.run(ctx, s.opts.BindWorkers) })
 	for i := 0; i < s.opts.BindWorkers; i++ {
 		wg.Add(1)
 		go func() {
@@ -318,18 +346,26 @@ func (s *Scheduler) Run(ctx context.Context) {
 	t := time.NewTicker(s.opts.Interval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		if _, err := s.Cycle(ctx); err != nil {
 			klog.FromContext(ctx).Error(err, "Scheduling cycle failed")
 		}
+		took := time.Since(began)
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.wake:
-			// Batch the burst of informer events behind this wake-up.
+			// Batch the burst of informer events behind this wake-up, and
+			// rest as long as the cycle took (at most Interval): cycles
+			// take at most half a core, and leave the rest to the bind
+			// workers, the informers and, on a small control-plane node,
+			// the API server. Bindings do not wait: the bind queue holds
+			// what earlier cycles decided.
+			rest := max(20*time.Millisecond, min(took, s.opts.Interval)) - time.Since(began.Add(took))
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(rest):
 			}
 		case <-t.C:
 		}
@@ -350,6 +386,7 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 // runBind writes one binding. On failure the pod is no longer assumed: it
 // goes back to pending and the next cycle places it again.
 func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
+	s.unsay(t.pod)
 	s.fault(ctx, FaultBind)
 	start := s.clock.Now()
 	err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
@@ -398,6 +435,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	start := s.clock.Now()
 	logger := klog.FromContext(ctx)
 	res := Result{Pending: map[string]int{}}
+	stages := stageTimes{clock: s.clock, last: start}
 
 	// 1. Read the world: what is being bound, nodes, pods, queues. Assumed
 	// pods first: a binding the informer shows after this copy is in the
@@ -423,7 +461,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	s.models = productsOf(nodes)
 
 	// 2. Snapshot the cluster and the queues' usage.
-	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource}
+	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource, Cache: s.stateCache}
 	if s.deps.Reserver != nil {
 		inputs.Removing = s.deps.Reserver.Removing()
 	}
@@ -435,12 +473,17 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	s.scalarMilli = snap.ScalarMilli
+	s.beginParses()
+	defer s.sweepParses()
 	books, err := newBooks(queues, badQueues, snap)
 	if err != nil {
 		return res, err
 	}
 
+	stages.done("snapshot")
+
 	// 3. Collect the pending pods into workloads (gangs and single pods).
+	s.forgetSaid()
 	var pending []*corev1.Pod
 	for _, p := range pods {
 		if _, busy := assumed[p.UID]; busy {
@@ -477,6 +520,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 
+	stages.done("collect")
+
 	// 4. Order: queues by dominant share, then priority, then age.
 	sortWorkloads(workloads, books)
 	// Workloads already placed in an earlier cycle and waiting for their
@@ -500,10 +545,30 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 	}
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
+	full := false                               // the bind queue has no room for the next workload
 	for _, w := range workloads {
 		if w.incomplete != "" {
+			// Members created in a burst arrive within moments: a gang says
+			// it waits only once it has waited GangReportDelay.
+			report := start.Sub(w.created) >= s.opts.GangReportDelay
 			for _, p := range w.pods {
-				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, w.incomplete, &res)
+				if report {
+					s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, w.incomplete, &res)
+				} else {
+					res.pending(binder.ReasonGangIncomplete, p.pod)
+				}
+			}
+			continue
+		}
+		// Workloads are placed in order until the bind queue cannot take
+		// the next one: the rest waits for the next cycle (no reason is
+		// written, their pods are being served), so a cycle never waits
+		// for bindings and nothing later overtakes them. A workload placed
+		// in an earlier cycle and waiting for reservations keeps its plan:
+		// dropped, its reservations would no longer be wanted.
+		if full = full || !s.bindRoom(len(w.pods)); full && !s.planned(w) {
+			for _, p := range w.pods {
+				res.pending(ReasonWaitingToBind, p.pod)
 			}
 			continue
 		}
@@ -552,6 +617,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		res.Bound += len(w.pods)
 	}
 	s.plans = plans
+	stages.done("place")
 	s.ensureReservations(ctx, snap)
 	if s.deps.Reserver != nil {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
@@ -559,6 +625,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	s.syncPlaceholders(ctx, demand, pods)
 	s.pruneHints(liveGroups, nodes)
+
+	stages.done("reservations")
 
 	// 6. Report.
 	var waiting []*workload
@@ -569,8 +637,48 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	s.writeQueueStatus(ctx, books, waiting, queues, badQueues)
 	s.metrics.cycle(start, s.clock.Since(start), res)
-	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", s.clock.Since(start))
+	stages.done("report")
+	logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", s.clock.Since(start)}, stages.kv...)...)
 	return res, nil
+}
+
+// stageTimes collects how long each stage of a cycle took, for the
+// cycle's log line (as Kueue logs its scheduling stages at V(2)).
+type stageTimes struct {
+	clock clock.PassiveClock
+	last  time.Time
+	kv    []any // stage name, duration, ...
+}
+
+// done records that the stage called name ends now.
+func (t *stageTimes) done(name string) {
+	now := t.clock.Now()
+	t.kv = append(t.kv, name, now.Sub(t.last))
+	t.last = now
+}
+
+// ReasonWaitingToBind counts, in Result.Pending and gpufrac_pending_pods,
+// the pods a cycle did not place because the bind queue was full: they are
+// served in order as soon as it has room. It is never written on a pod.
+const ReasonWaitingToBind = "WaitingToBind"
+
+// bindRoom tells whether the bind queue can take n more bindings now. An
+// empty queue takes any workload, however large (its binding then waits
+// for the workers).
+func (s *Scheduler) bindRoom(n int) bool {
+	queued := len(s.binds)
+	return queued == 0 || queued+n <= cap(s.binds)
+}
+
+// planned tells whether a pod of w has a plan from the last cycle (it waits
+// for reservations).
+func (s *Scheduler) planned(w *workload) bool {
+	for _, p := range w.pods {
+		if _, ok := s.plans[p.pod.UID]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // isAssumed tells whether w's first pod is being bound (w was placed this cycle).
@@ -579,13 +687,6 @@ func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 	defer s.mu.Unlock()
 	a, ok := s.assumed[w.pods[0].pod.UID]
 	return a.Node, ok
-}
-
-func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {
-	res.pending(reason, p)
-	if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
-		klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
-	}
 }
 
 // placePreferring places w on the preferred nodes (where its placeholders
@@ -754,10 +855,10 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 	return fmt.Sprintf("waiting for the reservation of %s to be admitted (gpufrac.io/reserved-gpu)", strings.Join(waiting, ", "))
 }
 
-// reservationAttempt is the first attempt number whose reservation name is
-// not taken by a reservation that holds another GPU (see reservation.NameAt).
-func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
-	taken := map[string]bool{}
+// reservationNames are the names of the reservation pods in snap, held or
+// failed: a name in it is taken (see reservationAttempt).
+func reservationNames(snap *state.Snapshot) map[string]bool {
+	taken := make(map[string]bool, len(snap.Reservations)+len(snap.FailedReservations))
 	for _, r := range snap.Reservations {
 		if r.Pod != nil {
 			taken[r.Pod.Name] = true
@@ -766,6 +867,12 @@ func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
 	for _, p := range snap.FailedReservations {
 		taken[p.Name] = true // until it is removed: a create would meet AlreadyExists
 	}
+	return taken
+}
+
+// reservationAttempt is the first attempt number whose reservation name is
+// not taken by a reservation that holds another GPU (see reservation.NameAt).
+func reservationAttempt(taken map[string]bool, node, gpu string) int {
 	for k := 0; ; k++ {
 		if !taken[reservation.NameAt(node, gpu, k)] {
 			return k

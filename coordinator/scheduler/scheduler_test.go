@@ -400,6 +400,7 @@ func TestQueueStatusIsPublished(t *testing.T) {
 type fakeReserver struct {
 	c           *cluster
 	admit       bool
+	lag         bool // the informer does not show the pods created
 	ensured     []string
 	attempts    []int
 	removed     int
@@ -413,6 +414,9 @@ func (f *fakeReserver) Ensure(_ context.Context, node, gpu string, attempt int) 
 	p.UID = types.UID(p.Name)
 	if f.admit {
 		p.Annotations[api.AnnotationReservedGPU] = gpu
+	}
+	if f.lag {
+		return nil
 	}
 	return f.c.pods.Add(p)
 }
