@@ -15,6 +15,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -22,17 +23,23 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/consolidation"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
@@ -63,6 +70,16 @@ type Config struct {
 	// same limit). Zero means DefaultQPS and DefaultBurst.
 	QPS   float32
 	Burst int
+	// Consolidation turns on GPU-aware consolidation (coordinator/consolidation).
+	Consolidation bool
+	// ConsolidationOptions configure it; the scheduler's name, pool label,
+	// policy, seed, replica resource and non-preemptible priority are
+	// copied from Scheduler.
+	ConsolidationOptions consolidation.Options
+	// Prices is the admin's price table (nil: none). Placeholders ask for
+	// the cheapest instance types it lists; consolidation drains the node
+	// whose removal saves the most.
+	Prices *pricing.Table
 	// Version is reported in gpufrac_build_info.
 	Version string
 	// Faults pauses the coordinator at a fault point: set only by binaries
@@ -289,6 +306,7 @@ func (a *App) lead(ctx context.Context) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: api.SchedulerName})
 
+	a.cfg.Scheduler.Placeholder.Prices = a.cfg.Prices
 	bnd := binder.New(a.client, recorder)
 	var reserver scheduler.Reserver
 	if a.cfg.Reservations {
@@ -367,17 +385,65 @@ func (a *App) lead(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watching events: %w", err)
 	}
+	synced := []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced}
+	var consolidator *consolidation.Controller
+	if a.cfg.Consolidation {
+		pdbInf := factory.Policy().V1().PodDisruptionBudgets()
+		consolidator, err = a.consolidator(recorder, podInf.Lister(), nodeInf.Lister(), pdbInf.Lister(), jobLister)
+		if err != nil {
+			return err
+		}
+		synced = append(synced, pdbInf.Informer().HasSynced)
+	}
 	factory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
 	sysFactory.Start(ctx.Done())
 	defer factory.Shutdown()
 	defer dynFactory.Shutdown()
 	defer sysFactory.Shutdown()
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced) {
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}
 	a.synced.Store(true)
-	logger.Info("Caches synced; scheduling", "scheduler", a.cfg.Scheduler.SchedulerName)
+	logger.Info("Caches synced; scheduling", "scheduler", a.cfg.Scheduler.SchedulerName, "consolidation", a.cfg.Consolidation)
+	var wg sync.WaitGroup
+	if consolidator != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			consolidator.Run(ctx)
+		}()
+	}
 	sched.Run(ctx)
+	wg.Wait()
 	return nil
+}
+
+// consolidator builds the consolidation controller on the informers' listers.
+func (a *App) consolidator(recorder record.EventRecorder, pods corelisters.PodLister, nodes corelisters.NodeLister,
+	pdbs policylisters.PodDisruptionBudgetLister, jobs batchlisters.JobLister) (*consolidation.Controller, error) {
+	o := a.cfg.ConsolidationOptions
+	s := a.cfg.Scheduler
+	o.Planner.SchedulerName, o.Planner.PoolLabel, o.Planner.Policy, o.Planner.Seed = s.SchedulerName, s.PoolLabel, s.Policy, s.Seed
+	o.Planner.TimesliceResource, o.Planner.Prices = s.TimesliceResource, a.cfg.Prices
+	o.Planner.NonPreemptiblePriority = s.NonPreemptiblePriority
+	o.Planner.Jobs = func(ns, name string) (*batchv1.Job, bool) {
+		j, err := jobs.Jobs(ns).Get(name)
+		return j, err == nil
+	}
+	read := func() (consolidation.Cluster, error) {
+		var c consolidation.Cluster
+		var err error
+		if c.Nodes, err = nodes.List(labels.Everything()); err != nil {
+			return c, fmt.Errorf("listing nodes: %w", err)
+		}
+		if c.Pods, err = pods.List(labels.Everything()); err != nil {
+			return c, fmt.Errorf("listing pods: %w", err)
+		}
+		if c.PDBs, err = pdbs.List(labels.Everything()); err != nil {
+			return c, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
+		}
+		return c, nil
+	}
+	return consolidation.New(o, read, consolidation.APIWriter{Client: a.client}, recorder, clock.RealClock{}, a.reg)
 }

@@ -229,9 +229,22 @@ func Terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// NodeReady tells whether a node may take new pods.
+// NodeReady tells whether a node may take new pods: not cordoned, not being
+// drained by consolidation (taint gpufrac.io/draining, whatever the pods
+// tolerate), and Ready.
 func NodeReady(n *corev1.Node) bool {
-	return !n.Spec.Unschedulable && readyCondition(n)
+	return !n.Spec.Unschedulable && !Draining(n) && readyCondition(n)
+}
+
+// Draining tells whether consolidation drains the node (taint
+// gpufrac.io/draining, written only by the coordinator).
+func Draining(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == api.TaintDraining {
+			return true
+		}
+	}
+	return false
 }
 
 // readyCondition tells whether the node's Ready condition is True.
@@ -649,6 +662,8 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 		why = fmt.Sprintf("node %s no longer exists", node)
 	case n.Spec.Unschedulable:
 		why = fmt.Sprintf("node %s is cordoned", node)
+	case Draining(n):
+		why = fmt.Sprintf("node %s is drained for consolidation", node)
 	case !NodeReady(n):
 		why = fmt.Sprintf("node %s is not Ready", node)
 	default:
