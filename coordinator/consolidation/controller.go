@@ -31,7 +31,8 @@ type Options struct {
 	// DrainTimeout bounds a drain, from its start to Karpenter removing the
 	// node; past it the drain is abandoned (the taint removed).
 	DrainTimeout time.Duration
-	// MaxDrainingNodes is how many nodes drain at once.
+	// MaxDrainingNodes is how many nodes drain at once (drained nodes
+	// waiting for Karpenter not counted).
 	MaxDrainingNodes int
 	// MaxInFlight is the disruption budget: evictions start only while
 	// fewer moved pods than this are still going (terminating) or waiting
@@ -182,19 +183,43 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 		}
 	}
 
-	// 2. Drains under way.
+	// 2. Drains under way. A drained node waits for Karpenter; it does not
+	// count against MaxDrainingNodes (Karpenter's removal takes tens of
+	// seconds and would serialise the drains).
+	// Work waiting for capacity gets the draining nodes back: Karpenter
+	// would otherwise buy a node while one stands idle behind the taint.
 	inFlight := c.inFlight(cl)
-	left := 0
+	starved := c.planner.Starved(cl)
+	left, moving := 0, 0
 	for _, n := range draining {
+		if starved > 0 && n.DeletionTimestamp == nil && !karpenterDisrupting(n) {
+			if !c.abandon(ctx, n, fmt.Sprintf("%d pods wait for capacity (NoCapacity): the node takes work again instead of Karpenter buying more", starved), &res) {
+				left++
+			}
+			continue
+		}
 		if c.carryOn(ctx, cl, n, &inFlight, &res) {
 			left++
+			if !c.drained[n.Name] && n.DeletionTimestamp == nil && !karpenterDisrupting(n) {
+				moving++
+			}
 		}
 	}
 	c.metrics.draining.Set(float64(left))
 
 	// 3. A new drain.
-	c.consider(ctx, cl, left, &res)
+	c.consider(ctx, cl, moving, &res)
 	return res, nil
+}
+
+// karpenterDisrupting tells whether Karpenter is removing the node already.
+func karpenterDisrupting(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == taintKarpenterDisrupted {
+			return true
+		}
+	}
+	return false
 }
 
 func containsNode(nodes []*corev1.Node, name string) bool {
@@ -237,6 +262,9 @@ func (o PlannerOptions) schedulerName() string {
 // carryOn advances one drain; it returns false when the drain ended (abandoned).
 func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, inFlight *int, res *PassResult) bool {
 	logger := klog.FromContext(ctx).WithValues("node", n.Name)
+	if n.DeletionTimestamp != nil || karpenterDisrupting(n) {
+		return true // Karpenter removes it now, draining what is left itself
+	}
 	deadline, _ := DrainDeadline(n)
 	now := c.clock.Now()
 	if now.Unix() > deadline {

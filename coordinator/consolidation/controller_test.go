@@ -486,3 +486,46 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("pass duration series %d, %v", n, err)
 	}
 }
+
+// A drained node waiting for Karpenter does not hold up the next drain.
+func TestDrainedNodeDoesNotBlockTheNext(t *testing.T) {
+	c := withTaint(Cluster{
+		Nodes: nodes(karpNode("big", 8), karpNode("one-a", 1), karpNode("one-b", 1)),
+		Pods:  objs(frac("a1", "one-a", 0, 30), frac("b1", "one-b", 0, 30)),
+	}, "big")
+	h := newHarness(t, c, func(o *Options) { o.StableFor = 0 })
+	res := h.pass()
+	if !cmp.Equal(res.Drained, []string{"big"}) || res.Started != "one-a" {
+		t.Fatalf("%+v, want big drained and one-a started in the same pass", res)
+	}
+	if got := testutil.ToFloat64(h.ctl.metrics.draining); got != 1 {
+		t.Errorf("draining gauge %v, want 1 (big; one-a started after it was set)", got)
+	}
+	// Still one moving drain: no third one.
+	if res := h.pass(); res.Started != "" {
+		t.Errorf("started %s while one-a drains", res.Started)
+	}
+}
+
+// Work waiting for capacity takes the draining nodes back, drained ones
+// included, unless Karpenter is removing them already.
+func TestStarvedWorkTakesTheDrainsBack(t *testing.T) {
+	starved := job("new", "").Fraction(90).Obj()
+	starved.Spec.NodeName = ""
+	starved.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: api.ReasonNoCapacity}}
+	c := withTaint(withTaint(dayTail(), "one-a"), "one-b")
+	c.Pods = append(c.Pods, starved)
+	for _, n := range c.Nodes {
+		if n.Name == "one-b" {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: taintKarpenterDisrupted, Effect: corev1.TaintEffectNoSchedule})
+		}
+	}
+	h := newHarness(t, c, func(o *Options) { o.StableFor = 0 })
+	res := h.pass()
+	if !cmp.Equal(res.Abandoned, []string{"one-a"}) || res.Evicted != 0 || res.Started != "" {
+		t.Fatalf("%+v, want one-a given back (one-b is Karpenter's already), nothing evicted or started", res)
+	}
+	if ev := h.events(); !hasEvent(ev, "Warning ConsolidationDrainAbandoned drain abandoned, the node takes work again: 1 pods wait for capacity") {
+		t.Errorf("events %v", ev)
+	}
+}

@@ -554,6 +554,24 @@ func (p *Planner) Remaining(c Cluster, node string) (Plan, error) {
 	return plan, nil
 }
 
+// Starved counts the coordinator's pods that wait for capacity (reason
+// NoCapacity: placeholders ask Karpenter for more). While any do, a node
+// kept out of placement by a drain is capacity bought twice.
+func (p *Planner) Starved(c Cluster) int {
+	n := 0
+	for _, pod := range c.Pods {
+		if pod.Spec.SchedulerName != p.opts.SchedulerName || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || state.Terminal(pod) {
+			continue
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == api.ReasonNoCapacity {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // PendingWork counts the coordinator's pods being placed or waiting for
 // capacity, and the placeholders asking Karpenter for more: while any
 // exist, no new drain starts (the room it would use is wanted).
