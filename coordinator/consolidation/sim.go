@@ -188,30 +188,7 @@ func poolsOf(snap *state.Snapshot) []string {
 	return pools
 }
 
-// withoutNodes returns a copy of r whose required node affinity also
-// excludes the named nodes: one metadata.name NotIn requirement per node in
-// every term (a field requirement takes exactly one value).
+// withoutNodes returns a copy of r that excludes the named nodes.
 func withoutNodes(r *placement.Request, exclude map[string]bool) *placement.Request {
-	names := make([]string, 0, len(exclude))
-	for n := range exclude {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	out := *r
-	c := placement.Constraints{}
-	if r.Constraints != nil {
-		c = *r.Constraints
-	}
-	terms := []corev1.NodeSelectorTerm{{}}
-	if c.Affinity != nil && len(c.Affinity.NodeSelectorTerms) > 0 {
-		terms = c.Affinity.DeepCopy().NodeSelectorTerms
-	}
-	for i := range terms {
-		for _, n := range names {
-			terms[i].MatchFields = append(terms[i].MatchFields, corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{n}})
-		}
-	}
-	c.Affinity = &corev1.NodeSelector{NodeSelectorTerms: terms}
-	out.Constraints = &c
-	return &out
+	return placement.WithNodes(r, exclude, corev1.NodeSelectorOpNotIn)
 }
