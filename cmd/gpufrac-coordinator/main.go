@@ -74,7 +74,7 @@ func main() {
 	*co = consolidation.DefaultOptions()
 	flag.BoolVar(&cfg.Consolidation, "consolidation", false, "move the preemptible pods off a Karpenter GPU node when they fit on the others, so Karpenter can remove it (see coordinator/consolidation)")
 	flag.DurationVar(&co.Interval, "consolidation-interval", co.Interval, "time between consolidation passes")
-	flag.DurationVar(&co.StableFor, "consolidation-stable-for", co.StableFor, "how long a node must stay the best candidate, with no work pending, before its drain starts")
+	flag.DurationVar(&co.StableFor, "consolidation-stable-for", co.StableFor, "how long a node must stay the best candidate before its drain starts (it starts while no work is pending)")
 	flag.DurationVar(&co.DrainTimeout, "consolidation-drain-timeout", co.DrainTimeout, "a drain not done by then (node removed) is abandoned")
 	flag.IntVar(&co.MaxDrainingNodes, "consolidation-max-draining-nodes", co.MaxDrainingNodes, "nodes drained at once")
 	flag.IntVar(&co.MaxInFlight, "consolidation-max-in-flight", co.MaxInFlight, "disruption budget: moved pods still terminating or waiting to be placed, at most")

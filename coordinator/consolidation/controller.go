@@ -24,9 +24,9 @@ type Options struct {
 	Planner PlannerOptions
 	// Interval is the time between passes.
 	Interval time.Duration
-	// StableFor is how long a node must stay the best candidate, with no
-	// work pending, before its drain starts: arrivals right after a dip
-	// should not find their capacity gone.
+	// StableFor is how long a node must stay the best candidate before its
+	// drain starts (and then only while no work is pending): arrivals right
+	// after a dip should not find their capacity gone.
 	StableFor time.Duration
 	// DrainTimeout bounds a drain, from its start to Karpenter removing the
 	// node; past it the drain is abandoned (the taint removed).
@@ -383,11 +383,6 @@ func (c *Controller) consider(ctx context.Context, cl Cluster, draining int, res
 	if draining >= c.opts.MaxDrainingNodes {
 		return
 	}
-	if pending, placeholders := c.planner.PendingWork(cl); pending > 0 || placeholders > 0 {
-		c.best = ""
-		logger.V(4).Info("No new drain: work is pending", "pending", pending, "placeholders", placeholders)
-		return
-	}
 	if best == nil {
 		c.best = ""
 		return
@@ -395,6 +390,13 @@ func (c *Controller) consider(ctx context.Context, cl Cluster, draining int, res
 	now := c.clock.Now()
 	if best.Node != c.best {
 		c.best, c.bestSince = best.Node, now
+	}
+	// Pending work (its room is simulated first) only defers the start: at
+	// a peak a pod arrives every few seconds, and restarting the stability
+	// window on each would keep every drain off until the day ends.
+	if pending, placeholders := c.planner.PendingWork(cl); pending > 0 || placeholders > 0 {
+		logger.V(4).Info("No new drain now: work is pending", "pending", pending, "placeholders", placeholders)
+		return
 	}
 	if now.Sub(c.bestSince) < c.opts.StableFor {
 		logger.V(4).Info("Consolidation candidate", "node", best.Node, "saving", best.Saving, "moves", best.Moves(), "since", c.bestSince)

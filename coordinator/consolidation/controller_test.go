@@ -529,3 +529,24 @@ func TestStarvedWorkTakesTheDrainsBack(t *testing.T) {
 		t.Errorf("events %v", ev)
 	}
 }
+
+// Pending work defers a drain's start but does not restart the stability
+// window: once nothing is pending the drain starts at once.
+func TestPendingWorkDefersTheStart(t *testing.T) {
+	c := dayTail()
+	pendingPod := job("new", "").Fraction(10).Obj()
+	pendingPod.Spec.NodeName = ""
+	c.Pods = append(c.Pods, pendingPod)
+	h := newHarness(t, c, nil) // StableFor 30 s
+	for i := 0; i < 4; i++ {
+		if res := h.pass(); res.Started != "" {
+			t.Fatalf("started %s with work pending", res.Started)
+		}
+		h.clock.Step(10 * time.Second)
+	}
+	// The pod is placed (on one-a, beside its 30%).
+	h.f.pod("new").Spec.NodeName = "one-a"
+	if res := h.pass(); res.Started != "big" {
+		t.Fatalf("%+v, want big started as soon as nothing is pending (best for 40 s)", res)
+	}
+}

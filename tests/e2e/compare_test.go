@@ -379,7 +379,7 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		startCoordinator(t, c, "c1", "--leader-elect=false", "--reservation-grace="+costGrace.String(),
 			"--price-table="+priceTableFile(t, c, types),
 			"--consolidation", "--consolidation-move-bare-pods", "--consolidation-interval=1s",
-			"--consolidation-stable-for="+sim(0.25), "--consolidation-drain-timeout=3m",
+			"--consolidation-stable-for="+sim(0.1), "--consolidation-drain-timeout=3m", "--consolidation-max-draining-nodes=2",
 			"--consolidation-max-in-flight=4", "--consolidation-max-moves=8", "--consolidation-move-window="+sim(1))
 	}
 	m := startCostMeter(t, c, config, types, simHour)
