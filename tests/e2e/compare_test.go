@@ -20,7 +20,8 @@ package e2e
 //	GPUFRAC_FIGURES=1 go test ./tests/e2e -run 'TestCostComparison' -v -count=1 -timeout 4h 2>&1 | grep -E '^ *(COMPARISON|RUN|\|)'
 //
 // GPUFRAC_COMPARE_SHAPES (peak,tail), GPUFRAC_COMPARE_SIMHOURS (10s,60s) and
-// GPUFRAC_COMPARE_CONFIGS (whole,timeslice,gpufrac) narrow it. Method and
+// GPUFRAC_COMPARE_CONFIGS (whole,timeslice,gpufrac) narrow it;
+// GPUFRAC_COMPARE_POLICY sets (c)'s --policy (default: the coordinator's). Method and
 // figures: docs/benchmarks.md, "What a GPU day costs".
 
 import (
@@ -29,6 +30,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -323,7 +325,14 @@ groups:
     timeslice: {replicas: %d, resourceName: %s}
 `, api.LabelNodePool, costSharedPool, costReplicas, api.DefaultTimesliceResource)
 	}
+	// The cluster's directory (etcd's data among it) under bin/, not the
+	// shared /tmp: these runs last up to half an hour.
+	dir, err := os.MkdirTemp(filepath.Join(repoRoot(t), "bin"), "cc-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := startCluster(t, cluster.Options{
+		Dir:        dir,
 		Karpenter:  &cluster.KarpenterOptions{InstanceTypes: types, NodePools: pools},
 		NodeAgents: agents,
 	})
@@ -376,11 +385,15 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		buildBinary(t, "gpufrac-coordinator")
 		applyYAML(t, c, queuesYAML(map[string]string{"day": "64"}))
 		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
-		startCoordinator(t, c, "c1", "--leader-elect=false", "--reservation-grace="+costGrace.String(),
+		args := []string{"--leader-elect=false", "--reservation-grace=" + costGrace.String()}
+		if p := os.Getenv("GPUFRAC_COMPARE_POLICY"); p != "" {
+			args = append(args, "--policy="+p)
+		}
+		startCoordinator(t, c, "c1", append(args,
 			"--price-table="+priceTableFile(t, c, types),
 			"--consolidation", "--consolidation-move-bare-pods", "--consolidation-interval=1s",
 			"--consolidation-stable-for="+sim(0.1), "--consolidation-drain-timeout=3m", "--consolidation-max-draining-nodes=2",
-			"--consolidation-max-in-flight=4", "--consolidation-max-moves=8", "--consolidation-move-window="+sim(1))
+			"--consolidation-max-in-flight=4", "--consolidation-max-moves=8", "--consolidation-move-window="+sim(1))...)
 	}
 	m := startCostMeter(t, c, config, types, simHour)
 
@@ -458,7 +471,8 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 				}
 				if s.ran+now.Sub(ps.runningSince) >= time.Duration(j.Duration*float64(simHour)) {
 					if err := m.scriptDelete(t.Context(), name); err != nil {
-						t.Error(err)
+						t.Logf("%v; trying again", err) // a slow API server; the next tick retries
+						continue
 					}
 					s.done = true
 					finished++
@@ -496,11 +510,19 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	return r
 }
 
+// createCostPod creates a job's pod, trying three times: one API request
+// that times out on the shared machine should not end an hour's run.
 func createCostPod(t *testing.T, c *cluster.Cluster, p *corev1.Pod) {
 	t.Helper()
-	if _, err := c.Client.CoreV1().Pods("default").Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating pod %s: %v", p.Name, err)
+	var err error
+	for try := 0; try < 3; try++ {
+		_, err = c.Client.CoreV1().Pods("default").Create(t.Context(), p, metav1.CreateOptions{})
+		if err == nil || apierrors.IsAlreadyExists(err) {
+			return
+		}
+		t.Logf("creating pod %s (try %d): %v", p.Name, try+1, err)
 	}
+	t.Fatalf("creating pod %s: %v", p.Name, err)
 }
 
 // costMeter samples the cluster every second of wall time: the GPU nodes
