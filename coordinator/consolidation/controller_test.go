@@ -127,7 +127,7 @@ func (f *fakeCluster) settle(target string) {
 			out = append(out, p)
 			continue
 		}
-		if p.Namespace == api.SystemNamespace {
+		if p.Namespace == api.ReservationNamespace {
 			continue
 		}
 		r := p.DeepCopy()

@@ -37,8 +37,8 @@ func (w APIWriter) Evict(ctx context.Context, pod *corev1.Pod) error {
 
 // DeleteReservation deletes a reservation pod of gpufrac-system, at once.
 func (w APIWriter) DeleteReservation(ctx context.Context, pod *corev1.Pod) error {
-	if pod.Namespace != api.SystemNamespace {
-		return fmt.Errorf("deleting reservation %s/%s: not in %s", pod.Namespace, pod.Name, api.SystemNamespace)
+	if pod.Namespace != api.ReservationNamespace {
+		return fmt.Errorf("deleting reservation %s/%s: not in %s", pod.Namespace, pod.Name, api.ReservationNamespace)
 	}
 	if err := w.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}); err != nil {
 		return fmt.Errorf("deleting reservation %s/%s: %w", pod.Namespace, pod.Name, err)

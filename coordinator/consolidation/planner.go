@@ -334,7 +334,7 @@ func (p *Planner) classify(v *view, node string) (plan Plan, verdict Verdict, re
 			plan.Reservations = append(plan.Reservations, pod)
 			continue
 		}
-		if pod.Namespace == api.SystemNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder {
+		if pod.Namespace == api.ReservationNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder {
 			return plan, VerdictBusy, fmt.Sprintf("placeholder %s landed there: capacity is being used", pod.Name)
 		}
 		if why := p.unmovable(v, pod); why != "" {
@@ -580,7 +580,7 @@ func (p *Planner) PendingWork(c Cluster) (pending, placeholders int) {
 		if state.Terminal(pod) || pod.DeletionTimestamp != nil {
 			continue
 		}
-		if pod.Namespace == api.SystemNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder {
+		if pod.Namespace == api.ReservationNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder {
 			placeholders++
 			continue
 		}

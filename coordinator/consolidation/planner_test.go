@@ -64,7 +64,7 @@ func whole(name, node string, gpu int) *builders.PodWrapper {
 // reservation is the reservation pod of GPU i of node.
 func reservation(node string, gpu int) *corev1.Pod {
 	g := builders.GPUUUID(node, gpu)
-	return builders.MakePod("gpufrac-reservation-"+node+"-"+fmt.Sprint(gpu), api.SystemNamespace).UID("res-"+g).Node(node).
+	return builders.MakePod("gpufrac-reservation-"+node+"-"+fmt.Sprint(gpu), api.ReservationNamespace).UID("res-"+g).Node(node).
 		SchedulerName("").Label(api.LabelRole, api.RoleReservation).GPUs(1).
 		Annotation(api.AnnotationGPU, g).Annotation(api.AnnotationReservedGPU, g).Annotation(api.AnnotationDoNotDisrupt, "true").Obj()
 }
@@ -284,7 +284,7 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			cluster: Cluster{
 				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
 				Pods: append(objs(frac("a1", "one-a", 0, 30)),
-					builders.MakePod("gpufrac-placeholder-x-0", api.SystemNamespace).UID("ph").Node("one-a").SchedulerName("").
+					builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").Node("one-a").SchedulerName("").
 						Label(api.LabelRole, api.RolePlaceholder).GPUs(1).Obj()),
 			},
 			verdicts: map[string]Verdict{"one-a": VerdictBusy},
@@ -465,7 +465,7 @@ func TestPendingWork(t *testing.T) {
 	c := Cluster{Pods: []*corev1.Pod{
 		pending("fresh", ""), pending("nocap", api.ReasonNoCapacity), pending("over", api.ReasonOverQuota),
 		pending("bad", api.ReasonInvalidRequest), pending("gang", api.ReasonGangIncomplete),
-		builders.MakePod("gpufrac-placeholder-x-0", api.SystemNamespace).UID("ph").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).Obj(),
+		builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).Obj(),
 	}}
 	n, ph := planner(t, nil).PendingWork(c)
 	if n != 2 || ph != 1 {
