@@ -242,8 +242,8 @@ func TestCostComparison(t *testing.T) {
 
 // line is one run's figures on one line.
 func (r costResult) line() string {
-	return fmt.Sprintf("RUN shape=%s simhour=%s config=%s jobs=%d dayh=%.2f gpuh=%.2f nodeh=%.2f usd=%.0f tail_gpuh=%.2f ffd_gpuh=%.2f ffd_usd=%.0f q50=%.0f q95=%.0f qmax=%.0f failed=%d protected=%d moves=%d move_down=%.0f oversub_gpuh=%.2f oversub_jobs=%d nodes=%v load=%s..%s",
-		r.Shape, r.SimHour, r.Config, r.Jobs, r.Day.Hours, r.Day.GPUHours, r.Day.NodeHours, r.Day.Dollars, r.Tail.GPUHours,
+	return fmt.Sprintf("RUN shape=%s simhour=%s config=%s jobs=%d dayh=%.2f gpuh=%.2f nodeh=%.2f usd=%.0f tail_gpuh=%.2f idle_gpuh=%.2f ffd_gpuh=%.2f ffd_usd=%.0f q50=%.0f q95=%.0f qmax=%.0f failed=%d protected=%d moves=%d move_down=%.0f oversub_gpuh=%.2f oversub_jobs=%d nodes=%v load=%s..%s",
+		r.Shape, r.SimHour, r.Config, r.Jobs, r.Day.Hours, r.Day.GPUHours, r.Day.NodeHours, r.Day.Dollars, r.Tail.GPUHours, r.Day.IdleGPUHours,
 		r.Bound.GPUHours, r.Bound.Dollars, r.QueueP50, r.QueueP95, r.QueueMax, r.Failed, r.Protected, r.Moves, r.MoveDowntime,
 		r.OversubGPUHours, r.OversubJobs, r.Nodes, r.LoadBefore, r.LoadAfter)
 }
@@ -253,8 +253,8 @@ func (r costResult) line() string {
 func comparisonTable(rs []costResult) string {
 	var b strings.Builder
 	b.WriteString("COMPARISON\n")
-	b.WriteString("| day | 1 sim h | config | GPU-node-h (vs a, vs FFD) | $ (vs a, vs FFD $) | + scale-down GPU-h | queueing p50 / p95 / max (sim min) | failed | protected disrupted | moves (mean wait, sim min) | oversubscribed GPU-h (jobs) | load 1/5/15 min |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| day | 1 sim h | config | GPU-node-h (vs a, vs FFD) | of which on idle nodes | $ (vs a, vs FFD $) | + scale-down GPU-h | queueing p50 / p95 / max (sim min) | failed | protected disrupted | moves (mean wait, sim min) | oversubscribed GPU-h (jobs) | load 1/5/15 min |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	base := map[string]costResult{}
 	for _, r := range rs {
 		if r.Config == configWhole {
@@ -269,9 +269,9 @@ func comparisonTable(rs []costResult) string {
 			}
 			return fmt.Sprintf("%.2f", x/y)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f (%s, %s) | $%.0f (%s, %s) | %.1f | %.0f / %.0f / %.0f | %d | %d | %d (%.0f) | %.1f (%d) | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f (%s, %s) | %.1f | $%.0f (%s, %s) | %.1f | %.0f / %.0f / %.0f | %d | %d | %d (%.0f) | %.1f (%d) | %s |\n",
 			r.Shape, r.SimHour, r.Config,
-			r.Day.GPUHours, vsA(r.Day.GPUHours, a.Day.GPUHours), ratio(r.Day.GPUHours, r.Bound.GPUHours),
+			r.Day.GPUHours, vsA(r.Day.GPUHours, a.Day.GPUHours), ratio(r.Day.GPUHours, r.Bound.GPUHours), r.Day.IdleGPUHours,
 			r.Day.Dollars, vsA(r.Day.Dollars, a.Day.Dollars), ratio(r.Day.Dollars, r.Bound.Dollars),
 			r.Tail.GPUHours, r.QueueP50, r.QueueP95, r.QueueMax, r.Failed, r.Protected, r.Moves, r.MoveDowntime,
 			r.OversubGPUHours, r.OversubJobs, r.LoadBefore)
