@@ -464,9 +464,15 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 				if s.firstRun.IsZero() {
 					s.firstRun = ps.runningSince
 					waits = append(waits, s.firstRun.Sub(s.created))
+					if w := s.firstRun.Sub(s.created); w > simHour/2 {
+						t.Logf("slow: %s waited %.0f sim min (%s wall) to run on %s; reasons %v", name, 60*float64(w)/float64(simHour), w.Round(100*time.Millisecond), ps.node, ps.reasons)
+					}
 				}
 				if !s.movedAt.IsZero() {
 					downs = append(downs, ps.runningSince.Sub(s.movedAt))
+					if d := ps.runningSince.Sub(s.movedAt); d > simHour/2 {
+						t.Logf("slow: moved %s waited %.0f sim min (%s wall) to run again on %s; reasons %v", name, 60*float64(d)/float64(simHour), d.Round(100*time.Millisecond), ps.node, ps.reasons)
+					}
 					s.movedAt = time.Time{}
 				}
 				if s.ran+now.Sub(ps.runningSince) >= time.Duration(j.Duration*float64(simHour)) {
@@ -550,6 +556,8 @@ type costMeter struct {
 }
 
 type costPodState struct {
+	reasons      []string // PodScheduled=False reasons seen, in order
+	node         string
 	runningSince time.Time
 	failed       string
 	disrupted    bool
@@ -613,6 +621,15 @@ func (m *costMeter) onPod(obj any) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.podLocked(p.Name)
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" &&
+			(len(s.reasons) == 0 || s.reasons[len(s.reasons)-1] != c.Reason) {
+			s.reasons = append(s.reasons, c.Reason)
+		}
+	}
+	if p.Spec.NodeName != "" {
+		s.node = p.Spec.NodeName
+	}
 	if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && s.runningSince.IsZero() {
 		s.runningSince = time.Now()
 	}
