@@ -168,6 +168,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	// 1. Read.
 	cl, err := c.read()
 	if err != nil {
+		c.metrics.errors.WithLabelValues(ActionRead).Inc()
 		return res, fmt.Errorf("reading the cluster: %w", err)
 	}
 	var draining []*corev1.Node
@@ -189,6 +190,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	// Work waiting for capacity gets the draining nodes back: Karpenter
 	// would otherwise buy a node while one stands idle behind the taint.
 	inFlight := c.inFlight(cl)
+	defer func() { c.metrics.inFlight.Set(float64(inFlight)) }()
 	starved := c.planner.Starved(cl)
 	left, moving := 0, 0
 	for _, n := range draining {
@@ -284,6 +286,7 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 		}
 		for _, r := range plan.Reservations {
 			if err := c.kube.DeleteReservation(ctx, r); err != nil && !apierrors.IsNotFound(err) {
+				c.metrics.errors.WithLabelValues(ActionRelease).Inc()
 				logger.Error(err, "Releasing a reservation of a drained node", "pod", klog.KObj(r))
 				continue
 			}
@@ -295,19 +298,22 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 			c.drained[n.Name] = true
 			res.Drained = append(res.Drained, n.Name)
 			c.metrics.drains.WithLabelValues(OutcomeDrained).Inc()
-			c.recorder.Event(n, corev1.EventTypeNormal, "ConsolidationDrained", "no gpufrac pod or reservation is left: Karpenter may remove the node")
-			logger.Info("Node drained for consolidation")
+			price, _ := c.opts.Planner.Prices.NodePrice(n, nodeGPUs(n))
+			c.metrics.drainedGPUs.Add(float64(nodeGPUs(n)))
+			c.metrics.saving.Add(price)
+			c.recorder.Eventf(n, corev1.EventTypeNormal, "ConsolidationDrained", "no gpufrac pod or reservation is left: Karpenter may remove the node (saves %s per hour)", savingText(n, c.opts.Planner))
+			logger.Info("Node drained for consolidation", "gpus", nodeGPUs(n), "saving", price)
 		}
 		return true
 	}
-	c.evict(ctx, n, plan, inFlight, res)
+	c.evict(ctx, cl, n, plan, inFlight, res)
 	return true
 }
 
 // evict evicts the plan's units within the budget: at most MaxInFlight
 // moves in flight (a unit larger than that only when none is) and
 // MaxMovesPerWindow per MoveWindow.
-func (c *Controller) evict(ctx context.Context, n *corev1.Node, plan Plan, inFlight *int, res *PassResult) {
+func (c *Controller) evict(ctx context.Context, cl Cluster, n *corev1.Node, plan Plan, inFlight *int, res *PassResult) {
 	logger := klog.FromContext(ctx).WithValues("node", n.Name)
 	now := c.clock.Now()
 	kept := c.moves[:0]
@@ -325,6 +331,19 @@ func (c *Controller) evict(ctx context.Context, n *corev1.Node, plan Plan, inFli
 		if len(c.moves) > 0 && len(c.moves)+len(unit) > c.opts.MaxMovesPerWindow {
 			logger.V(2).Info("Consolidation budget: moves per window", "moves", len(c.moves), "max", c.opts.MaxMovesPerWindow, "window", c.opts.MoveWindow)
 			return
+		}
+		if len(unit) > 1 {
+			// A gang moves whole or not at all: when its PodDisruptionBudgets
+			// would refuse a member, none is evicted (retried on a later pass).
+			if why := pdbAllows(pdbsByNamespace(cl.PDBs), unit); why != "" {
+				for _, p := range unit {
+					res.Refused++
+					c.metrics.evictions.WithLabelValues(ResultRefused).Inc()
+					c.recorder.Eventf(p, corev1.EventTypeWarning, "ConsolidationEvictionRefused", "gang of %d pods not evicted to drain node %s, it moves whole: %s; retried later", len(unit), n.Name, why)
+				}
+				logger.V(2).Info("Gang not moved: a PodDisruptionBudget forbids it", "pod", klog.KObj(unit[0]), "why", why)
+				continue
+			}
 		}
 		for _, p := range unit {
 			err := c.kube.Evict(ctx, p)
@@ -345,6 +364,7 @@ func (c *Controller) evict(ctx context.Context, n *corev1.Node, plan Plan, inFli
 			default:
 				res.Failed++
 				c.metrics.evictions.WithLabelValues(ResultFailed).Inc()
+				c.recorder.Eventf(p, corev1.EventTypeWarning, "ConsolidationEvictionFailed", "eviction to drain node %s failed; retried later: %v", n.Name, err)
 				logger.Error(err, "Evicting a pod off a draining node", "pod", klog.KObj(p))
 			}
 		}
@@ -362,6 +382,8 @@ func savingText(n *corev1.Node, o PlannerOptions) string {
 // abandon removes the drain taint; it returns true when it did.
 func (c *Controller) abandon(ctx context.Context, n *corev1.Node, why string, res *PassResult) bool {
 	if err := c.kube.Untaint(ctx, n.Name); err != nil && !apierrors.IsNotFound(err) {
+		c.metrics.errors.WithLabelValues(ActionUntaint).Inc()
+		c.recorder.Eventf(n, corev1.EventTypeWarning, "ConsolidationUntaintFailed", "abandoning the drain (%s) failed, the node keeps taint %s; retried on the next pass: %v", why, api.TaintDraining, err)
 		klog.FromContext(ctx).Error(err, "Abandoning a drain", "node", n.Name)
 		return false
 	}
@@ -404,6 +426,7 @@ func (c *Controller) consider(ctx context.Context, cl Cluster, draining int, res
 	}
 	deadline := now.Add(c.opts.DrainTimeout).Unix()
 	if err := c.kube.Taint(ctx, best.Node, deadline); err != nil {
+		c.metrics.errors.WithLabelValues(ActionTaint).Inc()
 		logger.Error(err, "Starting a drain", "node", best.Node)
 		return
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -20,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 // fakeCluster is the cluster as data, and a Kube that writes to it. Every
@@ -248,10 +250,13 @@ func TestDrainEndToEnd(t *testing.T) {
 	if ev := h.events(); !hasEvent(ev, "Normal ConsolidationMove evicted to drain node big") {
 		t.Errorf("events %v, want ConsolidationMove", ev)
 	}
-	// 4. Still terminating: the reservations stay.
+	// 4. Still terminating: the reservations stay; both moves are in flight.
 	h.clock.Step(10 * time.Second)
 	if res := h.pass(); res.Released != 0 || res.Evicted != 0 {
 		t.Fatalf("released %d, evicted %d while the pods terminate", res.Released, res.Evicted)
+	}
+	if got := testutil.ToFloat64(h.ctl.metrics.inFlight); got != 2 {
+		t.Errorf("moves in flight = %v, want 2", got)
 	}
 	// 5. Gone and placed on one-a: the reservations go, then the drain is done.
 	h.f.settle("one-a")
@@ -268,6 +273,15 @@ func TestDrainEndToEnd(t *testing.T) {
 	}
 	if got := h.counter("evictions", ResultEvicted); got != 2 {
 		t.Errorf("evictions{evicted} = %v", got)
+	}
+	if got := testutil.ToFloat64(h.ctl.metrics.drainedGPUs); got != 8 {
+		t.Errorf("drained GPUs = %v, want big's 8", got)
+	}
+	if got := testutil.ToFloat64(h.ctl.metrics.saving); got != 98.32 {
+		t.Errorf("drained hourly price = %v, want big's 98.32", got)
+	}
+	if got := testutil.ToFloat64(h.ctl.metrics.released); got != 2 {
+		t.Errorf("reservations released = %v", got)
 	}
 	// Counted once; the taint stays until Karpenter removes the node.
 	h.clock.Step(10 * time.Second)
@@ -306,11 +320,67 @@ func TestRefusedEvictionIsRetried(t *testing.T) {
 	if got := h.counter("evictions", ResultRefused); got != 1 {
 		t.Errorf("evictions{refused} = %v", got)
 	}
-	// Any other error is a failure, retried too.
+	// Any other error is a failure, with its event, retried too.
 	h2 := newHarness(t, withTaint(dayTail(), "big"), nil)
 	h2.f.NextEvictErr = errors.New("connection refused")
 	if res := h2.pass(); res.Failed != 1 || res.Evicted != 1 {
 		t.Errorf("with a failing API: %+v", res)
+	}
+	if ev := h2.events(); !hasEvent(ev, "Warning ConsolidationEvictionFailed eviction to drain node big failed; retried later") {
+		t.Errorf("events %v, want ConsolidationEvictionFailed", ev)
+	}
+	if got := h2.counter("evictions", ResultFailed); got != 1 {
+		t.Errorf("evictions{failed} = %v", got)
+	}
+}
+
+// A gang whose PodDisruptionBudget would refuse one member is not evicted
+// at all (whole or not at all), and is once the budget allows it.
+func TestGangWaitsForItsBudget(t *testing.T) {
+	member := func(name, node string) *builders.PodWrapper {
+		return whole(name, node, 0).PodGroup("train").MinMember(2).Label("app", "train")
+	}
+	c := Cluster{
+		Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1), karpNode("big", 8)),
+		Pods:  objs(member("g0", "one-a"), member("g1", "one-b")),
+		PDBs: []*policyv1.PodDisruptionBudget{{
+			ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "default"},
+			Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}},
+			Status:     policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 1},
+		}},
+	}
+	h := newHarness(t, withTaint(c, "one-a"), nil)
+	if res := h.pass(); res.Evicted != 0 || res.Refused != 2 || len(h.f.Evicted) != 0 {
+		t.Fatalf("%+v evicted %v; want the gang of two kept whole (the budget allows 1)", res, h.f.Evicted)
+	}
+	if ev := h.events(); !hasEvent(ev, "Warning ConsolidationEvictionRefused gang of 2 pods not evicted to drain node one-a, it moves whole: default/train allows 1 disruptions and the move needs 2") {
+		t.Errorf("events %v", ev)
+	}
+	h.f.c.PDBs[0].Status.DisruptionsAllowed = 2
+	if res := h.pass(); res.Evicted != 2 || !cmp.Equal(h.f.Evicted, []string{"g0", "g1"}) {
+		t.Fatalf("%+v evicted %v; want both members once the budget allows it", res, h.f.Evicted)
+	}
+}
+
+// Failed writes are counted by action (and retried on the next pass).
+func TestErrorsAreCounted(t *testing.T) {
+	h := newHarness(t, dayTail(), func(o *Options) { o.StableFor = 0 })
+	h.f.NextTaintErr = errors.New("forbidden")
+	h.pass()
+	if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionTaint)); got != 1 {
+		t.Errorf("errors{taint} = %v", got)
+	}
+	if res := h.pass(); res.Started != "big" {
+		t.Fatalf("the taint was not retried: %+v", res)
+	}
+	h.clock.Step(time.Hour)
+	h.f.NextTaintErr = errors.New("conflict storm")
+	h.pass()
+	if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionUntaint)); got != 1 {
+		t.Errorf("errors{untaint} = %v", got)
+	}
+	if ev := h.events(); !hasEvent(ev, "Warning ConsolidationUntaintFailed abandoning the drain (the drain did not finish within 10m0s) failed, the node keeps taint gpufrac.io/draining") {
+		t.Errorf("events %v", ev)
 	}
 }
 

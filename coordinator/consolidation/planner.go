@@ -233,9 +233,7 @@ func (p *Planner) newView(c Cluster) *view {
 	sort.SliceStable(v.pending, func(i, j int) bool {
 		return v.pending[i].CreationTimestamp.Before(&v.pending[j].CreationTimestamp)
 	})
-	for _, b := range c.PDBs {
-		v.pdbs[b.Namespace] = append(v.pdbs[b.Namespace], b)
-	}
+	v.pdbs = pdbsByNamespace(c.PDBs)
 	return v
 }
 
@@ -420,14 +418,25 @@ func usesGPU(p *corev1.Pod, timeslice string) bool {
 	return d.WholeGPUs > 0 || d.FractionPercent > 0 || len(d.Scalars) > 0
 }
 
+// pdbsByNamespace indexes PodDisruptionBudgets by namespace.
+func pdbsByNamespace(pdbs []*policyv1.PodDisruptionBudget) map[string][]*policyv1.PodDisruptionBudget {
+	out := map[string][]*policyv1.PodDisruptionBudget{}
+	for _, b := range pdbs {
+		out[b.Namespace] = append(out[b.Namespace], b)
+	}
+	return out
+}
+
 // pdbAllows tells whether the PodDisruptionBudgets covering the pods allow
-// evicting them all now ("" when they do).
-func pdbAllows(v *view, pods []*corev1.Pod) string {
+// evicting them all now ("" when they do). A budget covers the pods its
+// selector matches; in policy/v1 an empty selector matches every pod of its
+// namespace and a null one none (the Eviction API's own rule).
+func pdbAllows(pdbs map[string][]*policyv1.PodDisruptionBudget, pods []*corev1.Pod) string {
 	need := map[*policyv1.PodDisruptionBudget]int32{}
 	for _, pod := range pods {
-		for _, b := range v.pdbs[pod.Namespace] {
+		for _, b := range pdbs[pod.Namespace] {
 			sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
-			if err != nil || sel.Empty() || !sel.Matches(labels.Set(pod.Labels)) {
+			if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
 				continue
 			}
 			need[b]++
@@ -501,7 +510,7 @@ func (p *Planner) judge(v *view, n *corev1.Node, draining []Plan) (Plan, Verdict
 	if need := p.opts.MinSavingPerMove * float64(plan.Moves()); plan.Saving+1e-9 < need {
 		return plan, VerdictBelowThreshold, fmt.Sprintf("saves %.2f per hour for %d restarts; the threshold asks %.2f", plan.Saving, plan.Moves(), need)
 	}
-	if why := pdbAllows(v, plan.Pods); why != "" {
+	if why := pdbAllows(v.pdbs, plan.Pods); why != "" {
 		return plan, VerdictPDB, why
 	}
 	exclude := map[string]bool{n.Name: true}

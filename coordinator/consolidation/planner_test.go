@@ -271,6 +271,21 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			reason:   "default/keep allows 0 disruptions and the move needs 1",
 		},
 		{
+			// policy/v1: an empty selector covers every pod of the namespace.
+			name: "a PodDisruptionBudget with an empty selector covers every pod of its namespace",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1)),
+				Pods:  objs(frac("a1", "one-a", 0, 30), frac("b1", "one-b", 0, 30)),
+				PDBs: func() []*policyv1.PodDisruptionBudget {
+					b := pdb(0)
+					b.Spec.Selector = &metav1.LabelSelector{}
+					return []*policyv1.PodDisruptionBudget{b}
+				}(),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictPDB, "one-b": VerdictPDB},
+			reason:   "default/keep allows 0 disruptions",
+		},
+		{
 			name: "another scheduler's GPU pod cannot be simulated: protected",
 			cluster: Cluster{
 				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
