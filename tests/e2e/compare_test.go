@@ -302,8 +302,9 @@ func costTypes(config string) []cluster.InstanceType {
 	return out
 }
 
-// costCluster starts the cluster for a configuration.
-func costCluster(t *testing.T, config string, types []cluster.InstanceType) *cluster.Cluster {
+// costCluster starts the cluster for a configuration, gpufrac's chart
+// installed with chart.
+func costCluster(t *testing.T, config string, types []cluster.InstanceType, chart cluster.ChartOptions) *cluster.Cluster {
 	t.Helper()
 	pool := func(name string, its ...string) cluster.NodePool {
 		return cluster.NodePool{Name: name, Labels: map[string]string{api.LabelGPUNode: "true"}, InstanceTypes: its,
@@ -335,6 +336,7 @@ groups:
 		Dir:        dir,
 		Karpenter:  &cluster.KarpenterOptions{InstanceTypes: types, NodePools: pools},
 		NodeAgents: agents,
+		Chart:      chart,
 	})
 	return c
 }
@@ -380,20 +382,24 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	types := costTypes(config)
 	r := costResult{Shape: shape, Config: config, SimHour: simHour, Jobs: len(jobs), LoadBefore: loadavg(),
 		Bound: idealBound(jobs, cluster.DefaultInstanceTypes())}
-	c := costCluster(t, config, types)
+	// (c) runs the chart's coordinator with the price table and
+	// consolidation; the script's jobs are bare pods it re-creates itself.
+	var chart cluster.ChartOptions
+	if config == configGpufrac {
+		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
+		chart.ValuesFiles = consolidationValues(t, types, costGrace.String(),
+			"moveBarePods: true", "interval: 1s", "stableFor: "+sim(0.1), "drainTimeout: 3m", "maxDrainingNodes: 2",
+			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1))
+	}
+	c := costCluster(t, config, types, chart)
 	if config == configGpufrac {
 		buildBinary(t, "gpufrac-coordinator")
 		applyYAML(t, c, queuesYAML(map[string]string{"day": "64"}))
-		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
-		args := []string{"--leader-elect=false", "--reservation-grace=" + costGrace.String()}
+		args := []string{"--leader-elect=false"}
 		if p := os.Getenv("GPUFRAC_COMPARE_POLICY"); p != "" {
 			args = append(args, "--policy="+p)
 		}
-		startCoordinator(t, c, "c1", append(args,
-			"--price-table="+priceTableFile(t, c, types),
-			"--consolidation", "--consolidation-move-bare-pods", "--consolidation-interval=1s",
-			"--consolidation-stable-for="+sim(0.1), "--consolidation-drain-timeout=3m", "--consolidation-max-draining-nodes=2",
-			"--consolidation-max-in-flight=4", "--consolidation-max-moves=8", "--consolidation-move-window="+sim(1))...)
+		startCoordinator(t, c, "c1", args...)
 	}
 	m := startCostMeter(t, c, config, types, simHour)
 

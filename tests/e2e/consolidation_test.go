@@ -12,36 +12,61 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/consolidation"
 	"github.com/gpufrac/gpufrac/tests/cluster"
+	"github.com/gpufrac/gpufrac/tests/invariants"
 )
 
-// priceTableFile writes the admin's price table for the instance types the
-// fake cloud sells (GPU types only) and returns its path.
-func priceTableFile(t testing.TB, c *cluster.Cluster, types []cluster.InstanceType) string {
-	t.Helper()
+// pricesValues is the chart's coordinator.prices for the instance types the
+// fake cloud sells (GPU types only), as YAML under "prices:" at indent.
+func pricesValues(types []cluster.InstanceType, indent string) string {
 	var b strings.Builder
-	b.WriteString("instanceTypes:\n")
+	b.WriteString(indent + "prices:\n" + indent + "  instanceTypes:\n")
 	for _, it := range types {
 		if g := instanceGPUs(it); g > 0 {
-			fmt.Fprintf(&b, "  - {name: %s, gpus: %d, price: %v, gpuProduct: %s}\n", it.Name, g, it.Price, it.GPUProduct)
+			fmt.Fprintf(&b, "%s    - {name: %s, gpus: %d, price: %v, gpuProduct: %s}\n", indent, it.Name, g, it.Price, it.GPUProduct)
 		}
 	}
-	path := filepath.Join(c.Dir, "prices.yaml")
+	return b.String()
+}
+
+// consolidationValues writes chart values that turn consolidation on with
+// the price table of types (the test bed's values first) and returns the
+// values files. consolidation holds the keys under
+// coordinator.consolidation besides enabled ("interval: 1s", ...).
+func consolidationValues(t testing.TB, types []cluster.InstanceType, grace string, consolidation ...string) []string {
+	t.Helper()
+	testbed, err := cluster.TestbedValues()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("coordinator:\n")
+	b.WriteString(pricesValues(types, "  "))
+	fmt.Fprintf(&b, "  reservations:\n    grace: %s\n", grace)
+	b.WriteString("  consolidation:\n    enabled: true\n")
+	for _, kv := range consolidation {
+		b.WriteString("    " + kv + "\n")
+	}
+	path := filepath.Join(t.TempDir(), "consolidation-values.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return path
+	return []string{testbed, path}
 }
 
-// consolidationArgs are the coordinator's flags for the consolidation tests:
-// quick passes, a short stability window, the price table.
-func consolidationArgs(prices string) []string {
-	return []string{"--leader-elect=false", "--reservation-grace=5s", "--price-table=" + prices,
-		"--consolidation", "--consolidation-interval=1s", "--consolidation-stable-for=3s", "--consolidation-drain-timeout=3m"}
+// consolidationCluster is karpenterCluster with gpufrac's chart installed
+// with consolidation on (its RBAC and admission policy included): quick
+// passes, a short stability window, the test bed's price table.
+func consolidationCluster(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	types := cluster.DefaultInstanceTypes()
+	return karpenterClusterWith(t, cluster.ChartOptions{ValuesFiles: consolidationValues(t, types, "5s",
+		"interval: 1s", "stableFor: 3s", "drainTimeout: 3m")})
 }
 
 // fractionDeployment creates a Deployment of replicas pods asking pct% of a
@@ -133,10 +158,9 @@ func anyHasPrefix(list []string, prefix string) bool {
 // empty node.
 func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 	t.Parallel()
-	c := karpenterCluster(t)
-	types := cluster.DefaultInstanceTypes()
+	c := consolidationCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
-	startCoordinator(t, c, "c1", consolidationArgs(priceTableFile(t, c, types))...)
+	startCoordinator(t, c, "c1", "--leader-elect=false")
 
 	fractionDeployment(t, c, "big", "team-a", 2, 70)
 	big := waitApp(t, c, "big", 2, 3*time.Minute)
@@ -193,6 +217,57 @@ func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 	if len(res) != 1 || res[0].Spec.NodeName != kept {
 		t.Errorf("reservations %d (want one, on %s)", len(res), kept)
 	}
+	checkCoordinatorNodeRights(t, c, kept)
+	invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{}, 60*time.Second)
+}
+
+// checkCoordinatorNodeRights checks what consolidation's node rights reach,
+// as the chart grants them (RBAC update on nodes, narrowed by the admission
+// policy gpufrac-coordinator-nodes): with the coordinator's credentials the
+// drain taint goes on and off node, nothing else of the node changes.
+func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
+	t.Helper()
+	in := c.Installed()
+	rc, err := c.ServiceAccountConfig(t.Context(), in.Namespace, in.Coordinator.ServiceAccount, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	update := func(change func(n *corev1.Node)) error {
+		n, err := as.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(n)
+		_, err = as.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	const refusal = "gpufrac-coordinator may change only the NoSchedule taint gpufrac.io/draining of a Node"
+	for _, tc := range []struct {
+		what   string
+		change func(n *corev1.Node)
+	}{
+		{"a label", func(n *corev1.Node) { n.Labels["gpufrac.io/pool"] = "stolen" }},
+		{"another taint", func(n *corev1.Node) {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "team", Value: "a", Effect: corev1.TaintEffectNoSchedule})
+		}},
+		{"the drain taint as NoExecute", func(n *corev1.Node) {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoExecute})
+		}},
+		{"cordon", func(n *corev1.Node) { n.Spec.Unschedulable = true }},
+	} {
+		if err := update(tc.change); err == nil || !cluster.RefusedBy(err, "gpufrac-coordinator-nodes") || !strings.Contains(err.Error(), refusal) {
+			t.Errorf("the coordinator changing %s of node %s: %v; want refused by gpufrac-coordinator-nodes", tc.what, node, err)
+		}
+	}
+	if err := update(func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule})
+	}); err != nil {
+		t.Errorf("the coordinator may not put the drain taint on node %s: %v", node, err)
+	}
 }
 
 // A node with protected work is not touched. Node X runs a non-preemptible
@@ -202,10 +277,9 @@ func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 // Y as well.
 func TestConsolidationLeavesProtectedWorkAlone(t *testing.T) {
 	t.Parallel()
-	c := karpenterCluster(t)
-	types := cluster.DefaultInstanceTypes()
+	c := consolidationCluster(t)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
-	startCoordinator(t, c, "c1", consolidationArgs(priceTableFile(t, c, types))...)
+	startCoordinator(t, c, "c1", "--leader-elect=false")
 
 	create(t, c, pod("critical", "team-a").Fraction(30).Preemptible(false).Obj())
 	critical := running(t, c, 3*time.Minute, "critical")["critical"]
@@ -258,4 +332,5 @@ func TestConsolidationLeavesProtectedWorkAlone(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{}, 60*time.Second)
 }
