@@ -470,8 +470,8 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 				if s.firstRun.IsZero() {
 					s.firstRun = ps.runningSince
 					waits = append(waits, s.firstRun.Sub(s.created))
-					if w := s.firstRun.Sub(s.created); w > simHour/2 {
-						t.Logf("slow: %s waited %.0f sim min (%s wall) to run on %s; reasons %v", name, 60*float64(w)/float64(simHour), w.Round(100*time.Millisecond), ps.node, ps.reasons)
+					if w := s.firstRun.Sub(s.created); w > simHour/20 {
+						t.Logf("slow: %s waited %.0f sim min (%s wall) to run on %s (%s); reasons %v, bound after %.1fs", name, 60*float64(w)/float64(simHour), w.Round(100*time.Millisecond), ps.node, m.nodeAge(ps.node, s.created), ps.reasons, ps.boundAfter.Seconds())
 					}
 				}
 				if !s.movedAt.IsZero() {
@@ -562,7 +562,9 @@ type costMeter struct {
 }
 
 type costPodState struct {
-	reasons      []string // PodScheduled=False reasons seen, in order
+	seen         time.Time // when the meter first saw the pod
+	reasons      []string  // PodScheduled=False reasons seen, in order, with when (since seen)
+	boundAfter   time.Duration
 	node         string
 	runningSince time.Time
 	failed       string
@@ -627,11 +629,18 @@ func (m *costMeter) onPod(obj any) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.podLocked(p.Name)
+	now := time.Now()
+	if s.seen.IsZero() {
+		s.seen = now
+	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" &&
-			(len(s.reasons) == 0 || s.reasons[len(s.reasons)-1] != c.Reason) {
-			s.reasons = append(s.reasons, c.Reason)
+			(len(s.reasons) == 0 || !strings.HasPrefix(s.reasons[len(s.reasons)-1], c.Reason+"@")) {
+			s.reasons = append(s.reasons, fmt.Sprintf("%s@%.1fs", c.Reason, now.Sub(s.seen).Seconds()))
 		}
+	}
+	if p.Spec.NodeName != "" && s.node == "" {
+		s.boundAfter = now.Sub(s.seen)
 	}
 	if p.Spec.NodeName != "" {
 		s.node = p.Spec.NodeName
@@ -790,6 +799,16 @@ func (m *costMeter) stop() ([]daySample, oversub) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.samples), m.over
+}
+
+// nodeAge says when a node was created relative to t (the API's
+// timestamps are whole seconds).
+func (m *costMeter) nodeAge(name string, t time.Time) string {
+	n, err := m.nodes.Get(name)
+	if err != nil {
+		return "node gone"
+	}
+	return fmt.Sprintf("node created %+.0fs from the pod", n.CreationTimestamp.Sub(t).Seconds())
 }
 
 // launched counts the GPU nodes seen, by instance type.
