@@ -21,7 +21,6 @@ import (
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
 	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/coordinator/app"
-	"github.com/gpufrac/gpufrac/coordinator/consolidation"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
@@ -68,20 +67,7 @@ func main() {
 	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")
 	flag.StringVar(&s.Placeholder.Image, "placeholder-image", s.Placeholder.Image, "image of placeholder pods")
 	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
-	var priceTable string
-	flag.StringVar(&priceTable, "price-table", "", "file (a mounted ConfigMap) with the admin's GPU instance types, their GPU counts and hourly prices: placeholders ask for the cheapest types, consolidation drains the node that saves the most (see coordinator/pricing)")
-	co := &cfg.ConsolidationOptions
-	*co = consolidation.DefaultOptions()
-	flag.BoolVar(&cfg.Consolidation, "consolidation", false, "move the preemptible pods off a Karpenter GPU node when they fit on the others, so Karpenter can remove it (see coordinator/consolidation)")
-	flag.DurationVar(&co.Interval, "consolidation-interval", co.Interval, "time between consolidation passes")
-	flag.DurationVar(&co.StableFor, "consolidation-stable-for", co.StableFor, "how long a node must stay the best candidate before its drain starts (it starts while no work is pending)")
-	flag.DurationVar(&co.DrainTimeout, "consolidation-drain-timeout", co.DrainTimeout, "a drain not done by then (node removed) is abandoned")
-	flag.IntVar(&co.MaxDrainingNodes, "consolidation-max-draining-nodes", co.MaxDrainingNodes, "nodes drained at once")
-	flag.IntVar(&co.MaxInFlight, "consolidation-max-in-flight", co.MaxInFlight, "disruption budget: moved pods still terminating or waiting to be placed, at most")
-	flag.IntVar(&co.MaxMovesPerWindow, "consolidation-max-moves", co.MaxMovesPerWindow, "disruption budget: evictions per --consolidation-move-window, at most")
-	flag.DurationVar(&co.MoveWindow, "consolidation-move-window", co.MoveWindow, "the window of --consolidation-max-moves")
-	flag.Float64Var(&co.Planner.MinSavingPerMove, "consolidation-min-saving-per-move", co.Planner.MinSavingPerMove, "least saving per hour per pod restarted for a drain (price-table units; GPUs without a table)")
-	flag.BoolVar(&co.Planner.MoveBarePods, "consolidation-move-bare-pods", false, "also move pods without a controller owner (nothing re-creates them after the eviction)")
+	priceTable := costFlags(&cfg)
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *printVersion {
@@ -106,12 +92,10 @@ func main() {
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
 	cfg.Faults = faults
-	prices, err := pricing.Load(priceTable)
-	if err != nil {
+	if cfg.Prices, err = pricing.Load(*priceTable); err != nil {
 		klog.ErrorS(err, "Invalid --price-table")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
-	cfg.Prices = prices
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

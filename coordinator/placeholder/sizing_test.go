@@ -102,7 +102,7 @@ func TestPlanAsksForTheCheapestInstanceTypes(t *testing.T) {
 			prices: h100, want: repeatStr(eight, 2),
 		},
 		{
-			name:   "models: placeholders of H100 pods never prefer a cheaper A100 type",
+			name:   "no model asked: the cheapest type, the A100 one, holds them",
 			items:  whole(3, 1, builders.MakePod("w", "default").Obj()),
 			prices: withA100, want: []string{"gpu-4x-a100", "gpu-4x-a100", "gpu-4x-a100"}, // no model asked: the cheapest holds them
 		},
