@@ -195,6 +195,9 @@ type Scheduler struct {
 	parsed     map[*corev1.Pod]*parseEntry
 	parseIn    parseInputs
 	parseCycle uint64
+	// drainSeen: node -> the last cycle that saw it tainted gpufrac.io/draining,
+	// used only by Cycle (see returnedNodes).
+	drainSeen map[string]time.Time
 }
 
 type assumedPod struct {
@@ -263,6 +266,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		released:    map[string]time.Time{},
 
 		nominatedClaims: map[string][]string{},
+		drainSeen:       map[string]time.Time{},
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
@@ -430,6 +434,43 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 	}
 }
 
+// returnedNodes are the nodes consolidation gave back (their
+// gpufrac.io/draining taint removed) within NewNodeSettle: they settle like
+// new nodes. A drained node has free GPUs the instant its taint goes, and the
+// placeholders of the work that made consolidation give it back are pending
+// for exactly those GPUs: were the coordinator to bind a pod there at once,
+// kube-scheduler could bind a placeholder to the same GPU in the same moment,
+// and the kubelet would reject one of the two (a whole-GPU job failed so in
+// the issue 16 comparison). Settling, the placeholders land first and the
+// coordinator takes the node from them, as on a new node.
+func (s *Scheduler) returnedNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
+	var out map[string]bool
+	live := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		live[n.Name] = true
+		if state.Draining(n) {
+			s.drainSeen[n.Name] = now
+			continue
+		}
+		if seen, ok := s.drainSeen[n.Name]; ok {
+			if now.Sub(seen) >= s.opts.NewNodeSettle {
+				delete(s.drainSeen, n.Name)
+				continue
+			}
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[n.Name] = true
+		}
+	}
+	for name := range s.drainSeen {
+		if !live[name] {
+			delete(s.drainSeen, name)
+		}
+	}
+	return out
+}
+
 // Cycle runs one scheduling cycle.
 func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	start := s.clock.Now()
@@ -467,6 +508,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	if s.opts.NewNodeSettle > 0 {
 		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
+		inputs.Settling = s.returnedNodes(nodes, start)
 	}
 	snap, err := state.Build(inputs)
 	if err != nil {

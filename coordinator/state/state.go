@@ -56,6 +56,9 @@ type Inputs struct {
 	// pods within moments, and a pod placed there before the placeholders
 	// show up as bound would find their GPUs taken at admission.
 	NotBefore time.Time
+	// Settling names more nodes left out as if they were young (node name ->
+	// true): nodes consolidation just gave back (scheduler.returnedNodes).
+	Settling map[string]bool
 	// Cache, when not nil, keeps what Build read of each pod and node for
 	// the next Build (see Cache); nil reads every object afresh.
 	Cache *Cache
@@ -333,7 +336,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !NodeReady(n) || (!in.NotBefore.IsZero() && n.CreationTimestamp.Time.After(in.NotBefore)) {
+		if !NodeReady(n) || (!in.NotBefore.IsZero() && n.CreationTimestamp.Time.After(in.NotBefore)) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
 		}
@@ -667,7 +670,7 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 	case !NodeReady(n):
 		why = fmt.Sprintf("node %s is not Ready", node)
 	default:
-		return // young: NotBefore
+		return // young (NotBefore) or settling: about to take fractions
 	}
 	g := ReservedGPU(p)
 	key := NodeGPU{node, g}

@@ -221,22 +221,55 @@ func TestCostComparison(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: needs the local cluster")
 	}
-	var results []costResult
+	configs := envList("GPUFRAC_COMPARE_CONFIGS", "whole,timeslice,gpufrac")
+	var (
+		mu      sync.Mutex
+		results []costResult
+	)
 	for _, shape := range envList("GPUFRAC_COMPARE_SHAPES", "peak,tail") {
 		for _, h := range envList("GPUFRAC_COMPARE_SIMHOURS", "10s,60s") {
 			simHour, err := time.ParseDuration(h)
 			if err != nil {
 				t.Fatalf("GPUFRAC_COMPARE_SIMHOURS: %v", err)
 			}
-			for _, config := range envList("GPUFRAC_COMPARE_CONFIGS", "whole,timeslice,gpufrac") {
-				t.Run(shape+"/"+h+"/"+config, func(t *testing.T) {
-					r := runCostDay(t, shape, config, simHour)
-					t.Log("\n" + r.line())
-					results = append(results, r)
-				})
-			}
+			// The configurations of one day and compression run at once, each
+			// on its own control plane: the same minutes of wall time, under
+			// the same machine load.
+			t.Run(shape+"/"+h, func(t *testing.T) {
+				for _, config := range configs {
+					t.Run(config, func(t *testing.T) {
+						t.Parallel()
+						r := runCostDay(t, shape, config, simHour)
+						t.Log("\n" + r.line())
+						mu.Lock()
+						results = append(results, r)
+						mu.Unlock()
+					})
+				}
+			})
 		}
 	}
+	// Each day and compression in the order they ran, its configurations in
+	// the order asked.
+	var groups []string
+	group := func(r costResult) int {
+		k := r.Shape + "/" + r.SimHour.String()
+		if i := slices.Index(groups, k); i >= 0 {
+			return i
+		}
+		groups = append(groups, k)
+		return len(groups) - 1
+	}
+	for _, r := range results {
+		group(r)
+	}
+	sort.SliceStable(results, func(i, j int) bool {
+		a, b := results[i], results[j]
+		if ga, gb := group(a), group(b); ga != gb {
+			return ga < gb
+		}
+		return slices.Index(configs, a.Config) < slices.Index(configs, b.Config)
+	})
 	t.Log("\n" + comparisonTable(results))
 }
 
