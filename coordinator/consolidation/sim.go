@@ -133,15 +133,7 @@ func (p *Planner) placeWorkload(snap *state.Snapshot, w *movingWorkload) error {
 
 func (p *Planner) placeAll(snap *state.Snapshot, w *movingWorkload, pool string) error {
 	for i := range w.reqs {
-		r := w.reqs[i]
-		if pool != "" {
-			c := placement.Constraints{}
-			if r.Constraints != nil {
-				c = *r.Constraints
-			}
-			c.Pool = pool
-			r.Constraints = &c
-		}
+		r := placement.WithPool(w.reqs[i], pool)
 		d, err := p.placeOne(snap, &r)
 		if err != nil {
 			if w.gang {

@@ -51,3 +51,18 @@ func WithNodes(r *Request, set map[string]bool, op corev1.NodeSelectorOperator) 
 	out.Constraints = &c
 	return &out
 }
+
+// WithPool returns a copy of r constrained to the node pool pool (r itself
+// when pool is ""): a gang placed whole in one pool.
+func WithPool(r Request, pool string) Request {
+	if pool == "" {
+		return r
+	}
+	c := Constraints{}
+	if r.Constraints != nil {
+		c = *r.Constraints
+	}
+	c.Pool = pool
+	r.Constraints = &c
+	return r
+}

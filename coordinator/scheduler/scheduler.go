@@ -781,15 +781,7 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decisi
 func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
-		r := w.pods[i].req
-		if pool != "" {
-			c := placement.Constraints{}
-			if r.Constraints != nil {
-				c = *r.Constraints
-			}
-			c.Pool = pool
-			r.Constraints = &c
-		}
+		r := placement.WithPool(w.pods[i].req, pool)
 		d, err := s.placeOne(snap, &r)
 		if err != nil {
 			if w.gang {
