@@ -286,8 +286,8 @@ func (r costResult) line() string {
 func comparisonTable(rs []costResult) string {
 	var b strings.Builder
 	b.WriteString("COMPARISON\n")
-	b.WriteString("| day | 1 sim h | config | GPU-node-h (vs a, vs FFD) | of which on idle nodes | $ (vs a, vs FFD $) | + scale-down GPU-h | queueing p50 / p95 / max (sim min) | failed | protected disrupted | moves (mean wait, sim min) | oversubscribed GPU-h (jobs) | load 1/5/15 min |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| day | 1 sim h | config | GPU-node-h (vs a, vs FFD) | of which on idle nodes | $ (vs a, vs FFD $) | + scale-down GPU-h | queueing p50 / p95 / max (sim min) | p95 vs a | failed | protected disrupted | moves (mean wait, sim min) | oversubscribed GPU-h (jobs) | load 1/5/15 min |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	base := map[string]costResult{}
 	for _, r := range rs {
 		if r.Config == configWhole {
@@ -302,11 +302,11 @@ func comparisonTable(rs []costResult) string {
 			}
 			return fmt.Sprintf("%.2f", x/y)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f (%s, %s) | %.1f | $%.0f (%s, %s) | %.1f | %.0f / %.0f / %.0f | %d | %d | %d (%.0f) | %.1f (%d) | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f (%s, %s) | %.1f | $%.0f (%s, %s) | %.1f | %.0f / %.0f / %.0f | %s | %d | %d | %d (%.0f) | %.1f (%d) | %s |\n",
 			r.Shape, r.SimHour, r.Config,
 			r.Day.GPUHours, vsA(r.Day.GPUHours, a.Day.GPUHours), ratio(r.Day.GPUHours, r.Bound.GPUHours), r.Day.IdleGPUHours,
 			r.Day.Dollars, vsA(r.Day.Dollars, a.Day.Dollars), ratio(r.Day.Dollars, r.Bound.Dollars),
-			r.Tail.GPUHours, r.QueueP50, r.QueueP95, r.QueueMax, r.Failed, r.Protected, r.Moves, r.MoveDowntime,
+			r.Tail.GPUHours, r.QueueP50, r.QueueP95, r.QueueMax, vsA(r.QueueP95, a.QueueP95), r.Failed, r.Protected, r.Moves, r.MoveDowntime,
 			r.OversubGPUHours, r.OversubJobs, r.LoadBefore)
 	}
 	return b.String()
