@@ -11,7 +11,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -332,5 +334,82 @@ func TestConsolidationLeavesProtectedWorkAlone(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{}, 60*time.Second)
+}
+
+// PodDisruptionBudgets are honoured: two nodes each run one 30% fraction
+// of app "serve" (either could move beside the other), under a budget that
+// allows no disruption. Nothing is drained or evicted while it says so; once
+// it allows one, one node is drained and Karpenter removes it.
+func TestConsolidationHonoursPodDisruptionBudgets(t *testing.T) {
+	t.Parallel()
+	c := consolidationCluster(t)
+	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+
+	// serve-a with a 70% filler on one node, serve-b beside a 70% filler
+	// on a second: two 1×H100.
+	fractionDeployment(t, c, "serve-a", "team-a", 1, 30)
+	a := waitApp(t, c, "serve-a", 1, 3*time.Minute)[0]
+	fractionDeployment(t, c, "filler", "team-a", 2, 70)
+	waitApp(t, c, "filler", 2, 3*time.Minute)
+	fractionDeployment(t, c, "serve-b", "team-a", 1, 30)
+	b := waitApp(t, c, "serve-b", 1, 3*time.Minute)[0]
+	if a.Spec.NodeName == b.Spec.NodeName {
+		t.Fatalf("both serve pods on %s; the fillers should have kept them apart", a.Spec.NodeName)
+	}
+	minAvailable := intstr.FromInt32(2)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "default"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable,
+			Selector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"serve-a", "serve-b"}}}}},
+	}
+	if _, err := c.Client.PolicyV1().PodDisruptionBudgets("default").Create(t.Context(), pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the budget to count both pods", func(ctx context.Context) (bool, error) {
+		p, err := c.Client.PolicyV1().PodDisruptionBudgets("default").Get(ctx, "serve", metav1.GetOptions{})
+		return err == nil && p.Status.ExpectedPods == 2 && p.Status.CurrentHealthy == 2, nil
+	})
+	scaleDeployment(t, c, "filler", 0)
+	waitFor(t, time.Minute, "the fillers to go", func(ctx context.Context) (bool, error) {
+		return len(podsOf(t, c, "default", "app=filler")) == 0, nil
+	})
+
+	// 20 s (twenty passes, several stability windows): no drain.
+	untouched := func(ctx context.Context) error {
+		for _, n := range gpuNodes(t, c) {
+			if consolidation.IsDraining(&n) {
+				return fmt.Errorf("node %s was tainted %s under a budget that allows no disruption", n.Name, api.TaintDraining)
+			}
+		}
+		for _, want := range []corev1.Pod{a, b} {
+			p, err := c.Client.CoreV1().Pods("default").Get(ctx, want.Name, metav1.GetOptions{})
+			if err != nil || p.DeletionTimestamp != nil {
+				return fmt.Errorf("pod %s was disrupted under a budget that allows no disruption: %v", want.Name, err)
+			}
+		}
+		return nil
+	}
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		if err := untouched(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The budget allows one disruption: one node goes.
+	p, err := c.Client.PolicyV1().PodDisruptionBudgets("default").Get(t.Context(), "serve", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.MinAvailable = ptr.To(intstr.FromInt32(1))
+	if _, err := c.Client.PolicyV1().PodDisruptionBudgets("default").Update(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Minute, "one node left, running both serve pods", func(ctx context.Context) (bool, error) {
+		nodes := gpuNodes(t, c)
+		pa, pb := appPods(t, c, "serve-a"), appPods(t, c, "serve-b")
+		return len(nodes) == 1 && len(pa) == 1 && len(pb) == 1 && pa[0].Spec.NodeName == nodes[0].Name && pb[0].Spec.NodeName == nodes[0].Name, nil
+	})
 	invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{}, 60*time.Second)
 }
