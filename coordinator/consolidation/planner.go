@@ -239,8 +239,12 @@ func (p *Planner) newView(c Cluster) *view {
 
 // activelyPending tells whether a pending pod of the coordinator is being
 // placed or waits for capacity, as opposed to waiting on its queue or gang
-// or being refused: only the former compete for the room a drain uses.
+// or being refused: only the former compete for the room a drain uses. A
+// pod with scheduling gates waits on whoever set them, not on room.
 func activelyPending(p *corev1.Pod) bool {
+	if len(p.Spec.SchedulingGates) > 0 {
+		return false
+	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
 			switch c.Reason {
@@ -375,7 +379,10 @@ func (p *Planner) classify(v *view, node string) (plan Plan, verdict Verdict, re
 
 // unmovable says why a pod may not be moved ("" when it may). Annotations
 // and labels are tenants' input: they can only keep their own pod in place
-// (do-not-disrupt, preemptible "false"), never make another pod move.
+// (do-not-disrupt, preemptible "false"), never make another pod move. A pod
+// admitted non-preemptible (its binding's gpufrac.io/admitted-preemptible
+// "false", which only the coordinator writes) stays so whatever its author
+// edits after, as the scheduler's books and reclaim read it.
 func (p *Planner) unmovable(v *view, pod *corev1.Pod) string {
 	if pod.Annotations[api.AnnotationDoNotDisrupt] == "true" {
 		return fmt.Sprintf("pod %s/%s is annotated %s", pod.Namespace, pod.Name, api.AnnotationDoNotDisrupt)
@@ -389,6 +396,8 @@ func (p *Planner) unmovable(v *view, pod *corev1.Pod) string {
 		return fmt.Sprintf("pod %s/%s: its request does not parse: %v", pod.Namespace, pod.Name, pr.err)
 	case pr.r.NonPreemptible:
 		return fmt.Sprintf("pod %s/%s is non-preemptible", pod.Namespace, pod.Name)
+	case pod.Annotations[api.AnnotationAdmittedPreemptible] == "false":
+		return fmt.Sprintf("pod %s/%s was admitted non-preemptible", pod.Namespace, pod.Name)
 	case !p.opts.MoveBarePods && metav1.GetControllerOf(pod) == nil:
 		return fmt.Sprintf("pod %s/%s has no controller to re-create it", pod.Namespace, pod.Name)
 	}

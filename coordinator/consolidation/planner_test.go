@@ -295,6 +295,17 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			reason:   `scheduled by "default-scheduler"`,
 		},
 		{
+			// The binding recorded it non-preemptible; its author took the
+			// annotation off after: still protected.
+			name: "a pod admitted non-preemptible stays protected whatever its author edits",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
+				Pods:  objs(frac("a1", "one-a", 0, 30).Annotation(api.AnnotationAdmittedPreemptible, "false")),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictProtected, "big": VerdictNothingToMove},
+			reason:   "was admitted non-preemptible",
+		},
+		{
 			name: "a placeholder landed: the capacity is about to be used",
 			cluster: Cluster{
 				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
@@ -480,6 +491,11 @@ func TestPendingWork(t *testing.T) {
 	c := Cluster{Pods: []*corev1.Pod{
 		pending("fresh", ""), pending("nocap", api.ReasonNoCapacity), pending("over", api.ReasonOverQuota),
 		pending("bad", api.ReasonInvalidRequest), pending("gang", api.ReasonGangIncomplete),
+		func() *corev1.Pod {
+			p := pending("gated", "SchedulingGated")
+			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
+			return p
+		}(),
 		builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).Obj(),
 	}}
 	n, ph := planner(t, nil).PendingWork(c)
