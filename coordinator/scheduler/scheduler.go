@@ -580,6 +580,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	var demand []placeholder.Item      // admitted work with no room: asks for capacity
 	var existing []*corev1.Pod         // placeholder pods
 	liveGroups := map[string]bool{}    // placeholder groups with placeholders or admitted pending work
+	withdrawn := map[types.UID]bool{}  // placeholders deleted before their work was bound elsewhere
 	for _, p := range pods {
 		if placeholder.IsPlaceholder(p) {
 			existing = append(existing, p)
@@ -655,6 +656,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
 			continue
 		}
+		s.withdrawPlaceholders(ctx, w, existing, withdrawn)
 		s.bind(ctx, w, decisions, snap)
 		res.Bound += len(w.pods)
 	}
@@ -665,7 +667,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
 		s.deps.Reserver.RemoveFailed(ctx, snap.FailedReservations)
 	}
-	s.syncPlaceholders(ctx, demand, pods)
+	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes), withdrawn)
 	s.pruneHints(liveGroups, nodes)
 
 	stages.done("reservations")
