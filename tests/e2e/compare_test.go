@@ -11,9 +11,10 @@ package e2e
 //	(c) gpufrac: fractions through the coordinator, with placeholder sizing
 //	    from the price table and GPU-aware consolidation.
 //
-// Each configuration runs the same jobs (same seed) on a fresh control plane,
-// one after the other; nothing else differs but the way jobs ask for GPUs and
-// what schedules them. An evicted job is re-created by the script, as its
+// Each configuration runs the same jobs (same seed) on a fresh control plane;
+// the three of one day and compression run at once, so under the same machine
+// load. Nothing else differs but the way jobs ask for GPUs and what schedules
+// them. An evicted job is re-created by the script, as its
 // controller would, and runs its remaining time (services, or jobs that
 // checkpoint). The figures are opt-in (minutes to an hour):
 //
