@@ -11,10 +11,11 @@ package e2e
 //	(c) gpufrac: fractions through the coordinator, with placeholder sizing
 //	    from the price table and GPU-aware consolidation.
 //
-// Each configuration runs the same jobs (same seed) on a fresh control plane;
-// the three of one day and compression run at once, so under the same machine
-// load. Nothing else differs but the way jobs ask for GPUs and what schedules
-// them. An evicted job is re-created by the script, as its
+// Each configuration runs the same jobs (same seed) on a fresh control plane,
+// as parallel subtests: as many at once as go test's -parallel allows
+// (GOMAXPROCS by default: on a 2-core machine two at once, the third when one
+// ends; each run's line gives the machine load before and after it). Nothing
+// else differs but the way jobs ask for GPUs and what schedules them. An evicted job is re-created by the script, as its
 // controller would, and runs its remaining time (services, or jobs that
 // checkpoint). The figures are opt-in (minutes to an hour):
 //
@@ -233,9 +234,8 @@ func TestCostComparison(t *testing.T) {
 			if err != nil {
 				t.Fatalf("GPUFRAC_COMPARE_SIMHOURS: %v", err)
 			}
-			// The configurations of one day and compression run at once, each
-			// on its own control plane: the same minutes of wall time, under
-			// the same machine load.
+			// The configurations of one day and compression run in parallel
+			// (up to -parallel at once), each on its own control plane.
 			t.Run(shape+"/"+h, func(t *testing.T) {
 				for _, config := range configs {
 					t.Run(config, func(t *testing.T) {
