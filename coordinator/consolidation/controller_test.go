@@ -21,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -618,5 +619,46 @@ func TestPendingWorkDefersTheStart(t *testing.T) {
 	h.f.pod("new").Spec.NodeName = "one-a"
 	if res := h.pass(); res.Started != "big" {
 		t.Fatalf("%+v, want big started as soon as nothing is pending (best for 40 s)", res)
+	}
+}
+
+// A tenant's pod no node could hold, even with the drains given back (a
+// node selector nothing matches), waits for capacity forever, and so does
+// the placeholder made for it. Such a pod is untrusted input: it must not
+// give the draining nodes back, take the disruption budget, or hold every
+// new drain off, for every tenant, as long as it exists.
+func TestUnplaceableWorkDoesNotHoldConsolidation(t *testing.T) {
+	stuck := func(name string) *corev1.Pod {
+		p := job(name, "").Fraction(30).NodeSelector("tenant.example/nowhere", "true").Obj()
+		p.Spec.NodeName = ""
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: api.ReasonNoCapacity}}
+		return p
+	}
+	var pods []*corev1.Pod
+	var keys []string
+	for i := range 4 {
+		name := "stuck-" + strconv.Itoa(i)
+		pods = append(pods, stuck(name))
+		keys = append(keys, "default/"+name)
+	}
+	ph := builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").SchedulerName("").
+		Label(api.LabelRole, api.RolePlaceholder).Annotation(placeholder.AnnotationWorkloads, strings.Join(keys, ",")).Obj()
+	pods = append(pods, ph)
+
+	// A drain under way carries on: nothing abandoned, both moves made
+	// although four pods "wait" (MaxInFlight 4).
+	c := withTaint(dayTail(), "big")
+	c.Pods = append(c.Pods, pods...)
+	h := newHarness(t, c, nil)
+	if res := h.pass(); len(res.Abandoned) != 0 || res.Evicted != 2 {
+		t.Errorf("drain under way: %+v; want big's two pods moved, nothing abandoned", res)
+	}
+
+	// A new drain starts.
+	c = dayTail()
+	c.Pods = append(c.Pods, pods...)
+	h = newHarness(t, c, func(o *Options) { o.StableFor = 0 })
+	if res := h.pass(); res.Started != "big" {
+		t.Errorf("new drain: %+v; want big started", res)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
@@ -186,6 +188,11 @@ type view struct {
 	nodes    map[string]*corev1.Node                    // node name -> node
 	pending  []*corev1.Pod                              // the coordinator's pods waiting to be placed, in creation order
 	pdbs     map[string][]*policyv1.PodDisruptionBudget // namespace -> PDBs
+
+	// undrained is the cluster with the draining nodes given back, built
+	// on first use by wantsRoom (nil when it could not be built).
+	undrained      *state.Snapshot
+	undrainedBuilt bool
 }
 
 type parsedPod struct {
@@ -573,17 +580,19 @@ func (p *Planner) Remaining(c Cluster, node string) (Plan, error) {
 }
 
 // Starved counts the coordinator's pods that wait for capacity (reason
-// NoCapacity: placeholders ask Karpenter for more). While any do, a node
-// kept out of placement by a drain is capacity bought twice.
+// NoCapacity: placeholders ask Karpenter for more) and that the draining
+// nodes, given back, could hold. While any do, a node kept out of placement
+// by a drain is capacity bought twice. A pod no node could hold either way
+// (a tenant's node selector that matches nothing) is not counted: giving
+// the drains back would not place it, and it would keep every drain off.
 func (p *Planner) Starved(c Cluster) int {
+	v := p.newView(c)
 	n := 0
-	for _, pod := range c.Pods {
-		if pod.Spec.SchedulerName != p.opts.SchedulerName || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || state.Terminal(pod) {
-			continue
-		}
+	for _, pod := range v.pending {
 		for _, cond := range pod.Status.Conditions {
-			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == api.ReasonNoCapacity {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == api.ReasonNoCapacity && p.wantsRoom(v, pod) {
 				n++
+				break
 			}
 		}
 	}
@@ -592,21 +601,77 @@ func (p *Planner) Starved(c Cluster) int {
 
 // PendingWork counts the coordinator's pods being placed or waiting for
 // capacity, and the placeholders asking Karpenter for more: while any
-// exist, no new drain starts (the room it would use is wanted).
+// exist, no new drain starts (the room it would use is wanted). Only work
+// that the cluster's nodes could hold, the draining ones given back, is
+// counted; so is a placeholder unless every workload it was made for is
+// such uncountable work. Pods are tenants' input: one that no node could
+// ever hold must not stop consolidation, nor take its disruption budget.
 func (p *Planner) PendingWork(c Cluster) (pending, placeholders int) {
+	v := p.newView(c)
+	wants := map[string]bool{} // workload key of pending pods -> some pod of it wants room
+	for _, pod := range v.pending {
+		w := p.wantsRoom(v, pod)
+		if w {
+			pending++
+		}
+		key := workloadKey(v, pod)
+		wants[key] = wants[key] || w
+	}
 	for _, pod := range c.Pods {
 		if state.Terminal(pod) || pod.DeletionTimestamp != nil {
 			continue
 		}
-		if pod.Namespace == api.ReservationNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder {
-			placeholders++
+		if !placeholder.IsPlaceholder(pod) {
 			continue
 		}
-		if pod.Spec.SchedulerName == p.opts.SchedulerName && pod.Spec.NodeName == "" && activelyPending(pod) {
-			pending++
+		// The workload keys it was made for ("namespace/name" of a pod,
+		// "namespace/group" of a gang), comma-separated.
+		keys := strings.Split(pod.Annotations[placeholder.AnnotationWorkloads], ",")
+		for _, k := range keys {
+			if w, known := wants[k]; !known || w {
+				placeholders++ // made for work that wants room, or for work not seen pending: counted
+				break
+			}
 		}
 	}
 	return pending, placeholders
+}
+
+// workloadKey is the scheduler's key of the workload a pod belongs to.
+func workloadKey(v *view, pod *corev1.Pod) string {
+	if g := v.parsed[pod.UID].r.Gang; g != nil {
+		return g.Key()
+	}
+	return pod.Namespace + "/" + pod.Name
+}
+
+// wantsRoom tells whether a pending pod of the coordinator fits on one of
+// the cluster's nodes as they stand, the draining ones given back (their
+// taint ignored): only such a pod competes for the room a drain takes.
+// Gang members are judged one by one. When the cluster cannot be
+// simulated, every pod counts, as before.
+func (p *Planner) wantsRoom(v *view, pod *corev1.Pod) bool {
+	if !v.undrainedBuilt {
+		v.undrainedBuilt = true
+		nodes := make([]*corev1.Node, 0, len(v.c.Nodes))
+		for _, n := range v.c.Nodes {
+			if v.draining[n.Name] {
+				n = n.DeepCopy()
+				n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
+			}
+			nodes = append(nodes, n)
+		}
+		snap, err := state.Build(state.Inputs{Nodes: nodes, Pods: v.c.Pods, PoolLabel: p.opts.PoolLabel, TimesliceResource: p.opts.TimesliceResource})
+		if err == nil {
+			v.undrained = snap
+		}
+	}
+	if v.undrained == nil {
+		return true
+	}
+	r := v.parsed[pod.UID].r.Request
+	_, err := p.placeOne(v.undrained, &r)
+	return err == nil
 }
 
 func sortPods(pods []*corev1.Pod) {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -488,8 +489,10 @@ func TestPendingWork(t *testing.T) {
 		}
 		return p
 	}
-	c := Cluster{Pods: []*corev1.Pod{
-		pending("fresh", ""), pending("nocap", api.ReasonNoCapacity), pending("over", api.ReasonOverQuota),
+	nowhere := pending("nowhere", api.ReasonNoCapacity)
+	nowhere.Spec.NodeSelector = map[string]string{"tenant.example/nowhere": "true"}
+	c := Cluster{Nodes: nodes(karpNode("one-a", 1)), Pods: []*corev1.Pod{
+		pending("fresh", ""), pending("nocap", api.ReasonNoCapacity), pending("over", api.ReasonOverQuota), nowhere,
 		pending("bad", api.ReasonInvalidRequest), pending("gang", api.ReasonGangIncomplete),
 		func() *corev1.Pod {
 			p := pending("gated", "SchedulingGated")
@@ -497,9 +500,17 @@ func TestPendingWork(t *testing.T) {
 			return p
 		}(),
 		builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).Obj(),
+		builders.MakePod("gpufrac-placeholder-y-0", api.ReservationNamespace).UID("ph-y").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).
+			Annotation(placeholder.AnnotationWorkloads, "default/nowhere").Obj(),
+		builders.MakePod("gpufrac-placeholder-z-0", api.ReservationNamespace).UID("ph-z").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).
+			Annotation(placeholder.AnnotationWorkloads, "default/nowhere,default/nocap").Obj(),
 	}}
-	n, ph := planner(t, nil).PendingWork(c)
-	if n != 2 || ph != 1 {
-		t.Errorf("PendingWork = %d pending, %d placeholders; want 2 (fresh, NoCapacity), 1", n, ph)
+	p := planner(t, nil)
+	n, ph := p.PendingWork(c)
+	if n != 2 || ph != 2 {
+		t.Errorf("PendingWork = %d pending, %d placeholders; want 2 (fresh, NoCapacity; not the pod no node could hold), 2 (not the one made only for it)", n, ph)
+	}
+	if got := p.Starved(c); got != 1 {
+		t.Errorf("Starved = %d, want 1 (nocap; not the pod no node could hold)", got)
 	}
 }
