@@ -449,16 +449,23 @@ func pdbsByNamespace(pdbs []*policyv1.PodDisruptionBudget) map[string][]*policyv
 // namespace and a null one none (the Eviction API's own rule).
 func pdbAllows(pdbs map[string][]*policyv1.PodDisruptionBudget, pods []*corev1.Pod) string {
 	need := map[*policyv1.PodDisruptionBudget]int32{}
+	var blocked []string
 	for _, pod := range pods {
+		var covering []string
 		for _, b := range pdbs[pod.Namespace] {
 			sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
 			if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
 				continue
 			}
 			need[b]++
+			covering = append(covering, b.Namespace+"/"+b.Name)
+		}
+		if len(covering) > 1 {
+			// The Eviction API refuses such a pod whatever the budgets allow.
+			sort.Strings(covering)
+			blocked = append(blocked, fmt.Sprintf("%s/%s is covered by %d PodDisruptionBudgets (%s), which the Eviction API refuses", pod.Namespace, pod.Name, len(covering), strings.Join(covering, ", ")))
 		}
 	}
-	var blocked []string
 	for b, n := range need {
 		if n > b.Status.DisruptionsAllowed {
 			blocked = append(blocked, fmt.Sprintf("%s/%s allows %d disruptions and the move needs %d", b.Namespace, b.Name, b.Status.DisruptionsAllowed, n))

@@ -325,6 +325,25 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			verdicts: map[string]Verdict{"one-a": VerdictDoesNotFit, "excl": VerdictNothingToMove},
 		},
 		{
+			// The Eviction API refuses a pod that more than one budget
+			// covers (500, whatever they allow): a drain would evict the
+			// rest of the node, fail on it until its deadline, be
+			// abandoned, and start again.
+			name: "a pod under two PodDisruptionBudgets cannot be evicted",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
+				Pods:  objs(frac("a1", "one-a", 0, 30).Label("app", "serve")),
+				PDBs: func() []*policyv1.PodDisruptionBudget {
+					b := pdb(5)
+					b2 := pdb(5)
+					b2.Name = "keep-too"
+					return []*policyv1.PodDisruptionBudget{b, b2}
+				}(),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictPDB, "big": VerdictNothingToMove},
+			reason:   "default/a1 is covered by 2 PodDisruptionBudgets (default/keep, default/keep-too)",
+		},
+		{
 			name: "pending work takes the room first",
 			cluster: Cluster{
 				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1)),
