@@ -466,6 +466,14 @@ func TestAbandon(t *testing.T) {
 			want: "is non-preemptible",
 		},
 		{
+			name: "a GPU pod owned by a DaemonSet arrived",
+			setup: func(h *harness) {
+				h.f.c.Pods = append(h.f.c.Pods, builders.MakePod("ds", "default").UID("ds").Queue("q").Node("big").
+					OwnedBy("apps/v1", "DaemonSet", "ds").GPUs(1).Annotation(api.AnnotationAllocatedGPU, builders.GPUUUID("big", 3)).Obj())
+			},
+			want: "is a DaemonSet or static pod",
+		},
+		{
 			name: "the other nodes filled up",
 			setup: func(h *harness) {
 				h.f.c.Pods = append(h.f.c.Pods, frac("a2", "one-a", 0, 70).Obj(), frac("b2", "one-b", 0, 70).Obj())

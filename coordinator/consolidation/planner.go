@@ -21,8 +21,9 @@
 // "false" or priority at the threshold), any pod annotated
 // karpenter.sh/do-not-disrupt except gpufrac's own reservations, GPU pods of
 // other schedulers, pods nothing would re-create (no controller owner) unless
-// allowed, gangs with any member that may not move. A node holding any of
-// these is not drained.
+// allowed, gangs with any member that may not move, GPU pods of DaemonSets
+// or static pods (they cannot move, and their reservations would be
+// released under them). A node holding any of these is not drained.
 package consolidation
 
 import (
@@ -337,7 +338,12 @@ func (p *Planner) classify(v *view, node string) (plan Plan, verdict Verdict, re
 			continue
 		}
 		if ownedByDaemonSet(pod) || isMirror(pod) {
-			continue
+			if !usesGPU(pod, p.opts.TimesliceResource) {
+				continue // stays with the node, holding no GPU
+			}
+			// Owner references are the pod author's to write: a GPU pod
+			// left behind would run on when its reservations are released.
+			return plan, VerdictProtected, fmt.Sprintf("pod %s/%s uses GPUs and is a DaemonSet or static pod: it cannot move", pod.Namespace, pod.Name)
 		}
 		if state.IsReservation(pod) {
 			plan.Reservations = append(plan.Reservations, pod)

@@ -344,6 +344,19 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			reason:   "default/a1 is covered by 2 PodDisruptionBudgets (default/keep, default/keep-too)",
 		},
 		{
+			// Owner references are the tenant's to write: a GPU pod naming
+			// a DaemonSet as its controller is still a GPU pod, and its
+			// node's reservations may not be released under it.
+			name: "a GPU pod owned by a DaemonSet is not left behind: protected",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
+				Pods: objs(builders.MakePod("ds-a1", "default").UID("ds-a1").Queue("q").Node("one-a").OwnedBy("apps/v1", "DaemonSet", "ds").
+					Fraction(30).Annotation(api.AnnotationGPU, builders.GPUUUID("one-a", 0)).Annotation(api.AnnotationAllocatedGPU, builders.GPUUUID("one-a", 0))),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictProtected, "big": VerdictNothingToMove},
+			reason:   "default/ds-a1 uses GPUs and is a DaemonSet or static pod",
+		},
+		{
 			name: "pending work takes the room first",
 			cluster: Cluster{
 				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1)),
