@@ -32,7 +32,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -272,18 +271,10 @@ func IsDraining(n *corev1.Node) bool {
 
 // DrainDeadline is the deadline written in the node's gpufrac.io/draining
 // taint (Unix seconds); ok is false when the node has no such taint. A value
-// that does not parse is a deadline already passed.
+// that does not parse is a deadline already passed. Past it the scheduler
+// places on the node again (state.DrainingAt), whether or not the taint goes.
 func DrainDeadline(n *corev1.Node) (deadline int64, ok bool) {
-	for _, t := range n.Spec.Taints {
-		if t.Key == api.TaintDraining {
-			d, err := strconv.ParseInt(t.Value, 10, 64)
-			if err != nil {
-				return 0, true
-			}
-			return d, true
-		}
-	}
-	return 0, false
+	return state.DrainDeadline(n)
 }
 
 // removable tells whether Karpenter may remove the node once it is empty:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -499,7 +500,7 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
 	back := h100Node("back", "a", 1)
 	back.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
-	back.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule}}
+	back.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(clk.Now().Add(time.Hour).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
 	c := &cluster{t: t, b: schedulertest.NewBinder(),
 		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
@@ -531,5 +532,49 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	c.cycle()
 	if n := c.boundTo("w"); n != "back" {
 		t.Fatalf("w bound to %q once the returned node settled, want back", n)
+	}
+}
+
+// A drain's taint that outlives its deadline (consolidation turned off
+// mid-drain: the coordinator may no longer write nodes) keeps the node out
+// only until then; it then settles like a node given back and takes work.
+func TestDrainTaintPastItsDeadlineNoLongerKeepsTheNode(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	left := h100Node("left", "a", 1)
+	left.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
+	left.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(clk.Now().Add(time.Minute).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
+	c := &cluster{t: t, b: schedulertest.NewBinder(),
+		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+	}
+	_ = c.nodes.Add(left)
+	_ = c.pods.Add(gpuPod("w", "q", 1))
+	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
+		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
+		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.s = s
+
+	c.cycle()
+	if n := c.boundTo("w"); n != "" {
+		t.Fatalf("w bound to the draining node %s before its deadline", n)
+	}
+	clk.Step(time.Minute) // at the deadline: still drained
+	c.cycle()
+	if n := c.boundTo("w"); n != "" {
+		t.Fatalf("w bound to the draining node %s at its deadline", n)
+	}
+	clk.Step(time.Second) // past the deadline; the taint stays
+	c.cycle()
+	if n := c.boundTo("w"); n != "" {
+		t.Fatalf("w bound to %s at once, before the node settled", n)
+	}
+	clk.Step(3 * time.Second)
+	c.cycle()
+	if n := c.boundTo("w"); n != "left" {
+		t.Fatalf("w bound to %q with the drain's deadline passed, want left", n)
 	}
 }
