@@ -501,20 +501,7 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	back := h100Node("back", "a", 1)
 	back.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
 	back.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(clk.Now().Add(time.Hour).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	_ = c.nodes.Add(back)
-	_ = c.pods.Add(gpuPod("w", "q", 1))
-	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
+	c := settlingCluster(t, clk, back)
 
 	c.cycle() // draining: no room
 	if n := c.boundTo("w"); n != "" {
@@ -543,20 +530,7 @@ func TestDrainTaintPastItsDeadlineNoLongerKeepsTheNode(t *testing.T) {
 	left := h100Node("left", "a", 1)
 	left.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
 	left.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(clk.Now().Add(time.Minute).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	_ = c.nodes.Add(left)
-	_ = c.pods.Add(gpuPod("w", "q", 1))
-	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
+	c := settlingCluster(t, clk, left)
 
 	c.cycle()
 	if n := c.boundTo("w"); n != "" {
@@ -577,4 +551,25 @@ func TestDrainTaintPastItsDeadlineNoLongerKeepsTheNode(t *testing.T) {
 	if n := c.boundTo("w"); n != "left" {
 		t.Fatalf("w bound to %q with the drain's deadline passed, want left", n)
 	}
+}
+
+// settlingCluster is node alone with NewNodeSettle 3 s and a pending
+// whole-GPU pod w of queue q.
+func settlingCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Node) *cluster {
+	t.Helper()
+	c := &cluster{t: t, b: schedulertest.NewBinder(),
+		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+	}
+	_ = c.nodes.Add(node)
+	_ = c.pods.Add(gpuPod("w", "q", 1))
+	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
+		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
+		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.s = s
+	return c
 }
