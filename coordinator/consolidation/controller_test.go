@@ -670,3 +670,39 @@ func TestUnplaceableWorkDoesNotHoldConsolidation(t *testing.T) {
 		t.Errorf("new drain: %+v; want big started", res)
 	}
 }
+
+// A tenant's PodDisruptionBudget can turn from allowing to refusing between
+// the plan and the evictions (the tenant makes one of its pods unready):
+// the drain then stops at that pod and is abandoned at its deadline, and
+// the node is a candidate again once the budget allows. Evicting the pods
+// the budgets cover first, and the rest only once those have gone, keeps
+// the other tenants' pods on the node in place while it refuses: else each
+// round would restart them for a drain that never finishes.
+func TestPodsUnderBudgetsMoveFirst(t *testing.T) {
+	c := withTaint(dayTail(), "big")
+	for _, p := range c.Pods {
+		if p.Name == "f1" {
+			p.Namespace = "tenant-a"
+			p.Labels["app"] = "serve"
+		}
+	}
+	c.PDBs = []*policyv1.PodDisruptionBudget{{
+		ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "tenant-a"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "serve"}}},
+		Status:     policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 1},
+	}}
+	h := newHarness(t, c, nil)
+	h.f.EvictErr = map[string]error{"f1": apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 5)}
+	if res := h.pass(); res.Refused != 1 || len(h.f.Evicted) != 0 {
+		t.Fatalf("%+v evicted %v; want f1 refused and f2 (another tenant's, no budget) left in place", res, h.f.Evicted)
+	}
+	delete(h.f.EvictErr, "f1")
+	h.clock.Step(10 * time.Second)
+	if res := h.pass(); res.Evicted != 1 || !cmp.Equal(h.f.Evicted, []string{"f1"}) {
+		t.Fatalf("%+v evicted %v; want f1 alone first", res, h.f.Evicted)
+	}
+	h.clock.Step(10 * time.Second)
+	if res := h.pass(); res.Evicted != 1 || !cmp.Equal(h.f.Evicted, []string{"f1", "f2"}) {
+		t.Fatalf("%+v evicted %v; want f2 once f1 has gone", res, h.f.Evicted)
+	}
+}

@@ -440,6 +440,21 @@ func pdbsByNamespace(pdbs []*policyv1.PodDisruptionBudget) map[string][]*policyv
 	return out
 }
 
+// pdbsOf lists the PodDisruptionBudgets covering a pod: those of its
+// namespace whose selector matches it (in policy/v1 an empty selector
+// matches every pod of the namespace and a null one none, the Eviction
+// API's own rule).
+func pdbsOf(pdbs map[string][]*policyv1.PodDisruptionBudget, pod *corev1.Pod) []*policyv1.PodDisruptionBudget {
+	var out []*policyv1.PodDisruptionBudget
+	for _, b := range pdbs[pod.Namespace] {
+		sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+		if err == nil && sel.Matches(labels.Set(pod.Labels)) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // pdbAllows tells whether the PodDisruptionBudgets covering the pods allow
 // evicting them all now ("" when they do). A budget covers the pods its
 // selector matches; in policy/v1 an empty selector matches every pod of its
@@ -449,11 +464,7 @@ func pdbAllows(pdbs map[string][]*policyv1.PodDisruptionBudget, pods []*corev1.P
 	var blocked []string
 	for _, pod := range pods {
 		var covering []string
-		for _, b := range pdbs[pod.Namespace] {
-			sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
-			if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
-				continue
-			}
+		for _, b := range pdbsOf(pdbs, pod) {
 			need[b]++
 			covering = append(covering, b.Namespace+"/"+b.Name)
 		}
