@@ -498,28 +498,14 @@ func TestFractionsWaitForTheirReservation(t *testing.T) {
 // never races kube-scheduler for the same GPU.
 func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
-	back := h100Node("back", "a", 1)
-	back.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
-	back.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(clk.Now().Add(time.Hour).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
+	back := drainedNode("back", clk.Now().Add(time.Hour))
 	c := settlingCluster(t, clk, back)
-
-	c.cycle() // draining: no room
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to the draining node %s", n)
-	}
+	c.expectBound(clk, 0, "", "draining: no room")
 	untainted := back.DeepCopy()
 	untainted.Spec.Taints = nil
 	_ = c.nodes.Update(untainted)
-	clk.Step(time.Second)
-	c.cycle()
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to %s 1 s after its drain ended, within NewNodeSettle", n)
-	}
-	clk.Step(3 * time.Second)
-	c.cycle()
-	if n := c.boundTo("w"); n != "back" {
-		t.Fatalf("w bound to %q once the returned node settled, want back", n)
-	}
+	c.expectBound(clk, time.Second, "", "1 s after its drain ended, within NewNodeSettle")
+	c.expectBound(clk, 3*time.Second, "back", "once the returned node settled")
 }
 
 // A drain's taint that outlives its deadline (consolidation turned off
@@ -527,29 +513,28 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 // only until then; it then settles like a node given back and takes work.
 func TestDrainTaintPastItsDeadlineNoLongerKeepsTheNode(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
-	left := h100Node("left", "a", 1)
-	left.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
-	left.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(clk.Now().Add(time.Minute).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
-	c := settlingCluster(t, clk, left)
+	c := settlingCluster(t, clk, drainedNode("left", clk.Now().Add(time.Minute)))
+	c.expectBound(clk, 0, "", "before the drain's deadline")
+	c.expectBound(clk, time.Minute, "", "at the drain's deadline")
+	c.expectBound(clk, time.Second, "", "past the deadline (the taint stays), before the node settled")
+	c.expectBound(clk, 3*time.Second, "left", "past the drain's deadline, the node settled")
+}
 
+// drainedNode is an hour-old 1-GPU node tainted gpufrac.io/draining until deadline.
+func drainedNode(name string, deadline time.Time) *corev1.Node {
+	n := h100Node(name, "a", 1)
+	n.CreationTimestamp = metav1.NewTime(deadline.Add(-2 * time.Hour))
+	n.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(deadline.Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
+	return n
+}
+
+// expectBound steps the clock, runs a cycle and checks where w is bound ("" for nowhere).
+func (c *cluster) expectBound(clk *clocktesting.FakeClock, step time.Duration, want, when string) {
+	c.t.Helper()
+	clk.Step(step)
 	c.cycle()
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to the draining node %s before its deadline", n)
-	}
-	clk.Step(time.Minute) // at the deadline: still drained
-	c.cycle()
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to the draining node %s at its deadline", n)
-	}
-	clk.Step(time.Second) // past the deadline; the taint stays
-	c.cycle()
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to %s at once, before the node settled", n)
-	}
-	clk.Step(3 * time.Second)
-	c.cycle()
-	if n := c.boundTo("w"); n != "left" {
-		t.Fatalf("w bound to %q with the drain's deadline passed, want left", n)
+	if n := c.boundTo("w"); n != want {
+		c.t.Fatalf("%s: w bound to %q, want %q", when, n, want)
 	}
 }
 
