@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
@@ -61,9 +62,19 @@ const answeredTTL = 30 * time.Second
 
 var _ resource.UsageSource = (*PodResources)(nil)
 
+// podResourcesBackoff retries a lost kubelet socket quickly: it is local,
+// and after a kubelet restart it is back within moments. gRPC's default
+// (1 s, growing to 2 min) would leave List failing on the last dial error
+// long after the kubelet serves again.
+var podResourcesBackoff = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: time.Second,
+}
+
 // NewPodResources connects to the PodResources socket (the connection is lazy).
 func NewPodResources(socket string, ttl time.Duration, clk clock.PassiveClock) (*PodResources, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(podResourcesBackoff))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to PodResources at %s: %w", socket, err)
 	}
@@ -102,7 +113,9 @@ func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := p.client.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	// WaitForReady: a connection between two dials (the kubelet restarted)
+	// waits for the socket within the deadline instead of failing at once.
+	resp, err := p.client.List(ctx, &podresourcesapi.ListPodResourcesRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return nil, fmt.Errorf("listing pod resources: %w", err)
 	}
