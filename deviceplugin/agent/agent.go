@@ -23,12 +23,11 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/health"
 	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
+	"github.com/gpufrac/gpufrac/deviceplugin/miglayout"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/plugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
-	"github.com/gpufrac/gpufrac/mig"
-	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // Config is gpufrac-node's configuration, filled from flags by main.
@@ -87,7 +86,7 @@ type Agent struct {
 	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
 	cdiChecker atomic.Pointer[cdi.Checker]    // the CDI check, for Ready, once started
 
-	migLayout  *mig.Manager                      // nil when the NVML backend has no MIG
+	migLayout  *miglayout.Manager                // nil when the NVML backend has no MIG
 	builtin    *config.File                      // the built-in defaults, which never reshape MIG
 	failClosed *config.File                      // what an invalid config at start gives: whole GPUs only; never reshapes MIG
 	current    *config.File                      // config last applied; guarded by applyMu
@@ -439,17 +438,17 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 // inventory. Pending MIG changes are retried by applying the current config
 // again.
 func (a *Agent) startPartitioning(ctx context.Context, deps *resource.Deps, goRun func(string, func(context.Context) error)) {
-	var allocs mig.AllocationsFunc
+	var allocs miglayout.AllocationsFunc
 	if a.podRes != nil {
 		allocs = a.allocations
 	}
-	timeslice.NewCollector(a.reg, timeslice.Sources{Offer: a.timesliceOffer, Allocations: allocs})
+	metrics.NewTimesliceCollector(a.reg, metrics.TimesliceSources{Offer: a.timesliceOffer, Allocations: allocs})
 	lib, ok := a.lib.(nvidia.MIGLib)
 	if !ok {
 		return
 	}
 	deps.MIG = lib
-	a.migLayout = mig.NewManager(lib, a.gpus, mig.Options{
+	a.migLayout = miglayout.NewManager(lib, a.gpus, miglayout.Options{
 		Allocations: allocs,
 		Registerer:  a.reg,
 		Event: func(warning bool, reason, message string) {
@@ -482,12 +481,12 @@ func (a *Agent) allocations(ctx context.Context) (map[string][]string, error) {
 }
 
 // timesliceOffer is the time-slicing of the policy in force.
-func (a *Agent) timesliceOffer() timeslice.Offer {
+func (a *Agent) timesliceOffer() metrics.TimesliceOffer {
 	np := a.policy.Load()
 	if np == nil {
-		return timeslice.Offer{}
+		return metrics.TimesliceOffer{}
 	}
-	o := timeslice.Offer{Sharing: timeslice.FromConfig(np.Policy.Timeslice)}
+	o := metrics.TimesliceOffer{Sharing: np.Policy.Timeslice.Sharing()}
 	for i, m := range np.GPUModes {
 		if m == config.ModeTimeslice && i < len(a.gpus) {
 			o.GPUs = append(o.GPUs, a.gpus[i].UUID)

@@ -33,7 +33,11 @@
 // list, when present, replaces the default policy's list as a whole.
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/gpufrac/gpufrac/timeslice"
+)
 
 // Version is the only config version this code reads.
 const Version = "v1"
@@ -109,6 +113,19 @@ type TimesliceConfig struct {
 	ResourceName string `json:"resourceName,omitempty"`
 	// FailRequestsGreaterThanOne refuses requests for more than one replica.
 	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
+}
+
+// Sharing returns the timeslice.Sharing of c, defaults filled in for unset
+// fields (DefaultReplicas, DefaultTimesliceResource).
+func (c TimesliceConfig) Sharing() timeslice.Sharing {
+	s := timeslice.Sharing{Replicas: c.Replicas, ResourceName: c.ResourceName, FailRequestsGreaterThanOne: c.FailRequestsGreaterThanOne}
+	if s.Replicas == 0 {
+		s.Replicas = DefaultReplicas
+	}
+	if s.ResourceName == "" {
+		s.ResourceName = DefaultTimesliceResource
+	}
+	return s
 }
 
 // MIGConfig configures MIG partitioning.

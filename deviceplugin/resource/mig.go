@@ -12,6 +12,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // DefaultMIGCapsFile lists the device minors of the nvidia-caps devices
@@ -25,8 +26,8 @@ const DefaultMIGCapsFile = "/proc/driver/nvidia-caps/mig-minors"
 // an Xid on the GPU makes all its MIG devices unhealthy.
 type MIG struct {
 	name     string
-	devs     []nvidia.MIGDevice // by parent index, then GI and CI
-	byID     map[string]int     // MIG UUID -> index in devs
+	devs     []mig.Device   // by parent index, then GI and CI
+	byID     map[string]int // MIG UUID -> index in devs
 	parents  map[string]nvidia.GPU
 	health   HealthFunc
 	strategy DeviceListStrategy
@@ -40,7 +41,7 @@ type MIGOptions struct {
 	// Name is the resource name.
 	Name string
 	// Devices are the MIG devices to serve.
-	Devices []nvidia.MIGDevice
+	Devices []mig.Device
 	// GPUs are the node's GPUs; every device's parent must be among them.
 	GPUs   []nvidia.GPU
 	Health HealthFunc
@@ -160,7 +161,7 @@ func (r *MIG) Preferred(_ context.Context, available, mustInclude []string, size
 // Allocate implements Resource: access to the MIG devices, no memory limit
 // (the hardware isolates MIG memory).
 func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	devs := make([]nvidia.MIGDevice, 0, len(ids))
+	devs := make([]mig.Device, 0, len(ids))
 	for _, id := range ids {
 		i, ok := r.byID[id]
 		if !ok {
