@@ -169,14 +169,22 @@ func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAll
 		}
 		devs = append(devs, r.devs[i])
 	}
+	return MIGResponse(r.strategy, devs, r.parents, r.capsFile)
+}
+
+// MIGResponse is the answer for a container holding MIG devices: access to
+// them (CDI names, or the GPU's device node and the instances' nvidia-caps
+// nodes read from capsFile) and NVIDIA_VISIBLE_DEVICES=void, no memory limit
+// (the hardware isolates MIG memory). parents maps GPU UUID to GPU.
+func MIGResponse(strategy DeviceListStrategy, devs []mig.Device, parents map[string]nvidia.GPU, capsFile string) (*pluginapi.ContainerAllocateResponse, error) {
 	resp := newResponse(nil)
-	if r.strategy == StrategyCDI {
+	if strategy == StrategyCDI {
 		for _, d := range devs {
 			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: CDIKind + "=" + d.UUID})
 		}
 		return resp, nil
 	}
-	caps, err := readMIGCaps(r.capsFile)
+	caps, err := readMIGCaps(capsFile)
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d MIG devices: %w", len(devs), err)
 	}
@@ -188,13 +196,13 @@ func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAll
 		}
 	}
 	for _, d := range devs {
-		minor := r.parents[d.GPU].Minor
+		minor := parents[d.GPU].Minor
 		gi := fmt.Sprintf("gpu%d/gi%d/access", minor, d.GI)
 		ci := fmt.Sprintf("gpu%d/gi%d/ci%d/access", minor, d.GI, d.CI)
 		giCap, ok1 := caps[gi]
 		ciCap, ok2 := caps[ci]
 		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("allocating MIG device %s: %s has no minor for %s or %s", d.UUID, r.capsFile, gi, ci)
+			return nil, fmt.Errorf("allocating MIG device %s: %s has no minor for %s or %s", d.UUID, capsFile, gi, ci)
 		}
 		add(fmt.Sprintf("/dev/nvidia%d", minor))
 		add(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", giCap))
