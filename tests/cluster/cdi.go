@@ -13,6 +13,7 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // toolkitSpecs plays the NVIDIA container toolkit of one test-bed node for
@@ -27,7 +28,7 @@ type toolkitSpecs struct {
 	dir  string
 	gpus []nvidia.GPU
 	// migs maps every MIG UUID the mock can give these GPUs to its device.
-	migs map[string]nvidia.MIGDevice
+	migs map[string]mig.Device
 
 	mu      sync.Mutex
 	devices map[string][]string // resource -> device IDs served
@@ -51,12 +52,12 @@ func newToolkitSpecs(dir, node, model string, gpuCount int) (*toolkitSpecs, erro
 	if err != nil {
 		return nil, fmt.Errorf("the CDI spec of node %s: %w", node, err)
 	}
-	t := &toolkitSpecs{dir: dir, gpus: gpus, migs: map[string]nvidia.MIGDevice{}, devices: map[string][]string{}}
+	t := &toolkitSpecs{dir: dir, gpus: gpus, migs: map[string]mig.Device{}, devices: map[string][]string{}}
 	for _, g := range gpus {
 		for gi := range mockMIGInstances {
 			for ci := range mockMIGInstances {
 				u := nvidia.MockMIGUUID(g.UUID, gi, ci)
-				t.migs[u] = nvidia.MIGDevice{UUID: u, GPU: g.UUID, GI: gi, CI: ci}
+				t.migs[u] = mig.Device{UUID: u, GPU: g.UUID, GI: gi, CI: ci}
 			}
 		}
 	}
@@ -81,7 +82,7 @@ func (t *toolkitSpecs) update(res string, devs []*v1beta1.Device) {
 func (t *toolkitSpecs) write() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var migs []nvidia.MIGDevice
+	var migs []mig.Device
 	for _, ids := range t.devices {
 		for _, id := range ids {
 			if _, _, err := resource.ParseUnitID(id); err == nil || !strings.HasPrefix(id, "MIG-") {
@@ -92,7 +93,7 @@ func (t *toolkitSpecs) write() error {
 			}
 		}
 	}
-	slices.SortFunc(migs, func(a, b nvidia.MIGDevice) int {
+	slices.SortFunc(migs, func(a, b mig.Device) int {
 		return strings.Compare(fmt.Sprintf("%s/%03d/%03d", a.GPU, a.GI, a.CI), fmt.Sprintf("%s/%03d/%03d", b.GPU, b.GI, b.CI))
 	})
 	spec := string(cditest.Spec(cditest.FromGPUs(t.gpus, migs)))
