@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
@@ -61,6 +62,9 @@ type Config struct {
 	CDISpecDirs []string
 	// CDICheckInterval is how often the CDI specs are checked (0: cdi.DefaultInterval).
 	CDICheckInterval time.Duration
+	// DRA is how the node meets the kubelet when its config puts it in mode
+	// dra.
+	DRA DRAConfig
 }
 
 // Agent is a running gpufrac-node.
@@ -70,7 +74,9 @@ type Agent struct {
 	client pods.Client // nil: standalone, no API access
 	reg    *prometheus.Registry
 
-	manager  *plugin.Manager
+	manager  *plugin.Manager // nil in mode dra
+	dra      *draServing     // nil unless in mode dra
+	deps     resource.Deps   // what Build reads; set once in Run
 	checker  *health.Checker
 	hint     *pods.Hint
 	podRes   *pods.PodResources
@@ -82,9 +88,11 @@ type Agent struct {
 	topology []*gpuallocator.Device
 	labels   map[string]string
 
-	applyMu    sync.Mutex                     // serialises config applications
-	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
-	cdiChecker atomic.Pointer[cdi.Checker]    // the CDI check, for Ready, once started
+	applyMu       sync.Mutex                     // serialises config applications
+	servingChosen atomic.Bool                    // set once the serving path (device plugins or DRA) is chosen
+	registered    atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
+	draReady      atomic.Pointer[draServing]     // the DRA driver, for Ready, once started
+	cdiChecker    atomic.Pointer[cdi.Checker]    // the CDI check, for Ready, once started
 
 	migLayout  *miglayout.Manager                // nil when the NVML backend has no MIG
 	builtin    *config.File                      // the built-in defaults, which never reshape MIG
@@ -114,11 +122,15 @@ func New(cfg Config, lib nvidia.Lib, client pods.Client) *Agent {
 // Registry is the agent's metrics registry.
 func (a *Agent) Registry() *prometheus.Registry { return a.reg }
 
-// Ready returns nil once every resource is registered with the kubelet, and
-// the reason otherwise (for /readyz). It is safe to call while Run runs.
+// Ready returns nil once every resource is registered with the kubelet (in
+// mode dra: once the kubelet accepted the DRA driver), and the reason
+// otherwise (for /readyz). It is safe to call while Run runs.
 func (a *Agent) Ready() error {
-	m := a.registered.Load()
-	if m == nil || !m.Registered() {
+	if d := a.draReady.Load(); d != nil {
+		if !a.draRegistered() {
+			return errors.New("DRA driver not registered with the kubelet")
+		}
+	} else if m := a.registered.Load(); m == nil || !m.Registered() {
 		return errors.New("device plugins not registered with the kubelet")
 	}
 	if c := a.cdiChecker.Load(); c != nil {
@@ -127,8 +139,11 @@ func (a *Agent) Ready() error {
 	return nil
 }
 
-// Resources lists the resources being served.
+// Resources lists the resources being served (in mode dra, the driver).
 func (a *Agent) Resources() []string {
+	if a.dra != nil {
+		return []string{api.DRADriver}
+	}
 	if a.manager == nil {
 		return nil
 	}
@@ -211,6 +226,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.manager != nil {
 				a.manager.UpdateAll()
 			}
+			if a.dra != nil {
+				// Taint (or untaint) every device of the GPU.
+				if err := a.apply(ctx, nil, a.deps); err != nil {
+					logger.Error(err, "Republishing DRA devices after a health change")
+				}
+			}
 			a.publishInventory(ctx)
 		},
 		OnXid: func(ev nvidia.XidEvent, critical bool) {
@@ -226,14 +247,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Lib: a.lib, GPUs: func() []nvidia.GPU { return a.gpus }, Healthy: a.checker.Healthy, Usage: usage,
 	}, a.cfg.Version)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.manager = plugin.NewManager(a.cfg.KubeletDir, allocObserver{a})
-	if err := a.manager.Start(ctx); err != nil {
-		return fmt.Errorf("starting device plugins: %w", err)
-	}
-	defer a.manager.Wait()
-	a.registered.Store(a.manager)
 	goRun("health", a.checker.Run)
-	a.watchdog = a.newWatchdog(ctx, goRun)
 
 	// 3. With CDI, every device name handed out must resolve in the node's
 	// CDI specs (written by the NVIDIA container toolkit): checked now, on
@@ -263,7 +277,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		deps.Hint = a.hint
 	}
 	a.startPartitioning(ctx, &deps, goRun)
-	check := func(f *config.File) error { _, err := a.build(f, deps); return err }
+	a.deps = deps
+	check := func(f *config.File) error { return a.check(ctx, f, deps) }
 	initial := &config.File{Version: config.Version}
 	a.builtin = initial
 	a.failClosed = &config.File{Version: config.Version, Default: config.Policy{Mode: config.ModeExclusive}}
@@ -297,6 +312,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		goRun("config", w.Run)
 	}
+	// 5. The serving path, chosen once from the config at start: device
+	// plugins, or the DRA driver for a node in mode dra.
+	if np, err := initial.Resolve(a.labels, len(a.gpus)); err == nil && np.DRA {
+		if err := a.startDRA(ctx); err != nil {
+			return err
+		}
+		defer a.stopDRA()
+		a.draReady.Store(a.dra)
+	} else {
+		a.manager = plugin.NewManager(a.cfg.KubeletDir, allocObserver{a})
+		if err := a.manager.Start(ctx); err != nil {
+			return fmt.Errorf("starting device plugins: %w", err)
+		}
+		defer a.manager.Wait()
+		a.registered.Store(a.manager)
+	}
+	a.servingChosen.Store(true)
+	a.watchdog = a.newWatchdog(ctx, goRun)
 	if err := a.apply(ctx, initial, deps); err != nil {
 		return fmt.Errorf("applying config: %w", err)
 	}
@@ -306,6 +339,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	goRun("memory-watchdog", a.watchdog.Run)
 	<-ctx.Done()
 	return nil
+}
+
+// check tells whether f can be applied: it resolves for this node, keeps
+// the serving path chosen at start, and builds (device-plugin resources or
+// the DRA pool).
+func (a *Agent) check(ctx context.Context, f *config.File, deps resource.Deps) error {
+	np, err := f.Resolve(a.labels, len(a.gpus))
+	if err != nil {
+		return err
+	}
+	if a.servingChosen.Load() && np.DRA != (a.dra != nil) {
+		return ErrServingChanged
+	}
+	if np.DRA {
+		_, err := a.buildDRA(ctx, np)
+		return err
+	}
+	_, err = a.build(f, deps)
+	return err
 }
 
 // build resolves f for this node and builds its resources.
@@ -332,6 +384,9 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	// missing or broken config file never destroys a MIG layout.
 	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
 		a.migLayout.Apply(ctx, np)
+	}
+	if a.dra != nil {
+		return a.applyDRALocked(ctx, f)
 	}
 	res, err := a.build(f, deps)
 	if err != nil {
@@ -362,6 +417,30 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 		a.closed = false
 		a.reportReopened(ctx)
 	}
+	return nil
+}
+
+// applyDRALocked publishes the DRA pool of f (applyMu held).
+func (a *Agent) applyDRALocked(ctx context.Context, f *config.File) error {
+	np, err := f.Resolve(a.labels, len(a.gpus))
+	if err != nil {
+		return err
+	}
+	if !np.DRA {
+		return ErrServingChanged
+	}
+	if err := a.publishDRA(ctx, np); err != nil {
+		return err
+	}
+	a.invMu.Lock()
+	a.modes = np.GPUModes
+	a.invMu.Unlock()
+	a.policy.Store(&np)
+	if a.watchdog != nil {
+		a.watchdog.SetPolicy(enforcement.PolicyOf(np.Policy))
+	}
+	a.publishInventory(ctx)
+	a.current = f
 	return nil
 }
 
@@ -418,6 +497,9 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 	}
 	if a.podRes != nil {
 		o.Devices = a.podRes
+	}
+	if a.dra != nil {
+		o.Claims = a.dra.driver
 	}
 	if a.client == nil {
 		klog.FromContext(ctx).Info("No API access: the GPU memory watchdog cannot map processes to pods and only reports")
@@ -476,6 +558,11 @@ func (a *Agent) allocations(ctx context.Context) (map[string][]string, error) {
 	out := map[string][]string{}
 	for _, x := range as {
 		out[x.Resource] = append(out[x.Resource], x.DeviceIDs...)
+	}
+	if a.dra != nil {
+		// What prepared claims hold, by GPU and MIG UUID: PodResources
+		// names claim devices only by the driver's device names.
+		out[api.DRADriver] = append(out[api.DRADriver], a.draAllocations()...)
 	}
 	return out, nil
 }

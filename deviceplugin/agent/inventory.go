@@ -35,6 +35,9 @@ func (a *Agent) publishInventory(ctx context.Context) {
 		if i < len(modes) {
 			inv[i].Mode = string(modes[i])
 		}
+		if a.dra != nil {
+			inv[i].Driver = api.DRADriver
+		}
 		switch {
 		case np == nil:
 		case inv[i].Mode == string(config.ModeMIG):

@@ -34,6 +34,15 @@ type DeviceSource interface {
 	List(ctx context.Context) ([]pods.Assignment, error)
 }
 
+// ClaimSource tells what a device held through a DRA claim allows on
+// which GPU (the DRA driver, from its record of prepared claims).
+type ClaimSource interface {
+	// ClaimAllowance returns the GPU (UUID; "" for a MIG device, whose
+	// parent a MIG UUID does not name) and the allowance of d, false when
+	// the claim device is unknown.
+	ClaimAllowance(d pods.ClaimDevice) (gpu string, a Allowance, ok bool)
+}
+
 // EventRecorder writes Kubernetes events (client-go's record.EventRecorder
 // has this method; gpufrac-node's own recorder does not link it).
 type EventRecorder interface {
@@ -136,6 +145,10 @@ type Options struct {
 	// Devices gives each container's devices, hence its limits. nil: no
 	// container has a known limit, every process is reported only.
 	Devices DeviceSource
+	// Claims gives the limits of devices held through DRA claims (the DRA
+	// driver's record of prepared claims). nil: claim devices carry no
+	// known limit.
+	Claims ClaimSource
 	// Pods maps pod UIDs to pods. nil (standalone, no API access): no
 	// process can be tied to a container's limit; every process is
 	// reported only, none is ever killed.
@@ -163,6 +176,7 @@ type Watchdog struct {
 	procs     ProcessSource
 	resolver  ContainerResolver
 	devices   DeviceSource
+	claims    ClaimSource
 	pods      PodLookup
 	killer    Killer
 	evictor   Evictor
@@ -229,6 +243,7 @@ func New(o Options) *Watchdog {
 		procs:         o.Processes,
 		resolver:      o.Resolver,
 		devices:       o.Devices,
+		claims:        o.Claims,
 		pods:          o.Pods,
 		killer:        o.Killer,
 		evictor:       o.Evictor,
@@ -406,7 +421,7 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 			return w.finish(st, start)
 		}
 		w.failing(ctx, podResourcesSource, false)
-		allow = Allowances(as, w.gpuByUUID, pol)
+		allow = AllowancesWithClaims(as, w.gpuByUUID, pol, w.claims)
 	}
 
 	// 2.-3. Sample and map.

@@ -5,6 +5,7 @@
 package pods
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -25,8 +26,23 @@ import (
 // Assignment is the GPU devices one container holds.
 type Assignment struct {
 	Namespace, Pod, Container string
-	Resource                  string
-	DeviceIDs                 []string
+	// Resource is the device-plugin resource, or api.DRADriver for the
+	// devices of DRA claims (then Claims says which, DeviceIDs is empty).
+	Resource  string
+	DeviceIDs []string
+	// Claims are the devices of gpufrac's DRA driver the container holds
+	// through resource claims, from PodResources' dynamic resources.
+	Claims []ClaimDevice
+}
+
+// ClaimDevice is one device (or one share of it) a container holds through
+// a resource claim: the claim, and the driver's pool, device and share.
+type ClaimDevice struct {
+	ClaimNamespace, ClaimName string
+	Pool, Device              string
+	// ShareID is set for a share of a device that allows several
+	// allocations.
+	ShareID string
 }
 
 // PodResources reads the kubelet's PodResources API, caching List for a
@@ -135,6 +151,26 @@ func assignmentsOf(resp *podresourcesapi.ListPodResourcesResponse) []Assignment 
 	for _, pr := range resp.GetPodResources() {
 		for _, c := range pr.GetContainers() {
 			byResource := map[string]int{} // resource name -> index in out
+			for _, dr := range c.GetDynamicResources() {
+				for _, cr := range dr.GetClaimResources() {
+					if cr.GetDriverName() != api.DRADriver {
+						continue
+					}
+					i, ok := byResource[api.DRADriver]
+					if !ok {
+						i = len(out)
+						byResource[api.DRADriver] = i
+						out = append(out, Assignment{
+							Namespace: pr.GetNamespace(), Pod: pr.GetName(), Container: c.GetName(),
+							Resource: api.DRADriver,
+						})
+					}
+					out[i].Claims = append(out[i].Claims, ClaimDevice{
+						ClaimNamespace: dr.GetClaimNamespace(), ClaimName: dr.GetClaimName(),
+						Pool: cr.GetPoolName(), Device: cr.GetDeviceName(), ShareID: cr.GetShareId(),
+					})
+				}
+			}
 			for _, d := range c.GetDevices() {
 				i, ok := byResource[d.GetResourceName()]
 				if !ok {
@@ -152,8 +188,15 @@ func assignmentsOf(resp *podresourcesapi.ListPodResourcesResponse) []Assignment 
 	for i := range out {
 		slices.Sort(out[i].DeviceIDs)
 		out[i].DeviceIDs = slices.Compact(out[i].DeviceIDs)
+		slices.SortFunc(out[i].Claims, compareClaimDevices)
+		out[i].Claims = slices.Compact(out[i].Claims)
 	}
 	return out
+}
+
+func compareClaimDevices(a, b ClaimDevice) int {
+	return cmp.Or(cmp.Compare(a.ClaimNamespace, b.ClaimNamespace), cmp.Compare(a.ClaimName, b.ClaimName),
+		cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Device, b.Device), cmp.Compare(a.ShareID, b.ShareID))
 }
 
 // Answered records the devices an Allocate answer just gave. The kubelet
