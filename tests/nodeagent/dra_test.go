@@ -202,7 +202,7 @@ func createClaimPod(t *testing.T, ctx context.Context, cs kubernetes.Interface, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := cs.CoreV1().Pods("default").Create(ctx, builders.MakePod(name, "default").Node("node-a").Claim("gpu", claim.Name).Obj(), metav1.CreateOptions{})
+	p, err := cs.CoreV1().Pods("default").Create(ctx, builders.MakePod(name, "default").SchedulerName("default-scheduler").Node("node-a").Claim("gpu", claim.Name).Obj(), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
