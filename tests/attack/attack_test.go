@@ -29,6 +29,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -384,6 +385,19 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		_, err = node.CoreV1().Pods(attackerNS).Patch(t.Context(), mine.Name, types.MergePatchType,
 			mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"app": "hijacked"}}}), metav1.PatchOptions{})
 		refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations gpufrac.io/allocated-gpu and gpufrac.io/reserved-gpu of a pod")
+		// As DRA driver: only its own node's slices, only its own driver.
+		slice := func(node, driver string) *resourceapi.ResourceSlice {
+			return &resourceapi.ResourceSlice{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: "attack-"},
+				Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: &node,
+					Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+					Devices: []resourceapi.Device{{Name: "gpu-0"}}},
+			}
+		}
+		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), slice(victimNode, api.DRADriver), metav1.CreateOptions{})
+		refused(t, err, "gpufrac-node-resourceslices", fmt.Sprintf("gpufrac-node on node %s may write only ResourceSlices of its own node, not of \"%s\"", attackerNode, victimNode))
+		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), slice(attackerNode, "gpu.nvidia.com"), metav1.CreateOptions{})
+		refused(t, err, "gpufrac-node-resourceslices", "gpufrac-node may write only ResourceSlices of its driver gpu.gpufrac.io, not of \"gpu.nvidia.com\"")
 		// A token of its ServiceAccount bound to no pod names no node.
 		unbound, err := b.c.ServiceAccountConfig(t.Context(), api.ComponentNamespace, api.NodeServiceAccount, nil)
 		if err != nil {
