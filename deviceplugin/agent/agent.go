@@ -177,9 +177,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	logger.Info("Discovered GPUs", "count", len(gpus), "node", a.cfg.NodeName)
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Cancel before waiting: a Run that fails half-way must stop the
+	// components it started, or it waits for them forever.
+	defer func() { cancel(); wg.Wait() }()
 	goRun := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"k8s.io/client-go/kubernetes"
@@ -62,6 +63,10 @@ func (a *Agent) startDRA(ctx context.Context) error {
 	stateDir := c.StateDir
 	if stateDir == "" {
 		stateDir = pluginDir
+	}
+	// The kubelet makes the registry directory; the driver's own is ours.
+	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
+		return fmt.Errorf("starting the DRA driver: %w", err)
 	}
 	o := dra.Options{NodeName: a.cfg.NodeName, StateDir: stateDir, CDIDir: c.CDIDir, Strategy: a.cfg.DeviceListStrategy}
 	if a.cdi != nil {
