@@ -29,8 +29,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -390,7 +390,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 			return &resourceapi.ResourceSlice{
 				ObjectMeta: metav1.ObjectMeta{GenerateName: "attack-"},
 				Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: &node,
-					Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+					Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
 					Devices: []resourceapi.Device{{Name: "gpu-0"}}},
 			}
 		}
