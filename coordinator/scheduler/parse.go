@@ -66,6 +66,9 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod) (podInfo, error) {
 	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, JobLookup: s.deps.Jobs, GPUModels: s.models,
 		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli,
 		NonPreemptiblePriority: s.opts.NonPreemptiblePriority}
+	if s.deps.DRA != nil {
+		opts.Claims = podrequest.ClaimOptions{Get: s.deps.DRA.GetClaim, GPUMemoryBytes: s.claimGPUMemory}
+	}
 	r, err := podrequest.Parse(p, opts)
 	if err != nil {
 		return podInfo{}, err
@@ -77,6 +80,11 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod) (podInfo, error) {
 		nonPreemptible: r.NonPreemptible,
 		priority:       r.Priority,
 		res:            r.QueueResources(),
+		claims:         r.Claims,
+	}
+	if r.ClaimsGPU {
+		// GPUs asked through claims are served only by nodes in mode dra.
+		pi.req = *withOnlyNodes(&pi.req, s.draNodes)
 	}
 	if r.Gang != nil {
 		pi.group, pi.minMember = r.Gang.Name, int(r.Gang.MinMember)

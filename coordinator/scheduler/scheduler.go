@@ -32,6 +32,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
@@ -131,6 +132,9 @@ type Deps struct {
 	// with -tags faultinject); nil everywhere else.
 	Faults   Faults
 	Registry prometheus.Registerer
+	// DRA reads slices and claims and writes allocations, for nodes in
+	// mode dra; nil: the coordinator allocates no claims.
+	DRA *DRADeps
 }
 
 // Scheduler runs scheduling cycles. Wake, OnPod and OnPodDelete are safe
@@ -165,6 +169,11 @@ type Scheduler struct {
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
 	scalarMilli     map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
+
+	allocator *dra.Allocator         // allocates claims on nodes in mode dra
+	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
+	draNow    *draCycle              // this cycle's slices, classes and allocations (nil without DRA), used only by Cycle
+	draNodes  map[string]bool        // nodes in mode dra (state.Snapshot.DRANodes), set each cycle
 }
 
 type assumedPod struct {
@@ -177,6 +186,8 @@ type bindTask struct {
 	node        string
 	annotations map[string]string
 	gang        string // the pod's gang ("" for none)
+	// claims are written before the binding (pods on nodes in mode dra).
+	claims []dra.Planned
 }
 
 // New returns a scheduler.
@@ -235,6 +246,8 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
+		allocator:       dra.NewAllocator(),
+		inflight:        map[types.UID]inflight{},
 	}, nil
 }
 
@@ -343,7 +356,21 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 	s.fault(ctx, FaultBind)
 	start := s.clock.Now()
-	err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
+	var err error
+	if len(t.claims) > 0 {
+		// Claims first, as kube-scheduler does: the kubelet prepares them
+		// once the pod is bound.
+		if err = s.writeClaims(ctx, t.pod, t.claims); err != nil {
+			err = fmt.Errorf("writing the claims of pod %s/%s: %w", t.pod.Namespace, t.pod.Name, err)
+		}
+	}
+	if err == nil {
+		err = s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
+		if err != nil && len(t.claims) > 0 {
+			s.deps.DRA.Writer.Undo(ctx, t.pod, t.claims)
+			s.dropInflight(t.pod.UID)
+		}
+	}
 	s.metrics.bind(err, s.clock.Since(start))
 	if err == nil && t.gang != "" {
 		s.fault(ctx, FaultGangMemberBound)
@@ -411,9 +438,15 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("listing queues: %w", err)
 	}
 	s.models = productsOf(nodes)
+	draNow, draUsage, err := s.readDRA(start)
+	if err != nil {
+		return res, err
+	}
+	s.draNow = draNow
 
 	// 2. Snapshot the cluster and the queues' usage.
-	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource}
+	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
+		DRAUsage: draUsage}
 	if s.opts.NewNodeSettle > 0 {
 		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
 	}
@@ -422,6 +455,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	s.scalarMilli = snap.ScalarMilli
+	s.draNodes = snap.DRANodes
 	books, err := newBooks(queues, badQueues, snap)
 	if err != nil {
 		return res, err
@@ -527,7 +561,14 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
 			continue
 		}
-		s.bind(ctx, w, decisions, snap)
+		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
+		if allocErr != nil {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, binder.ReasonNoCapacity, "resource claims do not fit the node placement chose: "+allocErr.Error(), &res)
+			}
+			continue
+		}
+		s.bind(ctx, w, decisions, snap, claims)
 		res.Bound += len(w.pods)
 	}
 	s.plans = plans
@@ -657,8 +698,9 @@ func inPool(pool string) string {
 	return " in node pool " + pool
 }
 
-// bind records the assumption and queues the bindings.
-func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot) {
+// bind records the assumption and queues the bindings (each with the claims
+// to write before it, by pod index).
+func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot, claims map[int][]dra.Planned) {
 	now := s.clock.Now()
 	s.mu.Lock()
 	for i, d := range ds {
@@ -682,13 +724,13 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		// The queue charged, for the books of every later cycle (and of a
 		// restarted coordinator): only bound pods that carry it are charged.
 		ann[api.AnnotationAdmittedQueue] = w.queue
-		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
+		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
 		gang := ""
 		if w.gang {
 			gang = w.key
 		}
 		select {
-		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang}:
+		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, claims: claims[i]}:
 		case <-ctx.Done():
 			// Run is ending and its bind workers with it: forget what was not sent.
 			s.mu.Lock()
@@ -710,7 +752,9 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 	}
 	var waiting []string
 	for i, d := range ds {
-		if w.pods[i].req.ShareMilli == 0 || len(d.GPUs) != 1 {
+		if w.pods[i].req.ShareMilli == 0 || len(d.GPUs) != 1 || snap.DRANodes[d.Node] {
+			// Nodes in mode dra need no reservation: a GPU shared by
+			// claims consumes its counters, which keep whole-GPU claims off.
 			continue
 		}
 		key := state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -25,6 +26,8 @@ type podInfo struct {
 	nonPreemptible bool
 	priority       int32
 	res            queue.Resources
+	// claims are the pod's resource claims (podrequest.Parsed.Claims).
+	claims []*resourceapi.ResourceClaim
 }
 
 // workload is what is admitted all or nothing: a gang's pending members, or one pod.
@@ -89,8 +92,8 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 	var order []string
 	for _, p := range pending {
 		pi, err := s.parse(p)
-		if errors.Is(err, podrequest.ErrJobNotFound) {
-			continue // the Job is not in the cache yet: try again next cycle
+		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
+			continue // the Job or a claim is not in the cache yet: try again next cycle
 		}
 		if err == nil {
 			err = b.validQueue(pi.queue, p.Namespace)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,3 +181,230 @@ func TestClaimsThroughKubeScheduler(t *testing.T) {
 		t.Errorf("a 10 %% claim after s1 went got %s, want gpu-0-shares", d)
 	}
 }
+
+// coordClaimPod is a pod of gpufrac-scheduler in queue whose container main
+// uses a claim from template.
+func coordClaimPod(name, queue, template string) *corev1.Pod {
+	return pod(name, queue).SchedulerName(api.SchedulerName).ClaimTemplate("gpu", template).Obj()
+}
+
+func createPods(t *testing.T, c *cluster.Cluster, pods ...*corev1.Pod) {
+	t.Helper()
+	for _, p := range pods {
+		if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating pod %s: %v", p.Name, err)
+		}
+	}
+}
+
+// TestCoordinatorAllocatesClaims: gpufrac-coordinator schedules its own
+// pods with claims on a node group in mode dra, allocating the claims with
+// the structured allocator on the node and GPU its placement chose: three
+// 30 % claims go where placement puts them, each on one GPU (and the third
+// of a queue limited to 0.6 GPUs is OverLimit: claims are charged in GPU
+// terms), a gang of two whole-GPU claims is bound
+// together, the claims are allocated, reserved and finalized as
+// kube-scheduler writes them, and the containers get the fraction env.
+func TestCoordinatorAllocatesClaims(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{Config: draConfig}})
+	buildBinary(t, "gpufrac-coordinator")
+	agent := addModeNode(t, c, "dra-0", "dra")
+	devices := waitDRAPool(t, c, "dra-0", 24)
+	createTemplates(t, c)
+	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
+	applyYAML(t, c, []byte("apiVersion: gpufrac.io/v1alpha1\nkind: Queue\nmetadata: {name: team-b}\nspec:\n  namespaces: [\"*\"]\n  resources:\n    gpu: {quota: \"0.6\", limit: \"0.6\"}\n"))
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+
+	createPods(t, c,
+		coordClaimPod("a1", "team-a", "gpu-30pct"), coordClaimPod("a2", "team-a", "gpu-30pct"),
+		coordClaimPod("b1", "team-b", "gpu-30pct"), coordClaimPod("b2", "team-b", "gpu-30pct"), coordClaimPod("b3", "team-b", "gpu-30pct"),
+	)
+	gang := func(name string) *corev1.Pod {
+		return pod(name, "team-a").SchedulerName(api.SchedulerName).PodGroup("g").MinMember(2).ClaimTemplate("gpu", "gpu-whole").Obj()
+	}
+	createPods(t, c, gang("g1"), gang("g2"))
+	pods := running(t, c, 90*time.Second, "a1", "a2", "b1", "b2", "g1", "g2")
+
+	// Each claim: allocated on the GPU the coordinator's placement chose
+	// (the pod's gpufrac.io/gpu), finalized and reserved for its pod.
+	gpuOf := func(n string) (string, resourceapi.DeviceRequestAllocationResult) {
+		claim := podClaim(t, c, pods[n])
+		if !slicesContainsFinalizer(claim.Finalizers) || len(claim.Status.ReservedFor) != 1 || claim.Status.ReservedFor[0].UID != pods[n].UID {
+			t.Errorf("%s's claim: finalizers %v, reservedFor %v", n, claim.Finalizers, claim.Status.ReservedFor)
+		}
+		d := allocatedDevice(t, claim)
+		return *devices[d.Device].Attributes[api.DRAAttrUUID].StringValue, d
+	}
+	held := map[string]int64{} // GPU -> shares
+	for _, n := range []string{"a1", "a2", "b1", "b2"} {
+		gpu, d := gpuOf(n)
+		q := d.ConsumedCapacity[api.DRACapacityShares]
+		if !strings.HasSuffix(d.Device, "-shares") || q.Value() != 30 {
+			t.Errorf("%s: device %s consumed %v, want 30 shares of a shares view", n, d.Device, d.ConsumedCapacity)
+		}
+		if planned := pods[n].Annotations[api.AnnotationGPU]; planned != gpu {
+			t.Errorf("%s: claim on GPU %s, placement chose %s", n, gpu, planned)
+		}
+		held[gpu] += q.Value()
+	}
+	for gpu, n := range held {
+		if n > 100 {
+			t.Errorf("GPU %s holds %d shares", gpu, n)
+		}
+	}
+	g1, _ := gpuOf("g1")
+	g2, _ := gpuOf("g2")
+	if g1 == g2 || held[g1] > 0 || held[g2] > 0 {
+		t.Errorf("the gang's whole-GPU claims: GPUs %s and %s (shares held there: %d, %d)", g1, g2, held[g1], held[g2])
+	}
+	// The third 30 % of team-b (limit 0.6 GPUs) waits OverLimit: claims
+	// are charged in GPU terms.
+	waitFor(t, 30*time.Second, "b3 OverLimit", func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "b3", metav1.GetOptions{})
+		return err == nil && p.Spec.NodeName == "" && scheduledReason(p) == api.ReasonOverLimit, nil
+	})
+	waitFor(t, 30*time.Second, "team-b charged 0.6 GPUs", func(ctx context.Context) (bool, error) {
+		return queueGPU(ctx, c, "team-b") == 600, nil
+	})
+
+	// What the containers see: the fraction env of 30 %.
+	uuid := *devices["gpu-0-shares"].Attributes[api.DRAAttrUUID].StringValue
+	gpu0 := nvidia.GPU{UUID: uuid, MemoryBytes: uint64(*devices["gpu-0-shares"].Attributes[api.DRAAttrMemoryBytes].IntValue)}
+	env, err := dra.ResolveCDIEnv(agent.CDIDir, agent.Kubelet.ContainerCDIDevices(pods["a1"].UID, "main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := env[api.EnvMemoryLimitMiB], resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30), 30).Envs[api.EnvMemoryLimitMiB]; got != want {
+		t.Errorf("a1's %s = %s, want %s", api.EnvMemoryLimitMiB, got, want)
+	}
+}
+
+func slicesContainsFinalizer(fs []string) bool {
+	for _, f := range fs {
+		if f == resourceapi.Finalizer {
+			return true
+		}
+	}
+	return false
+}
+
+// TestExtendedResourcesOnDRANodes is "the same request, either way": on a
+// node group in mode dra (no device plugin, so no nvidia.com/gpu or
+// gpufrac.io/gpu-fraction in the node's allocatable),
+//
+//   - gpufrac-coordinator serves gpufrac.io/gpu-fraction: 30 and
+//     nvidia.com/gpu: 1 by writing the pod's extended-resource claim (30
+//     shares of one GPU; one whole GPU) and its extendedResourceClaimStatus:
+//     the container gets the same env as on a device-plugin node;
+//   - kube-scheduler serves nvidia.com/gpu: 1 of a default-scheduler pod
+//     through the chart's optional class mapping (dra.extendedResourceClass);
+//   - a default-scheduler pod asking gpufrac.io/gpu-fraction is refused at
+//     admission with the reason (the policies; without them kube-scheduler
+//     would ask 30 devices: TestKubeSchedulerCannotServeFractionsAsExtendedResources).
+func TestExtendedResourcesOnDRANodes(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{Config: draConfig}})
+	buildBinary(t, "gpufrac-coordinator")
+	agent := addModeNode(t, c, "dra-0", "dra")
+	devices := waitDRAPool(t, c, "dra-0", 24)
+	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
+	// The chart's optional class mapping nvidia.com/gpu (an upgrade of the
+	// test bed's installation with dra.extendedResourceClass=true).
+	values, err := cluster.TestbedValues()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.InstallChart(t.Context(), cluster.ChartOptions{ValuesFiles: []string{values}, Set: []string{"dra.extendedResourceClass=true"}}); err != nil {
+		t.Fatal(err)
+	}
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+
+	createPods(t, c,
+		pod("frac", "team-a").SchedulerName(api.SchedulerName).Fraction(30).Obj(),
+		pod("whole", "team-a").SchedulerName(api.SchedulerName).GPUs(1).Obj(),
+		builders.MakePod("default-whole", "default").SchedulerName(corev1.DefaultSchedulerName).CPU("1").GPUs(1).Obj(),
+	)
+	pods := running(t, c, 90*time.Second, "frac", "whole", "default-whole")
+	claimOf := func(n string) *resourceapi.ResourceClaim {
+		s := pods[n].Status.ExtendedResourceClaimStatus
+		if s == nil {
+			t.Fatalf("%s has no extendedResourceClaimStatus", n)
+		}
+		claim, err := c.Client.ResourceV1().ResourceClaims("default").Get(t.Context(), s.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return claim
+	}
+	fracClaim := claimOf("frac")
+	r := allocatedDevice(t, fracClaim)
+	if q := r.ConsumedCapacity[api.DRACapacityShares]; !strings.HasSuffix(r.Device, "-shares") || q.Value() != 30 {
+		t.Errorf("frac's claim: device %s consumed %v, want 30 shares", r.Device, r.ConsumedCapacity)
+	}
+	gpu := nvidia.GPU{UUID: *devices[r.Device].Attributes[api.DRAAttrUUID].StringValue, MemoryBytes: uint64(*devices[r.Device].Attributes[api.DRAAttrMemoryBytes].IntValue)}
+	env, err := dra.ResolveCDIEnv(agent.CDIDir, agent.Kubelet.ContainerCDIDevices(pods["frac"].UID, "main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(resource.SharedResponse(resource.StrategyDeviceSpecs, gpu, resource.MemoryLimitMiB(gpu, 30), 30).Envs, env); diff != "" {
+		t.Errorf("frac's env (-device plugin +claim):\n%s", diff)
+	}
+	for _, n := range []string{"whole", "default-whole"} {
+		r := allocatedDevice(t, claimOf(n))
+		if _, view, _ := api.ParseDRADeviceName(r.Device); view != api.DRAViewWhole {
+			t.Errorf("%s's claim got %s, want a whole GPU", n, r.Device)
+		}
+	}
+
+	// A default-scheduler fraction: refused at admission, with the way out.
+	_, err = c.Client.CoreV1().Pods("default").Create(t.Context(),
+		builders.MakePod("default-frac", "default").SchedulerName(corev1.DefaultSchedulerName).Fraction(30).Obj(), metav1.CreateOptions{})
+	if !cluster.RefusedBy(err, "gpufrac-scheduling") || !strings.Contains(err.Error(), "placed by gpufrac-coordinator") {
+		t.Errorf("a default-scheduler fraction: %v, want the scheduling policy's refusal", err)
+	}
+}
+
+// TestKubeSchedulerCannotServeFractionsAsExtendedResources shows why no
+// class maps gpufrac.io/gpu-fraction: with such a mapping (here, on a test
+// bed without gpufrac's admission policies) kube-scheduler asks 30 devices
+// of the class for gpufrac.io/gpu-fraction: 30 and never schedules the pod,
+// although a GPU is free.
+func TestKubeSchedulerCannotServeFractionsAsExtendedResources(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, cluster.Options{NoAdmissionPolicies: true, NodeAgents: &cluster.NodeAgentOptions{Config: draConfig}})
+	addModeNode(t, c, "dra-0", "dra")
+	waitDRAPool(t, c, "dra-0", 24)
+	mapped := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "fraction-mapped"},
+		Spec: resourceapi.DeviceClassSpec{
+			ExtendedResourceName: ptrTo(api.ResourceFraction),
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.driver == "gpu.gpufrac.io" && device.attributes["gpu.gpufrac.io"].type == "fraction"`}}},
+		},
+	}
+	if _, err := c.Client.ResourceV1().DeviceClasses().Create(t.Context(), mapped, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createPods(t, c, builders.MakePod("default-frac", "default").SchedulerName(corev1.DefaultSchedulerName).CPU("1").Fraction(30).Obj())
+	var msg string
+	waitFor(t, 60*time.Second, "kube-scheduler to refuse the fraction", func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "default-frac", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Reason == corev1.PodReasonUnschedulable {
+				msg = cond.Message
+				return p.Spec.NodeName == "", nil
+			}
+		}
+		return false, nil
+	})
+	if !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("kube-scheduler's reason: %q, want it unable to allocate the extended-resource claim", msg)
+	}
+	t.Logf("kube-scheduler on gpufrac.io/gpu-fraction: 30 mapped to a DeviceClass: %s", msg)
+}
+
+func ptrTo[T any](v T) *T { return &v }

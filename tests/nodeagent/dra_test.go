@@ -66,13 +66,7 @@ func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	c := cluster.StartForTest(t, cluster.Options{})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cluster.NewApplier(c.Client, c.Dynamic).ApplyFile(ctx, filepath.Join(root, "deployments", "manifests", "dra-deviceclasses.yaml")); err != nil {
-		t.Fatal(err)
-	}
+	// The chart the test bed installs brings gpufrac's DeviceClasses.
 	if _, err := c.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
