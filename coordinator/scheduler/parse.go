@@ -81,6 +81,7 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod) (podInfo, error) {
 		priority:       r.Priority,
 		res:            r.QueueResources(),
 		claims:         r.Claims,
+		claimsGPU:      r.ClaimsGPU,
 	}
 	if r.ClaimsGPU {
 		// GPUs asked through claims are served only by nodes in mode dra.

@@ -26,8 +26,10 @@ type podInfo struct {
 	nonPreemptible bool
 	priority       int32
 	res            queue.Resources
-	// claims are the pod's resource claims (podrequest.Parsed.Claims).
-	claims []*resourceapi.ResourceClaim
+	// claims are the pod's resource claims (podrequest.Parsed.Claims);
+	// claimsGPU says its GPUs come through them.
+	claims    []*resourceapi.ResourceClaim
+	claimsGPU bool
 }
 
 // workload is what is admitted all or nothing: a gang's pending members, or one pod.

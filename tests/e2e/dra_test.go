@@ -408,3 +408,118 @@ func TestKubeSchedulerCannotServeFractionsAsExtendedResources(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// draKarpenterCluster is a test bed whose only GPU node pool, gpu-dra, is in
+// mode dra: Karpenter sells an 8×H100 type whose devices it knows from
+// templates (InstanceType.DRAGPUs), and runs with --ignore-dra-requests as
+// dra says (true: Karpenter's default).
+func draKarpenterCluster(t *testing.T, draRequests bool) *cluster.Cluster {
+	t.Helper()
+	types := []cluster.InstanceType{{
+		Name: "gpu-dra-8x-h100",
+		Resources: cluster.ResourceList(map[corev1.ResourceName]string{
+			corev1.ResourceCPU: "192", corev1.ResourceMemory: "2048Gi", corev1.ResourcePods: "110",
+		}),
+		Price: 98.32, GPUProduct: cluster.H100Product, DRAGPUs: 8,
+	}}
+	pools := []cluster.NodePool{{
+		Name:                "gpu-dra",
+		Labels:              map[string]string{api.LabelGPUNode: "true", modeLabel: "dra"},
+		InstanceTypes:       []string{"gpu-dra-8x-h100"},
+		ConsolidationPolicy: "WhenEmpty",
+	}}
+	c := startCluster(t, cluster.Options{
+		Karpenter:  &cluster.KarpenterOptions{InstanceTypes: types, NodePools: pools, DRARequests: draRequests},
+		NodeAgents: &cluster.NodeAgentOptions{Config: draConfig, StopGracePeriod: 5 * time.Second},
+	})
+	buildBinary(t, "gpufrac-coordinator")
+	createTemplates(t, c)
+	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
+	return c
+}
+
+// TestKarpenterProvisionsDRANodeGroup: on a cluster whose GPUs come from a
+// Karpenter node pool in mode dra, claim pods of gpufrac-scheduler with no
+// room get placeholders that ask whole GPUs through a claim (class
+// gpu.gpufrac.io, never nvidia.com/gpu, which the pool's nodes do not
+// advertise); Karpenter (--ignore-dra-requests=false) simulates them against
+// the instance type's device templates and launches a node; its gpufrac-node
+// publishes the pool, which initializes the NodeClaim; the pods then run on
+// the new node through claims the coordinator allocated; when they go, the
+// node is removed.
+func TestKarpenterProvisionsDRANodeGroup(t *testing.T) {
+	t.Parallel()
+	c := draKarpenterCluster(t, true)
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+
+	names := []string{"k1", "k2", "k3"}
+	for _, n := range names {
+		createPods(t, c, coordClaimPod(n, "team-a", "gpu-30pct"))
+	}
+	pods := running(t, c, 3*time.Minute, names...)
+	node := pods["k1"].Spec.NodeName
+	for _, n := range names {
+		p := pods[n]
+		nd, err := c.Client.CoreV1().Nodes().Get(t.Context(), p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil || nd.Labels[api.LabelNodePool] != "gpu-dra" {
+			t.Errorf("%s runs on %q (%v), want a node of pool gpu-dra", n, p.Spec.NodeName, err)
+		}
+		if d := allocatedDevice(t, podClaim(t, c, p)); !strings.HasSuffix(d.Device, "-shares") {
+			t.Errorf("%s's claim got %s, want a shares view", n, d.Device)
+		}
+	}
+	// The NodeClaim asked for gpufrac's driver and was initialized once the
+	// node's gpufrac-node published its pool.
+	ncs, err := c.Dynamic.Resource(cluster.NodeClaimResource()).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, nc := range ncs.Items {
+		if strings.Contains(nc.GetAnnotations()["karpenter.sh/requested-dra-drivers"], api.DRADriver) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no NodeClaim requested driver %s (annotation karpenter.sh/requested-dra-drivers)", api.DRADriver)
+	}
+	// No placeholder is left once the pods run.
+	waitFor(t, 60*time.Second, "the placeholders to go", func(ctx context.Context) (bool, error) {
+		l, err := c.Client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelRole + "=" + api.RolePlaceholder})
+		return err == nil && len(l.Items) == 0, nil
+	})
+
+	// Scale to zero: the claims are deallocated and Karpenter removes the node.
+	for _, n := range names {
+		if err := c.Client.CoreV1().Pods("default").Delete(t.Context(), n, metav1.DeleteOptions{GracePeriodSeconds: ptrTo[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 3*time.Minute, "Karpenter to remove the empty node "+node, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err != nil, nil
+	})
+}
+
+// TestKarpenterIgnoresDRARequestsByDefault documents Karpenter's flag: with
+// its default --ignore-dra-requests=true a placeholder asking GPUs through a
+// claim gets no NodeClaim, so pools in mode dra need the flag set to false.
+func TestKarpenterIgnoresDRARequestsByDefault(t *testing.T) {
+	t.Parallel()
+	c := draKarpenterCluster(t, false)
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+	createPods(t, c, coordClaimPod("k1", "team-a", "gpu-30pct"))
+	waitFor(t, 60*time.Second, "a placeholder with a claim", func(ctx context.Context) (bool, error) {
+		l, err := c.Client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{LabelSelector: api.LabelRole + "=" + api.RolePlaceholder})
+		return err == nil && len(l.Items) == 1 && len(l.Items[0].Spec.ResourceClaims) == 1, nil
+	})
+	// Karpenter batches for up to 3 s: give it 20.
+	time.Sleep(20 * time.Second)
+	ncs, err := c.Dynamic.Resource(cluster.NodeClaimResource()).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(ncs.Items); n != 0 {
+		t.Errorf("%d NodeClaims with --ignore-dra-requests=true, want none", n)
+	}
+}

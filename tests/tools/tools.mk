@@ -58,22 +58,25 @@ tools-clean:
 # Every tool target depends on FORCE: its recipe runs each time and first checks the version.
 FORCE:
 
-# $(call tool_is,<binary>,<module>,<version>): a shell test, true when <binary> exists and Go
-# built it from <module> at <version> (the main module or a dependency in its build info).
+# $(call tool_is,<binary>,<module>,<version>[,<main package>]): a shell test, true when
+# <binary> exists and Go built it from <module> at <version> (the main module or a
+# dependency in its build info) and, when given, from the main package <main package>.
 tool_is = $(GO) version -m $(1) 2>/dev/null | \
-	awk '($$1=="mod"||$$1=="dep") && $$2=="$(2)" {v=$$3} END {exit v!="$(3)"}'
+	awk '$$1=="path" {p=$$2} ($$1=="mod"||$$1=="dep") && $$2=="$(2)" {v=$$3} \
+		END {exit v!="$(3)" || ("$(4)"!="" && p!="$(4)")}'
 
 # $(call dir_is,<dir>,<version>): a shell test, true when <dir>/.version holds <version>.
 dir_is = [ "$$(cat $(1)/.version 2>/dev/null)" = "$(2)" ]
 
-# Helper: $(call build_tool,<name>,<version>,<wrapper dir>,<package>,<ldflags>,<module>)
-# Does nothing when bin/<name> is already <module> at <version>. Builds into a temporary name
+# Helper: $(call build_tool,<name>,<version>,<wrapper dir>,<package>,<ldflags>,<module>[,<main>])
+# Does nothing when bin/<name> is already <module> at <version> (built from the main
+# package <main>, when given). Builds into a temporary name
 # and renames, so an interrupted build never leaves a binary behind (a symlink in bin/ is
 # replaced by the new file, never written through).
 define build_tool
-	@if $(call tool_is,$(BIN)/$(1),$(6),$(2)); then exit 0; fi; \
+	@if $(call tool_is,$(BIN)/$(1),$(6),$(2),$(7)); then exit 0; fi; \
 	mkdir -p $(BIN); \
-	if [ -e $(BIN)/$(1) ]; then echo "$(1) in bin/ is not $(6) $(2): rebuilding"; fi; \
+	if [ -e $(BIN)/$(1) ]; then echo "$(1) in bin/ is not $(6) $(2) $(7): rebuilding"; fi; \
 	echo "building $(1) $(2) (first time: several minutes)"; \
 	start=$$(date +%s); \
 	cd $(TOOLS_DIR)/$(3) && $(TOOLS_GO) build -ldflags '$(5)' -o $(BIN)/.$(1).tmp $(4) && \
@@ -102,9 +105,12 @@ $(BIN)/helm: FORCE
 $(BIN)/helm4: FORCE
 	$(call build_tool,helm4,$(HELM4_VERSION),helm4,helm.sh/helm/v4/cmd/helm,$(HELM4_LDFLAGS),helm.sh/helm/v4)
 
-# The Karpenter kwok provider's main package is also named kwok: give it its own name.
+# The Karpenter kwok provider, from the wrapper's own main (kwokdra: the provider's
+# main plus DRA device templates for instance types); the provider's main package is
+# also named kwok, so the binary gets its own name.
+KARPENTER_MAIN := github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra
 $(BIN)/karpenter-kwok: FORCE
-	$(call build_tool,karpenter-kwok,$(KARPENTER_VERSION),karpenter,sigs.k8s.io/karpenter/kwok,-s -w,sigs.k8s.io/karpenter)
+	$(call build_tool,karpenter-kwok,$(KARPENTER_VERSION),karpenter,$(KARPENTER_MAIN),-s -w,sigs.k8s.io/karpenter,$(KARPENTER_MAIN))
 
 # The Stage YAMLs of the same kwok module the binary was built from, flat in one directory.
 $(BIN)/kwok-stages: FORCE
