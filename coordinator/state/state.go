@@ -52,10 +52,12 @@ type Inputs struct {
 	// of the GPUs of nodes in mode dra, by node and GPU UUID. On those nodes
 	// GPUs are charged from claims, not from pods' GPU resources.
 	DRAUsage dra.Usage
-	// NotBefore, when set, leaves out nodes created after it: a node the
-	// autoscaler just made is where the default scheduler binds placeholder
-	// pods within moments, and a pod placed there before the placeholders
-	// show up as bound would find their GPUs taken at admission.
+	// NotBefore, when set, leaves out Karpenter's nodes (those labelled
+	// karpenter.sh/nodepool) created after it: a node the autoscaler just
+	// made is where the default scheduler binds placeholder pods within
+	// moments, and a pod placed there before the placeholders show up as
+	// bound would find their GPUs taken at admission. Other nodes get no
+	// placeholders and are placed on at once.
 	NotBefore time.Time
 }
 
@@ -217,6 +219,16 @@ type nodeAcc struct {
 	dra bool
 }
 
+// settling tells whether n is one of Karpenter's nodes created after
+// notBefore (see Inputs.NotBefore).
+func settling(n *corev1.Node, notBefore time.Time) bool {
+	if notBefore.IsZero() || !n.CreationTimestamp.Time.After(notBefore) {
+		return false
+	}
+	_, made := n.Labels[api.LabelNodePool]
+	return made
+}
+
 // Build makes the snapshot. Nodes that are not Ready are left out; pods on
 // unknown nodes are ignored.
 func Build(in Inputs) (*Snapshot, error) {
@@ -229,7 +241,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !NodeReady(n) || (!in.NotBefore.IsZero() && n.CreationTimestamp.Time.After(in.NotBefore)) {
+		if !NodeReady(n) || settling(n, in.NotBefore) {
 			left[n.Name] = n
 			continue
 		}

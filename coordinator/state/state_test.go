@@ -484,13 +484,18 @@ func TestReservationsNeverShareAGPU(t *testing.T) {
 }
 
 func TestNewNodesSettleFirst(t *testing.T) {
+	// Karpenter's young node waits; an old one and a young static node
+	// (no karpenter.sh/nodepool label: no placeholders bind there) do not.
 	old := node("old", 1).inventory("fraction").n
 	young := node("young", 1).inventory("fraction").n
+	static := node("static", 1).inventory("fraction").n
 	now := time.Now()
 	old.CreationTimestamp = metav1.NewTime(now.Add(-time.Minute))
 	young.CreationTimestamp = metav1.NewTime(now)
-	got := free(t, Inputs{Nodes: []*corev1.Node{old, young}, PoolLabel: api.LabelNodePool, NotBefore: now.Add(-3 * time.Second)})
-	if diff := cmp.Diff(map[string][]int{"old": {1000}}, got); diff != "" {
+	static.CreationTimestamp = metav1.NewTime(now)
+	delete(static.Labels, api.LabelNodePool)
+	got := free(t, Inputs{Nodes: []*corev1.Node{old, young, static}, PoolLabel: api.LabelNodePool, NotBefore: now.Add(-3 * time.Second)})
+	if diff := cmp.Diff(map[string][]int{"old": {1000}, "static": {1000}}, got); diff != "" {
 		t.Errorf("nodes placed on (-want +got):\n%s", diff)
 	}
 }
