@@ -105,6 +105,32 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 	return c, dra.UsageOf(c.devs, allocs), nil
 }
 
+// kubeSchedulerPlacingClaims tells whether another scheduler (kube-scheduler)
+// is still placing pods with resource claims: unbound, not ended, and not
+// given up on (PodScheduled=False, Unschedulable). Its allocations in flight
+// are invisible here until written, so while it works the coordinator keeps
+// its own claims off nodes in mode dra: two allocators giving the same GPU
+// away (each seeing it free) would leave both pods unable to start, the
+// DRA driver refusing the second one prepared.
+func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
+	for _, p := range pods {
+		if p.Spec.SchedulerName == s.opts.SchedulerName || p.Spec.NodeName != "" || len(p.Spec.ResourceClaims) == 0 ||
+			p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		givenUp := false
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				givenUp = true
+			}
+		}
+		if !givenUp {
+			return p.Namespace + "/" + p.Name
+		}
+	}
+	return ""
+}
+
 // claimGPUMemory is the GPU memory a claim for bytes is charged against:
 // its GPU's once allocated, else the smallest of gpufrac's GPUs.
 func (s *Scheduler) claimGPUMemory(c *resourceapi.ResourceClaim) int64 {

@@ -13,6 +13,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -174,6 +175,9 @@ type Scheduler struct {
 	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
 	draNow    *draCycle              // this cycle's slices, classes and allocations (nil without DRA), used only by Cycle
 	draNodes  map[string]bool        // nodes in mode dra (state.Snapshot.DRANodes), set each cycle
+	// draBusy names a pod of another scheduler still being placed with
+	// claims ("" when none): nodes in mode dra are off limits this cycle.
+	draBusy string
 }
 
 type assumedPod struct {
@@ -443,6 +447,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	s.draNow = draNow
+	s.draBusy = ""
+	if draNow != nil {
+		s.draBusy = s.kubeSchedulerPlacingClaims(pods)
+	}
 
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
@@ -517,6 +525,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		if w.incomplete != "" {
 			for _, p := range w.pods {
 				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, w.incomplete, &res)
+			}
+			continue
+		}
+		if s.draBusy != "" && w.claimsGPU() {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, api.ReasonWaitingForKubeScheduler, fmt.Sprintf(
+					"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", s.draBusy), &res)
 			}
 			continue
 		}
@@ -685,10 +700,18 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]
 // placeOne places r, keeping fractions off nodes whose GPUs have no known
 // UUIDs or are not in fraction mode.
 func (s *Scheduler) placeOne(snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
-	if r.ShareMilli == 0 || len(snap.NoFraction) == 0 {
+	exclude := map[string]bool{}
+	if r.ShareMilli > 0 {
+		maps.Copy(exclude, snap.NoFraction)
+	}
+	if s.draBusy != "" && (r.GPUs > 0 || r.ShareMilli > 0) {
+		// GPU extended resources are served there through claims too.
+		maps.Copy(exclude, snap.DRANodes)
+	}
+	if len(exclude) == 0 {
 		return s.placer.Place(snap.Snapshot, r)
 	}
-	return s.placer.Place(snap.Snapshot, withExcludedNodes(r, snap.NoFraction))
+	return s.placer.Place(snap.Snapshot, withExcludedNodes(r, exclude))
 }
 
 func inPool(pool string) string {

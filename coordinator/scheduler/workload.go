@@ -47,6 +47,16 @@ type workload struct {
 	incomplete string
 }
 
+// claimsGPU tells whether a pod of w gets its GPUs through claims.
+func (w *workload) claimsGPU() bool {
+	for _, p := range w.pods {
+		if p.claimsGPU {
+			return true
+		}
+	}
+	return false
+}
+
 func (w *workload) resources() queue.Resources {
 	var r queue.Resources
 	for _, p := range w.pods {

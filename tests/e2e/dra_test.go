@@ -523,3 +523,33 @@ func TestKarpenterIgnoresDRARequestsByDefault(t *testing.T) {
 		t.Errorf("%d NodeClaims with --ignore-dra-requests=true, want none", n)
 	}
 }
+
+// TestTwoSchedulersDoNotGiveAGPUAwayTwice: kube-scheduler and
+// gpufrac-coordinator allocate claims on the same node at the same time.
+// Neither sees the other's allocations in flight, so both could give GPU 0
+// away, one by percent and one by bytes, and the DRA driver would refuse the
+// second one prepared (pods stuck). The coordinator waits
+// (WaitingForKubeScheduler) while kube-scheduler places pods with claims:
+// every pod runs.
+func TestTwoSchedulersDoNotGiveAGPUAwayTwice(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{Config: draConfig}})
+	buildBinary(t, "gpufrac-coordinator")
+	addModeNode(t, c, "dra-0", "dra")
+	waitDRAPool(t, c, "dra-0", 24)
+	createTemplates(t, c)
+	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+	for round := range 3 {
+		var names []string
+		var pods []*corev1.Pod
+		for i := range 3 {
+			n := fmt.Sprintf("s%d-%d", round, i)
+			names, pods = append(names, n), append(pods, draPod(n, "gpu-30pct"))
+		}
+		e := fmt.Sprintf("e%d", round)
+		names, pods = append(names, e), append(pods, coordClaimPod(e, "team-a", "gpu-20gib"))
+		createPods(t, c, pods...)
+		running(t, c, 60*time.Second, names...)
+	}
+}
