@@ -356,6 +356,23 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("tenant creating a pod in %s: %v, want Forbidden", victimNS, err)
 		}
+		// A claim's allocation (which GPU, how much of it) is written only by
+		// a scheduler: edit may create claims, not write their status.
+		claim, err := b.tenant.ResourceV1().ResourceClaims(attackerNS).Create(t.Context(), &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "self-allocated", Namespace: attackerNS},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: api.DRAClassGPU},
+			}}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("tenant creating a claim: %v", err)
+		}
+		claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+			Request: "gpu", Driver: api.DRADriver, Pool: victimNode, Device: "gpu-0",
+		}}}}
+		if _, err := b.tenant.ResourceV1().ResourceClaims(attackerNS).UpdateStatus(t.Context(), claim, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("tenant writing its claim's allocation: %v, want Forbidden", err)
+		}
 	})
 
 	t.Run("gpufrac-node's credentials off their node", func(t *testing.T) {
