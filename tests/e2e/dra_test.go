@@ -553,3 +553,88 @@ func TestTwoSchedulersDoNotGiveAGPUAwayTwice(t *testing.T) {
 		running(t, c, 60*time.Second, names...)
 	}
 }
+
+// draMIGConfig serves nodes labelled dra-mig through the DRA driver with GPU
+// 0 in MIG (seven 1g.10gb instances) and the others shared.
+const draMIGConfig = `version: v1
+default:
+  mode: fraction
+  mig: {strategy: mixed, layout: all-1g.10gb}
+groups:
+  - nodeSelector: {` + modeLabel + `: dra-mig}
+    mode: dra
+    gpus: [{indices: "0", mode: mig}]
+`
+
+// TestMIGClaimsThroughKubeScheduler: a GPU in MIG on a node in mode dra is
+// published as its MIG devices over the GPU's counters (no whole-GPU device),
+// which the API server takes as they are; kube-scheduler allocates claims of
+// class mig.gpufrac.io selecting the profile, each to its own MIG device;
+// an eighth claim finds none left and waits; the driver prepares them.
+func TestMIGClaimsThroughKubeScheduler(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{
+		Config: draMIGConfig,
+		Args:   []string{"--device-list-strategy=cdi"}, // the test bed has no nvidia-caps minors file
+	}})
+	agent := addModeNode(t, c, "dra-mig", "dra-mig")
+	devices := waitDRAPool(t, c, "dra-mig", 7+7*3)
+	if _, ok := devices["gpu-0"]; ok {
+		t.Errorf("GPU 0 in MIG is published whole too")
+	}
+	var migDevices []string
+	for name, d := range devices {
+		if *d.Attributes[api.DRAAttrType].StringValue == api.DRATypeMIG {
+			migDevices = append(migDevices, name)
+			if len(d.ConsumesCounters) != 1 || d.ConsumesCounters[0].CounterSet != api.DRACounterSet(0) {
+				t.Errorf("MIG device %s consumes %+v, want GPU 0's counter set", name, d.ConsumesCounters)
+			}
+		}
+	}
+	if len(migDevices) != 7 {
+		t.Fatalf("MIG devices published: %v, want 7", migDevices)
+	}
+
+	tmpl := builders.MakeClaim("mig-1g", "default").Request("gpu", api.DRAClassMIG, 1).
+		Selector(`device.attributes["` + api.DRADriver + `"].profile == "1g.10gb"`).Template()
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates("default").Create(t.Context(), tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := range 8 {
+		n := fmt.Sprintf("m%d", i)
+		names = append(names, n)
+		createPods(t, c, draPod(n, "mig-1g"))
+	}
+	pods := running(t, c, 90*time.Second, names[:7]...)
+	seen := map[string]string{}
+	for _, n := range names[:7] {
+		d := allocatedDevice(t, podClaim(t, c, pods[n])).Device
+		if !strings.HasPrefix(d, "gpu-0-mig-1g10gb-") {
+			t.Errorf("%s got %s, want one of GPU 0's 1g.10gb devices", n, d)
+		}
+		if other, ok := seen[d]; ok {
+			t.Errorf("%s and %s both got %s", n, other, d)
+		}
+		seen[d] = n
+		env, err := dra.ResolveCDIEnv(agent.CDIDir, agent.Kubelet.ContainerCDIDevices(pods[n].UID, "main"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if env["NVIDIA_VISIBLE_DEVICES"] != "void" || env[api.EnvMemoryLimitMiB] != "" {
+			t.Errorf("%s: env %v, want NVIDIA_VISIBLE_DEVICES=void and no memory limit (MIG is isolated in hardware)", n, env)
+		}
+	}
+	waitFor(t, 30*time.Second, "kube-scheduler to find no MIG device for m7", func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "m7", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Reason == corev1.PodReasonUnschedulable {
+				return p.Spec.NodeName == "", nil
+			}
+		}
+		return false, nil
+	})
+}
