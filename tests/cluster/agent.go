@@ -391,10 +391,12 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		gpuCount = int(q.Value())
 		args = append(args, fmt.Sprintf("--mock-gpus=%d", gpuCount))
 	}
+	var specs *toolkitSpecs
 	if strategy, _ := Flag(args, "device-list-strategy"); strategy == string(resource.StrategyCDI) {
 		// The node's NVIDIA toolkit: a spec for its GPUs now, and for its
 		// MIG devices whenever they change, before the node status does.
-		specs, err := newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, gpuCount)
+		var err error
+		specs, err = newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, gpuCount)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -405,6 +407,10 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	var wg sync.WaitGroup
 	syncCtx, cancelSync := context.WithCancel(ctx)
 	wg.Go(func() { status.run(syncCtx) })
+	if specs != nil {
+		// In mode dra the node's MIG devices show in its ResourceSlices.
+		wg.Go(func() { specs.followDRA(syncCtx, c.Client, node.Name) })
+	}
 	undo = append(undo, func() { cancelSync(); wg.Wait() })
 
 	// 4. Its identity: a pod of the DaemonSet on the node, and a token bound
