@@ -69,6 +69,14 @@ const (
 	// the bound pods that carry it, whatever their gpufrac.io/queue label
 	// says now. A protocol annotation of the coordinator.
 	AnnotationAdmittedQueue = Domain + "/admitted-queue"
+	// AnnotationAdmittedPreemptible records, on the binding, how the
+	// coordinator admitted a pod: "true" preemptible (it may have borrowed
+	// beyond its queue's deserved quota, and may be reclaimed), "false"
+	// non-preemptible (within the deserved quota, never reclaimed). Queue
+	// usage and reclaim read it, not gpufrac.io/preemptible, which the pod's
+	// author may change after admission. A protocol annotation of the
+	// coordinator.
+	AnnotationAdmittedPreemptible = Domain + "/admitted-preemptible"
 	// AnnotationAllocatedGPU is the GPU UUID the node agent actually gave a
 	// pod. A protocol annotation of the node agent.
 	AnnotationAllocatedGPU = Domain + "/allocated-gpu"
@@ -140,6 +148,10 @@ const (
 	// give the same GPU away twice, so the coordinator waits for
 	// kube-scheduler's claims to show.
 	ReasonWaitingForKubeScheduler = "WaitingForKubeScheduler"
+	// ReasonBindingFailed is the pod-condition reason of a pod the
+	// coordinator placed whose binding the API server refused or failed; it
+	// is placed and bound again after a back-off.
+	ReasonBindingFailed = "BindingFailed"
 )
 
 // ProtocolAnnotation is a pod annotation gpufrac's components write for each
@@ -159,6 +171,7 @@ func ProtocolAnnotations() []ProtocolAnnotation {
 	return []ProtocolAnnotation{
 		{Key: AnnotationGPU, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAdmittedQueue, Owner: CoordinatorServiceAccount},
+		{Key: AnnotationAdmittedPreemptible, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAllocatedGPU, Owner: NodeServiceAccount},
 		{Key: AnnotationReservedGPU, Owner: NodeServiceAccount},
 	}

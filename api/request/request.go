@@ -289,8 +289,35 @@ func Parse(pod *corev1.Pod, opts Options) *Pod {
 	p.totals()
 	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
 	cpu, mem := reqs[corev1.ResourceCPU], reqs[corev1.ResourceMemory]
-	out.CPUMilli, out.MemoryBytes = cpu.MilliValue(), mem.Value()
+	out.CPUMilli = p.bounded(cpu, MaxCPUMilli, true, "CPU")
+	out.MemoryBytes = p.bounded(mem, MaxMemoryBytes, false, "memory")
 	return out
+}
+
+// MaxCPUMilli and MaxMemoryBytes bound what a pod is read to ask, far
+// beyond any node: larger quantities overflow int64 milli-units (cpu 1e18
+// reads as 0 millicores, 1Ei as the most negative int64), and a pod read as
+// asking nothing, or less, would fit every node and shrink its queue's
+// usage.
+const (
+	MaxCPUMilli    int64 = 1 << 40 // about a billion cores
+	MaxMemoryBytes int64 = 1 << 60 // 1 EiB
+)
+
+// bounded reads q (in milli-units when milli) up to bound, reporting more.
+func (p *parser) bounded(q resource.Quantity, bound int64, milli bool, what string) int64 {
+	limit := *resource.NewQuantity(bound, q.Format)
+	if milli {
+		limit = *resource.NewMilliQuantity(bound, q.Format)
+	}
+	if q.Cmp(limit) <= 0 {
+		if milli {
+			return q.MilliValue()
+		}
+		return q.Value()
+	}
+	p.add("spec", "the pod asks %s %s, more than any node has: ask what the pod needs", q.String(), what)
+	return bound
 }
 
 // containers reads every container's GPU resources, in spec order, init

@@ -2,6 +2,7 @@ package request_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -304,5 +305,34 @@ func TestParseKeepsWhatIsAsked(t *testing.T) {
 	}
 	if got := request.Parse(pod().Resource(api.ResourceFraction, "500m").Obj(), request.Options{}).Fraction(); got != 0 {
 		t.Errorf("Fraction() of a 500m request = %d, want 0", got)
+	}
+}
+
+// TestParseBoundsCPUAndMemory: quantities beyond any node overflow int64
+// milli-units (cpu 1e18 reads as 0 millicores, 1Ei as the most negative
+// int64), and a pod read as asking nothing, or less than nothing, would fit
+// every node and shrink its queue's usage. They are read as the bound and
+// reported.
+func TestParseBoundsCPUAndMemory(t *testing.T) {
+	for _, tc := range []struct {
+		name, cpu, mem string
+	}{
+		{"cpu 1e18", "1e18", "1Gi"},
+		{"cpu 1Ei", "1Ei", "1Gi"},
+		{"memory 16Ei", "1", "16Ei"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := builders.MakePod("p", "ns").CPU(tc.cpu).Memory(tc.mem).Obj()
+			r := request.Parse(p, request.Options{})
+			if r.CPUMilli <= 0 || r.MemoryBytes <= 0 {
+				t.Errorf("read %d millicores and %d bytes, want positive", r.CPUMilli, r.MemoryBytes)
+			}
+			if len(r.Problems) != 1 || !strings.Contains(r.Problems[0].Message, "more than any node has") {
+				t.Errorf("problems %v, want one saying the request is beyond any node", r.Problems)
+			}
+		})
+	}
+	if r := request.Parse(builders.MakePod("p", "ns").CPU("128").Memory("2Ti").Obj(), request.Options{}); len(r.Problems) != 0 || r.CPUMilli != 128_000 {
+		t.Errorf("a large real request: %d millicores, problems %v", r.CPUMilli, r.Problems)
 	}
 }

@@ -71,10 +71,31 @@ func (b *Binder) Bind(ctx context.Context, pod *corev1.Pod, node string, annotat
 		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
 	}
 	if err := b.client.CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		if b.boundTo(ctx, pod, node) {
+			// The API server applied the binding but its answer was lost (a
+			// timeout, a connection reset, an apiserver restart), or an
+			// earlier such attempt applied it (this one then meets "already
+			// assigned"). Reported as failed, the pod would go back to
+			// pending while it holds its GPUs on node, and the next cycle
+			// could give them to another pod before the informer shows the
+			// binding.
+			klog.FromContext(ctx).V(2).Info("Binding answered with an error, but the pod is bound as asked", "pod", klog.KObj(pod), "node", node, "err", err)
+			return nil
+		}
 		return fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, node, err)
 	}
 	klog.FromContext(ctx).V(4).Info("Bound pod", "pod", klog.KObj(pod), "node", node)
 	return nil
+}
+
+// boundTo reads the pod from the API server (not a cache) and tells whether
+// this very pod (same UID) is bound to node.
+func (b *Binder) boundTo(ctx context.Context, pod *corev1.Pod, node string) bool {
+	got, err := b.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	return got.Spec.NodeName == node && (pod.UID == "" || got.UID == pod.UID)
 }
 
 // Pending tells whether the pod's PodScheduled condition already says reason and message.

@@ -11,6 +11,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -190,5 +192,55 @@ func TestEvictionIsPreconditionedOnTheUID(t *testing.T) {
 	}
 	if uid != "uid-1" {
 		t.Errorf("eviction precondition UID = %q, want uid-1", uid)
+	}
+}
+
+// TestBindWhoseAnswerWasLost: the API server applied a binding but the
+// coordinator got an error (a timeout, a reset connection), or a retry of
+// such a binding meets "already assigned". Reported as failed, the pod
+// would go back to pending while it holds its GPU, and the next cycle could
+// give that GPU to another pod before the informer shows the binding. Bind
+// asks the API server what happened: bound as asked is success; not bound,
+// or bound elsewhere, or another pod of that name, is the error.
+func TestBindWhoseAnswerWasLost(t *testing.T) {
+	timeout := apierrors.NewTimeoutError("request did not complete within the allowed duration", 0)
+	tests := []struct {
+		name    string
+		applied string // the node the lost binding went to ("" when it was not applied)
+		uid     string // the UID of the pod of that name now
+		want    bool   // Bind succeeds
+	}{
+		{name: "applied, answer lost", applied: "node-1", uid: "uid-1", want: true},
+		{name: "not applied", uid: "uid-1"},
+		{name: "bound elsewhere meanwhile", applied: "node-2", uid: "uid-1"},
+		{name: "another pod of that name", applied: "node-1", uid: "uid-2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-1"}}
+			now := pod.DeepCopy()
+			now.UID = types.UID(tt.uid)
+			client := fake.NewSimpleClientset(now)
+			client.PrependReactor("create", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "binding" {
+					return false, nil, nil
+				}
+				if tt.applied != "" {
+					p := now.DeepCopy()
+					p.Spec.NodeName = tt.applied
+					if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), p, p.Namespace); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return true, nil, timeout
+			})
+			err := New(client, nil).Bind(t.Context(), pod, "node-1", nil)
+			if got := err == nil; got != tt.want {
+				t.Errorf("Bind = %v, want success %v", err, tt.want)
+			}
+			if err != nil && !apierrors.IsTimeout(err) {
+				t.Errorf("Bind = %v, want the binding's own error wrapped", err)
+			}
+		})
 	}
 }

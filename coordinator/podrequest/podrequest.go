@@ -365,9 +365,21 @@ func (p *parser) visibleDevices() {
 	}
 }
 
+// MaxGPUModels bounds the models a pod may list in gpufrac.io/gpu-models.
+// The coordinator parses every pending pod in every cycle: an annotation
+// listing tens of thousands of models would make each parse, and so every
+// cycle, take seconds.
+const MaxGPUModels = 32
+
 func (p *parser) models() []string {
 	v, ok := p.pod.Annotations[api.AnnotationGPUModels]
 	if !ok {
+		return nil
+	}
+	if n := strings.Count(v, "|") + 1; n > MaxGPUModels {
+		p.add("metadata.annotations["+api.AnnotationGPUModels+"]",
+			"annotation %s lists %d models, more than %d: name the few models the pod can use, for example \"H100|A100\"",
+			api.AnnotationGPUModels, n, MaxGPUModels)
 		return nil
 	}
 	var out []string
@@ -378,7 +390,7 @@ func (p *parser) models() []string {
 	}
 	if len(out) == 0 {
 		p.add("metadata.annotations["+api.AnnotationGPUModels+"]",
-			"annotation %s %q names no GPU model: list models separated by |, for example \"H100|A100\"", api.AnnotationGPUModels, v)
+			"annotation %s %s names no GPU model: list models separated by |, for example \"H100|A100\"", api.AnnotationGPUModels, quoted(v))
 	}
 	return out
 }
@@ -435,7 +447,7 @@ func (p *parser) preemptible() string {
 	lv := strings.ToLower(strings.TrimSpace(v))
 	if lv != "true" && lv != "false" {
 		p.add("metadata.annotations["+api.AnnotationPreemptible+"]",
-			"annotation %s %q must be \"true\" or \"false\"", api.AnnotationPreemptible, v)
+			"annotation %s %s must be \"true\" or \"false\"", api.AnnotationPreemptible, quoted(v))
 		return ""
 	}
 	return lv
@@ -454,8 +466,8 @@ func (p *parser) gang() (*Gang, error) {
 	if hasMin {
 		n, err := strconv.ParseInt(strings.TrimSpace(minStr), 10, 32)
 		if err != nil || n < 1 {
-			p.add(minField, "annotation %s %q must be a positive whole number: how many pods of the gang must start together",
-				api.AnnotationMinMember, minStr)
+			p.add(minField, "annotation %s %s must be a positive whole number: how many pods of the gang must start together",
+				api.AnnotationMinMember, quoted(minStr))
 			hasMin = false
 		}
 		minMember = int32(n)
@@ -517,4 +529,17 @@ func jobMinMember(job *batchv1.Job) int32 {
 		n = *job.Spec.Completions
 	}
 	return max(n, 1)
+}
+
+// quotedMax is how much of a value a problem message quotes.
+const quotedMax = 64
+
+// quoted quotes a value a pod's author wrote for a problem message, cut
+// short: messages go to the pod's condition, an event and the log, and an
+// annotation may be 256 kB.
+func quoted(v string) string {
+	if len(v) <= quotedMax {
+		return strconv.Quote(v)
+	}
+	return fmt.Sprintf("%s (%d bytes)", strconv.Quote(v[:quotedMax]+"..."), len(v))
 }

@@ -2,7 +2,10 @@ package podrequest_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
@@ -438,6 +441,18 @@ func TestParseInvalid(t *testing.T) {
 				Message: `annotation gpufrac.io/gpu-models " | " names no GPU model: list models separated by |, for example "H100|A100"`}},
 		},
 		{
+			name: "too many GPU models",
+			pod:  pod("p").GPUModels(strings.Repeat("h100|", 40)).Obj(),
+			want: []podrequest.Problem{{Field: "metadata.annotations[gpufrac.io/gpu-models]",
+				Message: `annotation gpufrac.io/gpu-models lists 41 models, more than 32: name the few models the pod can use, for example "H100|A100"`}},
+		},
+		{
+			name: "a long value is quoted short",
+			pod:  pod("p").Annotation(api.AnnotationPreemptible, strings.Repeat("x", 1000)).Obj(),
+			want: []podrequest.Problem{{Field: "metadata.annotations[gpufrac.io/preemptible]",
+				Message: `annotation gpufrac.io/preemptible "` + strings.Repeat("x", 64) + `..." (1000 bytes) must be "true" or "false"`}},
+		},
+		{
 			name: "every problem is listed",
 			pod: builders.MakePod("p", "ns").Fraction(101).Env(api.EnvVisibleDevices, "0").
 				PodGroup("g").Annotation(api.AnnotationMinMember, "-1").Obj(),
@@ -604,5 +619,27 @@ func TestFallbackScalarMilli(t *testing.T) {
 				t.Errorf("FallbackScalarMilli(%q) = %d, want %d", tc.resource, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseCostIsBoundedByWhatTheTenantWrites: the coordinator parses every
+// pending pod (and every bound gang member) in every cycle, so what a pod's
+// author writes must not make a parse slow. The largest gpufrac.io/gpu-models
+// the API server takes (an annotation of 250 kB listing 50,000 models) took
+// 4.3 s here and stalled every cycle, for every queue.
+func TestParseCostIsBoundedByWhatTheTenantWrites(t *testing.T) {
+	var b strings.Builder
+	for i := 0; b.Len() < 250_000; i++ {
+		fmt.Fprintf(&b, "%x|", i)
+	}
+	p := pod("p").GPUs(1).GPUModels(b.String()).Obj()
+	start := time.Now()
+	_, err := podrequest.Parse(p, podrequest.Options{GPUModels: []string{"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"}})
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("parsing took %s", took)
+	}
+	var ire *podrequest.InvalidRequestError
+	if !errors.As(err, &ire) || len(ire.Problems) != 1 || len(ire.Problems[0].Message) > 300 {
+		t.Errorf("Parse error = %.300v, want one short problem", err)
 	}
 }

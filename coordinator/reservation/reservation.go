@@ -13,12 +13,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -117,7 +119,12 @@ type Manager struct {
 	clock    clock.PassiveClock
 
 	idleSince map[state.NodeGPU]time.Time // reservation -> when it was first seen without fractions
-	metrics   *metrics
+	// removing: reservation pod UID -> true once Reconcile deleted it, until
+	// a Reconcile no longer sees it (guarded by mu: Removing is read by the
+	// cycle, Reconcile writes).
+	mu       sync.Mutex
+	removing map[types.UID]bool
+	metrics  *metrics
 }
 
 // NewManager returns a manager.
@@ -128,7 +135,21 @@ func NewManager(client kubernetes.Interface, recorder record.EventRecorder, o Op
 	if recorder == nil {
 		recorder = &record.FakeRecorder{}
 	}
-	return &Manager{client: client, recorder: recorder, opts: o, clock: clk, idleSince: map[state.NodeGPU]time.Time{}, metrics: newMetrics()}
+	return &Manager{client: client, recorder: recorder, opts: o, clock: clk, idleSince: map[state.NodeGPU]time.Time{},
+		removing: map[types.UID]bool{}, metrics: newMetrics()}
+}
+
+// Removing returns the reservation pods Reconcile deleted that the last
+// Reconcile still saw: the informer may show them as they were for a
+// moment, and no fraction may be bound on their GPU meanwhile.
+func (m *Manager) Removing() map[types.UID]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[types.UID]bool, len(m.removing))
+	for uid := range m.removing {
+		out[uid] = true
+	}
+	return out
 }
 
 // Ensure creates the attempt-th reservation of a GPU unless it exists.
@@ -161,9 +182,26 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 			delete(m.idleSince, key)
 		}
 	}
+	seen := make(map[types.UID]bool, len(rs))
+	for _, r := range rs {
+		if r.Pod != nil {
+			seen[r.Pod.UID] = true
+		}
+	}
+	m.mu.Lock()
+	for uid := range m.removing {
+		if !seen[uid] {
+			delete(m.removing, uid) // gone from the informer's cache
+		}
+	}
+	removing := make(map[types.UID]bool, len(m.removing))
+	for uid := range m.removing {
+		removing[uid] = true
+	}
+	m.mu.Unlock()
 	for key, r := range rs {
 		p := r.Pod
-		if p == nil || p.DeletionTimestamp != nil {
+		if p == nil || p.DeletionTimestamp != nil || (p.UID != "" && removing[p.UID]) {
 			continue // created this cycle, or already going
 		}
 		reason := ""
@@ -205,6 +243,11 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 			continue
 		}
 		delete(m.idleSince, key)
+		if p.UID != "" {
+			m.mu.Lock()
+			m.removing[p.UID] = true
+			m.mu.Unlock()
+		}
 		m.recorder.Event(p, corev1.EventTypeNormal, "ReservationRemoved", reason)
 		klog.FromContext(ctx).Info("Removed reservation", "pod", klog.KObj(p), "reason", reason)
 		removed++

@@ -102,3 +102,43 @@ gpufrac_reservation_idle_max_seconds 59
 		t.Error("reservation pod still exists")
 	}
 }
+
+// TestRemovedReservationsAreReportedUntilGone: a reservation Reconcile
+// deleted may still be in the informer's cache, as it was, in the next
+// cycles. Removing names it until a Reconcile no longer sees it, so that
+// no fraction is bound on its GPU meanwhile, and it is not deleted again.
+func TestRemovedReservationsAreReportedUntilGone(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	client := fake.NewSimpleClientset()
+	m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
+	ctx := t.Context()
+	if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
+		t.Fatal(err)
+	}
+	p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.UID = "res-uid"
+	key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
+	// The node is gone: removed at once.
+	lost := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true, Orphaned: "node n no longer exists", NodeGone: true, NodeLost: true}}
+	if n := m.Reconcile(ctx, lost, nil); n != 1 {
+		t.Fatalf("removed %d, want 1", n)
+	}
+	if got := m.Removing(); !got["res-uid"] {
+		t.Errorf("Removing() = %v right after the deletion, want res-uid", got)
+	}
+	// The informer still shows it: not deleted twice, still reported.
+	if n := m.Reconcile(ctx, lost, nil); n != 0 {
+		t.Errorf("deleted again (%d) while the informer lags", n)
+	}
+	if got := m.Removing(); !got["res-uid"] {
+		t.Errorf("Removing() = %v while the informer still shows it, want res-uid", got)
+	}
+	// Gone from the informer: forgotten.
+	m.Reconcile(ctx, map[state.NodeGPU]*state.Reservation{}, nil)
+	if got := m.Removing(); len(got) != 0 {
+		t.Errorf("Removing() = %v once it is gone, want none", got)
+	}
+}

@@ -227,9 +227,12 @@ func (b *books) check(w *workload) verdict {
 	return verdict{allowed: v.Allowed, overQuota: v.OverQuota, reason: string(v.Reason), message: v.Message}
 }
 
+// assume charges w's pods as check admitted them: a gang with a
+// non-preemptible member is admitted, charged and recorded on its bindings
+// (gpufrac.io/admitted-preemptible) as non-preemptible whole.
 func (b *books) assume(w *workload) {
 	for _, p := range w.pods {
-		_ = b.tree.Assume(p.queue, p.res, p.nonPreemptible)
+		_ = b.tree.Assume(p.queue, p.res, w.nonPreemptible)
 	}
 }
 

@@ -22,13 +22,18 @@ import (
 // ever makes other pods prefer other models, never keeps them from a node
 // they fit; still, pending pods count only when their queue's quota admits
 // them now (incomplete gangs and pods their queue may not run do not), so a
-// tenant cannot steer the cluster with a backlog it may not run.
+// tenant cannot steer the cluster with a backlog it may not run. They are
+// admitted together, in the order the cycle serves them (ws is sorted): a
+// backlog of pods each within the queue's limit alone counts only as far
+// as the queue may run them all.
 func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, ws []*workload, b *books) {
+	tree := b.tree.Clone()
 	for _, w := range ws {
-		if w.incomplete != "" || !b.check(w).allowed {
+		if w.incomplete != "" || !tree.Check(w.queue, w.resources(), w.nonPreemptible).Allowed {
 			continue
 		}
 		for k := range w.pods {
+			_ = tree.Assume(w.pods[k].queue, w.pods[k].res, w.pods[k].nonPreemptible)
 			snap.AddDemand(&w.pods[k].req)
 		}
 	}

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -59,6 +60,56 @@ func TestDemandCountsOnlyPodsTheirQueueMayRun(t *testing.T) {
 			c.cycle()
 			if got := c.boundTo("flexible"); got != tc.want {
 				t.Errorf("flexible pod bound to %q, want %s (t4-pair: %q)", got, tc.want, msg(c.b, "t4-pair"))
+			}
+		})
+	}
+}
+
+// TestDemandCountsABacklogOnlyUpToWhatItsQueueMayRun: issue 15's demand
+// counts pending pods only when their queue admits them now. A tenant whose
+// queue may run one more GPU submits ten T4-only pods: each alone is within
+// the queue's limit, all ten are not. Counted one by one, the whole backlog
+// would weigh on placement and push the other tenants' flexible pods off the
+// T4 node; only what the queue may run together may count. (Two full A100
+// nodes add flexible demand, so that one T4-only pod is too little pressure
+// to move the flexible pod and ten are enough.)
+func TestDemandCountsABacklogOnlyUpToWhatItsQueueMayRun(t *testing.T) {
+	for _, tc := range []struct {
+		name, limit, want string
+	}{
+		{name: "backlog beyond the limit", limit: "1", want: "t4"},
+		{name: "backlog within the limit", limit: "10", want: "h100"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := []*corev1.Node{
+				builders.MakeNode("t4").GPUs(4).CPU("64").Memory("256Gi").Pool("a").Product("NVIDIA-T4").Obj(),
+				builders.MakeNode("h100").GPUs(8).CPU("128").Memory("1Ti").Pool("a").Product("NVIDIA-H100-80GB-HBM3").Obj(),
+			}
+			old := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			// The T4 node runs one pod that takes most of its CPU, so the
+			// backlog (60 CPUs each) is admitted but does not fit now.
+			pods := []*corev1.Pod{
+				builders.MakePod("running", "default").Queue("q").GPUs(1).CPU("8").UID("running").Created(old).Node("t4").Obj(),
+				builders.MakePod("flexible", "default").Queue("q").GPUs(1).CPU("4").UID("flexible").Created(metav1.NewTime(old.Add(time.Minute))).Obj(),
+			}
+			for n := range 2 {
+				node := fmt.Sprintf("a100-%d", n)
+				nodes = append(nodes, builders.MakeNode(node).GPUs(8).CPU("128").Memory("1Ti").Pool("a").Product("NVIDIA-A100-SXM4-80GB").Obj())
+				for g := range 8 {
+					name := fmt.Sprintf("%s-%d", node, g)
+					pods = append(pods, builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").UID(name).Created(old).Node(node).Obj())
+				}
+			}
+			for i := range 10 {
+				name := fmt.Sprintf("t4-%d", i)
+				pods = append(pods, builders.MakePod(name, "default").Queue("small").GPUs(1).CPU("60").UID(name).
+					Created(metav1.NewTime(old.Add(2*time.Minute))).GPUModels("NVIDIA-T4").Obj())
+			}
+			queues := []*v1alpha1.Queue{queueOf("q", "32"), builders.MakeQueue("small").GPUQuota(tc.limit).GPULimit(tc.limit).Namespaces("default").Obj()}
+			c := newCluster(t, placement.DefaultPolicy, nodes, queues, pods...)
+			c.cycle()
+			if got := c.boundTo("flexible"); got != tc.want {
+				t.Errorf("flexible pod bound to %q, want %s (t4-0: %q)", got, tc.want, msg(c.b, "t4-0"))
 			}
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -163,7 +164,9 @@ func TestPlaceholderHintsArePrunedWithNodeChurn(t *testing.T) {
 }
 
 // reclaimCluster: team-b borrowed all 4 GPUs of n1 while team-a was idle;
-// team-a (deserves 2) now asks for 2.
+// team-a (deserves 2) now asks for 2. The terminating pods were deleted
+// with the default grace period of 30 s, a moment ago on the scheduler's
+// clock.
 func reclaimCluster(t *testing.T, terminating ...string) *cluster {
 	t.Helper()
 	var pods []*corev1.Pod
@@ -171,15 +174,18 @@ func reclaimCluster(t *testing.T, terminating ...string) *cluster {
 	for _, n := range terminating {
 		gone[n] = true
 	}
+	now := time.Unix(1_700_000_000, 0)
 	for i := range 4 {
 		p := admitted(gpuPod(fmt.Sprintf("b-%d", i), "team-b", 1), "n1")
 		if gone[p.Name] {
-			p.DeletionTimestamp = &metav1.Time{Time: time.Unix(1_700_000_000, 0)}
+			p.DeletionTimestamp = &metav1.Time{Time: now.Add(30 * time.Second)}
 		}
 		pods = append(pods, p)
 	}
 	pods = append(pods, gpuPod("a-0", "team-a", 2))
-	return newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)}, []*v1alpha1.Queue{queueOf("team-a", "2"), queueOf("team-b", "2")}, pods...)
+	c.s.clock = clocktesting.NewFakeClock(now)
+	return c
 }
 
 // TestReclaimDoesNotStallOnRefusedEvictions: evictions the API refuses
@@ -357,6 +363,55 @@ func TestQueueBorrowsIdleQuotaWhenItsPodsArriveInSteps(t *testing.T) {
 		if c.boundTo(n) == "" {
 			r, msg := c.b.Reason(n)
 			t.Errorf("%s not bound: %s %q", n, r, msg)
+		}
+	}
+}
+
+// TestGangBindErrorsAreForgotten: the last binding error of each gang is
+// kept to explain a rollback. A gang whose binding failed before any member
+// was bound never becomes "bound in part", and a tenant that deletes its
+// gangs' pods while they are being bound (or any passing API failure) must
+// not make that memory grow with every gang name ever seen.
+func TestGangBindErrorsAreForgotten(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")})
+	gone := apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "x")
+	c.b.BindErr = func(*corev1.Pod, string) error { return gone }
+	for i := range 20 {
+		name := fmt.Sprintf("g%d", i)
+		p := builders.MakePod(name+"-0", "default").Queue("q").GPUs(1).CPU("1").UID(name).PodGroup(name).MinMember(1).Obj()
+		_ = c.pods.Add(p)
+		c.cycle() // the binding fails: the pod was deleted meanwhile
+		_ = c.pods.Delete(p)
+	}
+	c.cycle()
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if n := len(c.s.gangErr); n != 0 {
+		t.Errorf("%d gang binding errors remembered after their gangs are gone, want 0", n)
+	}
+}
+
+// TestGangRollbackStaysInItsQueue: two queues take pods from one
+// namespace. A team-b pod that carries the pod group of team-a's running
+// gang and a min-member beyond it (labels and annotations stay the pod
+// author's to change after binding) is team-b's own workload: its min-member
+// must not make team-a's gang look bound in part and get it rolled back.
+func TestGangRollbackStaysInItsQueue(t *testing.T) {
+	mk := func(name, queue string, min int) *corev1.Pod {
+		return admitted(builders.MakePod(name, "default").Queue(queue).GPUs(1).CPU("1").UID(name).PodGroup("train").MinMember(min).Obj(), "n1")
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("team-a", "4"), queueOf("team-b", "4")},
+		mk("a-train-0", "team-a", 2), mk("a-train-1", "team-a", 2), mk("b-train", "team-b", 10))
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	for range 10 {
+		c.cycle()
+		clk.Step(10 * time.Second)
+	}
+	released := c.b.ReleasedPods()
+	for _, n := range []string{"a-train-0", "a-train-1"} {
+		if _, ok := released[n]; ok {
+			t.Errorf("team-a's complete gang was rolled back (released %v) because of team-b's pod", released)
 		}
 	}
 }

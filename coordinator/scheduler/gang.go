@@ -41,6 +41,8 @@ type Releaser interface {
 
 // gangCensus counts the members of one gang that were bound.
 type gangCensus struct {
+	// name is the gang's "namespace/group", for messages.
+	name string
 	// min is the gang's min-member.
 	min int
 	// held counts the members bound or being bound that still hold their
@@ -58,19 +60,26 @@ type gangCensus struct {
 func (c *gangCensus) partial() bool { return c.held > 0 && c.held+c.ran < c.min }
 
 // checkGangBinds finds the gangs bound in part, rolls back those bound in
-// part for longer than GangBindTimeout, and returns them with the message
-// their pending members get.
+// part for longer than GangBindTimeout, and returns them (by gangID) with
+// the message their pending members get.
 func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangCensus) map[string]string {
 	now := s.clock.Now()
 	rolling := map[string]string{}
 	for key := range s.gangPartial {
 		if c := census[key]; c == nil || !c.partial() {
 			delete(s.gangPartial, key)
-			s.mu.Lock()
-			delete(s.gangErr, key)
-			s.mu.Unlock()
 		}
 	}
+	// A binding error matters only to explain the rollback of a gang bound
+	// in part; kept for gangs none of whose members was bound (or whose
+	// pods are gone), the errors grew with every gang name ever seen.
+	s.mu.Lock()
+	for key := range s.gangErr {
+		if c := census[key]; c == nil || !c.partial() {
+			delete(s.gangErr, key)
+		}
+	}
+	s.mu.Unlock()
 	for uid := range s.gangEvicted {
 		if !censusHolds(census, uid) {
 			delete(s.gangEvicted, uid)
@@ -95,7 +104,7 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 			cause = " (last failure: " + cause + ")"
 		}
 		msg := fmt.Sprintf("gang %s had %d of its %d members bound but not the rest within %s%s; it was rolled back: its bound members are evicted to give their GPUs back, and the gang is placed again whole once they are gone",
-			key, c.held+c.ran, c.min, s.opts.GangBindTimeout, cause)
+			c.name, c.held+c.ran, c.min, s.opts.GangBindTimeout, cause)
 		rolling[key] = msg
 		if s.deps.Releaser == nil {
 			continue
@@ -105,12 +114,12 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 				continue
 			}
 			if err := s.deps.Releaser.Release(ctx, p, ReasonGangRollback, msg); err != nil {
-				klog.FromContext(ctx).Error(err, "Evicting a member of a gang bound in part; trying again next cycle", "pod", klog.KObj(p), "podGroup", key)
+				klog.FromContext(ctx).Error(err, "Evicting a member of a gang bound in part; trying again next cycle", "pod", klog.KObj(p), "podGroup", c.name)
 				continue
 			}
 			s.gangEvicted[p.UID] = true
 		}
-		klog.FromContext(ctx).Info("Rolled back a gang bound in part", "podGroup", key, "bound", c.held+c.ran, "minMember", c.min, "evicting", len(c.live))
+		klog.FromContext(ctx).Info("Rolled back a gang bound in part", "podGroup", c.name, "bound", c.held+c.ran, "minMember", c.min, "evicting", len(c.live))
 	}
 	return rolling
 }

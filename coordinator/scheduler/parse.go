@@ -1,7 +1,10 @@
 package scheduler
 
 import (
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
@@ -20,21 +23,48 @@ func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
 	return s.parseAsIs(p)
 }
 
-// parseAdmitted parses a pod the coordinator bound: it is charged to the
-// queue its binding recorded (gpufrac.io/admitted-queue), whatever its queue
-// label says now. The label is the tenant's to change; the annotation only
-// the coordinator writes (the admission policies see to it). ok is false for
-// pods the coordinator did not admit.
+// parseAdmitted parses a pod the coordinator bound, for the books: it is
+// charged to the queue its binding recorded (gpufrac.io/admitted-queue), as
+// preemptible or not as its binding recorded (gpufrac.io/admitted-preemptible),
+// whatever its labels and annotations say now. Those are the pod author's to
+// change after admission; the protocol annotations only the coordinator
+// writes (the admission policies see to it). So what the author may edit is
+// left out: a pod made invalid after admission (an unparsable
+// gpufrac.io/preemptible, min-member or gpu-models, a pod-group label without
+// min-member, an owner reference to an unknown Job) stays charged, and
+// gpufrac.io/preemptible "false" added after admission protects nothing. Only
+// the spec, which cannot change, is parsed. The gang (pod-group label, else
+// the owning Job's name) still groups pods for reclaim, keyed with how they
+// were admitted. ok is false for pods the coordinator did not admit.
 func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error) {
 	q := p.Annotations[api.AnnotationAdmittedQueue]
 	if q == "" {
 		return podInfo{}, false, nil
 	}
-	if p.Labels[api.LabelQueue] != q {
-		p = withQueueLabel(p, q)
+	spec := *p
+	spec.Labels = map[string]string{api.LabelQueue: q}
+	spec.Annotations = nil
+	spec.OwnerReferences = nil
+	if pi, err = s.parseAsIs(&spec); err != nil {
+		return podInfo{}, false, err
 	}
-	pi, err = s.parseAsIs(p)
-	return pi, err == nil, err
+	pi.pod = p
+	pi.group = p.Labels[api.LabelPodGroup]
+	if ref := metav1.GetControllerOf(p); pi.group == "" && ref != nil && ref.Kind == "Job" {
+		pi.group = ref.Name
+	}
+	switch p.Annotations[api.AnnotationAdmittedPreemptible] {
+	case "true":
+		pi.nonPreemptible = false
+	case "false":
+		pi.nonPreemptible = true
+	default:
+		// Bound by a coordinator that did not record it: the pod as it is
+		// now (its priority is in pi already; an unparsable annotation
+		// protects nothing).
+		pi.nonPreemptible = pi.nonPreemptible || strings.EqualFold(strings.TrimSpace(p.Annotations[api.AnnotationPreemptible]), "false")
+	}
+	return pi, true, nil
 }
 
 // withQueueLabel returns a copy of p (sharing all but its labels) whose

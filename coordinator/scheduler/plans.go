@@ -77,7 +77,7 @@ func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Dec
 		}
 		if p.req.ShareMilli > 0 && len(d.GPUs) == 1 {
 			r := snap.Reservations[state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}]
-			if (r == nil && pl.seen) || (r != nil && r.Pod != nil && (r.Pod.DeletionTimestamp != nil || r.Pod.Status.Phase == corev1.PodFailed)) {
+			if (r == nil && pl.seen) || (r != nil && (r.Orphaned != "" || r.Pod != nil && (r.Pod.DeletionTimestamp != nil || r.Pod.Status.Phase == corev1.PodFailed))) {
 				return nil // the reservation is gone or going: place again
 			}
 		}

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +25,163 @@ type Evictor interface {
 // are chosen meanwhile, and the refused one is tried again after it.
 const evictionRetry = 10 * time.Second
 
+// terminatingWait bounds the wait for a terminating pod: a starved queue
+// waits for one that would make room only while its grace period ends
+// within terminatingWait and is not overdue by more. A pod's grace period
+// is its author's to choose (an hour, a year) and a pod can hang in
+// Terminating on a node whose runtime is stuck: waited for, such a pod
+// would stall reclaim for every queue it would make room for. Past the
+// bound, reclaim chooses other victims; the pod still counts as holding its
+// resources, so nothing is placed on them before it is gone.
+const terminatingWait = 2 * time.Minute
+
+// reclaimScope is what reclaim reads of the cluster, built at most once per
+// cycle and shared by every workload the cycle tries to reclaim for. Built
+// per workload, as it was, a cycle with a backlog of pending pods in a
+// starved queue parsed every pod and built whole-cluster snapshots once or
+// twice per pending pod: seconds per cycle with a few hundred pods waiting
+// on a few thousand running (BenchmarkCycleWithStarvedBacklog).
+type reclaimScope struct {
+	in  state.Inputs
+	now time.Time
+
+	indexed bool
+	// byUID: pod UID -> the pod, for pods that still hold resources.
+	byUID map[types.UID]*corev1.Pod
+	// groups: "queue:namespace/name" -> a running workload the coordinator
+	// admitted to that queue (a gang whole, or one pod), every queue's; keys
+	// sorted in order.
+	groups map[string]*victimGroup
+	order  []string
+
+	// going counts the terminating pods reclaim waits for (terminatingWait),
+	// and withoutGoing is the cluster without them (nil until needed, or
+	// when it could not be built).
+	going        int
+	withoutGoing *state.Snapshot
+	goingBuilt   bool
+
+	// roomy: queue -> the cluster without the preemptible running workloads
+	// of every other queue, the most room reclaim could ever make for it.
+	roomy map[string]*state.Snapshot
+	// noVictims: (queue, need) -> true when no victims could be found for
+	// it this cycle. The candidates only shrink during a cycle (refused
+	// evictions), so the answer holds for the rest of it: a backlog of
+	// same-sized pods asks once, not once per pod.
+	noVictims map[reclaimNeed]bool
+}
+
+// reclaimNeed is what a workload asks a queue to reclaim for it.
+type reclaimNeed struct {
+	queue string
+	need  queue.Resources
+}
+
+// victimGroup is a running workload reclaim may choose.
+type victimGroup struct {
+	w    queue.Workload
+	pods []*corev1.Pod
+}
+
+func newReclaimScope(in state.Inputs, now time.Time) *reclaimScope {
+	return &reclaimScope{in: in, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
+}
+
+// index parses the running pods once: the UID index, the candidate groups,
+// and the terminating pods reclaim waits for.
+func (sc *reclaimScope) index(s *Scheduler, b *books) {
+	if sc.indexed {
+		return
+	}
+	sc.indexed = true
+	sc.byUID = make(map[types.UID]*corev1.Pod, len(sc.in.Pods))
+	sc.groups = map[string]*victimGroup{}
+	for _, p := range sc.in.Pods {
+		if state.Terminal(p) {
+			continue
+		}
+		sc.byUID[p.UID] = p
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		if p.DeletionTimestamp != nil {
+			if sc.waitsFor(p) {
+				sc.going++
+			}
+			continue
+		}
+		pi, ok, _ := s.parseAdmitted(p)
+		if !ok {
+			continue
+		}
+		// A pod is non-preemptible only inside its queue's namespaces:
+		// gpufrac.io/preemptible "false" protects nothing in a namespace
+		// the queue no longer lets in.
+		np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
+		// A workload is one queue's: pods of another queue that carry the
+		// same pod group name (tenant input) are that queue's own workload,
+		// never part of this one.
+		key := pi.queue + ":" + p.Namespace + "/" + p.Name
+		if pi.group != "" {
+			// A gang's pods were admitted as one, so they share how; pods
+			// relabelled into a gang after admission do not join its
+			// protection.
+			key = pi.queue + ":" + p.Namespace + "/" + pi.group + "/preemptible=" + strconv.FormatBool(!np)
+		}
+		g := sc.groups[key]
+		if g == nil {
+			g = &victimGroup{w: queue.Workload{Queue: pi.queue, Key: key, Priority: pi.priority, Preemptible: true, CreationUnixNano: p.CreationTimestamp.UnixNano()}}
+			sc.groups[key] = g
+			sc.order = append(sc.order, key)
+		}
+		g.w.Resources = g.w.Resources.Add(pi.res)
+		g.w.Preemptible = g.w.Preemptible && !np
+		g.w.Priority = min(g.w.Priority, pi.priority)
+		g.w.CreationUnixNano = min(g.w.CreationUnixNano, p.CreationTimestamp.UnixNano())
+		g.pods = append(g.pods, p)
+	}
+	sort.Strings(sc.order)
+}
+
+// waitsFor tells whether reclaim waits for terminating pod p to end: its
+// grace period ends within terminatingWait and is not overdue by more.
+func (sc *reclaimScope) waitsFor(p *corev1.Pod) bool {
+	end := p.DeletionTimestamp.Time
+	return end.Sub(sc.now) <= terminatingWait && sc.now.Sub(end) <= terminatingWait
+}
+
+// holds finds a pod that still holds resources (not terminal) by UID.
+func (sc *reclaimScope) holds(uid types.UID) *corev1.Pod { return sc.byUID[uid] }
+
+// fits tells whether w fits on snap, leaving snap as it was.
+func (s *Scheduler) fits(snap *state.Snapshot, w *workload) bool {
+	if snap == nil {
+		return false
+	}
+	cp := snap.Checkpoint()
+	_, err := s.place(snap, w)
+	if rbErr := snap.Rollback(cp); rbErr != nil {
+		return false
+	}
+	return err == nil
+}
+
+// without builds the cluster of sc.in without the pods gone says.
+func (sc *reclaimScope) without(gone func(*corev1.Pod) bool) *state.Snapshot {
+	in := sc.in
+	in.Pods = make([]*corev1.Pod, 0, len(sc.in.Pods))
+	for _, p := range sc.in.Pods {
+		if !gone(p) {
+			in.Pods = append(in.Pods, p)
+		}
+	}
+	snap, err := state.Build(in)
+	if err != nil {
+		return nil
+	}
+	return snap
+}
+
 // reclaim tries to give a queue below its deserved quota the room for w by
 // evicting preemptible, over-quota workloads of other queues (whole gangs,
 // lowest priority first). It returns a message for w's pods when it evicted
@@ -32,17 +191,18 @@ const evictionRetry = 10 * time.Second
 // the moment until the informer shows them terminating: from then on the
 // API itself says they are going, so a restarted coordinator waits for
 // them as its predecessor did, instead of evicting more.
-func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state.Inputs) string {
+func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *reclaimScope) string {
 	if s.deps.Evictor == nil {
 		return ""
 	}
-	now := s.clock.Now()
+	sc.index(s, b)
+	now := sc.now
 	// 1. Earlier victims still running, or pods terminating that would make
 	// room: wait for them, evict nothing more.
 	s.mu.Lock()
 	waiting := 0
 	for uid := range s.reclaiming[w.queue] {
-		if p := podByUID(in.Pods, uid); p != nil && p.DeletionTimestamp == nil {
+		if p := sc.holds(uid); p != nil && p.DeletionTimestamp == nil {
 			waiting++
 		} else {
 			delete(s.reclaiming[w.queue], uid) // gone, or the API shows it terminating
@@ -52,7 +212,7 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state
 		delete(s.reclaiming, w.queue)
 	}
 	for uid, until := range s.refused {
-		if !now.Before(until) || podByUID(in.Pods, uid) == nil {
+		if !now.Before(until) || sc.holds(uid) == nil {
 			delete(s.refused, uid)
 		}
 	}
@@ -64,71 +224,47 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state
 	if waiting > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d reclaimed pods of other queues to end", w.queue, waiting)
 	}
-	if n := s.fitsWithoutTerminating(w, in); n > 0 {
+	if n := s.fitsWithoutTerminating(w, sc); n > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d terminating pods to end", w.queue, n)
 	}
 
 	// 2. Candidates: running workloads (gangs whole) the coordinator
-	// admitted to other queues, but for victims whose eviction was refused a
-	// moment ago. A pod is non-preemptible only inside its queue's
-	// namespaces: gpufrac.io/preemptible "false" protects nothing in a
-	// namespace the queue no longer lets in.
-	groups := map[string][]*corev1.Pod{}
-	cands := map[string]*queue.Workload{}
-	for _, p := range in.Pods {
-		if p.Spec.NodeName == "" || state.Terminal(p) || p.DeletionTimestamp != nil || refused[p.UID] {
+	// admitted to other queues, but for those with a victim whose eviction
+	// was refused a moment ago (a gang is evicted whole or not at all).
+	asked := reclaimNeed{queue: w.queue, need: w.resources()}
+	if sc.noVictims[asked] {
+		return ""
+	}
+	list := make([]queue.Workload, 0, len(sc.order))
+	for _, key := range sc.order {
+		g := sc.groups[key]
+		if g.w.Queue == w.queue || g.refused(refused) {
 			continue
 		}
-		pi, ok, _ := s.parseAdmitted(p)
-		if !ok || pi.queue == w.queue {
-			continue
-		}
-		pi.nonPreemptible = pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
-		key := p.Namespace + "/" + p.Name
-		if pi.group != "" {
-			key = p.Namespace + "/" + pi.group
-		}
-		c := cands[key]
-		if c == nil {
-			c = &queue.Workload{Queue: pi.queue, Key: key, Priority: pi.priority, Preemptible: true, CreationUnixNano: p.CreationTimestamp.UnixNano()}
-			cands[key] = c
-		}
-		c.Resources = c.Resources.Add(pi.res)
-		c.Preemptible = c.Preemptible && !pi.nonPreemptible
-		c.Priority = min(c.Priority, pi.priority)
-		c.CreationUnixNano = min(c.CreationUnixNano, p.CreationTimestamp.UnixNano())
-		groups[key] = append(groups[key], p)
+		list = append(list, g.w)
 	}
-	list := make([]queue.Workload, 0, len(cands))
-	for _, c := range cands {
-		list = append(list, *c)
-	}
-	victims, ok := b.tree.ReclaimVictims(w.queue, w.resources(), list)
+	victims, ok := b.tree.ReclaimVictims(w.queue, asked.need, list)
 	if !ok {
+		sc.noVictims[asked] = true
 		return ""
 	}
 
-	// 3. Verify: with the victims gone, does w fit?
+	// 3. Verify: with the victims gone, does w fit? First on the most room
+	// reclaim could ever make for this queue (built once per cycle and
+	// queue), which is enough to turn most hopeless workloads away; then on
+	// the cluster without these victims.
+	if !s.fits(sc.roomyFor(w.queue), w) {
+		return ""
+	}
 	gone := map[types.UID]bool{}
 	var evict []*corev1.Pod
 	for _, v := range victims {
-		for _, p := range groups[v.Key] {
+		for _, p := range sc.groups[v.Key].pods {
 			gone[p.UID] = true
 			evict = append(evict, p)
 		}
 	}
-	rest := make([]*corev1.Pod, 0, len(in.Pods))
-	for _, p := range in.Pods {
-		if !gone[p.UID] {
-			rest = append(rest, p)
-		}
-	}
-	in.Pods = rest
-	trial, err := state.Build(in)
-	if err != nil {
-		return ""
-	}
-	if _, err := s.place(trial, w); err != nil {
+	if !s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w) {
 		return ""
 	}
 
@@ -163,39 +299,56 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, in state
 	return msg
 }
 
-// fitsWithoutTerminating returns the number of terminating pods (deleted or
-// evicted, still holding their resources) when w would fit once they are
-// gone; 0 when none are terminating or w would not fit even then.
-func (s *Scheduler) fitsWithoutTerminating(w *workload, in state.Inputs) int {
-	rest := make([]*corev1.Pod, 0, len(in.Pods))
-	going := 0
-	for _, p := range in.Pods {
-		if p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !state.Terminal(p) {
-			going++
-			continue
+// refused tells whether the eviction of one of g's pods was refused lately.
+func (g *victimGroup) refused(refused map[types.UID]bool) bool {
+	if len(refused) == 0 {
+		return false
+	}
+	for _, p := range g.pods {
+		if refused[p.UID] {
+			return true
 		}
-		rest = append(rest, p)
 	}
-	if going == 0 {
-		return 0
-	}
-	in.Pods = rest
-	trial, err := state.Build(in)
-	if err != nil {
-		return 0
-	}
-	if _, err := s.place(trial, w); err != nil {
-		return 0
-	}
-	return going
+	return false
 }
 
-// podByUID finds a pod that still holds resources (not terminal) by UID.
-func podByUID(pods []*corev1.Pod, uid types.UID) *corev1.Pod {
-	for _, p := range pods {
-		if p.UID == uid && !state.Terminal(p) {
-			return p
+// roomyFor is the cluster without the preemptible running workloads of
+// every queue but q: no choice of victims makes more room for q.
+func (sc *reclaimScope) roomyFor(q string) *state.Snapshot {
+	if snap, ok := sc.roomy[q]; ok {
+		return snap
+	}
+	gone := map[types.UID]bool{}
+	for _, key := range sc.order {
+		g := sc.groups[key]
+		if g.w.Queue == q || !g.w.Preemptible {
+			continue
+		}
+		for _, p := range g.pods {
+			gone[p.UID] = true
 		}
 	}
-	return nil
+	snap := sc.without(func(p *corev1.Pod) bool { return gone[p.UID] })
+	sc.roomy[q] = snap
+	return snap
+}
+
+// fitsWithoutTerminating returns the number of terminating pods reclaim
+// waits for (deleted or evicted, still holding their resources, ending
+// within terminatingWait) when w would fit once they are gone; 0 when none
+// are or w would not fit even then.
+func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope) int {
+	if sc.going == 0 {
+		return 0
+	}
+	if !sc.goingBuilt {
+		sc.goingBuilt = true
+		sc.withoutGoing = sc.without(func(p *corev1.Pod) bool {
+			return p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !state.Terminal(p) && sc.waitsFor(p)
+		})
+	}
+	if !s.fits(sc.withoutGoing, w) {
+		return 0
+	}
+	return sc.going
 }

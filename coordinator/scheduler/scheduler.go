@@ -16,6 +16,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +92,9 @@ type Reserver interface {
 	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int
 	// RemoveFailed removes reservation pods that ended Failed.
 	RemoveFailed(ctx context.Context, pods []*corev1.Pod) int
+	// Removing lists the reservation pods Reconcile deleted that may still
+	// be in the informer's cache (state.Inputs.Removing).
+	Removing() map[types.UID]bool
 }
 
 // Binder writes bindings and pending reasons.
@@ -160,12 +164,15 @@ type Scheduler struct {
 	lastInvalid map[string]string
 	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
 	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
-	// gangPartial: gang bound in part -> when a cycle first saw it so, used only by Cycle.
+	// gangPartial: gang (gangID) bound in part -> when a cycle first saw it so, used only by Cycle.
 	gangPartial map[string]time.Time
 	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
 	gangEvicted map[types.UID]bool
-	// gangErr: gang -> the last error binding one of its members (guarded by mu).
+	// gangErr: gang (gangID) -> the last error binding one of its members (guarded by mu).
 	gangErr map[string]string
+	// bindBackoff: workload -> when it may be placed again after a failed
+	// binding, and the back-off after the next failure (guarded by mu).
+	bindBackoff map[string]bindRetry
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
@@ -189,7 +196,8 @@ type bindTask struct {
 	pod         *corev1.Pod
 	node        string
 	annotations map[string]string
-	gang        string // the pod's gang ("" for none)
+	gang        string // the pod's gang (gangID; "" for none)
+	workload    string // the pod's workload (its gang, or itself)
 	// claims are written before the binding (pods on nodes in mode dra).
 	claims []dra.Planned
 }
@@ -252,6 +260,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangErr:         map[string]string{},
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
+		bindBackoff:     map[string]bindRetry{},
 	}, nil
 }
 
@@ -386,6 +395,7 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		if t.gang != "" {
 			s.gangErr[t.gang] = fmt.Sprintf("binding %s to %s: %v", t.pod.Name, t.node, err)
 		}
+		s.backOffLocked(t, err)
 		s.mu.Unlock()
 		s.Wake()
 	}
@@ -455,6 +465,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
 		DRAUsage: draUsage}
+	if s.deps.Reserver != nil {
+		inputs.Removing = s.deps.Reserver.Removing()
+	}
 	if s.opts.NewNodeSettle > 0 {
 		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
 	}
@@ -475,7 +488,12 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		if _, busy := assumed[p.UID]; busy {
 			continue
 		}
-		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName {
+		// A pod with scheduling gates may not be bound until they are gone
+		// (the API server refuses the binding; its PodScheduled condition
+		// says SchedulingGated): placed, it would hold capacity and a
+		// reservation, and its binding would fail in every cycle.
+		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
+			len(p.Spec.SchedulingGates) == 0 {
 			pending = append(pending, p)
 		}
 	}
@@ -488,7 +506,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	// back; their pending members wait until the evicted ones are gone.
 	rollingBack := s.checkGangBinds(ctx, census)
 	workloads = slices.DeleteFunc(workloads, func(w *workload) bool {
-		msg, rolling := rollingBack[w.key]
+		msg, rolling := rollingBack[w.id()]
 		if rolling {
 			for _, p := range w.pods {
 				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, msg, &res)
@@ -496,9 +514,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 		return rolling
 	})
+	// Workloads whose binding failed a moment ago wait out their back-off.
+	workloads = s.holdBackedOff(ctx, workloads, start, &res)
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
-	s.feedDemand(snap, pods, assumed, workloads, books)
 
 	// 4. Order: queues by dominant share, then priority, then age.
 	sortWorkloads(workloads, books)
@@ -508,6 +527,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	sort.SliceStable(workloads, func(i, j int) bool {
 		return s.hasPlan(workloads[i]) && !s.hasPlan(workloads[j])
 	})
+	s.feedDemand(snap, pods, assumed, workloads, books)
 
 	// 5. Admit and place, workload by workload.
 	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
@@ -521,6 +541,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			liveGroups[p.Labels[placeholder.LabelGroup]] = true
 		}
 	}
+	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			for _, p := range w.pods {
@@ -557,7 +578,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 				// Beyond deserved quota: wait for free capacity, never ask for more.
 				reason = binder.ReasonOverQuota
 				msg = fmt.Sprintf("queue %s is over its deserved quota and the cluster has no free capacity for this pod: %s", w.queue, placeErr)
-			} else if m := s.reclaim(ctx, w, books, inputs); m != "" {
+			} else if m := s.reclaim(ctx, w, books, reclaimIn); m != "" {
 				msg = m
 			} else {
 				// Admitted within quota, no room: ask Karpenter for capacity.
@@ -744,16 +765,17 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 			// Karpenter must not disrupt the node of non-preemptible work.
 			ann[api.AnnotationDoNotDisrupt] = "true"
 		}
-		// The queue charged, for the books of every later cycle (and of a
-		// restarted coordinator): only bound pods that carry it are charged.
+		// The queue charged, and how, for the books of every later cycle
+		// (and of a restarted coordinator): only bound pods that carry the
+		// queue are charged, and only pods admitted non-preemptible (within
+		// the deserved quota) are protected from reclaim, whatever
+		// gpufrac.io/preemptible says later. A gang is admitted as one.
 		ann[api.AnnotationAdmittedQueue] = w.queue
+		ann[api.AnnotationAdmittedPreemptible] = strconv.FormatBool(!w.nonPreemptible)
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
-		gang := ""
-		if w.gang {
-			gang = w.key
-		}
+		gang := w.id()
 		select {
-		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, claims: claims[i]}:
+		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key, claims: claims[i]}:
 		case <-ctx.Done():
 			// Run is ending and its bind workers with it: forget what was not sent.
 			s.mu.Lock()

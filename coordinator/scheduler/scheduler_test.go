@@ -27,7 +27,7 @@ func (s staticQueues) Queues() ([]*v1alpha1.Queue, []InvalidQueue, error) { retu
 
 // cluster is a scheduler over fixed objects, bindings applied in memory.
 type cluster struct {
-	t      *testing.T
+	t      testing.TB
 	s      *Scheduler
 	b      *schedulertest.Binder
 	pods   cache.Indexer
@@ -35,7 +35,7 @@ type cluster struct {
 	policy string
 }
 
-func newCluster(t *testing.T, policy string, nodes []*corev1.Node, queues []*v1alpha1.Queue, pods ...*corev1.Pod) *cluster {
+func newCluster(t testing.TB, policy string, nodes []*corev1.Node, queues []*v1alpha1.Queue, pods ...*corev1.Pod) *cluster {
 	t.Helper()
 	c := &cluster{t: t, b: schedulertest.NewBinder(),
 		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
@@ -426,6 +426,8 @@ func (f *fakeReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.
 	}
 	return f.removed
 }
+
+func (f *fakeReserver) Removing() map[types.UID]bool { return nil }
 
 func (f *fakeReserver) RemoveFailed(_ context.Context, pods []*corev1.Pod) int {
 	for _, p := range pods {

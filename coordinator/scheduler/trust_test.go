@@ -2,9 +2,11 @@ package scheduler
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -155,3 +157,111 @@ func TestNonPreemptibleOnlyInsideTheQueueNamespaces(t *testing.T) {
 		})
 	}
 }
+
+// edit changes a pod in the cluster's informer, as its author would with a
+// patch of its metadata after admission.
+func (c *cluster) edit(name string, change func(p *corev1.Pod)) {
+	c.t.Helper()
+	obj, ok, _ := c.pods.GetByKey("default/" + name)
+	if !ok {
+		c.t.Fatalf("no pod %s", name)
+	}
+	p := obj.(*corev1.Pod).DeepCopy()
+	change(p)
+	_ = c.pods.Update(p)
+}
+
+func TestProtectionAddedAfterAdmissionProtectsNothing(t *testing.T) {
+	// team-a deserves 1 GPU and holds it with a non-preemptible gang of one
+	// ("anchor"); team-b, idle, deserves 3. team-a's three preemptible pods
+	// borrow team-b's share. Their author then protects them after
+	// admission: the coordinator admitted them preemptible, and reclaims
+	// them when team-b wants its quota - never the anchor.
+	for _, tc := range []struct {
+		name   string
+		change func(p *corev1.Pod)
+	}{
+		{"gpufrac.io/preemptible false", func(p *corev1.Pod) { p.Annotations[api.AnnotationPreemptible] = "false" }},
+		{"relabelled into the non-preemptible gang", func(p *corev1.Pod) {
+			p.Labels[api.LabelPodGroup] = "anchor"
+			p.Annotations[api.AnnotationMinMember] = "1"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			anchor := builders.MakePod("anchor", "default").Queue("team-a").GPUs(1).CPU("1").Preemptible(false).
+				PodGroup("anchor").MinMember(1).UID("anchor").Obj()
+			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)},
+				[]*v1alpha1.Queue{queueOf("team-a", "1"), queueOf("team-b", "3")}, anchor)
+			c.cycle()
+			for i := range 3 {
+				_ = c.pods.Add(gpuPod(fmt.Sprintf("a-%d", i), "team-a", 1))
+			}
+			c.cycle()
+			for _, name := range []string{"anchor", "a-0", "a-1", "a-2"} {
+				if c.boundTo(name) == "" {
+					t.Fatalf("%s not bound: %s %s", name, c.reason(name), c.b.Messages[name])
+				}
+				want := map[bool]string{true: "false", false: "true"}[name == "anchor"]
+				if got := c.b.Annotations[name][api.AnnotationAdmittedPreemptible]; got != want {
+					t.Errorf("%s bound with %s=%q, want %q", name, api.AnnotationAdmittedPreemptible, got, want)
+				}
+				c.edit(name, func(p *corev1.Pod) {
+					p.Status.Phase = corev1.PodRunning
+					if name != "anchor" {
+						tc.change(p)
+					}
+				})
+			}
+			_ = c.pods.Add(gpuPod("b-0", "team-b", 1))
+			c.cycle()
+			if len(c.b.Evicted) == 0 || slices.Contains(c.b.Evicted, "anchor") {
+				t.Errorf("evicted %v, want team-a's borrowing pods and not its anchor (reason of b-0: %s %s)", c.b.Evicted, c.reason("b-0"), c.b.Messages["b-0"])
+			}
+		})
+	}
+}
+
+func TestBoundPodsStayChargedWhateverTheirAuthorEdits(t *testing.T) {
+	// team-a deserves 1 GPU and holds it with a non-preemptible pod. Its
+	// author then edits the pod's metadata so that it no longer parses: the
+	// pod stays charged to team-a, whose next non-preemptible pod is over
+	// its quota.
+	for _, tc := range []struct {
+		name   string
+		change func(p *corev1.Pod)
+	}{
+		{"unparsable preemptible", func(p *corev1.Pod) { p.Annotations[api.AnnotationPreemptible] = "maybe" }},
+		{"unparsable min-member", func(p *corev1.Pod) { p.Annotations[api.AnnotationMinMember] = "x" }},
+		{"no GPU model", func(p *corev1.Pod) { p.Annotations[api.AnnotationGPUModels] = "|" }},
+		{"pod-group without min-member", func(p *corev1.Pod) { p.Labels[api.LabelPodGroup] = "g" }},
+		{"queue label removed", func(p *corev1.Pod) { delete(p.Labels, api.LabelQueue) }},
+		{"owned by a Job nobody knows", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "ghost", UID: "ghost", Controller: ptrTo(true)}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first := builders.MakePod("first", "default").Queue("team-a").GPUs(1).CPU("1").Preemptible(false).UID("first").Obj()
+			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 4)},
+				[]*v1alpha1.Queue{queueOf("team-a", "1"), queueOf("team-b", "3")}, first)
+			c.s.deps.Jobs = func(string, string) (*batchv1.Job, bool) { return nil, false }
+			c.cycle()
+			if c.boundTo("first") == "" {
+				t.Fatalf("first not bound: %s", c.b.Messages["first"])
+			}
+			c.edit("first", func(p *corev1.Pod) {
+				p.Status.Phase = corev1.PodRunning
+				tc.change(p)
+			})
+			_ = c.pods.Add(builders.MakePod("second", "default").Queue("team-a").GPUs(1).CPU("1").Preemptible(false).UID("second").Obj())
+			c.cycle()
+			if got := c.boundTo("second"); got != "" {
+				t.Errorf("team-a's second non-preemptible pod was bound to %s: the first, edited, was no longer charged", got)
+			}
+			if r := c.reason("second"); r != api.ReasonOverQuota {
+				t.Errorf("second pending %s (%s), want %s", r, c.b.Messages["second"], api.ReasonOverQuota)
+			}
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -134,10 +134,13 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 		}
 	}
 
-	// Gangs: count members already placed; check min-member and queue agreement.
-	bound := map[string]int{}
-	boundPool := map[string]string{}
-	census := map[string]*gangCensus{} // gang -> its bound members, for checkGangBinds
+	// Gangs: count members already placed; check min-member and queue
+	// agreement. A gang is one queue's (gangID): a pod of another queue
+	// that carries the same pod group name (tenant input) counts for its
+	// own queue's gang, never toward this one's min-member or rollback.
+	bound := map[string]int{}          // gangID -> members placed
+	boundPool := map[string]string{}   // gangID -> their pool
+	census := map[string]*gangCensus{} // gangID -> its bound members, for checkGangBinds
 	nodes := map[string]string{}       // node -> pool, filled lazily
 	for _, p := range all {
 		if p.Spec.SchedulerName != s.opts.SchedulerName {
@@ -151,14 +154,27 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 		if node == "" {
 			continue
 		}
-		pi, err := s.parse(p)
-		if err != nil || pi.group == "" {
+		var pi podInfo
+		if p.Spec.NodeName != "" {
+			// Bound: the queue its binding recorded; pods the coordinator
+			// did not bind are no gang's members.
+			var ok bool
+			if pi, ok, _ = s.parseAdmitted(p); !ok {
+				continue
+			}
+		} else {
+			var err error
+			if pi, err = s.parse(p); err != nil {
+				continue
+			}
+		}
+		if pi.group == "" {
 			continue
 		}
-		key := p.Namespace + "/" + pi.group
+		key := gangID(pi.queue, p.Namespace+"/"+pi.group)
 		c := census[key]
 		if c == nil {
-			c = &gangCensus{}
+			c = &gangCensus{name: p.Namespace + "/" + pi.group}
 			census[key] = c
 		}
 		c.min = max(c.min, pi.minMember)
@@ -183,7 +199,8 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 	for _, key := range order {
 		w := byKey[key]
 		if w.gang {
-			w.pool = boundPool[key]
+			id := gangID(w.queue, key)
+			w.pool = boundPool[id]
 			min := 0
 			for _, p := range w.pods {
 				if p.minMember > min {
@@ -200,13 +217,24 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 			if w == nil {
 				continue
 			}
-			if have := len(w.pods) + bound[key]; have < min {
-				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), bound[key])
+			if have := len(w.pods) + bound[id]; have < min {
+				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), bound[id])
 			}
 		}
 		ws = append(ws, w)
 	}
 	return ws, invalid, census
+}
+
+// gangID names a gang in one queue: its queue and "namespace/group".
+func gangID(queue, key string) string { return queue + "|" + key }
+
+// id is the workload's gang ID (gangID), "" for a single pod.
+func (w *workload) id() string {
+	if !w.gang {
+		return ""
+	}
+	return gangID(w.queue, w.key)
 }
 
 func (s *Scheduler) poolOf(node string) string {

@@ -1,10 +1,14 @@
 package state
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -124,5 +128,45 @@ func TestReservedGPUIsExplicit(t *testing.T) {
 	d, err := p.Place(s.Snapshot, &placement.Request{ShareMilli: 900})
 	if err != nil || d.GPUs[0] != "n-gpu1" {
 		t.Errorf("a 90%% fraction: %+v, %v; want the reserved GPU", d, err)
+	}
+}
+
+// TestReservationBeingRemovedTakesNoFraction: a reservation pod that is
+// terminating, or that the coordinator deleted while the informer still
+// shows it as it was (Inputs.Removing), still holds its GPU, but no
+// fraction may be placed there any more.
+func TestReservationBeingRemovedTakesNoFraction(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		terminating bool
+		removing    bool
+	}{
+		{name: "terminating", terminating: true},
+		{name: "deleted, informer behind", removing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := reservationOn("n", "n-gpu1")
+			res.UID = "res"
+			if tc.terminating {
+				res.DeletionTimestamp = &metav1.Time{Time: time.Unix(1_700_000_000, 0)}
+			}
+			in := Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n}, Pods: []*corev1.Pod{res}}
+			if tc.removing {
+				in.Removing = map[types.UID]bool{"res": true}
+			}
+			snap, err := Build(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := snap.Reservations[NodeGPU{"n", "n-gpu1"}]
+			if r == nil || !strings.Contains(r.Orphaned, "being removed") {
+				t.Fatalf("reservation %+v, want it orphaned as being removed", r)
+			}
+			g := snap.Node(0).GPUs
+			i := slices.IndexFunc(g, func(x placement.GPU) bool { return x.ID == "n-gpu1" })
+			if i < 0 || g[i].Reserved || g[i].FreeMilli != 0 {
+				t.Errorf("GPUs %+v, want n-gpu1 held whole (not reserved for shares)", g)
+			}
+		})
 	}
 }

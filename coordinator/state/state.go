@@ -52,6 +52,10 @@ type Inputs struct {
 	// of the GPUs of nodes in mode dra, by node and GPU UUID. On those nodes
 	// GPUs are charged from claims, not from pods' GPU resources.
 	DRAUsage dra.Usage
+	// Removing names reservation pods the coordinator deleted (pod UID ->
+	// true) that the informer may still show as they were: like those it
+	// shows terminating, they hold their GPU but take no new fraction.
+	Removing map[types.UID]bool
 	// NotBefore, when set, leaves out Karpenter's nodes (those labelled
 	// karpenter.sh/nodepool) created after it: a node the autoscaler just
 	// made is where the default scheduler binds placeholder pods within
@@ -114,8 +118,9 @@ type Reservation struct {
 	// Fractions counts the fraction pods on the GPU (bound or assumed).
 	Fractions int
 	// Orphaned says why no fraction may be placed on the GPU any more ("" when
-	// they may): its node is gone, cordoned or not Ready, or its GPU left
-	// fraction mode, turned unhealthy or left the node's inventory.
+	// they may): its node is gone, cordoned or not Ready, its GPU left
+	// fraction mode, turned unhealthy or left the node's inventory, or the
+	// reservation is being removed (Inputs.Removing, or terminating).
 	Orphaned string
 	// NodeLost is true when the reservation's node no longer exists or is not
 	// Ready: no kubelet there confirms a graceful deletion.
@@ -341,6 +346,11 @@ func Build(in Inputs) (*Snapshot, error) {
 				g := ReservedGPU(p)
 				key := NodeGPU{nodeName, g}
 				orphaned := acc.orphaned(nodeName, g)
+				if orphaned == "" && p.Annotations[api.AnnotationReservedGPU] != "" && (p.DeletionTimestamp != nil || in.Removing[p.UID]) {
+					// Being removed: a fraction bound on its GPU now would run
+					// on a GPU no reservation holds a moment later.
+					orphaned = fmt.Sprintf("the reservation of GPU %s on %s is being removed", g, nodeName)
+				}
 				if _, placed := acc.gpuIndex[g]; placed && orphaned == "" && p.Annotations[api.AnnotationReservedGPU] == "" {
 					// Not told its GPU yet: counted once every pod that was is
 					// (chargeAsking).

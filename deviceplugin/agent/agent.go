@@ -65,7 +65,15 @@ type Config struct {
 	// DRA is how the node meets the kubelet when its config puts it in mode
 	// dra.
 	DRA DRAConfig
+	// NodeResyncInterval is how often writes of the Node's annotations
+	// (the GPU inventory, the config error) that failed are tried again
+	// (0: DefaultNodeResyncInterval).
+	NodeResyncInterval time.Duration
 }
+
+// DefaultNodeResyncInterval is how often failed writes of the Node's
+// annotations are tried again by default.
+const DefaultNodeResyncInterval = 30 * time.Second
 
 // Agent is a running gpufrac-node.
 type Agent struct {
@@ -86,7 +94,10 @@ type Agent struct {
 	recorder *eventRecorder // nil: standalone, events are dropped
 	gpus     []nvidia.GPU
 	topology []*gpuallocator.Device
-	labels   map[string]string
+
+	labelsMu   sync.Mutex
+	labels     map[string]string // this node's labels, which choose its config group; guarded by labelsMu
+	labelsRead bool              // the labels were read (always, without API access); guarded by labelsMu
 
 	applyMu       sync.Mutex                     // serialises config applications
 	servingChosen atomic.Bool                    // set once the serving path (device plugins or DRA) is chosen
@@ -98,12 +109,16 @@ type Agent struct {
 	builtin    *config.File                      // the built-in defaults, which never reshape MIG
 	failClosed *config.File                      // what an invalid config at start gives: whole GPUs only; never reshapes MIG
 	current    *config.File                      // config last applied; guarded by applyMu
+	awaiting   *config.File                      // config with node groups waiting for the node's labels (failClosed served meanwhile); guarded by applyMu
 	closed     bool                              // serving failClosed since start; guarded by applyMu
 	policy     atomic.Pointer[config.NodePolicy] // resolved policy in force
 
-	invMu         sync.Mutex    // guards lastInventory
-	lastInventory string        // last inventory annotation written
-	modes         []config.Mode // per-GPU modes in force, by index
+	cfgErrMu       sync.Mutex    // guards configErr and configErrStale; held while writing the annotation
+	configErr      *string       // what the Node's config-error annotation must say (nil: absent)
+	configErrStale bool          // the annotation may not say configErr: its last write failed
+	invMu          sync.Mutex    // guards lastInventory
+	lastInventory  string        // last inventory annotation written
+	modes          []config.Mode // per-GPU modes in force, by index
 }
 
 // New returns an agent on lib; client may be nil (standalone mode). The
@@ -195,8 +210,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.client != nil {
 		a.recorder = newEventRecorder(ctx, a.client, corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName}, clock.RealClock{})
 		goRun("events", a.recorder.Run)
-		a.labels = a.nodeLabels(ctx)
 	}
+	labelsErr := a.readLabels(ctx)
 	if a.cfg.PodResourcesSocket != "" {
 		pr, err := pods.NewPodResources(a.cfg.PodResourcesSocket, 100*time.Millisecond, nil)
 		if err != nil {
@@ -207,7 +222,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	if a.podRes == nil {
-		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs and fractions")
+		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs, fractions and replicas")
 	}
 	if a.client != nil {
 		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
@@ -315,7 +330,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// 5. The serving path, chosen once from the config at start: device
 	// plugins, or the DRA driver for a node in mode dra.
-	if np, err := initial.Resolve(a.labels, len(a.gpus)); err == nil && np.DRA {
+	if np, err := initial.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA {
 		if err := a.startDRA(ctx); err != nil {
 			return err
 		}
@@ -334,8 +349,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.apply(ctx, initial, deps); err != nil {
 		return fmt.Errorf("applying config: %w", err)
 	}
+	if labelsErr != nil {
+		a.applyMu.Lock()
+		awaiting := a.awaiting != nil
+		a.applyMu.Unlock()
+		if startErr == nil && awaiting {
+			startErr = fmt.Errorf("the node's labels, which choose its config group, cannot be read: %w", labelsErr)
+		}
+		goRun("node-labels", func(ctx context.Context) error { return a.awaitLabels(ctx, deps) })
+	}
 	if startErr != nil {
 		a.reportFailClosed(ctx, startErr)
+	}
+	if a.client != nil && a.cfg.NodeName != "" {
+		goRun("node-annotations", a.resyncNode)
 	}
 	goRun("memory-watchdog", a.watchdog.Run)
 	<-ctx.Done()
@@ -346,7 +373,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // the serving path chosen at start, and builds (device-plugin resources or
 // the DRA pool).
 func (a *Agent) check(ctx context.Context, f *config.File, deps resource.Deps) error {
-	np, err := f.Resolve(a.labels, len(a.gpus))
+	np, err := f.Resolve(a.nodeLabels(), len(a.gpus))
 	if err != nil {
 		return err
 	}
@@ -363,7 +390,7 @@ func (a *Agent) check(ctx context.Context, f *config.File, deps resource.Deps) e
 
 // build resolves f for this node and builds its resources.
 func (a *Agent) build(f *config.File, deps resource.Deps) ([]resource.Resource, error) {
-	np, err := f.Resolve(a.labels, len(a.gpus))
+	np, err := f.Resolve(a.nodeLabels(), len(a.gpus))
 	if err != nil {
 		return nil, err
 	}
@@ -371,24 +398,65 @@ func (a *Agent) build(f *config.File, deps resource.Deps) ([]resource.Resource, 
 	return resource.Build(np.GPUModes, a.gpus, deps)
 }
 
-// apply applies f (nil: the config last applied, for the MIG layout
-// manager's retries): MIG layouts first, then the resources Build derives.
+// apply applies f (nil: the config waiting for the node's labels, else the
+// config last applied, for the MIG layout manager's retries and once the
+// labels are read): MIG layouts first, then the resources Build derives.
+//
+// A config with node groups is applied only once the node's labels are
+// known: without them no group matches, and the default policy would be
+// served on a node its admin configured otherwise (shared where it meant
+// exclusive, say). Until then the node fails closed (failClosed) and the
+// config waits (awaiting).
 func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) error {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
 	if f == nil {
-		if f = a.current; f == nil {
-			return nil
+		if f = a.awaiting; f == nil {
+			if f = a.current; f == nil {
+				return nil
+			}
+		}
+	}
+	if f != a.failClosed {
+		a.awaiting = nil
+		if len(f.Groups) > 0 && !a.labelsKnown() {
+			a.awaiting, f = f, a.failClosed
+		}
+	}
+	// The serving path was chosen at start, perhaps before the labels
+	// could be read: a config that now puts the node on the other path
+	// needs a restart, and the node fails closed until then.
+	if f != a.failClosed && a.servingChosen.Load() {
+		if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA != (a.dra != nil) {
+			a.reportFailClosed(ctx, fmt.Errorf("the node's labels, read after start, choose its config group: %w", ErrServingChanged))
+			f = a.failClosed
 		}
 	}
 	// Reshape MIG before Build reads it; only an admin's config does, so a
 	// missing or broken config file never destroys a MIG layout.
-	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
+	if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
 		a.migLayout.Apply(ctx, np)
 	}
 	if a.dra != nil {
-		return a.applyDRALocked(ctx, f)
+		if err := a.applyDRALocked(ctx, f); err != nil {
+			return err
+		}
+	} else if err := a.applyPluginsLocked(ctx, f, deps); err != nil {
+		return err
 	}
+	a.current = f
+	switch {
+	case f == a.failClosed:
+		a.closed = true
+	case a.closed:
+		a.closed = false
+		a.reportReopened(ctx)
+	}
+	return nil
+}
+
+// applyPluginsLocked serves the device-plugin resources of f (applyMu held).
+func (a *Agent) applyPluginsLocked(ctx context.Context, f *config.File, deps resource.Deps) error {
 	res, err := a.build(f, deps)
 	if err != nil {
 		return err
@@ -396,7 +464,7 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	if a.cdi != nil {
 		res = a.cdi.Checked(res)
 	}
-	if np, err := f.Resolve(a.labels, len(a.gpus)); err == nil {
+	if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil {
 		a.invMu.Lock()
 		a.modes = np.GPUModes
 		a.invMu.Unlock()
@@ -409,21 +477,23 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	if err := a.manager.Apply(ctx, res); err != nil {
 		return err
 	}
-	a.current = f
 	klog.FromContext(ctx).Info("Serving resources", "resources", a.manager.Resources())
-	switch {
-	case f == a.failClosed:
-		a.closed = true
-	case a.closed:
-		a.closed = false
-		a.reportReopened(ctx)
-	}
 	return nil
 }
 
-// applyDRALocked publishes the DRA pool of f (applyMu held).
+// failClosedDRA is failClosed for a node in mode dra: every GPU published
+// whole (exclusive), nothing shared, no MIG reshaped.
+var failClosedDRA = &config.File{Version: config.Version,
+	Default: config.Policy{Mode: config.ModeDRA, DRA: config.DRAConfig{GPUMode: config.ModeExclusive}}}
+
+// applyDRALocked publishes the DRA pool of f (applyMu held); failing
+// closed, every GPU whole.
 func (a *Agent) applyDRALocked(ctx context.Context, f *config.File) error {
-	np, err := f.Resolve(a.labels, len(a.gpus))
+	g := f
+	if f == a.failClosed {
+		g = failClosedDRA
+	}
+	np, err := g.Resolve(a.nodeLabels(), len(a.gpus))
 	if err != nil {
 		return err
 	}
@@ -441,26 +511,84 @@ func (a *Agent) applyDRALocked(ctx context.Context, f *config.File) error {
 		a.watchdog.SetPolicy(enforcement.PolicyOf(np.Policy))
 	}
 	a.publishInventory(ctx)
-	a.current = f
 	return nil
 }
 
-// nodeLabels reads this node's labels for config group selection; without
-// them only the default policy applies.
-func (a *Agent) nodeLabels(ctx context.Context) map[string]string {
-	var node *corev1.Node
+// readLabels reads this node's labels, which choose its config group,
+// trying a few times. Without API access there are none to read. It
+// returns why they could not be read; awaitLabels keeps trying.
+func (a *Agent) readLabels(ctx context.Context) error {
+	if a.client == nil {
+		a.setLabels(nil)
+		return nil
+	}
 	var err error
 	for i := 0; i < 5 && ctx.Err() == nil; i++ {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		node, err = a.client.GetNode(rctx, a.cfg.NodeName)
-		cancel()
-		if err == nil {
-			return node.Labels
+		if err = a.getLabels(ctx); err == nil {
+			return nil
 		}
-		time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(i+1) * 200 * time.Millisecond):
+		}
 	}
-	klog.FromContext(ctx).Error(err, "Reading node labels failed; config groups will not match", "node", a.cfg.NodeName)
+	klog.FromContext(ctx).Error(err, "Reading node labels failed; configs with node groups wait for them, whole GPUs only meanwhile", "node", a.cfg.NodeName)
+	return err
+}
+
+// getLabels reads the node's labels once.
+func (a *Agent) getLabels(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	node, err := a.client.GetNode(rctx, a.cfg.NodeName)
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", a.cfg.NodeName, err)
+	}
+	a.setLabels(node.Labels)
 	return nil
+}
+
+// awaitLabels reads the node's labels until it succeeds (backing off up
+// to maxLabelsBackoff), then applies the config that waited for them.
+func (a *Agent) awaitLabels(ctx context.Context, deps resource.Deps) error {
+	backoff := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		if err := a.getLabels(ctx); err != nil {
+			klog.FromContext(ctx).V(2).Info("Reading node labels failed; will retry", "node", a.cfg.NodeName, "err", err, "retryIn", backoff)
+			backoff = min(2*backoff, maxLabelsBackoff)
+			continue
+		}
+		klog.FromContext(ctx).Info("Read the node's labels; applying the config that waited for them", "node", a.cfg.NodeName)
+		return a.apply(ctx, nil, deps)
+	}
+}
+
+// maxLabelsBackoff bounds the wait between two reads of the node's labels.
+const maxLabelsBackoff = 30 * time.Second
+
+func (a *Agent) setLabels(l map[string]string) {
+	a.labelsMu.Lock()
+	a.labels, a.labelsRead = l, true
+	a.labelsMu.Unlock()
+}
+
+// nodeLabels is this node's labels as last read (nil before).
+func (a *Agent) nodeLabels() map[string]string {
+	a.labelsMu.Lock()
+	defer a.labelsMu.Unlock()
+	return a.labels
+}
+
+// labelsKnown tells whether the node's labels were read.
+func (a *Agent) labelsKnown() bool {
+	a.labelsMu.Lock()
+	defer a.labelsMu.Unlock()
+	return a.labelsRead
 }
 
 func (a *Agent) nodeEvent(typ, reason, format string, args ...any) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
@@ -18,6 +19,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
@@ -246,20 +248,25 @@ func gaugeHelp(e *env, name string) string {
 	return ""
 }
 
-// TestFailClosedWhenTheNodeCannotBePatched: the Node annotation cannot be
-// written (the API refuses the patch once); the node still fails closed,
-// and the event and the metric still say why.
+// TestFailClosedWhenTheNodeCannotBePatched: the API server refuses the
+// first writes of the Node's annotations (the config error, the GPU
+// inventory): the node still fails closed, the event and the metric say why
+// at once, and the annotations are written once the API server takes them
+// - not only at the next change, which may never come.
 func TestFailClosedWhenTheNodeCannotBePatched(t *testing.T) {
-	var refused atomic.Int32
-	e := startAgentWith(t, "version: v1\ndefault:\n  mode: turbo\n", func(c *fake.Clientset) {
+	var refusedError, refusedInventory atomic.Int32
+	e := startAgentFull(t, "version: v1\ndefault:\n  mode: turbo\n", func(c *fake.Clientset) {
 		c.PrependReactor("patch", "nodes", func(action clienttesting.Action) (bool, runtime.Object, error) {
 			patch := string(action.(clienttesting.PatchAction).GetPatch())
-			if strings.Contains(patch, api.AnnotationConfigError) && refused.CompareAndSwap(0, 1) {
+			if strings.Contains(patch, api.AnnotationConfigError) && refusedError.CompareAndSwap(0, 1) {
+				return true, nil, errors.New("the API server refused the patch")
+			}
+			if strings.Contains(patch, api.AnnotationGPUInventory) && refusedInventory.CompareAndSwap(0, 1) {
 				return true, nil, errors.New("the API server refused the patch")
 			}
 			return false, nil, nil
 		})
-	})
+	}, func(c *Config) { c.NodeResyncInterval = 100 * time.Millisecond })
 	e.waitServed("whole GPUs only", map[string]served{
 		api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1},
 	})
@@ -271,11 +278,126 @@ func TestFailClosedWhenTheNodeCannotBePatched(t *testing.T) {
 		}
 		return false
 	})
-	if refused.Load() != 1 {
-		t.Fatal("the config error was never patched onto the Node")
-	}
-	if got := e.nodeAnnotation(api.AnnotationConfigError); got != "" {
-		t.Errorf("annotation %s = %q after a refused patch", api.AnnotationConfigError, got)
+	e.checkGauge("gpufrac_config_fail_closed", 1)
+	e.poll("the config error written after the refused patch", func() bool {
+		return refusedError.Load() == 1 && strings.Contains(e.nodeAnnotation(api.AnnotationConfigError), "turbo")
+	})
+	e.poll("the inventory written after the refused patch", func() bool {
+		return refusedInventory.Load() == 1 && strings.Contains(e.nodeAnnotation(api.AnnotationGPUInventory), `"mode":"exclusive"`)
+	})
+}
+
+// TestNodeLabelsUnreadableAtStartFailClosed: the admin's config shares
+// GPUs as fractions by default and time-slices the nodes of pool "sliced".
+// This node is in that pool, and the API server does not answer when
+// gpufrac-node reads its labels at start. Without them no group matches, and
+// the default (fractions) would be served on a node its admin configured
+// otherwise: instead the node fails closed (whole GPUs only), says why, and
+// applies its group's config once the labels can be read.
+func TestNodeLabelsUnreadableAtStartFailClosed(t *testing.T) {
+	const config = "version: v1\ndefault:\n  mode: fraction\ngroups:\n  - nodeSelector: {gpufrac.io/pool: sliced}\n    mode: timeslice\n"
+	var refusing atomic.Bool
+	refusing.Store(true)
+	sliced := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"gpufrac.io/pool": "sliced"}}}
+	e := startAgentWith(t, config, func(c *fake.Clientset) {
+		if err := c.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), sliced, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if refusing.Load() {
+				return true, nil, errors.New("the API server is not answering")
+			}
+			return false, nil, nil
+		})
+	})
+	e.waitServed("whole GPUs only while the node's group is unknown", map[string]served{
+		api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1},
+	})
+	e.poll("the fail-closed event naming the labels", func() bool {
+		for _, ev := range e.nodeEvents() {
+			if strings.HasPrefix(ev, "Warning GPUConfigRejected: gpufrac-node fails closed") && strings.Contains(ev, "labels") {
+				return true
+			}
+		}
+		return false
+	})
+	if want := map[string]served{api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1}}; !cmp.Equal(want, e.served()) {
+		t.Fatalf("served while the node's group is unknown (-want +got):\n%s", cmp.Diff(want, e.served()))
 	}
 	e.checkGauge("gpufrac_config_fail_closed", 1)
+	refusing.Store(false)
+	e.waitServed("the sliced group's config", map[string]served{
+		api.ResourceGPU:              {Healthy: 0, Connected: false, Registrations: 1},
+		api.DefaultTimesliceResource: {Healthy: 32, Connected: true, Registrations: 1},
+	})
+	e.poll("the config error removed", func() bool { return e.nodeAnnotation(api.AnnotationConfigError) == "" })
+	e.checkGauge("gpufrac_config_fail_closed", 0)
+}
+
+// TestNodeLabelsReadLatePutNodeInModeDRA: the node's group serves it through
+// DRA, but its labels could not be read at start, so gpufrac-node chose the
+// device plugins and failed closed. Once the labels are read it does not
+// serve the DRA node's config through device plugins (fractions where the
+// admin asked for DRA, the GPUs offered twice after a restart): it stays
+// closed, whole GPUs only, and says a restart is needed.
+func TestNodeLabelsReadLatePutNodeInModeDRA(t *testing.T) {
+	const config = "version: v1\ndefault:\n  mode: fraction\ngroups:\n  - nodeSelector: {gpufrac.io/pool: dra}\n    mode: dra\n"
+	var refusing atomic.Bool
+	refusing.Store(true)
+	draNode := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"gpufrac.io/pool": "dra"}}}
+	var gets atomic.Int32
+	e := startAgentWith(t, config, func(c *fake.Clientset) {
+		if err := c.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), draNode, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if refusing.Load() {
+				return true, nil, errors.New("the API server is not answering")
+			}
+			gets.Add(1)
+			return false, nil, nil
+		})
+	})
+	whole := map[string]served{api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1}}
+	e.waitServed("whole GPUs only while the node's group is unknown", whole)
+	refusing.Store(false)
+	e.poll("the restart named once the labels are read", func() bool {
+		for _, ev := range e.nodeEvents() {
+			if strings.HasPrefix(ev, "Warning GPUConfigRejected: gpufrac-node fails closed") && strings.Contains(ev, "needs a restart") {
+				return true
+			}
+		}
+		return false
+	})
+	if gets.Load() == 0 {
+		t.Fatal("the labels were never read")
+	}
+	if got := e.served(); !cmp.Equal(whole, got) {
+		t.Fatalf("served once the labels put the node in mode dra (-want +got):\n%s", cmp.Diff(whole, got))
+	}
+	e.checkGauge("gpufrac_config_fail_closed", 1)
+	if got := e.nodeAnnotation(api.AnnotationConfigError); !strings.Contains(got, "needs a restart") {
+		t.Fatalf("config error annotation %q does not say a restart is needed", got)
+	}
+}
+
+// TestFailClosedDRA: a node in mode dra that fails closed (a config with
+// node groups waiting for its labels) publishes every GPU whole through
+// DRA: it stays on the serving path chosen at start, nothing shared.
+func TestFailClosedDRA(t *testing.T) {
+	np, err := failClosedDRA.Resolve(nil, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !np.DRA {
+		t.Fatal("failing closed in mode dra left DRA")
+	}
+	for i, m := range np.GPUModes {
+		if m != config.ModeExclusive {
+			t.Errorf("GPU %d published as %q, want exclusive", i, m)
+		}
+	}
+	if len(np.GPUModes) != 4 {
+		t.Errorf("%d GPU modes, want 4", len(np.GPUModes))
+	}
 }

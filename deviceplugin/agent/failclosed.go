@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,18 +58,57 @@ func (a *Agent) reportReopened(ctx context.Context) {
 }
 
 // patchConfigError sets (msg) or removes (nil) the Node annotation
-// api.AnnotationConfigError. Failures are logged: the event and the metric
-// still tell.
+// api.AnnotationConfigError. A failed write is logged (the event and the
+// metric still tell) and tried again by resyncNode until one succeeds or a
+// newer value replaces it.
 func (a *Agent) patchConfigError(ctx context.Context, msg *string) {
 	if a.client == nil || a.cfg.NodeName == "" {
 		return
 	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]*string{api.AnnotationConfigError: msg}}})
+	a.cfgErrMu.Lock()
+	defer a.cfgErrMu.Unlock()
+	a.configErr, a.configErrStale = msg, true
+	a.writeConfigErrorLocked(ctx)
+}
+
+// writeConfigErrorLocked writes configErr to the Node. a.cfgErrMu is held.
+func (a *Agent) writeConfigErrorLocked(ctx context.Context) {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]*string{api.AnnotationConfigError: a.configErr}}})
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Encoding the config error annotation")
 		return
 	}
 	if _, err := a.client.PatchNode(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
-		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Writing the config error on the Node failed")
+		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Writing the config error on the Node failed; will retry")
+		return
+	}
+	a.configErrStale = false
+}
+
+// resyncNode tries again, every NodeResyncInterval until ctx ends, the
+// writes of the Node's annotations that failed: the config error, and the
+// GPU inventory (which publishInventory writes only when it differs from
+// what it last wrote). Without it a write refused once (the API server
+// restarting, or throttling every agent of a rollout) stayed missing until
+// the next change: no inventory meant no fractions placed on the node.
+func (a *Agent) resyncNode(ctx context.Context) error {
+	interval := a.cfg.NodeResyncInterval
+	if interval <= 0 {
+		interval = DefaultNodeResyncInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		a.cfgErrMu.Lock()
+		if a.configErrStale {
+			a.writeConfigErrorLocked(ctx)
+		}
+		a.cfgErrMu.Unlock()
+		a.publishInventory(ctx)
 	}
 }

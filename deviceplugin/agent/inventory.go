@@ -20,7 +20,7 @@ import (
 // GPU in mode mig its MIG devices (profile, UUID, resource, memory), with a
 // GPU in mode timeslice its replicas and their resource, so the coordinator
 // can charge queues for them in GPU terms. It is a no-op without API
-// access; failures are logged and retried on the next change, never fatal.
+// access; failures are logged and retried (resyncNode), never fatal.
 func (a *Agent) publishInventory(ctx context.Context) {
 	if a.client == nil || a.cfg.NodeName == "" {
 		return
@@ -57,7 +57,7 @@ func (a *Agent) publishInventory(ctx context.Context) {
 	}
 	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationGPUInventory: val}}})
 	if _, err := a.client.PatchNode(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
-		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Publishing GPU inventory failed")
+		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Publishing GPU inventory failed; will retry")
 		return
 	}
 	a.lastInventory = val

@@ -185,8 +185,11 @@ func TestRunReportsChangesAndFollowsTheSpecFiles(t *testing.T) {
 	}
 }
 
-// fakeResource hands out one CDI device per ID.
-type fakeResource struct{ ids []string }
+// fakeResource hands out one CDI device per ID, counting its allocations.
+type fakeResource struct {
+	ids   []string
+	calls *int
+}
 
 func (f fakeResource) Name() string { return "nvidia.com/gpu" }
 func (f fakeResource) Devices() []*pluginapi.Device {
@@ -200,6 +203,9 @@ func (f fakeResource) Preferred(context.Context, []string, []string, int) ([]str
 	return nil, nil
 }
 func (f fakeResource) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if f.calls != nil {
+		*f.calls++
+	}
 	resp := &pluginapi.ContainerAllocateResponse{}
 	for _, id := range ids {
 		uuid, _, err := resource.ParseUnitID(id)
@@ -219,7 +225,8 @@ func TestCheckedAllocateRefusesUnresolvedDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Fraction units of GPU 0, and GPU 1 whole.
-	res := c.Checked([]resource.Resource{fakeResource{ids: []string{resource.UnitID(gpus[0].UUID, 0), resource.UnitID(gpus[0].UUID, 1), gpus[1].UUID}}})
+	var calls int
+	res := c.Checked([]resource.Resource{fakeResource{ids: []string{resource.UnitID(gpus[0].UUID, 0), resource.UnitID(gpus[0].UUID, 1), gpus[1].UUID}, calls: &calls}})
 	if st := c.Check(); len(st.Missing) != 2 {
 		t.Fatalf("wanted names from the devices served: missing %v, want the 2 GPUs", st.Missing)
 	}
@@ -229,6 +236,12 @@ func TestCheckedAllocateRefusesUnresolvedDevices(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(c.metrics.refused.WithLabelValues("nvidia.com/gpu")); got != 1 {
 		t.Errorf("gpufrac_cdi_allocations_refused_total = %v, want 1", got)
+	}
+	// The refusal comes before the resource allocates anything: the
+	// fraction resource records every answer it gives as placed (its pod
+	// hint, for the next admissions) until the kubelet says otherwise.
+	if calls != 0 {
+		t.Errorf("the resource allocated %d times for a refused container, want 0", calls)
 	}
 	if _, err := cditest.Write(dir, cditest.Spec(cditest.FromGPUs(gpus, nil))); err != nil {
 		t.Fatal(err)

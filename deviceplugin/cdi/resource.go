@@ -3,6 +3,7 @@ package cdi
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -42,20 +43,41 @@ type checked struct {
 	c *Checker
 }
 
-// Allocate implements resource.Resource.
+// Allocate implements resource.Resource. The devices behind ids are
+// checked before the resource allocates: a refused container must leave no
+// trace (the fraction resource records every answer it gives as placed, for
+// the next admissions, until the kubelet says otherwise). The response's
+// own device names are checked again after.
 func (r checked) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	names := make([]string, 0, len(ids))
+	for _, id := range ids {
+		names = append(names, Name(deviceUUID(id)))
+	}
+	if err := r.refuseUnresolved(names); err != nil {
+		return nil, err
+	}
 	resp, err := r.Resource.Allocate(ctx, ids)
 	if err != nil || len(resp.CdiDevices) == 0 {
 		return resp, err
 	}
-	names := make([]string, len(resp.CdiDevices))
-	for i, d := range resp.CdiDevices {
-		names[i] = d.Name
+	names = names[:0]
+	for _, d := range resp.CdiDevices {
+		names = append(names, d.Name)
 	}
-	if missing := r.c.Unresolved(names); len(missing) > 0 {
-		r.c.metrics.refused.WithLabelValues(r.Name()).Inc()
-		return nil, fmt.Errorf("%w: %s is in no spec under %s; the container runtime could not start the container (generate the NVIDIA CDI spec: nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml)",
-			ErrUnresolved, strings.Join(missing, ", "), strings.Join(r.c.opts.SpecDirs, ", "))
+	if err := r.refuseUnresolved(names); err != nil {
+		return nil, err
 	}
 	return resp, nil
+}
+
+// refuseUnresolved returns why the container must be refused when some of
+// the CDI names resolve in no spec, counting the refusal; else nil.
+func (r checked) refuseUnresolved(names []string) error {
+	missing := r.c.Unresolved(slices.Compact(slices.Sorted(slices.Values(names))))
+	if len(missing) == 0 {
+		return nil
+	}
+	r.c.metrics.refused.WithLabelValues(r.Name()).Inc()
+	return fmt.Errorf("%w: %s is in no spec under %s; the container runtime could not start the container (generate the NVIDIA CDI spec: nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml)",
+		ErrUnresolved, strings.Join(missing, ", "), strings.Join(r.c.opts.SpecDirs, ", "))
 }

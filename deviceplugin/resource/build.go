@@ -140,7 +140,7 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 		out = append(out, NewFraction(FractionOptions{GPUs: frac, Health: d.Health, Usage: d.Usage, Hint: d.Hint, Strategy: d.Strategy}))
 	}
 	if len(sliced) > 0 {
-		out = append(out, NewTimeslice(TimesliceOptions{Sharing: sharing, GPUs: sliced, Health: d.Health, Strategy: d.Strategy}))
+		out = append(out, NewTimeslice(TimesliceOptions{Sharing: sharing, GPUs: sliced, Health: d.Health, Strategy: d.Strategy, Usage: d.Usage}))
 	}
 	migRes, err := buildMIG(strategy, migGPUs, gpus, d)
 	if err != nil {

@@ -1,6 +1,7 @@
 package resource
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +54,7 @@ func TestEveryAllocateSetsVisibleDevicesVoid(t *testing.T) {
 		}{
 			{"whole", NewWhole(WholeOptions{GPUs: gs, Usage: fakeUsage{}, Strategy: strategy}), []string{"GPU-0"}},
 			{"fraction", NewFraction(FractionOptions{GPUs: gs, Usage: fakeUsage{}, Strategy: strategy}), units("GPU-1", 0, 20)},
-			{"replica", NewTimeslice(TimesliceOptions{Sharing: timeslice.Sharing{Replicas: 4}, GPUs: gs, Strategy: strategy}), []string{"GPU-0::1"}},
+			{"replica", NewTimeslice(TimesliceOptions{Sharing: timeslice.Sharing{Replicas: 4}, GPUs: gs, Strategy: strategy, Usage: fakeUsage{}}), []string{"GPU-0::1"}},
 			{"MIG", mr, []string{migDev.UUID}},
 		} {
 			t.Run(tc.kind+"/"+string(strategy), func(t *testing.T) {
@@ -73,4 +74,58 @@ func TestEveryAllocateSetsVisibleDevicesVoid(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestModeChangeNeverSharesAHeldGPU: an admin's config change moves GPUs
+// between modes while pods still hold them (the kubelet keeps their
+// devices until they end). Time-sliced replicas must not go to a GPU a pod
+// holds whole or that carries fraction units, and fraction units must not
+// go to a GPU that carries replicas: each would put a second tenant on a
+// GPU beyond what the first was promised.
+func TestModeChangeNeverSharesAHeldGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		usage GPUUsage // of GPU-0; GPU-1 is free
+	}{
+		{"held whole (exclusive before)", GPUUsage{WholeHolder: "victims/trainer"}},
+		{"held by a reservation for fractions (fraction before)", GPUUsage{WholeHolder: api.ReservationNamespace + "/" + api.ReservationNamePrefix + "n-0", WholeHolderIsReservation: true, Units: 60}},
+		{"fraction units without a reservation", GPUUsage{Units: 60}},
+	} {
+		t.Run("replicas on a GPU "+tc.name, func(t *testing.T) {
+			r := NewTimeslice(TimesliceOptions{Sharing: timeslice.Sharing{Replicas: 4}, GPUs: gpus(2), Usage: fakeUsage{"GPU-0": tc.usage}})
+			all := []string{"GPU-0::0", "GPU-0::1", "GPU-0::2", "GPU-0::3", "GPU-1::0", "GPU-1::1", "GPU-1::2", "GPU-1::3"}
+			for range 2 { // the least loaded GPU first: GPU-0 would be chosen on a tie
+				ids, err := r.Preferred(t.Context(), all, nil, 1)
+				if err != nil {
+					t.Fatalf("Preferred: %v", err)
+				}
+				if gpu, _, _ := ParseUnitID(ids[0]); gpu != "GPU-1" {
+					t.Errorf("Preferred() = %v, want a replica of GPU-1 (GPU-0 is %s)", ids, tc.name)
+				}
+				all = all[1:] // GPU-0 loses a replica: it is now the less loaded
+			}
+			if _, err := r.Allocate(t.Context(), []string{"GPU-0::3"}); err == nil || !errors.Is(err, ErrHeldOrShared) {
+				t.Errorf("Allocate(GPU-0::3) error = %v, want %v", err, ErrHeldOrShared)
+			}
+		})
+	}
+	t.Run("fraction units on a GPU carrying replicas (timeslice before)", func(t *testing.T) {
+		f := NewFraction(FractionOptions{GPUs: gpus(2), Usage: fakeUsage{"GPU-1": {Replicas: 3}}, Hint: &fakeHint{gpu: "GPU-1"}})
+		ids, err := f.Preferred(t.Context(), allUnits(2, map[int]int{0: 50}), nil, 10)
+		if err != nil {
+			t.Fatalf("Preferred: %v", err)
+		}
+		if gpu, _ := GPUOfUnits(ids); gpu != "GPU-0" {
+			t.Errorf("Preferred() put the fraction on %s, want GPU-0 (GPU-1 carries time-sliced replicas)", gpu)
+		}
+		if _, err := f.Allocate(t.Context(), units("GPU-1", 0, 10)); err == nil || !errors.Is(err, ErrHeldOrShared) {
+			t.Errorf("Allocate(10 units of GPU-1) error = %v, want %v", err, ErrHeldOrShared)
+		}
+	})
+	t.Run("replicas without the kubelet's allocations", func(t *testing.T) {
+		r := NewTimeslice(TimesliceOptions{Sharing: timeslice.Sharing{Replicas: 4}, GPUs: gpus(1)})
+		if _, err := r.Allocate(t.Context(), []string{"GPU-0::0"}); !errors.Is(err, ErrUsageUnknown) {
+			t.Errorf("Allocate without usage: %v, want %v", err, ErrUsageUnknown)
+		}
+	})
 }

@@ -95,7 +95,8 @@ var ErrTooManyUnits = fmt.Errorf("a fraction request may ask for at most %d unit
 //     admission policies are missing, and a reservation marks exactly the
 //     GPUs the coordinator shares;
 //  2. else the best-fitting GPU (fewest free units that still fit) that no
-//     pod other than a reservation holds whole.
+//     pod other than a reservation holds whole and that carries no
+//     time-sliced replicas (left by an earlier mode).
 //
 // Without the kubelet's allocations (ErrUsageUnknown) it refuses.
 func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []string, size int) ([]string, error) {
@@ -134,7 +135,7 @@ func (f *Fraction) Preferred(ctx context.Context, available, mustInclude []strin
 		if err := f.hint.Refusal(size); err != nil {
 			return nil, fmt.Errorf("preferred allocation of %d units: %w", size, err)
 		}
-		if ok && len(free[g]) >= size && f.health(g) && usage[g].WholeHolderIsReservation {
+		if ok && len(free[g]) >= size && f.health(g) && usage[g].WholeHolderIsReservation && usage[g].Replicas == 0 {
 			gpu = g
 		} else if ok {
 			klog.FromContext(ctx).V(2).Info("Pod hint not honoured: its GPU is not held by a reservation, or has no room", "gpu", g, "units", size, "free", len(free[g]), "wholeHolder", usage[g].WholeHolder)
@@ -175,8 +176,8 @@ func (f *Fraction) bestFit(free map[string][]int, usage map[string]GPUUsage, pin
 			continue
 		}
 		u := usage[g]
-		if u.HeldWholeByOther() {
-			continue
+		if u.HeldWholeByOther() || u.Replicas > 0 {
+			continue // held whole, or time-sliced since an earlier mode
 		}
 		if n < bestFree || (n == bestFree && u.WholeHolderIsReservation && !bestReserved) {
 			best, bestFree, bestReserved = g, n, u.WholeHolderIsReservation
@@ -213,6 +214,8 @@ func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.Conta
 	}
 	if u := usage[uuid]; u.HeldWholeByOther() {
 		return nil, fmt.Errorf("allocating %d units of %s: %w (%s)", n, uuid, ErrHeldWhole, u.WholeHolder)
+	} else if u.Replicas > 0 {
+		return nil, fmt.Errorf("allocating %d units of %s: it carries %d time-sliced replicas: %w", n, uuid, u.Replicas, ErrHeldOrShared)
 	}
 	if f.hint != nil {
 		if err := f.hint.Refusal(n); err != nil {

@@ -88,6 +88,17 @@ func (u GPUUsage) Shared() bool { return u.Units > 0 || u.Replicas > 0 }
 // GPU whole, so no share of it may be given.
 func (u GPUUsage) HeldWholeByOther() bool { return u.WholeHolder != "" && !u.WholeHolderIsReservation }
 
+// BlocksReplicas tells whether no time-sliced replica may be given on the
+// GPU: a pod holds it whole (a reservation too: fractions run there) or it
+// carries fraction units. A GPU serves replicas only in mode timeslice, so
+// such pods were left by an earlier mode, and run until they end.
+func (u GPUUsage) BlocksReplicas() bool { return u.WholeHolder != "" || u.Units > 0 }
+
+// ErrHeldOrShared is returned for a share of a GPU that pods left by an
+// earlier mode hold otherwise: replicas of a GPU held whole or carrying
+// fraction units, fraction units of a GPU carrying replicas.
+var ErrHeldOrShared = errors.New("pods left from the GPU's earlier mode hold it whole or share it otherwise; it takes new shares once they end")
+
 // UsageSource reports per-GPU allocations from the kubelet's PodResources.
 // Implementations answer from a cache; an error means "unknown".
 type UsageSource interface {

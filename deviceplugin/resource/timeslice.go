@@ -19,6 +19,7 @@ import (
 type Timeslice struct {
 	gpuSet
 	sharing timeslice.Sharing
+	usage   UsageSource
 }
 
 var _ Resource = (*Timeslice)(nil)
@@ -32,11 +33,15 @@ type TimesliceOptions struct {
 	GPUs     []nvidia.GPU
 	Health   HealthFunc
 	Strategy DeviceListStrategy
+	// Usage keeps replicas off GPUs that pods left by an earlier mode hold
+	// whole or share as fractions (GPUUsage.BlocksReplicas). Without it
+	// (nil, or failing) no replica is given: ErrUsageUnknown.
+	Usage UsageSource
 }
 
 // NewTimeslice builds the time-sliced replica resource.
 func NewTimeslice(o TimesliceOptions) *Timeslice {
-	t := &Timeslice{gpuSet: newGPUSet(o.GPUs, o.Health, o.Strategy), sharing: o.Sharing}
+	t := &Timeslice{gpuSet: newGPUSet(o.GPUs, o.Health, o.Strategy), sharing: o.Sharing, usage: o.Usage}
 	if t.sharing.ResourceName == "" {
 		t.sharing.ResourceName = api.DefaultTimesliceResource
 	}
@@ -75,8 +80,9 @@ func (t *Timeslice) replicas(ids []string) ([]timeslice.Replica, error) {
 }
 
 // Preferred implements Resource (see timeslice.Pick): the least loaded
-// GPU with room for the whole request.
-func (t *Timeslice) Preferred(_ context.Context, available, mustInclude []string, size int) ([]string, error) {
+// GPU with room for the whole request, among the healthy GPUs no pod left
+// by an earlier mode holds whole or shares as fractions.
+func (t *Timeslice) Preferred(ctx context.Context, available, mustInclude []string, size int) ([]string, error) {
 	if err := t.sharing.CheckRequest(size); err != nil {
 		return nil, err
 	}
@@ -88,13 +94,22 @@ func (t *Timeslice) Preferred(_ context.Context, available, mustInclude []string
 	if err != nil {
 		return nil, fmt.Errorf("preferred allocation: must-include devices: %w", err)
 	}
+	usage, err := readUsage(ctx, t.usage)
+	if err != nil {
+		return nil, fmt.Errorf("preferred allocation of %d %s: %w", size, t.Name(), err)
+	}
+	for _, r := range must {
+		if u := usage[r.GPU]; u.BlocksReplicas() {
+			return nil, fmt.Errorf("preferred allocation: must-include replica of %s: %w", r.GPU, heldOrShared(u))
+		}
+	}
 	free := map[string][]int{}
 	for _, r := range avail {
 		free[r.GPU] = append(free[r.GPU], r.K)
 	}
 	order := make([]string, 0, len(t.order))
 	for _, u := range t.order {
-		if t.health(u) {
+		if t.health(u) && !usage[u].BlocksReplicas() {
 			order = append(order, u)
 		}
 	}
@@ -111,8 +126,11 @@ func (t *Timeslice) Preferred(_ context.Context, available, mustInclude []string
 
 // Allocate implements Resource: the GPUs behind the replicas and their
 // memory share. When replicas span GPUs with different counts the limit is
-// the smallest per-GPU share, which holds on every GPU.
-func (t *Timeslice) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+// the smallest per-GPU share, which holds on every GPU. It refuses replicas
+// of a GPU that a pod left by an earlier mode holds whole or shares as
+// fractions (whatever chose them), and any while the kubelet's allocations
+// are unknown.
+func (t *Timeslice) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	if err := t.sharing.CheckRequest(len(ids)); err != nil {
 		return nil, fmt.Errorf("allocating: %w", err)
 	}
@@ -120,7 +138,16 @@ func (t *Timeslice) Allocate(_ context.Context, ids []string) (*pluginapi.Contai
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d replicas: %w", len(ids), err)
 	}
+	usage, err := readUsage(ctx, t.usage)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d replicas: %w", len(ids), err)
+	}
 	perGPU := timeslice.PerGPU(rs)
+	for gpu := range perGPU {
+		if u := usage[gpu]; u.BlocksReplicas() {
+			return nil, fmt.Errorf("allocating replicas of %s: %w", gpu, heldOrShared(u))
+		}
+	}
 	var gs []nvidia.GPU
 	var limit uint64
 	for _, u := range t.order {
@@ -137,4 +164,12 @@ func (t *Timeslice) Allocate(_ context.Context, ids []string) (*pluginapi.Contai
 	resp := newResponse(map[string]string{api.EnvMemoryLimitMiB: strconv.FormatUint(limit, 10)})
 	containerDevices(t.strategy, gs, resp)
 	return resp, nil
+}
+
+// heldOrShared says why a GPU takes no replicas now.
+func heldOrShared(u GPUUsage) error {
+	if u.WholeHolder != "" {
+		return fmt.Errorf("%s holds it whole (%d fraction units on it): %w", u.WholeHolder, u.Units, ErrHeldOrShared)
+	}
+	return fmt.Errorf("it carries %d fraction units: %w", u.Units, ErrHeldOrShared)
 }

@@ -19,6 +19,7 @@ func newTimeslice(replicas int, failMany bool, health HealthFunc) *Timeslice {
 		Sharing: config.TimesliceConfig{Replicas: replicas, FailRequestsGreaterThanOne: failMany}.Sharing(),
 		GPUs:    gpus(8),
 		Health:  health,
+		Usage:   fakeUsage{},
 	})
 }
 
@@ -144,7 +145,7 @@ func TestTimeslicePreferred(t *testing.T) {
 }
 
 func TestTimesliceCDI(t *testing.T) {
-	r := NewTimeslice(TimesliceOptions{Sharing: timeslice.Sharing{Replicas: 2, ResourceName: "example.com/ts"}, GPUs: gpus(2), Strategy: StrategyCDI})
+	r := NewTimeslice(TimesliceOptions{Sharing: timeslice.Sharing{Replicas: 2, ResourceName: "example.com/ts"}, GPUs: gpus(2), Strategy: StrategyCDI, Usage: fakeUsage{}})
 	resp, err := r.Allocate(t.Context(), []string{"GPU-1::1"})
 	if err != nil {
 		t.Fatal(err)

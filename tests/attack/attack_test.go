@@ -112,6 +112,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		}{
 			{api.AnnotationGPU, b.victimGPUs[0], "is written only by gpufrac-coordinator"},
 			{api.AnnotationAdmittedQueue, "team-b", "is written only by gpufrac-coordinator"},
+			{api.AnnotationAdmittedPreemptible, "false", "is written only by gpufrac-coordinator"},
 			{api.AnnotationAllocatedGPU, b.victimGPUs[0], "is written only by gpufrac-node"},
 			{api.AnnotationReservedGPU, b.victimGPUs[0], "is written only by gpufrac-node"},
 		} {
@@ -125,13 +126,76 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 
 	t.Run("protocol annotations on update", func(t *testing.T) {
 		p := create(t, b.tenant, tenantPod("benign").CPU("100m").Obj())
-		for _, key := range []string{api.AnnotationGPU, api.AnnotationAdmittedQueue, api.AnnotationAllocatedGPU, api.AnnotationReservedGPU} {
+		for _, key := range []string{api.AnnotationGPU, api.AnnotationAdmittedQueue, api.AnnotationAdmittedPreemptible, api.AnnotationAllocatedGPU, api.AnnotationReservedGPU} {
 			t.Run(key, func(t *testing.T) {
 				_, err := b.tenant.CoreV1().Pods(attackerNS).Patch(t.Context(), p.Name, types.MergePatchType,
 					mergePatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: b.victimGPUs[0]}}}),
 					metav1.PatchOptions{})
 				refused(t, err, "gpufrac-protocol-annotations", "annotation "+key+" is written only by")
 			})
+		}
+	})
+
+	t.Run("protocol annotations through pods/status", func(t *testing.T) {
+		// The status subresource writes a pod's metadata too. Tenants with
+		// edit rights cannot write it, but an operator's ServiceAccount in
+		// their namespace often may.
+		p := create(t, b.tenant, tenantPod("status-writer").CPU("100m").Obj())
+		revoke := b.grant(t, attackerNS, "status-writer", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch", "update"}})
+		defer revoke()
+		waitFor(t, 10*time.Second, "the right to write pods/status", func(ctx context.Context) (bool, error) {
+			_, err := b.tenant.CoreV1().Pods(attackerNS).Patch(ctx, p.Name, types.MergePatchType,
+				mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"probe": "1"}}}), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+			return err == nil, nil
+		})
+		for _, key := range []string{api.AnnotationAdmittedQueue, api.AnnotationAdmittedPreemptible, api.AnnotationGPU, api.AnnotationAllocatedGPU} {
+			_, err := b.tenant.CoreV1().Pods(attackerNS).Patch(t.Context(), p.Name, types.MergePatchType,
+				mergePatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: "team-b"}}}), metav1.PatchOptions{}, "status")
+			refused(t, err, "gpufrac-protocol-annotations", "annotation "+key+" is written only by")
+		}
+	})
+
+	t.Run("a bound pod's metadata edited after admission", func(t *testing.T) {
+		// gpufrac.io/preemptible "false" added after admission must not
+		// protect borrowed capacity, and a pod made unparsable must stay
+		// charged: the books read the binding's record.
+		p := create(t, b.tenant, tenantPod("edited").GPUs(1).Obj())
+		var before v1alpha1.QueueStatus
+		waitFor(t, 30*time.Second, "the pod bound and charged to team-a", func(ctx context.Context) (bool, error) {
+			got, err := b.c.Client.CoreV1().Pods(attackerNS).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil || got.Spec.NodeName == "" || got.Annotations[api.AnnotationAdmittedPreemptible] != "true" {
+				return false, nil
+			}
+			before, err = queueStatus(ctx, b.c, "team-a")
+			gpu := before.Allocated[v1alpha1.ResourceGPU]
+			return err == nil && gpu.MilliValue() >= 1000, nil
+		})
+		for _, v := range []string{"false", "maybe"} {
+			if _, err := b.tenant.CoreV1().Pods(attackerNS).Patch(t.Context(), p.Name, types.MergePatchType,
+				mergePatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationPreemptible: v}}}), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// A pod admitted after the edit shows a cycle has seen it.
+			marker := create(t, b.tenant, tenantPod("marker-"+v).CPU("100m").Obj())
+			var after v1alpha1.QueueStatus
+			waitFor(t, 30*time.Second, "a cycle after the edit", func(ctx context.Context) (bool, error) {
+				got, err := b.c.Client.CoreV1().Pods(attackerNS).Get(ctx, marker.Name, metav1.GetOptions{})
+				if err != nil || got.Spec.NodeName == "" {
+					return false, nil
+				}
+				after, err = queueStatus(ctx, b.c, "team-a")
+				cpu, cpuBefore := after.Allocated[v1alpha1.ResourceCPU], before.Allocated[v1alpha1.ResourceCPU]
+				return err == nil && cpu.MilliValue() == cpuBefore.MilliValue()+100, nil
+			})
+			for what, pair := range map[string][2]string{
+				"allocated":                 {gpuOf(before.Allocated), gpuOf(after.Allocated)},
+				"allocated non-preemptible": {gpuOf(before.AllocatedNonPreemptible), gpuOf(after.AllocatedNonPreemptible)},
+			} {
+				if pair[0] != pair[1] {
+					t.Errorf("preemptible %q: team-a %s GPU %s, was %s", v, what, pair[1], pair[0])
+				}
+			}
+			before = after
 		}
 	})
 
@@ -402,6 +466,20 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		_, err = node.CoreV1().Pods(attackerNS).Patch(t.Context(), mine.Name, types.MergePatchType,
 			mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"app": "hijacked"}}}), metav1.PatchOptions{})
 		refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations gpufrac.io/allocated-gpu and gpufrac.io/reserved-gpu of a pod")
+		// Nor the rest of its metadata: a finalizer would keep the pod from
+		// ever being deleted, an owner that does not exist would have the
+		// garbage collector delete it.
+		for what, meta := range map[string]map[string]any{
+			"a finalizer": {"finalizers": []string{"example.com/hold"}},
+			"an owner":    {"ownerReferences": []any{map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}}},
+		} {
+			_, err = node.CoreV1().Pods(attackerNS).Patch(t.Context(), mine.Name, types.MergePatchType, mergePatch(map[string]any{"metadata": meta}), metav1.PatchOptions{})
+			if err == nil {
+				t.Errorf("gpufrac-node set %s on a pod of its node", what)
+			} else {
+				refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations")
+			}
+		}
 		// As DRA driver: only its own node's slices, only its own driver.
 		slice := func(node, driver string) *resourceapi.ResourceSlice {
 			return &resourceapi.ResourceSlice{
@@ -579,6 +657,39 @@ func (b *bed) grantEdit(t *testing.T, ns string) func() {
 			t.Errorf("removing the tenant's edit rights in %s: %v", ns, err)
 		}
 	}
+}
+
+// grant gives the tenant one more rule in ns (a Role and its binding,
+// both named name) and returns a function that takes it away again.
+func (b *bed) grant(t *testing.T, ns, name string, rule rbacv1.PolicyRule) func() {
+	t.Helper()
+	if _, err := b.c.Client.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{rule},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Client.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: tenantSA, Namespace: attackerNS}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		ctx := context.WithoutCancel(t.Context())
+		if err := b.c.Client.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("removing the tenant's rule %s in %s: %v", name, ns, err)
+		}
+		if err := b.c.Client.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("removing the role %s in %s: %v", name, ns, err)
+		}
+	}
+}
+
+// gpuOf is a resource list's GPU quantity as text ("0" when absent).
+func gpuOf(l corev1.ResourceList) string {
+	q := l[v1alpha1.ResourceGPU]
+	return q.String()
 }
 
 // labelNamespace sets (or, with "", removes) a namespace's default queue, as its admin.

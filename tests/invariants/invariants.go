@@ -9,16 +9,26 @@
 //  1. gpu: no GPU beyond 100 % of fractions, none given to two whole holders
 //     (reservations count as whole holders), no fraction on a GPU a pod holds
 //     whole, and every fraction's GPU held by a reservation (unless
-//     Options.NoReservations); no pod rejected at device admission.
+//     Options.NoReservations) - the GPU it got, or before it is admitted the
+//     GPU the coordinator planned; no pod rejected at device admission. These
+//     read what gpufrac-node wrote back (gpufrac.io/allocated-gpu), so a
+//     running pod holding GPUs on a node gpufrac-node serves (it publishes
+//     the node's GPU inventory) must have it written back: otherwise the GPU
+//     checks would pass for want of anything to check.
 //  2. reservation: every reservation pod admitted (gpufrac.io/reserved-gpu),
 //     on a Ready, schedulable node that lists its GPU healthy in fraction
 //     mode, with a fraction on that GPU (unless Options.AllowIdleReservations),
 //     one per GPU, none terminating.
 //  3. placeholder: every placeholder pod serves pending work the queues
-//     admitted (its pods wait with NoCapacity or ReservationPending).
+//     admitted (its pods wait with NoCapacity or ReservationPending), and the
+//     placeholders ask no more GPUs in all than that work could use (each
+//     waiting pod its whole GPUs, one GPU per fraction, one per MIG device or
+//     replica).
 //  4. queue: every Queue's status.allocated (gpu, cpu) equals the usage
 //     recomputed from the bound pods charged to it (gpufrac.io/admitted-queue)
-//     and to its children.
+//     and to its children; and every bound pod of the coordinator names the
+//     queue it was charged to (the binding writes it: a pod bound without it
+//     was not bound by the coordinator, and no queue pays for it).
 //  5. pending: every pending pod of the coordinator older than
 //     Options.PendingGrace says why (PodScheduled=False with a reason, never
 //     Unschedulable).
@@ -252,6 +262,7 @@ func (k nodeGPU) String() string { return k.node + "/" + k.gpu }
 func (w *world) gpus() {
 	whole := map[nodeGPU][]*corev1.Pod{} // GPU -> whole holders (reservations included)
 	fracs := map[nodeGPU]int64{}         // GPU -> percent given to fractions
+	planned := map[nodeGPU][]string{}    // GPU -> fraction pods planned on it and not admitted yet
 	for _, p := range w.pods {
 		if p.Status.Phase == corev1.PodFailed && p.Status.Reason == reasonUnexpectedAdmissionError && !w.o.AllowAdmissionRejections {
 			w.add(GPU, key(p), "rejected at device admission: %s", p.Status.Message)
@@ -266,6 +277,14 @@ func (w *world) gpus() {
 				whole[k] = append(whole[k], p)
 			}
 			continue
+		}
+		if !isPlaceholder(p) && p.Status.Phase == corev1.PodRunning && p.Annotations[api.AnnotationAllocatedGPU] == "" &&
+			(amount(p, api.ResourceGPU) > 0 || amount(p, api.ResourceFraction) > 0) && served(w.nodes[node]) {
+			w.add(GPU, key(p), "runs on %s holding GPUs, but gpufrac-node never wrote back which (%s)", node, api.AnnotationAllocatedGPU)
+		}
+		if g := p.Annotations[api.AnnotationGPU]; g != "" && amount(p, api.ResourceFraction) > 0 && p.Annotations[api.AnnotationAllocatedGPU] == "" {
+			k := nodeGPU{node, g}
+			planned[k] = append(planned[k], key(p))
 		}
 		if amount(p, api.ResourceGPU) > 0 {
 			for _, g := range strings.Split(p.Annotations[api.AnnotationAllocatedGPU], ",") {
@@ -307,6 +326,21 @@ func (w *world) gpus() {
 			w.add(GPU, k.String(), "fractions (%d%%) run on it but no reservation holds it", pct)
 		}
 	}
+	// Fractions bound but not admitted yet: the coordinator binds them only
+	// once their GPU's reservation holds it.
+	for k, ps := range planned {
+		if w.o.NoReservations || slices.ContainsFunc(whole[k], isReservation) {
+			continue
+		}
+		sort.Strings(ps)
+		w.add(GPU, k.String(), "fractions %s are bound to it but no reservation holds it", strings.Join(ps, ", "))
+	}
+}
+
+// served tells whether gpufrac-node serves the node: it publishes the
+// node's GPU inventory.
+func served(n *corev1.Node) bool {
+	return n.Annotations[api.AnnotationGPUInventory] != ""
 }
 
 // reservations checks invariant 2.
@@ -396,6 +430,7 @@ func (w *world) waiting(p *corev1.Pod) bool {
 // placeholders checks invariant 3.
 func (w *world) placeholders() {
 	admitted := map[string]bool{} // workload key -> some pod of it waits for capacity
+	var could int64               // GPUs the waiting admitted pods could use at most
 	for _, p := range w.pods {
 		if !w.waiting(p) {
 			continue
@@ -407,11 +442,16 @@ func (w *world) placeholders() {
 		if g := p.Labels[api.LabelPodGroup]; g != "" {
 			admitted[p.Namespace+"/"+g] = true
 		}
+		could += gpusAtMost(p)
 	}
+	var asked int64 // GPUs the placeholders ask
+	var names []string
 	for _, p := range w.pods {
 		if !isPlaceholder(p) || terminal(p) || p.DeletionTimestamp != nil {
 			continue
 		}
+		asked += amount(p, api.ResourceGPU)
+		names = append(names, p.Name)
 		serves := false
 		for _, wl := range strings.Split(p.Annotations[placeholder.AnnotationWorkloads], ",") {
 			serves = serves || admitted[wl]
@@ -420,6 +460,35 @@ func (w *world) placeholders() {
 			w.add(Placeholder, key(p), "serves no pending admitted work (workloads %q)", p.Annotations[placeholder.AnnotationWorkloads])
 		}
 	}
+	if asked > could {
+		sort.Strings(names)
+		w.add(Placeholder, api.ReservationNamespace, "placeholders ask %d GPUs, more than the %d the admitted pending pods could use: %s",
+			asked, could, strings.Join(names, ", "))
+	}
+}
+
+// gpusAtMost is the most GPUs a pod could take: its whole GPUs, one for its
+// fraction, one per MIG device or time-sliced replica.
+func gpusAtMost(p *corev1.Pod) int64 {
+	n := amount(p, api.ResourceGPU)
+	if amount(p, api.ResourceFraction) > 0 {
+		n++
+	}
+	names := map[corev1.ResourceName]bool{}
+	for _, c := range append(slices.Clone(p.Spec.Containers), p.Spec.InitContainers...) {
+		for name := range c.Resources.Limits {
+			names[name] = true
+		}
+		for name := range c.Resources.Requests {
+			names[name] = true
+		}
+	}
+	for name := range names {
+		if strings.HasPrefix(string(name), api.MIGResourcePrefix) || string(name) == api.DefaultTimesliceResource {
+			n += amount(p, name)
+		}
+	}
+	return n
 }
 
 // queueUsage checks invariant 4.
@@ -435,6 +504,10 @@ func (w *world) queueUsage() {
 		used[q.Name] = &usage{}
 	}
 	for _, p := range w.pods {
+		if p.Spec.SchedulerName == w.o.SchedulerName && p.Spec.NodeName != "" && !terminal(p) && p.Annotations[api.AnnotationAdmittedQueue] == "" {
+			w.add(Queue, key(p), "bound to %s without %s: the coordinator did not bind it, and no queue is charged for it",
+				p.Spec.NodeName, api.AnnotationAdmittedQueue)
+		}
 		// A bound pod is charged to the queue its binding recorded; bound pods
 		// without it are not the coordinator's work, whatever their labels say.
 		leaf := p.Annotations[api.AnnotationAdmittedQueue]

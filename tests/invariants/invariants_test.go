@@ -1,6 +1,7 @@
 package invariants
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -134,6 +135,35 @@ func TestCheck(t *testing.T) {
 		{name: "queue status off", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			return n, p, []*v1alpha1.Queue{queueWithStatus("2.7", "3")}
 		}, want: []string{"[queue] queue q: status says 2700m GPU and 3 CPU allocated, its pods use 1.700 GPU and 3.000 CPU"}},
+		// The GPU checks read what gpufrac-node wrote back: two fractions of
+		// 60 % running on one GPU that no reservation holds, never written
+		// back, must not pass for want of anything to check.
+		{name: "running fractions never written back", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
+			for _, name := range []string{"v1", "v2"} {
+				f := fraction(name, 60, "n-gpu1")
+				delete(f.Annotations, api.AnnotationAllocatedGPU)
+				f.Status.Phase = corev1.PodRunning
+				p = append(p, f)
+			}
+			return n, p, []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
+		}, want: []string{
+			"[gpu] default/v1: runs on n holding GPUs, but gpufrac-node never wrote back",
+			"[gpu] default/v2: runs on n holding GPUs, but gpufrac-node never wrote back",
+			"[gpu] n/n-gpu1: fractions default/v1, default/v2 are bound to it but no reservation holds it",
+		}},
+		{name: "bound without the queue charged", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
+			return n, append(p, builders.MakePod("sneaked", "default").Queue("q").CPU("1").Node("n").Obj()), q
+		}, want: []string{"[queue] default/sneaked: bound to n without gpufrac.io/admitted-queue"}},
+		{name: "placeholders beyond the pending work", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
+			waits := builders.MakePod("waits", "default").Queue("q").GPUs(1).Obj()
+			waits.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: api.ReasonNoCapacity}}
+			p = append(p, waits)
+			for i := range 3 {
+				p = append(p, builders.MakePod(fmt.Sprintf("%sx-%d", placeholder.NamePrefix, i), api.ReservationNamespace).GPUs(1).
+					Label(api.LabelRole, api.RolePlaceholder).Annotation(placeholder.AnnotationWorkloads, "default/waits").SchedulerName("default-scheduler").Obj())
+			}
+			return n, p, q
+		}, want: []string{"[placeholder] gpufrac-reservations: placeholders ask 3 GPUs, more than the 1 the admitted pending pods could use"}},
 		{name: "pending without a reason", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
 			return n, append(p, builders.MakePod("silent", "default").Queue("q").GPUs(1).Obj()), q
 		}, want: []string{"[pending] default/silent: pending for 1m0s without a reason"}},
