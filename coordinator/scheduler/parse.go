@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +53,13 @@ func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error
 	pi.group = p.Labels[api.LabelPodGroup]
 	if ref := metav1.GetControllerOf(p); pi.group == "" && ref != nil && ref.Kind == "Job" {
 		pi.group = ref.Name
+	}
+	// The gang's size counts its bound members for the rollback of a gang
+	// bound in part (checkGangBinds). Read leniently: a value edited after
+	// admission can only make the author's own gang roll back or not, and
+	// an unparsable one leaves the pod charged as it was admitted.
+	if n, err := strconv.Atoi(strings.TrimSpace(p.Annotations[api.AnnotationMinMember])); err == nil && n > 0 && pi.group != "" {
+		pi.minMember = n
 	}
 	switch p.Annotations[api.AnnotationAdmittedPreemptible] {
 	case "true":
