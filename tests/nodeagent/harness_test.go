@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -50,7 +51,7 @@ type node struct {
 	metrics    string // host:port
 	cmd        *exec.Cmd
 	args       []string
-	log        *bytes.Buffer
+	log        *syncBuffer
 	// cdiDir and draStateDir are the DRA driver's CDI specs and
 	// prepared-claims record (nodeOptions.claims set).
 	cdiDir, draStateDir string
@@ -80,7 +81,7 @@ func startNode(t *testing.T, o nodeOptions) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	n := &node{t: t, dir: dir, stateDir: filepath.Join(dir, "mock"), log: &bytes.Buffer{}}
+	n := &node{t: t, dir: dir, stateDir: filepath.Join(dir, "mock"), log: &syncBuffer{}}
 	for _, d := range []string{"dp", "mock", "cfg", "reg", "drv", "cdi", "drastate"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -257,4 +258,23 @@ func healthyCount(st kubeletsim.ResourceState) int {
 		}
 	}
 	return n
+}
+
+// syncBuffer is the gpufrac-node process's log: exec copies the process's
+// output into it from its own goroutine while tests read it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
