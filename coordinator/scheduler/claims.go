@@ -13,6 +13,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 )
@@ -126,6 +127,25 @@ func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
 		}
 		if !givenUp {
 			return p.Namespace + "/" + p.Name
+		}
+	}
+	return ""
+}
+
+// allocatedGPUClaimNode is the node (the pool of gpufrac's driver) a claim
+// among claims is allocated on, "" when none is allocated: a pod's GPU claim
+// is allocated before the pod is bound when it is shared with a pod placed
+// before, or when the coordinator wrote the allocation and stopped before
+// the binding. The pod can run only there.
+func allocatedGPUClaimNode(claims []*resourceapi.ResourceClaim) string {
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == api.DRADriver {
+				return r.Pool
+			}
 		}
 	}
 	return ""

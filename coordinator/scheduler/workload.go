@@ -114,6 +114,13 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})
 			continue
 		}
+		if node := allocatedGPUClaimNode(pi.claims); pi.claimsGPU && node != "" {
+			// Its GPU is held already, on that node: place it there and
+			// take nothing more (the snapshot charges the claim).
+			r := withOnlyNodes(&pi.req, map[string]bool{node: true})
+			r.GPUs, r.ShareMilli = 0, 0
+			pi.req = *r
+		}
 		key := p.Namespace + "/" + p.Name
 		if pi.group != "" {
 			key = p.Namespace + "/" + pi.group
