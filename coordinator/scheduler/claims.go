@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
@@ -56,6 +57,8 @@ type inflight struct {
 type draCycle struct {
 	world dra.World
 	devs  dra.Devices
+	// claims are every ResourceClaim, as listed this cycle.
+	claims []*resourceapi.ResourceClaim
 	// minGPUMemory is the smallest GPU memory of gpufrac's devices (0: none).
 	minGPUMemory int64
 }
@@ -97,7 +100,7 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 		allocs = append(allocs, f.allocs...)
 	}
 	s.mu.Unlock()
-	c := &draCycle{world: dra.World{Slices: slices, Classes: s.deps.DRA.Classes, Allocated: allocs}, devs: dra.IndexDevices(slices)}
+	c := &draCycle{world: dra.World{Slices: slices, Classes: s.deps.DRA.Classes, Allocated: allocs}, devs: dra.IndexDevices(slices), claims: claims}
 	for _, d := range c.devs {
 		if d.MemoryBytes > 0 && (c.minGPUMemory == 0 || d.MemoryBytes < c.minGPUMemory) {
 			c.minGPUMemory = d.MemoryBytes
@@ -149,6 +152,34 @@ func allocatedGPUClaimNode(claims []*resourceapi.ResourceClaim) string {
 		}
 	}
 	return ""
+}
+
+// extendedClaimOf is the extended-resource claim an earlier attempt made
+// for pod and did not see through (the coordinator stopped, or a write and
+// its undo failed, after the claim was created and before the pod's
+// extendedResourceClaimStatus named it and the pod was bound), nil when
+// none: a claim with the extended-resource annotation whose controller is
+// the pod, an allocated one first. It is the pod's: taken up again, never
+// made twice (one pod would hold two shares as long as it lives).
+func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim {
+	if s.draNow == nil || pod.Status.ExtendedResourceClaimStatus != nil {
+		return nil
+	}
+	var out *resourceapi.ResourceClaim
+	for _, c := range s.draNow.claims {
+		if c.Namespace != pod.Namespace || c.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || c.DeletionTimestamp != nil {
+			continue
+		}
+		owner := metav1.GetControllerOf(c)
+		if owner == nil || owner.UID != pod.UID {
+			continue
+		}
+		if out == nil || (out.Status.Allocation == nil && c.Status.Allocation != nil) ||
+			((out.Status.Allocation == nil) == (c.Status.Allocation == nil) && c.Name < out.Name) {
+			out = c
+		}
+	}
+	return out
 }
 
 // claimGPUMemory is the GPU memory a claim for bytes is charged against:
@@ -206,6 +237,14 @@ func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placem
 					continue
 				}
 				pending = append(pending, c)
+			}
+		case p.extended != nil:
+			// An earlier attempt's extended claim: taken up again.
+			_, m := dra.ExtendedClaim(p.pod)
+			if p.extended.Status.Allocation != nil {
+				plans = append(plans, dra.Planned{Claim: p.extended, Extended: true, Mappings: m})
+			} else {
+				pending, extended, mappings = []*resourceapi.ResourceClaim{p.extended}, true, m
 			}
 		case p.req.GPUs > 0 || p.req.ShareMilli > 0:
 			c, m := dra.ExtendedClaim(p.pod)

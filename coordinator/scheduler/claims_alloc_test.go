@@ -111,3 +111,39 @@ func TestPodWhoseClaimIsAllocatedGoesWhereTheClaimIs(t *testing.T) {
 		t.Errorf("written %+v, want claim mine reserved as allocated", plans)
 	}
 }
+
+// TestExtendedClaimLeftByAnEarlierAttemptIsReused: the coordinator created
+// and allocated the extended-resource claim of a gpufrac.io/gpu-fraction pod
+// on a node in mode dra and was killed before it wrote the pod's
+// extendedResourceClaimStatus and bound it. That claim, owned by the pod
+// and reserved for it, holds its 30 % as long as the pod lives. The next
+// attempt must take it up (on its node), not make a second claim beside
+// it: one pod would hold two shares, one of them for nothing.
+func TestExtendedClaimLeftByAnEarlierAttemptIsReused(t *testing.T) {
+	n1, s1 := draNode(t, "n1")
+	n2, s2 := draNode(t, "n2")
+	pod := fracPod("p", "q", 30)
+	orphan := sharesOn(builders.MakeClaim("p-extended-resources-abcde", "default").Shares(30).Obj(), "n1", 30, pod.UID)
+	orphan.UID, orphan.ResourceVersion = "orphan-uid", "7"
+	orphan.Annotations = map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}
+	orphan.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
+	claims := []*resourceapi.ResourceClaim{sharesOn(builders.MakeClaim("other", "default").Shares(70).Obj(), "n1", 70, ""), orphan}
+	c := newCluster(t, "binpack", []*corev1.Node{n1, n2}, []*v1alpha1.Queue{queueOf("q", "8")}, pod)
+	w := &recordingWriter{written: map[string][]dra.Planned{}}
+	c.s.deps.DRA = &DRADeps{
+		Slices:   func() ([]*resourceapi.ResourceSlice, error) { return append(s1, s2...), nil },
+		Claims:   func() ([]*resourceapi.ResourceClaim, error) { return claims, nil },
+		GetClaim: func(string, string) (*resourceapi.ResourceClaim, bool) { return nil, false },
+		Classes:  dra.GpufracClasses(),
+		Writer:   w,
+	}
+	c.cycle()
+	c.cycle()
+	if got := c.boundTo("p"); got != "n1" {
+		t.Fatalf("pod bound to %q (reason %q), want n1, where its extended claim is allocated", got, c.reason("p"))
+	}
+	plans := w.written["p"]
+	if len(plans) != 1 || !plans[0].Extended || plans[0].Claim.Name != orphan.Name || plans[0].Allocation != nil {
+		t.Errorf("written %+v, want the existing extended claim %s, reserved as allocated", plans, orphan.Name)
+	}
+}
