@@ -259,6 +259,9 @@ func (d *Driver) deviceLocked(what string, r resourceapi.DeviceRequestAllocation
 		pct := int((uint64(b)*api.UnitsPerGPU + t.MemoryBytes - 1) / t.MemoryBytes)
 		resp = resource.SharedResponse(d.o.Strategy, t.GPU, pd.LimitMiB, min(max(pct, 1), api.UnitsPerGPU))
 	case api.DRAViewMIG:
+		if other := otherViews(held, api.DRAViewMIG); len(other) > 0 {
+			return pd, nil, fmt.Errorf("preparing %s: %w: GPU %s cannot serve MIG device %s (%s) while %s", what, ErrOverCapacity, t.GPU.UUID, t.MIG.UUID, r.Device, describeHolders(other))
+		}
 		for _, h := range held {
 			if h.device.MIG == t.MIG.UUID {
 				return pd, nil, fmt.Errorf("preparing %s: %w: MIG device %s (%s) is in use by %s", what, ErrOverCapacity, t.MIG.UUID, r.Device, describeHolders([]holder{h}))

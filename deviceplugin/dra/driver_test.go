@@ -409,3 +409,25 @@ func TestClaimAllowance(t *testing.T) {
 		}
 	}
 }
+
+// TestPrepareRefusesMIGOnAGPUHeldAnotherWay: GPU 0 is held through a shared
+// view when the node's config turns it to mode mig and its MIG devices are
+// published (the layout manager waits for the GPU to be free; a layout
+// made by hand does not). A MIG claim on it is refused as a whole or shared
+// claim on a GPU with MIG claims is: one GPU is used one way at a time.
+func TestPrepareRefusesMIGOnAGPUHeldAnotherWay(t *testing.T) {
+	f := newFixture(t, resource.StrategyCDI)
+	if err := f.prepare(t, claimWith("a", shares("gpu-0-shares", "1", 30)))["uid-a"].Err; err != nil {
+		t.Fatal(err)
+	}
+	p, err := Build("node-a", []GPU{{GPU: f.gpu0, Mode: config.ModeMIG, Healthy: true,
+		MIG: []mig.GPUInstance{migInstance(f.gpu0.UUID, 5, 19, "1g.10gb", 0, 1, 10<<30)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.d.SetTargets(p.Targets)
+	c := claimWith("m", result{device: api.DRAMIGDeviceName(0, "1g.10gb", 19, 0)})
+	if err := f.prepare(t, c)[c.UID].Err; !errors.Is(err, ErrOverCapacity) || !strings.Contains(err.Error(), "team/a (30 shares)") {
+		t.Fatalf("MIG device of a GPU shared by percent: %v, want ErrOverCapacity naming team/a", err)
+	}
+}
