@@ -17,6 +17,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 )
 
 // inflightTTL bounds how long an allocation the coordinator made counts
@@ -116,10 +117,21 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 // its own claims off nodes in mode dra: two allocators giving the same GPU
 // away (each seeing it free) would leave both pods unable to start, the
 // DRA driver refusing the second one prepared.
+//
+// Only pods kube-scheduler actually tries to place count: those of the
+// default scheduler, without scheduling gates, whose claims exist (a claim
+// from a template gets claimGrace to be made). kube-scheduler sets no
+// condition on the others (another scheduler's name, gates, or a claim its
+// PreEnqueue waits for), so any tenant's such pod would otherwise keep
+// every claim of the coordinator waiting for good.
 func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
 	for _, p := range pods {
-		if p.Spec.SchedulerName == s.opts.SchedulerName || p.Spec.NodeName != "" || len(p.Spec.ResourceClaims) == 0 ||
+		if p.Spec.SchedulerName != corev1.DefaultSchedulerName || p.Spec.NodeName != "" || len(p.Spec.ResourceClaims) == 0 ||
+			len(p.Spec.SchedulingGates) > 0 ||
 			p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if !s.claimsMade(p) && s.clock.Since(p.CreationTimestamp.Time) > claimGrace {
 			continue
 		}
 		givenUp := false
@@ -180,6 +192,27 @@ func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim 
 		}
 	}
 	return out
+}
+
+// claimGrace is how long a pod whose claims do not all exist counts as
+// being placed by kube-scheduler: long enough for kube-controller-manager
+// to make the claims of its templates.
+const claimGrace = 30 * time.Second
+
+// claimsMade tells whether every claim of p exists (as kube-scheduler's
+// PreEnqueue requires before it tries to place p).
+func (s *Scheduler) claimsMade(p *corev1.Pod) bool {
+	names, err := podrequest.PodClaims(p)
+	if err != nil {
+		return false
+	}
+	for _, name := range names {
+		c, ok := s.deps.DRA.GetClaim(p.Namespace, name)
+		if !ok || c.DeletionTimestamp != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // claimGPUMemory is the GPU memory a claim for bytes is charged against:
