@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,9 +125,16 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 // condition on the others (another scheduler's name, gates, or a claim its
 // PreEnqueue waits for), so any tenant's such pod would otherwise keep
 // every claim of the coordinator waiting for good.
+//
+// Pods asking extended resources that kube-scheduler serves through claims
+// it makes itself (KEP-5004: a DeviceClass's extendedResourceName, such as
+// the chart's optional nvidia.com/gpu mapping, or any class's implicit
+// deviceclass.resource.kubernetes.io/<class>) count as pods with claims.
 func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
+	mapped := s.classResources()
 	for _, p := range pods {
-		if p.Spec.SchedulerName != corev1.DefaultSchedulerName || p.Spec.NodeName != "" || len(p.Spec.ResourceClaims) == 0 ||
+		if p.Spec.SchedulerName != corev1.DefaultSchedulerName || p.Spec.NodeName != "" ||
+			(len(p.Spec.ResourceClaims) == 0 && !asksAny(p, mapped)) ||
 			len(p.Spec.SchedulingGates) > 0 ||
 			p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
@@ -192,6 +200,40 @@ func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim 
 		}
 	}
 	return out
+}
+
+// classResources are the extended resources DeviceClasses map
+// (spec.extendedResourceName).
+func (s *Scheduler) classResources() map[corev1.ResourceName]bool {
+	out := map[corev1.ResourceName]bool{}
+	if s.deps.DRA == nil || s.deps.DRA.Classes == nil {
+		return out
+	}
+	classes, err := s.deps.DRA.Classes.List()
+	if err != nil {
+		return out
+	}
+	for _, c := range classes {
+		if c.Spec.ExtendedResourceName != nil {
+			out[corev1.ResourceName(*c.Spec.ExtendedResourceName)] = true
+		}
+	}
+	return out
+}
+
+// asksAny tells whether a container of p asks one of the mapped extended
+// resources or a class's implicit one.
+func asksAny(p *corev1.Pod, mapped map[corev1.ResourceName]bool) bool {
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		for _, rl := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+			for name := range rl {
+				if mapped[name] || strings.HasPrefix(string(name), resourceapi.ResourceDeviceClassPrefix) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // claimGrace is how long a pod whose claims do not all exist counts as

@@ -9,17 +9,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 func TestKubeSchedulerPlacingClaims(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	claims := map[string]*resourceapi.ResourceClaim{"default/gpu-30pct": builders.MakeClaim("gpu-30pct", "default").Shares(30).Obj()}
+	classes := dra.GpufracClasses()
 	s := &Scheduler{opts: Options{SchedulerName: "gpufrac-coordinator"}, clock: clocktesting.NewFakeClock(now),
 		deps: Deps{DRA: &DRADeps{GetClaim: func(ns, name string) (*resourceapi.ResourceClaim, bool) {
 			c, ok := claims[ns+"/"+name]
 			return c, ok
-		}}}}
+		}, Classes: &classes}}}
 	claimPod := func(name string, edit func(*corev1.Pod)) *corev1.Pod {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))},
@@ -73,5 +76,25 @@ func TestKubeSchedulerPlacingClaims(t *testing.T) {
 				t.Errorf("kubeSchedulerPlacingClaims = %q, want %q", got, tt.want)
 			}
 		})
+	}
+
+	// Extended resources kube-scheduler serves through claims it makes
+	// itself (KEP-5004): a class's extendedResourceName, and every class's
+	// implicit deviceclass.resource.kubernetes.io/<class>. Without such a
+	// class, nvidia.com/gpu is the device plugins' and no claim of ours.
+	whole := builders.MakePod("w", "default").SchedulerName(corev1.DefaultSchedulerName).GPUs(1).Obj()
+	implicit := builders.MakePod("i", "default").SchedulerName(corev1.DefaultSchedulerName).
+		Resource(corev1.ResourceName(resourceapi.ResourceDeviceClassPrefix+api.DRAClassGPU), "1").Obj()
+	if got := s.kubeSchedulerPlacingClaims([]*corev1.Pod{whole}); got != "" {
+		t.Errorf("nvidia.com/gpu without a class mapping it: %q, want none", got)
+	}
+	if got := s.kubeSchedulerPlacingClaims([]*corev1.Pod{implicit}); got != "default/i" {
+		t.Errorf("a class's implicit extended resource: %q, want default/i", got)
+	}
+	mapped := classes[0].DeepCopy()
+	mapped.Name, mapped.Spec.ExtendedResourceName = "gpu-extended.gpufrac.io", new(api.ResourceGPU)
+	classes = append(classes, mapped)
+	if got := s.kubeSchedulerPlacingClaims([]*corev1.Pod{whole}); got != "default/w" {
+		t.Errorf("nvidia.com/gpu mapped by a class: %q, want default/w", got)
 	}
 }
