@@ -2,11 +2,13 @@ package dra
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
@@ -429,5 +431,34 @@ func TestPrepareRefusesMIGOnAGPUHeldAnotherWay(t *testing.T) {
 	c := claimWith("m", result{device: api.DRAMIGDeviceName(0, "1g.10gb", 19, 0)})
 	if err := f.prepare(t, c)[c.UID].Err; !errors.Is(err, ErrOverCapacity) || !strings.Contains(err.Error(), "team/a (30 shares)") {
 		t.Fatalf("MIG device of a GPU shared by percent: %v, want ErrOverCapacity naming team/a", err)
+	}
+}
+
+// TestFatalBackgroundErrorsStopTheDriver: the kubeletplugin helper reports
+// the failure of its DRA or registration gRPC server to HandleError as a
+// fatal error (not ErrRecoverable): the kubelet can no longer prepare any
+// claim on the node, so the driver must not just log it and run on (every
+// claim pod stuck); OnFatal hears it, once. Recoverable errors (publishing
+// slices) are only logged.
+func TestFatalBackgroundErrorsStopTheDriver(t *testing.T) {
+	f := newFixture(t, resource.StrategyCDI)
+	fatal := make(chan error, 4)
+	f.d.OnFatal(func(err error) { fatal <- err })
+	_, ctx := ktesting.NewTestContext(t)
+	f.d.HandleError(ctx, fmt.Errorf("%w: the API server refused a slice", kubeletplugin.ErrRecoverable), "publishing slices")
+	f.d.HandleError(ctx, errors.New("accept unix /var/lib/kubelet/plugins/gpu.gpufrac.io/dra.sock: use of closed network connection"), "DRA gRPC server failed")
+	f.d.HandleError(ctx, errors.New("again"), "registrar gRPC server failed")
+	select {
+	case err := <-fatal:
+		if !strings.Contains(err.Error(), "DRA gRPC server failed") {
+			t.Errorf("fatal error %q does not say what failed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a fatal background error did not reach OnFatal")
+	}
+	select {
+	case err := <-fatal:
+		t.Errorf("OnFatal called again (or for a recoverable error): %v", err)
+	case <-time.After(100 * time.Millisecond):
 	}
 }
