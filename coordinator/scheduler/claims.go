@@ -175,15 +175,29 @@ func allocatedGPUClaimNode(claims []*resourceapi.ResourceClaim) string {
 }
 
 // extendedClaimOf is the extended-resource claim an earlier attempt made
-// for pod and did not see through (the coordinator stopped, or a write and
-// its undo failed, after the claim was created and before the pod's
-// extendedResourceClaimStatus named it and the pod was bound), nil when
-// none: a claim with the extended-resource annotation whose controller is
-// the pod, an allocated one first. It is the pod's: taken up again, never
-// made twice (one pod would hold two shares as long as it lives).
+// for pending pod and did not see through (the coordinator stopped, or a
+// write or binding failed and its undo too, after the claim was created
+// and before the pod was bound), nil when none: a claim with the
+// extended-resource annotation whose controller is the pod; the one the
+// pod's extendedResourceClaimStatus names first, then an allocated one. It
+// is the pod's: taken up again, never made twice (one pod would hold two
+// shares as long as it lives).
 func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim {
-	if s.draNow == nil || pod.Status.ExtendedResourceClaimStatus != nil {
+	if s.draNow == nil {
 		return nil
+	}
+	named := ""
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+		named = st.ResourceClaimName
+	}
+	rank := func(c *resourceapi.ResourceClaim) int {
+		switch {
+		case c.Name == named:
+			return 0
+		case c.Status.Allocation != nil:
+			return 1
+		}
+		return 2
 	}
 	var out *resourceapi.ResourceClaim
 	for _, c := range s.draNow.claims {
@@ -194,8 +208,7 @@ func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim 
 		if owner == nil || owner.UID != pod.UID {
 			continue
 		}
-		if out == nil || (out.Status.Allocation == nil && c.Status.Allocation != nil) ||
-			((out.Status.Allocation == nil) == (c.Status.Allocation == nil) && c.Name < out.Name) {
+		if out == nil || rank(c) < rank(out) || (rank(c) == rank(out) && c.Name < out.Name) {
 			out = c
 		}
 	}

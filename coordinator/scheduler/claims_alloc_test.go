@@ -120,9 +120,21 @@ func TestPodWhoseClaimIsAllocatedGoesWhereTheClaimIs(t *testing.T) {
 // attempt must take it up (on its node), not make a second claim beside
 // it: one pod would hold two shares, one of them for nothing.
 func TestExtendedClaimLeftByAnEarlierAttemptIsReused(t *testing.T) {
+	// Killed before the pod's status was written, or after (the binding
+	// failed and the undo could not delete the claim).
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("named in the pod's status %t", named), func(t *testing.T) { extendedClaimReused(t, named) })
+	}
+}
+
+func extendedClaimReused(t *testing.T, named bool) {
 	n1, s1 := draNode(t, "n1")
 	n2, s2 := draNode(t, "n2")
 	pod := fracPod("p", "q", 30)
+	if named {
+		pod.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-extended-resources-abcde",
+			RequestMappings: []corev1.ContainerExtendedResourceRequest{{ContainerName: pod.Spec.Containers[0].Name, ResourceName: api.ResourceFraction, RequestName: "container-0-request-0"}}}
+	}
 	orphan := sharesOn(builders.MakeClaim("p-extended-resources-abcde", "default").Shares(30).Obj(), "n1", 30, pod.UID)
 	orphan.UID, orphan.ResourceVersion = "orphan-uid", "7"
 	orphan.Annotations = map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}
