@@ -34,6 +34,12 @@ var Features = structured.Features{
 // ErrNoFit means the claims do not fit the node (as pinned).
 var ErrNoFit = errors.New("claims do not fit")
 
+// ErrUncounted means an allocation gives gpufrac's devices to a request the
+// coordinator does not count (a class other than gpufrac's three whose
+// selectors still match gpufrac's devices): the pod's queue would not be
+// charged for them.
+var ErrUncounted = errors.New("gpufrac's devices allocated through a request the queues do not count")
+
 // Allocator allocates claims with k8s.io/dynamic-resource-allocation's
 // structured allocator. It keeps a CEL cache across cycles; it is safe for
 // concurrent use.
@@ -108,7 +114,43 @@ func (a *Allocator) Allocate(ctx context.Context, w World, node *corev1.Node, cl
 	case res == nil:
 		return nil, fmt.Errorf("%w on node %s%s", ErrNoFit, node.Name, pinned(pin))
 	}
+	for i := range res {
+		if err := counted(claims[i], res[i]); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
+}
+
+// counted checks that every device of gpufrac's driver in alloc went to a
+// request of gpufrac's classes, the requests AskOf counts and the queues
+// are charged for.
+func counted(c *resourceapi.ResourceClaim, alloc resourceapi.AllocationResult) error {
+	for _, r := range alloc.Devices.Results {
+		if r.Driver != api.DRADriver {
+			continue
+		}
+		name, _, _ := strings.Cut(r.Request, "/")
+		class := ""
+		for _, req := range c.Spec.Devices.Requests {
+			if req.Name != name {
+				continue
+			}
+			if req.Exactly != nil {
+				class = req.Exactly.DeviceClassName
+			}
+			for _, sub := range req.FirstAvailable {
+				if req.Name+"/"+sub.Name == r.Request {
+					class = sub.DeviceClassName
+				}
+			}
+		}
+		if !isGpufracClass(class) {
+			return fmt.Errorf("%w: claim %s/%s: request %s (class %q) would get device %s of %s; ask gpufrac's GPUs through the classes %s, %s or %s",
+				ErrUncounted, c.Namespace, c.Name, r.Request, class, r.Device, api.DRADriver, api.DRAClassGPU, api.DRAClassFraction, api.DRAClassMIG)
+		}
+	}
+	return nil
 }
 
 func pinned(pin []string) string {

@@ -221,3 +221,36 @@ func TestExtendedClaimAsksSharesNotDevices(t *testing.T) {
 		t.Errorf("allocation (-want +got):\n%s", diff)
 	}
 }
+
+// TestGpufracDevicesOnlyThroughCountedRequests: the coordinator charges a
+// pod's queue for what its claims ask of gpufrac's classes (AskOf). A
+// claim whose request names another class that still selects gpufrac's
+// devices (the chart's optional gpu-extended.gpufrac.io, which maps
+// nvidia.com/gpu, or any class an admin made that matches them) asks
+// nothing by that count; the allocator would still give it a whole GPU,
+// charged to no queue. Allocate refuses such an allocation.
+func TestGpufracDevicesOnlyThroughCountedRequests(t *testing.T) {
+	slices := nodeSlices(t, "node-a", config.ModeFraction, config.ModeExclusive)
+	extended := GpufracClasses()[0].DeepCopy()
+	extended.Name = "gpu-extended.gpufrac.io"
+	classes := append(GpufracClasses(), extended)
+	claim := builders.MakeClaim("c", "team").Request("gpu", extended.Name, 1).Obj()
+	claim.UID = "uid-0"
+	if a, err := AskOf(claim); err != nil || !a.IsZero() {
+		t.Fatalf("AskOf = %+v, %v; the test needs a claim the coordinator counts as asking nothing", a, err)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	res, err := NewAllocator().Allocate(ctx, World{Slices: slices, Classes: classes}, testNode("node-a"), []*resourceapi.ResourceClaim{claim}, nil)
+	if !errors.Is(err, ErrUncounted) {
+		t.Fatalf("Allocate = %+v, %v; want ErrUncounted", res, err)
+	}
+	if !strings.Contains(err.Error(), extended.Name) {
+		t.Errorf("error %q does not name the class", err)
+	}
+	// The same GPU through gpufrac's own class is counted and allocated.
+	claim = builders.MakeClaim("c", "team").WholeGPUs(1).Obj()
+	claim.UID = "uid-0"
+	if _, err := NewAllocator().Allocate(ctx, World{Slices: slices, Classes: classes}, testNode("node-a"), []*resourceapi.ResourceClaim{claim}, nil); err != nil {
+		t.Fatalf("Allocate through %s: %v", api.DRAClassGPU, err)
+	}
+}

@@ -34,8 +34,10 @@ type Planned struct {
 	// Allocation is the result to write; nil when the claim is allocated
 	// already (a shared claim: the pod is only added to reservedFor).
 	Allocation *resourceapi.AllocationResult
-	// Extended marks the pod's extended-resource claim: created first, and
-	// Mappings written to pod.status.extendedResourceClaimStatus.
+	// Extended marks the pod's extended-resource claim: created first (one
+	// an earlier attempt created, read back with its resourceVersion, is
+	// taken up as it is), and Mappings written to
+	// pod.status.extendedResourceClaimStatus.
 	Extended bool
 	Mappings []corev1.ContainerExtendedResourceRequest
 }
@@ -151,7 +153,9 @@ func (w *Writer) writeOne(ctx context.Context, pod *corev1.Pod, p *Planned) (wri
 	claims := w.client.ResourceV1().ResourceClaims(pod.Namespace)
 	claim := p.Claim
 	wr := written{namespace: pod.Namespace}
-	if p.Extended {
+	if p.Extended && claim.ResourceVersion == "" {
+		// A new extended claim; one an earlier attempt created (read
+		// back from the API server) is taken up as it is.
 		c, err := claims.Create(ctx, claim, metav1.CreateOptions{})
 		if err != nil {
 			return wr, fmt.Errorf("creating the extended-resource claim of pod %s/%s: %w", pod.Namespace, pod.Name, err)

@@ -4,17 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 )
 
 // inflightTTL bounds how long an allocation the coordinator made counts
@@ -55,6 +59,8 @@ type inflight struct {
 type draCycle struct {
 	world dra.World
 	devs  dra.Devices
+	// claims are every ResourceClaim, as listed this cycle.
+	claims []*resourceapi.ResourceClaim
 	// minGPUMemory is the smallest GPU memory of gpufrac's devices (0: none).
 	minGPUMemory int64
 }
@@ -96,7 +102,7 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 		allocs = append(allocs, f.allocs...)
 	}
 	s.mu.Unlock()
-	c := &draCycle{world: dra.World{Slices: slices, Classes: s.deps.DRA.Classes, Allocated: allocs}, devs: dra.IndexDevices(slices)}
+	c := &draCycle{world: dra.World{Slices: slices, Classes: s.deps.DRA.Classes, Allocated: allocs}, devs: dra.IndexDevices(slices), claims: claims}
 	for _, d := range c.devs {
 		if d.MemoryBytes > 0 && (c.minGPUMemory == 0 || d.MemoryBytes < c.minGPUMemory) {
 			c.minGPUMemory = d.MemoryBytes
@@ -112,10 +118,28 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 // its own claims off nodes in mode dra: two allocators giving the same GPU
 // away (each seeing it free) would leave both pods unable to start, the
 // DRA driver refusing the second one prepared.
+//
+// Only pods kube-scheduler actually tries to place count: those of the
+// default scheduler, without scheduling gates, whose claims exist (a claim
+// from a template gets claimGrace to be made). kube-scheduler sets no
+// condition on the others (another scheduler's name, gates, or a claim its
+// PreEnqueue waits for), so any tenant's such pod would otherwise keep
+// every claim of the coordinator waiting for good.
+//
+// Pods asking extended resources that kube-scheduler serves through claims
+// it makes itself (KEP-5004: a DeviceClass's extendedResourceName, such as
+// the chart's optional nvidia.com/gpu mapping, or any class's implicit
+// deviceclass.resource.kubernetes.io/<class>) count as pods with claims.
 func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
+	mapped := s.classResources()
 	for _, p := range pods {
-		if p.Spec.SchedulerName == s.opts.SchedulerName || p.Spec.NodeName != "" || len(p.Spec.ResourceClaims) == 0 ||
+		if p.Spec.SchedulerName != corev1.DefaultSchedulerName || p.Spec.NodeName != "" ||
+			(len(p.Spec.ResourceClaims) == 0 && !asksAny(p, mapped)) ||
+			len(p.Spec.SchedulingGates) > 0 ||
 			p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if !s.claimsMade(p) && s.clock.Since(p.CreationTimestamp.Time) > claimGrace {
 			continue
 		}
 		givenUp := false
@@ -129,6 +153,121 @@ func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
 		}
 	}
 	return ""
+}
+
+// allocatedGPUClaimNode is the node (the pool of gpufrac's driver) a claim
+// among claims is allocated on, "" when none is allocated: a pod's GPU claim
+// is allocated before the pod is bound when it is shared with a pod placed
+// before, or when the coordinator wrote the allocation and stopped before
+// the binding. The pod can run only there.
+func allocatedGPUClaimNode(claims []*resourceapi.ResourceClaim) string {
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == api.DRADriver {
+				return r.Pool
+			}
+		}
+	}
+	return ""
+}
+
+// extendedClaimOf is the extended-resource claim an earlier attempt made
+// for pending pod and did not see through (the coordinator stopped, or a
+// write or binding failed and its undo too, after the claim was created
+// and before the pod was bound), nil when none: a claim with the
+// extended-resource annotation whose controller is the pod; the one the
+// pod's extendedResourceClaimStatus names first, then an allocated one. It
+// is the pod's: taken up again, never made twice (one pod would hold two
+// shares as long as it lives).
+func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim {
+	if s.draNow == nil {
+		return nil
+	}
+	named := ""
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
+		named = st.ResourceClaimName
+	}
+	rank := func(c *resourceapi.ResourceClaim) int {
+		switch {
+		case c.Name == named:
+			return 0
+		case c.Status.Allocation != nil:
+			return 1
+		}
+		return 2
+	}
+	var out *resourceapi.ResourceClaim
+	for _, c := range s.draNow.claims {
+		if c.Namespace != pod.Namespace || c.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || c.DeletionTimestamp != nil {
+			continue
+		}
+		owner := metav1.GetControllerOf(c)
+		if owner == nil || owner.UID != pod.UID {
+			continue
+		}
+		if out == nil || rank(c) < rank(out) || (rank(c) == rank(out) && c.Name < out.Name) {
+			out = c
+		}
+	}
+	return out
+}
+
+// classResources are the extended resources DeviceClasses map
+// (spec.extendedResourceName).
+func (s *Scheduler) classResources() map[corev1.ResourceName]bool {
+	out := map[corev1.ResourceName]bool{}
+	if s.deps.DRA == nil || s.deps.DRA.Classes == nil {
+		return out
+	}
+	classes, err := s.deps.DRA.Classes.List()
+	if err != nil {
+		return out
+	}
+	for _, c := range classes {
+		if c.Spec.ExtendedResourceName != nil {
+			out[corev1.ResourceName(*c.Spec.ExtendedResourceName)] = true
+		}
+	}
+	return out
+}
+
+// asksAny tells whether a container of p asks one of the mapped extended
+// resources or a class's implicit one.
+func asksAny(p *corev1.Pod, mapped map[corev1.ResourceName]bool) bool {
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		for _, rl := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+			for name := range rl {
+				if mapped[name] || strings.HasPrefix(string(name), resourceapi.ResourceDeviceClassPrefix) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// claimGrace is how long a pod whose claims do not all exist counts as
+// being placed by kube-scheduler: long enough for kube-controller-manager
+// to make the claims of its templates.
+const claimGrace = 30 * time.Second
+
+// claimsMade tells whether every claim of p exists (as kube-scheduler's
+// PreEnqueue requires before it tries to place p).
+func (s *Scheduler) claimsMade(p *corev1.Pod) bool {
+	names, err := podrequest.PodClaims(p)
+	if err != nil {
+		return false
+	}
+	for _, name := range names {
+		c, ok := s.deps.DRA.GetClaim(p.Namespace, name)
+		if !ok || c.DeletionTimestamp != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // claimGPUMemory is the GPU memory a claim for bytes is charged against:
@@ -186,6 +325,14 @@ func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placem
 					continue
 				}
 				pending = append(pending, c)
+			}
+		case p.extended != nil:
+			// An earlier attempt's extended claim: taken up again.
+			_, m := dra.ExtendedClaim(p.pod)
+			if p.extended.Status.Allocation != nil {
+				plans = append(plans, dra.Planned{Claim: p.extended, Extended: true, Mappings: m})
+			} else {
+				pending, extended, mappings = []*resourceapi.ResourceClaim{p.extended}, true, m
 			}
 		case p.req.GPUs > 0 || p.req.ShareMilli > 0:
 			c, m := dra.ExtendedClaim(p.pod)

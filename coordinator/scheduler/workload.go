@@ -30,6 +30,10 @@ type podInfo struct {
 	// claimsGPU says its GPUs come through them.
 	claims    []*resourceapi.ResourceClaim
 	claimsGPU bool
+	// extended is the pod's extended-resource claim an earlier attempt
+	// made and did not see through (Scheduler.extendedClaimOf), pending
+	// pods only.
+	extended *resourceapi.ResourceClaim
 }
 
 // workload is what is admitted all or nothing: a gang's pending members, or one pod.
@@ -113,6 +117,19 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 		if err != nil {
 			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})
 			continue
+		}
+		claims := pi.claims
+		if !pi.claimsGPU && (pi.req.GPUs > 0 || pi.req.ShareMilli > 0) {
+			if pi.extended = s.extendedClaimOf(p); pi.extended != nil {
+				claims = []*resourceapi.ResourceClaim{pi.extended}
+			}
+		}
+		if node := allocatedGPUClaimNode(claims); (pi.claimsGPU || pi.extended != nil) && node != "" {
+			// Its GPU is held already, on that node: place it there and
+			// take nothing more (the snapshot charges the claim).
+			r := withOnlyNodes(&pi.req, map[string]bool{node: true})
+			r.GPUs, r.ShareMilli = 0, 0
+			pi.req = *r
 		}
 		key := p.Namespace + "/" + p.Name
 		if pi.group != "" {

@@ -365,8 +365,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		goRun("node-annotations", a.resyncNode)
 	}
 	goRun("memory-watchdog", a.watchdog.Run)
-	<-ctx.Done()
-	return nil
+	var draFatal chan error // nil without DRA: never ready
+	if a.dra != nil {
+		draFatal = a.dra.fatal
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-draFatal:
+		return fmt.Errorf("the DRA driver %s cannot serve the kubelet any more: %w", api.DRADriver, err)
+	}
 }
 
 // check tells whether f can be applied: it resolves for this node, keeps

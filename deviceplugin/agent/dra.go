@@ -46,6 +46,9 @@ var ErrServingChanged = errors.New("switching a node between device plugins (mod
 type draServing struct {
 	driver *dra.Driver
 	helper *kubeletplugin.Helper
+	// fatal receives the driver's first fatal background error: Run
+	// returns it, and gpufrac-node exits to be restarted.
+	fatal chan error
 }
 
 // startDRA starts the DRA driver: the prepared-claims record, the kubelet
@@ -89,7 +92,13 @@ func (a *Agent) startDRA(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting the DRA driver %s: %w", api.DRADriver, err)
 	}
-	a.dra = &draServing{driver: driver, helper: helper}
+	a.dra = &draServing{driver: driver, helper: helper, fatal: make(chan error, 1)}
+	driver.OnFatal(func(err error) {
+		select {
+		case a.dra.fatal <- err:
+		default:
+		}
+	})
 	driver.OnTaintsDropped(func() {
 		if err := a.apply(ctx, nil, a.deps); err != nil {
 			klog.FromContext(ctx).Error(err, "Republishing DRA devices without taints")

@@ -86,6 +86,11 @@ type Driver struct {
 	onTaintsDropped func()
 	// taintsDropped is set once that happened.
 	taintsDropped bool
+	// onFatal is called (once, in its own goroutine) with the first fatal
+	// background error: the helper's DRA or registration gRPC server failed.
+	onFatal func(err error)
+	// fatal is set once onFatal was called.
+	fatal bool
 }
 
 var (
@@ -259,6 +264,9 @@ func (d *Driver) deviceLocked(what string, r resourceapi.DeviceRequestAllocation
 		pct := int((uint64(b)*api.UnitsPerGPU + t.MemoryBytes - 1) / t.MemoryBytes)
 		resp = resource.SharedResponse(d.o.Strategy, t.GPU, pd.LimitMiB, min(max(pct, 1), api.UnitsPerGPU))
 	case api.DRAViewMIG:
+		if other := otherViews(held, api.DRAViewMIG); len(other) > 0 {
+			return pd, nil, fmt.Errorf("preparing %s: %w: GPU %s cannot serve MIG device %s (%s) while %s", what, ErrOverCapacity, t.GPU.UUID, t.MIG.UUID, r.Device, describeHolders(other))
+		}
 		for _, h := range held {
 			if h.device.MIG == t.MIG.UUID {
 				return pd, nil, fmt.Errorf("preparing %s: %w: MIG device %s (%s) is in use by %s", what, ErrOverCapacity, t.MIG.UUID, r.Device, describeHolders([]holder{h}))
@@ -421,12 +429,16 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	return out, nil
 }
 
-// HandleError implements kubeletplugin.DRAPlugin: background errors
-// (publishing slices) are logged; all are recoverable for this driver. A
+// HandleError implements kubeletplugin.DRAPlugin: background errors are
+// logged. Recoverable ones (publishing slices) are retried by the helper; a
 // slice whose device taints the API server dropped (DRADeviceTaints off)
 // switches the driver to leaving unhealthy GPUs out (see OnTaintsDropped).
+// A fatal one (the helper's DRA or registration gRPC server failed: the
+// kubelet can prepare no claim on this node any more) goes to OnFatal, so
+// gpufrac-node stops and is restarted instead of running on deaf.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
-	klog.FromContext(ctx).Error(err, msg, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
+	recoverable := errors.Is(err, kubeletplugin.ErrRecoverable)
+	klog.FromContext(ctx).Error(err, msg, "recoverable", recoverable)
 	var dropped *resourceslice.DroppedFieldsError
 	taints := errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRADeviceTaints")
 	d.mu.Lock()
@@ -435,7 +447,14 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	if taints && !d.taintsDropped {
 		d.taintsDropped, notify = true, d.onTaintsDropped
 	}
+	var fatal func(error)
+	if !recoverable && !d.fatal && d.onFatal != nil {
+		d.fatal, fatal = true, d.onFatal
+	}
 	d.mu.Unlock()
+	if fatal != nil {
+		go fatal(fmt.Errorf("%s: %w", msg, err))
+	}
 	if hook != nil {
 		hook(err, msg)
 	}
@@ -450,6 +469,14 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 func (d *Driver) OnTaintsDropped(f func()) {
 	d.mu.Lock()
 	d.onTaintsDropped = f
+	d.mu.Unlock()
+}
+
+// OnFatal sets what to call with the first fatal background error (the
+// caller stops the node agent).
+func (d *Driver) OnFatal(f func(err error)) {
+	d.mu.Lock()
+	d.onFatal = f
 	d.mu.Unlock()
 }
 

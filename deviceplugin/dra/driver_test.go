@@ -2,11 +2,13 @@ package dra
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
@@ -407,5 +409,56 @@ func TestClaimAllowance(t *testing.T) {
 		if gpu != tc.wantGPU || a != tc.want || ok != tc.wantOK {
 			t.Errorf("ClaimAllowance(%+v) = %q, %+v, %v; want %q, %+v, %v", tc.dev, gpu, a, ok, tc.wantGPU, tc.want, tc.wantOK)
 		}
+	}
+}
+
+// TestPrepareRefusesMIGOnAGPUHeldAnotherWay: GPU 0 is held through a shared
+// view when the node's config turns it to mode mig and its MIG devices are
+// published (the layout manager waits for the GPU to be free; a layout
+// made by hand does not). A MIG claim on it is refused as a whole or shared
+// claim on a GPU with MIG claims is: one GPU is used one way at a time.
+func TestPrepareRefusesMIGOnAGPUHeldAnotherWay(t *testing.T) {
+	f := newFixture(t, resource.StrategyCDI)
+	if err := f.prepare(t, claimWith("a", shares("gpu-0-shares", "1", 30)))["uid-a"].Err; err != nil {
+		t.Fatal(err)
+	}
+	p, err := Build("node-a", []GPU{{GPU: f.gpu0, Mode: config.ModeMIG, Healthy: true,
+		MIG: []mig.GPUInstance{migInstance(f.gpu0.UUID, 5, 19, "1g.10gb", 0, 1, 10<<30)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.d.SetTargets(p.Targets)
+	c := claimWith("m", result{device: api.DRAMIGDeviceName(0, "1g.10gb", 19, 0)})
+	if err := f.prepare(t, c)[c.UID].Err; !errors.Is(err, ErrOverCapacity) || !strings.Contains(err.Error(), "team/a (30 shares)") {
+		t.Fatalf("MIG device of a GPU shared by percent: %v, want ErrOverCapacity naming team/a", err)
+	}
+}
+
+// TestFatalBackgroundErrorsStopTheDriver: the kubeletplugin helper reports
+// the failure of its DRA or registration gRPC server to HandleError as a
+// fatal error (not ErrRecoverable): the kubelet can no longer prepare any
+// claim on the node, so the driver must not just log it and run on (every
+// claim pod stuck); OnFatal hears it, once. Recoverable errors (publishing
+// slices) are only logged.
+func TestFatalBackgroundErrorsStopTheDriver(t *testing.T) {
+	f := newFixture(t, resource.StrategyCDI)
+	fatal := make(chan error, 4)
+	f.d.OnFatal(func(err error) { fatal <- err })
+	_, ctx := ktesting.NewTestContext(t)
+	f.d.HandleError(ctx, fmt.Errorf("%w: the API server refused a slice", kubeletplugin.ErrRecoverable), "publishing slices")
+	f.d.HandleError(ctx, errors.New("accept unix /var/lib/kubelet/plugins/gpu.gpufrac.io/dra.sock: use of closed network connection"), "DRA gRPC server failed")
+	f.d.HandleError(ctx, errors.New("again"), "registrar gRPC server failed")
+	select {
+	case err := <-fatal:
+		if !strings.Contains(err.Error(), "DRA gRPC server failed") {
+			t.Errorf("fatal error %q does not say what failed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a fatal background error did not reach OnFatal")
+	}
+	select {
+	case err := <-fatal:
+		t.Errorf("OnFatal called again (or for a recoverable error): %v", err)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

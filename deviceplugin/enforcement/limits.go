@@ -145,3 +145,38 @@ func allowanceOn(byGPU map[string]Allowance, gpu string) (Allowance, bool) {
 	wild, held := byGPU[anyGPU]
 	return wild, held
 }
+
+// ClaimGrants lists, per container and GPU, the limited devices it holds
+// through DRA claims and the limit of each (unlimited devices, MIG devices
+// and devices on GPUs not in gpus are left out). A claim's device may be
+// held by several containers, of one pod or of several (a ResourceClaim is
+// shared by reference): its limit is theirs together (see pooled).
+func ClaimGrants(as []pods.Assignment, gpus map[string]nvidia.GPU, claims ClaimSource) map[ContainerKey]map[string]map[pods.ClaimDevice]uint64 {
+	out := map[ContainerKey]map[string]map[pods.ClaimDevice]uint64{}
+	if claims == nil {
+		return out
+	}
+	for _, a := range as {
+		if a.Resource != api.DRADriver {
+			continue
+		}
+		k := ContainerKey{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
+		for _, d := range a.Claims {
+			gpu, al, ok := claims.ClaimAllowance(d)
+			if !ok || gpu == "" || al.Unlimited {
+				continue
+			}
+			if _, known := gpus[gpu]; !known {
+				continue
+			}
+			if out[k] == nil {
+				out[k] = map[string]map[pods.ClaimDevice]uint64{}
+			}
+			if out[k][gpu] == nil {
+				out[k][gpu] = map[pods.ClaimDevice]uint64{}
+			}
+			out[k][gpu][d] = al.LimitBytes
+		}
+	}
+	return out
+}

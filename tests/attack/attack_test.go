@@ -489,6 +489,12 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 					Devices: []resourceapi.Device{{Name: "gpu-0"}}},
 			}
 		}
+		// Its own node, but the victim's pool: the coordinator reads an
+		// allocation's node (and the GPUs it charges) from the pool.
+		disguised := slice(attackerNode, api.DRADriver)
+		disguised.Spec.Pool.Name = victimNode
+		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), disguised, metav1.CreateOptions{})
+		refused(t, err, "gpufrac-node-resourceslices", fmt.Sprintf("gpufrac-node on node %s may publish only the pool named after its node, not \"%s\"", attackerNode, victimNode))
 		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), slice(victimNode, api.DRADriver), metav1.CreateOptions{})
 		refused(t, err, "gpufrac-node-resourceslices", fmt.Sprintf("gpufrac-node on node %s may write only ResourceSlices of its own node, not of \"%s\"", attackerNode, victimNode))
 		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), slice(attackerNode, "gpu.nvidia.com"), metav1.CreateOptions{})
