@@ -107,6 +107,11 @@ const (
 	RoleReservation = "reservation"
 	// RolePlaceholder is the LabelRole value of scale-up placeholder pods.
 	RolePlaceholder = "placeholder"
+	// TaintDraining is the NoSchedule taint the coordinator's consolidation
+	// puts on a node it drains (value: the drain's deadline, Unix seconds):
+	// nothing new is placed there, and a restarted coordinator finds the
+	// drain to resume or abandon.
+	TaintDraining = Domain + "/draining"
 	// LabelReservedNode names the node of a reservation pod.
 	LabelReservedNode = Domain + "/node"
 	// ReasonReservationPending is the pod-condition reason of a fraction

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
@@ -200,6 +201,41 @@ func TestChartNodeConfigParses(t *testing.T) {
 		if _, err := config.Parse([]byte(data)); err != nil {
 			t.Errorf("%s: gpufrac-node refuses the chart's config: %v\n%s", filepath.Base(f), err, data)
 		}
+	}
+}
+
+// TestChartPricesParse reads the price table each ci values file renders
+// (ConfigMap gpufrac-coordinator-prices, mounted where --price-table points)
+// with the coordinator's own parser.
+func TestChartPricesParse(t *testing.T) {
+	seen := 0
+	for _, f := range ciValues(t) {
+		objs := render(t, helmPath(t, cluster.Helm3), f)
+		c, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
+		if err != nil {
+			continue // a values file without the coordinator
+		}
+		path, ok := cluster.Flag(c.Args, "price-table")
+		if objs.Find("ConfigMap", "gpufrac-coordinator-prices") == nil {
+			if ok {
+				t.Errorf("%s: --price-table=%s without the ConfigMap", filepath.Base(f), path)
+			}
+			continue
+		}
+		seen++
+		data, err := objs.ConfigMapData("gpufrac-coordinator-prices", "prices.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if path != "/etc/gpufrac/prices/prices.yaml" {
+			t.Errorf("%s: --price-table=%q, not where the ConfigMap is mounted", filepath.Base(f), path)
+		}
+		if tab, err := pricing.Parse([]byte(data)); err != nil || len(tab.InstanceTypes) == 0 {
+			t.Errorf("%s: the coordinator refuses the chart's price table, or it lists no type: %v\n%s", filepath.Base(f), err, data)
+		}
+	}
+	if seen == 0 {
+		t.Error("no ci values file renders a price table")
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
@@ -31,11 +32,12 @@ import (
 func main() {
 	klog.InitFlags(nil)
 	var cfg app.Config
-	var kubeconfig, metricsAddr string
+	var kubeconfig, metricsAddr, pprofAddr string
 	var seed uint64
 	s := &cfg.Scheduler
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config")
 	flag.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:8080", "address of /metrics, /healthz and /readyz (empty disables); loopback by default, the manifests bind the pod IP")
+	flag.StringVar(&pprofAddr, "pprof-addr", "", "loopback address (127.0.0.1:6060) to serve Go runtime profiles on (/debug/pprof/); empty, the default, serves none")
 	flag.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader on a Lease so only one replica schedules")
 	flag.StringVar(&cfg.LeaseNamespace, "lease-namespace", api.ComponentNamespace, "namespace of the leader-election Lease")
 	flag.StringVar(&cfg.LeaseName, "lease-name", "gpufrac-coordinator", "name of the leader-election Lease")
@@ -48,6 +50,9 @@ func main() {
 	flag.StringVar(&s.Policy, "policy", placement.DefaultPolicy, "placement policy")
 	flag.Uint64Var(&seed, "seed", 1, "seed of the placement policy's random choices")
 	flag.IntVar(&s.BindWorkers, "bind-workers", 16, "bindings in flight at once")
+	var qps float64
+	flag.Float64Var(&qps, "kube-api-qps", app.DefaultQPS, "API requests per second the coordinator's client may make (bindings, reservation pods, status); events have a client of their own with the same limit")
+	flag.IntVar(&cfg.Burst, "kube-api-burst", app.DefaultBurst, "burst of the coordinator's API client above --kube-api-qps")
 	flag.StringVar(&s.TimesliceResource, "timeslice-resource", api.DefaultTimesliceResource, "resource name of time-sliced replicas (the nodes' timeslice.resourceName)")
 	npPrio := int(podrequest.DefaultNonPreemptiblePriority)
 	flag.IntVar(&npPrio, "non-preemptible-priority", npPrio, "pods with this priority or higher are non-preemptible (0 and negative values allowed)")
@@ -62,6 +67,7 @@ func main() {
 	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")
 	flag.StringVar(&s.Placeholder.Image, "placeholder-image", s.Placeholder.Image, "image of placeholder pods")
 	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
+	priceTable := costFlags(&cfg)
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *printVersion {
@@ -69,6 +75,11 @@ func main() {
 		return
 	}
 	s.Seed = seed
+	cfg.QPS = float32(qps)
+	if qps <= 0 || cfg.Burst <= 0 {
+		klog.ErrorS(nil, "--kube-api-qps and --kube-api-burst must be positive", "qps", qps, "burst", cfg.Burst)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
 	if npPrio < math.MinInt32 || npPrio > math.MaxInt32 {
 		klog.ErrorS(nil, "--non-preemptible-priority is outside the range of a pod priority (int32)", "value", npPrio)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
@@ -81,18 +92,22 @@ func main() {
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
 	cfg.Faults = faults
+	if cfg.Prices, err = pricing.Load(*priceTable); err != nil {
+		klog.ErrorS(err, "Invalid --price-table")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
-	if err := run(ctx, cfg, kubeconfig, metricsAddr); err != nil {
+	if err := run(ctx, cfg, kubeconfig, metricsAddr, pprofAddr); err != nil {
 		klog.ErrorS(err, "gpufrac-coordinator failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, cfg app.Config, kubeconfig, metricsAddr string) error {
+func run(ctx context.Context, cfg app.Config, kubeconfig, metricsAddr, pprofAddr string) error {
 	var rc *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -111,6 +126,13 @@ func run(ctx context.Context, cfg app.Config, kubeconfig, metricsAddr string) er
 	defer cancel()
 	if metricsAddr != "" {
 		srv, err := probes.Start(ctx, metricsAddr, a.Registry(), a.Ready)
+		if err != nil {
+			return err
+		}
+		defer func() { cancel(); srv.Wait() }()
+	}
+	if pprofAddr != "" {
+		srv, err := probes.StartProfiling(ctx, pprofAddr)
 		if err != nil {
 			return err
 		}

@@ -58,3 +58,20 @@ func TestNonPreemptiblePriorityOutOfRangeIsRefused(t *testing.T) {
 		t.Errorf("exit %d, output:\n%s\nwant exit 2 naming the range", code, out)
 	}
 }
+
+// TestBadPriceTableIsRefused: a price table that does not parse (a typo in
+// a field) stops the coordinator at start with the reason, and a missing
+// file too; it never runs as if every GPU cost 1.
+func TestBadPriceTableIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	bad := dir + "/prices.yaml"
+	if err := os.WriteFile(bad, []byte("instanceTypes: [{name: a, gpu: 1, price: 1}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{bad: `unknown field \"gpu\"`, dir + "/missing.yaml": "no such file"} {
+		out, code := runMain(t, "--price-table="+file, "--kubeconfig=/nonexistent")
+		if code != 2 || !strings.Contains(out, "Invalid --price-table") || !strings.Contains(out, want) {
+			t.Errorf("--price-table=%s: exit %d, output:\n%s\nwant exit 2 saying %q", file, code, out, want)
+		}
+	}
+}

@@ -24,18 +24,24 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/consolidation"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 )
@@ -61,12 +67,36 @@ type Config struct {
 	Reservations bool
 	// Reservation configures reservation pods.
 	Reservation reservation.Options
+	// QPS and Burst are the API client's rate limit (bindings, reservation
+	// pods, status writes; events have a client of their own with the
+	// same limit). Zero means DefaultQPS and DefaultBurst.
+	QPS   float32
+	Burst int
+	// Consolidation turns on GPU-aware consolidation (coordinator/consolidation).
+	Consolidation bool
+	// ConsolidationOptions configure it; the scheduler's name, pool label,
+	// policy, seed, replica resource and non-preemptible priority are
+	// copied from Scheduler.
+	ConsolidationOptions consolidation.Options
+	// Prices is the admin's price table (nil: none). Placeholders ask for
+	// the cheapest instance types it lists; consolidation drains the node
+	// whose removal saves the most.
+	Prices *pricing.Table
 	// Version is reported in gpufrac_build_info.
 	Version string
 	// Faults pauses the coordinator at a fault point: set only by binaries
 	// built with -tags faultinject, for the chaos suite.
 	Faults scheduler.Faults
 }
+
+// DefaultQPS and DefaultBurst are the API client's default rate limit.
+// Binding is one request per pod (fractions' annotations ride on the
+// Binding): they allow bursts like kube-scheduler's defaults do (50 QPS,
+// 100 burst) and more.
+const (
+	DefaultQPS   = 200
+	DefaultBurst = 400
+)
 
 // App is a running coordinator.
 type App struct {
@@ -88,14 +118,18 @@ type App struct {
 func New(cfg Config, rc *rest.Config) (*App, error) {
 	rc = rest.CopyConfig(rc)
 	rc.UserAgent = "gpufrac-coordinator"
-	if rc.QPS == 0 {
-		// Binding is one request per pod (fractions' annotations ride on the
-		// Binding): allow bursts like kube-scheduler's defaults do (50 QPS,
-		// 100 burst) and more.
-		rc.QPS, rc.Burst = 200, 400
+	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
+	if rc.QPS <= 0 {
+		rc.QPS = DefaultQPS
+	}
+	if rc.Burst <= 0 {
+		rc.Burst = DefaultBurst
 	}
 	if cfg.Scheduler.ReservationReportDelay == 0 {
 		cfg.Scheduler.ReservationReportDelay = scheduler.DefaultReservationReportDelay
+	}
+	if cfg.Scheduler.GangReportDelay == 0 {
+		cfg.Scheduler.GangReportDelay = scheduler.DefaultGangReportDelay
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -297,6 +331,7 @@ func (a *App) lead(ctx context.Context) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: api.SchedulerName})
 
+	a.cfg.Scheduler.Placeholder.Prices = a.cfg.Prices
 	bnd := binder.New(a.client, recorder)
 	var reserver scheduler.Reserver
 	if a.cfg.Reservations {
@@ -376,6 +411,16 @@ func (a *App) lead(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watching events: %w", err)
 	}
+	synced := []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced}
+	var consolidator *consolidation.Controller
+	if a.cfg.Consolidation {
+		pdbInf := factory.Policy().V1().PodDisruptionBudgets()
+		consolidator, err = a.consolidator(recorder, podInf.Lister(), nodeInf.Lister(), pdbInf.Lister(), jobLister)
+		if err != nil {
+			return err
+		}
+		synced = append(synced, pdbInf.Informer().HasSynced)
+	}
 	factory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())
 	sysFactory.Start(ctx.Done())
@@ -389,12 +434,50 @@ func (a *App) lead(ctx context.Context) error {
 			}
 		}
 	}
-	synced := append([]cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced}, draSynced...)
+	synced = append(synced, draSynced...)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}
 	a.synced.Store(true)
-	logger.Info("Caches synced; scheduling", "scheduler", a.cfg.Scheduler.SchedulerName)
+	logger.Info("Caches synced; scheduling", "scheduler", a.cfg.Scheduler.SchedulerName, "consolidation", a.cfg.Consolidation)
+	var wg sync.WaitGroup
+	if consolidator != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			consolidator.Run(ctx)
+		}()
+	}
 	sched.Run(ctx)
+	wg.Wait()
 	return nil
+}
+
+// consolidator builds the consolidation controller on the informers' listers.
+func (a *App) consolidator(recorder record.EventRecorder, pods corelisters.PodLister, nodes corelisters.NodeLister,
+	pdbs policylisters.PodDisruptionBudgetLister, jobs batchlisters.JobLister) (*consolidation.Controller, error) {
+	o := a.cfg.ConsolidationOptions
+	s := a.cfg.Scheduler
+	o.Planner.SchedulerName, o.Planner.PoolLabel, o.Planner.Policy, o.Planner.Seed = s.SchedulerName, s.PoolLabel, s.Policy, s.Seed
+	o.Planner.TimesliceResource, o.Planner.Prices = s.TimesliceResource, a.cfg.Prices
+	o.Planner.NonPreemptiblePriority = s.NonPreemptiblePriority
+	o.Planner.Jobs = func(ns, name string) (*batchv1.Job, bool) {
+		j, err := jobs.Jobs(ns).Get(name)
+		return j, err == nil
+	}
+	read := func() (consolidation.Cluster, error) {
+		var c consolidation.Cluster
+		var err error
+		if c.Nodes, err = nodes.List(labels.Everything()); err != nil {
+			return c, fmt.Errorf("listing nodes: %w", err)
+		}
+		if c.Pods, err = pods.List(labels.Everything()); err != nil {
+			return c, fmt.Errorf("listing pods: %w", err)
+		}
+		if c.PDBs, err = pdbs.List(labels.Everything()); err != nil {
+			return c, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
+		}
+		return c, nil
+	}
+	return consolidation.New(o, read, consolidation.APIWriter{Client: a.client}, recorder, clock.RealClock{}, a.reg)
 }

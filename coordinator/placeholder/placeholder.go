@@ -37,6 +37,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/restricted"
 )
 
@@ -64,6 +65,9 @@ type Options struct {
 	PriorityClassName string
 	// PoolLabel is the node label of node pools (karpenter.sh/nodepool).
 	PoolLabel string
+	// Prices, when it lists instance types, steers each group's
+	// placeholders to the cheapest types that hold it (see sizeGroup).
+	Prices *pricing.Table
 }
 
 // DefaultOptions are the coordinator's flag defaults.
@@ -118,9 +122,14 @@ func Plan(items []Item, o Options) []*corev1.Pod {
 		its := groups[k]
 		h := hash(k)
 		bins := pack(its)
+		group := make([]*corev1.Pod, 0, len(bins))
+		gpus := make([]int, 0, len(bins))
 		for i, b := range bins {
-			out = append(out, podFor(h, i, b, its[0], o))
+			group = append(group, podFor(h, i, b, its[0], o))
+			gpus = append(gpus, b.gpus)
 		}
+		sizeGroup(group, gpus, o.Prices)
+		out = append(out, group...)
 	}
 	return out
 }

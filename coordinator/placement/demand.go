@@ -20,7 +20,9 @@ type demandBook struct {
 	// multi is the demand of requests for k ≥ 2 whole GPUs that every model
 	// can host, by k (larger counts in the last slot).
 	multi [MaxKindGPUs + 1]int64
-	sets  []demandSet // one per distinct set of host models, short of all
+	// multiCPU splits multi by the CPU the requests ask, per k.
+	multiCPU [MaxKindGPUs + 1][]cpuLevel
+	sets     []demandSet // one per distinct set of host models, short of all
 	// shapes caches a request shape's index in sets, or demandAnyModel /
 	// demandNoModel.
 	shapes map[demandShape]int
@@ -32,6 +34,31 @@ type demandSet struct {
 	milli  int64
 	// multi is the part of milli asking k ≥ 2 whole GPUs, by k.
 	multi [MaxKindGPUs + 1]int64
+	// multiCPU splits multi by the CPU the requests ask, per k.
+	multiCPU [MaxKindGPUs + 1][]cpuLevel
+}
+
+// cpuLevel is the k-GPU demand (milli) of requests asking cpu CPU.
+type cpuLevel struct {
+	cpu, milli int64
+}
+
+// addLevel adds milli at cpu to levels, kept sorted by cpu.
+func addLevel(levels []cpuLevel, cpu, milli int64) []cpuLevel {
+	i, found := slices.BinarySearchFunc(levels, cpu, func(l cpuLevel, c int64) int {
+		switch {
+		case l.cpu < c:
+			return -1
+		case l.cpu > c:
+			return 1
+		}
+		return 0
+	})
+	if found {
+		levels[i].milli += milli
+		return levels
+	}
+	return slices.Insert(levels, i, cpuLevel{cpu: cpu, milli: milli})
 }
 
 // demandShape is what decides which models can host a request.
@@ -55,6 +82,14 @@ func (d *demandBook) constrained() bool {
 
 func (d *demandBook) clone() demandBook {
 	c := demandBook{total: d.total, multi: d.multi, sets: slices.Clone(d.sets)}
+	for k := range c.multiCPU {
+		c.multiCPU[k] = slices.Clone(d.multiCPU[k])
+	}
+	for i := range c.sets {
+		for k := range c.sets[i].multiCPU {
+			c.sets[i].multiCPU[k] = slices.Clone(c.sets[i].multiCPU[k])
+		}
+	}
 	if d.shapes != nil {
 		c.shapes = make(map[demandShape]int, len(d.shapes))
 		for k, v := range d.shapes {
@@ -93,13 +128,15 @@ func (s *Snapshot) AddDemand(r *Request) {
 		return
 	}
 	s.demand.total += milli
-	multi := &s.demand.multi
+	multi, levels := &s.demand.multi, &s.demand.multiCPU
 	if k >= 0 {
 		s.demand.sets[k].milli += milli
-		multi = &s.demand.sets[k].multi
+		multi, levels = &s.demand.sets[k].multi, &s.demand.sets[k].multiCPU
 	}
 	if r.GPUs >= 2 {
-		multi[min(r.GPUs, MaxKindGPUs)] += milli
+		g := min(r.GPUs, MaxKindGPUs)
+		multi[g] += milli
+		levels[g] = addLevel(levels[g], r.CPUMilli, milli)
 	}
 }
 

@@ -8,29 +8,18 @@ import (
 )
 
 // checkBookkeeping recomputes what the snapshot keeps in step (free milli by
-// model and in all, k-GPU slots) and compares.
+// model and in all) and compares.
 func checkBookkeeping(t *testing.T, s *Snapshot) {
 	t.Helper()
 	modelFree := make([]int64, len(s.models))
-	slots := make([][MaxKindGPUs + 1]int64, len(s.models))
-	var all [MaxKindGPUs + 1]int64
 	var free int64
 	for i := range s.nodes {
 		st := &s.nodes[i]
-		var f, full int32
+		var f int32
 		for _, x := range s.gpus(i) {
 			f += x
-			if x == MilliPerGPU {
-				full++
-			}
 		}
 		free += int64(f)
-		for k := int32(2); k <= MaxKindGPUs; k++ {
-			all[k] += int64(full / k)
-			if st.model >= 0 {
-				slots[st.model][k] += int64(full / k)
-			}
-		}
 		if st.model >= 0 {
 			modelFree[st.model] += int64(f)
 		}
@@ -40,12 +29,6 @@ func checkBookkeeping(t *testing.T, s *Snapshot) {
 	}
 	if diff := cmp.Diff(modelFree, s.modelFree); diff != "" {
 		t.Fatalf("free milli by model (-recomputed +kept):\n%s", diff)
-	}
-	if diff := cmp.Diff(slots, s.slots); diff != "" {
-		t.Fatalf("slots by model (-recomputed +kept):\n%s", diff)
-	}
-	if all != s.allSlots {
-		t.Fatalf("slots %v, recomputed %v", s.allSlots, all)
 	}
 }
 
@@ -185,4 +168,75 @@ func TestChargesKeepTheLastSlotsForMultiGPUDemand(t *testing.T) {
 		t.Errorf("the 8-GPU pod goes to %s, want a0", got)
 	}
 	checkBookkeeping(t, s)
+}
+
+// Before any pod of its kind is seen, a model's last k-GPU slot is kept
+// for the first one (gpufracSlotPrior): on a large cluster, a pod that may
+// only use model A, which has two 8-GPU nodes, leaves alone the one that
+// still has 8 free GPUs. On the small demandCluster the prior is too small
+// to move it.
+func TestChargesKeepAModelsLastSlotBeforeItsDemandIsSeen(t *testing.T) {
+	onA := Request{CPUMilli: 4000, GPUs: 1, Models: []string{"A"}}
+	var nodes []Node
+	for i := range 2 {
+		a := gpuNode(fmt.Sprintf("a%d", i), "A", 8)
+		a.CPUMilli = 96000
+		nodes = append(nodes, a)
+	}
+	for i := range 800 { // 6.4M free milli, most of it on model C
+		c := gpuNode(fmt.Sprintf("c%d", i), "C", 8)
+		c.CPUMilli = 96000
+		nodes = append(nodes, c)
+	}
+	s, err := NewSnapshot(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAssume(t, s, &onA, Decision{Node: "a1", NodeIndex: 1, GPUIndices: []int{0}})
+	if got := decide(t, s, onA); got != "a0" {
+		t.Fatalf("without demand the A-only pod goes to %s; the test needs a0", got)
+	}
+	s.AddDemand(&onA)
+	if got := decide(t, s, onA); got != "a1" {
+		t.Errorf("the A-only pod goes to %s, want a1: a0 holds model A's last 8-GPU slot", got)
+	}
+
+	small := demandCluster(t)
+	one := Request{CPUMilli: 40000, GPUs: 1} // too much CPU for a B node
+	mustAssume(t, small, &one, Decision{Node: "a1", NodeIndex: 3, GPUIndices: []int{0}})
+	small.AddDemand(&one)
+	small.AddDemand(&Request{CPUMilli: 4000, GPUs: 2})
+	if got := decide(t, small, one); got != "a0" {
+		t.Errorf("on a small cluster the one-GPU pod goes to %s, want a0 (the prior is tiny there)", got)
+	}
+}
+
+// CPU-only pods pay for the k-GPU slots they break by taking CPU: with
+// 8-GPU demand asking 88 cores, a CPU-only pod leaves alone the one node with
+// 8 free GPUs and 88 cores free.
+func TestChargesKeepTheCPUOfMultiGPUSlots(t *testing.T) {
+	cpuOnly := Request{CPUMilli: 16000}
+	eight := Request{CPUMilli: 88000, GPUs: 8}
+	small := Request{CPUMilli: 16000, GPUs: 1}
+	s := demandCluster(t)
+	// a1 keeps 8 free GPUs but only 80 cores: no slot for the 8-GPU pods.
+	mustAssume(t, s, &Request{CPUMilli: 16000}, Decision{Node: "a1", NodeIndex: 3})
+	// Fill the B nodes, so that the CPU-only pod has A nodes only.
+	for _, b := range []Decision{{Node: "b0", NodeIndex: 0}, {Node: "b1", NodeIndex: 2}} {
+		for g := range 2 {
+			b.GPUIndices = []int{g}
+			mustAssume(t, s, &small, b)
+		}
+	}
+	if got := decide(t, s, cpuOnly); got != "a0" {
+		t.Fatalf("without demand the CPU-only pod goes to %s; the test needs a0", got)
+	}
+	s.AddDemand(&eight)
+	s.AddDemand(&small)
+	if got := decide(t, s, cpuOnly); got == "a0" {
+		t.Errorf("with 88-core 8-GPU demand the CPU-only pod takes the CPU of the last slot (a0)")
+	}
+	if got := decide(t, s, eight); got != "a0" {
+		t.Errorf("the 8-GPU pod goes to %s, want a0", got)
+	}
 }

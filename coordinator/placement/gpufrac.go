@@ -31,6 +31,33 @@ const (
 	// from π = 0 lost 0.8 points at 100 on the default trace).
 	gpufracPressureFrom = 0.5
 	gpufracPressureFull = 1.0
+	// gpufracSlotPressureFrom is where the charge for breaking a k-GPU slot
+	// starts. Slots are counted with the CPU their demand asks and against
+	// the free GPU milli the cluster's CPU can still serve, so their π
+	// rises only where k-GPU pods will really lack room; from 0.5, the
+	// multigpu=0.2 workload stayed 0.013 below FGD at x = 92.
+	gpufracSlotPressureFrom = 0.3
+	// gpufracSlotPrior is the share of all GPU demand assumed to be k-GPU
+	// pods that only one model can host, for each model and k = 2, 4, 8,
+	// whether or not any was seen: if it keeps that share while the
+	// cluster fills, N such pods will come, N Poisson with mean
+	// φ0·F/(k·1000), and breaking a model's k-GPU slot when it has n left
+	// costs k·1000·P(N ≥ n). On the openb cluster (F ≈ 6.2M milli empty)
+	// the mean is 0.3 8-GPU pods: 0.26 of 8·1000 for a model's last 8-GPU
+	// slot, 0.037 for the last but one. The first pod of a small class (an
+	// 8-GPU pod only the eight 8-GPU V100M16 nodes can host) often comes at
+	// x < 10, before its demand can raise any pressure, and found every
+	// slot of its model taken. On a small cluster F is small, and the
+	// prior is too: it never outweighs demand that was seen.
+	gpufracSlotPrior = 0.0004
+	// gpufracCPUOnlyTie is what a CPU-only request's score loses per fully
+	// free GPU on the node: well under the score grain, so it only breaks
+	// ties, towards nodes whose GPUs are in use. Past the CPU knee of the
+	// cpuonly workloads it is worth 0.3–0.9 points against no tie-break;
+	// the opposite one, spreading CPU-only pods over lightly used nodes,
+	// narrows the gap to FGD at the knee by 0.06–0.12 and gives up 0.4–0.9
+	// points after it (docs/benchmarks.md).
+	gpufracCPUOnlyTie = 0.001
 )
 
 // gpufracPolicy, gpufrac's default, places a request where the cluster's
@@ -159,7 +186,11 @@ func (g gpufracPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, in
 	gpus := append(p.scratch[:0], s.gpus(i)...)
 	score := func() float64 {
 		after := g.holeWaste(st.model, st.cpuFree-q.cpu, gpus) + strand(idle, st.cpuFree-q.cpu, st.memFree-q.mem, rho, mu)
-		return math.Floor((before-after)/gpufracResolution) * gpufracResolution
+		sc := math.Floor((before-after)/gpufracResolution) * gpufracResolution
+		if q.k == 0 {
+			sc -= gpufracCPUOnlyTie * float64(st.fullFree)
+		}
+		return sc
 	}
 	return scoreAfter(gpus, q, score)
 }
@@ -180,10 +211,16 @@ func (gpufracPolicy) usesMemory() bool { return true }
 //     more GPUs, CPU or memory than other models' nodes have) is split over
 //     its models in proportion to their free milli; C is a model's free
 //     milli. A placement on a node of model M pays for the milli it takes.
-//   - By slot: k-GPU pods need k fully free GPUs on one node. For the k-GPU
-//     demand of a set of models (or of all models), C is k·1000 times the
-//     k-GPU slots of those models' nodes; a placement pays k·1000 for each
-//     such slot it breaks.
+//   - By slot: k-GPU pods need k fully free GPUs and their CPU on one node.
+//     For the k-GPU demand of a set of models (or of all models), level by
+//     level of the CPU it asks, C is k·1000 times the slots of those
+//     models' nodes that have the k GPUs and that CPU free, and F counts
+//     only the free milli the free CPU can serve; a placement pays for each
+//     slot it breaks, by taking GPUs or CPU, so CPU-only requests pay too
+//     (slotCharges). Charges start at π = 0.3.
+//   - Prior: whether or not any was seen, a few k-GPU pods that only one
+//     model can host are expected, so each model's last k-GPU slots are
+//     charged (gpufracSlotPrior).
 //
 // A request that can only go to one model pays the same everywhere it can
 // go, so the charges only steer the requests that have a choice. Without
@@ -220,52 +257,126 @@ func (g gpufracPolicy) charges(s *Snapshot, q *req, c *charges) bool {
 		out[m] = grain(pressure(pi) * min(milli, float64(s.modelFree[m])))
 		any = any || out[m] != 0
 	}
-	// Flexible k-GPU demand against every slot, constrained demand against
-	// its models' slots.
-	any = slotCharges(d.multi, nil, s, c, d.total) || any
-	for _, set := range d.sets {
-		any = slotCharges(set.multi, set.models, s, c, d.total) || any
+	return g.slotCharges(s, c) || any
+}
+
+// slotQuery is one level of k-GPU demand: the models that can host it (nil:
+// any), k, the CPU it asks, and the cluster's slots for it (counted).
+type slotQuery struct {
+	models []int32
+	k      int32
+	cpu    int64
+	milli  int64 // demand at this level
+	slots  int64
+}
+
+// slotCharges adds the charges for breaking k-GPU slots: for the k-GPU
+// demand of each set of models (or of all), level by level of the CPU it
+// asks. A slot at level l (k fully free GPUs and the CPU of l's requests) is
+// worth W_l = max over levels j ≤ l of pressure(π_j)·k·1000, where π_j is
+// the demand asking at least j's CPU against the slots with that CPU; a
+// placement pays, for each level, W_l − W_(l−1) per slot of that level it
+// breaks, by taking GPUs or CPU (CPU-only requests too).
+func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
+	d := &s.demand
+	qs := c.queries[:0]
+	add := func(models []int32, levels *[MaxKindGPUs + 1][]cpuLevel) {
+		for k := 2; k <= MaxKindGPUs; k++ {
+			for _, l := range levels[k] {
+				qs = append(qs, slotQuery{models: models, k: int32(k), cpu: l.cpu, milli: l.milli})
+			}
+		}
+	}
+	add(nil, &d.multiCPU)
+	for i := range d.sets {
+		add(d.sets[i].models, &d.sets[i].multiCPU)
+	}
+	nq := len(qs)
+	// The prior: every model's own k-GPU slots (cpu 0).
+	for m := range s.models {
+		var most int32
+		for _, ht := range s.htypes {
+			if ht.model == int32(m) {
+				most = max(most, ht.gpus)
+			}
+		}
+		for k := int32(2); k <= most && k <= MaxKindGPUs; k *= 2 {
+			qs = append(qs, slotQuery{models: c.model(m), k: k})
+		}
+	}
+	c.queries = qs
+	if len(qs) == 0 {
+		return false
+	}
+	// free is the GPU milli the free CPU can still serve (at ρ per milli).
+	free := float64(c.counts.count(s, qs, g.cpuPerMilli))
+	any := false
+	for _, q := range qs[nq:] {
+		if q.slots == 0 {
+			continue
+		}
+		size := float64(q.k * MilliPerGPU)
+		if w := grain(size * poissonTail(gpufracSlotPrior*free/size, q.slots)); w > 0 {
+			any = true
+			c.chargeSlot(int(q.models[0]), q.k, 0, w)
+		}
+	}
+	qs = qs[:nq]
+	for j := 0; j < len(qs); {
+		// qs[j:e] are the levels of one set and k, by ascending CPU.
+		e := j + 1
+		var rest int64 = qs[j].milli
+		for e < len(qs) && qs[e].k == qs[j].k && slices.Equal(qs[e].models, qs[j].models) {
+			rest += qs[e].milli
+			e++
+		}
+		size := float64(qs[j].k * MilliPerGPU)
+		var worth float64
+		for ; j < e; j++ {
+			q := &qs[j]
+			pi := math.Inf(1)
+			if q.slots > 0 {
+				pi = float64(rest) / float64(d.total) * free / (size * float64(q.slots))
+			}
+			rest -= q.milli
+			w := grain(ramp(pi, gpufracSlotPressureFrom) * size)
+			if dw := w - worth; dw > 0 {
+				worth += dw
+				any = true
+				for m := range c.perSlot {
+					if q.models == nil || slices.Contains(q.models, int32(m)) {
+						c.chargeSlot(m, q.k, q.cpu, dw)
+					}
+				}
+			}
+		}
 	}
 	return any
 }
 
-// slotCharges adds, for k-GPU demand multi that only models can host (nil:
-// any model), the charge for breaking one of their k-GPU slots.
-func slotCharges(multi [MaxKindGPUs + 1]int64, models []int32, s *Snapshot, c *charges, total int64) bool {
-	any := false
-	for k := 2; k <= MaxKindGPUs; k++ {
-		if multi[k] == 0 {
-			continue
-		}
-		slots := s.allSlots[k]
-		if models != nil {
-			slots = 0
-			for _, m := range models {
-				slots += s.slots[m][k]
-			}
-		}
-		size := float64(k * MilliPerGPU)
-		pi := math.Inf(1)
-		if slots > 0 {
-			pi = float64(multi[k]) / float64(total) * float64(s.freeMilli) / (size * float64(slots))
-		}
-		w := grain(pressure(pi) * size)
-		if w == 0 {
-			continue
-		}
-		any = true
-		for m := range c.perSlot {
-			if models == nil || slices.Contains(models, int32(m)) {
-				c.chargeSlot(m, int32(k), w)
-			}
-		}
+// poissonTail is P(N ≥ n) for N Poisson with mean lambda.
+func poissonTail(lambda float64, n int64) float64 {
+	if n <= 0 {
+		return 1
 	}
-	return any
+	if float64(n) > lambda+12*math.Sqrt(lambda)+12 {
+		return 0
+	}
+	term := math.Exp(-lambda) // P(N = 0)
+	cdf := term
+	for i := int64(1); i < n; i++ {
+		term *= lambda / float64(i)
+		cdf += term
+	}
+	return math.Max(0, 1-cdf)
 }
 
 // pressure maps a pressure π to the share of taken capacity charged as lost.
-func pressure(pi float64) float64 {
-	return math.Min(1, math.Max(0, (pi-gpufracPressureFrom)/(gpufracPressureFull-gpufracPressureFrom)))
+func pressure(pi float64) float64 { return ramp(pi, gpufracPressureFrom) }
+
+// ramp is 0 up to π = from, 1 from π = gpufracPressureFull, linear between.
+func ramp(pi, from float64) float64 {
+	return math.Min(1, math.Max(0, (pi-from)/(gpufracPressureFull-from)))
 }
 
 // grain floors a charge to the score grain, so that charges keep ties ties.

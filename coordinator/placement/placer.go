@@ -200,8 +200,8 @@ type charger interface {
 // chargesFor returns the policy's charges for q, nil when it has none.
 func (p *Placer) chargesFor(s *Snapshot, q *req) *charges {
 	ch, ok := p.policy.(charger)
-	if !ok || q.k == 0 || len(s.models) == 0 || !s.demand.constrained() {
-		return nil // a CPU-only request takes no GPU capacity
+	if !ok || len(s.models) == 0 || !s.demand.constrained() {
+		return nil
 	}
 	c := &p.charges
 	c.reset(len(s.models))

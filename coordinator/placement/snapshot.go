@@ -3,7 +3,6 @@ package placement
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -92,11 +91,6 @@ type Snapshot struct {
 	// (all nodes) are kept in step by refresh and Rollback.
 	modelFree []int64
 	freeMilli int64
-	// slots counts k-GPU slots (k fully free GPUs on one node) by model:
-	// model index -> k -> Σ_nodes ⌊fullFree/k⌋; allSlots counts every node's.
-	// Both are kept in step by refresh and Rollback.
-	slots    [][MaxKindGPUs + 1]int64
-	allSlots [MaxKindGPUs + 1]int64
 	// demand is the workload's GPU demand by host types (AddDemand).
 	demand demandBook
 }
@@ -171,7 +165,6 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 				modelIdx[model] = id
 				s.models = append(s.models, model)
 				s.modelFree = append(s.modelFree, 0)
-				s.slots = append(s.slots, [MaxKindGPUs + 1]int64{})
 			}
 			st.model = id
 			if ht := (hostType{model: id, gpus: int32(len(n.GPUs)), cpu: n.CPUMilli, mem: n.MemoryBytes}); len(n.GPUs) > 0 && !typeSeen[ht] {
@@ -280,8 +273,6 @@ func (s *Snapshot) Clone() *Snapshot {
 		htypes:    s.htypes, // never written after NewSnapshot
 		modelFree: append([]int64(nil), s.modelFree...),
 		freeMilli: s.freeMilli,
-		slots:     slices.Clone(s.slots),
-		allSlots:  s.allSlots,
 		demand:    s.demand.clone(),
 	}
 	c.view = c.free
@@ -329,23 +320,7 @@ func (s *Snapshot) refresh(i int) {
 		total += f
 	}
 	s.freeChanged(st.model, total-st.totalFree)
-	s.slotsChanged(st.model, st.fullFree, full)
 	st.fullFree, st.maxFree, st.totalFree = full, maxF, total
-}
-
-// slotsChanged keeps the slot counts in step with a node whose fully free
-// GPUs went from before to after.
-func (s *Snapshot) slotsChanged(model, before, after int32) {
-	if before == after {
-		return
-	}
-	for k := int32(2); k <= MaxKindGPUs && (k <= before || k <= after); k++ {
-		d := int64(after/k - before/k)
-		s.allSlots[k] += d
-		if model >= 0 {
-			s.slots[model][k] += d
-		}
-	}
 }
 
 // freeChanged keeps the per-model and cluster free milli in step with a
@@ -486,7 +461,6 @@ func (s *Snapshot) Rollback(cp Checkpoint) error {
 	for j := len(s.journal) - 1; j >= cp.journal; j-- {
 		e := &s.journal[j]
 		s.freeChanged(e.state.model, e.state.totalFree-s.nodes[e.node].totalFree)
-		s.slotsChanged(e.state.model, s.nodes[e.node].fullFree, e.state.fullFree)
 		s.nodes[e.node] = e.state
 		gpus := s.trueFree(e.node)
 		n := copy(gpus, e.free[:])

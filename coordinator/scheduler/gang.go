@@ -26,6 +26,10 @@ import (
 // leader starts the clock again, so a gang holds GPUs in part for at most
 // the leader hand-over plus GangBindTimeout.
 
+// DefaultGangReportDelay is the coordinator's Options.GangReportDelay,
+// like DefaultReservationReportDelay.
+const DefaultGangReportDelay = 5 * time.Second
+
 // DefaultGangBindTimeout is Options.GangBindTimeout's default.
 const DefaultGangBindTimeout = 30 * time.Second
 

@@ -1,10 +1,14 @@
 package scheduler
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -16,12 +20,23 @@ import (
 // default queue (label gpufrac.io/default-queue on the Namespace) when it
 // names one.
 func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
-	if p.Labels[api.LabelQueue] == "" && p.Spec.SchedulerName == s.opts.SchedulerName {
-		if q := s.defaultQueue(p.Namespace); q != "" {
-			p = withQueueLabel(p, q)
-		}
+	e := s.parseEntryOf(p)
+	if e != nil && e.own.done && e.own.fixed {
+		return e.own.result(p)
 	}
-	return s.parseAsIs(p)
+	q := p.Labels[api.LabelQueue]
+	fixed := q != "" || p.Spec.SchedulerName != s.opts.SchedulerName
+	if !fixed {
+		q = s.defaultQueue(p.Namespace) // the namespace's label can change under the same pod
+	}
+	if e != nil && e.own.done && e.own.queue == q {
+		return e.own.result(p)
+	}
+	pi, err, readJob := s.parseFor(p, q)
+	if e != nil && !readJob {
+		e.own = parsed{done: true, fixed: fixed, queue: q, pi: pi, err: err}
+	}
+	return pi, err
 }
 
 // parseAdmitted parses a pod the coordinator bound, for the books: it is
@@ -38,6 +53,28 @@ func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
 // the owning Job's name) still groups pods for reclaim, keyed with how they
 // were admitted. ok is false for pods the coordinator did not admit.
 func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error) {
+	e := s.parseEntryOf(p)
+	if e != nil && e.admitted.done {
+		if e.admitted.queue == "" {
+			return podInfo{}, false, nil
+		}
+		pi, err = e.admitted.result(p)
+		return pi, err == nil, err
+	}
+	// What is parsed depends on the pod object alone (no Job is read): it
+	// is kept whole, unless it read a resource claim, which changes under
+	// the same pod (allocated, its allocation shown).
+	var readClaims bool
+	pi, ok, err = s.parseAdmittedAfresh(p, &readClaims)
+	if e != nil && !readClaims {
+		e.admitted = parsed{done: true, queue: p.Annotations[api.AnnotationAdmittedQueue], pi: pi, err: err}
+	}
+	return pi, ok, err
+}
+
+// parseAdmittedAfresh is parseAdmitted without the cache; it sets
+// *readClaims (when not nil) if the parse read a resource claim.
+func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi podInfo, ok bool, err error) {
 	q := p.Annotations[api.AnnotationAdmittedQueue]
 	if q == "" {
 		return podInfo{}, false, nil
@@ -46,7 +83,7 @@ func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error
 	spec.Labels = map[string]string{api.LabelQueue: q}
 	spec.Annotations = nil
 	spec.OwnerReferences = nil
-	if pi, err = s.parseAsIs(&spec); err != nil {
+	if pi, err = s.parseAsIs(&spec, nil, readClaims); err != nil {
 		return podInfo{}, false, err
 	}
 	pi.pod = p
@@ -100,16 +137,125 @@ func (s *Scheduler) defaultQueue(namespace string) string {
 	return ns.Labels[api.LabelDefaultQueue]
 }
 
-func (s *Scheduler) parseAsIs(p *corev1.Pod) (podInfo, error) {
-	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, JobLookup: s.deps.Jobs, GPUModels: s.models,
+// A cycle reads every pod of the cluster, several times (the snapshot,
+// gangs' bound members, the queues' usage, the demand the policy weighs),
+// and parsing them was most of a cycle's work at 50,000 pods
+// (docs/benchmarks.md, "Scale"). So parses are kept from one cycle to the
+// next, by pod object: the informer never changes an object it handed
+// out, it replaces it with a new one (and the coordinator changes none), so
+// the same pointer is the same pod. Keying by pointer spares a cycle
+// reading the pods' UIDs and hashing them; an object without a
+// resourceVersion (hand-made, and maybe changed in place) is parsed every
+// time. A kept parse also needs the cycle-wide inputs unchanged - the GPU
+// models in the cluster and the worth of scalar resources; a change empties
+// the cache - and the queue it was parsed for: a namespace's default queue
+// can change under the same pod. A parse that read a Job (a gang derived
+// from its parallelism) is not kept: the Job can change under the same pod.
+// What a cycle did not read is forgotten at its end (sweepParses).
+
+// parseEntry is what is kept of one pod.
+type parseEntry struct {
+	own      parsed // parse: for its label's queue, or its namespace's default
+	admitted parsed // parseAdmitted: for the queue its binding recorded
+	cycle    uint64 // the last cycle that read it
+}
+
+// parsed is one kept parse.
+type parsed struct {
+	done  bool
+	fixed bool   // the queue came from the pod itself, not its namespace
+	queue string // the queue parsed for ("" for none)
+	pi    podInfo
+	err   error
+}
+
+// result is the kept parse for the pod object p.
+func (k *parsed) result(p *corev1.Pod) (podInfo, error) {
+	pi := k.pi
+	pi.pod = p
+	return pi, k.err
+}
+
+// parseInputs are the cycle-wide inputs of a parse besides the pod.
+type parseInputs struct {
+	models      []string
+	scalarMilli map[string]int64
+	draNodes    map[string]bool // nodes in mode dra: where pods with GPU claims may go
+}
+
+// beginParses starts a cycle's parses with its GPU models, scalar worth
+// and nodes in mode dra; it empties the cache when they changed.
+func (s *Scheduler) beginParses() {
+	s.parseCycle++
+	if s.parsed == nil || !slices.Equal(s.parseIn.models, s.models) || !maps.Equal(s.parseIn.scalarMilli, s.scalarMilli) || !maps.Equal(s.parseIn.draNodes, s.draNodes) {
+		s.parsed = map[*corev1.Pod]*parseEntry{}
+		s.parseIn = parseInputs{models: slices.Clone(s.models), scalarMilli: maps.Clone(s.scalarMilli), draNodes: maps.Clone(s.draNodes)}
+	}
+}
+
+// sweepParses forgets the pods the cycle did not read.
+func (s *Scheduler) sweepParses() {
+	for p, e := range s.parsed {
+		if e.cycle != s.parseCycle {
+			delete(s.parsed, p)
+		}
+	}
+}
+
+// parseEntryOf is p's entry in the cache (made when missing), nil when p
+// is not kept (see above) or outside a cycle.
+func (s *Scheduler) parseEntryOf(p *corev1.Pod) *parseEntry {
+	if s.parsed == nil || p.ResourceVersion == "" {
+		return nil
+	}
+	e := s.parsed[p]
+	if e == nil {
+		e = &parseEntry{}
+		s.parsed[p] = e
+	}
+	e.cycle = s.parseCycle
+	return e
+}
+
+// parseFor parses p as charged to queue and tells whether the parse read
+// a Job or a resource claim (which change under the same pod: such a parse
+// is not kept).
+func (s *Scheduler) parseFor(p *corev1.Pod, queue string) (pi podInfo, err error, readJob bool) {
+	labelled := p
+	if queue != "" && p.Labels[api.LabelQueue] != queue {
+		labelled = withQueueLabel(p, queue)
+	}
+	var readClaims bool
+	pi, err = s.parseAsIs(labelled, func(ns, name string) (*batchv1.Job, bool) {
+		readJob = true
+		return s.deps.Jobs(ns, name)
+	}, &readClaims)
+	pi.pod = p
+	return pi, err, readJob || readClaims
+}
+
+// parseAsIs parses p; it sets *readClaims (when not nil) if the parse read
+// a resource claim.
+func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool), readClaims *bool) (podInfo, error) {
+	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, GPUModels: s.models,
 		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli,
 		NonPreemptiblePriority: s.opts.NonPreemptiblePriority}
+	if s.deps.Jobs != nil {
+		opts.JobLookup = jobs
+	}
 	if s.deps.DRA != nil {
-		opts.Claims = podrequest.ClaimOptions{Get: s.deps.DRA.GetClaim, GPUMemoryBytes: s.claimGPUMemory}
+		get := s.deps.DRA.GetClaim
+		opts.Claims = podrequest.ClaimOptions{GPUMemoryBytes: s.claimGPUMemory,
+			Get: func(namespace, name string) (*resourceapi.ResourceClaim, bool) {
+				if readClaims != nil {
+					*readClaims = true
+				}
+				return get(namespace, name)
+			}}
 	}
 	r, err := podrequest.Parse(p, opts)
 	if err != nil {
-		return podInfo{}, err
+		return podInfo{pod: p}, err
 	}
 	pi := podInfo{
 		pod:            p,

@@ -2,10 +2,13 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
@@ -88,7 +91,21 @@ func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*core
 // work that found no room. Placeholders that landed on a node (the capacity
 // came) are deleted so the real pods can take it; their nodes become the
 // preferred nodes of the group.
-func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.Item, pods []*corev1.Pod) {
+//
+// A group whose landed placeholders were released gets no new ones for
+// releaseCooldown, so its pods can take that capacity first, but only while
+// that capacity may still be theirs: while one of the nodes where they
+// landed settles (settling: the coordinator binds nothing there yet) or has
+// pods being bound. Past that, its pods that still found no room found the
+// capacity taken (another group's pods took the node, whose placeholder
+// landed there first and was released a moment before) and it asks again at
+// once instead of idling out the cooldown: in the issue 16 comparison a
+// fraction whose placeholder landed so waited 18 s (sim min at 1 h = 60 s)
+// for a node it could have had in 6.
+//
+// Placeholders withdrawn this cycle (withdrawPlaceholders) are gone already:
+// they are neither deleted again nor created anew until a later cycle.
+func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.Item, pods []*corev1.Pod, settling func(node string) bool, withdrawn map[types.UID]bool) {
 	if s.deps.Placeholders == nil {
 		return
 	}
@@ -114,6 +131,9 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			continue
 		}
 		have[p.Name] = p
+		if withdrawn[p.UID] {
+			continue
+		}
 		group := p.Labels[placeholder.LabelGroup]
 		switch {
 		case want[p.Name] == nil && !wantGroup[group]:
@@ -143,7 +163,7 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			continue
 		}
 		s.mu.Lock()
-		cooling := now.Sub(s.released[p.Labels[placeholder.LabelGroup]]) < releaseCooldown
+		cooling := s.coolingLocked(p.Labels[placeholder.LabelGroup], now, settling)
 		s.mu.Unlock()
 		if cooling {
 			continue
@@ -153,6 +173,65 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			continue
 		}
 		s.metrics.placeholdersCreated.Inc()
+	}
+}
+
+// coolingLocked tells whether group still waits for its pods to take the
+// capacity its released placeholders found (see syncPlaceholders). s.mu is
+// held.
+func (s *Scheduler) coolingLocked(group string, now time.Time, settling func(node string) bool) bool {
+	if now.Sub(s.released[group]) >= releaseCooldown {
+		return false
+	}
+	for _, n := range s.preferred[group] {
+		if settling(n) {
+			return true
+		}
+		for _, a := range s.assumed {
+			if a.Node == n {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settlingIn tells which nodes exist but are left out of snap: not Ready,
+// young or given back a moment ago (state.Inputs.NotBefore, Settling).
+func settlingIn(snap *state.Snapshot, nodes []*corev1.Node) func(node string) bool {
+	exists := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		exists[n.Name] = true
+	}
+	return func(node string) bool {
+		_, in := snap.Index(node)
+		return exists[node] && !in
+	}
+}
+
+// withdrawPlaceholders deletes the pending placeholders asked for w before
+// w is bound (it found room on a node they did not bring). Left pending,
+// kube-scheduler may bind one to the very GPU w takes, in the same moment,
+// and the kubelet admits only one of the two: were it the placeholder, w
+// would fail at admission (UnexpectedAdmissionError; a whole-GPU job failed
+// so in the issue 16 comparison). Deleted first, it no longer competes (one
+// kube-scheduler bound already, unseen yet, goes too); other work it also
+// asked for asks again in a later cycle.
+// The placeholders deleted are added to withdrawn, for syncPlaceholders.
+func (s *Scheduler) withdrawPlaceholders(ctx context.Context, w *workload, existing []*corev1.Pod, withdrawn map[types.UID]bool) {
+	if s.deps.Placeholders == nil {
+		return
+	}
+	for _, ph := range existing {
+		if ph.Spec.NodeName != "" || ph.DeletionTimestamp != nil || withdrawn[ph.UID] ||
+			!slices.Contains(strings.Split(ph.Annotations[placeholder.AnnotationWorkloads], ","), w.key) {
+			continue
+		}
+		if err := s.deps.Placeholders.Delete(ctx, ph, "its work found room on a node"); err != nil {
+			klog.FromContext(ctx).Error(err, "Withdrawing placeholder", "pod", klog.KObj(ph))
+			continue
+		}
+		withdrawn[ph.UID] = true
 	}
 }
 

@@ -2,8 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -127,37 +127,56 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, pl
 	}
 }
 
+// reservationEcho is how long a reservation pod created is not asked for
+// again while the informer does not show it yet: the cycles that run
+// meanwhile see its GPU without a pod and would send a create that only
+// meets AlreadyExists (a request per reservation, thousands in a burst).
+const reservationEcho = 5 * time.Second
+
 // ensureReservations creates the reservation pods this cycle asked for
-// (reserve records them in snap.Reservations without a pod), BindWorkers at
-// a time: one request each, and a burst of fractions may want hundreds.
+// (reserve records them in snap.Reservations without a pod), through the
+// writer: one request each, and a burst of fractions may want thousands. A
+// reservation whose creation is still queued or running, or was created
+// less than reservationEcho ago, is not asked for again.
 func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot) {
 	if s.deps.Reserver == nil {
 		return
 	}
-	type job struct {
-		key     state.NodeGPU
-		attempt int
-	}
-	todo := make(chan job)
-	var wg sync.WaitGroup
-	for range s.opts.BindWorkers {
-		wg.Go(func() {
-			for j := range todo {
-				key := j.key
-				s.fault(ctx, FaultReserve)
-				if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU, j.attempt); err != nil {
-					klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
-					continue
-				}
-				s.fault(ctx, FaultReservationCreated)
-			}
-		})
-	}
-	for key, r := range snap.Reservations {
-		if r.Pod == nil {
-			todo <- job{key: key, attempt: reservationAttempt(snap, key.Node, key.GPU)}
+	now := s.clock.Now()
+	s.mu.Lock()
+	for key, at := range s.reserveCreated {
+		if r := snap.Reservations[key]; r == nil || r.Pod != nil || now.Sub(at) >= reservationEcho {
+			delete(s.reserveCreated, key)
 		}
 	}
-	close(todo)
-	wg.Wait()
+	created := maps.Clone(s.reserveCreated)
+	s.mu.Unlock()
+	var taken map[string]bool // computed once: a name per GPU asked for, among thousands
+	for key, r := range snap.Reservations {
+		if r.Pod != nil {
+			continue
+		}
+		if _, ok := created[key]; ok {
+			continue
+		}
+		wkey := "reserve/" + key.Node + "/" + key.GPU
+		if s.writes.busy(wkey) {
+			continue
+		}
+		if taken == nil {
+			taken = reservationNames(snap)
+		}
+		attempt := reservationAttempt(taken, key.Node, key.GPU)
+		s.writes.do(ctx, wkey, func(ctx context.Context) {
+			s.fault(ctx, FaultReserve)
+			if err := s.deps.Reserver.Ensure(ctx, key.Node, key.GPU, attempt); err != nil {
+				klog.FromContext(ctx).Error(err, "Creating reservation", "node", key.Node, "gpu", key.GPU)
+				return
+			}
+			s.mu.Lock()
+			s.reserveCreated[key] = s.clock.Now()
+			s.mu.Unlock()
+			s.fault(ctx, FaultReservationCreated)
+		})
+	}
 }

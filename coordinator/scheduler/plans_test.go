@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
@@ -206,4 +207,33 @@ func TestNoReservationForAGPUAReservationHolds(t *testing.T) {
 func msg(b *schedulertest.Binder, pod string) string {
 	_, m := b.Reason(pod)
 	return m
+}
+
+// TestAReservationCreatedIsNotAskedForAgain: cycles that run before the
+// informer shows a reservation pod just created see its GPU without one;
+// they must not create it again (each such request only met
+// AlreadyExists: thousands in a burst). Once reservationEcho has passed
+// without the pod showing up, it is asked for again.
+func TestAReservationCreatedIsNotAskedForAgain(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f0", "q", 30))
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	r := &fakeReserver{c: c, lag: true}
+	c.s.deps.Reserver = r
+	c.cycle()
+	if len(r.ensured) != 1 {
+		t.Fatalf("first cycle: reservations %v, want one", r.ensured)
+	}
+	for range 4 {
+		clk.Step(time.Second)
+		c.cycle()
+	}
+	if len(r.ensured) != 1 {
+		t.Fatalf("within %s of the creation: reservations %v, want still one", reservationEcho, r.ensured)
+	}
+	clk.Step(time.Second)
+	c.cycle()
+	if len(r.ensured) != 2 || r.ensured[1] != r.ensured[0] {
+		t.Errorf("%s after a creation the informer never showed: reservations %v, want the same one asked for again", reservationEcho, r.ensured)
+	}
 }

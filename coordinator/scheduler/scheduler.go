@@ -61,6 +61,13 @@ type Options struct {
 	MaxGPUsPerPod int
 	// Interval is the longest wait between cycles.
 	Interval time.Duration
+	// GangReportDelay is how long a gang waits for its members (from the
+	// creation of its oldest pending member) before its pods say so
+	// (PodScheduled=False, reason GangIncomplete, and an event): a Job's
+	// pods arrive within moments, and telling each one that it waits for
+	// the others would cost two API writes per member for nothing. Zero
+	// reports at once. The coordinator uses DefaultGangReportDelay.
+	GangReportDelay time.Duration
 	// ReservationReportDelay is how long fractions wait for their GPU's
 	// reservation before their pods say so (PodScheduled=False, reason
 	// ReservationPending, and an event); shorter waits are part of binding
@@ -159,7 +166,7 @@ type Scheduler struct {
 	refused    map[types.UID]time.Time       // victim whose eviction was refused -> when it may be tried again
 
 	models     []string          // GPU products in the cluster, set at the start of each cycle
-	lastStatus map[string]string // queue -> last status written (statusKey), used only by Cycle
+	lastStatus map[string]string // queue -> last status written or queued (statusKey); guarded by mu
 	// lastInvalid: invalid queue -> the problem last reported in an event, used only by Cycle.
 	lastInvalid map[string]string
 	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
@@ -173,6 +180,13 @@ type Scheduler struct {
 	// bindBackoff: workload -> when it may be placed again after a failed
 	// binding, and the back-off after the next failure (guarded by mu).
 	bindBackoff map[string]bindRetry
+	// said: pod -> the pending reason last written or queued for it (guarded by mu).
+	said map[types.UID]said
+	// reserveCreated: GPU -> when its reservation pod was created, until
+	// the informer shows it (guarded by mu; see reservationEcho).
+	reserveCreated map[state.NodeGPU]time.Time
+	// writes runs the cycle's API writes other than bindings.
+	writes *writer
 	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
 	nominatedClaims map[string][]string
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
@@ -185,6 +199,17 @@ type Scheduler struct {
 	// draBusy names a pod of another scheduler still being placed with
 	// claims ("" when none): nodes in mode dra are off limits this cycle.
 	draBusy string
+	// What cycles keep of each pod and node from one cycle to the next,
+	// used only by Cycle: the snapshot's reads (state.Cache) and the
+	// parses (pod object -> its parses; parseIn are the inputs they were
+	// made with, parseCycle counts the cycles).
+	stateCache *state.Cache
+	parsed     map[*corev1.Pod]*parseEntry
+	parseIn    parseInputs
+	parseCycle uint64
+	// drainSeen: node -> the last cycle that saw it tainted gpufrac.io/draining,
+	// used only by Cycle (see returnedNodes).
+	drainSeen map[string]time.Time
 }
 
 type assumedPod struct {
@@ -255,12 +280,17 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		released:    map[string]time.Time{},
 
 		nominatedClaims: map[string][]string{},
+		drainSeen:       map[string]time.Time{},
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
 		bindBackoff:     map[string]bindRetry{},
+		stateCache:      state.NewCache(),
+		said:            map[types.UID]said{},
+		reserveCreated:  map[state.NodeGPU]time.Time{},
+		writes:          newWriter(),
 	}, nil
 }
 
@@ -324,6 +354,7 @@ func (s *Scheduler) OnPodDelete(obj any) {
 // Options.Interval. Bindings run on BindWorkers goroutines.
 func (s *Scheduler) Run(ctx context.Context) {
 	var wg sync.WaitGroup
+	wg.Go(func() { s.writes.run(ctx, s.opts.BindWorkers) })
 	for i := 0; i < s.opts.BindWorkers; i++ {
 		wg.Add(1)
 		go func() {
@@ -335,18 +366,26 @@ func (s *Scheduler) Run(ctx context.Context) {
 	t := time.NewTicker(s.opts.Interval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		if _, err := s.Cycle(ctx); err != nil {
 			klog.FromContext(ctx).Error(err, "Scheduling cycle failed")
 		}
+		took := time.Since(began)
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.wake:
-			// Batch the burst of informer events behind this wake-up.
+			// Batch the burst of informer events behind this wake-up, and
+			// rest as long as the cycle took (at most Interval): cycles
+			// take at most half a core, and leave the rest to the bind
+			// workers, the informers and, on a small control-plane node,
+			// the API server. Bindings do not wait: the bind queue holds
+			// what earlier cycles decided.
+			rest := max(20*time.Millisecond, min(took, s.opts.Interval)) - time.Since(began.Add(took))
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(rest):
 			}
 		case <-t.C:
 		}
@@ -367,6 +406,7 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 // runBind writes one binding. On failure the pod is no longer assumed: it
 // goes back to pending and the next cycle places it again.
 func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
+	s.unsay(t.pod)
 	s.fault(ctx, FaultBind)
 	start := s.clock.Now()
 	var err error
@@ -424,11 +464,49 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 	}
 }
 
+// returnedNodes are the nodes consolidation gave back (their
+// gpufrac.io/draining taint removed) within NewNodeSettle: they settle like
+// new nodes. A drained node has free GPUs the instant its taint goes, and the
+// placeholders of the work that made consolidation give it back are pending
+// for exactly those GPUs: were the coordinator to bind a pod there at once,
+// kube-scheduler could bind a placeholder to the same GPU in the same moment,
+// and the kubelet would reject one of the two (a whole-GPU job failed so in
+// the issue 16 comparison). Settling, the placeholders land first and the
+// coordinator takes the node from them, as on a new node.
+func (s *Scheduler) returnedNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
+	var out map[string]bool
+	live := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		live[n.Name] = true
+		if state.Draining(n) {
+			s.drainSeen[n.Name] = now
+			continue
+		}
+		if seen, ok := s.drainSeen[n.Name]; ok {
+			if now.Sub(seen) >= s.opts.NewNodeSettle {
+				delete(s.drainSeen, n.Name)
+				continue
+			}
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[n.Name] = true
+		}
+	}
+	for name := range s.drainSeen {
+		if !live[name] {
+			delete(s.drainSeen, name)
+		}
+	}
+	return out
+}
+
 // Cycle runs one scheduling cycle.
 func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	start := s.clock.Now()
 	logger := klog.FromContext(ctx)
 	res := Result{Pending: map[string]int{}}
+	stages := stageTimes{clock: s.clock, last: start}
 
 	// 1. Read the world: what is being bound, nodes, pods, queues. Assumed
 	// pods first: a binding the informer shows after this copy is in the
@@ -464,12 +542,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
-		DRAUsage: draUsage}
+		DRAUsage: draUsage, Cache: s.stateCache}
 	if s.deps.Reserver != nil {
 		inputs.Removing = s.deps.Reserver.Removing()
 	}
 	if s.opts.NewNodeSettle > 0 {
 		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
+		inputs.Settling = s.returnedNodes(nodes, start)
 	}
 	snap, err := state.Build(inputs)
 	if err != nil {
@@ -477,12 +556,17 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	s.scalarMilli = snap.ScalarMilli
 	s.draNodes = snap.DRANodes
+	s.beginParses()
+	defer s.sweepParses()
 	books, err := newBooks(queues, badQueues, snap)
 	if err != nil {
 		return res, err
 	}
 
+	stages.done("snapshot")
+
 	// 3. Collect the pending pods into workloads (gangs and single pods).
+	s.forgetSaid()
 	var pending []*corev1.Pod
 	for _, p := range pods {
 		if _, busy := assumed[p.UID]; busy {
@@ -519,6 +603,8 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 
+	stages.done("collect")
+
 	// 4. Order: queues by dominant share, then priority, then age.
 	sortWorkloads(workloads, books)
 	// Workloads already placed in an earlier cycle and waiting for their
@@ -535,6 +621,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	var demand []placeholder.Item      // admitted work with no room: asks for capacity
 	var existing []*corev1.Pod         // placeholder pods
 	liveGroups := map[string]bool{}    // placeholder groups with placeholders or admitted pending work
+	withdrawn := map[types.UID]bool{}  // placeholders deleted before their work was bound elsewhere
 	for _, p := range pods {
 		if placeholder.IsPlaceholder(p) {
 			existing = append(existing, p)
@@ -542,10 +629,30 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 	}
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
+	full := false                               // the bind queue has no room for the next workload
 	for _, w := range workloads {
 		if w.incomplete != "" {
+			// Members created in a burst arrive within moments: a gang says
+			// it waits only once it has waited GangReportDelay.
+			report := start.Sub(w.created) >= s.opts.GangReportDelay
 			for _, p := range w.pods {
-				s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, w.incomplete, &res)
+				if report {
+					s.markPending(ctx, p.pod, binder.ReasonGangIncomplete, w.incomplete, &res)
+				} else {
+					res.pending(binder.ReasonGangIncomplete, p.pod)
+				}
+			}
+			continue
+		}
+		// Workloads are placed in order until the bind queue cannot take
+		// the next one: the rest waits for the next cycle (no reason is
+		// written, their pods are being served), so a cycle never waits
+		// for bindings and nothing later overtakes them. A workload placed
+		// in an earlier cycle and waiting for reservations keeps its plan:
+		// dropped, its reservations would no longer be wanted.
+		if full = full || !s.bindRoom(len(w.pods)); full && !s.planned(w) {
+			for _, p := range w.pods {
+				res.pending(ReasonWaitingToBind, p.pod)
 			}
 			continue
 		}
@@ -604,17 +711,21 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			}
 			continue
 		}
+		s.withdrawPlaceholders(ctx, w, existing, withdrawn)
 		s.bind(ctx, w, decisions, snap, claims)
 		res.Bound += len(w.pods)
 	}
 	s.plans = plans
+	stages.done("place")
 	s.ensureReservations(ctx, snap)
 	if s.deps.Reserver != nil {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
 		s.deps.Reserver.RemoveFailed(ctx, snap.FailedReservations)
 	}
-	s.syncPlaceholders(ctx, demand, pods)
+	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes), withdrawn)
 	s.pruneHints(liveGroups, nodes)
+
+	stages.done("reservations")
 
 	// 6. Report.
 	var waiting []*workload
@@ -625,8 +736,48 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	s.writeQueueStatus(ctx, books, waiting, queues, badQueues)
 	s.metrics.cycle(start, s.clock.Since(start), res)
-	logger.V(2).Info("Scheduling cycle", "pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", s.clock.Since(start))
+	stages.done("report")
+	logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(pending), "bound", res.Bound, "waiting", res.Pending, "duration", s.clock.Since(start)}, stages.kv...)...)
 	return res, nil
+}
+
+// stageTimes collects how long each stage of a cycle took, for the
+// cycle's log line (as Kueue logs its scheduling stages at V(2)).
+type stageTimes struct {
+	clock clock.PassiveClock
+	last  time.Time
+	kv    []any // stage name, duration, ...
+}
+
+// done records that the stage called name ends now.
+func (t *stageTimes) done(name string) {
+	now := t.clock.Now()
+	t.kv = append(t.kv, name, now.Sub(t.last))
+	t.last = now
+}
+
+// ReasonWaitingToBind counts, in Result.Pending and gpufrac_pending_pods,
+// the pods a cycle did not place because the bind queue was full: they are
+// served in order as soon as it has room. It is never written on a pod.
+const ReasonWaitingToBind = "WaitingToBind"
+
+// bindRoom tells whether the bind queue can take n more bindings now. An
+// empty queue takes any workload, however large (its binding then waits
+// for the workers).
+func (s *Scheduler) bindRoom(n int) bool {
+	queued := len(s.binds)
+	return queued == 0 || queued+n <= cap(s.binds)
+}
+
+// planned tells whether a pod of w has a plan from the last cycle (it waits
+// for reservations).
+func (s *Scheduler) planned(w *workload) bool {
+	for _, p := range w.pods {
+		if _, ok := s.plans[p.pod.UID]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // isAssumed tells whether w's first pod is being bound (w was placed this cycle).
@@ -635,13 +786,6 @@ func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 	defer s.mu.Unlock()
 	a, ok := s.assumed[w.pods[0].pod.UID]
 	return a.Node, ok
-}
-
-func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {
-	res.pending(reason, p)
-	if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
-		klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
-	}
 }
 
 // placePreferring places w on the preferred nodes (where its placeholders
@@ -694,15 +838,7 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decisi
 func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
-		r := w.pods[i].req
-		if pool != "" {
-			c := placement.Constraints{}
-			if r.Constraints != nil {
-				c = *r.Constraints
-			}
-			c.Pool = pool
-			r.Constraints = &c
-		}
+		r := placement.WithPool(w.pods[i].req, pool)
 		d, err := s.placeOne(snap, &r)
 		if err != nil {
 			if w.gang {
@@ -821,10 +957,10 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 	return fmt.Sprintf("waiting for the reservation of %s to be admitted (gpufrac.io/reserved-gpu)", strings.Join(waiting, ", "))
 }
 
-// reservationAttempt is the first attempt number whose reservation name is
-// not taken by a reservation that holds another GPU (see reservation.NameAt).
-func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
-	taken := map[string]bool{}
+// reservationNames are the names of the reservation pods in snap, held or
+// failed: a name in it is taken (see reservationAttempt).
+func reservationNames(snap *state.Snapshot) map[string]bool {
+	taken := make(map[string]bool, len(snap.Reservations)+len(snap.FailedReservations))
 	for _, r := range snap.Reservations {
 		if r.Pod != nil {
 			taken[r.Pod.Name] = true
@@ -833,6 +969,12 @@ func reservationAttempt(snap *state.Snapshot, node, gpu string) int {
 	for _, p := range snap.FailedReservations {
 		taken[p.Name] = true // until it is removed: a create would meet AlreadyExists
 	}
+	return taken
+}
+
+// reservationAttempt is the first attempt number whose reservation name is
+// not taken by a reservation that holds another GPU (see reservation.NameAt).
+func reservationAttempt(taken map[string]bool, node, gpu string) int {
 	for k := 0; ; k++ {
 		if !taken[reservation.NameAt(node, gpu, k)] {
 			return k

@@ -7,11 +7,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
@@ -400,6 +403,7 @@ func TestQueueStatusIsPublished(t *testing.T) {
 type fakeReserver struct {
 	c           *cluster
 	admit       bool
+	lag         bool // the informer does not show the pods created
 	ensured     []string
 	attempts    []int
 	removed     int
@@ -413,6 +417,9 @@ func (f *fakeReserver) Ensure(_ context.Context, node, gpu string, attempt int) 
 	p.UID = types.UID(p.Name)
 	if f.admit {
 		p.Annotations[api.AnnotationReservedGPU] = gpu
+	}
+	if f.lag {
+		return nil
 	}
 	return f.c.pods.Add(p)
 }
@@ -481,5 +488,48 @@ func TestFractionsWaitForTheirReservation(t *testing.T) {
 	c.cycle()
 	if r.removed != 1 {
 		t.Errorf("reservations removed = %d, want 1", r.removed)
+	}
+}
+
+// A node consolidation gives back (its gpufrac.io/draining taint removed)
+// settles like a new node: the placeholders pending for its free GPUs land
+// first, and the coordinator binds nothing there for NewNodeSettle, so it
+// never races kube-scheduler for the same GPU.
+func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	back := h100Node("back", "a", 1)
+	back.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
+	back.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule}}
+	c := &cluster{t: t, b: schedulertest.NewBinder(),
+		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+	}
+	_ = c.nodes.Add(back)
+	_ = c.pods.Add(gpuPod("w", "q", 1))
+	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
+		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
+		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.s = s
+
+	c.cycle() // draining: no room
+	if n := c.boundTo("w"); n != "" {
+		t.Fatalf("w bound to the draining node %s", n)
+	}
+	untainted := back.DeepCopy()
+	untainted.Spec.Taints = nil
+	_ = c.nodes.Update(untainted)
+	clk.Step(time.Second)
+	c.cycle()
+	if n := c.boundTo("w"); n != "" {
+		t.Fatalf("w bound to %s 1 s after its drain ended, within NewNodeSettle", n)
+	}
+	clk.Step(3 * time.Second)
+	c.cycle()
+	if n := c.boundTo("w"); n != "back" {
+		t.Fatalf("w bound to %q once the returned node settled, want back", n)
 	}
 }

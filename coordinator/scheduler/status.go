@@ -129,20 +129,32 @@ func (s *Scheduler) writeQueueStatus(ctx context.Context, b *books, ws []*worklo
 			delete(s.lastInvalid, tg.name)
 		}
 		key := statusKey(st)
-		if s.lastStatus[tg.name] == key {
+		s.mu.Lock()
+		same := s.lastStatus[tg.name] == key
+		s.lastStatus[tg.name] = key // written, or queued: not queued again
+		s.mu.Unlock()
+		if same {
 			continue
 		}
-		if err := s.deps.Status.WriteQueueStatus(ctx, tg.name, st); err != nil {
-			klog.FromContext(ctx).V(2).Info("Queue status not written", "queue", tg.name, "err", err)
-			continue
-		}
-		s.lastStatus[tg.name] = key
+		name := tg.name
+		s.writes.do(ctx, "queue/"+name, func(ctx context.Context) {
+			if err := s.deps.Status.WriteQueueStatus(ctx, name, st); err != nil {
+				klog.FromContext(ctx).V(2).Info("Queue status not written", "queue", name, "err", err)
+				s.mu.Lock()
+				if s.lastStatus[name] == key {
+					delete(s.lastStatus, name) // the next cycle tries again
+				}
+				s.mu.Unlock()
+			}
+		})
 	}
+	s.mu.Lock()
 	for name := range s.lastStatus {
 		if !seen[name] {
 			delete(s.lastStatus, name)
 		}
 	}
+	s.mu.Unlock()
 	for name := range s.lastInvalid {
 		if !seen[name] {
 			delete(s.lastInvalid, name)

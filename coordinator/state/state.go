@@ -63,6 +63,104 @@ type Inputs struct {
 	// bound would find their GPUs taken at admission. Other nodes get no
 	// placeholders and are placed on at once.
 	NotBefore time.Time
+	// Settling names more nodes left out as if they were young (node name ->
+	// true): nodes consolidation just gave back (scheduler.returnedNodes).
+	Settling map[string]bool
+	// Cache, when not nil, keeps what Build read of each pod and node for
+	// the next Build (see Cache); nil reads every object afresh.
+	Cache *Cache
+}
+
+// Cache keeps what Build reads from each pod (its demand) and node (its GPU
+// inventory) from one Build to the next, by object: an informer never
+// changes an object it handed out, it replaces it with a new one, so the
+// same pointer is the same content (keying by pointer also spares Build
+// reading and hashing UIDs). Objects without a resourceVersion (hand-made,
+// and maybe changed in place) are read every time. What a Build did not see
+// is forgotten at its end. At 50,000 pods reading every pod was much of a
+// cycle (docs/benchmarks.md, "Scale"). A Cache is not safe for concurrent
+// use: one scheduling loop owns it.
+type Cache struct {
+	pods  map[*corev1.Pod]*cachedDemand     // pod -> its demand
+	nodes map[*corev1.Node]*cachedInventory // node -> its inventory
+	// timeslice is the replica resource the demands were read with.
+	timeslice string
+	build     uint64 // Builds so far; entries not used by the last one go
+}
+
+type cachedDemand struct {
+	d     PodDemand
+	build uint64
+}
+
+type cachedInventory struct {
+	inv   []api.GPUInfo
+	ok    bool
+	build uint64
+}
+
+// NewCache returns an empty Cache.
+func NewCache() *Cache {
+	return &Cache{pods: map[*corev1.Pod]*cachedDemand{}, nodes: map[*corev1.Node]*cachedInventory{}}
+}
+
+// begin starts a Build reading replicas as timeslice.
+func (c *Cache) begin(timeslice string) {
+	if c == nil {
+		return
+	}
+	if c.timeslice != timeslice {
+		clear(c.pods)
+		c.timeslice = timeslice
+	}
+	c.build++
+}
+
+// demand is DemandOf(p, timeslice), from the cache when p was read before.
+func (c *Cache) demand(p *corev1.Pod, timeslice string) PodDemand {
+	if c == nil || p.ResourceVersion == "" {
+		return DemandOf(p, timeslice)
+	}
+	e := c.pods[p]
+	if e == nil {
+		e = &cachedDemand{d: DemandOf(p, timeslice)}
+		c.pods[p] = e
+	}
+	e.build = c.build
+	return e.d
+}
+
+// inventory is inventory(n), from the cache when n was read before. The
+// slice is shared: callers only read it.
+func (c *Cache) inventory(n *corev1.Node) ([]api.GPUInfo, bool) {
+	if c == nil || n.ResourceVersion == "" {
+		return inventory(n)
+	}
+	e := c.nodes[n]
+	if e == nil {
+		inv, ok := inventory(n)
+		e = &cachedInventory{inv: inv, ok: ok}
+		c.nodes[n] = e
+	}
+	e.build = c.build
+	return e.inv, e.ok
+}
+
+// end forgets the objects the Build just ended did not read.
+func (c *Cache) end() {
+	if c == nil {
+		return
+	}
+	for p, e := range c.pods {
+		if e.build != c.build {
+			delete(c.pods, p)
+		}
+	}
+	for n, e := range c.nodes {
+		if e.build != c.build {
+			delete(c.nodes, n)
+		}
+	}
 }
 
 // IsScalar tells whether a resource is placed as a scalar: a MIG device of
@@ -144,9 +242,22 @@ func Terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// NodeReady tells whether a node may take new pods.
+// NodeReady tells whether a node may take new pods: not cordoned, not being
+// drained by consolidation (taint gpufrac.io/draining, whatever the pods
+// tolerate), and Ready.
 func NodeReady(n *corev1.Node) bool {
-	return !n.Spec.Unschedulable && readyCondition(n)
+	return !n.Spec.Unschedulable && !Draining(n) && readyCondition(n)
+}
+
+// Draining tells whether consolidation drains the node (taint
+// gpufrac.io/draining, written only by the coordinator).
+func Draining(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == api.TaintDraining {
+			return true
+		}
+	}
+	return false
 }
 
 // readyCondition tells whether the node's Ready condition is True.
@@ -237,6 +348,8 @@ func settling(n *corev1.Node, notBefore time.Time) bool {
 // Build makes the snapshot. Nodes that are not Ready are left out; pods on
 // unknown nodes are ignored.
 func Build(in Inputs) (*Snapshot, error) {
+	in.Cache.begin(in.TimesliceResource)
+	defer in.Cache.end()
 	reservations := map[NodeGPU]*Reservation{}
 	var asking []askingReservation
 	accs := make(map[string]*nodeAcc, len(in.Nodes))
@@ -246,7 +359,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !NodeReady(n) || settling(n, in.NotBefore) {
+		if !NodeReady(n) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
 		}
@@ -260,7 +373,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			MemoryBytes: n.Status.Allocatable.Memory().Value(),
 		}
 		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}, held: map[string]bool{}, inventory: map[string]api.GPUInfo{}}
-		inv, hasInv := inventory(n)
+		inv, hasInv := in.Cache.inventory(n)
 		for _, g := range inv {
 			acc.inventory[g.UUID] = g
 		}
@@ -322,7 +435,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			}
 			continue
 		}
-		d := DemandOf(p, in.TimesliceResource)
+		d := in.Cache.demand(p, in.TimesliceResource)
 		acc.node.UsedCPUMilli += d.CPUMilli
 		acc.node.UsedMemoryBytes += d.MemoryBytes
 		for name, k := range d.Scalars {
@@ -586,10 +699,12 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 		why = fmt.Sprintf("node %s no longer exists", node)
 	case n.Spec.Unschedulable:
 		why = fmt.Sprintf("node %s is cordoned", node)
+	case Draining(n):
+		why = fmt.Sprintf("node %s is drained for consolidation", node)
 	case !NodeReady(n):
 		why = fmt.Sprintf("node %s is not Ready", node)
 	default:
-		return // young: NotBefore
+		return // young (NotBefore) or settling: about to take fractions
 	}
 	g := ReservedGPU(p)
 	key := NodeGPU{node, g}

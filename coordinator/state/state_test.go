@@ -595,3 +595,17 @@ func TestBuildChargesDRANodesFromClaims(t *testing.T) {
 		t.Errorf("CPU used on dra: %d, want 4000 (pods' CPU still counts)", n.UsedCPUMilli)
 	}
 }
+
+// A node consolidation drains (taint gpufrac.io/draining) takes no new pod,
+// whatever the pods tolerate: it is left out like a cordoned node.
+func TestDrainingNodeIsLeftOut(t *testing.T) {
+	draining := node("d", 1).inventory("fraction").n
+	draining.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule}}
+	s, err := Build(Inputs{Nodes: []*corev1.Node{node("a", 1).inventory("fraction").n, draining}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Index("d"); ok || s.Len() != 1 {
+		t.Errorf("the draining node is in the snapshot (%d nodes)", s.Len())
+	}
+}

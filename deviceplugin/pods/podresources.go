@@ -76,6 +76,11 @@ type answeredDevices struct {
 // pod's admission failed on a later container) stops counting after this.
 const answeredTTL = 30 * time.Second
 
+// answeredSettle is how long after an Allocate answer a listing that does
+// not show its devices means they are gone, not yet recorded: the kubelet
+// records an allocation as soon as Allocate returns.
+const answeredSettle = 2 * time.Second
+
 var _ resource.UsageSource = (*PodResources)(nil)
 
 // podResourcesBackoff retries a lost kubelet socket quickly: it is local,
@@ -252,6 +257,14 @@ func (p *PodResources) unlisted(as []Assignment) []Assignment {
 			}
 		}
 		if len(missing) == 0 {
+			continue
+		}
+		if !p.fetched.IsZero() && p.fetched.Sub(ans.at) >= answeredSettle {
+			// The kubelet has long recorded the allocation, and the listing
+			// does not show it: the pod ended (or its admission failed). A
+			// short pod that ended before any listing showed it would
+			// otherwise hold its GPU against whole GPUs and reservations
+			// for answeredTTL.
 			continue
 		}
 		kept = append(kept, ans)

@@ -334,4 +334,19 @@ func TestUsageCountsAnsweredDevices(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d answers kept after their TTL", left)
 	}
+
+	// A pod that ended before any listing showed its devices: a listing
+	// taken answeredSettle after the answer, without them, forgets them at
+	// once (they held the GPU against whole GPUs and reservations for
+	// answeredTTL before; seen in the issue 16 comparison runs).
+	clk.SetTime(t0.Add(time.Hour))
+	pr.Answered(api.ResourceFraction, ids)
+	if usage, _ = pr.Usage(ctx); usage[gpuB].Units != 2 {
+		t.Errorf("units on %s right after the answer = %d, want 2", gpuB, usage[gpuB].Units)
+	}
+	clk.SetTime(t0.Add(time.Hour + answeredSettle))
+	pr.Invalidate()
+	if usage, _ = pr.Usage(ctx); usage[gpuB].Units != 0 {
+		t.Errorf("units on %s in a listing %s after the answer that does not show them = %d, want 0", gpuB, answeredSettle, usage[gpuB].Units)
+	}
 }

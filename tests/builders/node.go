@@ -49,6 +49,33 @@ func (w *NodeWrapper) FractionUnits(n int) *NodeWrapper {
 	return w.Resource(api.ResourceFraction, strconv.Itoa(n))
 }
 
+// Inventory publishes n GPUs in mode (exclusive, fraction) as gpufrac-node
+// does (annotation gpufrac.io/gpus, UUIDs "GPU-<node>-<i>", H100 80 GiB,
+// healthy) and serves them: nvidia.com/gpu n, and in mode fraction
+// api.UnitsPerGPU fraction units per GPU.
+func (w *NodeWrapper) Inventory(mode string, n int) *NodeWrapper {
+	inv := make([]api.GPUInfo, 0, n)
+	for i := 0; i < n; i++ {
+		inv = append(inv, api.GPUInfo{UUID: GPUUUID(w.node.Name, i), Index: i, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559, Mode: mode, Healthy: true})
+	}
+	s, err := api.EncodeInventory(inv)
+	if err != nil {
+		panic(err) // a slice of plain structs always encodes
+	}
+	if w.node.Annotations == nil {
+		w.node.Annotations = map[string]string{}
+	}
+	w.node.Annotations[api.AnnotationGPUInventory] = s
+	w = w.GPUs(n)
+	if mode == "fraction" {
+		w = w.FractionUnits(n * api.UnitsPerGPU)
+	}
+	return w
+}
+
+// GPUUUID is the UUID Inventory gives GPU i of a node.
+func GPUUUID(node string, i int) string { return "GPU-" + node + "-" + strconv.Itoa(i) }
+
 // CPU sets the node's CPU ("32").
 func (w *NodeWrapper) CPU(q string) *NodeWrapper { return w.Resource(corev1.ResourceCPU, q) }
 

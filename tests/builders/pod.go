@@ -313,6 +313,16 @@ func (w *PodWrapper) OwnedByJob(job *batchv1.Job) *PodWrapper {
 	return w
 }
 
+// OwnedBy makes a controller of kind (a ReplicaSet, a StatefulSet...) the
+// pod's controller owner.
+func (w *PodWrapper) OwnedBy(apiVersion, kind, name string) *PodWrapper {
+	w.pod.OwnerReferences = append(w.pod.OwnerReferences, metav1.OwnerReference{
+		APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID("uid-" + name),
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+	})
+	return w
+}
+
 // UID sets metadata.uid.
 func (w *PodWrapper) UID(uid string) *PodWrapper {
 	w.pod.UID = types.UID(uid)

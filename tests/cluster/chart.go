@@ -310,6 +310,35 @@ type Install struct {
 	// NodeConfig is the admin's config the DaemonSet mounts (ConfigMap
 	// gpufrac-node-config, key config.yaml).
 	NodeConfig string
+	// CoordinatorPrices is the price table the Deployment mounts (ConfigMap
+	// gpufrac-coordinator-prices, key prices.yaml); empty without one.
+	CoordinatorPrices string
+}
+
+// coordinatorPricesPath is where the chart's Deployment mounts its price table.
+const coordinatorPricesPath = "/etc/gpufrac/prices/prices.yaml"
+
+// CoordinatorProcessArgs are the coordinator's arguments as the kubelet
+// expands them for a pod named podName, for a local process: the price
+// table the Deployment would mount is written into dir, and --price-table
+// names that copy. The caller sets what else differs (kubeconfig, metrics).
+func (in *Install) CoordinatorProcessArgs(dir, podName string) ([]string, error) {
+	args, err := ExpandArgs(in.Coordinator.Args, map[string]string{"POD_NAME": podName, "POD_IP": "127.0.0.1"})
+	if err != nil {
+		return nil, err
+	}
+	p, ok := Flag(args, "price-table")
+	if !ok {
+		return args, nil
+	}
+	if p != coordinatorPricesPath || in.CoordinatorPrices == "" {
+		return nil, fmt.Errorf("the chart's coordinator reads --price-table=%s, but its ConfigMap gpufrac-coordinator-prices mounted at %s has no prices.yaml", p, coordinatorPricesPath)
+	}
+	local := filepath.Join(dir, "coordinator-prices.yaml")
+	if err := os.WriteFile(local, []byte(in.CoordinatorPrices), 0o644); err != nil {
+		return nil, fmt.Errorf("writing the coordinator's price table: %w", err)
+	}
+	return ReplaceFlag(args, "price-table", local), nil
 }
 
 // workloadKinds are what the test bed runs as processes instead (the node
@@ -354,6 +383,11 @@ func (c *Cluster) InstallChart(ctx context.Context, o ChartOptions) (*Install, e
 	if objs.Find("Deployment", "gpufrac-coordinator") != nil {
 		if in.Coordinator, err = objs.WorkloadContainer("Deployment", "gpufrac-coordinator"); err != nil {
 			return nil, err
+		}
+		if objs.Find("ConfigMap", "gpufrac-coordinator-prices") != nil {
+			if in.CoordinatorPrices, err = objs.ConfigMapData("gpufrac-coordinator-prices", "prices.yaml"); err != nil {
+				return nil, err
+			}
 		}
 	}
 	// helm install needs the release namespace to exist (it stores the release there).

@@ -99,6 +99,12 @@ type Options struct {
 	// false, for tests of what happens where an admin left them out. By
 	// default every cluster runs under them.
 	NoAdmissionPolicies bool
+	// ExtraArgs are appended to a control-plane component's arguments, by
+	// component name (etcd, kube-apiserver, kube-scheduler,
+	// kube-controller-manager, kwok); for a flag given twice the last value
+	// wins. The scale benchmark tunes heartbeats and turns on audit logging
+	// with them.
+	ExtraArgs map[string][]string
 }
 
 // Cluster is a running local control plane. Its exported fields are read-only.
@@ -272,14 +278,14 @@ func (c *Cluster) start(ctx context.Context) error {
 				return nil, fmt.Errorf("clearing etcd data dir: %w", err)
 			}
 			client, peer := "http://127.0.0.1:"+strconv.Itoa(ports[0]), "http://127.0.0.1:"+strconv.Itoa(ports[1])
-			return []string{
+			return append([]string{
 				"--name=gpufrac", "--data-dir=" + dataDir,
 				"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
 				"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
 				"--initial-cluster=gpufrac=" + peer,
 				// Test data need not survive a crash; fsync dominates etcd's latency otherwise.
 				"--unsafe-no-fsync",
-			}, nil
+			}, c.opts.ExtraArgs["etcd"]...), nil
 		},
 		ready: func(ctx context.Context, ports []int) error {
 			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/health", ports[0]), nil)
@@ -299,7 +305,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		name:  "kube-apiserver",
 		ports: 1,
 		args: func(ports []int) ([]string, error) {
-			return []string{
+			return append([]string{
 				"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(etcdPorts[0]),
 				"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
 				"--secure-port=" + strconv.Itoa(ports[0]),
@@ -320,7 +326,7 @@ func (c *Cluster) start(ctx context.Context) error {
 				// the node of the pod a service-account token is bound to goes into the
 				// token and the request's user info (ServiceAccountTokenPodNodeInfo,
 				// GA and locked on since 1.32).
-			}, nil
+			}, c.opts.ExtraArgs["kube-apiserver"]...), nil
 		},
 		ready: func(ctx context.Context, ports []int) error {
 			return probeHTTP(ctx, tlsClient, fmt.Sprintf("https://127.0.0.1:%d/readyz", ports[0]), adminAuth)
@@ -360,12 +366,12 @@ func (c *Cluster) start(ctx context.Context) error {
 			name:  "kube-scheduler",
 			ports: 1,
 			args: func(ports []int) ([]string, error) {
-				return []string{
+				return append([]string{
 					"--kubeconfig=" + c.componentKubeconfig("kube-scheduler"),
 					"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]),
 					"--tls-cert-file=" + c.pki.servingCert, "--tls-private-key-file=" + c.pki.servingKey,
 					"--leader-elect=false",
-				}, nil
+				}, c.opts.ExtraArgs["kube-scheduler"]...), nil
 			},
 			ready: secureReady("/readyz"),
 		},
@@ -373,7 +379,7 @@ func (c *Cluster) start(ctx context.Context) error {
 			name:  "kube-controller-manager",
 			ports: 1,
 			args: func(ports []int) ([]string, error) {
-				return []string{
+				return append([]string{
 					"--kubeconfig=" + c.componentKubeconfig("kube-controller-manager"),
 					"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]),
 					"--tls-cert-file=" + c.pki.servingCert, "--tls-private-key-file=" + c.pki.servingKey,
@@ -383,7 +389,7 @@ func (c *Cluster) start(ctx context.Context) error {
 					"--use-service-account-credentials=false",
 					"--service-account-private-key-file=" + c.pki.saKey,
 					"--root-ca-file=" + c.pki.caFile,
-				}, nil
+				}, c.opts.ExtraArgs["kube-controller-manager"]...), nil
 			},
 			ready: secureReady("/healthz"),
 		},
@@ -405,7 +411,7 @@ func (c *Cluster) start(ctx context.Context) error {
 				for _, f := range stageFiles {
 					args = append(args, "--config="+f)
 				}
-				return args, nil
+				return append(args, c.opts.ExtraArgs["kwok"]...), nil
 			},
 			ready: func(ctx context.Context, ports []int) error {
 				return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0]), nil)

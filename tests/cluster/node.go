@@ -27,12 +27,26 @@ type NodeSpec struct {
 	Capacity corev1.ResourceList
 	// Taints are the node's taints.
 	Taints []corev1.Taint
+	// Annotations are added to kwok's (KwokNodeAnnotation), e.g. the GPU
+	// inventory a node agent would publish.
+	Annotations map[string]string
 }
 
 // AddNode creates a fake node that the cluster's kwok manages: kwok marks it Ready,
 // keeps its lease fresh and runs the pods bound to it. It returns the created node;
 // the node is usually Ready well under a second later.
 func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*corev1.Node, error) {
+	created, err := c.Client.CoreV1().Nodes().Create(ctx, NewNode(spec), metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("creating node %s: %w", spec.Name, err)
+	}
+	return created, nil
+}
+
+// NewNode is the Node object AddNode creates, for callers that create many
+// nodes through a client of their own (AddNode's shares the harness's rate
+// limit).
+func NewNode(spec NodeSpec) *corev1.Node {
 	capacity := spec.Capacity
 	if len(capacity) == 0 {
 		capacity = ResourceList(map[corev1.ResourceName]string{
@@ -46,11 +60,16 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*corev1.Node, err
 		"type":                 "kwok",
 	}
 	maps.Copy(nodeLabels, spec.Labels)
-	node := &corev1.Node{
+	annotations := maps.Clone(spec.Annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[KwokNodeAnnotation] = KwokNodeAnnotationValue
+	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        spec.Name,
 			Labels:      nodeLabels,
-			Annotations: map[string]string{KwokNodeAnnotation: KwokNodeAnnotationValue},
+			Annotations: annotations,
 		},
 		Spec: corev1.NodeSpec{Taints: spec.Taints},
 		// The API server keeps a node's status on create; kwok's node-initialize stage
@@ -61,11 +80,6 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*corev1.Node, err
 			Phase:       corev1.NodeRunning,
 		},
 	}
-	created, err := c.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("creating node %s: %w", spec.Name, err)
-	}
-	return created, nil
 }
 
 // ResourceList parses quantities such as {"cpu": "8", "nvidia.com/gpu": "8"}. It panics

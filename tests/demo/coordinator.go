@@ -62,7 +62,7 @@ func startCoordinator(ctx context.Context, cfg config, c *cluster.Cluster, in *c
 		metrics: "127.0.0.1:" + strconv.Itoa(port),
 		done:    make(chan struct{}),
 	}
-	args, err := cluster.ExpandArgs(in.Coordinator.Args, map[string]string{"POD_NAME": coordinatorIdentity, "POD_IP": "127.0.0.1"})
+	args, err := in.CoordinatorProcessArgs(c.Dir, coordinatorIdentity)
 	if err != nil {
 		return nil, fmt.Errorf("gpufrac-coordinator arguments from the chart: %w", err)
 	}

@@ -372,7 +372,15 @@ func startBenchCoordinator(tb testing.TB, c *cluster.Cluster, args ...string) *b
 			tb.Logf("coordinator log: %s", logPath)
 		}
 	})
-	waitFor(tb, 30*time.Second, "the coordinator to sync its caches", func(ctx context.Context) (bool, error) {
+	waitReady(tb, addr, 30*time.Second)
+	return co
+}
+
+// waitReady waits up to limit until the coordinator serving metrics on addr
+// says it is ready (leading, informers synced).
+func waitReady(tb testing.TB, addr string, limit time.Duration) {
+	tb.Helper()
+	waitFor(tb, limit, "the coordinator to be ready", func(ctx context.Context) (bool, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
 		if err != nil {
 			return false, err
@@ -384,7 +392,6 @@ func startBenchCoordinator(tb testing.TB, c *cluster.Cluster, args ...string) *b
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
-	return co
 }
 
 func (co *benchCoordinator) stop() { co.coordinator.stop(syscall.SIGTERM) }
@@ -795,9 +802,16 @@ type resAgent struct {
 // startReservationAgent starts the agent; stop it with stop.
 func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 	tb.Helper()
+	return newResAgent(tb, c.Client, true)
+}
+
+// newResAgent starts an agent that writes through client, once the harness
+// admitted a reservation (afterAdmission) or as soon as it exists.
+func newResAgent(tb testing.TB, client kubernetes.Interface, afterAdmission bool) *resAgent {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &resAgent{cancel: cancel, seen: map[string]time.Time{}, ready: map[string]time.Time{}}
-	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithNamespace(api.ReservationNamespace),
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(api.ReservationNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = api.LabelRole + "=" + api.RoleReservation }))
 	inf := factory.Core().V1().Pods().Informer()
 	todo := make(chan *corev1.Pod, 4096)
@@ -811,7 +825,7 @@ func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 			a.seen[p.Name] = time.Now()
 		}
 		a.mu.Unlock()
-		if p.Annotations[cluster.AnnotationAdmitted] != "true" || p.Annotations[api.AnnotationReservedGPU] != "" {
+		if (afterAdmission && p.Annotations[cluster.AnnotationAdmitted] != "true") || p.Annotations[api.AnnotationReservedGPU] != "" {
 			return
 		}
 		select {
@@ -832,7 +846,7 @@ func startReservationAgent(tb testing.TB, c *cluster.Cluster) *resAgent {
 				case p := <-todo:
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 						api.AnnotationReservedGPU: p.Annotations[api.AnnotationGPU]}}})
-					_, err := c.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+					_, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 					if err != nil {
 						if ctx.Err() == nil {
 							tb.Logf("writing reserved-gpu on %s: %v", p.Name, err)
@@ -938,23 +952,38 @@ func (co *benchCoordinator) scrape(tb testing.TB) cycleStats {
 // behind a backlog).
 func startKubeScheduler(tb testing.TB, c *cluster.Cluster, wait bool) *coordinator {
 	tb.Helper()
-	dir := tb.TempDir()
-	cfg := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+	ks := kubeSchedulerProcess(tb, c, c.KubeconfigPath, benchKubeScheduler, 200, 400)
+	if !wait {
+		return ks
+	}
+	probe := probeKubeScheduler(tb, c, benchKubeScheduler, 60*time.Second)
+	if err := c.Client.CoreV1().Pods(benchNamespace).Delete(tb.Context(), probe.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		tb.Fatal(err)
+	}
+	return ks
+}
+
+// kubeSchedulerProcess runs bin/kube-scheduler with one profile,
+// schedulerName, and a client (kubeconfig) of qps and burst, logging to
+// <schedulerName>.log in the test bed's log folder, until the test ends.
+func kubeSchedulerProcess(tb testing.TB, c *cluster.Cluster, kubeconfig, schedulerName string, qps, burst int) *coordinator {
+	tb.Helper()
+	conf := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
-clientConnection: {kubeconfig: %q, qps: 200, burst: 400}
+clientConnection: {kubeconfig: %q, qps: %d, burst: %d}
 leaderElection: {leaderElect: false}
 profiles:
 - schedulerName: %s
-`, c.KubeconfigPath, benchKubeScheduler)
-	cfgPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+`, kubeconfig, qps, burst, schedulerName)
+	confPath := filepath.Join(tb.TempDir(), "config.yaml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	f, err := os.Create(filepath.Join(c.LogDir(), "bench-kube-scheduler.log"))
+	f, err := os.Create(filepath.Join(c.LogDir(), schedulerName+".log"))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(repoRoot(tb), "bin", "kube-scheduler"), "--config="+cfgPath, "--secure-port=0")
+	cmd := exec.Command(filepath.Join(repoRoot(tb), "bin", "kube-scheduler"), "--config="+confPath, "--secure-port=0")
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -965,19 +994,20 @@ profiles:
 		ks.stop(syscall.SIGTERM)
 		f.Close()
 	})
-	if !wait {
-		return ks
-	}
-	probe := builders.MakePod("probe-kube-scheduler", benchNamespace).CPU("10m").SchedulerName(benchKubeScheduler).Obj()
+	return ks
+}
+
+// probeKubeScheduler creates a probe pod for schedulerName and waits up to
+// limit until it is bound (without, a probe would queue behind a backlog).
+func probeKubeScheduler(tb testing.TB, c *cluster.Cluster, schedulerName string, limit time.Duration) *corev1.Pod {
+	tb.Helper()
+	probe := builders.MakePod("probe-kube-scheduler", benchNamespace).CPU("10m").SchedulerName(schedulerName).Obj()
 	if _, err := c.Client.CoreV1().Pods(benchNamespace).Create(tb.Context(), probe, metav1.CreateOptions{}); err != nil {
 		tb.Fatal(err)
 	}
-	waitFor(tb, 60*time.Second, "the second kube-scheduler to bind its probe pod", func(ctx context.Context) (bool, error) {
+	waitFor(tb, limit, "kube-scheduler "+schedulerName+" to bind its probe pod", func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(benchNamespace).Get(ctx, probe.Name, metav1.GetOptions{})
 		return err == nil && p.Spec.NodeName != "", nil
 	})
-	if err := c.Client.CoreV1().Pods(benchNamespace).Delete(tb.Context(), probe.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-		tb.Fatal(err)
-	}
-	return ks
+	return probe
 }

@@ -666,6 +666,11 @@ func changes(samples []daySample, began time.Time) string {
 
 // hourly renders the mean of each simulated hour's samples.
 func hourly(samples []daySample, began, end time.Time) string {
+	return hourlyAt(samples, began, end, daySimHour)
+}
+
+// hourlyAt is hourly with simHour of wall time per simulated hour.
+func hourlyAt(samples []daySample, began, end time.Time, daySimHour time.Duration) string {
 	var b strings.Builder
 	b.WriteString("| sim hour | GPU nodes | GPUs | GPU bound | FFD GPUs | demand % | running pods | placeholders | reservations | demand % per node (type) |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	first := map[string]int{} // node name -> order of first appearance

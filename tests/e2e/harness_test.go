@@ -208,7 +208,7 @@ func startCoordinatorBin(t *testing.T, c *cluster.Cluster, bin, id string, env [
 func coordinatorArgs(t *testing.T, c *cluster.Cluster, id string, args ...string) []string {
 	t.Helper()
 	in := c.Installed()
-	chartArgs, err := cluster.ExpandArgs(in.Coordinator.Args, map[string]string{"POD_NAME": id, "POD_IP": "127.0.0.1"})
+	chartArgs, err := in.CoordinatorProcessArgs(c.Dir, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,13 @@ import (
 // instance types with 1 and 8 mock H100s, and the given GPU NodePools.
 func karpenterCluster(t *testing.T, pools ...cluster.NodePool) *cluster.Cluster {
 	t.Helper()
+	return karpenterClusterWith(t, cluster.ChartOptions{}, pools...)
+}
+
+// karpenterClusterWith is karpenterCluster with gpufrac's chart installed
+// with chart (its zero value: the test bed's values).
+func karpenterClusterWith(t *testing.T, chart cluster.ChartOptions, pools ...cluster.NodePool) *cluster.Cluster {
+	t.Helper()
 	types := cluster.DefaultInstanceTypes()
 	if len(pools) == 0 {
 		pools = cluster.DefaultNodePools(types)
@@ -29,6 +36,7 @@ func karpenterCluster(t *testing.T, pools ...cluster.NodePool) *cluster.Cluster 
 	c := startCluster(t, cluster.Options{
 		Karpenter:  &cluster.KarpenterOptions{InstanceTypes: types, NodePools: pools},
 		NodeAgents: &cluster.NodeAgentOptions{StopGracePeriod: 5 * time.Second},
+		Chart:      chart,
 	})
 	buildBinary(t, "gpufrac-coordinator")
 	return c

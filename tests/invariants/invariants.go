@@ -88,6 +88,11 @@ type Options struct {
 	// AllowAdmissionRejections accepts pods the kubelet rejected at device
 	// admission (a test that provokes them).
 	AllowAdmissionRejections bool
+	// NoWriteBack is for a bed where nothing plays gpufrac-node's
+	// write-back of gpufrac.io/allocated-gpu on the pods it serves (the
+	// scale benchmark plays only its reservation part): running pods
+	// without it are not reported.
+	NoWriteBack bool
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -279,7 +284,7 @@ func (w *world) gpus() {
 			continue
 		}
 		if !isPlaceholder(p) && p.Status.Phase == corev1.PodRunning && p.Annotations[api.AnnotationAllocatedGPU] == "" &&
-			(amount(p, api.ResourceGPU) > 0 || amount(p, api.ResourceFraction) > 0) && served(w.nodes[node]) {
+			(amount(p, api.ResourceGPU) > 0 || amount(p, api.ResourceFraction) > 0) && served(w.nodes[node]) && !w.o.NoWriteBack {
 			w.add(GPU, key(p), "runs on %s holding GPUs, but gpufrac-node never wrote back which (%s)", node, api.AnnotationAllocatedGPU)
 		}
 		if g := p.Annotations[api.AnnotationGPU]; g != "" && amount(p, api.ResourceFraction) > 0 && p.Annotations[api.AnnotationAllocatedGPU] == "" {

@@ -53,7 +53,7 @@ func queueWithStatus(gpu, cpu string) *v1alpha1.Queue {
 	return q
 }
 
-func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1alpha1.Queue) []Violation {
+func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1alpha1.Queue, opts ...Options) []Violation {
 	t.Helper()
 	var objs []runtime.Object
 	for _, n := range nodes {
@@ -75,11 +75,29 @@ func check(t *testing.T, nodes []*corev1.Node, pods []*corev1.Pod, queues []*v1a
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{v1alpha1.QueueGVR(): "QueueList"}, dynObjs...)
-	got, err := Check(t.Context(), fake.NewSimpleClientset(objs...), dyn, Options{Now: func() time.Time { return now }})
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	o.Now = func() time.Time { return now }
+	got, err := Check(t.Context(), fake.NewSimpleClientset(objs...), dyn, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// runningUnwritten are running fractions of 60 % on n-gpu1 that gpufrac-node
+// never wrote back.
+func runningUnwritten(names ...string) []*corev1.Pod {
+	var ps []*corev1.Pod
+	for _, name := range names {
+		f := fraction(name, 60, "n-gpu1")
+		delete(f.Annotations, api.AnnotationAllocatedGPU)
+		f.Status.Phase = corev1.PodRunning
+		ps = append(ps, f)
+	}
+	return ps
 }
 
 // TestCheck starts from a correct cluster (two fractions sharing a reserved
@@ -93,6 +111,7 @@ func TestCheck(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
+		opts   Options
 		mutate func(nodes []*corev1.Node, pods []*corev1.Pod, qs []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue)
 		want   []string // "[invariant] object: part of the message"
 	}{
@@ -139,16 +158,17 @@ func TestCheck(t *testing.T) {
 		// 60 % running on one GPU that no reservation holds, never written
 		// back, must not pass for want of anything to check.
 		{name: "running fractions never written back", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
-			for _, name := range []string{"v1", "v2"} {
-				f := fraction(name, 60, "n-gpu1")
-				delete(f.Annotations, api.AnnotationAllocatedGPU)
-				f.Status.Phase = corev1.PodRunning
-				p = append(p, f)
-			}
-			return n, p, []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
+			return n, append(p, runningUnwritten("v1", "v2")...), []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
 		}, want: []string{
 			"[gpu] default/v1: runs on n holding GPUs, but gpufrac-node never wrote back",
 			"[gpu] default/v2: runs on n holding GPUs, but gpufrac-node never wrote back",
+			"[gpu] n/n-gpu1: fractions default/v1, default/v2 are bound to it but no reservation holds it",
+		}},
+		// Without a write-back (NoWriteBack: nothing plays that part of
+		// gpufrac-node), the same pods are still checked for their GPU.
+		{name: "fractions never written back, no write-back expected", opts: Options{NoWriteBack: true}, mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
+			return n, append(p, runningUnwritten("v1", "v2")...), []*v1alpha1.Queue{queueWithStatus("2.9", "5")}
+		}, want: []string{
 			"[gpu] n/n-gpu1: fractions default/v1, default/v2 are bound to it but no reservation holds it",
 		}},
 		{name: "bound without the queue charged", mutate: func(n []*corev1.Node, p []*corev1.Pod, q []*v1alpha1.Queue) ([]*corev1.Node, []*corev1.Pod, []*v1alpha1.Queue) {
@@ -174,7 +194,7 @@ func TestCheck(t *testing.T) {
 			if tt.mutate != nil {
 				nodes, pods, qs = tt.mutate(nodes, pods, qs)
 			}
-			got := check(t, nodes, pods, qs)
+			got := check(t, nodes, pods, qs, tt.opts)
 			var gotS []string
 			for _, v := range got {
 				gotS = append(gotS, v.String())

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,17 +38,25 @@ func Start(ctx context.Context, addr string, reg *prometheus.Registry, ready fun
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	return serve(ctx, addr, mux, "metrics and probes")
+}
+
+// serve listens on addr and serves mux until ctx ends; what names the
+// endpoints in errors.
+func serve(ctx context.Context, addr string, mux *http.ServeMux, what string) (*Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listening for metrics and probes on %s: %w", addr, err)
+		return nil, fmt.Errorf("listening for %s on %s: %w", what, addr, err)
 	}
+	// WriteTimeout stays unset: a CPU profile or trace streams for as long
+	// as it was asked to run.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	s := &Server{addr: lis.Addr(), done: make(chan struct{})}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.FromContext(ctx).Error(err, "Metrics and probe server stopped")
+			klog.FromContext(ctx).Error(err, "HTTP server stopped", "serving", what)
 		}
 	}()
 	go func() {
@@ -66,3 +75,26 @@ func (s *Server) Addr() net.Addr { return s.addr }
 
 // Wait blocks until the server has shut down after its context ended.
 func (s *Server) Wait() { <-s.done }
+
+// StartProfiling serves Go's runtime profiles (net/http/pprof: CPU, heap,
+// goroutines, ...) on addr until ctx ends. addr must be a loopback address:
+// a profile shows the process's memory and code paths, so it is for a
+// person on the machine (kubectl port-forward on a cluster), never for the
+// network. The mains start it only when asked (a flag that is empty by
+// default).
+func StartProfiling(ctx context.Context, addr string) (*Server, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("profiling address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("profiling address %q: profiles are served on loopback only (127.0.0.1, ::1 or localhost)", addr)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return serve(ctx, addr, mux, "profiling")
+}

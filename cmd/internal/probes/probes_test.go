@@ -99,3 +99,26 @@ func TestListenErrorNamesTheAddress(t *testing.T) {
 		t.Fatalf("Start on a taken address: err = %v, want one naming %s", err, l.Addr())
 	}
 }
+
+func TestProfilingOnLoopbackOnly(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", ":0", "10.1.2.3:6060", "example.com:6060", "nonsense"} {
+		if _, err := StartProfiling(t.Context(), addr); err == nil {
+			t.Errorf("StartProfiling(%q) served; want an error (loopback only)", addr)
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	s, err := StartProfiling(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, "http://"+s.Addr().String()+"/debug/pprof/heap?debug=1")
+	if code != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Errorf("heap profile: status %d, body %.80q", code, body)
+	}
+	code, _ = get(t, "http://"+s.Addr().String()+"/metrics")
+	if code != http.StatusNotFound {
+		t.Errorf("/metrics on the profiling server: status %d, want 404 (profiles only)", code)
+	}
+	cancel()
+	s.Wait()
+}

@@ -1,0 +1,464 @@
+package consolidation
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// Options configure the consolidation controller.
+type Options struct {
+	// Planner configures what may move and how it is simulated.
+	Planner PlannerOptions
+	// Interval is the time between passes.
+	Interval time.Duration
+	// StableFor is how long a node must stay the best candidate before its
+	// drain starts (and then only while no work is pending): arrivals right
+	// after a dip should not find their capacity gone.
+	StableFor time.Duration
+	// DrainTimeout bounds a drain, from its start to Karpenter removing the
+	// node; past it the drain is abandoned (the taint removed).
+	DrainTimeout time.Duration
+	// MaxDrainingNodes is how many nodes drain at once (drained nodes
+	// waiting for Karpenter not counted).
+	MaxDrainingNodes int
+	// MaxInFlight is the disruption budget: evictions start only while
+	// fewer moved pods than this are still going (terminating) or waiting
+	// to be placed again. A gang larger than it moves alone.
+	MaxInFlight int
+	// MaxMovesPerWindow evictions at most per MoveWindow.
+	MaxMovesPerWindow int
+	MoveWindow        time.Duration
+}
+
+// DefaultOptions are the coordinator's flag defaults.
+func DefaultOptions() Options {
+	return Options{
+		Planner:          PlannerOptions{MinSavingPerMove: 0.5},
+		Interval:         10 * time.Second,
+		StableFor:        2 * time.Minute,
+		DrainTimeout:     10 * time.Minute,
+		MaxDrainingNodes: 1,
+		MaxInFlight:      4, MaxMovesPerWindow: 10, MoveWindow: time.Minute,
+	}
+}
+
+// Kube is the controller's writes to the API server.
+type Kube interface {
+	// Evict evicts a pod through the Eviction API.
+	Evict(ctx context.Context, pod *corev1.Pod) error
+	// DeleteReservation deletes a reservation pod.
+	DeleteReservation(ctx context.Context, pod *corev1.Pod) error
+	// Taint puts the gpufrac.io/draining taint with the deadline (Unix
+	// seconds) on a node; Untaint removes it.
+	Taint(ctx context.Context, node string, deadline int64) error
+	Untaint(ctx context.Context, node string) error
+}
+
+// Controller drains the nodes the Planner finds, one pass at a time.
+// Pass runs on one goroutine (Run's).
+type Controller struct {
+	opts     Options
+	planner  *Planner
+	read     func() (Cluster, error)
+	kube     Kube
+	recorder record.EventRecorder
+	clock    clock.WithTicker
+	metrics  *metrics
+
+	best      string    // the best candidate of the last passes, "" for none
+	bestSince time.Time // when best became it
+	moves     []time.Time
+	drained   map[string]bool // draining node -> its drain was counted as drained
+}
+
+// New returns a controller; read lists the cluster (from informers).
+func New(o Options, read func() (Cluster, error), kube Kube, recorder record.EventRecorder, clk clock.WithTicker, reg prometheus.Registerer) (*Controller, error) {
+	def := DefaultOptions()
+	if o.Interval <= 0 {
+		o.Interval = def.Interval
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = def.DrainTimeout
+	}
+	if o.MaxDrainingNodes <= 0 {
+		o.MaxDrainingNodes = def.MaxDrainingNodes
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = def.MaxInFlight
+	}
+	if o.MaxMovesPerWindow <= 0 || o.MoveWindow <= 0 {
+		o.MaxMovesPerWindow, o.MoveWindow = def.MaxMovesPerWindow, def.MoveWindow
+	}
+	if o.StableFor < 0 {
+		o.StableFor = 0
+	}
+	p, err := NewPlanner(o.Planner)
+	if err != nil {
+		return nil, err
+	}
+	if recorder == nil {
+		recorder = &record.FakeRecorder{}
+	}
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Controller{opts: o, planner: p, read: read, kube: kube, recorder: recorder, clock: clk, metrics: m, drained: map[string]bool{}}, nil
+}
+
+// Run runs passes every Interval until ctx ends.
+func (c *Controller) Run(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	t := c.clock.NewTicker(c.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		if _, err := c.Pass(ctx); err != nil {
+			logger.Error(err, "Consolidation pass failed")
+		}
+	}
+}
+
+// PassResult says what one pass did.
+type PassResult struct {
+	// Started names the node whose drain started ("" for none).
+	Started string
+	// Evicted, Refused and Failed count this pass's evictions.
+	Evicted, Refused, Failed int
+	// Released counts reservations deleted.
+	Released int
+	// Drained and Abandoned name the drains that ended this pass.
+	Drained, Abandoned []string
+	// Verdicts are the planner's verdicts (nil when it did not look for a
+	// new drain).
+	Verdicts []NodeVerdict
+}
+
+// Pass runs one pass: (1) read the cluster, (2) carry on with each draining
+// node (abandon, evict within the budget, release reservations), (3) look
+// for a new drain.
+func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
+	start := c.clock.Now()
+	defer func() { c.metrics.observePass(c.clock.Since(start)) }()
+	var res PassResult
+
+	// 1. Read.
+	cl, err := c.read()
+	if err != nil {
+		c.metrics.errors.WithLabelValues(ActionRead).Inc()
+		return res, fmt.Errorf("reading the cluster: %w", err)
+	}
+	var draining []*corev1.Node
+	for _, n := range cl.Nodes {
+		if IsDraining(n) {
+			draining = append(draining, n)
+		}
+	}
+	sort.Slice(draining, func(i, j int) bool { return draining[i].Name < draining[j].Name })
+	for name := range c.drained {
+		if !containsNode(draining, name) {
+			delete(c.drained, name)
+		}
+	}
+
+	// 2. Drains under way. A drained node waits for Karpenter; it does not
+	// count against MaxDrainingNodes (Karpenter's removal takes tens of
+	// seconds and would serialise the drains).
+	// Work waiting for capacity gets the draining nodes back: Karpenter
+	// would otherwise buy a node while one stands idle behind the taint.
+	inFlight := c.inFlight(cl)
+	defer func() { c.metrics.inFlight.Set(float64(inFlight)) }()
+	starved := c.planner.Starved(cl)
+	left, moving := 0, 0
+	for _, n := range draining {
+		if starved > 0 && n.DeletionTimestamp == nil && !karpenterDisrupting(n) {
+			if !c.abandon(ctx, n, fmt.Sprintf("%d pods wait for capacity (NoCapacity): the node takes work again instead of Karpenter buying more", starved), &res) {
+				left++
+			}
+			continue
+		}
+		if c.carryOn(ctx, cl, n, &inFlight, &res) {
+			left++
+			if !c.drained[n.Name] && n.DeletionTimestamp == nil && !karpenterDisrupting(n) {
+				moving++
+			}
+		}
+	}
+	c.metrics.draining.Set(float64(left))
+
+	// 3. A new drain.
+	c.consider(ctx, cl, moving, &res)
+	return res, nil
+}
+
+// karpenterDisrupting tells whether Karpenter is removing the node already.
+func karpenterDisrupting(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == taintKarpenterDisrupted {
+			return true
+		}
+	}
+	return false
+}
+
+func containsNode(nodes []*corev1.Node, name string) bool {
+	for _, n := range nodes {
+		if n.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// inFlight counts moved pods not settled yet: the coordinator's pods
+// terminating on draining nodes, and its pods waiting to be placed (the
+// re-created ones among them). Read from the cluster, so a restarted
+// coordinator counts what its predecessor evicted.
+func (c *Controller) inFlight(cl Cluster) int {
+	draining := map[string]bool{}
+	for _, n := range cl.Nodes {
+		if IsDraining(n) {
+			draining[n.Name] = true
+		}
+	}
+	pending, _ := c.planner.PendingWork(cl)
+	n := pending
+	for _, p := range cl.Pods {
+		if p.DeletionTimestamp != nil && draining[p.Spec.NodeName] && p.Spec.SchedulerName == c.opts.Planner.schedulerName() && !state.Terminal(p) {
+			n++
+		}
+	}
+	return n
+}
+
+func (o PlannerOptions) schedulerName() string {
+	if o.SchedulerName == "" {
+		return api.SchedulerName
+	}
+	return o.SchedulerName
+}
+
+// carryOn advances one drain; it returns false when the drain ended (abandoned).
+func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, inFlight *int, res *PassResult) bool {
+	logger := klog.FromContext(ctx).WithValues("node", n.Name)
+	if n.DeletionTimestamp != nil || karpenterDisrupting(n) {
+		return true // Karpenter removes it now, draining what is left itself
+	}
+	deadline, _ := DrainDeadline(n)
+	now := c.clock.Now()
+	if now.Unix() > deadline {
+		why := fmt.Sprintf("the drain did not finish within %s", c.opts.DrainTimeout)
+		if c.drained[n.Name] {
+			why = fmt.Sprintf("the node was drained but not removed within %s (does its NodePool consolidate empty nodes?)", c.opts.DrainTimeout)
+		}
+		return !c.abandon(ctx, n, why, res)
+	}
+	plan, err := c.planner.Remaining(cl, n.Name)
+	if err != nil {
+		return !c.abandon(ctx, n, err.Error(), res)
+	}
+	if len(plan.Pods) == 0 {
+		if plan.Terminating > 0 {
+			return true // wait for the pods to go: their GPUs are still held
+		}
+		for _, r := range plan.Reservations {
+			if err := c.kube.DeleteReservation(ctx, r); err != nil && !apierrors.IsNotFound(err) {
+				c.metrics.errors.WithLabelValues(ActionRelease).Inc()
+				logger.Error(err, "Releasing a reservation of a drained node", "pod", klog.KObj(r))
+				continue
+			}
+			res.Released++
+			c.metrics.released.Inc()
+			c.recorder.Eventf(r, corev1.EventTypeNormal, "ReservationRemoved", "node %s is drained for consolidation: its GPU %s is free", n.Name, state.ReservedGPU(r))
+		}
+		if len(plan.Reservations) == 0 && !c.drained[n.Name] {
+			c.drained[n.Name] = true
+			res.Drained = append(res.Drained, n.Name)
+			c.metrics.drains.WithLabelValues(OutcomeDrained).Inc()
+			price, _ := c.opts.Planner.Prices.NodePrice(n, nodeGPUs(n))
+			c.metrics.drainedGPUs.Add(float64(nodeGPUs(n)))
+			c.metrics.saving.Add(price)
+			c.recorder.Eventf(n, corev1.EventTypeNormal, "ConsolidationDrained", "no gpufrac pod or reservation is left: Karpenter may remove the node (saves %s per hour)", savingText(n, c.opts.Planner))
+			logger.Info("Node drained for consolidation", "gpus", nodeGPUs(n), "saving", price)
+		}
+		return true
+	}
+	c.evict(ctx, cl, n, plan, inFlight, res)
+	return true
+}
+
+// evict evicts the plan's units within the budget: at most MaxInFlight
+// moves in flight (a unit larger than that only when none is) and
+// MaxMovesPerWindow per MoveWindow.
+func (c *Controller) evict(ctx context.Context, cl Cluster, n *corev1.Node, plan Plan, inFlight *int, res *PassResult) {
+	logger := klog.FromContext(ctx).WithValues("node", n.Name)
+	now := c.clock.Now()
+	kept := c.moves[:0]
+	for _, t := range c.moves {
+		if now.Sub(t) < c.opts.MoveWindow {
+			kept = append(kept, t)
+		}
+	}
+	c.moves = kept
+	for _, unit := range plan.Units {
+		if *inFlight > 0 && *inFlight+len(unit) > c.opts.MaxInFlight {
+			logger.V(2).Info("Consolidation budget: moves in flight", "inFlight", *inFlight, "max", c.opts.MaxInFlight)
+			return
+		}
+		if len(c.moves) > 0 && len(c.moves)+len(unit) > c.opts.MaxMovesPerWindow {
+			logger.V(2).Info("Consolidation budget: moves per window", "moves", len(c.moves), "max", c.opts.MaxMovesPerWindow, "window", c.opts.MoveWindow)
+			return
+		}
+		if len(unit) > 1 {
+			// A gang moves whole or not at all: when its PodDisruptionBudgets
+			// would refuse a member, none is evicted (retried on a later pass).
+			if why := pdbAllows(pdbsByNamespace(cl.PDBs), unit); why != "" {
+				for _, p := range unit {
+					res.Refused++
+					c.metrics.evictions.WithLabelValues(ResultRefused).Inc()
+					c.recorder.Eventf(p, corev1.EventTypeWarning, "ConsolidationEvictionRefused", "gang of %d pods not evicted to drain node %s, it moves whole: %s; retried later", len(unit), n.Name, why)
+				}
+				logger.V(2).Info("Gang not moved: a PodDisruptionBudget forbids it", "pod", klog.KObj(unit[0]), "why", why)
+				continue
+			}
+		}
+		for _, p := range unit {
+			err := c.kube.Evict(ctx, p)
+			switch {
+			case err == nil || apierrors.IsNotFound(err):
+				res.Evicted++
+				c.metrics.evictions.WithLabelValues(ResultEvicted).Inc()
+				c.moves = append(c.moves, now)
+				*inFlight++
+				c.recorder.Eventf(p, corev1.EventTypeNormal, "ConsolidationMove",
+					"evicted to drain node %s, which Karpenter can then remove (saves %s per hour); its controller re-creates the pod and the coordinator places it on another node", n.Name, savingText(n, c.opts.Planner))
+				logger.Info("Moved a pod off a draining node", "pod", klog.KObj(p))
+			case apierrors.IsTooManyRequests(err):
+				res.Refused++
+				c.metrics.evictions.WithLabelValues(ResultRefused).Inc()
+				c.recorder.Eventf(p, corev1.EventTypeWarning, "ConsolidationEvictionRefused", "eviction to drain node %s refused (a PodDisruptionBudget); retried later: %v", n.Name, err)
+				logger.V(2).Info("Eviction refused", "pod", klog.KObj(p), "err", err)
+			default:
+				res.Failed++
+				c.metrics.evictions.WithLabelValues(ResultFailed).Inc()
+				c.recorder.Eventf(p, corev1.EventTypeWarning, "ConsolidationEvictionFailed", "eviction to drain node %s failed; retried later: %v", n.Name, err)
+				logger.Error(err, "Evicting a pod off a draining node", "pod", klog.KObj(p))
+			}
+		}
+	}
+}
+
+func savingText(n *corev1.Node, o PlannerOptions) string {
+	price, src := o.Prices.NodePrice(n, nodeGPUs(n))
+	if o.Prices.Empty() {
+		return fmt.Sprintf("%d GPUs", int(price))
+	}
+	return fmt.Sprintf("%.2f (%s price)", price, src)
+}
+
+// abandon removes the drain taint; it returns true when it did.
+func (c *Controller) abandon(ctx context.Context, n *corev1.Node, why string, res *PassResult) bool {
+	if err := c.kube.Untaint(ctx, n.Name); err != nil && !apierrors.IsNotFound(err) {
+		c.metrics.errors.WithLabelValues(ActionUntaint).Inc()
+		c.recorder.Eventf(n, corev1.EventTypeWarning, "ConsolidationUntaintFailed", "abandoning the drain (%s) failed, the node keeps taint %s; retried on the next pass: %v", why, api.TaintDraining, err)
+		klog.FromContext(ctx).Error(err, "Abandoning a drain", "node", n.Name)
+		return false
+	}
+	delete(c.drained, n.Name)
+	res.Abandoned = append(res.Abandoned, n.Name)
+	c.metrics.drains.WithLabelValues(OutcomeAbandoned).Inc()
+	c.recorder.Eventf(n, corev1.EventTypeWarning, "ConsolidationDrainAbandoned", "drain abandoned, the node takes work again: %s", why)
+	klog.FromContext(ctx).Info("Drain abandoned", "node", n.Name, "reason", why)
+	return true
+}
+
+// consider starts a new drain when the budget allows one, no work is
+// pending, and the same node has been the best candidate for StableFor.
+func (c *Controller) consider(ctx context.Context, cl Cluster, draining int, res *PassResult) {
+	logger := klog.FromContext(ctx)
+	best, verdicts := c.planner.Candidates(cl)
+	res.Verdicts = verdicts
+	c.metrics.verdicts(verdicts)
+	if draining >= c.opts.MaxDrainingNodes {
+		return
+	}
+	if best == nil {
+		c.best = ""
+		return
+	}
+	now := c.clock.Now()
+	if best.Node != c.best {
+		c.best, c.bestSince = best.Node, now
+	}
+	// Pending work (its room is simulated first) only defers the start: at
+	// a peak a pod arrives every few seconds, and restarting the stability
+	// window on each would keep every drain off until the day ends.
+	if pending, placeholders := c.planner.PendingWork(cl); pending > 0 || placeholders > 0 {
+		logger.V(4).Info("No new drain now: work is pending", "pending", pending, "placeholders", placeholders)
+		return
+	}
+	if now.Sub(c.bestSince) < c.opts.StableFor {
+		logger.V(4).Info("Consolidation candidate", "node", best.Node, "saving", best.Saving, "moves", best.Moves(), "since", c.bestSince)
+		return
+	}
+	deadline := now.Add(c.opts.DrainTimeout).Unix()
+	if err := c.kube.Taint(ctx, best.Node, deadline); err != nil {
+		c.metrics.errors.WithLabelValues(ActionTaint).Inc()
+		logger.Error(err, "Starting a drain", "node", best.Node)
+		return
+	}
+	c.best = ""
+	res.Started = best.Node
+	c.metrics.drains.WithLabelValues(OutcomeStarted).Inc()
+	var node *corev1.Node
+	for _, n := range cl.Nodes {
+		if n.Name == best.Node {
+			node = n
+		}
+	}
+	msg := fmt.Sprintf("draining for consolidation: %d pods move to other nodes (%s), saving %.2f per hour (%s price); deadline %s",
+		best.Moves(), podList(best.Pods), best.Saving, best.PriceSource, time.Unix(deadline, 0).UTC().Format(time.RFC3339))
+	if node != nil {
+		c.recorder.Event(node, corev1.EventTypeNormal, "ConsolidationDrainStarted", msg)
+	}
+	logger.Info("Drain started", "node", best.Node, "moves", best.Moves(), "saving", best.Saving, "priceSource", best.PriceSource)
+}
+
+func podList(pods []*corev1.Pod) string {
+	const most = 8
+	var b strings.Builder
+	for i, p := range pods {
+		if i == most {
+			fmt.Fprintf(&b, ", and %d more", len(pods)-most)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(p.Namespace + "/" + p.Name)
+	}
+	return b.String()
+}

@@ -1,0 +1,81 @@
+package consolidation
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/gpufrac/gpufrac/api"
+)
+
+// APIWriter is Kube on a clientset.
+type APIWriter struct {
+	Client kubernetes.Interface
+}
+
+var _ Kube = APIWriter{}
+
+// Evict evicts the pod (its UID as precondition, so a re-created pod of the
+// same name is never hit).
+func (w APIWriter) Evict(ctx context.Context, pod *corev1.Pod) error {
+	ev := &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}},
+	}
+	if err := w.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, ev); err != nil {
+		return fmt.Errorf("evicting %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// DeleteReservation deletes a reservation pod of gpufrac-system, at once.
+func (w APIWriter) DeleteReservation(ctx context.Context, pod *corev1.Pod) error {
+	if pod.Namespace != api.ReservationNamespace {
+		return fmt.Errorf("deleting reservation %s/%s: not in %s", pod.Namespace, pod.Name, api.ReservationNamespace)
+	}
+	if err := w.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}); err != nil {
+		return fmt.Errorf("deleting reservation %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// Taint sets the gpufrac.io/draining NoSchedule taint with the deadline.
+func (w APIWriter) Taint(ctx context.Context, node string, deadline int64) error {
+	return w.updateTaints(ctx, node, func(ts []corev1.Taint) []corev1.Taint {
+		ts = slices.DeleteFunc(ts, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
+		return append(ts, corev1.Taint{Key: api.TaintDraining, Value: strconv.FormatInt(deadline, 10), Effect: corev1.TaintEffectNoSchedule})
+	})
+}
+
+// Untaint removes the gpufrac.io/draining taint.
+func (w APIWriter) Untaint(ctx context.Context, node string) error {
+	return w.updateTaints(ctx, node, func(ts []corev1.Taint) []corev1.Taint {
+		return slices.DeleteFunc(ts, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
+	})
+}
+
+// updateTaints rewrites the node's taints with change, retrying on conflict:
+// an update, not a patch, because the taint list has no merge key and other
+// controllers (Karpenter, the node lifecycle controller) write it too.
+func (w APIWriter) updateTaints(ctx context.Context, node string, change func([]corev1.Taint) []corev1.Taint) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := w.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Spec.Taints = change(slices.Clone(n.Spec.Taints))
+		_, err = w.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{FieldManager: "gpufrac-coordinator"})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("updating the taints of node %s: %w", node, err)
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package placement
+
+import (
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// WithNodes returns a copy of r whose required node affinity also names
+// nodes (by metadata.name): op NotIn excludes them, op In allows only them.
+// A field requirement takes exactly one value (component-helpers'
+// nodeaffinity refuses more, and a selector that does not parse matches no
+// node), so NotIn becomes one requirement per node in every term (ANDed),
+// and In one copy of every term per node (ORed).
+func WithNodes(r *Request, set map[string]bool, op corev1.NodeSelectorOperator) *Request {
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := *r
+	c := Constraints{}
+	if r.Constraints != nil {
+		c = *r.Constraints
+	}
+	terms := []corev1.NodeSelectorTerm{{}}
+	if c.Affinity != nil && len(c.Affinity.NodeSelectorTerms) > 0 {
+		terms = c.Affinity.DeepCopy().NodeSelectorTerms
+	}
+	field := func(name string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: op, Values: []string{name}}
+	}
+	var result []corev1.NodeSelectorTerm
+	if op == corev1.NodeSelectorOpNotIn {
+		for _, t := range terms {
+			for _, n := range names {
+				t.MatchFields = append(t.MatchFields, field(n))
+			}
+			result = append(result, t)
+		}
+	} else {
+		for _, t := range terms {
+			for _, n := range names {
+				u := *t.DeepCopy()
+				u.MatchFields = append(u.MatchFields, field(n))
+				result = append(result, u)
+			}
+		}
+	}
+	c.Affinity = &corev1.NodeSelector{NodeSelectorTerms: result}
+	out.Constraints = &c
+	return &out
+}
+
+// WithPool returns a copy of r constrained to the node pool pool (r itself
+// when pool is ""): a gang placed whole in one pool.
+func WithPool(r Request, pool string) Request {
+	if pool == "" {
+		return r
+	}
+	c := Constraints{}
+	if r.Constraints != nil {
+		c = *r.Constraints
+	}
+	c.Pool = pool
+	r.Constraints = &c
+	return r
+}

@@ -1,0 +1,222 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// BenchmarkCycle measures one scheduling cycle of the coordinator alone
+// (no API server: listers over fixed objects, a binder that only records)
+// at the size of the scale benchmark (tests/e2e TestScale): 5,000 nodes of
+// 8 GPUs in 5 pools, two queue levels, and
+//
+//   - idle: 55,000 pods bound (per node 4 whole-GPU pods, 5 fractions on 2
+//     shared GPUs and their 2 reservation pods: 75 % of the GPUs), none
+//     pending - the cycle the coordinator runs every second once all is bound;
+//   - busy: the same plus 5,000 pending pods (fractions, whole GPUs, gangs
+//     of 8 to 256) that fit in the GPUs left - the cycles of a burst;
+//   - backlog: nothing bound, 50,000 pending - the first cycle after a
+//     restart, or a flood.
+//
+// Each iteration places the same pending pods again (the bindings of the
+// last one are forgotten), after one cycle that is not timed
+// (s-first-cycle): a running coordinator has had cycles before. Run with
+//
+//	go test ./coordinator/scheduler -run XXX -bench BenchmarkCycle -benchtime 5x -timeout 30m
+func BenchmarkCycle(b *testing.B) {
+	for _, sc := range []struct {
+		name           string
+		bound, pending bool
+	}{{"idle", true, false}, {"busy", true, true}, {"backlog", false, true}} {
+		b.Run(sc.name, func(b *testing.B) {
+			pods := scaleBenchPods(5000, sc.bound, sc.pending)
+			s := newBenchScheduler(b, 5000, pods)
+			ctx := b.Context()
+			if testing.Verbose() {
+				// Every cycle's line, with its stages' durations.
+				ctx = klog.NewContext(ctx, ktesting.NewLogger(b, ktesting.NewConfig(ktesting.Verbosity(2))))
+			}
+			// forget undoes a cycle's placements: the next one places the
+			// same pods again.
+			forget := func() {
+				drainBinds(s)
+				s.mu.Lock()
+				clear(s.assumed)
+				s.mu.Unlock()
+				s.plans = nil
+			}
+			// One cycle first, as a running coordinator has had: what
+			// cycles keep from one to the next is filled.
+			cold := time.Now()
+			if _, err := s.Cycle(ctx); err != nil {
+				b.Fatal(err)
+			}
+			first := time.Since(cold)
+			forget()
+			b.ResetTimer()
+			for b.Loop() {
+				res, err := s.Cycle(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(res.Bound), "bound/op")
+				if testing.Verbose() {
+					b.Logf("bound %d, pending %v", res.Bound, res.Pending)
+				}
+				forget()
+				b.StartTimer()
+			}
+			b.ReportMetric(first.Seconds(), "s-first-cycle")
+		})
+	}
+}
+
+// drainBinds empties the bind queue without binding.
+func drainBinds(s *Scheduler) {
+	for {
+		select {
+		case <-s.binds:
+		default:
+			return
+		}
+	}
+}
+
+// newBenchScheduler is a scheduler over n scale nodes and pods, with two
+// queue levels and a Reserver that does nothing.
+func newBenchScheduler(b *testing.B, n int, pods []*corev1.Pod) *Scheduler {
+	b.Helper()
+	podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nodeIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for i := range n {
+		node := h100Node(scaleNodeName(i), fmt.Sprintf("pool-%d", i/1000), 8)
+		// As from an informer: a UID and a resourceVersion (the cycle's
+		// caches key on them).
+		node.UID, node.ResourceVersion = types.UID(node.Name), "1"
+		if err := nodeIdx.Add(node); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, p := range pods {
+		p.ResourceVersion = "1"
+		if err := podIdx.Add(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	gpus := n * 8
+	queues := staticQueues{
+		builders.MakeQueue("scale-a").GPUQuota(fmt.Sprint(gpus / 2)).Obj(),
+		builders.MakeQueue("scale-b").GPUQuota(fmt.Sprint(gpus / 2)).Obj(),
+	}
+	for _, q := range scaleBenchQueues {
+		queues = append(queues, builders.MakeQueue(q).Parent("scale-"+q[6:7]).GPUQuota(fmt.Sprint(gpus/4)).Namespaces("*").Obj())
+	}
+	s, err := New(Options{BindWorkers: 16}, Deps{
+		Pods: corelisters.NewPodLister(podIdx), Nodes: corelisters.NewNodeLister(nodeIdx),
+		Queues: queues, Binder: schedulertest.NewBinder(), Reserver: &benchReserver{},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Bind workers that only take the tasks: a cycle never waits for them.
+	go func() {
+		for {
+			select {
+			case <-b.Context().Done():
+				return
+			case <-s.binds:
+			}
+		}
+	}()
+	return s
+}
+
+// benchReserver creates and removes nothing.
+type benchReserver struct{}
+
+func (benchReserver) Ensure(context.Context, string, string, int) error { return nil }
+func (benchReserver) Reconcile(context.Context, map[state.NodeGPU]*state.Reservation, map[state.NodeGPU]bool) int {
+	return 0
+}
+func (benchReserver) RemoveFailed(context.Context, []*corev1.Pod) int { return 0 }
+func (benchReserver) Removing() map[types.UID]bool                    { return nil }
+
+var scaleBenchQueues = []string{"scale-a1", "scale-a2", "scale-b1", "scale-b2"}
+
+func scaleNodeName(i int) string { return fmt.Sprintf("node-%05d", i) }
+
+// scaleBenchPods makes the pods of BenchmarkCycle for n nodes: bound ones
+// (with their reservations) and pending ones.
+func scaleBenchPods(n int, bound, pending bool) []*corev1.Pod {
+	var pods []*corev1.Pod
+	created := metav1.NewTime(time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC))
+	k, w := 0, 0 // pods and workloads so far
+	queue := func() string { w++; return scaleBenchQueues[w%len(scaleBenchQueues)] }
+	podIn := func(name, q string) *builders.PodWrapper {
+		k++
+		return builders.MakePod(name, "bench").UID(name).Queue(q).CPU("100m").Memory("128Mi").
+			Created(metav1.NewTime(created.Add(time.Duration(k) * time.Millisecond)))
+	}
+	pod := func(name string) *builders.PodWrapper { return podIn(name, queue()) }
+	if bound {
+		for i := range n {
+			node := scaleNodeName(i)
+			gpu := func(g int) string { return fmt.Sprintf("GPU-%s-%d", node, g) }
+			for g := range 4 {
+				pods = append(pods, admitted(pod(fmt.Sprintf("w-%s-%d", node, g)).GPUs(1).Obj(), node))
+			}
+			for f, share := range []struct{ gpu, pct int }{{4, 50}, {4, 30}, {4, 20}, {5, 40}, {5, 40}} {
+				p := admitted(pod(fmt.Sprintf("f-%s-%d", node, f)).Fraction(share.pct).Obj(), node)
+				p.Annotations[api.AnnotationGPU] = gpu(share.gpu)
+				pods = append(pods, p)
+			}
+			for _, g := range []int{4, 5} {
+				r := reservation.Pod(node, gpu(g), reservation.DefaultOptions())
+				r.UID = types.UID(r.Name)
+				r.Annotations[api.AnnotationReservedGPU] = gpu(g)
+				r.Status.Phase = corev1.PodRunning
+				pods = append(pods, r)
+			}
+		}
+	}
+	if pending {
+		count := n // bound: one pending pod per node, to fit the GPUs left
+		if !bound {
+			count = 10 * n
+		}
+		gangSizes := []int{8, 16, 32, 64, 128, 256}
+		members, g := count/4, 0
+		for members >= gangSizes[g%len(gangSizes)] {
+			size, q := gangSizes[g%len(gangSizes)], queue()
+			for m := range size {
+				pods = append(pods, podIn(fmt.Sprintf("gang-%03d-%03d", g, m), q).GPUs(1).PodGroup(fmt.Sprintf("gang-%03d", g)).MinMember(size).Obj())
+			}
+			members -= size
+			g++
+		}
+		for i := range count/4 + members {
+			pods = append(pods, pod(fmt.Sprintf("whole-%05d", i)).GPUs([]int{1, 1, 1, 1, 2}[i%5]).Obj())
+		}
+		for i := range count / 2 {
+			pods = append(pods, pod(fmt.Sprintf("frac-%05d", i)).Fraction(10*(1+i%5)).Obj())
+		}
+	}
+	return pods
+}

@@ -1,0 +1,199 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/coordinator/binder"
+)
+
+// A cycle decides; the API writes it decides besides bindings - pending
+// reasons, reservation pods, queue status - used to be made inside it, one
+// by one. They share the client's rate limit with the bindings, so at
+// 50,000 pods a cycle waited for thousands of them and took up to a minute
+// (docs/benchmarks.md, "Scale"), while new pods waited for the next cycle.
+// Now Run hands them to writer goroutines, as it hands bindings to the bind
+// workers: the cycle only queues them. A cycle run on its own (tests, and
+// anything else that drives cycles itself) still writes inline, so what it
+// decided is written when it returns.
+
+// writer runs a cycle's API writes, one task per key (a pod, a GPU's
+// reservation, a queue): a task queued for a key that already has one
+// waiting replaces it - the newer decision wins, and a pod whose reason
+// changed twice is written once. A key's tasks never run concurrently.
+type writer struct {
+	// queue holds the keys with a task to run (workqueue: one entry per
+	// key, and a key being run is not handed out again until it is done).
+	queue workqueue.TypedInterface[string]
+
+	mu      sync.Mutex
+	idle    *sync.Cond                           // on mu: a key's task ended
+	async   bool                                 // Run's workers take the tasks; false: inline
+	tasks   map[string]func(ctx context.Context) // key -> task waiting to run
+	running map[string]bool                      // keys whose task runs now
+}
+
+func newWriter() *writer {
+	w := &writer{
+		queue:   workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "gpufrac-writes"}),
+		tasks:   map[string]func(context.Context){},
+		running: map[string]bool{},
+	}
+	w.idle = sync.NewCond(&w.mu)
+	return w
+}
+
+// do runs task for key: inline until run starts, then on a worker.
+func (w *writer) do(ctx context.Context, key string, task func(ctx context.Context)) {
+	w.mu.Lock()
+	if !w.async {
+		w.mu.Unlock()
+		task(ctx)
+		return
+	}
+	w.tasks[key] = task
+	w.mu.Unlock()
+	w.queue.Add(key)
+}
+
+// busy tells whether key has a task waiting or running.
+func (w *writer) busy(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, waiting := w.tasks[key]
+	return waiting || w.running[key]
+}
+
+// cancel drops key's waiting task and waits for its running one to end:
+// after it, no write queued for key before it is made.
+func (w *writer) cancel(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.tasks, key)
+	for w.running[key] {
+		w.idle.Wait()
+	}
+}
+
+// run makes do asynchronous and runs tasks on workers goroutines until ctx
+// ends; tasks still waiting then are dropped (the next leader's cycles
+// decide again from what the API server says).
+func (w *writer) run(ctx context.Context, workers int) {
+	w.mu.Lock()
+	w.async = true
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for w.next(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	w.queue.ShutDown()
+	wg.Wait()
+}
+
+// next runs the task of the next key; false once the queue is shut down.
+func (w *writer) next(ctx context.Context) bool {
+	key, quit := w.queue.Get()
+	if quit {
+		return false
+	}
+	defer w.queue.Done(key)
+	if ctx.Err() != nil {
+		return false
+	}
+	w.mu.Lock()
+	task := w.tasks[key]
+	delete(w.tasks, key)
+	if task != nil {
+		w.running[key] = true
+	}
+	w.mu.Unlock()
+	if task == nil {
+		return true
+	}
+	task(ctx)
+	w.mu.Lock()
+	delete(w.running, key)
+	w.idle.Broadcast()
+	w.mu.Unlock()
+	return true
+}
+
+// said is a pending reason the coordinator wrote (or queued) on a pod.
+type said struct {
+	reason, message string
+	at              time.Time
+}
+
+// markPending gives p the PodScheduled reason and message (through the
+// writer) and counts it in res. A pod told a reason is not told the same
+// reason again within the binder's MessageRefresh, whatever the message:
+// the binder's rule (it reads the pod's condition), applied here from
+// memory because with writes off the cycle the next cycles run before the
+// informer shows the last write, and would write it again.
+func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {
+	res.pending(reason, p)
+	now := s.clock.Now()
+	s.mu.Lock()
+	last, ok := s.said[p.UID]
+	if ok && last.reason == reason && (last.message == msg || now.Sub(last.at) < s.messageRefresh()) {
+		s.mu.Unlock()
+		return
+	}
+	if p.UID != "" {
+		s.said[p.UID] = said{reason: reason, message: msg, at: now}
+	}
+	s.mu.Unlock()
+	s.writes.do(ctx, pendingKey(p), func(ctx context.Context) {
+		if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
+			klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
+			s.mu.Lock()
+			if cur, ok := s.said[p.UID]; ok && cur.reason == reason && cur.message == msg {
+				delete(s.said, p.UID) // the next cycle tries again
+			}
+			s.mu.Unlock()
+		}
+	})
+}
+
+// pendingKey is the writer's key of p's pending reason.
+func pendingKey(p *corev1.Pod) string {
+	return "pending/" + string(p.UID) + "/" + p.Namespace + "/" + p.Name
+}
+
+// unsay cancels a pending reason queued for p and forgets it: p is about to
+// be bound, and a reason written after its binding would say PodScheduled
+// False on a bound pod. Should the binding fail, the next cycle says the
+// reason again.
+func (s *Scheduler) unsay(p *corev1.Pod) {
+	s.writes.cancel(pendingKey(p))
+	s.mu.Lock()
+	delete(s.said, p.UID)
+	s.mu.Unlock()
+}
+
+// forgetSaid drops what markPending remembers once the message refresh
+// has passed: by then the informer shows the write, and the binder's own
+// check (binder.Pending, MessageRefresh) reads the pod.
+func (s *Scheduler) forgetSaid() {
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid, last := range s.said {
+		if now.Sub(last.at) >= s.messageRefresh() {
+			delete(s.said, uid)
+		}
+	}
+}
+
+// messageRefresh is how long a pending reason stands before its message
+// is rewritten (binder.MessageRefresh).
+func (s *Scheduler) messageRefresh() time.Duration { return binder.MessageRefresh }

@@ -1,0 +1,143 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startWriter runs w with one worker until the test ends.
+func startWriter(t *testing.T, w *writer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.run(ctx, 1)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	// run makes do asynchronous before it starts the workers.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		w.mu.Lock()
+		async := w.async
+		w.mu.Unlock()
+		if async {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("writer did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// blockWorker queues a task on key that runs until the returned function
+// is called, and waits for it to start.
+func blockWorker(t *testing.T, w *writer, key string) (release func()) {
+	t.Helper()
+	started, stop := make(chan struct{}), make(chan struct{})
+	w.do(t.Context(), key, func(context.Context) {
+		close(started)
+		<-stop
+	})
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("blocking task did not start")
+	}
+	release = sync.OnceFunc(func() { close(stop) })
+	t.Cleanup(release) // before the writer stops (cleanups run last first)
+	return release
+}
+
+// waitFor waits until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestWriterInlineUntilRun(t *testing.T) {
+	w := newWriter()
+	ran := false
+	w.do(t.Context(), "k", func(context.Context) { ran = true })
+	if !ran {
+		t.Fatal("a task queued before run was not run inline")
+	}
+}
+
+// TestWriterNewestTaskWins: two tasks queued for one key while the worker
+// is busy run as one, the newer.
+func TestWriterNewestTaskWins(t *testing.T) {
+	w := newWriter()
+	startWriter(t, w)
+	release := blockWorker(t, w, "other")
+	var mu sync.Mutex
+	var got []string
+	for _, v := range []string{"old", "new"} {
+		w.do(t.Context(), "k", func(context.Context) {
+			mu.Lock()
+			got = append(got, v)
+			mu.Unlock()
+		})
+	}
+	if !w.busy("k") {
+		t.Error("busy(k) = false with a task waiting")
+	}
+	release()
+	waitFor(t, "the task of k", func() bool { return !w.busy("k") })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0] != "new" {
+		t.Errorf("ran %v, want [new]", got)
+	}
+}
+
+// TestWriterCancel: cancel drops a waiting task and waits for a running
+// one: after it returns, nothing queued before it is written.
+func TestWriterCancel(t *testing.T) {
+	w := newWriter()
+	startWriter(t, w)
+	release := blockWorker(t, w, "k")
+	dropped := make(chan struct{}, 1)
+	w.do(t.Context(), "k", func(context.Context) { dropped <- struct{}{} })
+	returned := make(chan struct{})
+	go func() {
+		w.cancel("k")
+		close(returned)
+	}()
+	select {
+	case <-returned:
+		t.Fatal("cancel returned while the key's task was running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancel did not return once the running task ended")
+	}
+	// The worker is free: a task on another key runs, the dropped one never.
+	ran := make(chan struct{})
+	w.do(t.Context(), "later", func(context.Context) { close(ran) })
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a later task did not run")
+	}
+	select {
+	case <-dropped:
+		t.Error("the task cancelled while waiting ran")
+	default:
+	}
+}
