@@ -3,6 +3,7 @@ package consolidation
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -323,7 +324,23 @@ func (c *Controller) evict(ctx context.Context, cl Cluster, n *corev1.Node, plan
 		}
 	}
 	c.moves = kept
-	for _, unit := range plan.Units {
+	// The pods PodDisruptionBudgets cover go first, the rest only once
+	// none is left: a budget can turn to refusing after the plan (its
+	// tenant makes a pod unready), and the drain then stops there until it
+	// is abandoned; the other pods, often other tenants', should not be
+	// restarted for a drain that may never finish.
+	pdbs := pdbsByNamespace(cl.PDBs)
+	units := plan.Units
+	var covered [][]*corev1.Pod
+	for _, unit := range units {
+		if slices.ContainsFunc(unit, func(p *corev1.Pod) bool { return len(pdbsOf(pdbs, p)) > 0 }) {
+			covered = append(covered, unit)
+		}
+	}
+	if len(covered) > 0 {
+		units = covered
+	}
+	for _, unit := range units {
 		if *inFlight > 0 && *inFlight+len(unit) > c.opts.MaxInFlight {
 			logger.V(2).Info("Consolidation budget: moves in flight", "inFlight", *inFlight, "max", c.opts.MaxInFlight)
 			return
@@ -335,7 +352,7 @@ func (c *Controller) evict(ctx context.Context, cl Cluster, n *corev1.Node, plan
 		if len(unit) > 1 {
 			// A gang moves whole or not at all: when its PodDisruptionBudgets
 			// would refuse a member, none is evicted (retried on a later pass).
-			if why := pdbAllows(pdbsByNamespace(cl.PDBs), unit); why != "" {
+			if why := pdbAllows(pdbs, unit); why != "" {
 				for _, p := range unit {
 					res.Refused++
 					c.metrics.evictions.WithLabelValues(ResultRefused).Inc()

@@ -21,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -465,6 +466,14 @@ func TestAbandon(t *testing.T) {
 			want: "is non-preemptible",
 		},
 		{
+			name: "a GPU pod owned by a DaemonSet arrived",
+			setup: func(h *harness) {
+				h.f.c.Pods = append(h.f.c.Pods, builders.MakePod("ds", "default").UID("ds").Queue("q").Node("big").
+					OwnedBy("apps/v1", "DaemonSet", "ds").GPUs(1).Annotation(api.AnnotationAllocatedGPU, builders.GPUUUID("big", 3)).Obj())
+			},
+			want: "is a DaemonSet or static pod",
+		},
+		{
 			name: "the other nodes filled up",
 			setup: func(h *harness) {
 				h.f.c.Pods = append(h.f.c.Pods, frac("a2", "one-a", 0, 70).Obj(), frac("b2", "one-b", 0, 70).Obj())
@@ -618,5 +627,82 @@ func TestPendingWorkDefersTheStart(t *testing.T) {
 	h.f.pod("new").Spec.NodeName = "one-a"
 	if res := h.pass(); res.Started != "big" {
 		t.Fatalf("%+v, want big started as soon as nothing is pending (best for 40 s)", res)
+	}
+}
+
+// A tenant's pod no node could hold, even with the drains given back (a
+// node selector nothing matches), waits for capacity forever, and so does
+// the placeholder made for it. Such a pod is untrusted input: it must not
+// give the draining nodes back, take the disruption budget, or hold every
+// new drain off, for every tenant, as long as it exists.
+func TestUnplaceableWorkDoesNotHoldConsolidation(t *testing.T) {
+	stuck := func(name string) *corev1.Pod {
+		p := job(name, "").Fraction(30).NodeSelector("tenant.example/nowhere", "true").Obj()
+		p.Spec.NodeName = ""
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: api.ReasonNoCapacity}}
+		return p
+	}
+	var pods []*corev1.Pod
+	var keys []string
+	for i := range 4 {
+		name := "stuck-" + strconv.Itoa(i)
+		pods = append(pods, stuck(name))
+		keys = append(keys, "default/"+name)
+	}
+	ph := builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").SchedulerName("").
+		Label(api.LabelRole, api.RolePlaceholder).Annotation(placeholder.AnnotationWorkloads, strings.Join(keys, ",")).Obj()
+	pods = append(pods, ph)
+
+	// A drain under way carries on: nothing abandoned, both moves made
+	// although four pods "wait" (MaxInFlight 4).
+	c := withTaint(dayTail(), "big")
+	c.Pods = append(c.Pods, pods...)
+	h := newHarness(t, c, nil)
+	if res := h.pass(); len(res.Abandoned) != 0 || res.Evicted != 2 {
+		t.Errorf("drain under way: %+v; want big's two pods moved, nothing abandoned", res)
+	}
+
+	// A new drain starts.
+	c = dayTail()
+	c.Pods = append(c.Pods, pods...)
+	h = newHarness(t, c, func(o *Options) { o.StableFor = 0 })
+	if res := h.pass(); res.Started != "big" {
+		t.Errorf("new drain: %+v; want big started", res)
+	}
+}
+
+// A tenant's PodDisruptionBudget can turn from allowing to refusing between
+// the plan and the evictions (the tenant makes one of its pods unready):
+// the drain then stops at that pod and is abandoned at its deadline, and
+// the node is a candidate again once the budget allows. Evicting the pods
+// the budgets cover first, and the rest only once those have gone, keeps
+// the other tenants' pods on the node in place while it refuses: else each
+// round would restart them for a drain that never finishes.
+func TestPodsUnderBudgetsMoveFirst(t *testing.T) {
+	c := withTaint(dayTail(), "big")
+	for _, p := range c.Pods {
+		if p.Name == "f1" {
+			p.Namespace = "tenant-a"
+			p.Labels["app"] = "serve"
+		}
+	}
+	c.PDBs = []*policyv1.PodDisruptionBudget{{
+		ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "tenant-a"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "serve"}}},
+		Status:     policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 1},
+	}}
+	h := newHarness(t, c, nil)
+	h.f.EvictErr = map[string]error{"f1": apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 5)}
+	if res := h.pass(); res.Refused != 1 || len(h.f.Evicted) != 0 {
+		t.Fatalf("%+v evicted %v; want f1 refused and f2 (another tenant's, no budget) left in place", res, h.f.Evicted)
+	}
+	delete(h.f.EvictErr, "f1")
+	h.clock.Step(10 * time.Second)
+	if res := h.pass(); res.Evicted != 1 || !cmp.Equal(h.f.Evicted, []string{"f1"}) {
+		t.Fatalf("%+v evicted %v; want f1 alone first", res, h.f.Evicted)
+	}
+	h.clock.Step(10 * time.Second)
+	if res := h.pass(); res.Evicted != 1 || !cmp.Equal(h.f.Evicted, []string{"f1", "f2"}) {
+		t.Fatalf("%+v evicted %v; want f2 once f1 has gone", res, h.f.Evicted)
 	}
 }

@@ -21,16 +21,17 @@
 // "false" or priority at the threshold), any pod annotated
 // karpenter.sh/do-not-disrupt except gpufrac's own reservations, GPU pods of
 // other schedulers, pods nothing would re-create (no controller owner) unless
-// allowed, gangs with any member that may not move. A node holding any of
-// these is not drained.
+// allowed, gangs with any member that may not move, GPU pods of DaemonSets
+// or static pods (they cannot move, and their reservations would be
+// released under them). A node holding any of these is not drained.
 package consolidation
 
 import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -41,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
@@ -186,6 +188,11 @@ type view struct {
 	nodes    map[string]*corev1.Node                    // node name -> node
 	pending  []*corev1.Pod                              // the coordinator's pods waiting to be placed, in creation order
 	pdbs     map[string][]*policyv1.PodDisruptionBudget // namespace -> PDBs
+
+	// undrained is the cluster with the draining nodes given back, built
+	// on first use by wantsRoom (nil when it could not be built).
+	undrained      *state.Snapshot
+	undrainedBuilt bool
 }
 
 type parsedPod struct {
@@ -264,18 +271,10 @@ func IsDraining(n *corev1.Node) bool {
 
 // DrainDeadline is the deadline written in the node's gpufrac.io/draining
 // taint (Unix seconds); ok is false when the node has no such taint. A value
-// that does not parse is a deadline already passed.
+// that does not parse is a deadline already passed. Past it the scheduler
+// places on the node again (state.DrainingAt), whether or not the taint goes.
 func DrainDeadline(n *corev1.Node) (deadline int64, ok bool) {
-	for _, t := range n.Spec.Taints {
-		if t.Key == api.TaintDraining {
-			d, err := strconv.ParseInt(t.Value, 10, 64)
-			if err != nil {
-				return 0, true
-			}
-			return d, true
-		}
-	}
-	return 0, false
+	return state.DrainDeadline(n)
 }
 
 // removable tells whether Karpenter may remove the node once it is empty:
@@ -330,7 +329,12 @@ func (p *Planner) classify(v *view, node string) (plan Plan, verdict Verdict, re
 			continue
 		}
 		if ownedByDaemonSet(pod) || isMirror(pod) {
-			continue
+			if !usesGPU(pod, p.opts.TimesliceResource) {
+				continue // stays with the node, holding no GPU
+			}
+			// Owner references are the pod author's to write: a GPU pod
+			// left behind would run on when its reservations are released.
+			return plan, VerdictProtected, fmt.Sprintf("pod %s/%s uses GPUs and is a DaemonSet or static pod: it cannot move", pod.Namespace, pod.Name)
 		}
 		if state.IsReservation(pod) {
 			plan.Reservations = append(plan.Reservations, pod)
@@ -436,22 +440,40 @@ func pdbsByNamespace(pdbs []*policyv1.PodDisruptionBudget) map[string][]*policyv
 	return out
 }
 
+// pdbsOf lists the PodDisruptionBudgets covering a pod: those of its
+// namespace whose selector matches it (in policy/v1 an empty selector
+// matches every pod of the namespace and a null one none, the Eviction
+// API's own rule).
+func pdbsOf(pdbs map[string][]*policyv1.PodDisruptionBudget, pod *corev1.Pod) []*policyv1.PodDisruptionBudget {
+	var out []*policyv1.PodDisruptionBudget
+	for _, b := range pdbs[pod.Namespace] {
+		sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+		if err == nil && sel.Matches(labels.Set(pod.Labels)) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // pdbAllows tells whether the PodDisruptionBudgets covering the pods allow
 // evicting them all now ("" when they do). A budget covers the pods its
 // selector matches; in policy/v1 an empty selector matches every pod of its
 // namespace and a null one none (the Eviction API's own rule).
 func pdbAllows(pdbs map[string][]*policyv1.PodDisruptionBudget, pods []*corev1.Pod) string {
 	need := map[*policyv1.PodDisruptionBudget]int32{}
+	var blocked []string
 	for _, pod := range pods {
-		for _, b := range pdbs[pod.Namespace] {
-			sel, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
-			if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
-				continue
-			}
+		var covering []string
+		for _, b := range pdbsOf(pdbs, pod) {
 			need[b]++
+			covering = append(covering, b.Namespace+"/"+b.Name)
+		}
+		if len(covering) > 1 {
+			// The Eviction API refuses such a pod whatever the budgets allow.
+			sort.Strings(covering)
+			blocked = append(blocked, fmt.Sprintf("%s/%s is covered by %d PodDisruptionBudgets (%s), which the Eviction API refuses", pod.Namespace, pod.Name, len(covering), strings.Join(covering, ", ")))
 		}
 	}
-	var blocked []string
 	for b, n := range need {
 		if n > b.Status.DisruptionsAllowed {
 			blocked = append(blocked, fmt.Sprintf("%s/%s allows %d disruptions and the move needs %d", b.Namespace, b.Name, b.Status.DisruptionsAllowed, n))
@@ -573,17 +595,19 @@ func (p *Planner) Remaining(c Cluster, node string) (Plan, error) {
 }
 
 // Starved counts the coordinator's pods that wait for capacity (reason
-// NoCapacity: placeholders ask Karpenter for more). While any do, a node
-// kept out of placement by a drain is capacity bought twice.
+// NoCapacity: placeholders ask Karpenter for more) and that the draining
+// nodes, given back, could hold. While any do, a node kept out of placement
+// by a drain is capacity bought twice. A pod no node could hold either way
+// (a tenant's node selector that matches nothing) is not counted: giving
+// the drains back would not place it, and it would keep every drain off.
 func (p *Planner) Starved(c Cluster) int {
+	v := p.newView(c)
 	n := 0
-	for _, pod := range c.Pods {
-		if pod.Spec.SchedulerName != p.opts.SchedulerName || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || state.Terminal(pod) {
-			continue
-		}
+	for _, pod := range v.pending {
 		for _, cond := range pod.Status.Conditions {
-			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == api.ReasonNoCapacity {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == api.ReasonNoCapacity && p.wantsRoom(v, pod) {
 				n++
+				break
 			}
 		}
 	}
@@ -592,21 +616,77 @@ func (p *Planner) Starved(c Cluster) int {
 
 // PendingWork counts the coordinator's pods being placed or waiting for
 // capacity, and the placeholders asking Karpenter for more: while any
-// exist, no new drain starts (the room it would use is wanted).
+// exist, no new drain starts (the room it would use is wanted). Only work
+// that the cluster's nodes could hold, the draining ones given back, is
+// counted; so is a placeholder unless every workload it was made for is
+// such uncountable work. Pods are tenants' input: one that no node could
+// ever hold must not stop consolidation, nor take its disruption budget.
 func (p *Planner) PendingWork(c Cluster) (pending, placeholders int) {
+	v := p.newView(c)
+	wants := map[string]bool{} // workload key of pending pods -> some pod of it wants room
+	for _, pod := range v.pending {
+		w := p.wantsRoom(v, pod)
+		if w {
+			pending++
+		}
+		key := workloadKey(v, pod)
+		wants[key] = wants[key] || w
+	}
 	for _, pod := range c.Pods {
 		if state.Terminal(pod) || pod.DeletionTimestamp != nil {
 			continue
 		}
-		if pod.Namespace == api.ReservationNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder {
-			placeholders++
+		if !placeholder.IsPlaceholder(pod) {
 			continue
 		}
-		if pod.Spec.SchedulerName == p.opts.SchedulerName && pod.Spec.NodeName == "" && activelyPending(pod) {
-			pending++
+		// The workload keys it was made for ("namespace/name" of a pod,
+		// "namespace/group" of a gang), comma-separated.
+		keys := strings.Split(pod.Annotations[placeholder.AnnotationWorkloads], ",")
+		for _, k := range keys {
+			if w, known := wants[k]; !known || w {
+				placeholders++ // made for work that wants room, or for work not seen pending: counted
+				break
+			}
 		}
 	}
 	return pending, placeholders
+}
+
+// workloadKey is the scheduler's key of the workload a pod belongs to.
+func workloadKey(v *view, pod *corev1.Pod) string {
+	if g := v.parsed[pod.UID].r.Gang; g != nil {
+		return g.Key()
+	}
+	return pod.Namespace + "/" + pod.Name
+}
+
+// wantsRoom tells whether a pending pod of the coordinator fits on one of
+// the cluster's nodes as they stand, the draining ones given back (their
+// taint ignored): only such a pod competes for the room a drain takes.
+// Gang members are judged one by one. When the cluster cannot be
+// simulated, every pod counts, as before.
+func (p *Planner) wantsRoom(v *view, pod *corev1.Pod) bool {
+	if !v.undrainedBuilt {
+		v.undrainedBuilt = true
+		nodes := make([]*corev1.Node, 0, len(v.c.Nodes))
+		for _, n := range v.c.Nodes {
+			if v.draining[n.Name] {
+				n = n.DeepCopy()
+				n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
+			}
+			nodes = append(nodes, n)
+		}
+		snap, err := state.Build(state.Inputs{Nodes: nodes, Pods: v.c.Pods, PoolLabel: p.opts.PoolLabel, TimesliceResource: p.opts.TimesliceResource})
+		if err == nil {
+			v.undrained = snap
+		}
+	}
+	if v.undrained == nil {
+		return true
+	}
+	r := v.parsed[pod.UID].r.Request
+	_, err := p.placeOne(v.undrained, &r)
+	return err == nil
 }
 
 func sortPods(pods []*corev1.Pod) {

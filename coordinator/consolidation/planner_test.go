@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -324,6 +325,38 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			verdicts: map[string]Verdict{"one-a": VerdictDoesNotFit, "excl": VerdictNothingToMove},
 		},
 		{
+			// The Eviction API refuses a pod that more than one budget
+			// covers (500, whatever they allow): a drain would evict the
+			// rest of the node, fail on it until its deadline, be
+			// abandoned, and start again.
+			name: "a pod under two PodDisruptionBudgets cannot be evicted",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
+				Pods:  objs(frac("a1", "one-a", 0, 30).Label("app", "serve")),
+				PDBs: func() []*policyv1.PodDisruptionBudget {
+					b := pdb(5)
+					b2 := pdb(5)
+					b2.Name = "keep-too"
+					return []*policyv1.PodDisruptionBudget{b, b2}
+				}(),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictPDB, "big": VerdictNothingToMove},
+			reason:   "default/a1 is covered by 2 PodDisruptionBudgets (default/keep, default/keep-too)",
+		},
+		{
+			// Owner references are the tenant's to write: a GPU pod naming
+			// a DaemonSet as its controller is still a GPU pod, and its
+			// node's reservations may not be released under it.
+			name: "a GPU pod owned by a DaemonSet is not left behind: protected",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("big", 8)),
+				Pods: objs(builders.MakePod("ds-a1", "default").UID("ds-a1").Queue("q").Node("one-a").OwnedBy("apps/v1", "DaemonSet", "ds").
+					Fraction(30).Annotation(api.AnnotationGPU, builders.GPUUUID("one-a", 0)).Annotation(api.AnnotationAllocatedGPU, builders.GPUUUID("one-a", 0))),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictProtected, "big": VerdictNothingToMove},
+			reason:   "default/ds-a1 uses GPUs and is a DaemonSet or static pod",
+		},
+		{
 			name: "pending work takes the room first",
 			cluster: Cluster{
 				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1)),
@@ -488,8 +521,10 @@ func TestPendingWork(t *testing.T) {
 		}
 		return p
 	}
-	c := Cluster{Pods: []*corev1.Pod{
-		pending("fresh", ""), pending("nocap", api.ReasonNoCapacity), pending("over", api.ReasonOverQuota),
+	nowhere := pending("nowhere", api.ReasonNoCapacity)
+	nowhere.Spec.NodeSelector = map[string]string{"tenant.example/nowhere": "true"}
+	c := Cluster{Nodes: nodes(karpNode("one-a", 1)), Pods: []*corev1.Pod{
+		pending("fresh", ""), pending("nocap", api.ReasonNoCapacity), pending("over", api.ReasonOverQuota), nowhere,
 		pending("bad", api.ReasonInvalidRequest), pending("gang", api.ReasonGangIncomplete),
 		func() *corev1.Pod {
 			p := pending("gated", "SchedulingGated")
@@ -497,9 +532,17 @@ func TestPendingWork(t *testing.T) {
 			return p
 		}(),
 		builders.MakePod("gpufrac-placeholder-x-0", api.ReservationNamespace).UID("ph").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).Obj(),
+		builders.MakePod("gpufrac-placeholder-y-0", api.ReservationNamespace).UID("ph-y").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).
+			Annotation(placeholder.AnnotationWorkloads, "default/nowhere").Obj(),
+		builders.MakePod("gpufrac-placeholder-z-0", api.ReservationNamespace).UID("ph-z").SchedulerName("").Label(api.LabelRole, api.RolePlaceholder).
+			Annotation(placeholder.AnnotationWorkloads, "default/nowhere,default/nocap").Obj(),
 	}}
-	n, ph := planner(t, nil).PendingWork(c)
-	if n != 2 || ph != 1 {
-		t.Errorf("PendingWork = %d pending, %d placeholders; want 2 (fresh, NoCapacity), 1", n, ph)
+	p := planner(t, nil)
+	n, ph := p.PendingWork(c)
+	if n != 2 || ph != 2 {
+		t.Errorf("PendingWork = %d pending, %d placeholders; want 2 (fresh, NoCapacity; not the pod no node could hold), 2 (not the one made only for it)", n, ph)
+	}
+	if got := p.Starved(c); got != 1 {
+		t.Errorf("Starved = %d, want 1 (nocap; not the pod no node could hold)", got)
 	}
 }

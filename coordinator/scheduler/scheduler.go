@@ -478,7 +478,7 @@ func (s *Scheduler) returnedNodes(nodes []*corev1.Node, now time.Time) map[strin
 	live := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		live[n.Name] = true
-		if state.Draining(n) {
+		if state.DrainingAt(n, now) {
 			s.drainSeen[n.Name] = now
 			continue
 		}
@@ -542,7 +542,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 
 	// 2. Snapshot the cluster and the queues' usage.
 	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
-		DRAUsage: draUsage, Cache: s.stateCache}
+		DRAUsage: draUsage, Cache: s.stateCache, Now: start}
 	if s.deps.Reserver != nil {
 		inputs.Removing = s.deps.Reserver.Removing()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -497,14 +498,55 @@ func TestFractionsWaitForTheirReservation(t *testing.T) {
 // never races kube-scheduler for the same GPU.
 func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
-	back := h100Node("back", "a", 1)
-	back.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
-	back.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule}}
+	back := drainedNode("back", clk.Now().Add(time.Hour))
+	c := settlingCluster(t, clk, back)
+	c.expectBound(clk, 0, "", "draining: no room")
+	untainted := back.DeepCopy()
+	untainted.Spec.Taints = nil
+	_ = c.nodes.Update(untainted)
+	c.expectBound(clk, time.Second, "", "1 s after its drain ended, within NewNodeSettle")
+	c.expectBound(clk, 3*time.Second, "back", "once the returned node settled")
+}
+
+// A drain's taint that outlives its deadline (consolidation turned off
+// mid-drain: the coordinator may no longer write nodes) keeps the node out
+// only until then; it then settles like a node given back and takes work.
+func TestDrainTaintPastItsDeadlineNoLongerKeepsTheNode(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, drainedNode("left", clk.Now().Add(time.Minute)))
+	c.expectBound(clk, 0, "", "before the drain's deadline")
+	c.expectBound(clk, time.Minute, "", "at the drain's deadline")
+	c.expectBound(clk, time.Second, "", "past the deadline (the taint stays), before the node settled")
+	c.expectBound(clk, 3*time.Second, "left", "past the drain's deadline, the node settled")
+}
+
+// drainedNode is an hour-old 1-GPU node tainted gpufrac.io/draining until deadline.
+func drainedNode(name string, deadline time.Time) *corev1.Node {
+	n := h100Node(name, "a", 1)
+	n.CreationTimestamp = metav1.NewTime(deadline.Add(-2 * time.Hour))
+	n.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(deadline.Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
+	return n
+}
+
+// expectBound steps the clock, runs a cycle and checks where w is bound ("" for nowhere).
+func (c *cluster) expectBound(clk *clocktesting.FakeClock, step time.Duration, want, when string) {
+	c.t.Helper()
+	clk.Step(step)
+	c.cycle()
+	if n := c.boundTo("w"); n != want {
+		c.t.Fatalf("%s: w bound to %q, want %q", when, n, want)
+	}
+}
+
+// settlingCluster is node alone with NewNodeSettle 3 s and a pending
+// whole-GPU pod w of queue q.
+func settlingCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Node) *cluster {
+	t.Helper()
 	c := &cluster{t: t, b: schedulertest.NewBinder(),
 		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 	}
-	_ = c.nodes.Add(back)
+	_ = c.nodes.Add(node)
 	_ = c.pods.Add(gpuPod("w", "q", 1))
 	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
 		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
@@ -514,22 +556,5 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.s = s
-
-	c.cycle() // draining: no room
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to the draining node %s", n)
-	}
-	untainted := back.DeepCopy()
-	untainted.Spec.Taints = nil
-	_ = c.nodes.Update(untainted)
-	clk.Step(time.Second)
-	c.cycle()
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to %s 1 s after its drain ended, within NewNodeSettle", n)
-	}
-	clk.Step(3 * time.Second)
-	c.cycle()
-	if n := c.boundTo("w"); n != "back" {
-		t.Fatalf("w bound to %q once the returned node settled, want back", n)
-	}
+	return c
 }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,6 +70,10 @@ type Inputs struct {
 	// Cache, when not nil, keeps what Build read of each pod and node for
 	// the next Build (see Cache); nil reads every object afresh.
 	Cache *Cache
+	// Now, when set, ends drains at their deadline (DrainingAt): a node
+	// whose gpufrac.io/draining taint has outlived it is placed on again,
+	// the taint ignored. Zero: every draining taint counts.
+	Now time.Time
 }
 
 // Cache keeps what Build reads from each pod (its demand) and node (its GPU
@@ -252,12 +257,49 @@ func NodeReady(n *corev1.Node) bool {
 // Draining tells whether consolidation drains the node (taint
 // gpufrac.io/draining, written only by the coordinator).
 func Draining(n *corev1.Node) bool {
+	_, ok := DrainDeadline(n)
+	return ok
+}
+
+// DrainingAt tells whether the node is drained at now: it carries the taint
+// and the deadline in it has not passed (a zero now ignores the deadline).
+// Past the deadline consolidation abandons the drain; a taint that outlives
+// it (consolidation turned off mid-drain, which also takes the
+// coordinator's right to write nodes, or node updates refused) keeps the
+// node out no longer.
+func DrainingAt(n *corev1.Node, now time.Time) bool {
+	deadline, ok := DrainDeadline(n)
+	return ok && (now.IsZero() || now.Unix() <= deadline)
+}
+
+// DrainDeadline is the deadline written in the node's gpufrac.io/draining
+// taint (Unix seconds); ok is false when the node has no such taint. A value
+// that does not parse is a deadline already passed.
+func DrainDeadline(n *corev1.Node) (deadline int64, ok bool) {
 	for _, t := range n.Spec.Taints {
 		if t.Key == api.TaintDraining {
-			return true
+			d, err := strconv.ParseInt(t.Value, 10, 64)
+			if err != nil {
+				return 0, true
+			}
+			return d, true
 		}
 	}
-	return false
+	return 0, false
+}
+
+// nodeReadyAt is NodeReady with drains ending at their deadline (DrainingAt).
+func nodeReadyAt(n *corev1.Node, now time.Time) bool {
+	return !n.Spec.Unschedulable && !DrainingAt(n, now) && readyCondition(n)
+}
+
+// placedTaints are the taints placement honours: a draining taint past its
+// deadline is left out (DrainingAt).
+func placedTaints(n *corev1.Node, now time.Time) []corev1.Taint {
+	if !Draining(n) || DrainingAt(n, now) {
+		return n.Spec.Taints
+	}
+	return slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
 }
 
 // readyCondition tells whether the node's Ready condition is True.
@@ -359,14 +401,14 @@ func Build(in Inputs) (*Snapshot, error) {
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !NodeReady(n) || settling(n, in.NotBefore) || in.Settling[n.Name] {
+		if !nodeReadyAt(n, in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
 		}
 		pn := &placement.Node{
 			Name:        n.Name,
 			Labels:      n.Labels,
-			Taints:      n.Spec.Taints,
+			Taints:      placedTaints(n, in.Now),
 			Pool:        n.Labels[in.PoolLabel],
 			Model:       n.Labels[api.LabelGPUProduct],
 			CPUMilli:    n.Status.Allocatable.Cpu().MilliValue(),
@@ -429,7 +471,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			// fractions on their GPUs matter, so they can be removed.
 			switch {
 			case IsReservation(p):
-				trackOffNode(reservations, p, nodeName, left[nodeName], in.NotBefore)
+				trackOffNode(reservations, p, nodeName, left[nodeName], in.Now)
 			case p.Spec.NodeName != "" && hasFraction(p):
 				offFracs[NodeGPU{nodeName, FractionGPU(p)}]++
 			}
@@ -692,16 +734,16 @@ func (acc *nodeAcc) orphaned(node, g string) string {
 // trackOffNode records a reservation pod on a node left out of the
 // snapshot (n) or gone (n nil) as orphaned. Nodes left out only because they
 // are young (notBefore) are skipped: they are about to take fractions.
-func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *corev1.Node, notBefore time.Time) {
+func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *corev1.Node, now time.Time) {
 	var why string
 	switch {
 	case n == nil:
 		why = fmt.Sprintf("node %s no longer exists", node)
 	case n.Spec.Unschedulable:
 		why = fmt.Sprintf("node %s is cordoned", node)
-	case Draining(n):
+	case DrainingAt(n, now):
 		why = fmt.Sprintf("node %s is drained for consolidation", node)
-	case !NodeReady(n):
+	case !nodeReadyAt(n, now):
 		why = fmt.Sprintf("node %s is not Ready", node)
 	default:
 		return // young (NotBefore) or settling: about to take fractions

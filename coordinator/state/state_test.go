@@ -3,6 +3,7 @@ package state
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -607,5 +608,53 @@ func TestDrainingNodeIsLeftOut(t *testing.T) {
 	}
 	if _, ok := s.Index("d"); ok || s.Len() != 1 {
 		t.Errorf("the draining node is in the snapshot (%d nodes)", s.Len())
+	}
+}
+
+// The taint's value is the drain's deadline (Unix seconds). Past it the
+// drain is over whoever removes the taint: consolidation abandons it on its
+// next pass, but a taint that outlives it (consolidation turned off while a
+// drain was under way, which takes the coordinator's right to write nodes;
+// node updates refused) must not keep the node out of placement for good.
+// Nor may the taint itself keep pods that do not tolerate it away.
+func TestDrainingNodeIsBackPastItsDeadline(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	tainted := func(deadline string) *corev1.Node {
+		n := node("d", 1).inventory("fraction").n
+		n.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: deadline, Effect: corev1.TaintEffectNoSchedule}}
+		return n
+	}
+	future := strconv.FormatInt(now.Add(time.Minute).Unix(), 10)
+	past := strconv.FormatInt(now.Add(-time.Second).Unix(), 10)
+	for _, tt := range []struct {
+		name     string
+		deadline string
+		want     bool
+	}{
+		{"before the deadline", future, false},
+		{"past the deadline", past, true},
+		{"a value that does not parse is a deadline passed", "soon", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			n := tainted(tt.deadline)
+			if got := !DrainingAt(n, now); got != tt.want {
+				t.Errorf("DrainingAt = %v, want %v", !got, !tt.want)
+			}
+			s, err := Build(Inputs{Nodes: []*corev1.Node{n}, Now: now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			i, in := s.Index("d")
+			if in != tt.want {
+				t.Fatalf("node in the snapshot: %v, want %v", in, tt.want)
+			}
+			if in && slices.ContainsFunc(s.Node(i).Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining }) {
+				t.Errorf("placement still sees the taint past its deadline: %v", s.Node(i).Taints)
+			}
+		})
+	}
+	// Without Now every draining taint counts.
+	if got := free(t, Inputs{Nodes: []*corev1.Node{tainted(past)}}); len(got) != 0 {
+		t.Errorf("without Now: free %v, want the node left out", got)
 	}
 }
