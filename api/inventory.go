@@ -34,6 +34,10 @@ type GPUInfo struct {
 	// ReplicaResource is the resource the replicas are served as
 	// (DefaultTimesliceResource unless the node's config renames it).
 	ReplicaResource string `json:"replicaResource,omitempty"`
+	// Driver is DRADriver when the node serves its GPUs through Dynamic
+	// Resource Allocation (mode dra; Mode then says what the GPU is
+	// published as), "" when through device plugins.
+	Driver string `json:"driver,omitempty"`
 }
 
 // MIGDeviceInfo is one MIG device of a GPU.

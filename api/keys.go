@@ -146,6 +146,13 @@ const (
 	// ReasonNoCapacity is the pod-condition reason of admitted work with no
 	// room in the cluster now (placeholders ask Karpenter for capacity).
 	ReasonNoCapacity = "NoCapacity"
+	// ReasonWaitingForKubeScheduler is the pod-condition reason of a pod
+	// whose GPUs would come through claims on nodes in mode dra while
+	// kube-scheduler is still placing pods with claims there: two
+	// allocators that do not see each other's allocations in flight could
+	// give the same GPU away twice, so the coordinator waits for
+	// kube-scheduler's claims to show.
+	ReasonWaitingForKubeScheduler = "WaitingForKubeScheduler"
 	// ReasonBindingFailed is the pod-condition reason of a pod the
 	// coordinator placed whose binding the API server refused or failed; it
 	// is placed and bound again after a back-off.

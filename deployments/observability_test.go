@@ -23,9 +23,8 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
-	"github.com/gpufrac/gpufrac/mig"
+	"github.com/gpufrac/gpufrac/deviceplugin/miglayout"
 	"github.com/gpufrac/gpufrac/tests/cluster"
-	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // recorder is a Registerer that records the names every collector
@@ -103,8 +102,8 @@ func exported(t *testing.T) *recorder {
 		t.Fatal(err)
 	}
 	enforcement.New(enforcement.Options{Registerer: r})
-	mig.NewManager(nil, nil, mig.Options{Registerer: r})
-	timeslice.NewCollector(r, timeslice.Sources{})
+	miglayout.NewManager(nil, nil, miglayout.Options{Registerer: r})
+	metrics.NewTimesliceCollector(r, metrics.TimesliceSources{})
 	if _, err := cdi.New(cdi.Options{SpecDirs: []string{t.TempDir()}, Registerer: r}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,14 @@
-// Package mig turns the admin's MIG configuration into MIG devices: it
-// names MIG profiles and their resources, expands a declared layout
-// ("all-1g.10gb", "all-balanced", "3g.40gb,2g.20gb,1g.10gb") into GPU
-// instances for one GPU model and places them on the GPU, and runs the
-// layout manager that creates and destroys GPU and compute instances
-// through NVML (nvidia.MIGLib) to match the layout.
+// Package mig is the MIG vocabulary both serving paths share (the device
+// plugin and the DRA driver): it names MIG profiles and their resources,
+// expands a declared layout ("all-1g.10gb", "all-balanced",
+// "3g.40gb,2g.20gb,1g.10gb") into GPU instances for one GPU model, places
+// them on the GPU and says which steps turn one layout into another.
 //
-// Everything except the Manager is a pure function of the configuration
-// and the GPU's profile table (nvidia.MIGProfile), which NVML reports per
-// GPU model.
+// Everything here is a pure function of the layout and the GPU's profile
+// table (Profile), which NVML reports per GPU model. It imports nothing of
+// the node agent: deviceplugin/nvidia fills these types from NVML, and the
+// layout manager that applies layouts through NVML lives with the node agent
+// (deviceplugin/miglayout).
 package mig
 
 import (
@@ -17,7 +18,6 @@ import (
 	"strings"
 
 	"github.com/gpufrac/gpufrac/api"
-	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
 
 // Layout names: "all-<profile>" fills the GPU with one profile,
@@ -43,12 +43,12 @@ func ResourceName(profile string) string {
 // the known ones), a compute-instance profile, more instances of a profile
 // than the model allows, or instances that do not fit on the GPU together.
 // An empty layout expands to nothing.
-func Expand(layout string, profiles []nvidia.MIGProfile) ([]nvidia.MIGProfile, error) {
+func Expand(layout string, profiles []Profile) ([]Profile, error) {
 	layout = strings.TrimSpace(layout)
 	if layout == "" {
 		return nil, nil
 	}
-	var want []nvidia.MIGProfile
+	var want []Profile
 	switch rest, all := strings.CutPrefix(layout, layoutAllPrefix); {
 	case layout == layoutBalanced:
 		for _, slices := range []int{3, 2, 1, 1} {
@@ -65,7 +65,7 @@ func Expand(layout string, profiles []nvidia.MIGProfile) ([]nvidia.MIGProfile, e
 		}
 		// As many as fit: NVML's instance count is the upper bound.
 		for n := p.MaxInstances; n > 0; n-- {
-			try := slices.Repeat([]nvidia.MIGProfile{p}, n)
+			try := slices.Repeat([]Profile{p}, n)
 			if _, ok := Place(try, nil); ok {
 				return try, nil
 			}
@@ -88,20 +88,20 @@ func Expand(layout string, profiles []nvidia.MIGProfile) ([]nvidia.MIGProfile, e
 }
 
 // lookup finds a GPU-instance profile by name.
-func lookup(name string, profiles []nvidia.MIGProfile) (nvidia.MIGProfile, error) {
+func lookup(name string, profiles []Profile) (Profile, error) {
 	for _, p := range profiles {
 		if p.Name == name {
 			return p, nil
 		}
 	}
 	if c, gi, ok := strings.Cut(name, "c."); ok && c != "" && strings.Trim(c, "0123456789") == "" {
-		return nvidia.MIGProfile{}, fmt.Errorf("%s is a compute-instance profile; layouts list GPU-instance profiles such as %s", name, gi)
+		return Profile{}, fmt.Errorf("%s is a compute-instance profile; layouts list GPU-instance profiles such as %s", name, gi)
 	}
-	return nvidia.MIGProfile{}, fmt.Errorf("unknown profile %s for this GPU model (it offers %s)", name, strings.Join(Names(profiles), ", "))
+	return Profile{}, fmt.Errorf("unknown profile %s for this GPU model (it offers %s)", name, strings.Join(Names(profiles), ", "))
 }
 
 // Names lists profile names, smallest first.
-func Names(profiles []nvidia.MIGProfile) []string {
+func Names(profiles []Profile) []string {
 	ps := slices.Clone(profiles)
 	sort.SliceStable(ps, func(i, j int) bool {
 		if ps[i].Slices != ps[j].Slices {
@@ -121,8 +121,8 @@ func Names(profiles []nvidia.MIGProfile) []string {
 
 // baseProfile is the plain profile with the given compute slices: no
 // attribute, lowest profile ID (1g.10gb rather than 1g.20gb on an H100).
-func baseProfile(profiles []nvidia.MIGProfile, slices int) (nvidia.MIGProfile, bool) {
-	var best nvidia.MIGProfile
+func baseProfile(profiles []Profile, slices int) (Profile, bool) {
+	var best Profile
 	found := false
 	for _, p := range profiles {
 		if p.Slices != slices || strings.ContainsAny(p.Name, "+-") {
@@ -136,7 +136,7 @@ func baseProfile(profiles []nvidia.MIGProfile, slices int) (nvidia.MIGProfile, b
 }
 
 // fits checks instance counts, compute slices and placements of want.
-func fits(want []nvidia.MIGProfile, profiles []nvidia.MIGProfile) error {
+func fits(want []Profile, profiles []Profile) error {
 	count := map[int]int{} // profile ID -> instances wanted
 	slicesUsed, slicesMax := 0, 0
 	for _, p := range profiles {
@@ -165,13 +165,13 @@ func fits(want []nvidia.MIGProfile, profiles []nvidia.MIGProfile) error {
 // NVML's order (largest profiles first, as NVML's own placement does, which
 // keeps small instances from fragmenting the GPU). It returns the placements
 // in want's order, or false when none exists.
-func Place(want []nvidia.MIGProfile, occupied []nvidia.MIGPlacement) ([]nvidia.MIGPlacement, bool) {
+func Place(want []Profile, occupied []Placement) ([]Placement, bool) {
 	order := make([]int, len(want))
 	for i := range order {
 		order[i] = i
 	}
 	sort.SliceStable(order, func(a, b int) bool { return size(want[order[a]]) > size(want[order[b]]) })
-	out := make([]nvidia.MIGPlacement, len(want))
+	out := make([]Placement, len(want))
 	used := slices.Clone(occupied)
 	var place func(k int) bool
 	place = func(k int) bool {
@@ -199,14 +199,14 @@ func Place(want []nvidia.MIGProfile, occupied []nvidia.MIGPlacement) ([]nvidia.M
 }
 
 // size is how many placement units an instance of p takes.
-func size(p nvidia.MIGProfile) int {
+func size(p Profile) int {
 	if len(p.Placements) == 0 {
 		return p.Slices
 	}
 	return p.Placements[0].Size
 }
 
-func overlapsAny(at nvidia.MIGPlacement, used []nvidia.MIGPlacement) bool {
+func overlapsAny(at Placement, used []Placement) bool {
 	for _, u := range used {
 		if at.Overlaps(u) {
 			return true
@@ -215,7 +215,7 @@ func overlapsAny(at nvidia.MIGPlacement, used []nvidia.MIGPlacement) bool {
 	return false
 }
 
-func sortLargestFirst(ps []nvidia.MIGProfile) {
+func sortLargestFirst(ps []Profile) {
 	sort.SliceStable(ps, func(i, j int) bool {
 		if ps[i].Slices != ps[j].Slices {
 			return ps[i].Slices > ps[j].Slices
@@ -227,7 +227,7 @@ func sortLargestFirst(ps []nvidia.MIGProfile) {
 	})
 }
 
-func profileNames(ps []nvidia.MIGProfile) []string {
+func profileNames(ps []Profile) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
 		out[i] = p.Name
@@ -240,7 +240,7 @@ func profileNames(ps []nvidia.MIGProfile) []string {
 // 1g.10gb,1g.10gb" without spaces). Two GPUs serve the same MIG devices
 // exactly when their descriptions are equal. GPU instances without a
 // compute instance serve nothing and are left out.
-func Describe(instances []nvidia.GPUInstance) string {
+func Describe(instances []GPUInstance) string {
 	type dev struct {
 		name string
 		mem  uint64
@@ -267,7 +267,7 @@ func Describe(instances []nvidia.GPUInstance) string {
 // Matches tells whether instances are exactly want: one GPU instance per
 // wanted profile (any placement), each holding one compute instance that
 // spans it. An empty want matches only a GPU without instances.
-func Matches(instances []nvidia.GPUInstance, want []nvidia.MIGProfile) bool {
+func Matches(instances []GPUInstance, want []Profile) bool {
 	if len(instances) != len(want) {
 		return false
 	}
@@ -276,7 +276,7 @@ func Matches(instances []nvidia.GPUInstance, want []nvidia.MIGProfile) bool {
 		left[p.ID]++
 	}
 	for _, gi := range instances {
-		if !clean(gi) || left[gi.ProfileID] == 0 {
+		if !gi.Clean() || left[gi.ProfileID] == 0 {
 			return false
 		}
 		left[gi.ProfileID]--
@@ -284,9 +284,9 @@ func Matches(instances []nvidia.GPUInstance, want []nvidia.MIGProfile) bool {
 	return true
 }
 
-// clean tells whether a GPU instance holds exactly one compute instance
+// Clean tells whether a GPU instance holds exactly one compute instance
 // spanning all of it, the shape the layout manager creates.
-func clean(gi nvidia.GPUInstance) bool {
+func (gi GPUInstance) Clean() bool {
 	return len(gi.Devices) == 1 && gi.Devices[0].Full
 }
 
@@ -295,8 +295,8 @@ type Step struct {
 	// Destroy is the ID of a GPU instance to destroy, or -1.
 	Destroy int
 	// Create is the profile to create at At when Destroy is -1.
-	Create nvidia.MIGProfile
-	At     nvidia.MIGPlacement
+	Create Profile
+	At     Placement
 }
 
 // Diff returns the steps that turn instances into want: destroy the
@@ -304,7 +304,7 @@ type Step struct {
 // every clean instance of a wanted profile where it is when the rest still
 // fits around it, else it starts from an empty GPU. Destroy steps come
 // first, creations largest first. No steps means instances already match.
-func Diff(instances []nvidia.GPUInstance, want []nvidia.MIGProfile) []Step {
+func Diff(instances []GPUInstance, want []Profile) []Step {
 	if Matches(instances, want) {
 		return nil
 	}
@@ -328,22 +328,22 @@ func Diff(instances []nvidia.GPUInstance, want []nvidia.MIGProfile) []Step {
 
 // diffKeeping keeps the clean instances of wanted profiles and places the
 // rest around them.
-func diffKeeping(instances []nvidia.GPUInstance, want []nvidia.MIGProfile) ([]Step, bool) {
+func diffKeeping(instances []GPUInstance, want []Profile) ([]Step, bool) {
 	left := map[int]int{} // profile ID -> instances still to provide
 	for _, p := range want {
 		left[p.ID]++
 	}
 	var steps []Step
-	var kept []nvidia.MIGPlacement
+	var kept []Placement
 	for _, gi := range instances {
-		if clean(gi) && left[gi.ProfileID] > 0 {
+		if gi.Clean() && left[gi.ProfileID] > 0 {
 			left[gi.ProfileID]--
 			kept = append(kept, gi.Placement)
 			continue
 		}
 		steps = append(steps, Step{Destroy: gi.ID})
 	}
-	var missing []nvidia.MIGProfile
+	var missing []Profile
 	for _, p := range want {
 		if left[p.ID] > 0 {
 			left[p.ID]--

@@ -1,4 +1,4 @@
-package mig
+package mig_test
 
 import (
 	"strconv"
@@ -8,12 +8,21 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
-// mockProfiles reads the MIG profile table of a go-nvml mock GPU model.
-func mockProfiles(t *testing.T, model string) []nvidia.MIGProfile {
+// mockProfiles reads the MIG profile table of a go-nvml mock GPU model
+// through the NVML adapter (this test package may import it; package mig may not).
+func mockProfiles(t *testing.T, model string) []mig.Profile {
 	t.Helper()
-	m, _ := newMock(t, model)
+	m, err := nvidia.NewMock(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Shutdown() })
 	gs, err := m.GPUs()
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +38,7 @@ func TestExpand(t *testing.T) {
 	a100, h100 := mockProfiles(t, "dgxa100"), mockProfiles(t, "dgxh100")
 	tests := []struct {
 		name     string
-		profiles []nvidia.MIGProfile
+		profiles []mig.Profile
 		layout   string
 		want     string // profile names, comma-separated
 		wantErr  string
@@ -55,7 +64,7 @@ func TestExpand(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Expand(tc.layout, tc.profiles)
+			got, err := mig.Expand(tc.layout, tc.profiles)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Expand(%q) error = %v, want one containing %q", tc.layout, err, tc.wantErr)
@@ -69,7 +78,7 @@ func TestExpand(t *testing.T) {
 				t.Errorf("Expand(%q) (-want +got):\n%s", tc.layout, diff)
 			}
 			// Whatever Expand returns must be placeable on an empty GPU.
-			at, ok := Place(got, nil)
+			at, ok := mig.Place(got, nil)
 			if !ok {
 				t.Fatalf("Expand(%q) returned an unplaceable layout", tc.layout)
 			}
@@ -93,7 +102,7 @@ func TestResourceName(t *testing.T) {
 		{"1c.3g.40gb", "nvidia.com/mig-1c.3g.40gb"},
 	} {
 		t.Run(tc.profile, func(t *testing.T) {
-			if got := ResourceName(tc.profile); got != tc.want {
+			if got := mig.ResourceName(tc.profile); got != tc.want {
 				t.Errorf("ResourceName(%q) = %q, want %q", tc.profile, got, tc.want)
 			}
 		})
@@ -101,49 +110,49 @@ func TestResourceName(t *testing.T) {
 }
 
 // gi builds a clean GPU instance of profile p at start.
-func gi(id int, p nvidia.MIGProfile, start int) nvidia.GPUInstance {
-	return nvidia.GPUInstance{
+func gi(id int, p mig.Profile, start int) mig.GPUInstance {
+	return mig.GPUInstance{
 		ID: id, ProfileID: p.ID, Profile: p.Name,
-		Placement: nvidia.MIGPlacement{Start: start, Size: size(p)},
-		Devices:   []nvidia.MIGDevice{{GI: id, Profile: p.Name, Full: true, MemoryBytes: p.MemoryMB << 20}},
+		Placement: mig.Placement{Start: start, Size: p.Placements[0].Size},
+		Devices:   []mig.Device{{GI: id, Profile: p.Name, Full: true, MemoryBytes: p.MemoryMB << 20}},
 	}
 }
 
 func TestDiff(t *testing.T) {
 	h100 := mockProfiles(t, "dgxh100")
-	p := map[string]nvidia.MIGProfile{}
+	p := map[string]mig.Profile{}
 	for _, x := range h100 {
 		p[x.Name] = x
 	}
-	expand := func(layout string) []nvidia.MIGProfile {
-		w, err := Expand(layout, h100)
+	expand := func(layout string) []mig.Profile {
+		w, err := mig.Expand(layout, h100)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return w
 	}
 	split := gi(9, p["3g.40gb"], 4)
-	split.Devices = []nvidia.MIGDevice{{GI: 9, CI: 0, Profile: "1c.3g.40gb"}, {GI: 9, CI: 1, Profile: "1c.3g.40gb"}}
+	split.Devices = []mig.Device{{GI: 9, CI: 0, Profile: "1c.3g.40gb"}, {GI: 9, CI: 1, Profile: "1c.3g.40gb"}}
 	tests := []struct {
 		name      string
-		instances []nvidia.GPUInstance
-		want      []nvidia.MIGProfile
+		instances []mig.GPUInstance
+		want      []mig.Profile
 		steps     []string
 	}{
-		{name: "match needs nothing", instances: []nvidia.GPUInstance{gi(1, p["3g.40gb"], 4), gi(2, p["3g.40gb"], 0)}, want: expand("all-3g.40gb")},
+		{name: "match needs nothing", instances: []mig.GPUInstance{gi(1, p["3g.40gb"], 4), gi(2, p["3g.40gb"], 0)}, want: expand("all-3g.40gb")},
 		{name: "empty GPU", want: expand("3g.40gb,1g.10gb"), steps: []string{"create 3g.40gb@0", "create 1g.10gb@3"}},
-		{name: "keeps instances of the new layout", instances: []nvidia.GPUInstance{gi(0, p["1g.10gb"], 0), gi(1, p["1g.10gb"], 1), gi(2, p["1g.10gb"], 2), gi(3, p["1g.10gb"], 4)},
+		{name: "keeps instances of the new layout", instances: []mig.GPUInstance{gi(0, p["1g.10gb"], 0), gi(1, p["1g.10gb"], 1), gi(2, p["1g.10gb"], 2), gi(3, p["1g.10gb"], 4)},
 			want: expand("3g.40gb,1g.10gb,1g.10gb"), steps: []string{"destroy 2", "destroy 3", "create 3g.40gb@4"}},
-		{name: "starts over when kept instances block the rest", instances: []nvidia.GPUInstance{gi(0, p["1g.10gb"], 3)},
+		{name: "starts over when kept instances block the rest", instances: []mig.GPUInstance{gi(0, p["1g.10gb"], 3)},
 			want: expand("4g.40gb,1g.10gb"), steps: []string{"destroy 0", "create 4g.40gb@0", "create 1g.10gb@4"}},
-		{name: "split instance is replaced", instances: []nvidia.GPUInstance{split},
+		{name: "split instance is replaced", instances: []mig.GPUInstance{split},
 			want: expand("3g.40gb"), steps: []string{"destroy 9", "create 3g.40gb@0"}},
-		{name: "no layout destroys everything", instances: []nvidia.GPUInstance{gi(0, p["7g.80gb"], 0)}, steps: []string{"destroy 0"}},
+		{name: "no layout destroys everything", instances: []mig.GPUInstance{gi(0, p["7g.80gb"], 0)}, steps: []string{"destroy 0"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			for _, s := range Diff(tc.instances, tc.want) {
+			for _, s := range mig.Diff(tc.instances, tc.want) {
 				if s.Destroy >= 0 {
 					got = append(got, "destroy "+strconv.Itoa(s.Destroy))
 				} else {
@@ -159,14 +168,23 @@ func TestDiff(t *testing.T) {
 
 func TestDescribe(t *testing.T) {
 	h100 := mockProfiles(t, "dgxh100")
-	p := map[string]nvidia.MIGProfile{}
+	p := map[string]mig.Profile{}
 	for _, x := range h100 {
 		p[x.Name] = x
 	}
 	empty := gi(5, p["2g.20gb"], 0)
 	empty.Devices = nil
-	got := Describe([]nvidia.GPUInstance{gi(1, p["1g.10gb"], 6), gi(2, p["3g.40gb"], 0), empty, gi(3, p["1g.10gb+me"], 5)})
+	got := mig.Describe([]mig.GPUInstance{gi(1, p["1g.10gb"], 6), gi(2, p["3g.40gb"], 0), empty, gi(3, p["1g.10gb+me"], 5)})
 	if want := "3g.40gb,1g.10gb,1g.10gb+me"; got != want {
 		t.Errorf("Describe() = %q, want %q", got, want)
 	}
+}
+
+// profileNames lists the profiles' names in order.
+func profileNames(ps []mig.Profile) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
 }

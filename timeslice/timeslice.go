@@ -5,16 +5,16 @@
 // container holding replicas is told it may use (the GPU's memory divided
 // by the replicas, per replica held), which the memory watchdog enforces.
 //
-// Everything here is a pure function of the configuration and the GPUs.
+// Everything here is a pure function of the sharing rule and the GPUs'
+// memory: the vocabulary both serving paths share. The node config turns
+// into a Sharing in deviceplugin/config (TimesliceConfig.Sharing); the
+// replica metrics live with the node agent (deviceplugin/metrics).
 package timeslice
 
 import (
 	"errors"
 	"fmt"
 	"sort"
-
-	"github.com/gpufrac/gpufrac/deviceplugin/config"
-	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
 
 // Sharing is how a node time-slices its GPUs.
@@ -27,19 +27,6 @@ type Sharing struct {
 	// time-sliced replica gives no guaranteed share, so asking for two
 	// does not buy twice the compute, only twice the memory limit.
 	FailRequestsGreaterThanOne bool
-}
-
-// FromConfig returns the Sharing of a timeslice config, defaults filled in
-// for unset fields (config.DefaultReplicas, config.DefaultTimesliceResource).
-func FromConfig(c config.TimesliceConfig) Sharing {
-	s := Sharing{Replicas: c.Replicas, ResourceName: c.ResourceName, FailRequestsGreaterThanOne: c.FailRequestsGreaterThanOne}
-	if s.Replicas == 0 {
-		s.Replicas = config.DefaultReplicas
-	}
-	if s.ResourceName == "" {
-		s.ResourceName = config.DefaultTimesliceResource
-	}
-	return s
 }
 
 // ErrMultipleReplicas is returned for a request of several replicas when
@@ -57,14 +44,14 @@ func (s Sharing) CheckRequest(n int) error {
 	return nil
 }
 
-// MemoryLimitMiB is the GPU memory a container holding n replicas of g may
-// use: the GPU's memory divided by the replicas, times n, in whole MiB
-// (rounded down, as the watchdog computes it).
-func (s Sharing) MemoryLimitMiB(g nvidia.GPU, n int) uint64 {
+// MemoryLimitMiB is the GPU memory a container holding n replicas of a GPU
+// with gpuMemoryMiB may use: the GPU's memory divided by the replicas, times
+// n, in whole MiB (rounded down, as the watchdog computes it).
+func (s Sharing) MemoryLimitMiB(gpuMemoryMiB uint64, n int) uint64 {
 	if s.Replicas <= 0 {
 		return 0
 	}
-	return g.MemoryMiB() * uint64(n) / uint64(s.Replicas)
+	return gpuMemoryMiB * uint64(n) / uint64(s.Replicas)
 }
 
 // Replica is replica K of a GPU.

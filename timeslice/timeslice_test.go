@@ -1,38 +1,13 @@
 package timeslice
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/gpufrac/gpufrac/deviceplugin/config"
-	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
-
-func TestFromConfig(t *testing.T) {
-	tests := []struct {
-		name string
-		in   config.TimesliceConfig
-		want Sharing
-	}{
-		{name: "defaults", want: Sharing{Replicas: 4, ResourceName: "nvidia.com/gpu.shared"}},
-		{name: "set", in: config.TimesliceConfig{Replicas: 8, ResourceName: "example.com/ts", FailRequestsGreaterThanOne: true},
-			want: Sharing{Replicas: 8, ResourceName: "example.com/ts", FailRequestsGreaterThanOne: true}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, FromConfig(tc.in)); diff != "" {
-				t.Errorf("FromConfig (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
 
 func TestCheckRequest(t *testing.T) {
 	tests := []struct {
@@ -50,7 +25,7 @@ func TestCheckRequest(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := FromConfig(config.TimesliceConfig{FailRequestsGreaterThanOne: tc.fail})
+			s := Sharing{Replicas: 4, ResourceName: "nvidia.com/gpu.shared", FailRequestsGreaterThanOne: tc.fail}
 			err := s.CheckRequest(tc.n)
 			if tc.errText == "" {
 				if err != nil {
@@ -66,7 +41,7 @@ func TestCheckRequest(t *testing.T) {
 }
 
 func TestMemoryLimitMiB(t *testing.T) {
-	h100 := nvidia.GPU{MemoryBytes: 81559 << 20}
+	const h100MiB = 81559
 	tests := []struct {
 		name     string
 		replicas int
@@ -79,7 +54,7 @@ func TestMemoryLimitMiB(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := (Sharing{Replicas: tc.replicas}).MemoryLimitMiB(h100, tc.n); got != tc.want {
+			if got := (Sharing{Replicas: tc.replicas}).MemoryLimitMiB(h100MiB, tc.n); got != tc.want {
 				t.Errorf("MemoryLimitMiB = %d, want %d", got, tc.want)
 			}
 		})
@@ -135,32 +110,5 @@ func TestPick(t *testing.T) {
 				t.Errorf("Pick() (-want +got):\n%s", diff)
 			}
 		})
-	}
-}
-
-func TestCollector(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	offer := Offer{Sharing: Sharing{Replicas: 4, ResourceName: "nvidia.com/gpu.shared"}, GPUs: []string{"GPU-a", "GPU-b"}}
-	NewCollector(reg, Sources{
-		Offer: func() Offer { return offer },
-		Allocations: func(context.Context) (map[string][]string, error) {
-			return map[string][]string{
-				"nvidia.com/gpu.shared":   {"GPU-a::0", "GPU-a::3", "GPU-b::1"},
-				"gpufrac.io/gpu-fraction": {"GPU-a::7"}, // another resource's unit
-			}, nil
-		},
-	})
-	want := `
-# HELP gpufrac_timeslice_replicas Time-sliced replicas the GPU offers (timeslice.replicas) under resource.
-# TYPE gpufrac_timeslice_replicas gauge
-gpufrac_timeslice_replicas{gpu_uuid="GPU-a",resource="nvidia.com/gpu.shared"} 4
-gpufrac_timeslice_replicas{gpu_uuid="GPU-b",resource="nvidia.com/gpu.shared"} 4
-# HELP gpufrac_timeslice_replicas_allocated Time-sliced replicas of the GPU the kubelet has allocated to containers.
-# TYPE gpufrac_timeslice_replicas_allocated gauge
-gpufrac_timeslice_replicas_allocated{gpu_uuid="GPU-a",resource="nvidia.com/gpu.shared"} 2
-gpufrac_timeslice_replicas_allocated{gpu_uuid="GPU-b",resource="nvidia.com/gpu.shared"} 1
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
-		t.Error(err)
 	}
 }

@@ -1,5 +1,6 @@
 // Command gpufrac-node is the node agent: a kubelet device plugin serving
-// whole, fractional, time-sliced and MIG GPUs discovered through NVML.
+// whole, fractional, time-sliced and MIG GPUs discovered through NVML, or,
+// on nodes whose config says mode dra, the DRA driver gpu.gpufrac.io.
 package main
 
 import (
@@ -9,14 +10,17 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -24,6 +28,7 @@ import (
 	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
+	"github.com/gpufrac/gpufrac/deviceplugin/dra"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -52,6 +57,10 @@ func main() {
 	flag.DurationVar(&cfg.CDICheckInterval, "cdi-check-interval", cdi.DefaultInterval, "with --device-list-strategy=cdi: how often the CDI specs are checked (they are also watched)")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	printVersion := flag.Bool("version", false, "print the version and exit")
+	flag.StringVar(&cfg.DRA.RegistryDir, "kubelet-registry-dir", kubeletplugin.KubeletRegistryDir, "mode dra: the kubelet's plugin registration directory")
+	flag.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, api.DRADriver), "mode dra: the driver's directory (its DRA socket)")
+	flag.StringVar(&cfg.DRA.StateDir, "dra-state-dir", "", "mode dra: where the record of prepared claims is kept across restarts (default --dra-plugin-dir)")
+	flag.StringVar(&cfg.DRA.CDIDir, "cdi-dir", dra.DefaultCDIDir, "mode dra: where per-claim CDI specs are written for the container runtime")
 	flag.Parse()
 	if *printVersion {
 		fmt.Println("gpufrac-node", version.Get())
@@ -115,9 +124,16 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	client, err := newClient(o.kubeconfig, o.standaloneOK)
+	client, rc, err := newClient(o.kubeconfig, o.standaloneOK)
 	if err != nil {
 		return err
+	}
+	if rc != nil {
+		// Mode dra's kubeletplugin helper reads claims and publishes
+		// ResourceSlices through a clientset.
+		if cfg.DRA.KubeClient, err = kubernetes.NewForConfig(rc); err != nil {
+			return fmt.Errorf("building API client: %w", err)
+		}
 	}
 	var a *agent.Agent
 	switch {
@@ -166,7 +182,7 @@ func newLib(ctx context.Context, flagValue, stateDir, nodeName string, gpus int)
 // newClient returns nil (standalone) when there is no way to reach the API.
 // It is pods.NewClient, not client-go's clientset: the clientset links every
 // API group and makes the binary's resident image twice the size.
-func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, error) {
+func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, *rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -175,16 +191,16 @@ func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, error) {
 		rc, err = rest.InClusterConfig()
 		if errors.Is(err, rest.ErrNotInCluster) && standaloneOK {
 			klog.InfoS("No API access: running standalone with best-fit fraction placement")
-			return nil, nil
+			return nil, nil, nil
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("building API client config: %w", err)
+		return nil, nil, fmt.Errorf("building API client config: %w", err)
 	}
 	rc.UserAgent = "gpufrac-node"
 	c, err := pods.NewClient(rc)
 	if err != nil {
-		return nil, fmt.Errorf("building API client: %w", err)
+		return nil, nil, fmt.Errorf("building API client: %w", err)
 	}
-	return c, nil
+	return c, rc, nil
 }

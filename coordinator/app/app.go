@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -38,6 +39,7 @@ import (
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/consolidation"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
@@ -301,6 +303,29 @@ func (a *App) lead(ctx context.Context) error {
 		}
 	}
 
+	// Resource claims (resource.k8s.io/v1, served since Kubernetes 1.34):
+	// the coordinator allocates its pods' claims on nodes in mode dra.
+	var draDeps *scheduler.DRADeps
+	var draSynced []cache.InformerSynced
+	if _, err := a.client.Discovery().ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String()); err == nil {
+		sliceInf := factory.Resource().V1().ResourceSlices()
+		claimInf := factory.Resource().V1().ResourceClaims()
+		classInf := factory.Resource().V1().DeviceClasses()
+		draDeps = &scheduler.DRADeps{
+			Slices: func() ([]*resourceapi.ResourceSlice, error) { return sliceInf.Lister().List(labels.Everything()) },
+			Claims: func() ([]*resourceapi.ResourceClaim, error) { return claimInf.Lister().List(labels.Everything()) },
+			GetClaim: func(ns, name string) (*resourceapi.ResourceClaim, bool) {
+				c, err := claimInf.Lister().ResourceClaims(ns).Get(name)
+				return c, err == nil
+			},
+			Classes: dra.Classes{Lister: classInf.Lister()},
+			Writer:  dra.NewWriter(a.client),
+		}
+		draSynced = []cache.InformerSynced{sliceInf.Informer().HasSynced, claimInf.Informer().HasSynced, classInf.Informer().HasSynced}
+	} else {
+		logger.Info("The API server serves no resource.k8s.io/v1: resource claims are left to other schedulers", "err", err)
+	}
+
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.events.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
@@ -354,6 +379,7 @@ func (a *App) lead(ctx context.Context) error {
 		Recorder: recorder,
 		Faults:   a.cfg.Faults,
 		Registry: a.reg,
+		DRA:      draDeps,
 	})
 	if err != nil {
 		return err
@@ -401,6 +427,14 @@ func (a *App) lead(ctx context.Context) error {
 	defer factory.Shutdown()
 	defer dynFactory.Shutdown()
 	defer sysFactory.Shutdown()
+	if draDeps != nil {
+		for _, inf := range []cache.SharedIndexInformer{factory.Resource().V1().ResourceSlices().Informer(), factory.Resource().V1().ResourceClaims().Informer()} {
+			if _, err := inf.AddEventHandler(wake); err != nil {
+				return fmt.Errorf("watching resource claims and slices: %w", err)
+			}
+		}
+	}
+	synced = append(synced, draSynced...)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}

@@ -26,8 +26,15 @@ func NewManager(client kubernetes.Interface, recorder record.EventRecorder) *Man
 	return &Manager{client: client, recorder: recorder}
 }
 
-// Create creates a placeholder (AlreadyExists is success: names are deterministic).
+// Create creates a placeholder (AlreadyExists is success: names are
+// deterministic), and first the ResourceClaimTemplate of a DRA placeholder.
 func (m *Manager) Create(ctx context.Context, p *corev1.Pod) error {
+	if t := ClaimTemplate(p); t != nil {
+		_, err := m.client.ResourceV1().ResourceClaimTemplates(t.Namespace).Create(ctx, t, metav1.CreateOptions{FieldManager: "gpufrac-coordinator"})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating the claim template of placeholder %s: %w", p.Name, err)
+		}
+	}
 	_, err := m.client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{FieldManager: "gpufrac-coordinator"})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating placeholder %s: %w", p.Name, err)
@@ -44,6 +51,12 @@ func (m *Manager) Delete(ctx context.Context, p *corev1.Pod, why string) error {
 	err := m.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting placeholder %s: %w", p.Name, err)
+	}
+	if ClaimTemplate(p) != nil {
+		err := m.client.ResourceV1().ResourceClaimTemplates(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting the claim template of placeholder %s: %w", p.Name, err)
+		}
 	}
 	klog.FromContext(ctx).V(2).Info("Deleted placeholder", "pod", klog.KObj(p), "node", p.Spec.NodeName, "why", why)
 	return nil

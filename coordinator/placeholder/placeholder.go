@@ -32,6 +32,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -51,6 +52,11 @@ const (
 	// AnnotationPackedMilli is the milli-GPU of MIG devices or replicas
 	// packed into a placeholder (PackMilli); absent on other kinds.
 	AnnotationPackedMilli = api.Domain + "/packed-milli"
+	// AnnotationClaimGPUs is the whole GPUs a DRA placeholder's claim asks;
+	// its ResourceClaimTemplate (ClaimTemplate) has the pod's name.
+	AnnotationClaimGPUs = api.Domain + "/claim-gpus"
+	// claimName is the entry of a DRA placeholder's resource claim.
+	claimName = "gpus"
 )
 
 // Options configure placeholder pods.
@@ -87,6 +93,13 @@ type Item struct {
 	Models []string
 	// Pool pins a gang's node pool ("" for none).
 	Pool string
+	// DRA says the pod's GPUs come through resource claims (nodes in mode
+	// dra): its placeholder asks whole GPUs through a claim of class
+	// gpu.gpufrac.io, not nvidia.com/gpu, which such nodes never advertise
+	// (Karpenter would wait for it forever before calling the node
+	// initialized). Karpenter must run with --ignore-dra-requests=false and
+	// know the devices of the instance types (ResourceSliceTemplates).
+	DRA bool
 }
 
 // Plan turns the demand of admitted, unplaceable pods into placeholder pods.
@@ -261,11 +274,16 @@ func appendUnique(s []string, x string) []string {
 func groupKey(it Item) string {
 	p := it.Pod
 	kind := "whole"
+	if it.DRA {
+		kind = "dra-"
+	}
 	switch {
 	case it.FractionPercent > 0:
-		kind = "fraction"
+		kind += "fraction"
 	case len(it.Scalars) > 0:
-		kind = scalarKind(it.Scalars)
+		kind += scalarKind(it.Scalars)
+	case it.DRA:
+		kind += "whole"
 	}
 	sel := make([]string, 0, len(p.Spec.NodeSelector))
 	for k, v := range p.Spec.NodeSelector {
@@ -380,9 +398,35 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 	if b.milli > 0 {
 		pod.Annotations[AnnotationPackedMilli] = strconv.FormatInt(b.milli, 10)
 	}
+	if first.DRA {
+		c := &pod.Spec.Containers[0]
+		delete(c.Resources.Requests, api.ResourceGPU)
+		delete(c.Resources.Limits, api.ResourceGPU)
+		c.Resources.Claims = []corev1.ResourceClaim{{Name: claimName}}
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: claimName, ResourceClaimTemplateName: &pod.Name}}
+		pod.Annotations[AnnotationClaimGPUs] = strconv.Itoa(b.gpus)
+	}
 	// The reservation namespace enforces Pod Security "restricted".
 	restricted.Apply(&pod.Spec)
 	return pod
+}
+
+// ClaimTemplate is the ResourceClaimTemplate of a DRA placeholder pod
+// (nil for others): the pod's name and namespace, AnnotationClaimGPUs whole
+// GPUs of class gpu.gpufrac.io.
+func ClaimTemplate(p *corev1.Pod) *resourceapi.ResourceClaimTemplate {
+	n, err := strconv.Atoi(p.Annotations[AnnotationClaimGPUs])
+	if len(p.Spec.ResourceClaims) == 0 || err != nil || n < 1 {
+		return nil
+	}
+	return &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: map[string]string{api.LabelRole: api.RolePlaceholder}},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: api.DRAClassGPU, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(n),
+			}}},
+		}}},
+	}
 }
 
 // IsPlaceholder tells whether p is a placeholder pod.

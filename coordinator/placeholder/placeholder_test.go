@@ -224,3 +224,40 @@ func TestPackMilli(t *testing.T) {
 		})
 	}
 }
+
+func TestPlanAsksClaimsForDRAPools(t *testing.T) {
+	items := []Item{fraction("a", 60), fraction("b", 50), fraction("c", 30), fraction("d", 40)}
+	for i := range items {
+		items[i].DRA = true
+	}
+	items = append(items, fraction("dp", 30)) // a device-plugin fraction: a group of its own
+	pods := Plan(items, DefaultOptions())
+	var dra []*corev1.Pod
+	for _, p := range pods {
+		if len(p.Spec.ResourceClaims) > 0 {
+			dra = append(dra, p)
+		}
+	}
+	if len(pods) != 3 || len(dra) != 2 {
+		t.Fatalf("%d placeholders, %d with claims; want 60+40 and 50+30 through claims, 30 through nvidia.com/gpu", len(pods), len(dra))
+	}
+	for _, p := range dra {
+		c := p.Spec.Containers[0]
+		if _, ok := c.Resources.Limits[api.ResourceGPU]; ok {
+			t.Errorf("%s asks nvidia.com/gpu, which nodes in mode dra never advertise", p.Name)
+		}
+		if *p.Spec.ResourceClaims[0].ResourceClaimTemplateName != p.Name || len(c.Resources.Claims) != 1 || c.Resources.Claims[0].Name != p.Spec.ResourceClaims[0].Name {
+			t.Errorf("%s claims: %+v, container %+v", p.Name, p.Spec.ResourceClaims, c.Resources.Claims)
+		}
+		tmpl := ClaimTemplate(p)
+		if tmpl == nil || tmpl.Name != p.Name || tmpl.Namespace != api.ReservationNamespace {
+			t.Fatalf("%s: template %+v", p.Name, tmpl)
+		}
+		if r := tmpl.Spec.Spec.Devices.Requests[0].Exactly; r.DeviceClassName != api.DRAClassGPU || r.Count != 1 {
+			t.Errorf("%s: template asks %d of %s, want one whole GPU", p.Name, r.Count, r.DeviceClassName)
+		}
+	}
+	if ClaimTemplate(pods[0]) != nil && len(pods[0].Spec.ResourceClaims) == 0 {
+		t.Error("a device-plugin placeholder has a claim template")
+	}
+}

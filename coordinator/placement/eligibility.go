@@ -3,6 +3,7 @@ package placement
 import (
 	"strings"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -96,7 +97,10 @@ func constraintsAllow(c *Constraints, affinity nodeaffinity.RequiredNodeAffinity
 			return false
 		}
 	}
-	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(n.Taints, c.Tolerations, blocksScheduling)
+	// Placement is pure and logs nothing: the helper logs only for the taint comparison
+	// operators (TaintTolerationComparisonOperators, alpha and off in 1.36), left off here
+	// as in kube-scheduler.
+	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(logr.Discard(), n.Taints, c.Tolerations, blocksScheduling, false)
 	return !untolerated
 }
 

@@ -22,6 +22,13 @@
 //     time-sliced replica resource (Options.TimesliceResource): placed as
 //     placement.Request.Scalars; the queue is charged them in GPU terms
 //     (Options.ScalarMilli), at most Options.MaxGPUs GPUs' worth.
+//   - spec.resourceClaims (Options.Claims, nodes in mode dra): one claim
+//     request of gpufrac's classes gives whole GPUs (gpu.gpufrac.io, count
+//     N) or a share of one GPU (fraction.gpufrac.io: shares P is P×10
+//     milli, memory M is M over the GPU's memory, rounded up); the pod then
+//     goes to nodes in mode dra only (Parsed.ClaimsGPU). Claims not created
+//     yet give ErrClaimsPending; MIG claims, several GPU claims, or claims
+//     beside GPU extended resources are invalid.
 //   - annotation gpufrac.io/gpu-models ("H100|A100"): GPU model patterns,
 //     matched case-insensitively as substrings of the nodes'
 //     nvidia.com/gpu.product label (see MatchModels).
@@ -49,6 +56,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -87,6 +95,8 @@ type Options struct {
 	// (state.Snapshot.ScalarMilli). Resources missing here are charged
 	// FallbackScalarMilli.
 	ScalarMilli map[string]int64
+	// Claims reads the pod's resource claims (nodes in mode dra).
+	Claims ClaimOptions
 }
 
 // defaultReplicas is the node agent's default replicas per time-sliced GPU
@@ -158,6 +168,13 @@ type Parsed struct {
 	// ScalarMilli is the pod's MIG devices and replicas (Request.Scalars)
 	// in GPU terms, milli-GPU: what its queue is charged for them.
 	ScalarMilli int64
+	// Claims are the pod's resource claims (spec.resourceClaims), read
+	// through Options.Claims. When one asks for gpufrac's GPUs, Request says
+	// what (whole GPUs, or a share: percent x 10, bytes over the GPU's
+	// memory) and ClaimsGPU is set: the pod goes only to nodes in mode dra,
+	// where the coordinator allocates its claims.
+	Claims    []*resourceapi.ResourceClaim
+	ClaimsGPU bool
 }
 
 // QueueResources is the pod's charge to its queue: whole GPUs, a share or
@@ -218,6 +235,11 @@ func Parse(pod *corev1.Pod, opts Options) (Parsed, error) {
 	r := request.Parse(pod, request.Options{TimesliceResource: opts.TimesliceResource})
 	gpus, share, scalars, scalarMilli := p.gpus(r)
 	out.Request.GPUs, out.Request.ShareMilli, out.Request.Scalars, out.ScalarMilli = gpus, share, scalars, scalarMilli
+	claims, claimGPUs, claimShare, claimErr := p.claims(r.Whole() > 0 || r.Fraction() > 0 || len(scalars) > 0)
+	out.Claims = claims
+	if claimGPUs > 0 || claimShare > 0 {
+		out.Request.GPUs, out.Request.ShareMilli, out.ClaimsGPU = claimGPUs, claimShare, true
+	}
 	out.Request.CPUMilli, out.Request.MemoryBytes = r.CPUMilli, r.MemoryBytes
 	p.visibleDevices()
 	out.ModelPatterns = p.models()
@@ -240,6 +262,9 @@ func Parse(pod *corev1.Pod, opts Options) (Parsed, error) {
 	}
 	if jobErr != nil {
 		return Parsed{}, jobErr
+	}
+	if claimErr != nil {
+		return Parsed{}, claimErr
 	}
 	if err := out.Request.Validate(); err != nil {
 		// Parse's own checks rule this out; keep the pod off the cluster if they missed something.

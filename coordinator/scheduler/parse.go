@@ -8,6 +8,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -61,15 +62,19 @@ func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error
 		return pi, err == nil, err
 	}
 	// What is parsed depends on the pod object alone (no Job is read): it
-	// is kept whole.
-	pi, ok, err = s.parseAdmittedAfresh(p)
-	if e != nil {
+	// is kept whole, unless it read a resource claim, which changes under
+	// the same pod (allocated, its allocation shown).
+	var readClaims bool
+	pi, ok, err = s.parseAdmittedAfresh(p, &readClaims)
+	if e != nil && !readClaims {
 		e.admitted = parsed{done: true, queue: p.Annotations[api.AnnotationAdmittedQueue], pi: pi, err: err}
 	}
 	return pi, ok, err
 }
 
-func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod) (pi podInfo, ok bool, err error) {
+// parseAdmittedAfresh is parseAdmitted without the cache; it sets
+// *readClaims (when not nil) if the parse read a resource claim.
+func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi podInfo, ok bool, err error) {
 	q := p.Annotations[api.AnnotationAdmittedQueue]
 	if q == "" {
 		return podInfo{}, false, nil
@@ -78,7 +83,7 @@ func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod) (pi podInfo, ok bool, err
 	spec.Labels = map[string]string{api.LabelQueue: q}
 	spec.Annotations = nil
 	spec.OwnerReferences = nil
-	if pi, err = s.parseAsIs(&spec, nil); err != nil {
+	if pi, err = s.parseAsIs(&spec, nil, readClaims); err != nil {
 		return podInfo{}, false, err
 	}
 	pi.pod = p
@@ -175,15 +180,16 @@ func (k *parsed) result(p *corev1.Pod) (podInfo, error) {
 type parseInputs struct {
 	models      []string
 	scalarMilli map[string]int64
+	draNodes    map[string]bool // nodes in mode dra: where pods with GPU claims may go
 }
 
-// beginParses starts a cycle's parses with its GPU models and scalar
-// worth; it empties the cache when they changed.
+// beginParses starts a cycle's parses with its GPU models, scalar worth
+// and nodes in mode dra; it empties the cache when they changed.
 func (s *Scheduler) beginParses() {
 	s.parseCycle++
-	if s.parsed == nil || !slices.Equal(s.parseIn.models, s.models) || !maps.Equal(s.parseIn.scalarMilli, s.scalarMilli) {
+	if s.parsed == nil || !slices.Equal(s.parseIn.models, s.models) || !maps.Equal(s.parseIn.scalarMilli, s.scalarMilli) || !maps.Equal(s.parseIn.draNodes, s.draNodes) {
 		s.parsed = map[*corev1.Pod]*parseEntry{}
-		s.parseIn = parseInputs{models: slices.Clone(s.models), scalarMilli: maps.Clone(s.scalarMilli)}
+		s.parseIn = parseInputs{models: slices.Clone(s.models), scalarMilli: maps.Clone(s.scalarMilli), draNodes: maps.Clone(s.draNodes)}
 	}
 }
 
@@ -212,26 +218,40 @@ func (s *Scheduler) parseEntryOf(p *corev1.Pod) *parseEntry {
 }
 
 // parseFor parses p as charged to queue and tells whether the parse read
-// a Job.
+// a Job or a resource claim (which change under the same pod: such a parse
+// is not kept).
 func (s *Scheduler) parseFor(p *corev1.Pod, queue string) (pi podInfo, err error, readJob bool) {
 	labelled := p
 	if queue != "" && p.Labels[api.LabelQueue] != queue {
 		labelled = withQueueLabel(p, queue)
 	}
+	var readClaims bool
 	pi, err = s.parseAsIs(labelled, func(ns, name string) (*batchv1.Job, bool) {
 		readJob = true
 		return s.deps.Jobs(ns, name)
-	})
+	}, &readClaims)
 	pi.pod = p
-	return pi, err, readJob
+	return pi, err, readJob || readClaims
 }
 
-func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool)) (podInfo, error) {
+// parseAsIs parses p; it sets *readClaims (when not nil) if the parse read
+// a resource claim.
+func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool), readClaims *bool) (podInfo, error) {
 	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, GPUModels: s.models,
 		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli,
 		NonPreemptiblePriority: s.opts.NonPreemptiblePriority}
 	if s.deps.Jobs != nil {
 		opts.JobLookup = jobs
+	}
+	if s.deps.DRA != nil {
+		get := s.deps.DRA.GetClaim
+		opts.Claims = podrequest.ClaimOptions{GPUMemoryBytes: s.claimGPUMemory,
+			Get: func(namespace, name string) (*resourceapi.ResourceClaim, bool) {
+				if readClaims != nil {
+					*readClaims = true
+				}
+				return get(namespace, name)
+			}}
 	}
 	r, err := podrequest.Parse(p, opts)
 	if err != nil {
@@ -244,6 +264,12 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (
 		nonPreemptible: r.NonPreemptible,
 		priority:       r.Priority,
 		res:            r.QueueResources(),
+		claims:         r.Claims,
+		claimsGPU:      r.ClaimsGPU,
+	}
+	if r.ClaimsGPU {
+		// GPUs asked through claims are served only by nodes in mode dra.
+		pi.req = *withOnlyNodes(&pi.req, s.draNodes)
 	}
 	if r.Gang != nil {
 		pi.group, pi.minMember = r.Gang.Name, int(r.Gang.MinMember)

@@ -13,6 +13,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
@@ -142,6 +144,9 @@ type Deps struct {
 	// with -tags faultinject); nil everywhere else.
 	Faults   Faults
 	Registry prometheus.Registerer
+	// DRA reads slices and claims and writes allocations, for nodes in
+	// mode dra; nil: the coordinator allocates no claims.
+	DRA *DRADeps
 }
 
 // Scheduler runs scheduling cycles. Wake, OnPod and OnPodDelete are safe
@@ -187,6 +192,13 @@ type Scheduler struct {
 	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
 	scalarMilli     map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
 
+	allocator *dra.Allocator         // allocates claims on nodes in mode dra
+	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
+	draNow    *draCycle              // this cycle's slices, classes and allocations (nil without DRA), used only by Cycle
+	draNodes  map[string]bool        // nodes in mode dra (state.Snapshot.DRANodes), set each cycle
+	// draBusy names a pod of another scheduler still being placed with
+	// claims ("" when none): nodes in mode dra are off limits this cycle.
+	draBusy string
 	// What cycles keep of each pod and node from one cycle to the next,
 	// used only by Cycle: the snapshot's reads (state.Cache) and the
 	// parses (pod object -> its parses; parseIn are the inputs they were
@@ -211,6 +223,8 @@ type bindTask struct {
 	annotations map[string]string
 	gang        string // the pod's gang (gangID; "" for none)
 	workload    string // the pod's workload (its gang, or itself)
+	// claims are written before the binding (pods on nodes in mode dra).
+	claims []dra.Planned
 }
 
 // New returns a scheduler.
@@ -270,6 +284,8 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
+		allocator:       dra.NewAllocator(),
+		inflight:        map[types.UID]inflight{},
 		bindBackoff:     map[string]bindRetry{},
 		stateCache:      state.NewCache(),
 		said:            map[types.UID]said{},
@@ -393,7 +409,21 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 	s.unsay(t.pod)
 	s.fault(ctx, FaultBind)
 	start := s.clock.Now()
-	err := s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
+	var err error
+	if len(t.claims) > 0 {
+		// Claims first, as kube-scheduler does: the kubelet prepares them
+		// once the pod is bound.
+		if err = s.writeClaims(ctx, t.pod, t.claims); err != nil {
+			err = fmt.Errorf("writing the claims of pod %s/%s: %w", t.pod.Namespace, t.pod.Name, err)
+		}
+	}
+	if err == nil {
+		err = s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
+		if err != nil && len(t.claims) > 0 {
+			s.deps.DRA.Writer.Undo(ctx, t.pod, t.claims)
+			s.dropInflight(t.pod.UID)
+		}
+	}
 	s.metrics.bind(err, s.clock.Since(start))
 	if err == nil && t.gang != "" {
 		s.fault(ctx, FaultGangMemberBound)
@@ -500,9 +530,19 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("listing queues: %w", err)
 	}
 	s.models = productsOf(nodes)
+	draNow, draUsage, err := s.readDRA(start)
+	if err != nil {
+		return res, err
+	}
+	s.draNow = draNow
+	s.draBusy = ""
+	if draNow != nil {
+		s.draBusy = s.kubeSchedulerPlacingClaims(pods)
+	}
 
 	// 2. Snapshot the cluster and the queues' usage.
-	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource, Cache: s.stateCache, Now: start}
+	inputs := state.Inputs{Nodes: nodes, Pods: pods, Assumed: assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
+		DRAUsage: draUsage, Cache: s.stateCache, Now: start}
 	if s.deps.Reserver != nil {
 		inputs.Removing = s.deps.Reserver.Removing()
 	}
@@ -515,6 +555,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	s.scalarMilli = snap.ScalarMilli
+	s.draNodes = snap.DRANodes
 	s.beginParses()
 	defer s.sweepParses()
 	books, err := newBooks(queues, badQueues, snap)
@@ -615,6 +656,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			}
 			continue
 		}
+		if s.draBusy != "" && w.claimsGPU() {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, api.ReasonWaitingForKubeScheduler, fmt.Sprintf(
+					"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", s.draBusy), &res)
+			}
+			continue
+		}
 		verdict := books.check(w)
 		if !verdict.allowed {
 			for _, p := range w.pods {
@@ -656,8 +704,15 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
 			continue
 		}
+		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
+		if allocErr != nil {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, binder.ReasonNoCapacity, "resource claims do not fit the node placement chose: "+allocErr.Error(), &res)
+			}
+			continue
+		}
 		s.withdrawPlaceholders(ctx, w, existing, withdrawn)
-		s.bind(ctx, w, decisions, snap)
+		s.bind(ctx, w, decisions, snap, claims)
 		res.Bound += len(w.pods)
 	}
 	s.plans = plans
@@ -802,10 +857,18 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]
 // placeOne places r, keeping fractions off nodes whose GPUs have no known
 // UUIDs or are not in fraction mode.
 func (s *Scheduler) placeOne(snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
-	if r.ShareMilli == 0 || len(snap.NoFraction) == 0 {
+	exclude := map[string]bool{}
+	if r.ShareMilli > 0 {
+		maps.Copy(exclude, snap.NoFraction)
+	}
+	if s.draBusy != "" && (r.GPUs > 0 || r.ShareMilli > 0) {
+		// GPU extended resources are served there through claims too.
+		maps.Copy(exclude, snap.DRANodes)
+	}
+	if len(exclude) == 0 {
 		return s.placer.Place(snap.Snapshot, r)
 	}
-	return s.placer.Place(snap.Snapshot, withExcludedNodes(r, snap.NoFraction))
+	return s.placer.Place(snap.Snapshot, withExcludedNodes(r, exclude))
 }
 
 func inPool(pool string) string {
@@ -815,8 +878,9 @@ func inPool(pool string) string {
 	return " in node pool " + pool
 }
 
-// bind records the assumption and queues the bindings.
-func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot) {
+// bind records the assumption and queues the bindings (each with the claims
+// to write before it, by pod index).
+func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot, claims map[int][]dra.Planned) {
 	now := s.clock.Now()
 	s.mu.Lock()
 	for i, d := range ds {
@@ -844,10 +908,10 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		// gpufrac.io/preemptible says later. A gang is admitted as one.
 		ann[api.AnnotationAdmittedQueue] = w.queue
 		ann[api.AnnotationAdmittedPreemptible] = strconv.FormatBool(!w.nonPreemptible)
-		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue)
+		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
 		gang := w.id()
 		select {
-		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key}:
+		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key, claims: claims[i]}:
 		case <-ctx.Done():
 			// Run is ending and its bind workers with it: forget what was not sent.
 			s.mu.Lock()
@@ -869,7 +933,9 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 	}
 	var waiting []string
 	for i, d := range ds {
-		if w.pods[i].req.ShareMilli == 0 || len(d.GPUs) != 1 {
+		if w.pods[i].req.ShareMilli == 0 || len(d.GPUs) != 1 || snap.DRANodes[d.Node] {
+			// Nodes in mode dra need no reservation: a GPU shared by
+			// claims consumes its counters, which keep whole-GPU claims off.
 			continue
 		}
 		key := state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}

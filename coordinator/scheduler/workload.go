@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -25,6 +26,14 @@ type podInfo struct {
 	nonPreemptible bool
 	priority       int32
 	res            queue.Resources
+	// claims are the pod's resource claims (podrequest.Parsed.Claims);
+	// claimsGPU says its GPUs come through them.
+	claims    []*resourceapi.ResourceClaim
+	claimsGPU bool
+	// extended is the pod's extended-resource claim an earlier attempt
+	// made and did not see through (Scheduler.extendedClaimOf), pending
+	// pods only.
+	extended *resourceapi.ResourceClaim
 }
 
 // workload is what is admitted all or nothing: a gang's pending members, or one pod.
@@ -40,6 +49,16 @@ type workload struct {
 	pool string
 	// incomplete explains why a gang waits for members ("" when complete).
 	incomplete string
+}
+
+// claimsGPU tells whether a pod of w gets its GPUs through claims.
+func (w *workload) claimsGPU() bool {
+	for _, p := range w.pods {
+		if p.claimsGPU {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *workload) resources() queue.Resources {
@@ -89,8 +108,8 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 	var order []string
 	for _, p := range pending {
 		pi, err := s.parse(p)
-		if errors.Is(err, podrequest.ErrJobNotFound) {
-			continue // the Job is not in the cache yet: try again next cycle
+		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
+			continue // the Job or a claim is not in the cache yet: try again next cycle
 		}
 		if err == nil {
 			err = b.validQueue(pi.queue, p.Namespace)
@@ -98,6 +117,19 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 		if err != nil {
 			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})
 			continue
+		}
+		claims := pi.claims
+		if !pi.claimsGPU && (pi.req.GPUs > 0 || pi.req.ShareMilli > 0) {
+			if pi.extended = s.extendedClaimOf(p); pi.extended != nil {
+				claims = []*resourceapi.ResourceClaim{pi.extended}
+			}
+		}
+		if node := allocatedGPUClaimNode(claims); (pi.claimsGPU || pi.extended != nil) && node != "" {
+			// Its GPU is held already, on that node: place it there and
+			// take nothing more (the snapshot charges the claim).
+			r := withOnlyNodes(&pi.req, map[string]bool{node: true})
+			r.GPUs, r.ShareMilli = 0, 0
+			pi.req = *r
 		}
 		key := p.Namespace + "/" + p.Name
 		if pi.group != "" {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/request"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 )
 
@@ -48,14 +49,20 @@ type Inputs struct {
 	// TimesliceResource is the time-sliced replica resource; "" means
 	// api.DefaultTimesliceResource.
 	TimesliceResource string
+	// DRAUsage is what allocated resource claims (written or in flight) hold
+	// of the GPUs of nodes in mode dra, by node and GPU UUID. On those nodes
+	// GPUs are charged from claims, not from pods' GPU resources.
+	DRAUsage dra.Usage
 	// Removing names reservation pods the coordinator deleted (pod UID ->
 	// true) that the informer may still show as they were: like those it
 	// shows terminating, they hold their GPU but take no new fraction.
 	Removing map[types.UID]bool
-	// NotBefore, when set, leaves out nodes created after it: a node the
-	// autoscaler just made is where the default scheduler binds placeholder
-	// pods within moments, and a pod placed there before the placeholders
-	// show up as bound would find their GPUs taken at admission.
+	// NotBefore, when set, leaves out Karpenter's nodes (those labelled
+	// karpenter.sh/nodepool) created after it: a node the autoscaler just
+	// made is where the default scheduler binds placeholder pods within
+	// moments, and a pod placed there before the placeholders show up as
+	// bound would find their GPUs taken at admission. Other nodes get no
+	// placeholders and are placed on at once.
 	NotBefore time.Time
 	// Settling names more nodes left out as if they were young (node name ->
 	// true): nodes consolidation just gave back (scheduler.returnedNodes).
@@ -174,6 +181,9 @@ type Snapshot struct {
 	// NoFraction names nodes whose GPUs have no known UUIDs (no inventory)
 	// or are not in fraction mode: fractions must not go there.
 	NoFraction map[string]bool
+	// DRANodes names the nodes whose gpufrac-node serves GPUs as DRA driver
+	// (mode dra): pods get their GPUs there through resource claims.
+	DRANodes map[string]bool
 	// Reservations are the reservation pods by node and GPU UUID. A
 	// reservation not yet told its GPU whose asked GPU another pod holds is
 	// in none: it holds a GPU not known yet (chargeAsking).
@@ -363,6 +373,18 @@ type nodeAcc struct {
 	unplacedF []int                  // fraction percents on unknown GPUs
 	// partitioned counts the healthy GPUs in modes mig and timeslice.
 	partitioned int
+	// dra: the node serves its GPUs through DRA (its inventory says so).
+	dra bool
+}
+
+// settling tells whether n is one of Karpenter's nodes created after
+// notBefore (see Inputs.NotBefore).
+func settling(n *corev1.Node, notBefore time.Time) bool {
+	if notBefore.IsZero() || !n.CreationTimestamp.Time.After(notBefore) {
+		return false
+	}
+	_, made := n.Labels[api.LabelNodePool]
+	return made
 }
 
 // Build makes the snapshot. Nodes that are not Ready are left out; pods on
@@ -375,10 +397,11 @@ func Build(in Inputs) (*Snapshot, error) {
 	accs := make(map[string]*nodeAcc, len(in.Nodes))
 	order := make([]string, 0, len(in.Nodes))
 	noFrac := map[string]bool{}
+	draNodes := map[string]bool{}
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !nodeReadyAt(n, in.Now) || (!in.NotBefore.IsZero() && n.CreationTimestamp.Time.After(in.NotBefore)) || in.Settling[n.Name] {
+		if !nodeReadyAt(n, in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
 		}
@@ -396,6 +419,7 @@ func Build(in Inputs) (*Snapshot, error) {
 		for _, g := range inv {
 			acc.inventory[g.UUID] = g
 		}
+		acc.dra = slices.ContainsFunc(inv, func(g api.GPUInfo) bool { return g.Driver == api.DRADriver })
 		acc.partitioned = partitioned(inv, scalarMilli)
 		for name, q := range n.Status.Allocatable {
 			if IsScalar(name, in.TimesliceResource) && q.Value() > 0 {
@@ -405,12 +429,19 @@ func Build(in Inputs) (*Snapshot, error) {
 				pn.Scalars[string(name)] = q.Value()
 			}
 		}
-		gpus, fractionOK := nodeGPUs(n, inv, hasInv)
+		gpus, fractionOK := nodeGPUs(n, inv, hasInv, acc.dra)
 		if !fractionOK {
 			noFrac[n.Name] = true
 		}
+		if acc.dra {
+			draNodes[n.Name] = true
+		}
 		for i, g := range gpus {
-			pn.GPUs = append(pn.GPUs, placement.GPU{ID: g.UUID, FreeMilli: placement.MilliPerGPU})
+			free := placement.MilliPerGPU
+			if acc.dra {
+				free -= in.DRAUsage[n.Name][g.UUID].UsedMilli
+			}
+			pn.GPUs = append(pn.GPUs, placement.GPU{ID: g.UUID, FreeMilli: max(free, 0)})
 			acc.gpuIndex[g.UUID] = i
 			if pn.Model == "" {
 				pn.Model = g.Model
@@ -454,6 +485,9 @@ func Build(in Inputs) (*Snapshot, error) {
 				// Over-committed (allocatable shrank under running pods): nothing is free.
 				acc.node.Scalars[name] = max(free-k, 0)
 			}
+		}
+		if acc.dra {
+			continue // GPUs there are charged from claims (DRAUsage)
 		}
 		switch {
 		case d.FractionPercent > 0:
@@ -514,7 +548,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
 		}
 	}
-	out := &Snapshot{NoFraction: noFrac, Reservations: reservations, FailedReservations: failed, ScalarMilli: scalarMilli}
+	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, ScalarMilli: scalarMilli}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)
@@ -823,7 +857,7 @@ func partitioned(inv []api.GPUInfo, milli map[string]int64) int {
 // from the nvidia.com/gpu allocatable count. fractionOK is false when
 // fractions cannot be placed on the node (no inventory, or no GPU in
 // fraction mode).
-func nodeGPUs(n *corev1.Node, inv []api.GPUInfo, hasInv bool) (gpus []api.GPUInfo, fractionOK bool) {
+func nodeGPUs(n *corev1.Node, inv []api.GPUInfo, hasInv, draNode bool) (gpus []api.GPUInfo, fractionOK bool) {
 	if hasInv {
 		for _, g := range inv {
 			if !g.Healthy || (g.Mode != "fraction" && g.Mode != "exclusive") {
@@ -834,7 +868,9 @@ func nodeGPUs(n *corev1.Node, inv []api.GPUInfo, hasInv bool) (gpus []api.GPUInf
 			}
 			gpus = append(gpus, g)
 		}
-		return gpus, fractionOK && n.Status.Allocatable.Name(api.ResourceFraction, "").Value() > 0
+		// A node in mode dra serves no fraction resource: its GPUs in mode
+		// fraction publish the shared views.
+		return gpus, fractionOK && (draNode || n.Status.Allocatable.Name(api.ResourceFraction, "").Value() > 0)
 	}
 	count := n.Status.Allocatable.Name(api.ResourceGPU, "").Value()
 	for i := int64(0); i < count; i++ {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -484,13 +485,18 @@ func TestReservationsNeverShareAGPU(t *testing.T) {
 }
 
 func TestNewNodesSettleFirst(t *testing.T) {
+	// Karpenter's young node waits; an old one and a young static node
+	// (no karpenter.sh/nodepool label: no placeholders bind there) do not.
 	old := node("old", 1).inventory("fraction").n
 	young := node("young", 1).inventory("fraction").n
+	static := node("static", 1).inventory("fraction").n
 	now := time.Now()
 	old.CreationTimestamp = metav1.NewTime(now.Add(-time.Minute))
 	young.CreationTimestamp = metav1.NewTime(now)
-	got := free(t, Inputs{Nodes: []*corev1.Node{old, young}, PoolLabel: api.LabelNodePool, NotBefore: now.Add(-3 * time.Second)})
-	if diff := cmp.Diff(map[string][]int{"old": {1000}}, got); diff != "" {
+	static.CreationTimestamp = metav1.NewTime(now)
+	delete(static.Labels, api.LabelNodePool)
+	got := free(t, Inputs{Nodes: []*corev1.Node{old, young, static}, PoolLabel: api.LabelNodePool, NotBefore: now.Add(-3 * time.Second)})
+	if diff := cmp.Diff(map[string][]int{"old": {1000}, "static": {1000}}, got); diff != "" {
 		t.Errorf("nodes placed on (-want +got):\n%s", diff)
 	}
 }
@@ -545,6 +551,49 @@ func TestDemandFollowsTheRequestModel(t *testing.T) {
 	want := PodDemand{CPUMilli: 2600, WholeGPUs: 4}
 	if diff := cmp.Diff(want, Demand(p)); diff != "" {
 		t.Errorf("Demand (-want +got):\n%s", diff)
+	}
+}
+
+// draNode is a node in mode dra: its inventory names the driver, and it
+// advertises no GPU resources.
+func draNode(name string, gpus int) *corev1.Node {
+	b := node(name, gpus).inventory("fraction")
+	inv, _ := api.DecodeInventory(b.n.Annotations[api.AnnotationGPUInventory])
+	for i := range inv {
+		inv[i].Driver = api.DRADriver
+	}
+	s, _ := api.EncodeInventory(inv)
+	b.n.Annotations[api.AnnotationGPUInventory] = s
+	delete(b.n.Status.Allocatable, api.ResourceGPU)
+	delete(b.n.Status.Allocatable, api.ResourceFraction)
+	return b.n
+}
+
+func TestBuildChargesDRANodesFromClaims(t *testing.T) {
+	in := Inputs{
+		Nodes: []*corev1.Node{draNode("dra", 3), node("dp", 1).inventory("fraction").n},
+		Pods: []*corev1.Pod{
+			// A pod on the DRA node asking a fraction as an extended resource:
+			// its claim is what counts, not its spec.
+			pod("f").on("dra").cpu("4").fraction(50, "dra-gpu2").p,
+			pod("g").on("dp").fraction(30, "dp-gpu0").p,
+		},
+		DRAUsage: dra.Usage{"dra": {"dra-gpu0": {UsedMilli: 300}, "dra-gpu1": {UsedMilli: 1000}}},
+	}
+	want := map[string][]int{"dra": {700, 0, 1000}, "dp": {700}}
+	if diff := cmp.Diff(want, free(t, in)); diff != "" {
+		t.Errorf("free milli (-want +got):\n%s", diff)
+	}
+	s, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.DRANodes["dra"] || s.DRANodes["dp"] || s.NoFraction["dra"] {
+		t.Errorf("DRANodes %v NoFraction %v: want dra in mode dra and taking fractions", s.DRANodes, s.NoFraction)
+	}
+	i, _ := s.Index("dra")
+	if n := s.Node(i); n.UsedCPUMilli != 4000 {
+		t.Errorf("CPU used on dra: %d, want 4000 (pods' CPU still counts)", n.UsedCPUMilli)
 	}
 }
 

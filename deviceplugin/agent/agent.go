@@ -18,17 +18,17 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/health"
 	"github.com/gpufrac/gpufrac/deviceplugin/metrics"
+	"github.com/gpufrac/gpufrac/deviceplugin/miglayout"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/plugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
-	"github.com/gpufrac/gpufrac/mig"
-	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // Config is gpufrac-node's configuration, filled from flags by main.
@@ -62,6 +62,9 @@ type Config struct {
 	CDISpecDirs []string
 	// CDICheckInterval is how often the CDI specs are checked (0: cdi.DefaultInterval).
 	CDICheckInterval time.Duration
+	// DRA is how the node meets the kubelet when its config puts it in mode
+	// dra.
+	DRA DRAConfig
 	// NodeResyncInterval is how often writes of the Node's annotations
 	// (the GPU inventory, the config error) that failed are tried again
 	// (0: DefaultNodeResyncInterval).
@@ -79,7 +82,9 @@ type Agent struct {
 	client pods.Client // nil: standalone, no API access
 	reg    *prometheus.Registry
 
-	manager  *plugin.Manager
+	manager  *plugin.Manager // nil in mode dra
+	dra      *draServing     // nil unless in mode dra
+	deps     resource.Deps   // what Build reads; set once in Run
 	checker  *health.Checker
 	hint     *pods.Hint
 	podRes   *pods.PodResources
@@ -94,11 +99,13 @@ type Agent struct {
 	labels     map[string]string // this node's labels, which choose its config group; guarded by labelsMu
 	labelsRead bool              // the labels were read (always, without API access); guarded by labelsMu
 
-	applyMu    sync.Mutex                     // serialises config applications
-	registered atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
-	cdiChecker atomic.Pointer[cdi.Checker]    // the CDI check, for Ready, once started
+	applyMu       sync.Mutex                     // serialises config applications
+	servingChosen atomic.Bool                    // set once the serving path (device plugins or DRA) is chosen
+	registered    atomic.Pointer[plugin.Manager] // the manager, for Ready, once started
+	draReady      atomic.Pointer[draServing]     // the DRA driver, for Ready, once started
+	cdiChecker    atomic.Pointer[cdi.Checker]    // the CDI check, for Ready, once started
 
-	migLayout  *mig.Manager                      // nil when the NVML backend has no MIG
+	migLayout  *miglayout.Manager                // nil when the NVML backend has no MIG
 	builtin    *config.File                      // the built-in defaults, which never reshape MIG
 	failClosed *config.File                      // what an invalid config at start gives: whole GPUs only; never reshapes MIG
 	current    *config.File                      // config last applied; guarded by applyMu
@@ -130,11 +137,15 @@ func New(cfg Config, lib nvidia.Lib, client pods.Client) *Agent {
 // Registry is the agent's metrics registry.
 func (a *Agent) Registry() *prometheus.Registry { return a.reg }
 
-// Ready returns nil once every resource is registered with the kubelet, and
-// the reason otherwise (for /readyz). It is safe to call while Run runs.
+// Ready returns nil once every resource is registered with the kubelet (in
+// mode dra: once the kubelet accepted the DRA driver), and the reason
+// otherwise (for /readyz). It is safe to call while Run runs.
 func (a *Agent) Ready() error {
-	m := a.registered.Load()
-	if m == nil || !m.Registered() {
+	if d := a.draReady.Load(); d != nil {
+		if !a.draRegistered() {
+			return errors.New("DRA driver not registered with the kubelet")
+		}
+	} else if m := a.registered.Load(); m == nil || !m.Registered() {
 		return errors.New("device plugins not registered with the kubelet")
 	}
 	if c := a.cdiChecker.Load(); c != nil {
@@ -143,8 +154,11 @@ func (a *Agent) Ready() error {
 	return nil
 }
 
-// Resources lists the resources being served.
+// Resources lists the resources being served (in mode dra, the driver).
 func (a *Agent) Resources() []string {
+	if a.dra != nil {
+		return []string{api.DRADriver}
+	}
 	if a.manager == nil {
 		return nil
 	}
@@ -178,9 +192,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	logger.Info("Discovered GPUs", "count", len(gpus), "node", a.cfg.NodeName)
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Cancel before waiting: a Run that fails half-way must stop the
+	// components it started, or it waits for them forever.
+	defer func() { cancel(); wg.Wait() }()
 	goRun := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {
@@ -227,6 +242,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.manager != nil {
 				a.manager.UpdateAll()
 			}
+			if a.dra != nil {
+				// Taint (or untaint) every device of the GPU.
+				if err := a.apply(ctx, nil, a.deps); err != nil {
+					logger.Error(err, "Republishing DRA devices after a health change")
+				}
+			}
 			a.publishInventory(ctx)
 		},
 		OnXid: func(ev nvidia.XidEvent, critical bool) {
@@ -242,14 +263,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Lib: a.lib, GPUs: func() []nvidia.GPU { return a.gpus }, Healthy: a.checker.Healthy, Usage: usage,
 	}, a.cfg.Version)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.manager = plugin.NewManager(a.cfg.KubeletDir, allocObserver{a})
-	if err := a.manager.Start(ctx); err != nil {
-		return fmt.Errorf("starting device plugins: %w", err)
-	}
-	defer a.manager.Wait()
-	a.registered.Store(a.manager)
 	goRun("health", a.checker.Run)
-	a.watchdog = a.newWatchdog(ctx, goRun)
 
 	// 3. With CDI, every device name handed out must resolve in the node's
 	// CDI specs (written by the NVIDIA container toolkit): checked now, on
@@ -279,7 +293,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		deps.Hint = a.hint
 	}
 	a.startPartitioning(ctx, &deps, goRun)
-	check := func(f *config.File) error { _, err := a.build(f, deps); return err }
+	a.deps = deps
+	check := func(f *config.File) error { return a.check(ctx, f, deps) }
 	initial := &config.File{Version: config.Version}
 	a.builtin = initial
 	a.failClosed = &config.File{Version: config.Version, Default: config.Policy{Mode: config.ModeExclusive}}
@@ -313,6 +328,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		goRun("config", w.Run)
 	}
+	// 5. The serving path, chosen once from the config at start: device
+	// plugins, or the DRA driver for a node in mode dra.
+	if np, err := initial.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA {
+		if err := a.startDRA(ctx); err != nil {
+			return err
+		}
+		defer a.stopDRA()
+		a.draReady.Store(a.dra)
+	} else {
+		a.manager = plugin.NewManager(a.cfg.KubeletDir, allocObserver{a})
+		if err := a.manager.Start(ctx); err != nil {
+			return fmt.Errorf("starting device plugins: %w", err)
+		}
+		defer a.manager.Wait()
+		a.registered.Store(a.manager)
+	}
+	a.servingChosen.Store(true)
+	a.watchdog = a.newWatchdog(ctx, goRun)
 	if err := a.apply(ctx, initial, deps); err != nil {
 		return fmt.Errorf("applying config: %w", err)
 	}
@@ -332,8 +365,35 @@ func (a *Agent) Run(ctx context.Context) error {
 		goRun("node-annotations", a.resyncNode)
 	}
 	goRun("memory-watchdog", a.watchdog.Run)
-	<-ctx.Done()
-	return nil
+	var draFatal chan error // nil without DRA: never ready
+	if a.dra != nil {
+		draFatal = a.dra.fatal
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-draFatal:
+		return fmt.Errorf("the DRA driver %s cannot serve the kubelet any more: %w", api.DRADriver, err)
+	}
+}
+
+// check tells whether f can be applied: it resolves for this node, keeps
+// the serving path chosen at start, and builds (device-plugin resources or
+// the DRA pool).
+func (a *Agent) check(ctx context.Context, f *config.File, deps resource.Deps) error {
+	np, err := f.Resolve(a.nodeLabels(), len(a.gpus))
+	if err != nil {
+		return err
+	}
+	if a.servingChosen.Load() && np.DRA != (a.dra != nil) {
+		return ErrServingChanged
+	}
+	if np.DRA {
+		_, err := a.buildDRA(ctx, np)
+		return err
+	}
+	_, err = a.build(f, deps)
+	return err
 }
 
 // build resolves f for this node and builds its resources.
@@ -371,11 +431,40 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 			a.awaiting, f = f, a.failClosed
 		}
 	}
+	// The serving path was chosen at start, perhaps before the labels
+	// could be read: a config that now puts the node on the other path
+	// needs a restart, and the node fails closed until then.
+	if f != a.failClosed && a.servingChosen.Load() {
+		if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA != (a.dra != nil) {
+			a.reportFailClosed(ctx, fmt.Errorf("the node's labels, read after start, choose its config group: %w", ErrServingChanged))
+			f = a.failClosed
+		}
+	}
 	// Reshape MIG before Build reads it; only an admin's config does, so a
 	// missing or broken config file never destroys a MIG layout.
 	if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
 		a.migLayout.Apply(ctx, np)
 	}
+	if a.dra != nil {
+		if err := a.applyDRALocked(ctx, f); err != nil {
+			return err
+		}
+	} else if err := a.applyPluginsLocked(ctx, f, deps); err != nil {
+		return err
+	}
+	a.current = f
+	switch {
+	case f == a.failClosed:
+		a.closed = true
+	case a.closed:
+		a.closed = false
+		a.reportReopened(ctx)
+	}
+	return nil
+}
+
+// applyPluginsLocked serves the device-plugin resources of f (applyMu held).
+func (a *Agent) applyPluginsLocked(ctx context.Context, f *config.File, deps resource.Deps) error {
 	res, err := a.build(f, deps)
 	if err != nil {
 		return err
@@ -396,15 +485,40 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	if err := a.manager.Apply(ctx, res); err != nil {
 		return err
 	}
-	a.current = f
 	klog.FromContext(ctx).Info("Serving resources", "resources", a.manager.Resources())
-	switch {
-	case f == a.failClosed:
-		a.closed = true
-	case a.closed:
-		a.closed = false
-		a.reportReopened(ctx)
+	return nil
+}
+
+// failClosedDRA is failClosed for a node in mode dra: every GPU published
+// whole (exclusive), nothing shared, no MIG reshaped.
+var failClosedDRA = &config.File{Version: config.Version,
+	Default: config.Policy{Mode: config.ModeDRA, DRA: config.DRAConfig{GPUMode: config.ModeExclusive}}}
+
+// applyDRALocked publishes the DRA pool of f (applyMu held); failing
+// closed, every GPU whole.
+func (a *Agent) applyDRALocked(ctx context.Context, f *config.File) error {
+	g := f
+	if f == a.failClosed {
+		g = failClosedDRA
 	}
+	np, err := g.Resolve(a.nodeLabels(), len(a.gpus))
+	if err != nil {
+		return err
+	}
+	if !np.DRA {
+		return ErrServingChanged
+	}
+	if err := a.publishDRA(ctx, np); err != nil {
+		return err
+	}
+	a.invMu.Lock()
+	a.modes = np.GPUModes
+	a.invMu.Unlock()
+	a.policy.Store(&np)
+	if a.watchdog != nil {
+		a.watchdog.SetPolicy(enforcement.PolicyOf(np.Policy))
+	}
+	a.publishInventory(ctx)
 	return nil
 }
 
@@ -521,6 +635,9 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 	if a.podRes != nil {
 		o.Devices = a.podRes
 	}
+	if a.dra != nil {
+		o.Claims = a.dra.driver
+	}
 	if a.client == nil {
 		klog.FromContext(ctx).Info("No API access: the GPU memory watchdog cannot map processes to pods and only reports")
 		return enforcement.New(o)
@@ -540,17 +657,17 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 // inventory. Pending MIG changes are retried by applying the current config
 // again.
 func (a *Agent) startPartitioning(ctx context.Context, deps *resource.Deps, goRun func(string, func(context.Context) error)) {
-	var allocs mig.AllocationsFunc
+	var allocs miglayout.AllocationsFunc
 	if a.podRes != nil {
 		allocs = a.allocations
 	}
-	timeslice.NewCollector(a.reg, timeslice.Sources{Offer: a.timesliceOffer, Allocations: allocs})
+	metrics.NewTimesliceCollector(a.reg, metrics.TimesliceSources{Offer: a.timesliceOffer, Allocations: allocs})
 	lib, ok := a.lib.(nvidia.MIGLib)
 	if !ok {
 		return
 	}
 	deps.MIG = lib
-	a.migLayout = mig.NewManager(lib, a.gpus, mig.Options{
+	a.migLayout = miglayout.NewManager(lib, a.gpus, miglayout.Options{
 		Allocations: allocs,
 		Registerer:  a.reg,
 		Event: func(warning bool, reason, message string) {
@@ -579,16 +696,21 @@ func (a *Agent) allocations(ctx context.Context) (map[string][]string, error) {
 	for _, x := range as {
 		out[x.Resource] = append(out[x.Resource], x.DeviceIDs...)
 	}
+	if a.dra != nil {
+		// What prepared claims hold, by GPU and MIG UUID: PodResources
+		// names claim devices only by the driver's device names.
+		out[api.DRADriver] = append(out[api.DRADriver], a.draAllocations()...)
+	}
 	return out, nil
 }
 
 // timesliceOffer is the time-slicing of the policy in force.
-func (a *Agent) timesliceOffer() timeslice.Offer {
+func (a *Agent) timesliceOffer() metrics.TimesliceOffer {
 	np := a.policy.Load()
 	if np == nil {
-		return timeslice.Offer{}
+		return metrics.TimesliceOffer{}
 	}
-	o := timeslice.Offer{Sharing: timeslice.FromConfig(np.Policy.Timeslice)}
+	o := metrics.TimesliceOffer{Sharing: np.Policy.Timeslice.Sharing()}
 	for i, m := range np.GPUModes {
 		if m == config.ModeTimeslice && i < len(a.gpus) {
 			o.GPUs = append(o.GPUs, a.gpus[i].UUID)

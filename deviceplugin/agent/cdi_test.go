@@ -11,6 +11,7 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/mig"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
 
@@ -25,7 +26,7 @@ default:
 // current inventory: its GPUs and the MIG devices they have now.
 func (e *env) writeSpec(dir string) {
 	e.t.Helper()
-	var migs []nvidia.MIGDevice
+	var migs []mig.Device
 	for _, g := range e.gpus {
 		insts, err := e.lib.(nvidia.MIGLib).MIGInstances(g.UUID)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
@@ -331,4 +332,72 @@ func TestNodeLabelsUnreadableAtStartFailClosed(t *testing.T) {
 	})
 	e.poll("the config error removed", func() bool { return e.nodeAnnotation(api.AnnotationConfigError) == "" })
 	e.checkGauge("gpufrac_config_fail_closed", 0)
+}
+
+// TestNodeLabelsReadLatePutNodeInModeDRA: the node's group serves it through
+// DRA, but its labels could not be read at start, so gpufrac-node chose the
+// device plugins and failed closed. Once the labels are read it does not
+// serve the DRA node's config through device plugins (fractions where the
+// admin asked for DRA, the GPUs offered twice after a restart): it stays
+// closed, whole GPUs only, and says a restart is needed.
+func TestNodeLabelsReadLatePutNodeInModeDRA(t *testing.T) {
+	const config = "version: v1\ndefault:\n  mode: fraction\ngroups:\n  - nodeSelector: {gpufrac.io/pool: dra}\n    mode: dra\n"
+	var refusing atomic.Bool
+	refusing.Store(true)
+	draNode := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"gpufrac.io/pool": "dra"}}}
+	var gets atomic.Int32
+	e := startAgentWith(t, config, func(c *fake.Clientset) {
+		if err := c.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), draNode, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			if refusing.Load() {
+				return true, nil, errors.New("the API server is not answering")
+			}
+			gets.Add(1)
+			return false, nil, nil
+		})
+	})
+	whole := map[string]served{api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1}}
+	e.waitServed("whole GPUs only while the node's group is unknown", whole)
+	refusing.Store(false)
+	e.poll("the restart named once the labels are read", func() bool {
+		for _, ev := range e.nodeEvents() {
+			if strings.HasPrefix(ev, "Warning GPUConfigRejected: gpufrac-node fails closed") && strings.Contains(ev, "needs a restart") {
+				return true
+			}
+		}
+		return false
+	})
+	if gets.Load() == 0 {
+		t.Fatal("the labels were never read")
+	}
+	if got := e.served(); !cmp.Equal(whole, got) {
+		t.Fatalf("served once the labels put the node in mode dra (-want +got):\n%s", cmp.Diff(whole, got))
+	}
+	e.checkGauge("gpufrac_config_fail_closed", 1)
+	if got := e.nodeAnnotation(api.AnnotationConfigError); !strings.Contains(got, "needs a restart") {
+		t.Fatalf("config error annotation %q does not say a restart is needed", got)
+	}
+}
+
+// TestFailClosedDRA: a node in mode dra that fails closed (a config with
+// node groups waiting for its labels) publishes every GPU whole through
+// DRA: it stays on the serving path chosen at start, nothing shared.
+func TestFailClosedDRA(t *testing.T) {
+	np, err := failClosedDRA.Resolve(nil, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !np.DRA {
+		t.Fatal("failing closed in mode dra left DRA")
+	}
+	for i, m := range np.GPUModes {
+		if m != config.ModeExclusive {
+			t.Errorf("GPU %d published as %q, want exclusive", i, m)
+		}
+	}
+	if len(np.GPUModes) != 4 {
+		t.Errorf("%d GPU modes, want 4", len(np.GPUModes))
+	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/mig"
-	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // publishInventory writes the node's GPUs, their modes and health to the
@@ -36,12 +35,15 @@ func (a *Agent) publishInventory(ctx context.Context) {
 		if i < len(modes) {
 			inv[i].Mode = string(modes[i])
 		}
+		if a.dra != nil {
+			inv[i].Driver = api.DRADriver
+		}
 		switch {
 		case np == nil:
 		case inv[i].Mode == string(config.ModeMIG):
 			inv[i].MIGDevices = a.migDevices(ctx, g, np)
 		case inv[i].Mode == string(config.ModeTimeslice):
-			sh := timeslice.FromConfig(np.Policy.Timeslice)
+			sh := np.Policy.Timeslice.Sharing()
 			inv[i].Replicas, inv[i].ReplicaResource = sh.Replicas, sh.ResourceName
 		}
 	}

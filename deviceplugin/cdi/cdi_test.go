@@ -18,10 +18,11 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // inventory is the mock dgxh100's GPUs, with three MIG devices on GPU 0.
-func inventory(t *testing.T) ([]nvidia.GPU, []nvidia.MIGDevice) {
+func inventory(t *testing.T) ([]nvidia.GPU, []mig.Device) {
 	t.Helper()
 	lib, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed("node-a"), nvidia.WithGPUCount(2))
 	if err != nil {
@@ -35,14 +36,14 @@ func inventory(t *testing.T) ([]nvidia.GPU, []nvidia.MIGDevice) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var migs []nvidia.MIGDevice
+	var migs []mig.Device
 	for gi := 1; gi <= 3; gi++ {
-		migs = append(migs, nvidia.MIGDevice{UUID: nvidia.MockMIGUUID(gpus[0].UUID, gi, 0), GPU: gpus[0].UUID, GI: gi})
+		migs = append(migs, mig.Device{UUID: nvidia.MockMIGUUID(gpus[0].UUID, gi, 0), GPU: gpus[0].UUID, GI: gi})
 	}
 	return gpus, migs
 }
 
-func served(gpus []nvidia.GPU, migs []nvidia.MIGDevice) []string {
+func served(gpus []nvidia.GPU, migs []mig.Device) []string {
 	var names []string
 	for _, g := range gpus {
 		names = append(names, Name(g.UUID))
@@ -94,7 +95,7 @@ func TestCheckerFindsMissingAndStaleSpecs(t *testing.T) {
 
 	// 4. A MIG layout change: the node serves a new MIG device the spec,
 	// generated before the change, does not have.
-	newMIG := nvidia.MIGDevice{UUID: nvidia.MockMIGUUID(gpus[0].UUID, 9, 0), GPU: gpus[0].UUID, GI: 9}
+	newMIG := mig.Device{UUID: nvidia.MockMIGUUID(gpus[0].UUID, 9, 0), GPU: gpus[0].UUID, GI: 9}
 	c.SetWanted(served(gpus, append(migs[:1:1], newMIG)))
 	st = c.Check()
 	if diff := cmp.Diff([]string{Name(newMIG.UUID)}, st.Missing); diff != "" {

@@ -21,6 +21,8 @@ const (
 	// DefaultSamples is how many consecutive over-limit samples trigger the
 	// enforcement action.
 	DefaultSamples = 3
+	// DefaultDRAGPUMode is what a GPU of a node in mode dra is published as.
+	DefaultDRAGPUMode = ModeFraction
 	// DefaultReplicas is how many time-sliced replicas one GPU offers.
 	DefaultReplicas = 4
 	// DefaultTimesliceResource is the resource time-sliced replicas are served as.

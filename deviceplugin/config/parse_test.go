@@ -213,7 +213,7 @@ groups:
   - {nodeSelector: {pool: a}, mode: mig}
   - {nodeSelector: {pool: b}, mode: frac}
 `,
-			want: []string{`groups[1].mode: unsupported mode "frac" (want exclusive, fraction, timeslice or mig)`},
+			want: []string{`groups[1].mode: unsupported mode "frac" (want exclusive, fraction, timeslice, mig or dra)`},
 		},
 		{
 			name: "every bad value in the default policy",
@@ -226,7 +226,7 @@ default:
   mig: {strategy: double, layout: all-big}
 `,
 			want: []string{
-				`default.mode: unsupported mode "shared" (want exclusive, fraction, timeslice or mig)`,
+				`default.mode: unsupported mode "shared" (want exclusive, fraction, timeslice, mig or dra)`,
 				`default.fraction.enforcement: unsupported enforcement "shoot" (want kill, evict or report)`,
 				`default.fraction.pollInterval: must be between 100ms and 1m, got 50ms`,
 				`default.fraction.tolerancePercent: must be between 0 and 100, got 150`,

@@ -28,6 +28,10 @@ type NodePolicy struct {
 	GPUMIGLayouts []string
 	// Source is "default" or "groups[i]", the group that matched.
 	Source string
+	// DRA is set when the node is in mode dra: its GPUs are served through
+	// Dynamic Resource Allocation and GPUModes say what each is published as
+	// (exclusive, fraction or mig).
+	DRA bool
 }
 
 // Resolve returns the policy of a node with the given labels and GPU count.
@@ -75,8 +79,18 @@ func (f *File) Resolve(nodeLabels map[string]string, gpuCount int) (NodePolicy, 
 	// 2. Per-GPU modes and MIG layouts.
 	np.GPUModes = make([]Mode, gpuCount)
 	np.GPUMIGLayouts = make([]string, gpuCount)
+	gpuMode := pol.Mode
+	if pol.Mode == ModeDRA {
+		// dra.gpuMode is defaulted here, not by SetDefaults, so a file that
+		// never mentions dra parses to what it always did.
+		if pol.DRA.GPUMode == "" {
+			pol.DRA.GPUMode = DefaultDRAGPUMode
+			np.Policy.DRA.GPUMode = DefaultDRAGPUMode
+		}
+		np.DRA, gpuMode = true, pol.DRA.GPUMode
+	}
 	for i := range gpuCount {
-		np.GPUModes[i] = pol.Mode
+		np.GPUModes[i] = gpuMode
 	}
 	var problems []Problem
 	for i, o := range pol.GPUs {
@@ -101,6 +115,18 @@ func (f *File) Resolve(nodeLabels map[string]string, gpuCount int) (NodePolicy, 
 				"%q names %s, but the node has %s", o.Indices, describeGPUs(beyond), describeNodeGPUs(gpuCount)))
 		}
 	}
+	if np.DRA {
+		var timesliced []int
+		for idx, m := range np.GPUModes {
+			if m == ModeTimeslice {
+				timesliced = append(timesliced, idx)
+			}
+		}
+		if len(timesliced) > 0 {
+			problems = append(problems, problem(gpusFrom.Child("gpus"),
+				"%s in mode timeslice, which the node's mode dra does not serve (%s)", withVerb(timesliced, "is", "are"), wantDRAGPUModes))
+		}
+	}
 	var migGPUs, otherGPUs []int
 	layouts := map[string][]int{} // MIG layout -> GPUs in mode mig using it
 	for idx, m := range np.GPUModes {
@@ -115,8 +141,9 @@ func (f *File) Resolve(nodeLabels map[string]string, gpuCount int) (NodePolicy, 
 		layouts[np.GPUMIGLayouts[idx]] = append(layouts[np.GPUMIGLayouts[idx]], idx)
 	}
 
-	// 3. The MIG strategy must be able to serve the mig GPUs.
-	if len(migGPUs) > 0 {
+	// 3. The MIG strategy must be able to serve the mig GPUs (through device
+	// plugins; a DRA driver publishes every MIG device by its profile).
+	if len(migGPUs) > 0 && !np.DRA {
 		sp := strategyFrom.Child("mig", "strategy")
 		switch pol.MIG.Strategy {
 		case MIGStrategyNone:
@@ -171,6 +198,9 @@ func merge(base, over Policy) Policy {
 	}
 	if over.MIG.Layout != "" {
 		base.MIG.Layout = over.MIG.Layout
+	}
+	if over.DRA.GPUMode != "" {
+		base.DRA.GPUMode = over.DRA.GPUMode
 	}
 	if len(over.GPUs) > 0 {
 		base.GPUs = over.GPUs

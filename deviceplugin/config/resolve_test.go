@@ -212,6 +212,17 @@ groups:
 				`groups[0].mig.strategy: single needs one MIG layout on every GPU, but GPU 2 uses "all-1g.10gb" and GPU 1 uses "all-7g.80gb"`,
 			},
 		},
+		{
+			name: "a node in mode dra serves no time-sliced GPUs",
+			yaml: `
+version: v1
+default: {mode: fraction}
+groups:
+  - {nodeSelector: {a: b}, mode: dra, gpus: [{indices: "2-3", mode: timeslice}]}`,
+			labels:   map[string]string{"a": "b"},
+			gpuCount: 4,
+			want:     []string{`groups[0].gpus: GPUs 2-3 are in mode timeslice, which the node's mode dra does not serve (want exclusive, fraction or mig)`},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -243,5 +254,83 @@ func TestResolveRefusesInvalidInput(t *testing.T) {
 	valid := &File{Version: Version}
 	if _, err := valid.Resolve(nil, -1); err == nil || !strings.Contains(err.Error(), "negative GPU count -1") {
 		t.Errorf("Resolve(gpuCount -1) error = %v, want a negative count error", err)
+	}
+}
+
+func TestResolveDRA(t *testing.T) {
+	const file = `
+version: v1
+default:
+  mode: fraction
+  mig: {strategy: none, layout: all-1g.10gb}
+groups:
+  - nodeSelector: {gpufrac.io/serving: dra}
+    mode: dra
+    gpus: [{indices: "1", mode: exclusive}, {indices: "2-3", mode: mig, migLayout: all-3g.40gb}]
+  - nodeSelector: {gpufrac.io/serving: dra-whole}
+    mode: dra
+    dra: {gpuMode: exclusive}
+`
+	f, err := Parse([]byte(file))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	tests := []struct {
+		name       string
+		labels     map[string]string
+		wantDRA    bool
+		wantModes  []Mode
+		wantLayout []string
+	}{
+		{name: "device plugins by default", wantModes: []Mode{ModeFraction, ModeFraction, ModeFraction, ModeFraction}, wantLayout: []string{"", "", "", ""}},
+		{name: "dra: fraction views unless overridden; mig strategy none does not matter",
+			labels: map[string]string{"gpufrac.io/serving": "dra"}, wantDRA: true,
+			wantModes:  []Mode{ModeFraction, ModeExclusive, ModeMIG, ModeMIG},
+			wantLayout: []string{"", "", "all-3g.40gb", "all-3g.40gb"}},
+		{name: "dra with gpuMode exclusive",
+			labels: map[string]string{"gpufrac.io/serving": "dra-whole"}, wantDRA: true,
+			wantModes:  []Mode{ModeExclusive, ModeExclusive, ModeExclusive, ModeExclusive},
+			wantLayout: []string{"", "", "", ""}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			np, err := f.Resolve(tc.labels, 4)
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			if np.DRA != tc.wantDRA {
+				t.Errorf("DRA = %v, want %v", np.DRA, tc.wantDRA)
+			}
+			if diff := cmp.Diff(tc.wantModes, np.GPUModes); diff != "" {
+				t.Errorf("GPUModes (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantLayout, np.GPUMIGLayouts); diff != "" {
+				t.Errorf("GPUMIGLayouts (-want +got):\n%s", diff)
+			}
+			if tc.wantDRA && np.Policy.DRA.GPUMode == "" {
+				t.Error("Policy.DRA.GPUMode not filled in")
+			}
+		})
+	}
+}
+
+func TestParseRefusesDRAMisuse(t *testing.T) {
+	_, err := Parse([]byte(`
+version: v1
+default: {mode: dra, dra: {gpuMode: timeslice}, gpus: [{indices: "0", mode: dra}]}`))
+	var verr *ValidationError
+	if !errors.As(err, &verr) {
+		t.Fatalf("Parse error = %v, want a *ValidationError", err)
+	}
+	var got []string
+	for _, p := range verr.Problems {
+		got = append(got, p.String())
+	}
+	want := []string{
+		`default.dra.gpuMode: unsupported mode "timeslice" (want exclusive, fraction or mig)`,
+		`default.gpus[0].mode: dra is how a whole node is served: set it as the policy's mode, and the GPU's mode here (want exclusive, fraction or mig)`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("problems (-want +got):\n%s", diff)
 	}
 }

@@ -24,6 +24,7 @@
 //	timeslice.failRequestsGreaterThanOne false
 //	mig.strategy                        mixed
 //	mig.layout                          "" (leave the GPU's MIG layout as it is)
+//	dra.gpuMode                         fraction (filled in by Resolve, for a node in mode dra)
 //
 // Groups are not defaulted: a field a group leaves unset (zero) inherits the
 // default policy's value when the group is applied by [File.Resolve]. A zero
@@ -33,7 +34,11 @@
 // list, when present, replaces the default policy's list as a whole.
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/gpufrac/gpufrac/timeslice"
+)
 
 // Version is the only config version this code reads.
 const Version = "v1"
@@ -47,6 +52,12 @@ const (
 	ModeFraction  Mode = "fraction"
 	ModeTimeslice Mode = "timeslice"
 	ModeMIG       Mode = "mig"
+	// ModeDRA serves the node's GPUs through Dynamic Resource Allocation
+	// (gpufrac-node is then the DRA driver gpu.gpufrac.io and registers no
+	// device plugin). It is a node's serving path, so only a policy's mode
+	// may be dra; what each GPU is published as comes from dra.gpuMode and
+	// the gpus overrides (exclusive, fraction or mig; not timeslice).
+	ModeDRA Mode = "dra"
 )
 
 // Enforcement is what the memory watchdog does with an over-limit process.
@@ -79,6 +90,7 @@ type Policy struct {
 	Fraction  FractionConfig  `json:"fraction,omitzero"`
 	Timeslice TimesliceConfig `json:"timeslice,omitzero"`
 	MIG       MIGConfig       `json:"mig,omitzero"`
+	DRA       DRAConfig       `json:"dra,omitzero"`
 	// GPUs overrides the mode for some GPUs of the node, by index range.
 	GPUs []GPUOverride `json:"gpus,omitempty"`
 }
@@ -109,6 +121,28 @@ type TimesliceConfig struct {
 	ResourceName string `json:"resourceName,omitempty"`
 	// FailRequestsGreaterThanOne refuses requests for more than one replica.
 	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
+}
+
+// Sharing returns the timeslice.Sharing of c, defaults filled in for unset
+// fields (DefaultReplicas, DefaultTimesliceResource).
+func (c TimesliceConfig) Sharing() timeslice.Sharing {
+	s := timeslice.Sharing{Replicas: c.Replicas, ResourceName: c.ResourceName, FailRequestsGreaterThanOne: c.FailRequestsGreaterThanOne}
+	if s.Replicas == 0 {
+		s.Replicas = DefaultReplicas
+	}
+	if s.ResourceName == "" {
+		s.ResourceName = DefaultTimesliceResource
+	}
+	return s
+}
+
+// DRAConfig configures a node in mode dra.
+type DRAConfig struct {
+	// GPUMode is what each GPU is published as, unless a gpus override says
+	// otherwise: exclusive (device gpu-N only), fraction (gpu-N, and the
+	// shared views gpu-N-shares and gpu-N-memory over one counter set) or mig
+	// (the GPU's MIG devices over its counters).
+	GPUMode Mode `json:"gpuMode,omitempty"`
 }
 
 // MIGConfig configures MIG partitioning.

@@ -128,7 +128,16 @@ func validateSelector(sel map[string]string, p *field.Path) []Problem {
 	return problems
 }
 
-const wantModes = "want exclusive, fraction, timeslice or mig"
+const (
+	wantModes       = "want exclusive, fraction, timeslice or mig"
+	wantPolicyModes = "want exclusive, fraction, timeslice, mig or dra"
+	wantDRAGPUModes = "want exclusive, fraction or mig"
+)
+
+// validDRAGPUMode tells whether a GPU of a node in mode dra can be published as m.
+func validDRAGPUMode(m Mode) bool {
+	return m == ModeExclusive || m == ModeFraction || m == ModeMIG
+}
 
 func validMode(m Mode) bool {
 	switch m {
@@ -142,8 +151,11 @@ func validatePolicy(pol *Policy, p *field.Path) []Problem {
 	var problems []Problem
 	add := func(pr Problem) { problems = append(problems, pr) }
 
-	if pol.Mode != "" && !validMode(pol.Mode) {
-		add(problem(p.Child("mode"), "unsupported mode %q (%s)", pol.Mode, wantModes))
+	if pol.Mode != "" && pol.Mode != ModeDRA && !validMode(pol.Mode) {
+		add(problem(p.Child("mode"), "unsupported mode %q (%s)", pol.Mode, wantPolicyModes))
+	}
+	if m := pol.DRA.GPUMode; m != "" && !validDRAGPUMode(m) {
+		add(problem(p.Child("dra", "gpuMode"), "unsupported mode %q (%s)", m, wantDRAGPUModes))
 	}
 
 	fp := p.Child("fraction")
@@ -273,6 +285,8 @@ func validateGPUs(gpus []GPUOverride, p *field.Path) []Problem {
 		switch {
 		case o.Mode == "":
 			problems = append(problems, problem(ip.Child("mode"), "required (%s)", wantModes))
+		case o.Mode == ModeDRA:
+			problems = append(problems, problem(ip.Child("mode"), "dra is how a whole node is served: set it as the policy's mode, and the GPU's mode here (%s)", wantDRAGPUModes))
 		case !validMode(o.Mode):
 			problems = append(problems, problem(ip.Child("mode"), "unsupported mode %q (%s)", o.Mode, wantModes))
 		}

@@ -326,7 +326,7 @@ func TestWatcherBadFileKeepsLastGood(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) {
 		t.Errorf("OnReject(%v), want an error matching ErrInvalid", err)
 	}
-	if want := `default.mode: unsupported mode "frac" (want exclusive, fraction, timeslice or mig)`; !strings.Contains(err.Error(), want) {
+	if want := `default.mode: unsupported mode "frac" (want exclusive, fraction, timeslice, mig or dra)`; !strings.Contains(err.Error(), want) {
 		t.Errorf("OnReject(%v), want it to say %q", err, want)
 	}
 	if !strings.Contains(err.Error(), v.path()) {

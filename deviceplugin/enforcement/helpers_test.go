@@ -112,6 +112,7 @@ type envOptions struct {
 	pods       PodLookup            // default: env.pods
 	evictor    Evictor              // default: a recordingEvictor
 	recorder   record.EventRecorder // default: env.recorder
+	claims     ClaimSource          // default: none
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -153,6 +154,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if o.recorder != nil {
 		opts.Recorder = o.recorder
 	}
+	opts.Claims = o.claims
 	e.w = New(opts)
 	return e
 }

@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpufrac/gpufrac/api"
 	gpurequest "github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
@@ -50,7 +51,18 @@ const anyGPU = "*"
 //     ID in the single strategy): unlimited, the hardware isolates it.
 //
 // Devices on GPUs not in gpus (by UUID) and other resources are ignored.
+// Devices held through DRA claims have no allowance here: see
+// AllowancesWithClaims.
 func Allowances(as []pods.Assignment, gpus map[string]nvidia.GPU, pol Policy) map[ContainerKey]map[string]Allowance {
+	return AllowancesWithClaims(as, gpus, pol, nil)
+}
+
+// AllowancesWithClaims is Allowances plus the devices containers hold
+// through gpufrac's DRA claims (Resource api.DRADriver): each gets the
+// allowance claims reports for it (the limit its CDI spec announced; a
+// whole GPU or MIG device is unlimited). Unknown claim devices, or all of
+// them when claims is nil, grant nothing.
+func AllowancesWithClaims(as []pods.Assignment, gpus map[string]nvidia.GPU, pol Policy, claims ClaimSource) map[ContainerKey]map[string]Allowance {
 	out := map[ContainerKey]map[string]Allowance{}
 	grant := func(k ContainerKey, gpu string, a Allowance) {
 		if out[k] == nil {
@@ -61,6 +73,24 @@ func Allowances(as []pods.Assignment, gpus map[string]nvidia.GPU, pol Policy) ma
 	kinds := gpurequest.Options{TimesliceResource: pol.TimesliceResource}
 	for _, a := range as {
 		k := ContainerKey{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
+		if a.Resource == api.DRADriver {
+			if claims == nil {
+				continue
+			}
+			for _, d := range a.Claims {
+				gpu, al, ok := claims.ClaimAllowance(d)
+				switch {
+				case !ok:
+				case gpu == "":
+					grant(k, anyGPU, al)
+				default:
+					if _, known := gpus[gpu]; known {
+						grant(k, gpu, al)
+					}
+				}
+			}
+			continue
+		}
 		switch kinds.KindOf(corev1.ResourceName(a.Resource)) {
 		case gpurequest.Whole:
 			for _, id := range a.DeviceIDs {
@@ -114,4 +144,39 @@ func allowanceOn(byGPU map[string]Allowance, gpu string) (Allowance, bool) {
 	}
 	wild, held := byGPU[anyGPU]
 	return wild, held
+}
+
+// ClaimGrants lists, per container and GPU, the limited devices it holds
+// through DRA claims and the limit of each (unlimited devices, MIG devices
+// and devices on GPUs not in gpus are left out). A claim's device may be
+// held by several containers, of one pod or of several (a ResourceClaim is
+// shared by reference): its limit is theirs together (see pooled).
+func ClaimGrants(as []pods.Assignment, gpus map[string]nvidia.GPU, claims ClaimSource) map[ContainerKey]map[string]map[pods.ClaimDevice]uint64 {
+	out := map[ContainerKey]map[string]map[pods.ClaimDevice]uint64{}
+	if claims == nil {
+		return out
+	}
+	for _, a := range as {
+		if a.Resource != api.DRADriver {
+			continue
+		}
+		k := ContainerKey{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
+		for _, d := range a.Claims {
+			gpu, al, ok := claims.ClaimAllowance(d)
+			if !ok || gpu == "" || al.Unlimited {
+				continue
+			}
+			if _, known := gpus[gpu]; !known {
+				continue
+			}
+			if out[k] == nil {
+				out[k] = map[string]map[pods.ClaimDevice]uint64{}
+			}
+			if out[k][gpu] == nil {
+				out[k][gpu] = map[pods.ClaimDevice]uint64{}
+			}
+			out[k][gpu][d] = al.LimitBytes
+		}
+	}
+	return out
 }

@@ -166,3 +166,52 @@ func TestMIGDoesNotLiftAFractionLimit(t *testing.T) {
 		t.Errorf("allowance on another GPU (the MIG device's parent) = %+v, %t; want unlimited", a, ok)
 	}
 }
+
+// fakeClaims is a ClaimSource from a table: device name -> GPU and allowance.
+type fakeClaims map[string]struct {
+	gpu string
+	a   Allowance
+}
+
+func (f fakeClaims) ClaimAllowance(d pods.ClaimDevice) (string, Allowance, bool) {
+	x, ok := f[d.ClaimNamespace+"/"+d.ClaimName+"/"+d.Device]
+	return x.gpu, x.a, ok
+}
+
+func TestAllowancesWithClaims(t *testing.T) {
+	claims := fakeClaims{
+		"ns/c30/gpu-0-shares": {"GPU-h100", Allowance{LimitBytes: 81559 * 30 / 100 << 20}},
+		"ns/m20/gpu-0-memory": {"GPU-a100", Allowance{LimitBytes: 20 << 30}},
+		"ns/w/gpu-1":          {"GPU-h100", Allowance{Unlimited: true}},
+		"ns/mig/gpu-2-mig-x":  {"", Allowance{Unlimited: true}},
+		"ns/gone/gpu-0":       {"GPU-gone", Allowance{Unlimited: true}},
+	}
+	claim := func(name, device string) pods.ClaimDevice {
+		return pods.ClaimDevice{ClaimNamespace: "ns", ClaimName: name, Pool: "node-a", Device: device}
+	}
+	as := []pods.Assignment{
+		{Namespace: "ns", Pod: "p", Container: "main", Resource: api.DRADriver, Claims: []pods.ClaimDevice{claim("c30", "gpu-0-shares")}},
+		// A claim and a fraction on the same GPU add up, as two fractions do.
+		assignment("p", "main", api.ResourceFraction, unitIDs("GPU-h100", 10)...),
+		{Namespace: "ns", Pod: "q", Container: "main", Resource: api.DRADriver, Claims: []pods.ClaimDevice{
+			claim("m20", "gpu-0-memory"), claim("w", "gpu-1"), claim("unknown", "gpu-3"), claim("gone", "gpu-0")}},
+		{Namespace: "ns", Pod: "r", Container: "main", Resource: api.DRADriver, Claims: []pods.ClaimDevice{claim("mig", "gpu-2-mig-x")}},
+	}
+	key := func(pod string) ContainerKey { return ContainerKey{Namespace: "ns", Pod: pod, Container: "main"} }
+	want := map[ContainerKey]map[string]Allowance{
+		key("p"): {"GPU-h100": {LimitBytes: (81559*30/100 + 81559*10/100) << 20}},
+		key("q"): {"GPU-a100": {LimitBytes: 20 << 30}, "GPU-h100": {Unlimited: true}},
+		key("r"): {anyGPU: {Unlimited: true}},
+	}
+	got := AllowancesWithClaims(as, testGPUs(), Policy{}.withDefaults(), claims)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("AllowancesWithClaims (-want +got):\n%s", diff)
+	}
+	// Without a claim source the claims grant nothing, as an unknown
+	// resource would; the fraction still counts.
+	got = Allowances(as, testGPUs(), Policy{}.withDefaults())
+	want = map[ContainerKey]map[string]Allowance{key("p"): {"GPU-h100": {LimitBytes: 81559 * 10 / 100 << 20}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Allowances without claims (-want +got):\n%s", diff)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -32,6 +33,15 @@ type ProcessSource interface {
 // PodResources, *pods.PodResources).
 type DeviceSource interface {
 	List(ctx context.Context) ([]pods.Assignment, error)
+}
+
+// ClaimSource tells what a device held through a DRA claim allows on
+// which GPU (the DRA driver, from its record of prepared claims).
+type ClaimSource interface {
+	// ClaimAllowance returns the GPU (UUID; "" for a MIG device, whose
+	// parent a MIG UUID does not name) and the allowance of d, false when
+	// the claim device is unknown.
+	ClaimAllowance(d pods.ClaimDevice) (gpu string, a Allowance, ok bool)
 }
 
 // EventRecorder writes Kubernetes events (client-go's record.EventRecorder
@@ -136,6 +146,10 @@ type Options struct {
 	// Devices gives each container's devices, hence its limits. nil: no
 	// container has a known limit, every process is reported only.
 	Devices DeviceSource
+	// Claims gives the limits of devices held through DRA claims (the DRA
+	// driver's record of prepared claims). nil: claim devices carry no
+	// known limit.
+	Claims ClaimSource
 	// Pods maps pod UIDs to pods. nil (standalone, no API access): no
 	// process can be tied to a container's limit; every process is
 	// reported only, none is ever killed.
@@ -163,6 +177,7 @@ type Watchdog struct {
 	procs     ProcessSource
 	resolver  ContainerResolver
 	devices   DeviceSource
+	claims    ClaimSource
 	pods      PodLookup
 	killer    Killer
 	evictor   Evictor
@@ -229,6 +244,7 @@ func New(o Options) *Watchdog {
 		procs:         o.Processes,
 		resolver:      o.Resolver,
 		devices:       o.Devices,
+		claims:        o.Claims,
 		pods:          o.Pods,
 		killer:        o.Killer,
 		evictor:       o.Evictor,
@@ -395,6 +411,7 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 
 	// 1. Allowances.
 	var allow map[ContainerKey]map[string]Allowance
+	var grants map[ContainerKey]map[string]map[pods.ClaimDevice]uint64
 	if w.devices != nil {
 		as, err := w.devices.List(ctx)
 		if err != nil {
@@ -406,7 +423,8 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 			return w.finish(st, start)
 		}
 		w.failing(ctx, podResourcesSource, false)
-		allow = Allowances(as, w.gpuByUUID, pol)
+		allow = AllowancesWithClaims(as, w.gpuByUUID, pol, w.claims)
+		grants = ClaimGrants(as, w.gpuByUUID, w.claims)
 	}
 
 	// 2.-3. Sample and map.
@@ -466,19 +484,15 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 	// Processes on skipped GPUs are read again when the GPU is back.
 	w.containers = resolved
 
-	// 4. Limits, in a stable order so events and kills are reproducible.
-	keys := make([]episodeKey, 0, len(usages))
-	for k := range usages {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b episodeKey) int {
-		return cmp.Or(cmp.Compare(a.gpu, b.gpu), cmp.Compare(a.uid, b.uid), cmp.Compare(a.container, b.container))
-	})
+	// 4. Limits, in a stable order so events and kills are reproducible;
+	// the containers sharing a claim's device are checked together.
+	checked := pooled(usages, grants)
+	keys := slices.SortedFunc(maps.Keys(checked), compareEpisodeKeys)
 	for _, k := range keys {
-		w.check(ctx, pol, k, usages[k], &st)
+		w.check(ctx, pol, k, checked[k], &st)
 	}
 	for k := range w.episodes {
-		if _, seen := usages[k]; !seen && !skipped[k.gpu] {
+		if _, seen := checked[k]; !seen && !skipped[k.gpu] {
 			delete(w.episodes, k)
 		}
 	}
@@ -486,6 +500,97 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 	// 5. Per-container series.
 	w.exportContainers(allow, usages, skipped)
 	return w.finish(st, start)
+}
+
+func compareEpisodeKeys(a, b episodeKey) int {
+	return cmp.Or(cmp.Compare(a.gpu, b.gpu), cmp.Compare(a.uid, b.uid), cmp.Compare(a.container, b.container))
+}
+
+// pooled merges, GPU by GPU, the usages of containers that hold a device of
+// the same claim (grants, from ClaimGrants): the kubelet prepares a claim
+// once for every container and pod that references it, each is told the
+// claim's limit, and together they may hold only that. Containers linked
+// through shared claim devices form one pool, checked as one usage: their
+// processes and use summed, their limit each distinct claim device's once
+// plus what else each member holds on the GPU. The pool is keyed by its
+// first member (episodes stay put while it does) and named after its
+// largest user (events, eviction: all hold claims of one namespace). Usages
+// that share nothing are returned as they are.
+func pooled(usages map[episodeKey]*usage, grants map[ContainerKey]map[string]map[pods.ClaimDevice]uint64) map[episodeKey]*usage {
+	if len(grants) == 0 {
+		return usages
+	}
+	parent := map[episodeKey]episodeKey{}
+	var find func(k episodeKey) episodeKey
+	find = func(k episodeKey) episodeKey {
+		p, ok := parent[k]
+		if !ok || p == k {
+			return k
+		}
+		r := find(p)
+		parent[k] = r
+		return r
+	}
+	type held struct {
+		gpu string
+		d   pods.ClaimDevice
+	}
+	first := map[held]episodeKey{}
+	keys := slices.SortedFunc(maps.Keys(usages), compareEpisodeKeys)
+	for _, k := range keys {
+		for d := range grants[usages[k].key][k.gpu] {
+			h := held{k.gpu, d}
+			o, seen := first[h]
+			if !seen {
+				first[h] = k
+				continue
+			}
+			if ra, rb := find(o), find(k); ra != rb {
+				if compareEpisodeKeys(rb, ra) < 0 {
+					ra, rb = rb, ra
+				}
+				parent[rb] = ra
+			}
+		}
+	}
+	members := map[episodeKey][]episodeKey{}
+	for _, k := range keys {
+		r := find(k)
+		members[r] = append(members[r], k)
+	}
+	out := make(map[episodeKey]*usage, len(members))
+	for root, ks := range members {
+		if len(ks) == 1 {
+			out[root] = usages[root]
+			continue
+		}
+		pool := &usage{gpu: usages[root].gpu}
+		distinct := map[pods.ClaimDevice]uint64{}
+		var own uint64
+		var largest *usage
+		for _, k := range ks {
+			u := usages[k]
+			pool.used += u.used
+			pool.procs = append(pool.procs, u.procs...)
+			pool.allowance.Unlimited = pool.allowance.Unlimited || u.allowance.Unlimited
+			var claimed uint64
+			for d, limit := range grants[u.key][k.gpu] {
+				claimed += limit
+				distinct[d] = limit
+			}
+			own += u.allowance.LimitBytes - min(claimed, u.allowance.LimitBytes)
+			if largest == nil || u.used > largest.used {
+				largest = u
+			}
+		}
+		pool.key, pool.pod = largest.key, largest.pod
+		pool.allowance.LimitBytes = own
+		for _, limit := range distinct {
+			pool.allowance.LimitBytes += limit
+		}
+		out[root] = pool
+	}
+	return out
 }
 
 // podResourcesSource names PodResources among the GPU UUIDs in Watchdog.failures.

@@ -618,3 +618,52 @@ func TestPolicyOf(t *testing.T) {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 }
+
+// TestClaimSharedByContainersHasOneLimit: a claim for 30 % of a GPU is the
+// tenant's 30 %, however many containers hold it. A ResourceClaim may be
+// referenced by several containers of a pod and by up to 256 pods; the
+// kubelet prepares it once, and each container is told the claim's limit.
+// Checked container by container, two pods sharing one 30 % claim could
+// hold 60 % of the GPU, memory the counters gave other tenants; the
+// watchdog holds the containers of one claim device to its limit together.
+func TestClaimSharedByContainersHasOneLimit(t *testing.T) {
+	claims := fakeClaims{}
+	e := newEnv(t, envOptions{claims: claims})
+	claims["team-a/shared/gpu-0-shares"] = struct {
+		gpu string
+		a   Allowance
+	}{e.gpus[0].UUID, Allowance{LimitBytes: limit30 * mib1}}
+	claims["team-a/own/gpu-1-shares"] = struct {
+		gpu string
+		a   Allowance
+	}{e.gpus[1].UUID, Allowance{LimitBytes: limit30 * mib1}}
+	e.w.SetPolicy(Policy{Enforcement: config.EnforcementKill, Samples: 1})
+	a := e.addPod(testPod("a", hogUID, "main"))
+	b := e.addPod(testPod("b", "77777777-2222-4333-8444-555555555555", "main", "side"))
+	held := func(p string, c string, claim, device string) pods.Assignment {
+		return pods.Assignment{Namespace: "team-a", Pod: p, Container: c, Resource: api.DRADriver, Claims: []pods.ClaimDevice{
+			{ClaimNamespace: "team-a", ClaimName: claim, Pool: "node-a", Device: device, ShareID: "share-1"}}}
+	}
+	e.devices.set(held("a", "main", "shared", "gpu-0-shares"), held("b", "main", "shared", "gpu-0-shares"),
+		held("b", "side", "own", "gpu-1-shares"))
+	e.proc(11, 100, a, "main")
+	e.proc(12, 200, b, "main")
+	e.proc(13, 300, b, "side")
+	// 16 + 15 GiB on GPU 0, each under 24 GiB, together over it; on GPU 1
+	// a claim of its own, 20 of its 24 GiB.
+	e.nvml(0, procMiB(11, 16384), procMiB(12, 15360))
+	e.nvml(1, procMiB(13, 20480))
+	st := e.w.Poll(e.ctx)
+	if diff := cmp.Diff([]kill{{PID: 11, Start: 100}}, e.killer.calls); diff != "" {
+		t.Errorf("kills (-want +got):\n%s", diff)
+	}
+	if st.OverLimit != 1 || st.Violations != 1 {
+		t.Errorf("stats = %+v, want 1 over limit, 1 violation", st)
+	}
+	// Within the claim's limit together: nothing more.
+	e.killer.calls = nil
+	e.nvml(0, procMiB(12, 15360))
+	if st := e.w.Poll(e.ctx); st.OverLimit != 0 || len(e.killer.calls) != 0 {
+		t.Errorf("under the shared limit: stats = %+v, kills %v", st, e.killer.calls)
+	}
+}

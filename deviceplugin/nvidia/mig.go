@@ -7,6 +7,8 @@ import (
 	"sort"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // MIGLib is the part of NVML the MIG layout manager and the MIG resources
@@ -30,15 +32,15 @@ type MIGLib interface {
 	SetMIGMode(uuid string, enabled bool) error
 	// MIGProfiles lists the GPU-instance profiles the GPU supports, by
 	// profile ID.
-	MIGProfiles(uuid string) ([]MIGProfile, error)
+	MIGProfiles(uuid string) ([]mig.Profile, error)
 	// MIGInstances lists the GPU's GPU instances (by ID) with their
 	// compute instances, each of which is a MIG device.
-	MIGInstances(uuid string) ([]GPUInstance, error)
+	MIGInstances(uuid string) ([]mig.GPUInstance, error)
 	// CreateMIGInstance creates a GPU instance of the profile at the
 	// placement, plus one compute instance spanning all of it, and returns
 	// it. If the compute instance cannot be created the GPU instance is
 	// destroyed again.
-	CreateMIGInstance(uuid string, profileID int, at MIGPlacement) (GPUInstance, error)
+	CreateMIGInstance(uuid string, profileID int, at mig.Placement) (mig.GPUInstance, error)
 	// DestroyMIGInstance destroys a GPU instance and its compute instances.
 	// An unknown ID matches ErrNotFound.
 	DestroyMIGInstance(uuid string, gi int) error
@@ -63,77 +65,6 @@ var ErrInUse = errors.New("in use by a process")
 // at the next GPU reset (they differ only while a change waits for one).
 type MIGMode struct {
 	Current, Pending bool
-}
-
-// MIGPlacement is where a GPU instance sits on its GPU, in NVML's placement
-// units (memory slices: 8 on an A100, 7 on an H100).
-type MIGPlacement struct {
-	Start, Size int
-}
-
-// End is the first unit after the placement.
-func (p MIGPlacement) End() int { return p.Start + p.Size }
-
-// Overlaps tells whether two placements share a unit.
-func (p MIGPlacement) Overlaps(q MIGPlacement) bool { return p.Start < q.End() && q.Start < p.End() }
-
-// MIGProfile is a GPU-instance profile a GPU supports.
-type MIGProfile struct {
-	// ID is NVML's GPU-instance profile ID (nvml.GPU_INSTANCE_PROFILE_*).
-	ID int
-	// Name is the profile as nvidia-smi and the NVIDIA device plugin name
-	// it: "<slices>g.<GB>gb" plus attributes ("1g.10gb", "1g.10gb+me",
-	// "1g.20gb-me", "1g.24gb+gfx").
-	Name string
-	// Slices is the number of compute slices (the "g").
-	Slices int
-	// MemoryMB is the instance's memory in MiB, as NVML reports it.
-	MemoryMB uint64
-	// MaxInstances is how many instances of the profile fit on an empty GPU.
-	MaxInstances int
-	// Placements are the positions an instance may take, in NVML's order.
-	Placements []MIGPlacement
-}
-
-// GPUInstance is one MIG GPU instance and the MIG devices (compute
-// instances) inside it.
-type GPUInstance struct {
-	// GPU is the parent GPU's UUID.
-	GPU string
-	// ID is the GPU instance ID on its GPU.
-	ID int
-	// ProfileID is the GPU-instance profile ID.
-	ProfileID int
-	// Profile is the profile name ("3g.40gb").
-	Profile string
-	// Placement is where the instance sits.
-	Placement MIGPlacement
-	// MemoryBytes is the instance's memory.
-	MemoryBytes uint64
-	// Devices are its compute instances, by ID; empty for a GPU instance
-	// without compute instances (which serves no MIG device).
-	Devices []MIGDevice
-}
-
-// MIGDevice is one MIG device: a compute instance inside a GPU instance.
-type MIGDevice struct {
-	// UUID is the MIG device UUID ("MIG-...").
-	UUID string
-	// GPU is the parent GPU's UUID.
-	GPU string
-	// GI and CI are the GPU and compute instance IDs.
-	GI, CI int
-	// CIProfileID is the compute-instance profile ID.
-	CIProfileID int
-	// Profile names the device: the GPU instance's profile ("3g.40gb") when
-	// the compute instance spans the whole GPU instance, else prefixed with
-	// its compute slices ("1c.3g.40gb").
-	Profile string
-	// Full tells whether the compute instance spans its whole GPU instance.
-	Full bool
-	// MemoryBytes is the memory of its GPU instance, shared by its compute
-	// instances.
-	MemoryBytes uint64
 }
 
 // migUUIDFunc returns the MIG device UUIDs of a GPU keyed by (GI, CI).
@@ -192,7 +123,7 @@ func activationError(ret nvml.Return) error {
 }
 
 // MIGProfiles implements MIGLib.
-func (n *nvmlLib) MIGProfiles(uuid string) ([]MIGProfile, error) {
+func (n *nvmlLib) MIGProfiles(uuid string) ([]mig.Profile, error) {
 	d, err := n.device(uuid)
 	if err != nil {
 		return nil, fmt.Errorf("listing MIG profiles of %s: %w", uuid, err)
@@ -201,7 +132,7 @@ func (n *nvmlLib) MIGProfiles(uuid string) ([]MIGProfile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing MIG profiles of %s: %w", uuid, err)
 	}
-	var out []MIGProfile
+	var out []mig.Profile
 	for id := range nvml.GPU_INSTANCE_PROFILE_COUNT {
 		info, ret := d.GetGpuInstanceProfileInfo(id)
 		switch ret {
@@ -218,7 +149,7 @@ func (n *nvmlLib) MIGProfiles(uuid string) ([]MIGProfile, error) {
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("getting placements of MIG profile %d of %s: %w", id, uuid, nvmlError(ret))
 		}
-		p := MIGProfile{
+		p := mig.Profile{
 			ID:           id,
 			Name:         ProfileName(id, int(info.SliceCount), info.MemorySizeMB, total),
 			Slices:       int(info.SliceCount),
@@ -226,7 +157,7 @@ func (n *nvmlLib) MIGProfiles(uuid string) ([]MIGProfile, error) {
 			MaxInstances: int(info.InstanceCount),
 		}
 		for _, pl := range placements {
-			p.Placements = append(p.Placements, MIGPlacement{Start: int(pl.Start), Size: int(pl.Size)})
+			p.Placements = append(p.Placements, mig.Placement{Start: int(pl.Start), Size: int(pl.Size)})
 		}
 		out = append(out, p)
 	}
@@ -283,12 +214,12 @@ func profileAttribute(id int) string {
 }
 
 // MIGInstances implements MIGLib, reading MIG device UUIDs from NVML.
-func (n *nvmlLib) MIGInstances(uuid string) ([]GPUInstance, error) {
+func (n *nvmlLib) MIGInstances(uuid string) ([]mig.GPUInstance, error) {
 	return n.migInstances(uuid, readMIGUUIDs)
 }
 
 // migInstances lists uuid's GPU instances; uuids names their MIG devices.
-func (n *nvmlLib) migInstances(uuid string, uuids migUUIDFunc) ([]GPUInstance, error) {
+func (n *nvmlLib) migInstances(uuid string, uuids migUUIDFunc) ([]mig.GPUInstance, error) {
 	d, err := n.device(uuid)
 	if err != nil {
 		return nil, fmt.Errorf("listing MIG instances of %s: %w", uuid, err)
@@ -302,7 +233,7 @@ func (n *nvmlLib) migInstances(uuid string, uuids migUUIDFunc) ([]GPUInstance, e
 		return nil, fmt.Errorf("listing MIG instances of %s: %w", uuid, err)
 	}
 	var ids map[[2]int]string
-	out := make([]GPUInstance, 0, len(gis))
+	out := make([]mig.GPUInstance, 0, len(gis))
 	for _, gi := range gis {
 		inst, err := describeGPUInstance(gi, uuid, total)
 		if err != nil {
@@ -364,14 +295,14 @@ func listGPUInstances(d nvml.Device, uuid string) ([]gpuInstanceHandle, error) {
 
 // describeGPUInstance reads a GPU instance and its compute instances
 // (without their MIG device UUIDs).
-func describeGPUInstance(h gpuInstanceHandle, parent string, total uint64) (GPUInstance, error) {
+func describeGPUInstance(h gpuInstanceHandle, parent string, total uint64) (mig.GPUInstance, error) {
 	name := ProfileName(int(h.profile.Id), int(h.profile.SliceCount), h.profile.MemorySizeMB, total)
-	inst := GPUInstance{
+	inst := mig.GPUInstance{
 		GPU:         parent,
 		ID:          int(h.info.Id),
 		ProfileID:   int(h.profile.Id),
 		Profile:     name,
-		Placement:   MIGPlacement{Start: int(h.info.Placement.Start), Size: int(h.info.Placement.Size)},
+		Placement:   mig.Placement{Start: int(h.info.Placement.Start), Size: int(h.info.Placement.Size)},
 		MemoryBytes: h.profile.MemorySizeMB << 20,
 	}
 	cis, err := listComputeInstances(h.gi)
@@ -379,7 +310,7 @@ func describeGPUInstance(h gpuInstanceHandle, parent string, total uint64) (GPUI
 		return inst, fmt.Errorf("GPU instance %d: %w", inst.ID, err)
 	}
 	for _, c := range cis {
-		dev := MIGDevice{
+		dev := mig.Device{
 			GPU:         parent,
 			GI:          inst.ID,
 			CI:          int(c.info.Id),
@@ -466,13 +397,13 @@ func readMIGUUIDs(d nvml.Device, parent string) (map[[2]int]string, error) {
 }
 
 // CreateMIGInstance implements MIGLib.
-func (n *nvmlLib) CreateMIGInstance(uuid string, profileID int, at MIGPlacement) (GPUInstance, error) {
+func (n *nvmlLib) CreateMIGInstance(uuid string, profileID int, at mig.Placement) (mig.GPUInstance, error) {
 	return n.createMIGInstance(uuid, profileID, at, readMIGUUIDs)
 }
 
-func (n *nvmlLib) createMIGInstance(uuid string, profileID int, at MIGPlacement, uuids migUUIDFunc) (GPUInstance, error) {
-	fail := func(err error) (GPUInstance, error) {
-		return GPUInstance{}, fmt.Errorf("creating MIG instance of profile %d at %d+%d on %s: %w", profileID, at.Start, at.Size, uuid, err)
+func (n *nvmlLib) createMIGInstance(uuid string, profileID int, at mig.Placement, uuids migUUIDFunc) (mig.GPUInstance, error) {
+	fail := func(err error) (mig.GPUInstance, error) {
+		return mig.GPUInstance{}, fmt.Errorf("creating MIG instance of profile %d at %d+%d on %s: %w", profileID, at.Start, at.Size, uuid, err)
 	}
 	d, err := n.device(uuid)
 	if err != nil {

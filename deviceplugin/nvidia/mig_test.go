@@ -7,6 +7,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 func TestProfileName(t *testing.T) {
@@ -84,11 +86,11 @@ func TestMockMIGInstanceLifecycle(t *testing.T) {
 		t.Fatalf("MIGMode() = %+v, %v; want enabled", mode, err)
 	}
 	// 3g.40gb (profile 2) at slices 4-6, 1g.10gb (profile 0) at slice 0.
-	big, err := m.CreateMIGInstance(g.UUID, nvml.GPU_INSTANCE_PROFILE_3_SLICE, MIGPlacement{Start: 4, Size: 3})
+	big, err := m.CreateMIGInstance(g.UUID, nvml.GPU_INSTANCE_PROFILE_3_SLICE, mig.Placement{Start: 4, Size: 3})
 	if err != nil {
 		t.Fatalf("CreateMIGInstance(3g): %v", err)
 	}
-	small, err := m.CreateMIGInstance(g.UUID, nvml.GPU_INSTANCE_PROFILE_1_SLICE, MIGPlacement{Start: 0, Size: 1})
+	small, err := m.CreateMIGInstance(g.UUID, nvml.GPU_INSTANCE_PROFILE_1_SLICE, mig.Placement{Start: 0, Size: 1})
 	if err != nil {
 		t.Fatalf("CreateMIGInstance(1g): %v", err)
 	}
@@ -96,11 +98,11 @@ func TestMockMIGInstanceLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("MIGInstances: %v", err)
 	}
-	want := []GPUInstance{
-		{GPU: g.UUID, ID: big.ID, ProfileID: 2, Profile: "3g.40gb", Placement: MIGPlacement{Start: 4, Size: 3}, MemoryBytes: 40960 << 20,
-			Devices: []MIGDevice{{UUID: MockMIGUUID(g.UUID, big.ID, 0), GPU: g.UUID, GI: big.ID, CI: 0, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, Profile: "3g.40gb", Full: true, MemoryBytes: 40960 << 20}}},
-		{GPU: g.UUID, ID: small.ID, ProfileID: 0, Profile: "1g.10gb", Placement: MIGPlacement{Start: 0, Size: 1}, MemoryBytes: 10240 << 20,
-			Devices: []MIGDevice{{UUID: MockMIGUUID(g.UUID, small.ID, 0), GPU: g.UUID, GI: small.ID, CI: 0, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, Profile: "1g.10gb", Full: true, MemoryBytes: 10240 << 20}}},
+	want := []mig.GPUInstance{
+		{GPU: g.UUID, ID: big.ID, ProfileID: 2, Profile: "3g.40gb", Placement: mig.Placement{Start: 4, Size: 3}, MemoryBytes: 40960 << 20,
+			Devices: []mig.Device{{UUID: MockMIGUUID(g.UUID, big.ID, 0), GPU: g.UUID, GI: big.ID, CI: 0, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, Profile: "3g.40gb", Full: true, MemoryBytes: 40960 << 20}}},
+		{GPU: g.UUID, ID: small.ID, ProfileID: 0, Profile: "1g.10gb", Placement: mig.Placement{Start: 0, Size: 1}, MemoryBytes: 10240 << 20,
+			Devices: []mig.Device{{UUID: MockMIGUUID(g.UUID, small.ID, 0), GPU: g.UUID, GI: small.ID, CI: 0, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, Profile: "1g.10gb", Full: true, MemoryBytes: 10240 << 20}}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("MIGInstances (-want +got):\n%s", diff)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // mockMIG is the MIG state the go-nvml mock servers lack: a pending MIG
@@ -131,12 +133,12 @@ func mockInstanceCount(d *server.Device) int {
 }
 
 // MIGInstances implements MIGLib with synthesized MIG device UUIDs.
-func (m *Mock) MIGInstances(uuid string) ([]GPUInstance, error) {
+func (m *Mock) MIGInstances(uuid string) ([]mig.GPUInstance, error) {
 	return m.nvmlLib.migInstances(uuid, mockMIGUUIDs)
 }
 
 // CreateMIGInstance implements MIGLib with synthesized MIG device UUIDs.
-func (m *Mock) CreateMIGInstance(uuid string, profileID int, at MIGPlacement) (GPUInstance, error) {
+func (m *Mock) CreateMIGInstance(uuid string, profileID int, at mig.Placement) (mig.GPUInstance, error) {
 	return m.nvmlLib.createMIGInstance(uuid, profileID, at, mockMIGUUIDs)
 }
 

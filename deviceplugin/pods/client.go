@@ -243,6 +243,9 @@ func NewNodeInformer(w PodWatcher, node string) cache.SharedIndexInformer {
 			return w.WatchPods(ctx, metav1.NamespaceAll, opts)
 		},
 	}
-	return cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0,
+	// client-go 0.35+ lists through a watch stream (WatchListClient, on by
+	// default) unless the client says it cannot: client-go's fake clientset
+	// does, and so does podstest.Clientset by forwarding to it.
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, w), &corev1.Pod{}, 0,
 		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 }

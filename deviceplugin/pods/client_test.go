@@ -98,6 +98,12 @@ func (s *apiServer) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	if r.URL.Query().Get("watch") == "true" {
 		w.WriteHeader(http.StatusOK)
+		if r.URL.Query().Get("sendInitialEvents") == "true" {
+			// A watch-list stream (client-go 0.35+ informers, served since
+			// Kubernetes 1.32): the list's items as ADDED, then a bookmark
+			// marking the end of the initial events.
+			s.writeInitialEvents(w, r.URL.Path)
+		}
 		for _, ev := range events {
 			fmt.Fprintln(w, ev)
 		}
@@ -112,6 +118,29 @@ func (s *apiServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(a.status)
 	io.WriteString(w, a.body)
+}
+
+// writeInitialEvents streams the items of the list answered at path as a
+// watch-list server does: one ADDED event per item, then a BOOKMARK with the
+// list's resourceVersion and the k8s.io/initial-events-end annotation.
+func (s *apiServer) writeInitialEvents(w io.Writer, path string) {
+	s.mu.Lock()
+	a := s.answer["GET "+path]
+	s.mu.Unlock()
+	var list struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &list); err != nil {
+		s.t.Errorf("answer for GET %s is not a list: %v", path, err)
+		return
+	}
+	for _, item := range list.Items {
+		fmt.Fprintf(w, `{"type":"ADDED","object":%s}`+"\n", item)
+	}
+	fmt.Fprintf(w, `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":%q,"annotations":{"k8s.io/initial-events-end":"true"}}}}`+"\n", list.Metadata.ResourceVersion)
 }
 
 func (s *apiServer) requests() []request {
@@ -334,8 +363,11 @@ func TestNodeInformerOverREST(t *testing.T) {
 			t.Errorf("request %s %s?%s does not select the node's pods", r.Method, r.Path, q)
 		}
 	}
-	if n := len(s.requests()); n < 2 {
-		t.Errorf("%d requests, want a list and a watch", n)
+	// client-go 0.36 lists through a watch stream: the first request is a
+	// watch asking for the initial events (the client passes the reflector's
+	// options through).
+	if rs := s.requests(); len(rs) == 0 || !strings.Contains(rs[0].Query, "sendInitialEvents=true") {
+		t.Errorf("requests %+v, want a watch-list first", rs)
 	}
 	w, err := s.client(t).WatchPods(ctx, "", metav1.ListOptions{})
 	if err != nil {

@@ -51,6 +51,12 @@ type clientAPI = podstest.Clientset
 
 var _ Client = (*fakeClient)(nil)
 
+// IsWatchListSemanticsUnSupported picks the fake clientset's answer (both
+// embedded fields have the method): the fake serves no watch-list streams.
+func (c *fakeClient) IsWatchListSemanticsUnSupported() bool {
+	return c.Clientset.IsWatchListSemanticsUnSupported()
+}
+
 func newFakeClient(objs ...runtime.Object) *fakeClient {
 	c := &fakeClient{Clientset: fake.NewClientset(objs...), watching: make(chan struct{})}
 	c.clientAPI = clientAPI{Interface: c.Clientset}

@@ -5,6 +5,7 @@
 package pods
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
@@ -24,8 +26,23 @@ import (
 // Assignment is the GPU devices one container holds.
 type Assignment struct {
 	Namespace, Pod, Container string
-	Resource                  string
-	DeviceIDs                 []string
+	// Resource is the device-plugin resource, or api.DRADriver for the
+	// devices of DRA claims (then Claims says which, DeviceIDs is empty).
+	Resource  string
+	DeviceIDs []string
+	// Claims are the devices of gpufrac's DRA driver the container holds
+	// through resource claims, from PodResources' dynamic resources.
+	Claims []ClaimDevice
+}
+
+// ClaimDevice is one device (or one share of it) a container holds through
+// a resource claim: the claim, and the driver's pool, device and share.
+type ClaimDevice struct {
+	ClaimNamespace, ClaimName string
+	Pool, Device              string
+	// ShareID is set for a share of a device that allows several
+	// allocations.
+	ShareID string
 }
 
 // PodResources reads the kubelet's PodResources API, caching List for a
@@ -66,9 +83,19 @@ const answeredSettle = 2 * time.Second
 
 var _ resource.UsageSource = (*PodResources)(nil)
 
+// podResourcesBackoff retries a lost kubelet socket quickly: it is local,
+// and after a kubelet restart it is back within moments. gRPC's default
+// (1 s, growing to 2 min) would leave List failing on the last dial error
+// long after the kubelet serves again.
+var podResourcesBackoff = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: time.Second,
+}
+
 // NewPodResources connects to the PodResources socket (the connection is lazy).
 func NewPodResources(socket string, ttl time.Duration, clk clock.PassiveClock) (*PodResources, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(podResourcesBackoff))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to PodResources at %s: %w", socket, err)
 	}
@@ -107,7 +134,9 @@ func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := p.client.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	// WaitForReady: a connection between two dials (the kubelet restarted)
+	// waits for the socket within the deadline instead of failing at once.
+	resp, err := p.client.List(ctx, &podresourcesapi.ListPodResourcesRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return nil, fmt.Errorf("listing pod resources: %w", err)
 	}
@@ -127,6 +156,26 @@ func assignmentsOf(resp *podresourcesapi.ListPodResourcesResponse) []Assignment 
 	for _, pr := range resp.GetPodResources() {
 		for _, c := range pr.GetContainers() {
 			byResource := map[string]int{} // resource name -> index in out
+			for _, dr := range c.GetDynamicResources() {
+				for _, cr := range dr.GetClaimResources() {
+					if cr.GetDriverName() != api.DRADriver {
+						continue
+					}
+					i, ok := byResource[api.DRADriver]
+					if !ok {
+						i = len(out)
+						byResource[api.DRADriver] = i
+						out = append(out, Assignment{
+							Namespace: pr.GetNamespace(), Pod: pr.GetName(), Container: c.GetName(),
+							Resource: api.DRADriver,
+						})
+					}
+					out[i].Claims = append(out[i].Claims, ClaimDevice{
+						ClaimNamespace: dr.GetClaimNamespace(), ClaimName: dr.GetClaimName(),
+						Pool: cr.GetPoolName(), Device: cr.GetDeviceName(), ShareID: cr.GetShareId(),
+					})
+				}
+			}
 			for _, d := range c.GetDevices() {
 				i, ok := byResource[d.GetResourceName()]
 				if !ok {
@@ -144,8 +193,15 @@ func assignmentsOf(resp *podresourcesapi.ListPodResourcesResponse) []Assignment 
 	for i := range out {
 		slices.Sort(out[i].DeviceIDs)
 		out[i].DeviceIDs = slices.Compact(out[i].DeviceIDs)
+		slices.SortFunc(out[i].Claims, compareClaimDevices)
+		out[i].Claims = slices.Compact(out[i].Claims)
 	}
 	return out
+}
+
+func compareClaimDevices(a, b ClaimDevice) int {
+	return cmp.Or(cmp.Compare(a.ClaimNamespace, b.ClaimNamespace), cmp.Compare(a.ClaimName, b.ClaimName),
+		cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Device, b.Device), cmp.Compare(a.ShareID, b.ShareID))
 }
 
 // Answered records the devices an Allocate answer just gave. The kubelet

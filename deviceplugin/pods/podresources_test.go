@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	testclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -194,6 +195,20 @@ func TestPodResourcesList(t *testing.T) {
 				devices("example.com/nic", -1, "nic-0"),
 			}},
 		}},
+		// Claims: gpufrac's driver's devices are kept per container (twice
+		// listed, once kept); another driver's are ignored.
+		{Namespace: "team", Name: "claimer", Containers: []*podresourcesapi.ContainerResources{
+			{Name: "main", DynamicResources: []*podresourcesapi.DynamicResource{
+				{ClaimName: "c30", ClaimNamespace: "team", ClaimResources: []*podresourcesapi.ClaimResource{
+					{DriverName: api.DRADriver, PoolName: "node-a", DeviceName: "gpu-0-shares", ShareId: ptr.To("s-1")},
+					{DriverName: api.DRADriver, PoolName: "node-a", DeviceName: "gpu-0-shares", ShareId: ptr.To("s-1")},
+					{DriverName: "nic.example.com", PoolName: "node-a", DeviceName: "nic-0"},
+				}},
+				{ClaimName: "whole", ClaimNamespace: "team", ClaimResources: []*podresourcesapi.ClaimResource{
+					{DriverName: api.DRADriver, PoolName: "node-a", DeviceName: "gpu-1"},
+				}},
+			}},
+		}},
 	}}}
 	pr, err := NewPodResources(serveLister(t, f), time.Minute, nil)
 	if err != nil {
@@ -209,6 +224,10 @@ func TestPodResourcesList(t *testing.T) {
 		{Namespace: api.ReservationNamespace, Pod: api.ReservationNamePrefix + "r", Container: "hold", Resource: api.ResourceGPU, DeviceIDs: []string{gpuA}},
 		{Namespace: "default", Pod: "mixed", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpuB, gpuC}},
 		{Namespace: "default", Pod: "mixed", Container: "main", Resource: "example.com/nic", DeviceIDs: []string{"nic-0"}},
+		{Namespace: "team", Pod: "claimer", Container: "main", Resource: api.DRADriver, Claims: []ClaimDevice{
+			{ClaimNamespace: "team", ClaimName: "c30", Pool: "node-a", Device: "gpu-0-shares", ShareID: "s-1"},
+			{ClaimNamespace: "team", ClaimName: "whole", Pool: "node-a", Device: "gpu-1"},
+		}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("List (-want +got):\n%s", diff)

@@ -12,7 +12,6 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/mig"
-	"github.com/gpufrac/gpufrac/timeslice"
 )
 
 // ErrModeNotSupported is returned for a sharing mode this node agent cannot
@@ -22,8 +21,8 @@ var ErrModeNotSupported = errors.New("mode not supported by this gpufrac-node")
 // MIGInventory reads the MIG state of GPUs (nvidia.MIGLib implements it).
 type MIGInventory interface {
 	MIGMode(uuid string) (nvidia.MIGMode, error)
-	MIGProfiles(uuid string) ([]nvidia.MIGProfile, error)
-	MIGInstances(uuid string) ([]nvidia.GPUInstance, error)
+	MIGProfiles(uuid string) ([]mig.Profile, error)
+	MIGInstances(uuid string) ([]mig.GPUInstance, error)
 }
 
 // Deps are what resources need besides the per-GPU modes and the inventory.
@@ -73,7 +72,7 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if d.Policy != nil {
 		np = *d.Policy
 	}
-	sharing := timeslice.FromConfig(np.Policy.Timeslice)
+	sharing := np.Policy.Timeslice.Sharing()
 	strategy := np.Policy.MIG.Strategy
 	if strategy == "" {
 		strategy = config.DefaultMIGStrategy
@@ -157,10 +156,10 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 type migGPU struct {
 	gpu nvidia.GPU
 	// declared is the layout's GPU instances; nil without a layout.
-	declared []nvidia.MIGProfile
+	declared []mig.Profile
 	layout   string
 	// instances are the GPU's current instances (none while MIG is off).
-	instances []nvidia.GPUInstance
+	instances []mig.GPUInstance
 }
 
 // readMIGGPU reads a GPU in mode mig. problem describes a config that
@@ -199,12 +198,12 @@ func buildMIG(strategy string, migGPUs []migGPU, all []nvidia.GPU, d Deps) ([]Re
 	if len(migGPUs) == 0 {
 		return nil, nil
 	}
-	newMIG := func(name string, devs []nvidia.MIGDevice) (Resource, error) {
+	newMIG := func(name string, devs []mig.Device) (Resource, error) {
 		return NewMIG(MIGOptions{Name: name, Devices: devs, GPUs: all, Health: d.Health, Strategy: d.Strategy, CapsFile: d.MIGCapsFile})
 	}
 	switch strategy {
 	case config.MIGStrategySingle:
-		var devs []nvidia.MIGDevice
+		var devs []mig.Device
 		first := -1
 		for i, mg := range migGPUs {
 			switch {
@@ -232,7 +231,7 @@ func buildMIG(strategy string, migGPUs []migGPU, all []nvidia.GPU, d Deps) ([]Re
 		}
 		return []Resource{r}, nil
 	case config.MIGStrategyMixed:
-		byProfile := map[string][]nvidia.MIGDevice{}
+		byProfile := map[string][]mig.Device{}
 		for _, mg := range migGPUs {
 			if mg.layout != "" && !mig.Matches(mg.instances, mg.declared) {
 				continue // draining for its declared layout

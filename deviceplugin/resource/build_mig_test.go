@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	"github.com/gpufrac/gpufrac/deviceplugin/miglayout"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/mig"
 )
@@ -56,8 +57,8 @@ func (n *mockNode) policy(strategy string, modes []config.Mode, layouts map[int]
 func (n *mockNode) apply(np *config.NodePolicy) {
 	n.t.Helper()
 	noPods := func(context.Context) (map[string][]string, error) { return map[string][]string{}, nil }
-	for _, s := range mig.NewManager(n.lib, n.gpus, mig.Options{Allocations: noPods}).Apply(n.ctx, *np) {
-		if s.State != mig.StateApplied {
+	for _, s := range miglayout.NewManager(n.lib, n.gpus, miglayout.Options{Allocations: noPods}).Apply(n.ctx, *np) {
+		if s.State != miglayout.StateApplied {
 			n.t.Fatalf("layout manager: GPU %d %s %s: %s", s.Index, s.State, s.Reason, s.Message)
 		}
 	}
@@ -273,7 +274,7 @@ func TestBuildTimeslice(t *testing.T) {
 // profilesOnlyWithMIG is a driver that lists MIG profiles only while MIG is on.
 type profilesOnlyWithMIG struct{ *nvidia.Mock }
 
-func (p profilesOnlyWithMIG) MIGProfiles(uuid string) ([]nvidia.MIGProfile, error) {
+func (p profilesOnlyWithMIG) MIGProfiles(uuid string) ([]mig.Profile, error) {
 	if mode, err := p.MIGMode(uuid); err != nil || !mode.Current {
 		return nil, nvidia.ErrNotSupported
 	}

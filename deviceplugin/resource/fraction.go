@@ -222,18 +222,28 @@ func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.Conta
 			return nil, fmt.Errorf("allocating %d units: %w", n, err)
 		}
 	}
-	limitMiB := MemoryLimitMiB(g, n)
-	resp := newResponse(map[string]string{
-		api.EnvMemoryLimitMiB: strconv.FormatUint(limitMiB, 10),
-		// The container sees exactly one GPU, so MPS addresses it as device 0.
-		api.EnvMPSMemLimit:         "0=" + strconv.FormatUint(limitMiB, 10) + "M",
-		api.EnvMPSThreadPercentage: strconv.Itoa(n),
-	})
-	containerDevices(f.strategy, []nvidia.GPU{g}, resp)
+	resp := SharedResponse(f.strategy, g, MemoryLimitMiB(g, n), n)
 	if f.hint != nil {
 		f.hint.Allocated(ctx, uuid, n)
 	}
 	return resp, nil
+}
+
+// SharedResponse is the answer for a container sharing GPU g: access to g,
+// NVIDIA_VISIBLE_DEVICES=void and the limits a fraction container is told
+// (GPUFRAC_MEMORY_LIMIT_MIB, CUDA MPS's pinned memory limit and active thread
+// percentage). The fraction resource and the DRA driver's shared views both
+// answer with it, so a claim's container sees exactly what a
+// gpufrac.io/gpu-fraction container sees.
+func SharedResponse(strategy DeviceListStrategy, g nvidia.GPU, limitMiB uint64, threadPercent int) *pluginapi.ContainerAllocateResponse {
+	resp := newResponse(map[string]string{
+		api.EnvMemoryLimitMiB: strconv.FormatUint(limitMiB, 10),
+		// The container sees exactly one GPU, so MPS addresses it as device 0.
+		api.EnvMPSMemLimit:         "0=" + strconv.FormatUint(limitMiB, 10) + "M",
+		api.EnvMPSThreadPercentage: strconv.Itoa(threadPercent),
+	})
+	containerDevices(strategy, []nvidia.GPU{g}, resp)
+	return resp
 }
 
 // MemoryLimitMiB is the GPU memory a fraction of units may use: units percent

@@ -12,6 +12,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // DefaultMIGCapsFile lists the device minors of the nvidia-caps devices
@@ -25,8 +26,8 @@ const DefaultMIGCapsFile = "/proc/driver/nvidia-caps/mig-minors"
 // an Xid on the GPU makes all its MIG devices unhealthy.
 type MIG struct {
 	name     string
-	devs     []nvidia.MIGDevice // by parent index, then GI and CI
-	byID     map[string]int     // MIG UUID -> index in devs
+	devs     []mig.Device   // by parent index, then GI and CI
+	byID     map[string]int // MIG UUID -> index in devs
 	parents  map[string]nvidia.GPU
 	health   HealthFunc
 	strategy DeviceListStrategy
@@ -40,7 +41,7 @@ type MIGOptions struct {
 	// Name is the resource name.
 	Name string
 	// Devices are the MIG devices to serve.
-	Devices []nvidia.MIGDevice
+	Devices []mig.Device
 	// GPUs are the node's GPUs; every device's parent must be among them.
 	GPUs   []nvidia.GPU
 	Health HealthFunc
@@ -160,7 +161,7 @@ func (r *MIG) Preferred(_ context.Context, available, mustInclude []string, size
 // Allocate implements Resource: access to the MIG devices, no memory limit
 // (the hardware isolates MIG memory).
 func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	devs := make([]nvidia.MIGDevice, 0, len(ids))
+	devs := make([]mig.Device, 0, len(ids))
 	for _, id := range ids {
 		i, ok := r.byID[id]
 		if !ok {
@@ -168,14 +169,22 @@ func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAll
 		}
 		devs = append(devs, r.devs[i])
 	}
+	return MIGResponse(r.strategy, devs, r.parents, r.capsFile)
+}
+
+// MIGResponse is the answer for a container holding MIG devices: access to
+// them (CDI names, or the GPU's device node and the instances' nvidia-caps
+// nodes read from capsFile) and NVIDIA_VISIBLE_DEVICES=void, no memory limit
+// (the hardware isolates MIG memory). parents maps GPU UUID to GPU.
+func MIGResponse(strategy DeviceListStrategy, devs []mig.Device, parents map[string]nvidia.GPU, capsFile string) (*pluginapi.ContainerAllocateResponse, error) {
 	resp := newResponse(nil)
-	if r.strategy == StrategyCDI {
+	if strategy == StrategyCDI {
 		for _, d := range devs {
 			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: CDIKind + "=" + d.UUID})
 		}
 		return resp, nil
 	}
-	caps, err := readMIGCaps(r.capsFile)
+	caps, err := readMIGCaps(capsFile)
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d MIG devices: %w", len(devs), err)
 	}
@@ -187,13 +196,13 @@ func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAll
 		}
 	}
 	for _, d := range devs {
-		minor := r.parents[d.GPU].Minor
+		minor := parents[d.GPU].Minor
 		gi := fmt.Sprintf("gpu%d/gi%d/access", minor, d.GI)
 		ci := fmt.Sprintf("gpu%d/gi%d/ci%d/access", minor, d.GI, d.CI)
 		giCap, ok1 := caps[gi]
 		ciCap, ok2 := caps[ci]
 		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("allocating MIG device %s: %s has no minor for %s or %s", d.UUID, r.capsFile, gi, ci)
+			return nil, fmt.Errorf("allocating MIG device %s: %s has no minor for %s or %s", d.UUID, capsFile, gi, ci)
 		}
 		add(fmt.Sprintf("/dev/nvidia%d", minor))
 		add(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", giCap))

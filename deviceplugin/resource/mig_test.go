@@ -12,14 +12,15 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // migDevs builds n MIG devices per GPU of gs ("MIG-<gpu index>-<gi>"), GI = slot.
-func migDevs(gs []nvidia.GPU, n int) []nvidia.MIGDevice {
-	var out []nvidia.MIGDevice
+func migDevs(gs []nvidia.GPU, n int) []mig.Device {
+	var out []mig.Device
 	for _, g := range gs {
 		for gi := range n {
-			out = append(out, nvidia.MIGDevice{UUID: fmt.Sprintf("MIG-%d-%d", g.Index, gi), GPU: g.UUID, GI: gi + 1, CI: 0, Profile: "1g.10gb", Full: true})
+			out = append(out, mig.Device{UUID: fmt.Sprintf("MIG-%d-%d", g.Index, gi), GPU: g.UUID, GI: gi + 1, CI: 0, Profile: "1g.10gb", Full: true})
 		}
 	}
 	return out

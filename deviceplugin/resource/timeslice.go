@@ -27,7 +27,7 @@ var _ Resource = (*Timeslice)(nil)
 // TimesliceOptions configures a Timeslice resource.
 type TimesliceOptions struct {
 	// Sharing is the replicas per GPU, the resource name and the request
-	// rule (see timeslice.FromConfig for defaults).
+	// rule (see config.TimesliceConfig.Sharing for defaults).
 	Sharing timeslice.Sharing
 	// GPUs are the GPUs to time-slice.
 	GPUs     []nvidia.GPU
@@ -157,7 +157,7 @@ func (t *Timeslice) Allocate(ctx context.Context, ids []string) (*pluginapi.Cont
 		}
 		g := t.gpus[u]
 		gs = append(gs, g)
-		if l := t.sharing.MemoryLimitMiB(g, n); len(gs) == 1 || l < limit {
+		if l := t.sharing.MemoryLimitMiB(g.MemoryMiB(), n); len(gs) == 1 || l < limit {
 			limit = l
 		}
 	}

@@ -16,7 +16,7 @@ import (
 
 func newTimeslice(replicas int, failMany bool, health HealthFunc) *Timeslice {
 	return NewTimeslice(TimesliceOptions{
-		Sharing: timeslice.FromConfig(config.TimesliceConfig{Replicas: replicas, FailRequestsGreaterThanOne: failMany}),
+		Sharing: config.TimesliceConfig{Replicas: replicas, FailRequestsGreaterThanOne: failMany}.Sharing(),
 		GPUs:    gpus(8),
 		Health:  health,
 		Usage:   fakeUsage{},

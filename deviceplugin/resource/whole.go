@@ -218,9 +218,15 @@ func (w *Whole) Allocate(ctx context.Context, ids []string) (*pluginapi.Containe
 		}
 		return nil, fmt.Errorf("allocating whole GPU %s: %w", id, sharedError(u))
 	}
+	return WholeResponse(w.strategy, gs), nil
+}
+
+// WholeResponse is the answer for a container holding gpus whole: access to
+// them and NVIDIA_VISIBLE_DEVICES=void, no memory limit.
+func WholeResponse(strategy DeviceListStrategy, gpus []nvidia.GPU) *pluginapi.ContainerAllocateResponse {
 	resp := newResponse(nil)
-	containerDevices(w.strategy, gs, resp)
-	return resp, nil
+	containerDevices(strategy, gpus, resp)
+	return resp
 }
 
 func contains(s []string, x string) bool {

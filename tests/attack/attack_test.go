@@ -30,6 +30,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -419,6 +420,23 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("tenant creating a pod in %s: %v, want Forbidden", victimNS, err)
 		}
+		// A claim's allocation (which GPU, how much of it) is written only by
+		// a scheduler: edit may create claims, not write their status.
+		claim, err := b.tenant.ResourceV1().ResourceClaims(attackerNS).Create(t.Context(), &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "self-allocated", Namespace: attackerNS},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: api.DRAClassGPU},
+			}}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("tenant creating a claim: %v", err)
+		}
+		claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+			Request: "gpu", Driver: api.DRADriver, Pool: victimNode, Device: "gpu-0",
+		}}}}
+		if _, err := b.tenant.ResourceV1().ResourceClaims(attackerNS).UpdateStatus(t.Context(), claim, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("tenant writing its claim's allocation: %v, want Forbidden", err)
+		}
 	})
 
 	t.Run("gpufrac-node's credentials off their node", func(t *testing.T) {
@@ -462,6 +480,25 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 				refused(t, err, "gpufrac-node-agent", "gpufrac-node may change only the annotations")
 			}
 		}
+		// As DRA driver: only its own node's slices, only its own driver.
+		slice := func(node, driver string) *resourceapi.ResourceSlice {
+			return &resourceapi.ResourceSlice{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: "attack-"},
+				Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: &node,
+					Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+					Devices: []resourceapi.Device{{Name: "gpu-0"}}},
+			}
+		}
+		// Its own node, but the victim's pool: the coordinator reads an
+		// allocation's node (and the GPUs it charges) from the pool.
+		disguised := slice(attackerNode, api.DRADriver)
+		disguised.Spec.Pool.Name = victimNode
+		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), disguised, metav1.CreateOptions{})
+		refused(t, err, "gpufrac-node-resourceslices", fmt.Sprintf("gpufrac-node on node %s may publish only the pool named after its node, not \"%s\"", attackerNode, victimNode))
+		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), slice(victimNode, api.DRADriver), metav1.CreateOptions{})
+		refused(t, err, "gpufrac-node-resourceslices", fmt.Sprintf("gpufrac-node on node %s may write only ResourceSlices of its own node, not of \"%s\"", attackerNode, victimNode))
+		_, err = node.ResourceV1().ResourceSlices().Create(t.Context(), slice(attackerNode, "gpu.nvidia.com"), metav1.CreateOptions{})
+		refused(t, err, "gpufrac-node-resourceslices", "gpufrac-node may write only ResourceSlices of its driver gpu.gpufrac.io, not of \"gpu.nvidia.com\"")
 		// A token of its ServiceAccount bound to no pod names no node.
 		unbound, err := b.c.ServiceAccountConfig(t.Context(), api.ComponentNamespace, api.NodeServiceAccount, nil)
 		if err != nil {

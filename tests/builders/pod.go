@@ -120,6 +120,31 @@ func (w *PodWrapper) Resource(name corev1.ResourceName, q string) *PodWrapper {
 	return w
 }
 
+// Claim makes the current container use the pod's claim entry name (with
+// the ResourceClaim claimName), adding the entry if needed.
+func (w *PodWrapper) Claim(name, claimName string) *PodWrapper {
+	w.podClaim(corev1.PodResourceClaim{Name: name, ResourceClaimName: &claimName})
+	w.cur().Resources.Claims = append(w.cur().Resources.Claims, corev1.ResourceClaim{Name: name})
+	return w
+}
+
+// ClaimTemplate makes the current container use the pod's claim entry name,
+// a claim made for the pod from the ResourceClaimTemplate template.
+func (w *PodWrapper) ClaimTemplate(name, template string) *PodWrapper {
+	w.podClaim(corev1.PodResourceClaim{Name: name, ResourceClaimTemplateName: &template})
+	w.cur().Resources.Claims = append(w.cur().Resources.Claims, corev1.ResourceClaim{Name: name})
+	return w
+}
+
+func (w *PodWrapper) podClaim(c corev1.PodResourceClaim) {
+	for _, have := range w.pod.Spec.ResourceClaims {
+		if have.Name == c.Name {
+			return
+		}
+	}
+	w.pod.Spec.ResourceClaims = append(w.pod.Spec.ResourceClaims, c)
+}
+
 // Fraction asks percent of one GPU (gpufrac.io/gpu-fraction) for the current container.
 func (w *PodWrapper) Fraction(percent int) *PodWrapper {
 	return w.Resource(api.ResourceFraction, strconv.Itoa(percent))

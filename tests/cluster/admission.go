@@ -44,6 +44,16 @@ const (
 // its resources yet: like a kubelet that has not started, the pod just waits.
 var errAgentNotReady = errors.New("node agent not ready")
 
+// errClaimsNotPrepared means the pod's resource claims could not be prepared
+// yet (not allocated, not reserved for it, the driver refused or is away): the
+// kubelet keeps such a pod pending with a FailedPrepareDynamicResources event
+// and tries again, it does not fail it.
+var errClaimsNotPrepared = errors.New("resource claims not prepared")
+
+// ReasonFailedPrepareDynamicResources is the kubelet's event reason when a
+// pod's resource claims cannot be prepared.
+const ReasonFailedPrepareDynamicResources = "FailedPrepareDynamicResources"
+
 // rejection is an admission failure that ends the pod Failed, as the kubelet's
 // device manager does; message is the kubelet's text.
 type rejection struct{ message string }
@@ -70,10 +80,13 @@ type admission struct {
 	synced  cache.InformerSynced
 	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
-	// mu guards admitted.
+	// mu guards admitted and prepareErrors.
 	mu sync.Mutex
 	// admitted: pod -> the UID and node it holds devices under.
 	admitted map[types.NamespacedName]admittedPod
+	// prepareErrors: pod UID -> the last claim preparation error reported in
+	// an event (one event per distinct message).
+	prepareErrors map[types.UID]string
 }
 
 // newAdmission watches the pods bound to any node.
@@ -91,7 +104,8 @@ func newAdmission(c *Cluster) *admission {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName](),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "admission"}),
-		admitted: map[types.NamespacedName]admittedPod{},
+		admitted:      map[types.NamespacedName]admittedPod{},
+		prepareErrors: map[types.UID]string{},
 	}
 }
 
@@ -147,7 +161,7 @@ func (a *admission) processNext(ctx context.Context) bool {
 	switch {
 	case err == nil:
 		a.queue.Forget(key)
-	case errors.Is(err, errAgentNotReady):
+	case errors.Is(err, errAgentNotReady), errors.Is(err, errClaimsNotPrepared):
 		a.queue.AddAfter(key, agentWaitRequeue)
 	case ctx.Err() != nil:
 	default:
@@ -208,10 +222,12 @@ func (a *admission) sync(ctx context.Context, key types.NamespacedName) error {
 	return nil
 }
 
-// admit allocates the pod's device resources on its node's kubelet simulator.
+// admit prepares the pod's resource claims and allocates its device resources on
+// its node's kubelet simulator.
 func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 	requests := deviceRequests(pod)
-	if len(requests) == 0 {
+	claims := kubeletsim.HasClaims(pod)
+	if len(requests) == 0 && !claims {
 		return nil
 	}
 	agent, err := a.c.agentForAdmission(pod.Spec.NodeName)
@@ -229,6 +245,17 @@ func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 	a.mu.Lock()
 	a.admitted[key] = admittedPod{uid: pod.UID, node: pod.Spec.NodeName}
 	a.mu.Unlock()
+	if claims {
+		// As the kubelet: claims first (before any container), and a failure
+		// leaves the pod pending, not failed.
+		if err := agent.Kubelet.PrepareClaims(ctx, pod); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("admitting pod %s: %w", key, ctx.Err())
+			}
+			a.prepareFailed(ctx, pod, err)
+			return fmt.Errorf("%w: pod %s: %w", errClaimsNotPrepared, key, err)
+		}
+	}
 	for _, r := range requests {
 		if _, ok := agent.Kubelet.Resource(r.resource); !ok {
 			// Not a device-plugin resource on this node: the kubelet's device manager
@@ -264,6 +291,38 @@ func allocateFailedMessage(err error) string {
 		cause = inner
 	}
 	return fmt.Sprintf("Allocate failed due to %v, which is unexpected", cause)
+}
+
+// prepareFailed records a Warning event FailedPrepareDynamicResources on the
+// pod, once per distinct error, as the kubelet does while it retries.
+func (a *admission) prepareFailed(ctx context.Context, pod *corev1.Pod, err error) {
+	msg := err.Error()
+	a.mu.Lock()
+	same := a.prepareErrors[pod.UID] == msg
+	a.prepareErrors[pod.UID] = msg
+	a.mu.Unlock()
+	klog.FromContext(ctx).V(2).Info("Preparing the pod's claims failed; retrying", "pod", klog.KObj(pod), "err", msg)
+	if same {
+		return
+	}
+	now := metav1.Now()
+	event := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", pod.Name, now.UnixNano()), Namespace: pod.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+			ResourceVersion: pod.ResourceVersion,
+		},
+		Reason:         ReasonFailedPrepareDynamicResources,
+		Message:        "Failed to prepare dynamic resources: " + msg,
+		Type:           corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "kubelet", Host: pod.Spec.NodeName},
+		FirstTimestamp: now,
+		LastTimestamp:  now,
+		Count:          1,
+	}
+	if _, err := a.c.Client.CoreV1().Events(pod.Namespace).Create(ctx, event, metav1.CreateOptions{}); err != nil {
+		klog.FromContext(ctx).Error(err, "Recording the claim preparation failure failed", "pod", klog.KObj(pod))
+	}
 }
 
 // reject ends the pod Failed as the kubelet's rejectPod does: a Warning event and
@@ -315,10 +374,14 @@ func (a *admission) release(ctx context.Context, key types.NamespacedName, keep 
 		return
 	}
 	delete(a.admitted, key)
+	delete(a.prepareErrors, rec.uid)
 	a.mu.Unlock()
 	if agent := a.c.NodeAgent(rec.node); agent != nil {
 		n := agent.Kubelet.Release(rec.uid)
 		klog.FromContext(ctx).V(4).Info("Released pod's devices", "pod", key, "node", rec.node, "allocations", n)
+		if err := agent.Kubelet.UnprepareClaims(ctx, rec.uid); err != nil {
+			klog.FromContext(ctx).Error(err, "Unpreparing the pod's claims failed", "pod", key, "node", rec.node)
+		}
 	}
 }
 

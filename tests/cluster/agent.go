@@ -15,6 +15,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -93,6 +96,9 @@ type NodeAgent struct {
 	// ConfigPath is gpufrac-node's --config file: the chart's node config, or
 	// NodeAgentOptions.Config. WriteConfig changes it.
 	ConfigPath string
+	// CDIDir is where gpufrac-node writes its per-claim CDI specs in mode dra
+	// (dra.ResolveCDIEnv reads them as a container runtime would).
+	CDIDir string
 	// Kubeconfig is gpufrac-node's --kubeconfig: a token of the gpufrac-node
 	// ServiceAccount bound to Pod, so the API server knows the agent's node.
 	Kubeconfig string
@@ -316,14 +322,15 @@ func (c *Cluster) runNodeAgent(ctx context.Context, node *corev1.Node) {
 // registered). stop undoes all of it.
 func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent *NodeAgent, stop func(), err error) {
 	var undo []func()
-	stop = func() {
+	undoAll := func() {
 		for _, f := range slices.Backward(undo) {
 			f()
 		}
 	}
+	// Not the named result stop: a failing return sets that to nil.
 	defer func() {
 		if err != nil {
-			stop()
+			undoAll()
 		}
 	}()
 
@@ -347,11 +354,14 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	}
 
 	// 2. The kubelet simulator, and the node status following its device lists.
+	agent.CDIDir = specDir(nodeDir)
 	simOpts := kubeletsim.Options{
 		NodeName:           node.Name,
 		Dir:                filepath.Join(sockDir, "dp"),
 		PodResourcesSocket: agent.PodResourcesSocket,
 		StopGracePeriod:    c.opts.NodeAgents.StopGracePeriod,
+		PluginRegistryDir:  filepath.Join(sockDir, "reg"),
+		Claims:             apiClaims{c.Client},
 	}
 	if hook := c.opts.NodeAgents.BeforeAllocate; hook != nil {
 		simOpts.BeforeAllocate = func(ctx context.Context, pod kubeletsim.PodRef, resource string, devices []string) {
@@ -381,10 +391,12 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		gpuCount = int(q.Value())
 		args = append(args, fmt.Sprintf("--mock-gpus=%d", gpuCount))
 	}
+	var specs *toolkitSpecs
 	if strategy, _ := Flag(args, "device-list-strategy"); strategy == string(resource.StrategyCDI) {
 		// The node's NVIDIA toolkit: a spec for its GPUs now, and for its
 		// MIG devices whenever they change, before the node status does.
-		specs, err := newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, gpuCount)
+		var err error
+		specs, err = newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, gpuCount)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -395,6 +407,10 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	var wg sync.WaitGroup
 	syncCtx, cancelSync := context.WithCancel(ctx)
 	wg.Go(func() { status.run(syncCtx) })
+	if specs != nil {
+		// In mode dra the node's MIG devices show in its ResourceSlices.
+		wg.Go(func() { specs.followDRA(syncCtx, c.Client, node.Name) })
+	}
 	undo = append(undo, func() { cancelSync(); wg.Wait() })
 
 	// 4. Its identity: a pod of the DaemonSet on the node, and a token bound
@@ -419,6 +435,10 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		"--kubeconfig="+kubeconfig,
 		"--allow-standalone=false",
 	)
+	args = ReplaceFlag(args, "kubelet-registry-dir", filepath.Join(sockDir, "reg"))
+	args = ReplaceFlag(args, "dra-plugin-dir", filepath.Join(sockDir, "drv"))
+	args = ReplaceFlag(args, "dra-state-dir", filepath.Join(nodeDir, "dra"))
+	args = ReplaceFlag(args, "cdi-dir", agent.CDIDir)
 	cfg := in.NodeConfig
 	if c.opts.NodeAgents.Config != "" {
 		cfg = c.opts.NodeAgents.Config
@@ -452,7 +472,14 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	agent.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	agent.LogPath = p.LogPath
 	agent.PID = p.PID
-	return agent, stop, nil
+	return agent, undoAll, nil
+}
+
+// apiClaims reads resource claims for a kubelet simulator.
+type apiClaims struct{ cs kubernetes.Interface }
+
+func (a apiClaims) GetClaim(ctx context.Context, ns, name string) (*resourceapi.ResourceClaim, error) {
+	return a.cs.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
 }
 
 // nodeAgentBinary is the gpufrac-node binary the agents run.

@@ -1,18 +1,25 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // toolkitSpecs plays the NVIDIA container toolkit of one test-bed node for
@@ -27,7 +34,7 @@ type toolkitSpecs struct {
 	dir  string
 	gpus []nvidia.GPU
 	// migs maps every MIG UUID the mock can give these GPUs to its device.
-	migs map[string]nvidia.MIGDevice
+	migs map[string]mig.Device
 
 	mu      sync.Mutex
 	devices map[string][]string // resource -> device IDs served
@@ -51,12 +58,12 @@ func newToolkitSpecs(dir, node, model string, gpuCount int) (*toolkitSpecs, erro
 	if err != nil {
 		return nil, fmt.Errorf("the CDI spec of node %s: %w", node, err)
 	}
-	t := &toolkitSpecs{dir: dir, gpus: gpus, migs: map[string]nvidia.MIGDevice{}, devices: map[string][]string{}}
+	t := &toolkitSpecs{dir: dir, gpus: gpus, migs: map[string]mig.Device{}, devices: map[string][]string{}}
 	for _, g := range gpus {
 		for gi := range mockMIGInstances {
 			for ci := range mockMIGInstances {
 				u := nvidia.MockMIGUUID(g.UUID, gi, ci)
-				t.migs[u] = nvidia.MIGDevice{UUID: u, GPU: g.UUID, GI: gi, CI: ci}
+				t.migs[u] = mig.Device{UUID: u, GPU: g.UUID, GI: gi, CI: ci}
 			}
 		}
 	}
@@ -81,7 +88,7 @@ func (t *toolkitSpecs) update(res string, devs []*v1beta1.Device) {
 func (t *toolkitSpecs) write() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var migs []nvidia.MIGDevice
+	var migs []mig.Device
 	for _, ids := range t.devices {
 		for _, id := range ids {
 			if _, _, err := resource.ParseUnitID(id); err == nil || !strings.HasPrefix(id, "MIG-") {
@@ -92,7 +99,7 @@ func (t *toolkitSpecs) write() error {
 			}
 		}
 	}
-	slices.SortFunc(migs, func(a, b nvidia.MIGDevice) int {
+	slices.SortFunc(migs, func(a, b mig.Device) int {
 		return strings.Compare(fmt.Sprintf("%s/%03d/%03d", a.GPU, a.GI, a.CI), fmt.Sprintf("%s/%03d/%03d", b.GPU, b.GI, b.CI))
 	})
 	spec := string(cditest.Spec(cditest.FromGPUs(t.gpus, migs)))
@@ -104,6 +111,48 @@ func (t *toolkitSpecs) write() error {
 	}
 	t.written = spec
 	return nil
+}
+
+// draDevices is the key in toolkitSpecs.devices of the MIG devices the
+// node's DRA driver publishes.
+const draDevices = "dra:" + api.DRADriver
+
+// followDRA keeps the spec's MIG devices in step with those the node's
+// gpufrac-node publishes as DRA driver (mode dra), whose devices are in no
+// device-plugin list: the toolkit's spec refresh after a MIG change. It
+// polls every 500 ms until ctx ends (a claim prepared before that is refused
+// and retried by the kubelet simulator).
+func (t *toolkitSpecs) followDRA(ctx context.Context, client kubernetes.Interface, node string) {
+	_ = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: "spec.nodeName=" + node + ",spec.driver=" + api.DRADriver,
+		})
+		if err != nil {
+			return false, nil
+		}
+		var ids []string
+		for _, sl := range list.Items {
+			for _, d := range sl.Spec.Devices {
+				if a := d.Attributes[api.DRAAttrType]; a.StringValue == nil || *a.StringValue != api.DRATypeMIG {
+					continue
+				}
+				if u := d.Attributes[api.DRAAttrUUID].StringValue; u != nil {
+					ids = append(ids, *u)
+				}
+			}
+		}
+		slices.Sort(ids)
+		t.mu.Lock()
+		same := slices.Equal(t.devices[draDevices], ids)
+		t.devices[draDevices] = ids
+		t.mu.Unlock()
+		if !same {
+			if err := t.write(); err != nil {
+				klog.FromContext(ctx).Error(err, "Writing the test bed's CDI spec", "dir", t.dir)
+			}
+		}
+		return false, nil
+	})
 }
 
 // specDir is a node agent's CDI spec directory.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -158,6 +159,15 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 			_, err := nodeClient.CoreV1().Pods(api.ComponentNamespace).Patch(ctx, "gpufrac-harness-probe", types.MergePatchType,
 				[]byte(`{"metadata":{"annotations":{"`+api.AnnotationAllocatedGPU+`":"GPU-probe"}}}`),
 				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
+		{"gpufrac-node-resourceslices", func(ctx context.Context) error {
+			slice := &resourceapi.ResourceSlice{
+				ObjectMeta: metav1.ObjectMeta{Name: "gpufrac-harness-probe"},
+				Spec: resourceapi.ResourceSliceSpec{Driver: api.DRADriver, NodeName: ptr.To("probe-node"),
+					Pool: resourceapi.ResourcePool{Name: "probe-node", ResourceSliceCount: 1}},
+			}
+			_, err := nodeClient.ResourceV1().ResourceSlices().Create(ctx, slice, dry)
 			return err
 		}},
 	}

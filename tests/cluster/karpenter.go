@@ -13,13 +13,18 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gpufrac/gpufrac/api"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/config"
+	nodedra "github.com/gpufrac/gpufrac/deviceplugin/dra"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
 
 // CRDResource is apiextensions.k8s.io/v1 CustomResourceDefinitions.
@@ -60,6 +65,12 @@ type KarpenterOptions struct {
 	InstanceTypes []InstanceType
 	// NodePools are created before Karpenter starts. Empty means DefaultNodePools(InstanceTypes).
 	NodePools []NodePool
+	// DRARequests runs Karpenter with --ignore-dra-requests=false: it then
+	// simulates pods' resource claims against the published ResourceSlices
+	// and the instance types' device templates (InstanceType.DRAGPUs).
+	// False keeps Karpenter's default (claims are not simulated: pods with
+	// claims get no capacity).
+	DRARequests bool
 }
 
 // InstanceType is one machine type of the fake cloud. It becomes one entry of the
@@ -78,6 +89,12 @@ type InstanceType struct {
 	// nvidia.com/gpu.product In [GPUProduct]. The provider then copies it onto the nodes
 	// it creates, and Karpenter treats the key as well known, so pods may select on it.
 	GPUProduct string
+	// DRAGPUs, when set, is the number of mock H100s the type's nodes serve
+	// through gpufrac's DRA driver (a node pool in mode dra, fraction views):
+	// the provider learns their devices from ResourceSliceTemplates built by
+	// the driver's own builder (deviceplugin/dra.Build), so the templates are
+	// what gpufrac-node will publish. Such a type lists no nvidia.com/gpu.
+	DRAGPUs int
 }
 
 // NodePool is a Karpenter NodePool using the cluster's KWOKNodeClass.
@@ -184,6 +201,21 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 	if err := os.WriteFile(itPath, itJSON, 0o644); err != nil {
 		return fmt.Errorf("writing instance types: %w", err)
 	}
+	env := []string{
+		"KUBECONFIG=" + c.componentKubeconfig("karpenter"),
+		"INSTANCE_TYPES_FILE_PATH=" + itPath,
+	}
+	templates, err := DRATemplatesJSON(opts.InstanceTypes)
+	if err != nil {
+		return err
+	}
+	if templates != nil {
+		path := filepath.Join(c.Dir, "karpenter-dra-templates.json")
+		if err := os.WriteFile(path, templates, 0o644); err != nil {
+			return fmt.Errorf("writing DRA templates: %w", err)
+		}
+		env = append(env, "DRA_TEMPLATES_FILE_PATH="+path)
+	}
 
 	// 3. KWOKNodeClass and NodePools. The KWOKNodeClass CRD defaults its status to
 	// Ready=True, which Karpenter needs before it uses a NodePool.
@@ -210,10 +242,7 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 		name:  "karpenter",
 		bin:   "karpenter-kwok",
 		ports: 2,
-		env: []string{
-			"KUBECONFIG=" + c.componentKubeconfig("karpenter"),
-			"INSTANCE_TYPES_FILE_PATH=" + itPath,
-		},
+		env:   env,
 		args: func(ports []int) ([]string, error) {
 			return []string{
 				"--disable-leader-election",
@@ -222,6 +251,7 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 				"--health-probe-port=" + strconv.Itoa(ports[1]),
 				// Decide quickly: tests create pods one by one.
 				"--batch-idle-duration=1s", "--batch-max-duration=3s",
+				"--ignore-dra-requests=" + strconv.FormatBool(!opts.DRARequests),
 			}, nil
 		},
 		ready: func(ctx context.Context, ports []int) error {
@@ -333,6 +363,51 @@ func InstanceTypesJSON(types []InstanceType) ([]byte, error) {
 	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("rendering instance types: %w", err)
+	}
+	return data, nil
+}
+
+// draTemplateJSON is one ResourceSliceTemplate in the shape the test bed's
+// provider (tests/tools/karpenter/kwokdra) reads.
+type draTemplateJSON struct {
+	Driver         string                   `json:"driver"`
+	Pool           string                   `json:"pool"`
+	Devices        []resourceapi.Device     `json:"devices,omitempty"`
+	SharedCounters []resourceapi.CounterSet `json:"sharedCounters,omitempty"`
+}
+
+// DRATemplatesJSON renders the device templates of the instance types with
+// DRAGPUs (nil when there are none): what gpufrac-node's DRA driver
+// publishes for that many mock H100s in mode fraction, built by the
+// driver's own builder. The UUIDs are stand-ins; nothing selects on them
+// before the node exists.
+func DRATemplatesJSON(types []InstanceType) ([]byte, error) {
+	out := map[string][]draTemplateJSON{}
+	for _, it := range types {
+		if it.DRAGPUs <= 0 {
+			continue
+		}
+		gpus := make([]nodedra.GPU, it.DRAGPUs)
+		for i := range gpus {
+			gpus[i] = nodedra.GPU{
+				GPU:  nvidia.GPU{Index: i, Minor: i, UUID: fmt.Sprintf("GPU-template-%s-%d", it.Name, i), Name: "NVIDIA H100 80GB HBM3", MemoryBytes: 81559 << 20},
+				Mode: config.ModeFraction, Healthy: true,
+			}
+		}
+		p, err := nodedra.Build(it.Name, gpus)
+		if err != nil {
+			return nil, fmt.Errorf("building the DRA templates of %s: %w", it.Name, err)
+		}
+		for _, sl := range p.Resources.Pools[it.Name].Slices {
+			out[it.Name] = append(out[it.Name], draTemplateJSON{Driver: api.DRADriver, Pool: it.Name, Devices: sl.Devices, SharedCounters: sl.SharedCounters})
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("rendering DRA templates: %w", err)
 	}
 	return data, nil
 }

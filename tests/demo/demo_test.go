@@ -93,6 +93,7 @@ func TestPodsOf(t *testing.T) {
 		{name: "pod", obj: map[string]any{"kind": "Pod"}, want: 1},
 		{name: "deployment with replicas", obj: map[string]any{"kind": "Deployment", "spec": map[string]any{"replicas": int64(3)}}, want: 3},
 		{name: "deployment default replicas", obj: map[string]any{"kind": "Deployment"}, want: 1},
+		{name: "deployment read from YAML (float replicas)", obj: map[string]any{"kind": "Deployment", "spec": map[string]any{"replicas": float64(6)}}, want: 6},
 		{name: "configmap", obj: map[string]any{"kind": "ConfigMap"}, want: 0},
 	}
 	for _, tt := range tests {
@@ -232,6 +233,7 @@ func TestWriteLegend(t *testing.T) {
 			name: "everything",
 			facts: facts{
 				static: []string{"gpu-node-1", "gpu-node-2"}, karpenter: []string{"kwok-gpu-x (gpu-1x-h100)"},
+				dra: []string{"gpu-node-dra"}, claimPods: []string{"dra-embed", "dra-inference-1"}, claimGPUs: 2,
 				fractions: 11, sharedGPUs: 5, reservations: 5, whole: []string{"train-llm"}, gangs: []string{"gang ddp (ddp-0, ddp-1)"},
 				refused: []string{"eval-nightly (OverQuota)", "too-big (InvalidRequest)"},
 			},
@@ -239,13 +241,15 @@ func TestWriteLegend(t *testing.T) {
 				"gpu-node-1, gpu-node-2: the static nodes, 4 mock H100s", "kwok-gpu-x (gpu-1x-h100): made by Karpenter", "asked for it",
 				"11 fractions share 5 GPUs", "(5 in all)", "train-llm; gang ddp (ddp-0, ddp-1), placed all or nothing",
 				"Pending eval-nightly (OverQuota), too-big (InvalidRequest)", "Never Unschedulable",
+				"gpu-node-dra: a static node group in mode dra", "8 mock H100s a node", "DRA driver gpu.gpufrac.io",
+				"\"(claim)\"", "dra-embed, dra-inference-1, on 2 GPUs",
 			},
 		},
 		{
 			name:    "without Karpenter nodes or refused pods",
 			facts:   facts{static: []string{"gpu-node-1"}},
 			want:    []string{"gpu-node-1: the static nodes"},
-			notWant: []string{"made by Karpenter", "Pending", "fractions share"},
+			notWant: []string{"made by Karpenter", "Pending", "fractions share", "mode dra", "(claim)"},
 		},
 	}
 	for _, tt := range tests {

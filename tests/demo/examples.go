@@ -44,6 +44,7 @@ func phases(karpenter bool) []phase {
 		{what: "queues", files: []string{"queues.yaml"}},
 		{what: "whole GPUs, a gang and fractions", files: []string{"whole-gpu.yaml", "gang.yaml", "fractions.yaml"}},
 		{what: "requests the coordinator must not place", files: []string{"over-quota.yaml", "fraction-too-big.yaml"}},
+		{what: "GPU shares through DRA claims on the node group in mode dra", files: []string{"claims.yaml"}},
 	}
 	if karpenter {
 		ps = append(ps, phase{what: "a burst of fractions beyond the static nodes", files: []string{"burst.yaml"}})
@@ -99,11 +100,18 @@ func podsOf(obj *unstructured.Unstructured) int {
 	case "Pod":
 		return 1
 	case "Deployment", "ReplicaSet", "StatefulSet":
-		n, found, _ := unstructured.NestedInt64(obj.Object, "spec", "replicas")
+		// Decoded YAML holds numbers as int64 or float64.
+		v, found, _ := unstructured.NestedFieldNoCopy(obj.Object, "spec", "replicas")
 		if !found {
 			return 1
 		}
-		return int(n)
+		switch n := v.(type) {
+		case int64:
+			return int(n)
+		case float64:
+			return int(n)
+		}
+		return 1
 	}
 	return 0
 }
@@ -147,7 +155,8 @@ func unsettled(p *corev1.Pod) string {
 	case corev1.PodFailed, corev1.PodSucceeded:
 		return ""
 	case corev1.PodRunning:
-		if gpuPod(p) && p.Annotations[api.AnnotationAllocatedGPU] == "" {
+		// GPUs held through claims (nodes in mode dra) are not written back.
+		if gpuPod(p) && p.Annotations[api.AnnotationAllocatedGPU] == "" && p.Status.ExtendedResourceClaimStatus == nil {
 			return "GPU not written back yet"
 		}
 		return ""

@@ -18,6 +18,9 @@ import (
 // facts are what the legend says about the running demo.
 type facts struct {
 	static, karpenter []string // node names (Karpenter's with their instance type)
+	dra               []string // static nodes in mode dra
+	claimPods         []string // running demo pods whose GPU comes from a claim
+	claimGPUs         int      // GPUs holding at least one allocated claim
 	fractions         int      // running fraction pods
 	sharedGPUs        int      // GPUs holding at least one running fraction
 	reservations      int      // reservation pods holding a GPU
@@ -37,6 +40,8 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 	for _, n := range nodes.Items {
 		if _, ok := n.Labels[labelKarpenterNodePool]; ok {
 			f.karpenter = append(f.karpenter, n.Name+" ("+n.Labels[corev1.LabelInstanceTypeStable]+")")
+		} else if n.Labels[servingLabel] == "dra" {
+			f.dra = append(f.dra, n.Name)
 		} else {
 			f.static = append(f.static, n.Name)
 		}
@@ -65,6 +70,10 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 		if p.Annotations[api.AnnotationDoNotDisrupt] == "true" {
 			f.doNotDisrupt++
 		}
+		if len(p.Spec.ResourceClaims) > 0 || p.Status.ExtendedResourceClaimStatus != nil {
+			f.claimPods = append(f.claimPods, p.Name)
+			continue
+		}
 		if isFraction(p) {
 			f.fractions++
 			shared[p.Annotations[api.AnnotationAllocatedGPU]] = true
@@ -83,6 +92,23 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 		}
 	}
 	f.sharedGPUs = len(shared)
+	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return f, fmt.Errorf("listing resource claims: %w", err)
+	}
+	claimed := map[string]bool{}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if minor, _, err := api.ParseDRADeviceName(r.Device); r.Driver == api.DRADriver && err == nil {
+				claimed[fmt.Sprintf("%s/%d", r.Pool, minor)] = true
+			}
+		}
+	}
+	f.claimGPUs = len(claimed)
+	slices.Sort(f.claimPods)
 	for g, members := range gangs {
 		slices.Sort(members)
 		f.gangs = append(f.gangs, fmt.Sprintf("gang %s (%s)", g, strings.Join(members, ", ")))
@@ -116,8 +142,12 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 	var lines []string
 	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
 	if len(f.static) > 0 {
-		add("%s: the static nodes, %d mock H100s each, one pool; every GPU node runs a real gpufrac-node (device plugin on mock NVML) for a kubelet simulator.",
+		add("%s: the static nodes, %d mock H100s each, one pool; each runs a real gpufrac-node (device plugin on mock NVML) for a kubelet simulator.",
 			strings.Join(f.static, ", "), cfg.gpusPerNode)
+	}
+	if len(f.dra) > 0 {
+		add("%s: a static node group in mode dra (label and taint %s=dra), %d mock H100s a node: gpufrac-node is the DRA driver %s there and publishes each GPU in ResourceSlices as a whole device, a shareable device with a compute share and memory, and a memory view; pods get GPUs through ResourceClaims, not nvidia.com/gpu or gpufrac.io/gpu-fraction.",
+			strings.Join(f.dra, ", "), servingLabel, draGPUs, api.DRADriver)
 	}
 	if len(f.karpenter) > 0 {
 		them := "them"
@@ -130,6 +160,10 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 	if f.fractions > 0 {
 		add("\"pod NN%%\": a fraction, NN%% of one GPU's memory and compute (gpufrac.io/gpu-fraction): %d fractions share %d GPUs. gpufrac-coordinator chose each GPU, gpufrac-node served it and wrote it back (gpufrac.io/allocated-gpu).",
 			f.fractions, f.sharedGPUs)
+	}
+	if len(f.claimPods) > 0 {
+		add("\"(claim)\": a pod whose GPU share comes from a ResourceClaim (deployments/examples/claims.yaml: 30%% of a GPU, or 20 GiB of its memory): %s, on %d GPUs. kube-scheduler allocated the claims of default-scheduler pods, gpufrac-coordinator those of its own pods (with its queues and placement); gpufrac-node prepared them with the same memory limit and watchdog as a fraction's. No reservations there: a GPU's devices draw on the same counters, so a GPU with a share allocated is never allocated whole.",
+			strings.Join(f.claimPods, ", "), f.claimGPUs)
 	}
 	if f.reservations > 0 {
 		add("[reservation]: a gpufrac-reservations pod holding a shared GPU whole, so no whole-GPU pod can land on it (%d in all). It carries karpenter.sh/do-not-disrupt: Karpenter never consolidates a node while its GPUs are shared; the reservation goes %s after the GPU's last fraction.",

@@ -27,7 +27,23 @@ const (
 	progressFailed = "FAILED "
 	// staticNodePrefix names the static GPU nodes: gpu-node-1, gpu-node-2...
 	staticNodePrefix = "gpu-node-"
+	// draNode is the static node of the node group in mode dra: label
+	// servingLabel=dra puts it in that group (draConfig), and a taint of the
+	// same key keeps pods off it unless they want it.
+	draNode      = "gpu-node-dra"
+	servingLabel = api.Domain + "/serving"
 )
+
+// nodeConfig is gpufrac-node's config in the demo: the built-in defaults
+// (fractions on every GPU, the watchdog reporting), and mode dra for the
+// node group labelled gpufrac.io/serving: dra.
+const nodeConfig = `version: v1
+default:
+  mode: fraction
+groups:
+  - nodeSelector: {` + servingLabel + `: dra}
+    mode: dra
+`
 
 // queueGVR is gpufrac's Queue resource.
 var queueGVR = schema.GroupVersionResource{Group: api.Domain, Version: "v1alpha1", Resource: "queues"}
@@ -136,6 +152,7 @@ func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster
 		NodeAgents: &cluster.NodeAgentOptions{
 			// A node Karpenter removes takes its devices with it quickly.
 			StopGracePeriod: 5 * time.Second,
+			Config:          nodeConfig,
 		},
 	}
 	what := "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok"
@@ -221,10 +238,58 @@ func addNodes(ctx context.Context, cfg config, c *cluster.Cluster, p progress) e
 		lines = append(lines, fmt.Sprintf("  %s: gpufrac-node (pid %d) serves %d mock %s GPUs: %s %d, %s %d",
 			name, agent.PID, gpus, agent.Model, api.ResourceGPU, gpus, api.ResourceFraction, units))
 	}
+	line, err := addDRANode(ctx, c)
+	if err != nil {
+		return err
+	}
+	lines = append(lines, line)
 	p.say("added %d static GPU nodes in %s, each with a real gpufrac-node on mock NVML and a kubelet simulator:",
-		cfg.nodes, time.Since(began).Round(100*time.Millisecond))
+		cfg.nodes+1, time.Since(began).Round(100*time.Millisecond))
 	for _, l := range lines {
 		p.say("%s", l)
 	}
 	return nil
+}
+
+// draGPUs is how many GPUs the node in mode dra has: the mock DGX H100's
+// eight (its gpufrac-node runs without --mock-gpus).
+const draGPUs = 8
+
+// addDRANode adds the node group in mode dra (one node, 8 mock GPUs: the
+// DGX's) and waits until its gpufrac-node, as DRA driver, has published its
+// GPUs as devices.
+func addDRANode(ctx context.Context, c *cluster.Cluster) (string, error) {
+	spec := cluster.NodeSpec{
+		Name:   draNode,
+		Labels: map[string]string{api.LabelGPUNode: "true", api.LabelGPUProduct: cluster.H100Product, servingLabel: "dra"},
+		Taints: []corev1.Taint{{Key: servingLabel, Value: "dra", Effect: corev1.TaintEffectNoSchedule}},
+		Capacity: cluster.ResourceList(map[corev1.ResourceName]string{
+			corev1.ResourceCPU: "192", corev1.ResourceMemory: "2048Gi", corev1.ResourcePods: "110",
+		}),
+	}
+	if _, err := c.AddNode(ctx, spec); err != nil {
+		return "", err
+	}
+	agent, err := c.WaitForNodeAgent(ctx, draNode)
+	if err != nil {
+		return "", err
+	}
+	var devices int
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		slices, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + draNode})
+		if err != nil {
+			return false, err
+		}
+		devices = 0
+		for _, s := range slices.Items {
+			devices += len(s.Spec.Devices)
+		}
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, draNode, metav1.GetOptions{})
+		return devices > 0 && err == nil && node.Annotations[api.AnnotationGPUInventory] != "", nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("waiting for the DRA devices of %s: %w", draNode, err)
+	}
+	return fmt.Sprintf("  %s (mode dra, taint %s=dra): gpufrac-node (pid %d) is DRA driver %s for %d mock %s GPUs: %d devices (whole, shares, memory views)",
+		draNode, servingLabel, agent.PID, api.DRADriver, draGPUs, agent.Model, devices), nil
 }

@@ -291,11 +291,12 @@ func printHowTo(cfg config, burst bool) {
 `, burstDeployment, reservationGrace)
 	}
 	fmt.Printf(`
-The demo cluster keeps running. Try (any kubectl 1.34; the bin/ tools need none):
+The demo cluster keeps running. Try (kubectl 1.35 or newer; the bin/ tools need none):
   export KUBECONFIG=$PWD/%s
   kubectl get pods -A -o wide                         # every pod, gpufrac-reservations' reservations and placeholders included
   kubectl get queues                                  # quota, allocated GPUs and pending work per queue
   kubectl describe pod eval-nightly                   # why it waits: condition and event with the numbers
+  kubectl get resourceclaims,resourceslices           # the claims of the dra-* pods and the devices of gpu-node-dra
 %s  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)
 Logs: %s/ (gpufrac-coordinator.log, gpufrac-node-<node>.log, karpenter.log, ...).  Stop everything: make demo-down
 `, rel(cfg, cfg.kubeconfig()), scale, rel(cfg, filepath.Join(cfg.dir, "logs")))

@@ -376,7 +376,9 @@ func (k *Kubelet) Release(uid types.UID) int {
 		released++
 	}
 	if pod, ok := k.pods[uid]; ok {
-		delete(k.pods, uid)
+		if k.dra.pods[uid] == nil {
+			delete(k.pods, uid) // a pod with prepared claims stays listed
+		}
 		k.logger.V(2).Info("Released pod's devices", "pod", pod.String(), "podUID", uid, "allocations", released)
 		k.broadcastLocked()
 	}

@@ -63,6 +63,29 @@
 //	})
 //	alloc, err := k.Allocate(ctx, kubeletsim.PodRef{Namespace: "ns", Name: "p", UID: "u1"}, "main", "nvidia.com/gpu", 2)
 //
+// The simulator also plays the kubelet's DRA manager
+// (k8s.io/kubernetes/pkg/kubelet/cm/dra, v1.36) when Options.PluginRegistryDir
+// and Options.Claims are set:
+//
+//   - It watches PluginRegistryDir (polling every 50 ms where the kubelet
+//     uses fsnotify) for registration sockets, calls GetInfo
+//     (pluginregistration v1), accepts type DRAPlugin with "v1.DRAPlugin"
+//     among its versions and an absolute endpoint, connects to it and calls
+//     NotifyRegistrationStatus. A removed socket unregisters the driver; a
+//     Restart drops every driver so it registers again. Slices of a driver
+//     that went away are left alone (the kubelet deletes them after a delay).
+//   - PrepareClaims(pod) reads each of the pod's claims (spec.resourceClaims,
+//     template claims through status.resourceClaimStatuses, and the
+//     extended-resource claim), requires it allocated and the pod in
+//     status.reservedFor, and calls NodePrepareResources once per driver for
+//     the claims no other pod prepared yet. The CDI device IDs come back per
+//     container (ContainerCDIDevices: the claims and requests each container
+//     references, or the extended claim's request mappings) and in
+//     PodResources' dynamic_resources. Not ready (ErrClaimsNotReady) and
+//     driver errors (*DRAPluginError) leave the pod waiting; call again.
+//   - UnprepareClaims(pod UID) calls NodeUnprepareResources for the claims no
+//     other prepared pod uses.
+//
 // What the simulator leaves out: the topology manager (no NUMA alignment),
 // init-container device reuse, and pods without device-plugin resources in
 // PodResources (only containers with allocations are listed).

@@ -89,6 +89,13 @@ type Options struct {
 	// lock held: a test hook to act mid-Allocate (restart the simulator, say).
 	// It may block; ctx is Allocate's.
 	BeforeAllocate func(ctx context.Context, pod PodRef, resource string, devices []string)
+	// PluginRegistryDir is the kubelet's plugin registration directory
+	// (/var/lib/kubelet/plugins_registry): DRA drivers put their registration
+	// socket there and the simulator registers them (see PrepareClaims).
+	// Empty: the simulator speaks no DRA.
+	PluginRegistryDir string
+	// Claims reads resource claims for PrepareClaims.
+	Claims ClaimGetter
 }
 
 // Kubelet simulates one node's kubelet device manager. Create it with New.
@@ -137,6 +144,8 @@ type Kubelet struct {
 	dirtySignal chan struct{}
 	// callbacks registered with OnChange, called in registration order.
 	callbacks []func(resource string, devs []*v1beta1.Device)
+	// dra is the DRA side: registered drivers and prepared claims.
+	dra draState
 }
 
 // New returns a simulator configured by opts. It does nothing until Start.
@@ -165,6 +174,11 @@ func New(opts Options) *Kubelet {
 		changed:     make(chan struct{}),
 		dirty:       make(map[string]struct{}),
 		dirtySignal: make(chan struct{}, 1),
+		dra: draState{
+			drivers: map[string]*draDriver{},
+			claims:  map[types.UID]*PreparedClaim{},
+			pods:    map[types.UID]*draPod{},
+		},
 	}
 }
 
@@ -203,6 +217,10 @@ func (k *Kubelet) Start(ctx context.Context) error {
 		k.stopLocked()
 		return err
 	}
+	if err := k.startDRA(lifeCtx); err != nil {
+		k.stopLocked()
+		return err
+	}
 	k.logger.V(2).Info("Kubelet simulator started", "socket", k.socket, "podResourcesSocket", k.opts.PodResourcesSocket)
 	return nil
 }
@@ -236,6 +254,10 @@ func (k *Kubelet) Restart(ctx context.Context) error {
 	if err := lifeCtx.Err(); err != nil {
 		return fmt.Errorf("restarting kubelet simulator: %w", err)
 	}
+	// A restarted kubelet's plugin watcher finds the DRA drivers' sockets
+	// again and registers them anew; prepared claims are kept, as in the
+	// kubelet's checkpoint.
+	k.closeDrivers()
 	if err := k.startServingLocked(lifeCtx); err != nil {
 		return fmt.Errorf("restarting kubelet simulator: %w", err)
 	}

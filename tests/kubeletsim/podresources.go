@@ -14,8 +14,11 @@ import (
 // podResourcesServer serves the PodResources v1 API from the simulator's
 // allocations. Like the kubelet it reports one ContainerDevices entry per
 // device (and per NUMA node when the device has a topology); clients must
-// group them. Unlike the kubelet, pods appear only while they hold devices,
-// and entries are sorted so answers are reproducible.
+// group them. Containers using resource claims list their claims' devices
+// in dynamic_resources (claim name and namespace, driver, pool, device,
+// share and CDI devices), as the kubelet does since 1.34. Unlike the
+// kubelet, pods appear only while they hold devices or prepared claims, and
+// entries are sorted so answers are reproducible.
 type podResourcesServer struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	k *Kubelet
@@ -78,7 +81,14 @@ func (k *Kubelet) podResourcesLocked(pod PodRef) *podresourcesv1.PodResources {
 		}
 	}
 	out := &podresourcesv1.PodResources{Name: pod.Name, Namespace: pod.Namespace}
-	for _, name := range slices.Sorted(maps.Keys(byContainer)) {
+	names := slices.Collect(maps.Keys(byContainer))
+	for _, name := range k.draContainersLocked(pod.UID) {
+		if _, ok := byContainer[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
 		recs := byContainer[name]
 		slices.SortFunc(recs, func(a, b *allocRecord) int { return cmp.Compare(a.alloc.Resource, b.alloc.Resource) })
 		c := &podresourcesv1.ContainerResources{Name: name}
@@ -87,6 +97,7 @@ func (k *Kubelet) podResourcesLocked(pod PodRef) *podresourcesv1.PodResources {
 				c.Devices = append(c.Devices, containerDevices(rec.alloc.Resource, id, rec.topology[id])...)
 			}
 		}
+		c.DynamicResources = k.dynamicResourcesLocked(pod.UID, name)
 		out.Containers = append(out.Containers, c)
 	}
 	return out

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // migSeries matches gpufrac_mig_device_memory_total_bytes' labels.
@@ -32,9 +33,9 @@ func (n *node) writeCDISpec(dir string, model string) {
 		n.t.Fatal(err)
 	}
 	_, body := n.get("/metrics")
-	var migs []nvidia.MIGDevice
+	var migs []mig.Device
 	for _, m := range migSeries.FindAllStringSubmatch(body, -1) {
-		migs = append(migs, nvidia.MIGDevice{GPU: m[1], UUID: m[2], GI: len(migs) + 1})
+		migs = append(migs, mig.Device{GPU: m[1], UUID: m[2], GI: len(migs) + 1})
 	}
 	if _, err := cditest.Write(dir, cditest.Spec(cditest.FromGPUs(gpus, migs))); err != nil {
 		n.t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -49,7 +50,11 @@ type node struct {
 	configPath string
 	metrics    string // host:port
 	cmd        *exec.Cmd
-	log        *bytes.Buffer
+	args       []string
+	log        *syncBuffer
+	// cdiDir and draStateDir are the DRA driver's CDI specs and
+	// prepared-claims record (nodeOptions.claims set).
+	cdiDir, draStateDir string
 }
 
 type nodeOptions struct {
@@ -57,6 +62,9 @@ type nodeOptions struct {
 	config      string // config file content; "" runs without --config
 	quietPeriod time.Duration
 	extraArgs   []string
+	// claims, when set, gives the kubelet simulator a plugin registry and
+	// reads claims through it: gpufrac-node can then serve mode dra.
+	claims kubeletsim.ClaimGetter
 }
 
 // startNode starts a kubelet simulator and a real gpufrac-node process.
@@ -73,8 +81,8 @@ func startNode(t *testing.T, o nodeOptions) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	n := &node{t: t, dir: dir, stateDir: filepath.Join(dir, "mock"), log: &bytes.Buffer{}}
-	for _, d := range []string{"dp", "mock", "cfg"} {
+	n := &node{t: t, dir: dir, stateDir: filepath.Join(dir, "mock"), log: &syncBuffer{}}
+	for _, d := range []string{"dp", "mock", "cfg", "reg", "drv", "cdi", "drastate"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -84,6 +92,8 @@ func startNode(t *testing.T, o nodeOptions) *node {
 		Dir:                filepath.Join(dir, "dp"),
 		PodResourcesSocket: filepath.Join(dir, "pr.sock"),
 		Strict:             true,
+		PluginRegistryDir:  filepath.Join(dir, "reg"),
+		Claims:             o.claims,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -98,21 +108,38 @@ func startNode(t *testing.T, o nodeOptions) *node {
 		"--kubelet-dir=" + filepath.Join(dir, "dp"), "--pod-resources-socket=" + filepath.Join(dir, "pr.sock"),
 		"--metrics-addr=" + n.metrics, "--health-quiet-period=" + o.quietPeriod.String(),
 		"--health-probe-interval=200ms", "--allow-standalone", "-v=2",
+		"--kubelet-registry-dir=" + filepath.Join(dir, "reg"), "--dra-plugin-dir=" + filepath.Join(dir, "drv"),
+		"--cdi-dir=" + filepath.Join(dir, "cdi"), "--dra-state-dir=" + filepath.Join(dir, "drastate"),
 	}
+	n.cdiDir, n.draStateDir = filepath.Join(dir, "cdi"), filepath.Join(dir, "drastate")
 	if o.config != "" {
 		n.configPath = filepath.Join(dir, "cfg", "config.yaml")
 		n.writeConfig(o.config)
 		args = append(args, "--config="+n.configPath)
 	}
-	args = append(args, o.extraArgs...)
-	n.cmd = exec.Command(binary, args...)
+	n.args = append(args, o.extraArgs...)
+	n.start()
+	t.Cleanup(n.stop)
+	return n
+}
+
+// start starts the gpufrac-node process.
+func (n *node) start() {
+	n.t.Helper()
+	n.cmd = exec.Command(binary, n.args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
-	t.Cleanup(n.stop)
-	return n
+}
+
+// restart stops gpufrac-node (SIGTERM) and starts it again with the same
+// arguments and state directories.
+func (n *node) restart() {
+	n.t.Helper()
+	n.stop()
+	n.start()
 }
 
 func (n *node) stop() {
@@ -231,4 +258,23 @@ func healthyCount(st kubeletsim.ResourceState) int {
 		}
 	}
 	return n
+}
+
+// syncBuffer is the gpufrac-node process's log: exec copies the process's
+// output into it from its own goroutine while tests read it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

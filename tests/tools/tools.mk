@@ -1,16 +1,20 @@
 # Tool binaries for the local cluster harness (tests/cluster), included by the top Makefile.
 #
 # Each tool is built from its own wrapper module under tests/tools/<name>/ (own go.mod/go.sum),
-# so the project's go.mod never gains their dependencies. Every binary is a plain file target
-# with no prerequisites: it is built once and reused while it exists. To rebuild a tool after
-# changing its wrapper module, delete it (or run `make tools-clean`) and run `make tools` again.
+# so the project's go.mod never gains their dependencies. A tool is built once and reused while
+# it is the version below: the cache key is the version itself. For a binary it is the module
+# version Go embedded in it (`go version -m`, so a binary copied or linked into bin/ is judged
+# by what it is, not by its name or date); for the copied kwok stages and Karpenter CRDs it is a
+# .version file inside the directory. Bumping a version here rebuilds that tool on the next
+# `make tools`; an old binary is never reused silently. `make tools-clean` forces a rebuild.
 
 TOOLS_DIR := $(CURDIR)/tests/tools
 # GOFLAGS is set here, not inherited: the environment may carry other flags (e.g. -buildvcs=false).
 TOOLS_GO := GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 $(GO)
 
 ETCD_VERSION := v3.6.16
-K8S_VERSION := v1.34.4
+K8S_VERSION := v1.36.3
+K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
 KWOK_VERSION := v0.8.0
 KARPENTER_VERSION := v1.14.1
 HELM3_VERSION := v3.22.0
@@ -21,7 +25,7 @@ PROMETHEUS_VERSION := v0.316.0
 # kubectl version and Helm refuse unversioned binaries; stamp both version packages.
 K8S_VERSION_PKGS := k8s.io/component-base/version k8s.io/client-go/pkg/version
 K8S_LDFLAGS := -s -w $(foreach p,$(K8S_VERSION_PKGS),-X $(p).gitVersion=$(K8S_VERSION) \
-	-X $(p).gitMajor=1 -X $(p).gitMinor=34 -X $(p).gitTreeState=clean)
+	-X $(p).gitMajor=1 -X $(p).gitMinor=$(K8S_MINOR) -X $(p).gitTreeState=clean)
 
 # Helm refuses charts whose kubeVersion the binary's default does not satisfy
 # (it would say 1.20 unstamped); stamp its version and the Kubernetes minor it targets.
@@ -43,7 +47,7 @@ CHART_TOOLS := $(BIN)/helm $(BIN)/helm4 $(BIN)/prometheus-operator-crds $(BIN)/p
 TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
 	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(CHART_TOOLS)
 
-.PHONY: tools tools-clean
+.PHONY: tools tools-clean FORCE
 ## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4 and the chart's checkers into bin/
 tools: $(TOOLS)
 
@@ -51,46 +55,68 @@ tools: $(TOOLS)
 tools-clean:
 	rm -rf $(TOOLS)
 
-# Helper: $(call build_tool,<name>,<version>,<wrapper dir>,<package>,<ldflags>)
-# Builds into a temporary name and renames, so an interrupted build never leaves a binary behind.
+# Every tool target depends on FORCE: its recipe runs each time and first checks the version.
+FORCE:
+
+# $(call tool_is,<binary>,<module>,<version>[,<main package>]): a shell test, true when
+# <binary> exists and Go built it from <module> at <version> (the main module or a
+# dependency in its build info) and, when given, from the main package <main package>.
+tool_is = $(GO) version -m $(1) 2>/dev/null | \
+	awk '$$1=="path" {p=$$2} ($$1=="mod"||$$1=="dep") && $$2=="$(2)" {v=$$3} \
+		END {exit v!="$(3)" || ("$(4)"!="" && p!="$(4)")}'
+
+# $(call dir_is,<dir>,<version>): a shell test, true when <dir>/.version holds <version>.
+dir_is = [ "$$(cat $(1)/.version 2>/dev/null)" = "$(2)" ]
+
+# Helper: $(call build_tool,<name>,<version>,<wrapper dir>,<package>,<ldflags>,<module>[,<main>])
+# Does nothing when bin/<name> is already <module> at <version> (built from the main
+# package <main>, when given). Builds into a temporary name
+# and renames, so an interrupted build never leaves a binary behind (a symlink in bin/ is
+# replaced by the new file, never written through).
 define build_tool
-	@mkdir -p $(BIN)
-	@echo "building $(1) $(2) (first time: several minutes)"
-	@start=$$(date +%s); \
+	@if $(call tool_is,$(BIN)/$(1),$(6),$(2),$(7)); then exit 0; fi; \
+	mkdir -p $(BIN); \
+	if [ -e $(BIN)/$(1) ]; then echo "$(1) in bin/ is not $(6) $(2) $(7): rebuilding"; fi; \
+	echo "building $(1) $(2) (first time: several minutes)"; \
+	start=$$(date +%s); \
 	cd $(TOOLS_DIR)/$(3) && $(TOOLS_GO) build -ldflags '$(5)' -o $(BIN)/.$(1).tmp $(4) && \
-	mv $(BIN)/.$(1).tmp $(BIN)/$(1) && \
+	mv -f $(BIN)/.$(1).tmp $(BIN)/$(1) && \
 	echo "built $(1) $(2) in $$(( $$(date +%s) - start ))s"
 endef
 
-$(BIN)/etcd:
-	$(call build_tool,etcd,$(ETCD_VERSION),etcd,go.etcd.io/etcd/server/v3,-s -w)
+$(BIN)/etcd: FORCE
+	$(call build_tool,etcd,$(ETCD_VERSION),etcd,go.etcd.io/etcd/server/v3,-s -w,go.etcd.io/etcd/server/v3)
 
-$(BIN)/kube-apiserver:
-	$(call build_tool,kube-apiserver,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-apiserver,$(K8S_LDFLAGS))
+$(BIN)/kube-apiserver: FORCE
+	$(call build_tool,kube-apiserver,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-apiserver,$(K8S_LDFLAGS),k8s.io/kubernetes)
 
-$(BIN)/kube-scheduler:
-	$(call build_tool,kube-scheduler,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-scheduler,$(K8S_LDFLAGS))
+$(BIN)/kube-scheduler: FORCE
+	$(call build_tool,kube-scheduler,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-scheduler,$(K8S_LDFLAGS),k8s.io/kubernetes)
 
-$(BIN)/kube-controller-manager:
-	$(call build_tool,kube-controller-manager,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-controller-manager,$(K8S_LDFLAGS))
+$(BIN)/kube-controller-manager: FORCE
+	$(call build_tool,kube-controller-manager,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-controller-manager,$(K8S_LDFLAGS),k8s.io/kubernetes)
 
-$(BIN)/kwok:
-	$(call build_tool,kwok,$(KWOK_VERSION),kwok,sigs.k8s.io/kwok/cmd/kwok,-s -w)
+$(BIN)/kwok: FORCE
+	$(call build_tool,kwok,$(KWOK_VERSION),kwok,sigs.k8s.io/kwok/cmd/kwok,-s -w,sigs.k8s.io/kwok)
 
-$(BIN)/helm:
-	$(call build_tool,helm,$(HELM3_VERSION),helm3,helm.sh/helm/v3/cmd/helm,$(HELM3_LDFLAGS))
+$(BIN)/helm: FORCE
+	$(call build_tool,helm,$(HELM3_VERSION),helm3,helm.sh/helm/v3/cmd/helm,$(HELM3_LDFLAGS),helm.sh/helm/v3)
 
-$(BIN)/helm4:
-	$(call build_tool,helm4,$(HELM4_VERSION),helm4,helm.sh/helm/v4/cmd/helm,$(HELM4_LDFLAGS))
+$(BIN)/helm4: FORCE
+	$(call build_tool,helm4,$(HELM4_VERSION),helm4,helm.sh/helm/v4/cmd/helm,$(HELM4_LDFLAGS),helm.sh/helm/v4)
 
-# The Karpenter kwok provider's main package is also named kwok: give it its own name.
-$(BIN)/karpenter-kwok:
-	$(call build_tool,karpenter-kwok,$(KARPENTER_VERSION),karpenter,sigs.k8s.io/karpenter/kwok,-s -w)
+# The Karpenter kwok provider, from the wrapper's own main (kwokdra: the provider's
+# main plus DRA device templates for instance types); the provider's main package is
+# also named kwok, so the binary gets its own name.
+KARPENTER_MAIN := github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra
+$(BIN)/karpenter-kwok: FORCE
+	$(call build_tool,karpenter-kwok,$(KARPENTER_VERSION),karpenter,$(KARPENTER_MAIN),-s -w,sigs.k8s.io/karpenter,$(KARPENTER_MAIN))
 
 # The Stage YAMLs of the same kwok module the binary was built from, flat in one directory.
-$(BIN)/kwok-stages:
-	@echo "copying kwok $(KWOK_VERSION) stages"
-	@set -e; dir=$$(cd $(TOOLS_DIR)/kwok && $(TOOLS_GO) mod download sigs.k8s.io/kwok && \
+$(BIN)/kwok-stages: FORCE
+	@if $(call dir_is,$@,$(KWOK_VERSION)); then exit 0; fi; \
+	echo "copying kwok $(KWOK_VERSION) stages"; \
+	set -e; dir=$$(cd $(TOOLS_DIR)/kwok && $(TOOLS_GO) mod download sigs.k8s.io/kwok && \
 		$(TOOLS_GO) list -m -f '{{.Dir}}' sigs.k8s.io/kwok); \
 	rm -rf $@.tmp; mkdir -p $@.tmp; \
 	for s in $(KWOK_STAGE_DIRS); do \
@@ -99,29 +125,34 @@ $(BIN)/kwok-stages:
 			*) install -m 0644 $$f $@.tmp/$$(echo $$s | tr / -)-$$(basename $$f) ;; esac; \
 		done; \
 	done; \
+	echo '$(KWOK_VERSION)' > $@.tmp/.version; \
 	rm -rf $@; mv $@.tmp $@
 
 # The CRDs of the same Karpenter module the binary was built from (core CRDs and KWOKNodeClass).
-$(BIN)/karpenter-crds:
-	@echo "copying karpenter $(KARPENTER_VERSION) CRDs"
-	@set -e; dir=$$(cd $(TOOLS_DIR)/karpenter && $(TOOLS_GO) mod download sigs.k8s.io/karpenter && \
+$(BIN)/karpenter-crds: FORCE
+	@if $(call dir_is,$@,$(KARPENTER_VERSION)); then exit 0; fi; \
+	echo "copying karpenter $(KARPENTER_VERSION) CRDs"; \
+	set -e; dir=$$(cd $(TOOLS_DIR)/karpenter && $(TOOLS_GO) mod download sigs.k8s.io/karpenter && \
 		$(TOOLS_GO) list -m -f '{{.Dir}}' sigs.k8s.io/karpenter); \
 	rm -rf $@.tmp; mkdir -p $@.tmp; \
 	install -m 0644 $$dir/kwok/charts/crds/*.yaml $$dir/kwok/apis/crds/*.yaml $@.tmp/; \
+	echo '$(KARPENTER_VERSION)' > $@.tmp/.version; \
 	rm -rf $@; mv $@.tmp $@
 
 # Prometheus' PromQL parser behind a small command (tests/tools/promql).
-$(BIN)/promql-metrics:
-	$(call build_tool,promql-metrics,$(PROMETHEUS_VERSION),promql,.,-s -w)
+$(BIN)/promql-metrics: FORCE
+	$(call build_tool,promql-metrics,$(PROMETHEUS_VERSION),promql,.,-s -w,github.com/prometheus/prometheus)
 
 # The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs:
 # the chart's monitoring objects are dry-run against them on the test bed.
-$(BIN)/prometheus-operator-crds:
-	@echo "copying prometheus-operator $(PROMETHEUS_OPERATOR_VERSION) CRDs"
-	@set -e; dir=$$(cd $(TOOLS_DIR)/prometheus-operator && $(TOOLS_GO) mod download github.com/prometheus-operator/prometheus-operator && \
+$(BIN)/prometheus-operator-crds: FORCE
+	@if $(call dir_is,$@,$(PROMETHEUS_OPERATOR_VERSION)); then exit 0; fi; \
+	echo "copying prometheus-operator $(PROMETHEUS_OPERATOR_VERSION) CRDs"; \
+	set -e; dir=$$(cd $(TOOLS_DIR)/prometheus-operator && $(TOOLS_GO) mod download github.com/prometheus-operator/prometheus-operator && \
 		$(TOOLS_GO) list -m -f '{{.Dir}}' github.com/prometheus-operator/prometheus-operator); \
 	rm -rf $@.tmp; mkdir -p $@.tmp; \
 	for k in servicemonitors podmonitors prometheusrules; do \
 		install -m 0644 $$dir/example/prometheus-operator-crd/monitoring.coreos.com_$$k.yaml $@.tmp/; \
 	done; \
+	echo '$(PROMETHEUS_OPERATOR_VERSION)' > $@.tmp/.version; \
 	rm -rf $@; mv $@.tmp $@

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // NameStrategy is nvidia-ctk's --device-name-strategy.
@@ -41,8 +42,8 @@ type MIG struct {
 }
 
 // FromGPUs returns the spec's GPUs for NVML GPUs; migs lists MIG devices
-// (nvidia.MIGDevice.GPU names their parent).
-func FromGPUs(gpus []nvidia.GPU, migs []nvidia.MIGDevice) []GPU {
+// (mig.Device.GPU names their parent).
+func FromGPUs(gpus []nvidia.GPU, migs []mig.Device) []GPU {
 	out := make([]GPU, 0, len(gpus))
 	for _, g := range gpus {
 		sg := GPU{Index: g.Index, Minor: g.Minor, UUID: g.UUID}

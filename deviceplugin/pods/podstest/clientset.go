@@ -23,6 +23,14 @@ type Clientset struct {
 	kubernetes.Interface
 }
 
+// IsWatchListSemanticsUnSupported forwards client-go's marker of clients
+// that cannot serve watch-list streams (the fake clientset is one), so an
+// informer over this wrapper lists and watches as it would over the fake.
+func (c Clientset) IsWatchListSemanticsUnSupported() bool {
+	u, ok := c.Interface.(interface{ IsWatchListSemanticsUnSupported() bool })
+	return ok && u.IsWatchListSemanticsUnSupported()
+}
+
 // ListPods implements pods.PodWatcher.
 func (c Clientset) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error) {
 	return c.CoreV1().Pods(namespace).List(ctx, opts)

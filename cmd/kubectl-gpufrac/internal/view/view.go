@@ -2,7 +2,10 @@
 // node, per GPU, who holds what. Everything comes from the API: each node's GPU
 // inventory (annotation gpufrac.io/gpus, written by gpufrac-node), its Karpenter
 // labels, and the pods' requests, annotations (gpufrac.io/allocated-gpu,
-// gpufrac.io/reserved-gpu, karpenter.sh/do-not-disrupt) and conditions.
+// gpufrac.io/reserved-gpu, karpenter.sh/do-not-disrupt) and conditions; on nodes
+// in mode dra, the allocated ResourceClaims of gpufrac's driver (which device of
+// which GPU, what share, reserved for which pods) and the ResourceSlices that
+// name the devices' GPUs.
 package view
 
 import (
@@ -15,6 +18,7 @@ import (
 	"text/tabwriter"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -49,6 +53,12 @@ const (
 	// RolePlaceholder is gpufrac-coordinator's placeholder pod holding capacity
 	// it asked Karpenter for, until the real pods are placed.
 	RolePlaceholder Role = "placeholder"
+	// RoleClaim is a pod holding part of a GPU through a resource claim of
+	// gpufrac's DRA driver (a share of percent or of bytes); a claim for a
+	// whole GPU is RoleWhole, for a MIG device RoleMIG.
+	RoleClaim Role = "claim"
+	// RoleMIG is a pod holding a MIG device of the GPU through a claim.
+	RoleMIG Role = "mig"
 )
 
 // View is the cluster's GPUs and the pods that hold or want them.
@@ -84,6 +94,9 @@ type Node struct {
 	// Unplaced are pods on the node holding GPUs that no annotation ties to a GPU
 	// yet (gpufrac-node writes the GPUs back within seconds of admission).
 	Unplaced []Holder
+	// DRA is set for nodes in mode dra: their GPUs are served through gpufrac's
+	// DRA driver and held through claims.
+	DRA bool
 }
 
 // GPU is one GPU of a node.
@@ -101,9 +114,9 @@ func (g GPU) UsedPercent() int {
 	used := 0
 	for _, h := range g.Holders {
 		switch h.Role {
-		case RoleFraction:
+		case RoleFraction, RoleClaim:
 			used += h.Percent
-		case RoleWhole, RolePlaceholder:
+		case RoleWhole, RolePlaceholder, RoleMIG:
 			used += 100
 		}
 	}
@@ -131,6 +144,10 @@ type Holder struct {
 	Role Role
 	// Gang is the pod's gang (label gpufrac.io/pod-group), if any.
 	Gang string
+	// Claim names the resource claim a RoleClaim, RoleMIG or claim-held
+	// RoleWhole holding comes through (namespace/name), and Detail what it
+	// holds ("30%", "20 GiB", "1g.10gb").
+	Claim, Detail string
 }
 
 // Pod is a GPU pod outside the node view.
@@ -146,7 +163,9 @@ type Pod struct {
 	Why string
 }
 
-// Load lists nodes and pods through the API and builds the view.
+// Load lists nodes and pods through the API and builds the view. Resource
+// claims and slices are read when the API server serves them and the user may
+// list them; without them, nodes in mode dra show their GPUs free.
 func Load(ctx context.Context, client kubernetes.Interface) (*View, error) {
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -156,7 +175,15 @@ func Load(ctx context.Context, client kubernetes.Interface) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	return Build(nodes.Items, pods.Items), nil
+	var claims []resourceapi.ResourceClaim
+	var slices []resourceapi.ResourceSlice
+	if l, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err == nil {
+		claims = l.Items
+	}
+	if l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + api.DRADriver}); err == nil {
+		slices = l.Items
+	}
+	return BuildWithClaims(nodes.Items, pods.Items, claims, slices), nil
 }
 
 // request is what a pod asks for, summed over its containers.
@@ -202,6 +229,12 @@ func roleOf(p *corev1.Pod, r request) Role {
 
 // Build makes the view from nodes and pods: pure, for tests.
 func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
+	return BuildWithClaims(nodes, pods, nil, nil)
+}
+
+// BuildWithClaims is Build plus the resource claims and slices of gpufrac's
+// DRA driver, which say who holds the GPUs of nodes in mode dra.
+func BuildWithClaims(nodes []corev1.Node, pods []corev1.Pod, claims []resourceapi.ResourceClaim, resourceSlices []resourceapi.ResourceSlice) *View {
 	v := &View{}
 	byName := map[string]*Node{}
 	gpuOf := map[string]*GPU{} // GPU UUID -> its entry
@@ -219,6 +252,7 @@ func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 		slices.SortFunc(inv, func(a, b api.GPUInfo) int { return cmp.Compare(a.Index, b.Index) })
 		for _, g := range inv {
 			node.GPUs = append(node.GPUs, GPU{GPUInfo: g})
+			node.DRA = node.DRA || g.Driver == api.DRADriver
 		}
 		v.Nodes = append(v.Nodes, node)
 	}
@@ -242,6 +276,16 @@ func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 			node.DoNotDisrupt = append(node.DoNotDisrupt, Holder{Pod: p.Namespace + "/" + p.Name, Role: roleOf(p, r)})
 		}
 		if r.whole == 0 && r.units == 0 {
+			if len(p.Spec.ResourceClaims) > 0 && p.Spec.NodeName == "" && !terminal {
+				// Claims (nodes in mode dra): their holdings come from the claims.
+				pp := Pod{Pod: p.Namespace + "/" + p.Name, Request: claimRequest(p), Queue: p.Labels[api.LabelQueue], Why: schedulingMessage(p)}
+				if roleOf(p, r) == RolePlaceholder {
+					pp.Queue = p.Annotations[annotationPlaceholderWorkloads]
+					v.Placeholders = append(v.Placeholders, pp)
+				} else {
+					v.Pending = append(v.Pending, pp)
+				}
+			}
 			continue
 		}
 		name := p.Namespace + "/" + p.Name
@@ -262,12 +306,15 @@ func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 			continue
 		}
 		node := byName[p.Spec.NodeName]
-		if node == nil {
+		if node == nil || node.DRA {
+			// On a node in mode dra even gpufrac.io/gpu-fraction and
+			// nvidia.com/gpu are held through claims: placeClaims shows them.
 			continue
 		}
 		place(node, gpuOf, p, Holder{Pod: name, Phase: p.Status.Phase, Terminating: p.DeletionTimestamp != nil, Role: role,
 			Gang: p.Labels[api.LabelPodGroup]}, r)
 	}
+	placeClaims(byName, gpuOf, pods, claims, resourceSlices)
 	for i := range v.Nodes {
 		for j := range v.Nodes[i].GPUs {
 			// Reservations first: they say the GPU is shared.
@@ -277,6 +324,116 @@ func Build(nodes []corev1.Node, pods []corev1.Pod) *View {
 		}
 	}
 	return v
+}
+
+// claimRequest describes what a pod asks through claims: its claim entries.
+func claimRequest(p *corev1.Pod) string {
+	if n := p.Annotations[api.Domain+"/claim-gpus"]; n != "" {
+		return n + " GPUs (claim)"
+	}
+	names := make([]string, 0, len(p.Spec.ResourceClaims))
+	for _, c := range p.Spec.ResourceClaims {
+		switch {
+		case c.ResourceClaimTemplateName != nil:
+			names = append(names, *c.ResourceClaimTemplateName)
+		case c.ResourceClaimName != nil:
+			names = append(names, *c.ResourceClaimName)
+		}
+	}
+	return "claims " + strings.Join(names, ", ")
+}
+
+// dev is a device of gpufrac's driver: the GPU it is part of and what it is.
+type dev struct {
+	gpu, profile string
+	view         api.DRAView
+	memoryBytes  int64
+}
+
+// placeClaims records the allocated claims of gpufrac's driver on the GPUs of
+// nodes in mode dra: each device (or share of one) to the pods the claim is
+// reserved for. Devices are tied to GPUs through the slices (attribute uuid,
+// parentUUID for MIG devices).
+func placeClaims(byName map[string]*Node, gpuOf map[string]*GPU, pods []corev1.Pod, claims []resourceapi.ResourceClaim, resourceSlices []resourceapi.ResourceSlice) {
+	devs := map[[2]string]dev{} // pool, device -> what it is
+	str := func(d resourceapi.Device, name string) string {
+		if a, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && a.StringValue != nil {
+			return *a.StringValue
+		}
+		return ""
+	}
+	for _, s := range resourceSlices {
+		for _, d := range s.Spec.Devices {
+			_, view, err := api.ParseDRADeviceName(d.Name)
+			if err != nil {
+				continue
+			}
+			x := dev{gpu: str(d, api.DRAAttrUUID), view: view, profile: str(d, api.DRAAttrProfile)}
+			if p := str(d, api.DRAAttrParentUUID); p != "" {
+				x.gpu = p
+			}
+			if a, ok := d.Attributes[api.DRAAttrMemoryBytes]; ok && a.IntValue != nil {
+				x.memoryBytes = *a.IntValue
+			}
+			devs[[2]string{s.Spec.Pool.Name, d.Name}] = x
+		}
+	}
+	podByUID := map[string]*corev1.Pod{}
+	for i := range pods {
+		podByUID[string(pods[i].UID)] = &pods[i]
+	}
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver != api.DRADriver || byName[r.Pool] == nil {
+				continue
+			}
+			d, ok := devs[[2]string{r.Pool, r.Device}]
+			g := gpuOf[d.gpu]
+			if !ok || g == nil {
+				continue
+			}
+			h := Holder{Claim: c.Namespace + "/" + c.Name}
+			switch d.view {
+			case api.DRAViewShares:
+				q := r.ConsumedCapacity[api.DRACapacityShares]
+				h.Role, h.Percent, h.Detail = RoleClaim, int(q.Value()), fmt.Sprintf("%d%%", q.Value())
+			case api.DRAViewMemory:
+				q := r.ConsumedCapacity[api.DRACapacityMemory]
+				h.Role, h.Detail = RoleClaim, fmt.Sprintf("%d GiB", (q.Value()+1<<29)>>30)
+				if d.memoryBytes > 0 {
+					h.Percent = int((q.Value()*100 + d.memoryBytes - 1) / d.memoryBytes)
+				}
+			case api.DRAViewMIG:
+				h.Role, h.Whole, h.Detail = RoleMIG, 1, d.profile
+			default:
+				h.Role, h.Whole = RoleWhole, 1
+			}
+			holders := 0
+			for _, ref := range c.Status.ReservedFor {
+				p := podByUID[string(ref.UID)]
+				if p == nil {
+					continue
+				}
+				x := h
+				x.Pod, x.Phase, x.Terminating, x.Gang = p.Namespace+"/"+p.Name, p.Status.Phase, p.DeletionTimestamp != nil, p.Labels[api.LabelPodGroup]
+				if p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RolePlaceholder {
+					x.Role = RolePlaceholder
+				}
+				if holders > 0 {
+					x.Percent = 0 // a claim shared by pods holds its share once
+				}
+				g.Holders = append(g.Holders, x)
+				holders++
+			}
+			if holders == 0 {
+				h.Pod = "(claim " + h.Claim + ")"
+				g.Holders = append(g.Holders, h)
+			}
+		}
+	}
 }
 
 func rank(r Role) int {
@@ -413,9 +570,9 @@ func (v *View) summary() string {
 			var frac, hold int
 			for _, h := range g.Holders {
 				switch h.Role {
-				case RoleFraction:
+				case RoleFraction, RoleClaim:
 					frac++
-				case RoleWhole, RolePlaceholder:
+				case RoleWhole, RolePlaceholder, RoleMIG:
 					hold++
 				}
 			}
@@ -476,8 +633,12 @@ func renderNode(w io.Writer, n Node, opts Options) {
 		}
 		origin += ")"
 	}
-	fmt.Fprintf(w, "NODE %s (%s)%s  %s  allocatable: %s %d, %s %d\n", n.Name, status, origin, model,
-		api.ResourceGPU, n.WholeGPUs, api.ResourceFraction, n.FractionUnits)
+	if n.DRA {
+		fmt.Fprintf(w, "NODE %s (%s)%s  %s  served through DRA (driver %s)\n", n.Name, status, origin, model, api.DRADriver)
+	} else {
+		fmt.Fprintf(w, "NODE %s (%s)%s  %s  allocatable: %s %d, %s %d\n", n.Name, status, origin, model,
+			api.ResourceGPU, n.WholeGPUs, api.ResourceFraction, n.FractionUnits)
+	}
 	renderProtection(w, n, opts)
 	if n.Inventory {
 		fmt.Fprintln(w, "  GPU\tUUID\tMODE\tHEALTH\tUSED\tHELD BY")
@@ -494,7 +655,11 @@ func renderNode(w io.Writer, n Node, opts Options) {
 			if len(g.Holders) > 0 {
 				used = fmt.Sprintf("%d%%", g.UsedPercent())
 			}
-			fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", g.Index, uuid, g.Mode, health, used, holders(g.Holders, opts))
+			mode := g.Mode
+			if g.Driver == api.DRADriver {
+				mode += " (DRA)"
+			}
+			fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%s\n", g.Index, uuid, mode, health, used, holders(g.Holders, opts))
 		}
 	}
 	var whole, fractions []string
@@ -566,6 +731,11 @@ func describe(h Holder, opts Options) string {
 		s = fmt.Sprintf("%s %d%%", h.Pod, h.Percent)
 		if h.Gang != "" {
 			s += " (gang " + h.Gang + ")"
+		}
+	case RoleClaim, RoleMIG:
+		s = fmt.Sprintf("%s %s (claim)", h.Pod, h.Detail)
+		if opts.Wide {
+			s = fmt.Sprintf("%s %s (claim %s)", h.Pod, h.Detail, h.Claim)
 		}
 	case RoleReservation:
 		s = "[reservation]"

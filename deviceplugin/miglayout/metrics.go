@@ -1,4 +1,4 @@
-package mig
+package miglayout
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package mig
+package miglayout
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // newMock builds an initialized mock of model with seeded UUIDs.
@@ -114,7 +115,7 @@ func (f *fixture) policy(layouts map[int]string) config.NodePolicy {
 	return np
 }
 
-func (f *fixture) instances(t *testing.T, i int) []nvidia.GPUInstance {
+func (f *fixture) instances(t *testing.T, i int) []mig.GPUInstance {
 	t.Helper()
 	mode, err := f.mock.MIGMode(f.gpus[i].UUID)
 	if err != nil {
@@ -149,7 +150,7 @@ func statusOf(ss []Status, i int) Status {
 	return Status{}
 }
 
-func uuidsOf(gis []nvidia.GPUInstance) []string {
+func uuidsOf(gis []mig.GPUInstance) []string {
 	var out []string
 	for _, d := range devicesOf(gis) {
 		out = append(out, d.UUID)
@@ -178,11 +179,11 @@ func TestApplyLayoutFromEmptyGPU(t *testing.T) {
 				t.Fatalf("status = %+v, want Applied and Changed", got)
 			}
 			gis := f.instances(t, tc.gpu)
-			if d := Describe(gis); d != tc.want {
+			if d := mig.Describe(gis); d != tc.want {
 				t.Errorf("layout = %q, want %q", d, tc.want)
 			}
 			for i := range gis {
-				if !clean(gis[i]) {
+				if !gis[i].Clean() {
 					t.Errorf("instance %d is not one full compute instance: %+v", gis[i].ID, gis[i])
 				}
 				for j := range i {
@@ -223,7 +224,7 @@ func TestLayoutChangeKeepsMatchingInstances(t *testing.T) {
 	before := f.instances(t, 0)
 	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "3g.40gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb"}))
 	after := f.instances(t, 0)
-	if d := Describe(after); d != "3g.40gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+	if d := mig.Describe(after); d != "3g.40gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
 		t.Fatalf("layout = %q", d)
 	}
 	kept := 0
@@ -274,7 +275,7 @@ func TestChangeDeferredWhileGPUHasAllocatedDevices(t *testing.T) {
 	if s := statusOf(f.mgr.Apply(f.ctx, f.policy(map[int]string{1: "all-1g.10gb"})), 1); s.State != StateApplied || !s.Changed {
 		t.Errorf("status after the GPU drained = %+v, want Applied and Changed", s)
 	}
-	if d := Describe(f.instances(t, 1)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+	if d := mig.Describe(f.instances(t, 1)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
 		t.Errorf("layout after draining = %q", d)
 	}
 	if v := testutil.ToFloat64(f.mgr.metrics.pending.WithLabelValues(g.UUID, ReasonDevicesAllocated)); v != 0 {
@@ -330,7 +331,7 @@ func TestRunRetriesWhenTheGPUDrains(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not retry after the GPU drained")
 	}
-	if d := Describe(f.instances(t, 2)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+	if d := mig.Describe(f.instances(t, 2)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
 		t.Errorf("layout = %q after the retry", d)
 	}
 }
@@ -377,7 +378,7 @@ func TestModeChangeThatCannotBeActivatedIsLeftAsFound(t *testing.T) {
 	if s := statusOf(f.mgr.Apply(f.ctx, np), 4); s.State != StateApplied {
 		t.Errorf("status after enabling = %+v", s)
 	}
-	if d := Describe(f.instances(t, 4)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
+	if d := mig.Describe(f.instances(t, 4)); d != "1g.10gb,1g.10gb,1g.10gb,1g.10gb" {
 		t.Errorf("layout = %q", d)
 	}
 }
@@ -408,7 +409,7 @@ func TestModeChangeOnAGPUInUseIsRetriedLater(t *testing.T) {
 	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.State != StateApplied {
 		t.Errorf("status once idle = %+v", s)
 	}
-	if d := Describe(f.instances(t, 0)); d != "7g.80gb" {
+	if d := mig.Describe(f.instances(t, 0)); d != "7g.80gb" {
 		t.Errorf("layout = %q", d)
 	}
 }
@@ -534,7 +535,7 @@ func BenchmarkApplyUnchanged(b *testing.B) {
 // profilesOnlyWithMIG is a driver that lists MIG profiles only while MIG is on.
 type profilesOnlyWithMIG struct{ *nvidia.Mock }
 
-func (p profilesOnlyWithMIG) MIGProfiles(uuid string) ([]nvidia.MIGProfile, error) {
+func (p profilesOnlyWithMIG) MIGProfiles(uuid string) ([]mig.Profile, error) {
 	if mode, err := p.MIGMode(uuid); err != nil || !mode.Current {
 		return nil, fmt.Errorf("listing MIG profiles of %s: %w", uuid, nvidia.ErrNotSupported)
 	}
@@ -547,7 +548,7 @@ func TestLayoutExpandedAfterEnablingWhenProfilesNeedMIG(t *testing.T) {
 	if s := statusOf(mgr.Apply(f.ctx, f.policy(map[int]string{5: "all-balanced"})), 5); s.State != StateApplied || !s.Changed {
 		t.Fatalf("status = %+v, want Applied", s)
 	}
-	if d := Describe(f.instances(t, 5)); d != "3g.20gb,2g.10gb,1g.5gb,1g.5gb" {
+	if d := mig.Describe(f.instances(t, 5)); d != "3g.20gb,2g.10gb,1g.5gb,1g.5gb" {
 		t.Errorf("layout = %q", d)
 	}
 }

@@ -1,4 +1,4 @@
-package timeslice
+package metrics
 
 import (
 	"context"
@@ -7,21 +7,23 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpufrac/gpufrac/timeslice"
 )
 
-// Offer is what a node time-slices right now: the replicas each GPU offers
+// TimesliceOffer is what a node time-slices right now: the replicas each GPU offers
 // and the resource they are served as.
-type Offer struct {
-	Sharing Sharing
+type TimesliceOffer struct {
+	Sharing timeslice.Sharing
 	// GPUs are the UUIDs of the GPUs in timeslice mode.
 	GPUs []string
 }
 
-// Sources are what the replica collector reads at scrape time.
-type Sources struct {
+// TimesliceSources are what the replica collector reads at scrape time.
+type TimesliceSources struct {
 	// Offer returns the current time-slicing (nil or no GPUs: nothing is
 	// reported).
-	Offer func() Offer
+	Offer func() TimesliceOffer
 	// Allocations lists allocated device IDs by resource name (from
 	// PodResources); nil or an error leaves the allocated series out.
 	Allocations func(ctx context.Context) (map[string][]string, error)
@@ -36,27 +38,27 @@ var (
 		[]string{"gpu_uuid", "resource"}, nil)
 )
 
-// Collector exports per-GPU replica counts, offered and allocated.
-type Collector struct {
-	src Sources
+// TimesliceCollector exports per-GPU replica counts, offered and allocated.
+type TimesliceCollector struct {
+	src TimesliceSources
 	mu  sync.Mutex // serialises scrapes
 }
 
-// NewCollector registers a replica collector on reg.
-func NewCollector(reg prometheus.Registerer, src Sources) *Collector {
-	c := &Collector{src: src}
+// NewTimesliceCollector registers a replica collector on reg.
+func NewTimesliceCollector(reg prometheus.Registerer, src TimesliceSources) *TimesliceCollector {
+	c := &TimesliceCollector{src: src}
 	reg.MustRegister(c)
 	return c
 }
 
 // Describe implements prometheus.Collector.
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+func (c *TimesliceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descReplicas
 	ch <- descReplicasAllocated
 }
 
 // Collect implements prometheus.Collector.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+func (c *TimesliceCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.src.Offer == nil {

@@ -1,4 +1,10 @@
-package mig
+// Package miglayout is the node agent's MIG layout manager: it turns each
+// GPU's declared MIG mode and layout (from the node's config) into GPU and
+// compute instances through NVML (nvidia.MIGLib), deferring changes while
+// the kubelet has devices of the GPU allocated, and reports where each GPU
+// stands. The layout arithmetic it applies (Expand, Diff, Describe) is the
+// pure vocabulary in package mig.
+package miglayout
 
 import (
 	"context"
@@ -14,6 +20,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/mig"
 )
 
 // AllocationsFunc lists the device IDs the kubelet has allocated on this
@@ -125,7 +132,7 @@ type Manager struct {
 	// blocked: GPU UUID -> a mode change that could not be activated.
 	blocked map[string]blockedChange
 	// devices: GPU UUID -> its MIG devices as last read.
-	devices map[string][]nvidia.MIGDevice
+	devices map[string][]mig.Device
 }
 
 // blockedChange is a MIG mode change the driver refused to activate.
@@ -152,7 +159,7 @@ func NewManager(lib nvidia.MIGLib, gpus []nvidia.GPU, o Options) *Manager {
 		opts:    o,
 		status:  map[string]Status{},
 		blocked: map[string]blockedChange{},
-		devices: map[string][]nvidia.MIGDevice{},
+		devices: map[string][]mig.Device{},
 	}
 	m.metrics = newMetrics(m)
 	if o.Registerer != nil {
@@ -239,7 +246,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 	if err != nil {
 		return fail(ReasonNVMLError, err)
 	}
-	var instances []nvidia.GPUInstance
+	var instances []mig.GPUInstance
 	if mode.Current {
 		if instances, err = m.lib.MIGInstances(g.UUID); err != nil {
 			return fail(ReasonNVMLError, err)
@@ -248,7 +255,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 	m.devices[g.UUID] = devicesOf(instances)
 	// Drivers may list profiles only once MIG is on; then the layout is
 	// expanded after enabling it.
-	var wantGIs []nvidia.MIGProfile
+	var wantGIs []mig.Profile
 	expand := func() (Status, bool) {
 		if !want.mig || want.layout == "" {
 			return s, true
@@ -257,7 +264,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		if err != nil {
 			return fail(ReasonNVMLError, err), false
 		}
-		if wantGIs, err = Expand(want.layout, profiles); err != nil {
+		if wantGIs, err = mig.Expand(want.layout, profiles); err != nil {
 			return fail(ReasonNotSupported, fmt.Errorf("layout %q on GPU %d: %w", want.layout, g.Index, err)), false
 		}
 		return s, true
@@ -270,15 +277,15 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 
 	// 2. Anything to do? A pending mode left over from an earlier attempt
 	// counts as a change too: it would take effect at the next reset.
-	var steps []Step
+	var steps []mig.Step
 	needMode := mode.Current != want.mig
 	switch {
 	case want.mig && !mode.Current && want.layout == "":
 		return fail(ReasonNoLayout, fmt.Errorf("GPU %d is in mode mig without a layout, but its MIG mode is disabled: set mig.layout or a migLayout for it", g.Index))
 	case want.mig && want.layout != "" && mode.Current:
-		steps = Diff(instances, wantGIs)
+		steps = mig.Diff(instances, wantGIs)
 	case !want.mig && mode.Current:
-		steps = Diff(instances, nil)
+		steps = mig.Diff(instances, nil)
 	}
 	if !needMode && len(steps) == 0 {
 		// A pending mode someone else asked for (nvidia-smi -mig, waiting
@@ -313,7 +320,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		if st, ok := expand(); !ok {
 			return st
 		}
-		steps = Diff(instances, wantGIs)
+		steps = mig.Diff(instances, wantGIs)
 	}
 	for _, st := range steps {
 		if st.Destroy >= 0 {
@@ -345,7 +352,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 	m.refreshDevicesLocked(g)
 	s.Message = fmt.Sprintf("GPU %d: MIG %s", g.Index, onOff(want.mig))
 	if want.mig {
-		s.Message += ", devices " + Describe(instancesOrEmpty(m.lib, g.UUID))
+		s.Message += ", devices " + mig.Describe(instancesOrEmpty(m.lib, g.UUID))
 	}
 	return s
 }
@@ -409,7 +416,7 @@ func (m *Manager) refreshDevicesLocked(g nvidia.GPU) {
 }
 
 // instancesOrEmpty lists a GPU's instances, none when MIG is off or NVML fails.
-func instancesOrEmpty(lib nvidia.MIGLib, uuid string) []nvidia.GPUInstance {
+func instancesOrEmpty(lib nvidia.MIGLib, uuid string) []mig.GPUInstance {
 	mode, err := lib.MIGMode(uuid)
 	if err != nil || !mode.Current {
 		return nil
@@ -422,8 +429,8 @@ func instancesOrEmpty(lib nvidia.MIGLib, uuid string) []nvidia.GPUInstance {
 }
 
 // devicesOf flattens instances into their MIG devices.
-func devicesOf(instances []nvidia.GPUInstance) []nvidia.MIGDevice {
-	var out []nvidia.MIGDevice
+func devicesOf(instances []mig.GPUInstance) []mig.Device {
+	var out []mig.Device
 	for _, gi := range instances {
 		out = append(out, gi.Devices...)
 	}
@@ -564,12 +571,12 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 }
 
 // Devices returns the MIG devices of every GPU as last read, by GPU UUID.
-func (m *Manager) Devices() map[string][]nvidia.MIGDevice {
+func (m *Manager) Devices() map[string][]mig.Device {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make(map[string][]nvidia.MIGDevice, len(m.devices))
+	out := make(map[string][]mig.Device, len(m.devices))
 	for u, ds := range m.devices {
-		out[u] = append([]nvidia.MIGDevice(nil), ds...)
+		out[u] = append([]mig.Device(nil), ds...)
 	}
 	return out
 }

@@ -1,0 +1,64 @@
+package dra
+
+import (
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// TestWriteTakesUpAnExistingExtendedClaim: an extended claim an earlier
+// attempt created and allocated (read back from the API server) is
+// reserved and named in the pod's status, not created a second time; a new
+// one is created.
+func TestWriteTakesUpAnExistingExtendedClaim(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	pod := builders.MakePod("p", "team").Fraction(30).Obj()
+	pod.UID = "pod-uid"
+	existing, mappings := ExtendedClaim(pod)
+	existing.Name, existing.GenerateName, existing.ResourceVersion = "p-extended-resources-abcde", "", "7"
+	existing.Status.Allocation = allocated("x", result("gpu-0-shares", true, map[string]string{"shares": "30"})).Allocation
+	existing.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	client := fake.NewClientset(pod, existing)
+	read, err := client.ResourceV1().ResourceClaims("team").Get(ctx, existing.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := NewWriter(client).Write(ctx, pod, []Planned{{Claim: read, Extended: true, Mappings: mappings}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range client.Actions() {
+		if a.GetVerb() == "create" && a.GetResource().Resource == "resourceclaims" {
+			t.Errorf("created a second extended claim: %v", a.(clienttesting.CreateAction).GetObject())
+		}
+	}
+	got, err := client.CoreV1().Pods("team").Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := got.Status.ExtendedResourceClaimStatus; s == nil || s.ResourceClaimName != existing.Name {
+		t.Errorf("pod's extendedResourceClaimStatus = %+v, want claim %s", s, existing.Name)
+	}
+
+	// A new one (no resourceVersion: never read from the API server) is created.
+	client = fake.NewClientset(pod)
+	fresh, mappings := ExtendedClaim(pod)
+	fresh.UID = pod.UID + "-extended" // as the scheduler sets it for the allocator
+	fresh.Name = "p-extended-resources-fghij"
+	alloc := allocated("x", result("gpu-0-shares", true, map[string]string{"shares": "30"})).Allocation
+	if err := NewWriter(client).Write(ctx, pod, []Planned{{Claim: fresh, Allocation: alloc, Extended: true, Mappings: mappings}}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := client.ResourceV1().ResourceClaims("team").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 || list.Items[0].Status.Allocation == nil {
+		t.Errorf("claims after writing a new extended claim: %+v", list.Items)
+	}
+}
