@@ -218,10 +218,15 @@ func settlingIn(snap *state.Snapshot, nodes []*corev1.Node) func(node string) bo
 // kube-scheduler bound already, unseen yet, goes too); other work it also
 // asked for asks again in a later cycle.
 // The placeholders deleted are added to withdrawn, for syncPlaceholders.
-func (s *Scheduler) withdrawPlaceholders(ctx context.Context, w *workload, existing []*corev1.Pod, withdrawn map[types.UID]bool) {
+// It tells whether it deleted any: w is then bound in a later cycle, once
+// the informer shows each deleted placeholder gone, or bound after all and
+// terminating (holding its GPU until it is gone), never in the moment the
+// kubelet may still be admitting one on w's GPU.
+func (s *Scheduler) withdrawPlaceholders(ctx context.Context, w *workload, existing []*corev1.Pod, withdrawn map[types.UID]bool) bool {
 	if s.deps.Placeholders == nil {
-		return
+		return false
 	}
+	deleted := false
 	for _, ph := range existing {
 		if ph.Spec.NodeName != "" || ph.DeletionTimestamp != nil || withdrawn[ph.UID] ||
 			!slices.Contains(strings.Split(ph.Annotations[placeholder.AnnotationWorkloads], ","), w.key) {
@@ -232,7 +237,9 @@ func (s *Scheduler) withdrawPlaceholders(ctx context.Context, w *workload, exist
 			continue
 		}
 		withdrawn[ph.UID] = true
+		deleted = true
 	}
+	return deleted
 }
 
 // preferredNodes are the nodes where a workload's placeholders landed.

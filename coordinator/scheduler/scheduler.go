@@ -704,6 +704,12 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
 			continue
 		}
+		if s.withdrawPlaceholders(ctx, w, existing, withdrawn) {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, binder.ReasonNoCapacity, "room found; waiting for its Karpenter placeholders to be withdrawn before binding", &res)
+			}
+			continue
+		}
 		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
 		if allocErr != nil {
 			for _, p := range w.pods {
@@ -711,7 +717,6 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			}
 			continue
 		}
-		s.withdrawPlaceholders(ctx, w, existing, withdrawn)
 		s.bind(ctx, w, decisions, snap, claims)
 		res.Bound += len(w.pods)
 	}
