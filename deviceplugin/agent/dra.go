@@ -7,14 +7,14 @@ import (
 	"os"
 	"path/filepath"
 
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/dra"
+	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/mig"
 )
@@ -22,14 +22,14 @@ import (
 // DRAConfig is where gpufrac-node meets the kubelet as a DRA driver (nodes
 // in mode dra).
 type DRAConfig struct {
-	// KubeClient is the API client the kubeletplugin helper reads claims and
-	// publishes ResourceSlices with. Nil: mode dra cannot be served.
-	KubeClient kubernetes.Interface
+	// API is what the driver reads claims and publishes ResourceSlices
+	// with (draplugin.NewClient). Nil: mode dra cannot be served.
+	API draplugin.API
 	// RegistryDir is the kubelet's plugin registration directory
-	// ("" is kubeletplugin.KubeletRegistryDir).
+	// ("" is draplugin.KubeletRegistryDir).
 	RegistryDir string
 	// PluginDir is the driver's own directory, where the DRA socket lives
-	// ("" is <kubeletplugin.KubeletPluginsDir>/gpu.gpufrac.io).
+	// ("" is <draplugin.KubeletPluginsDir>/gpu.gpufrac.io).
 	PluginDir string
 	// StateDir holds the prepared-claims record ("" is PluginDir).
 	StateDir string
@@ -45,23 +45,27 @@ var ErrServingChanged = errors.New("switching a node between device plugins (mod
 // draServing is the running DRA driver of a node in mode dra.
 type draServing struct {
 	driver *dra.Driver
-	helper *kubeletplugin.Helper
+	server *draplugin.Server
+	// publisher publishes the node's ResourceSlices; stopPublisher ends it
+	// and waits.
+	publisher     *draplugin.Publisher
+	stopPublisher func()
 	// fatal receives the driver's first fatal background error: Run
 	// returns it, and gpufrac-node exits to be restarted.
 	fatal chan error
 }
 
 // startDRA starts the DRA driver: the prepared-claims record, the kubelet
-// plugin registration and DRA service (k8s.io/dynamic-resource-allocation's
-// kubeletplugin helper). Slices are published by publishDRA.
+// plugin registration and DRA service, and the ResourceSlice publisher
+// (package draplugin). Slices are published by publishDRA.
 func (a *Agent) startDRA(ctx context.Context) error {
 	c := a.cfg.DRA
-	if c.KubeClient == nil || a.cfg.NodeName == "" {
+	if c.API == nil || a.client == nil || a.cfg.NodeName == "" {
 		return errors.New("mode dra needs API access (a kubeconfig or the in-cluster config) and --node-name")
 	}
 	pluginDir := c.PluginDir
 	if pluginDir == "" {
-		pluginDir = filepath.Join(kubeletplugin.KubeletPluginsDir, api.DRADriver)
+		pluginDir = filepath.Join(draplugin.KubeletPluginsDir, api.DRADriver)
 	}
 	stateDir := c.StateDir
 	if stateDir == "" {
@@ -79,20 +83,33 @@ func (a *Agent) startDRA(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting the DRA driver: %w", err)
 	}
-	opts := []kubeletplugin.Option{
-		kubeletplugin.DriverName(api.DRADriver),
-		kubeletplugin.KubeClient(c.KubeClient),
-		kubeletplugin.NodeName(a.cfg.NodeName),
-		kubeletplugin.PluginDataDirectoryPath(pluginDir),
-	}
-	if c.RegistryDir != "" {
-		opts = append(opts, kubeletplugin.RegistrarDirectoryPath(c.RegistryDir))
-	}
-	helper, err := kubeletplugin.Start(ctx, driver, opts...)
+	pub, err := draplugin.NewPublisher(draplugin.PublisherOptions{
+		Driver: api.DRADriver, Node: a.cfg.NodeName, API: c.API, OnError: driver.HandleError,
+		NodeUID: func(ctx context.Context) (types.UID, error) {
+			n, err := a.client.GetNode(ctx, a.cfg.NodeName)
+			if err != nil {
+				return "", err
+			}
+			return n.UID, nil
+		},
+	})
 	if err != nil {
 		return fmt.Errorf("starting the DRA driver %s: %w", api.DRADriver, err)
 	}
-	a.dra = &draServing{driver: driver, helper: helper, fatal: make(chan error, 1)}
+	server, err := draplugin.StartServer(ctx, driver, draplugin.ServerOptions{
+		Driver: api.DRADriver, RegistryDir: c.RegistryDir, PluginDir: pluginDir, Claims: c.API,
+	})
+	if err != nil {
+		return fmt.Errorf("starting the DRA driver %s: %w", api.DRADriver, err)
+	}
+	pubCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pub.Run(klog.NewContext(pubCtx, klog.LoggerWithName(klog.FromContext(ctx), "resourceslices")))
+	}()
+	a.dra = &draServing{driver: driver, server: server, publisher: pub, fatal: make(chan error, 1),
+		stopPublisher: func() { cancel(); <-done }}
 	driver.OnFatal(func(err error) {
 		select {
 		case a.dra.fatal <- err:
@@ -108,11 +125,13 @@ func (a *Agent) startDRA(ctx context.Context) error {
 	return nil
 }
 
-// stopDRA stops the helper (sockets, slice publishing). Published slices
-// stay: the kubelet removes them when the plugin is gone for good.
+// stopDRA stops the kubelet's servers (their sockets go) and slice
+// publishing. Published slices stay: the kubelet removes them when the
+// plugin is gone for good.
 func (a *Agent) stopDRA() {
 	if a.dra != nil {
-		a.dra.helper.Stop()
+		a.dra.server.Stop()
+		a.dra.stopPublisher()
 	}
 }
 
@@ -181,16 +200,14 @@ func (a *Agent) publishDRA(ctx context.Context, np config.NodePolicy) error {
 		}
 		a.cdi.SetWanted(names)
 	}
-	if err := a.dra.helper.PublishResources(ctx, p.Resources); err != nil {
-		return fmt.Errorf("publishing DRA devices: %w", err)
-	}
+	a.dra.publisher.Publish(p.Resources)
 	klog.FromContext(ctx).Info("Publishing DRA devices", "driver", api.DRADriver, "devices", len(p.Targets))
 	return nil
 }
 
 // draRegistered tells whether the kubelet accepted the driver's registration.
 func (a *Agent) draRegistered() bool {
-	st := a.dra.helper.RegistrationStatus()
+	st := a.dra.server.RegistrationStatus()
 	return st != nil && st.PluginRegistered
 }
 

@@ -11,13 +11,12 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
@@ -66,7 +65,7 @@ type Options struct {
 	Unresolved func(names []string) []string
 }
 
-// Driver is the DRAPlugin behind kubeletplugin: it prepares and unprepares
+// Driver is the draplugin.Plugin behind draplugin.Server: it prepares and unprepares
 // claims against the devices last published and the record of claims
 // prepared before. Methods are safe for concurrent use.
 type Driver struct {
@@ -87,14 +86,14 @@ type Driver struct {
 	// taintsDropped is set once that happened.
 	taintsDropped bool
 	// onFatal is called (once, in its own goroutine) with the first fatal
-	// background error: the helper's DRA or registration gRPC server failed.
+	// background error: its DRA or registration gRPC server failed.
 	onFatal func(err error)
 	// fatal is set once onFatal was called.
 	fatal bool
 }
 
 var (
-	_ kubeletplugin.DRAPlugin = (*Driver)(nil)
+	_ draplugin.Plugin        = (*Driver)(nil)
 	_ enforcement.ClaimSource = (*Driver)(nil)
 )
 
@@ -143,25 +142,25 @@ func (d *Driver) Prepared() []PreparedClaim {
 	return out
 }
 
-// PrepareResourceClaims implements kubeletplugin.DRAPlugin. Each claim is
+// PrepareResourceClaims implements draplugin.Plugin. Each claim is
 // prepared on its own: checked against the claims prepared before it (and
 // earlier in the same call), answered with CDI device IDs, its CDI spec
 // written and the record saved before the answer. A claim prepared before
 // gets the same answer again.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]draplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	out := make(map[types.UID]draplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		pc, err := d.prepareLocked(claim)
 		if err != nil {
 			logger.Error(err, "Refusing to prepare claim", "claim", klog.KObj(claim), "claimUID", claim.UID)
-			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			out[claim.UID] = draplugin.PrepareResult{Err: err}
 			continue
 		}
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "claimUID", claim.UID, "devices", len(pc.Devices))
-		out[claim.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
+		out[claim.UID] = draplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
 	return out, nil
 }
@@ -376,10 +375,10 @@ func consumed(r resourceapi.DeviceRequestAllocationResult, name string, def int6
 }
 
 // resultDevices is the kubelet's answer for a prepared claim.
-func resultDevices(pc PreparedClaim) []kubeletplugin.Device {
-	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
+func resultDevices(pc PreparedClaim) []draplugin.Device {
+	out := make([]draplugin.Device, 0, len(pc.Devices))
 	for _, pd := range pc.Devices {
-		dev := kubeletplugin.Device{
+		dev := draplugin.Device{
 			Requests: slices.Clone(pd.Requests), PoolName: pd.Pool, DeviceName: pd.Device,
 			CDIDeviceIDs: slices.Clone(pd.CDIDeviceIDs),
 		}
@@ -392,10 +391,10 @@ func resultDevices(pc PreparedClaim) []kubeletplugin.Device {
 	return out
 }
 
-// UnprepareResourceClaims implements kubeletplugin.DRAPlugin: it forgets the
+// UnprepareResourceClaims implements draplugin.Plugin: it forgets the
 // claims and removes their CDI specs. Unknown claims are already
 // unprepared.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []draplugin.NamespacedObject) (map[types.UID]error, error) {
 	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -429,17 +428,17 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	return out, nil
 }
 
-// HandleError implements kubeletplugin.DRAPlugin: background errors are
-// logged. Recoverable ones (publishing slices) are retried by the helper; a
+// HandleError implements draplugin.Plugin: background errors are
+// logged. Recoverable ones (publishing slices) are retried by the publisher; a
 // slice whose device taints the API server dropped (DRADeviceTaints off)
 // switches the driver to leaving unhealthy GPUs out (see OnTaintsDropped).
-// A fatal one (the helper's DRA or registration gRPC server failed: the
+// A fatal one (the DRA or registration gRPC server failed: the
 // kubelet can prepare no claim on this node any more) goes to OnFatal, so
 // gpufrac-node stops and is restarted instead of running on deaf.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
-	recoverable := errors.Is(err, kubeletplugin.ErrRecoverable)
+	recoverable := errors.Is(err, draplugin.ErrRecoverable)
 	klog.FromContext(ctx).Error(err, msg, "recoverable", recoverable)
-	var dropped *resourceslice.DroppedFieldsError
+	var dropped *draplugin.DroppedFieldsError
 	taints := errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRADeviceTaints")
 	d.mu.Lock()
 	hook := d.errorHook
