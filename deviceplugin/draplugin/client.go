@@ -10,7 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/flowcontrol"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 )
 
 // SliceAPI is what Publisher needs of the API server: the ResourceSlices.
@@ -40,32 +41,16 @@ type RESTClient struct {
 
 var _ API = (*RESTClient)(nil)
 
-// NewClient returns a RESTClient for cfg. As the clientset does, it fills
-// in a default user agent and, when cfg has no rate limiter, a token bucket
-// of cfg's QPS and Burst (else client-go's defaults). client-go shares the
-// HTTP transport between clients of equal TLS configs, so this client and
-// the node agent's others use one connection to the API server.
+// NewClient returns a RESTClient for cfg, defaulted as pods.WithDefaults
+// does (its own rate limiter unless cfg has one, as before with the
+// helper's clientset). client-go caches TLS transports by TLS config, so
+// it can share the node agent's transport to the API server.
 func NewClient(cfg *rest.Config) (*RESTClient, error) {
 	s := runtime.NewScheme()
 	if err := resourceapi.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("building the resource.k8s.io scheme: %w", err)
 	}
-	c := *cfg
-	if c.UserAgent == "" {
-		c.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	if c.RateLimiter == nil {
-		qps, burst := c.QPS, c.Burst
-		if qps == 0 {
-			qps = rest.DefaultQPS
-		}
-		if burst == 0 {
-			burst = rest.DefaultBurst
-		}
-		if qps > 0 {
-			c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
-		}
-	}
+	c := *pods.WithDefaults(cfg)
 	gv := resourceapi.SchemeGroupVersion
 	c.APIPath = "/apis"
 	c.GroupVersion = &gv

@@ -88,14 +88,11 @@ type RESTClient struct {
 
 var _ Client = (*RESTClient)(nil)
 
-// NewClient returns a RESTClient for cfg. As the clientset does, it fills
-// in a default user agent and, when cfg has no rate limiter, one token
-// bucket (cfg's QPS and Burst, else client-go's defaults) for all requests.
-func NewClient(cfg *rest.Config) (*RESTClient, error) {
-	s, err := NewScheme()
-	if err != nil {
-		return nil, err
-	}
+// WithDefaults returns a copy of cfg as the clientset would use it: a
+// default user agent and, when cfg has no rate limiter, one token bucket
+// (cfg's QPS and Burst, else client-go's defaults). REST clients built from
+// the one copy share that bucket.
+func WithDefaults(cfg *rest.Config) *rest.Config {
 	c := *cfg
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()
@@ -112,6 +109,17 @@ func NewClient(cfg *rest.Config) (*RESTClient, error) {
 			c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
 		}
 	}
+	return &c
+}
+
+// NewClient returns a RESTClient for WithDefaults(cfg): one token bucket
+// for all its requests.
+func NewClient(cfg *rest.Config) (*RESTClient, error) {
+	s, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	c := *WithDefaults(cfg)
 	hc, err := rest.HTTPClientFor(&c)
 	if err != nil {
 		return nil, fmt.Errorf("building the API HTTP client: %w", err)
