@@ -58,7 +58,8 @@ default:
 //  4. the memory watchdog knows the claim containers' limits (PodResources'
 //     dynamic resources and the driver's record) and kills a process of the
 //     30 % container over its limit;
-//  5. after a restart of gpufrac-node the prepared claims still count.
+//  5. after a restart of gpufrac-node the prepared claims still count;
+//  6. its slices are owned by the Node and come back when someone wipes them.
 func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the local control plane (make tools)")
@@ -183,6 +184,39 @@ func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	}
 	if err := n.kubelet.PrepareClaims(ctx, p80); err != nil {
 		t.Fatalf("the 80 %% claim once the 30 %% went: %v", err)
+	}
+
+	// 6. The slices are owned by the Node, and put back when someone wipes
+	// them (the kubelet does when it takes the driver for gone).
+	sel := metav1.ListOptions{FieldSelector: "spec.nodeName=node-a,spec.driver=" + api.DRADriver}
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := c.Client.ResourceV1().ResourceSlices().List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range before.Items {
+		if o := s.OwnerReferences; len(o) != 1 || o[0].Kind != "Node" || o[0].UID != node.UID || o[0].Controller == nil || !*o[0].Controller {
+			t.Errorf("slice %s owners %+v, want the Node (UID %s) as controller", s.Name, o, node.UID)
+		}
+	}
+	if err := c.Client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		after, err := c.Client.ResourceV1().ResourceSlices().List(ctx, sel)
+		if err != nil {
+			return false, err
+		}
+		devs := 0
+		for _, s := range after.Items {
+			devs += len(s.Spec.Devices)
+		}
+		return len(after.Items) == len(before.Items) && devs == 7*3+1, nil
+	}); err != nil {
+		t.Fatalf("wiped slices not published again: %v\n%s", err, n.log.String())
 	}
 }
 
