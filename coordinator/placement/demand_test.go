@@ -240,3 +240,38 @@ func TestChargesKeepTheCPUOfMultiGPUSlots(t *testing.T) {
 		t.Errorf("the 8-GPU pod goes to %s, want a0", got)
 	}
 }
+
+// Before any pod that needs it was seen, a pod of model P that asks little
+// CPU leaves alone the fully free GPUs of P's only node with more CPU than
+// its other P nodes have, on a large cluster; on a small one the prior is
+// tiny and it goes where it packs best.
+func TestChargesKeepAModelsCPURichGPUsBeforeTheirDemandIsSeen(t *testing.T) {
+	onP := Request{CPUMilli: 8000, GPUs: 1, Models: []string{"P"}}
+	cluster := func(others int) *Snapshot {
+		nodes := []Node{
+			with(gpuNode("p64", "P", 2), func(n *Node) { n.CPUMilli = 64000 }),
+			with(gpuNode("p24", "P", 2), func(n *Node) { n.CPUMilli = 24000 }),
+		}
+		for i := range others { // 8,000 free milli each, model C
+			nodes = append(nodes, with(gpuNode(fmt.Sprintf("c%d", i), "C", 8), func(n *Node) { n.CPUMilli = 96000 }))
+		}
+		s, err := NewSnapshot(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	large := cluster(800)
+	if got := decide(t, large, onP); got != "p64" {
+		t.Fatalf("without demand the P-only pod goes to %s; the test needs p64", got)
+	}
+	large.AddDemand(&onP)
+	if got := decide(t, large, onP); got != "p24" {
+		t.Errorf("the P-only pod goes to %s, want p24: p64's GPUs are P's only ones with more than 24 cores", got)
+	}
+	small := cluster(1)
+	small.AddDemand(&onP)
+	if got := decide(t, small, onP); got != "p64" {
+		t.Errorf("on a small cluster the P-only pod goes to %s, want p64 (the prior is tiny there)", got)
+	}
+}

@@ -43,13 +43,27 @@ const (
 	// cluster fills, N such pods will come, N Poisson with mean
 	// φ0·F/(k·1000), and breaking a model's k-GPU slot when it has n left
 	// costs k·1000·P(N ≥ n). On the openb cluster (F ≈ 6.2M milli empty)
-	// the mean is 0.3 8-GPU pods: 0.26 of 8·1000 for a model's last 8-GPU
-	// slot, 0.037 for the last but one. The first pod of a small class (an
-	// 8-GPU pod only the eight 8-GPU V100M16 nodes can host) often comes at
-	// x < 10, before its demand can raise any pressure, and found every
-	// slot of its model taken. On a small cluster F is small, and the
-	// prior is too: it never outweighs demand that was seen.
-	gpufracSlotPrior = 0.0004
+	// the mean is 1.6 8-GPU pods: 0.79 of 8·1000 for a model's last 8-GPU
+	// slot, 0.46 for the last but one, 0.07 for the fourth-last; less as F
+	// falls. The first pod of a small class (an 8-GPU pod only the eight
+	// 8-GPU V100M16 nodes can host) often comes before its demand can
+	// raise any pressure, and found every slot of its model taken. On a
+	// small cluster F is small, and the prior is too: it never outweighs
+	// demand that was seen.
+	gpufracSlotPrior = 0.002
+	// gpufracGPUPrior is the same prior for one-GPU pods (a share or one
+	// whole GPU) that only one model can host: each model's last fully free
+	// GPUs are charged 1000·P(N ≥ n), N Poisson with mean φ1·F/1000 (3.1
+	// pods on the empty openb cluster: 0.96 of 1000 for the last, 0.6 for
+	// the third-last, 0.1 for the sixth-last), and so, separately, are its
+	// fully free GPUs on nodes with more CPU than each smaller node type of
+	// the model has (a slot of one GPU and that CPU plus one core): a
+	// P100-only pod asking 18 cores has only the 22 P100 nodes with 64
+	// cores, not the 107 with 16, and the first one came at x = 4–16, when
+	// flexible pods had taken them all. With this prior and the one above
+	// at 0.0004, seven scarce-model workloads stayed below FGD early in the
+	// curve (docs/benchmarks.md, "Third pass").
+	gpufracGPUPrior = 0.0005
 	// gpufracCPUOnlyTie is what a CPU-only request's score loses per fully
 	// free GPU on the node: well under the score grain, so it only breaks
 	// ties, towards nodes whose GPUs are in use. Past the CPU knee of the
@@ -292,13 +306,27 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 		add(d.sets[i].models, &d.sets[i].multiCPU)
 	}
 	nq := len(qs)
-	// The prior: every model's own k-GPU slots (cpu 0).
+	// The prior: every model's own k-GPU slots (cpu 0), its fully free
+	// GPUs, and its fully free GPUs with more CPU than each of its smaller
+	// node types has (one core more).
 	for m := range s.models {
 		var most int32
+		first := len(qs)
 		for _, ht := range s.htypes {
-			if ht.model == int32(m) {
-				most = max(most, ht.gpus)
+			if ht.model != int32(m) {
+				continue
 			}
+			most = max(most, ht.gpus)
+			if !bigger(s.htypes, ht) {
+				continue // the largest: no pod is too big for it alone
+			}
+			cpu := ht.cpu + 1000
+			if !slices.ContainsFunc(qs[first:], func(q slotQuery) bool { return q.cpu == cpu }) {
+				qs = append(qs, slotQuery{models: c.model(m), k: 1, cpu: cpu})
+			}
+		}
+		if most > 0 {
+			qs = append(qs, slotQuery{models: c.model(m), k: 1})
 		}
 		for k := int32(2); k <= most && k <= MaxKindGPUs; k *= 2 {
 			qs = append(qs, slotQuery{models: c.model(m), k: k})
@@ -316,9 +344,13 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 			continue
 		}
 		size := float64(q.k * MilliPerGPU)
-		if w := grain(size * poissonTail(gpufracSlotPrior*free/size, q.slots)); w > 0 {
+		phi := gpufracSlotPrior
+		if q.k == 1 {
+			phi = gpufracGPUPrior
+		}
+		if w := grain(size * poissonTail(phi*free/size, q.slots)); w > 0 {
 			any = true
-			c.chargeSlot(int(q.models[0]), q.k, 0, w)
+			c.chargeSlot(int(q.models[0]), q.k, q.cpu, w)
 		}
 	}
 	qs = qs[:nq]
@@ -352,6 +384,11 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 		}
 	}
 	return any
+}
+
+// bigger reports whether a node type of ht's model has more CPU than ht.
+func bigger(types []hostType, ht hostType) bool {
+	return slices.ContainsFunc(types, func(o hostType) bool { return o.model == ht.model && o.cpu > ht.cpu })
 }
 
 // poissonTail is P(N ≥ n) for N Poisson with mean lambda.
