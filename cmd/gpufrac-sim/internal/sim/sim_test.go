@@ -231,25 +231,7 @@ func TestClosedRowsAtEveryX(t *testing.T) {
 		"gpuspec=0.33,focus=T4,conc=0.5,specshare=0", "gpuspec=0.33,focus=T4,conc=0.5,specshare=0.5",
 		"gpuspec=0.2,focus=G2,conc=0.5"} {
 		t.Run(v, func(t *testing.T) {
-			variant, err := openb.ParseVariant(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			base, err := openb.Resample(pods, nodes, variant, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			spec := &Spec{Nodes: nodes, Pods: base, Inflation: 1.3, Coverage: 0.95}
-			var jobs []Job
-			for _, p := range []string{"fgd", "gpufrac"} {
-				for _, s := range seeds() {
-					jobs = append(jobs, Job{Policy: p, Seed: s})
-				}
-			}
-			rs, err := RunAll(t.Context(), spec, jobs, runtime.GOMAXPROCS(0))
-			if err != nil {
-				t.Fatal(err)
-			}
+			rs := fgdAndGpufrac(t, nodes, pods, v)
 			for col := 10; col <= 130; col++ {
 				if g, f := meanAt(rs, "gpufrac", col), meanAt(rs, "fgd", col); g < f-1e-9 {
 					t.Errorf("at %d: gpufrac %.3f < fgd %.3f", col, g, f)
@@ -302,25 +284,7 @@ func TestGpufracBeatsFGDOnVariants(t *testing.T) {
 	for _, v := range []string{"share=0.6", "share=0.8", "multigpu=0.2", "multigpu=0.4", "gpuspec=0.2", "gpuspec=0.33", "cpuonly=0.3", "cpuonly=0.5",
 		"gpuspec=0.2,focus=T4,conc=1", "gpuspec=0.33,focus=T4,conc=0.5", "gpuspec=0.33,focus=T4,conc=0.5,specshare=0"} {
 		t.Run(v, func(t *testing.T) {
-			variant, err := openb.ParseVariant(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			base, err := openb.Resample(pods, nodes, variant, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			spec := &Spec{Nodes: nodes, Pods: base, Inflation: 1.3, Coverage: 0.95}
-			var jobs []Job
-			for _, p := range []string{"fgd", "gpufrac"} {
-				for _, s := range seeds() {
-					jobs = append(jobs, Job{Policy: p, Seed: s})
-				}
-			}
-			rs, err := RunAll(t.Context(), spec, jobs, runtime.GOMAXPROCS(0))
-			if err != nil {
-				t.Fatal(err)
-			}
+			rs := fgdAndGpufrac(t, nodes, pods, v)
 			for _, col := range []int{100, 130} {
 				if g, f := meanAt(rs, "gpufrac", col), meanAt(rs, "fgd", col); g <= f {
 					t.Errorf("at %d: gpufrac %.2f <= fgd %.2f", col, g, f)
@@ -332,6 +296,32 @@ func TestGpufracBeatsFGDOnVariants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fgdAndGpufrac runs fgd and gpufrac on the variant v of the trace (resampled
+// with seed 1), seeds 42..51, at full size.
+func fgdAndGpufrac(t *testing.T, nodes []openb.NodeSpec, pods []openb.Pod, v string) []*Result {
+	t.Helper()
+	variant, err := openb.ParseVariant(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := openb.Resample(pods, nodes, variant, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &Spec{Nodes: nodes, Pods: base, Inflation: 1.3, Coverage: 0.95}
+	var jobs []Job
+	for _, p := range []string{"fgd", "gpufrac"} {
+		for _, s := range seeds() {
+			jobs = append(jobs, Job{Policy: p, Seed: s})
+		}
+	}
+	rs, err := RunAll(t.Context(), spec, jobs, runtime.GOMAXPROCS(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }
 
 // BenchmarkOpenbRun is one full run of the default trace (seed 42, about
