@@ -213,6 +213,8 @@ type Scheduler struct {
 	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
 	nodeSeen     map[string]*nodeSeen
 	nodeSeenOnce bool
+	// settleWake wakes the scheduler when the next settling node settles.
+	settleWake clock.Timer
 }
 
 type assumedPod struct {
@@ -489,6 +491,7 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 // which kube-scheduler binds, may be pending for.
 func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
 	var out map[string]bool
+	soonest := s.opts.NewNodeSettle
 	live := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		live[n.Name] = true
@@ -505,14 +508,24 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[strin
 			seen.usableSince = now
 		}
 		seen.taints = taints
-		if now.Sub(seen.usableSince) < s.opts.NewNodeSettle {
+		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
 			if out == nil {
 				out = map[string]bool{}
 			}
 			out[n.Name] = true
+			soonest = min(soonest, left)
 		}
 	}
 	s.nodeSeenOnce = true
+	if out != nil {
+		// A cycle the moment the first settles, not up to Interval later.
+		if s.settleWake != nil {
+			s.settleWake.Stop()
+		}
+		if c, ok := s.clock.(clock.WithDelayedExecution); ok {
+			s.settleWake = c.AfterFunc(soonest, s.Wake)
+		}
+	}
 	for name := range s.nodeSeen {
 		if !live[name] {
 			delete(s.nodeSeen, name)
