@@ -303,7 +303,7 @@ func (a *App) lead(ctx context.Context) error {
 			// scheduler.settlingNodes). Placeholders are never bound, so
 			// nothing else races the coordinator there. kube-scheduler
 			// binds at once; the issue 16 comparison measured 1 s here as
-			// a third of a new node's queueing and saw no taint eviction.
+			// a third of a new node's queueing.
 			a.cfg.Scheduler.NewNodeSettle = 300 * time.Millisecond
 		}
 	}
