@@ -1,13 +1,21 @@
 // Package placeholder asks Karpenter for capacity on behalf of work the
-// coordinator admitted but cannot place. Karpenter provisions only for pods
-// the default scheduler finds Unschedulable, and it knows nothing of
-// fractions, queues or gangs; the coordinator never marks its own pods
-// Unschedulable. So it creates placeholder pods instead: default scheduler,
-// lowest priority, whole nvidia.com/gpu requests (fractions packed first fit
-// decreasing), the pods' node selectors, required affinity, tolerations and,
-// for a gang, its one node pool. When the capacity shows up the placeholders
-// are deleted and the real pods are placed, preferring the nodes where the
-// placeholders landed.
+// coordinator admitted but cannot place. Karpenter provisions for pending
+// pods whose PodScheduled condition says Unschedulable, whatever their
+// scheduler, and it knows nothing of fractions, queues or gangs; the
+// coordinator never marks its own pods Unschedulable. So it creates
+// placeholder pods instead: lowest priority, whole nvidia.com/gpu requests
+// (fractions packed first fit decreasing), the pods' node selectors,
+// required affinity, tolerations and, for a gang, its one node pool.
+//
+// Placeholders name a scheduler nobody serves (SchedulerName), and the
+// coordinator writes their Unschedulable condition itself (Manager.Create):
+// no scheduler ever binds one. Karpenter nominates a new node (or NodeClaim)
+// for them, which the coordinator prefers for their work; it deletes a
+// group's placeholders just before it places that work, and takes the node
+// as soon as it is Ready and untainted. Were kube-scheduler to bind them
+// (placeholders of earlier versions), a placeholder and a real pod could be
+// bound to the same GPU in the same moment, and the kubelet would reject
+// one; the coordinator had to let a new node settle for seconds first.
 //
 // MIG devices and time-sliced replicas are asked for as the whole GPUs
 // behind them: each kind (MIG, replicas of one resource) is packed apart,
@@ -49,6 +57,9 @@ const (
 	AnnotationWorkloads = api.Domain + "/workloads"
 	// NamePrefix starts every placeholder pod's name.
 	NamePrefix = "gpufrac-placeholder-"
+	// SchedulerName is the scheduler of placeholder pods: one no scheduler
+	// serves, so none is ever bound (see the package doc).
+	SchedulerName = "gpufrac-placeholder"
 	// AnnotationPackedMilli is the milli-GPU of MIG devices or replicas
 	// packed into a placeholder (PackMilli); absent on other kinds.
 	AnnotationPackedMilli = api.Domain + "/packed-milli"
@@ -383,6 +394,7 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 			},
 		},
 		Spec: corev1.PodSpec{
+			SchedulerName:                 SchedulerName,
 			PriorityClassName:             o.PriorityClassName,
 			TerminationGracePeriodSeconds: new(int64),
 			NodeSelector:                  sel,
@@ -436,3 +448,18 @@ func IsPlaceholder(p *corev1.Pod) bool {
 
 // GroupOf is the group label value of the placeholders serving an item.
 func GroupOf(it Item) string { return hash(groupKey(it)) }
+
+// NeverBound tells whether p is a placeholder no scheduler serves
+// (SchedulerName), not one kube-scheduler may bind (earlier versions).
+func NeverBound(p *corev1.Pod) bool { return IsPlaceholder(p) && p.Spec.SchedulerName == SchedulerName }
+
+// AsksKarpenter tells whether p's PodScheduled condition is what Karpenter
+// provisions for: False, reason Unschedulable.
+func AsksKarpenter(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
+		}
+	}
+	return false
+}

@@ -48,8 +48,8 @@ func TestPlanPacksFractionsFirstFitDecreasing(t *testing.T) {
 				if g := p.Spec.Containers[0].Resources.Limits[api.ResourceGPU]; g.Value() != 1 {
 					t.Errorf("%s asks %s GPUs, want 1", p.Name, g.String())
 				}
-				if p.Spec.SchedulerName != "" || p.Spec.PriorityClassName != "gpufrac-placeholder" || p.Annotations[api.AnnotationDoNotDisrupt] != "" {
-					t.Errorf("%s: scheduler %q priority %q: want the default scheduler, lowest priority, no do-not-disrupt", p.Name, p.Spec.SchedulerName, p.Spec.PriorityClassName)
+				if p.Spec.SchedulerName != SchedulerName || !NeverBound(p) || p.Spec.PriorityClassName != "gpufrac-placeholder" || p.Annotations[api.AnnotationDoNotDisrupt] != "" {
+					t.Errorf("%s: scheduler %q priority %q: want the scheduler nobody serves (%s), lowest priority, no do-not-disrupt", p.Name, p.Spec.SchedulerName, p.Spec.PriorityClassName, SchedulerName)
 				}
 			}
 			// Deterministic: the same demand gives the same names.

@@ -121,6 +121,8 @@ func (f *fakePlaceholders) Create(_ context.Context, p *corev1.Pod) error {
 	return nil
 }
 
+func (f *fakePlaceholders) MarkUnschedulable(context.Context, *corev1.Pod) error { return nil }
+
 func (f *fakePlaceholders) Delete(_ context.Context, p *corev1.Pod, _ string) error {
 	f.deleted = append(f.deleted, p.Name)
 	return nil

@@ -15,11 +15,20 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
-// Placeholders creates and deletes placeholder pods (coordinator/placeholder.Manager).
+// Placeholders creates, marks and deletes placeholder pods
+// (coordinator/placeholder.Manager).
 type Placeholders interface {
+	// Create creates p and marks it Unschedulable.
 	Create(ctx context.Context, p *corev1.Pod) error
+	// MarkUnschedulable marks p Unschedulable again (its Create failed to).
+	MarkUnschedulable(ctx context.Context, p *corev1.Pod) error
 	Delete(ctx context.Context, p *corev1.Pod, why string) error
 }
+
+// remarkAfter is how old a placeholder no scheduler serves must be, still
+// not asking Karpenter (placeholder.AsksKarpenter), before it is marked
+// again: younger, the informer may simply not show the mark yet.
+const remarkAfter = 5 * time.Second
 
 // releaseCooldown is how long a group whose placeholders were released gets
 // no new placeholders, so its pods can take the capacity first.
@@ -156,6 +165,11 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			_ = s.deps.Placeholders.Delete(ctx, p, "another placeholder of the group landed")
 		case want[p.Name] == nil:
 			_ = s.deps.Placeholders.Delete(ctx, p, "the group needs fewer GPUs")
+		case placeholder.NeverBound(p) && !placeholder.AsksKarpenter(p) && now.Sub(p.CreationTimestamp.Time) >= remarkAfter:
+			// Created, but marking it failed: Karpenter does not see it.
+			if err := s.deps.Placeholders.MarkUnschedulable(ctx, p); err != nil {
+				logger.Error(err, "Marking placeholder Unschedulable", "pod", klog.KObj(p))
+			}
 		}
 	}
 	for name, p := range want {
@@ -209,37 +223,44 @@ func settlingIn(snap *state.Snapshot, nodes []*corev1.Node) func(node string) bo
 	}
 }
 
-// withdrawPlaceholders deletes the pending placeholders asked for w before
-// w is bound (it found room on a node they did not bring). Left pending,
-// kube-scheduler may bind one to the very GPU w takes, in the same moment,
-// and the kubelet admits only one of the two: were it the placeholder, w
-// would fail at admission (UnexpectedAdmissionError; a whole-GPU job failed
-// so in the issue 16 comparison). Deleted first, it no longer competes (one
-// kube-scheduler bound already, unseen yet, goes too); other work it also
-// asked for asks again in a later cycle.
+// withdrawPlaceholders deletes the pending placeholders asked for w once w
+// found room (on the node they brought or any other), before w's
+// reservations are made and w is bound. Left pending, a placeholder keeps
+// asking Karpenter: its simulation, which sees w's pods and reservations on
+// the node it nominated and the placeholder no longer fitting, would buy
+// another node. Other work it also asked for asks again in a later cycle.
 // The placeholders deleted are added to withdrawn, for syncPlaceholders.
-// It tells whether it deleted any: w is then bound in a later cycle, once
-// the informer shows each deleted placeholder gone, or bound after all and
-// terminating (holding its GPU until it is gone), never in the moment the
-// kubelet may still be admitting one on w's GPU.
-func (s *Scheduler) withdrawPlaceholders(ctx context.Context, w *workload, existing []*corev1.Pod, withdrawn map[types.UID]bool) bool {
+//
+// It tells whether w must wait for a later cycle:
+//   - a delete failed: the placeholder still asks, and for a placeholder
+//     kube-scheduler serves, may still be bound to w's GPU;
+//   - it deleted a placeholder kube-scheduler serves (one of an earlier
+//     version; placeholder.NeverBound is false): kube-scheduler may bind it
+//     to the very GPU w takes, in the same moment, and the kubelet admits
+//     only one of the two (a whole-GPU job failed so in the issue 16
+//     comparison). w is bound once the informer shows it gone, or bound
+//     after all and terminating (holding its GPU until it is gone).
+//
+// Placeholders no scheduler serves are never bound: deleted, w goes on in
+// the same cycle.
+func (s *Scheduler) withdrawPlaceholders(ctx context.Context, w *workload, existing []*corev1.Pod, withdrawn map[types.UID]bool) (wait bool) {
 	if s.deps.Placeholders == nil {
 		return false
 	}
-	deleted := false
 	for _, ph := range existing {
 		if ph.Spec.NodeName != "" || ph.DeletionTimestamp != nil || withdrawn[ph.UID] ||
 			!slices.Contains(strings.Split(ph.Annotations[placeholder.AnnotationWorkloads], ","), w.key) {
 			continue
 		}
 		if err := s.deps.Placeholders.Delete(ctx, ph, "its work found room on a node"); err != nil {
-			klog.FromContext(ctx).Error(err, "Withdrawing placeholder", "pod", klog.KObj(ph))
+			klog.FromContext(ctx).Error(err, "Withdrawing placeholder; its work waits", "pod", klog.KObj(ph), "workload", w.key)
+			wait = true
 			continue
 		}
 		withdrawn[ph.UID] = true
-		deleted = true
+		wait = wait || !placeholder.NeverBound(ph)
 	}
-	return deleted
+	return wait
 }
 
 // preferredNodes are the nodes where a workload's placeholders landed.

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -15,21 +16,40 @@ import (
 )
 
 // clusterPlaceholders creates placeholder pods straight into the cluster's
-// pods and deletes them from there, recording why.
+// pods (marked Unschedulable, as placeholder.Manager does) and deletes them
+// from there, recording why. Like Karpenter's fakes it can fail: the next
+// deleteFails deletes return deleteErr, deleting nothing.
 type clusterPlaceholders struct {
-	c       *cluster
-	created []string
-	deleted map[string]string // name -> why
+	c           *cluster
+	created     []string
+	deleted     map[string]string // name -> why
+	marked      []string
+	deleteErr   error
+	deleteFails int
 }
 
-func (f *clusterPlaceholders) Create(_ context.Context, p *corev1.Pod) error {
+func (f *clusterPlaceholders) Create(ctx context.Context, p *corev1.Pod) error {
 	p = p.DeepCopy()
 	p.UID = types.UID(p.Name + "-" + time.Now().Format(time.RFC3339Nano))
 	f.created = append(f.created, p.Name)
-	return f.c.pods.Add(p)
+	if err := f.c.pods.Add(p); err != nil {
+		return err
+	}
+	return f.MarkUnschedulable(ctx, p)
+}
+
+func (f *clusterPlaceholders) MarkUnschedulable(_ context.Context, p *corev1.Pod) error {
+	p = p.DeepCopy()
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	f.marked = append(f.marked, p.Name)
+	return f.c.pods.Update(p)
 }
 
 func (f *clusterPlaceholders) Delete(_ context.Context, p *corev1.Pod, why string) error {
+	if f.deleteFails > 0 {
+		f.deleteFails--
+		return f.deleteErr
+	}
 	f.deleted[p.Name] = why
 	return f.c.pods.Delete(p)
 }
@@ -48,41 +68,132 @@ func (f *clusterPlaceholders) only(t *testing.T) *corev1.Pod {
 	return out[0]
 }
 
-// Work that finds room on a node its placeholder did not bring has that
-// placeholder deleted before it is bound: left pending, kube-scheduler
-// could bind it to the same GPU in the same moment, and the kubelet would
-// admit one of the two only.
+// Work that finds room has its pending placeholders deleted before it is
+// bound: left pending, a placeholder keeps asking Karpenter (whose
+// simulation, seeing the work where it nominated the placeholder, buys
+// another node), and one kube-scheduler serves (of an earlier version)
+// could be bound to the same GPU in the same moment, and the kubelet would
+// admit one of the two only. A placeholder no scheduler serves is never
+// bound: its work binds in the same cycle. Otherwise, and when the delete
+// fails, the work waits for a later cycle.
 func TestPlaceholderIsWithdrawnBeforeItsWorkIsBound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// kubeScheduler: the placeholder is one kube-scheduler serves.
+		kubeScheduler bool
+		deleteFails   int
+		// wantCycles is the cycles after busy ends until w is bound.
+		wantCycles int
+	}{
+		{name: "never bound: w binds in the cycle that withdrew it", wantCycles: 1},
+		{name: "kube-scheduler's: w binds in the next cycle", kubeScheduler: true, wantCycles: 2},
+		// The cycle's placeholder sync deletes it again (no pending work
+		// wants it): w binds in the next cycle.
+		{name: "the delete fails once: w waits a cycle", deleteFails: 1, wantCycles: 2},
+		{name: "both deletes of the first cycle fail: w binds once withdrawn", deleteFails: 2, wantCycles: 2},
+		{name: "three deletes fail: w waits two cycles", deleteFails: 3, wantCycles: 3},
+		{name: "kube-scheduler's, both deletes of the first cycle fail", kubeScheduler: true, deleteFails: 2, wantCycles: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+				admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 1))
+			ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+			c.s.deps.Placeholders = ph
+			c.cycle() // n1 is full: w asks for capacity
+			asked := ph.only(t)
+			if !placeholder.NeverBound(asked) || !placeholder.AsksKarpenter(asked) {
+				t.Fatalf("placeholder scheduler %q conditions %v: want one no scheduler serves, marked Unschedulable", asked.Spec.SchedulerName, asked.Status.Conditions)
+			}
+			if tc.kubeScheduler {
+				old := asked.DeepCopy()
+				old.Spec.SchedulerName = ""
+				_ = c.pods.Update(old)
+			}
+
+			// busy ends: w fits on n1, its placeholder still pending.
+			obj, _, _ := c.pods.GetByKey("default/busy")
+			done := obj.(*corev1.Pod).DeepCopy()
+			done.Status.Phase = corev1.PodSucceeded
+			_ = c.pods.Update(done)
+			ph.deleteErr, ph.deleteFails = errors.New("injected: delete refused"), tc.deleteFails
+			c.b.BindErr = func(p *corev1.Pod, _ string) error {
+				if _, gone := ph.deleted[asked.Name]; p.Name == "w" && !gone {
+					t.Errorf("w bound while its placeholder %s was still pending", asked.Name)
+				}
+				return nil
+			}
+			for i := 1; i <= tc.wantCycles; i++ {
+				c.cycle()
+				if n := c.boundTo("w"); (n != "") != (i == tc.wantCycles) {
+					t.Fatalf("cycle %d after busy ended: w bound to %q; want it bound in cycle %d", i, n, tc.wantCycles)
+				}
+			}
+			if c.boundTo("w") != "n1" {
+				t.Fatalf("w bound to %q, want n1", c.boundTo("w"))
+			}
+			if _, gone := ph.deleted[asked.Name]; !gone {
+				t.Errorf("placeholder %s never deleted", asked.Name)
+			}
+		})
+	}
+}
+
+// A fraction's placeholder goes before the reservation of the GPU it found:
+// pending next to that reservation on the node Karpenter nominated, it would
+// no longer fit there in Karpenter's simulation, which would buy another.
+func TestPlaceholderIsWithdrawnBeforeTheReservation(t *testing.T) {
 	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
-		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 1))
+		admitted(gpuPod("busy", "q", 1), "n1"), fracPod("f", "q", 40))
 	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
 	c.s.deps.Placeholders = ph
-	c.cycle() // n1 is full: w asks for capacity
+	r := &fakeReserver{c: c}
+	c.s.deps.Reserver = r
+	c.cycle()
 	asked := ph.only(t).Name
-
-	// busy ends: w fits on n1, its placeholder still pending.
 	obj, _, _ := c.pods.GetByKey("default/busy")
 	done := obj.(*corev1.Pod).DeepCopy()
 	done.Status.Phase = corev1.PodSucceeded
 	_ = c.pods.Update(done)
-	c.b.BindErr = func(p *corev1.Pod, _ string) error {
-		if _, gone := ph.deleted[asked]; p.Name == "w" && !gone {
-			t.Errorf("w bound while its placeholder %s was still pending", asked)
-		}
-		return nil
+	ph.deleteErr, ph.deleteFails = errors.New("injected: delete refused"), 1
+	c.cycle()
+	if len(r.ensured) != 0 {
+		t.Fatalf("reservation %v made while the placeholder %s could not be withdrawn", r.ensured, asked)
 	}
 	c.cycle()
-	if why := ph.deleted[asked]; why != "its work found room on a node" {
-		t.Errorf("placeholder %s deleted with %q, want it withdrawn before w was bound", asked, why)
+	if _, gone := ph.deleted[asked]; !gone || len(r.ensured) != 1 {
+		t.Fatalf("placeholder withdrawn %v, reservations %v: want it withdrawn and the GPU reserved", gone, r.ensured)
 	}
-	// Not in the cycle that withdrew it: kube-scheduler may have bound the
-	// placeholder unseen, and the kubelet may be admitting it on w's GPU.
-	if n := c.boundTo("w"); n != "" {
-		t.Fatalf("w bound to %q in the cycle that withdrew its placeholder", n)
+}
+
+// A placeholder whose Unschedulable mark failed at creation is marked again
+// once it is old enough that the informer would show the mark: until then
+// Karpenter does not see it.
+func TestPlaceholderNotAskingIsMarkedAgain(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 1))
+	c.s.clock = clk
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	unmarked := ph.only(t).DeepCopy()
+	unmarked.Status.Conditions = nil // as if the mark had failed
+	unmarked.CreationTimestamp = metav1.NewTime(clk.Now())
+	_ = c.pods.Update(unmarked)
+	ph.marked = nil
+	clk.Step(remarkAfter / 2)
+	c.cycle()
+	if len(ph.marked) != 0 {
+		t.Fatalf("marked again %v before remarkAfter", ph.marked)
+	}
+	clk.Step(remarkAfter)
+	c.cycle()
+	if len(ph.marked) != 1 || !placeholder.AsksKarpenter(ph.only(t)) {
+		t.Fatalf("marked %v: want the placeholder marked again, asking Karpenter", ph.marked)
 	}
 	c.cycle()
-	if n := c.boundTo("w"); n != "n1" {
-		t.Fatalf("w bound to %q, want n1 once its placeholder is gone", n)
+	if len(ph.marked) != 1 {
+		t.Errorf("marked %v: a placeholder already asking was marked again", ph.marked)
 	}
 }
 

@@ -65,6 +65,8 @@ func (r *recordingPlaceholders) Create(_ context.Context, p *corev1.Pod) error {
 
 func (r *recordingPlaceholders) Delete(context.Context, *corev1.Pod, string) error { return nil }
 
+func (r *recordingPlaceholders) MarkUnschedulable(context.Context, *corev1.Pod) error { return nil }
+
 func TestMIGDevicesAndReplicasArePlacedAndChargedInGPUTerms(t *testing.T) {
 	nodes := []*corev1.Node{partitionedNode("mig", "mig", 1), partitionedNode("ts", "timeslice", 1), h100Node("frac", "", 2)}
 	pods := []*corev1.Pod{

@@ -74,8 +74,10 @@ type Options struct {
 	// and cost no API write. Zero reports at once. The coordinator uses
 	// DefaultReservationReportDelay.
 	ReservationReportDelay time.Duration
-	// NewNodeSettle keeps pods off nodes younger than this (see
-	// state.Inputs.NotBefore); 0 places on new nodes at once.
+	// NewNodeSettle keeps pods off nodes that became usable less than this
+	// ago: Karpenter's new nodes, nodes that lost a NoExecute taint or were
+	// given back by consolidation (see settlingNodes); 0 places on them at
+	// once.
 	NewNodeSettle time.Duration
 	// ElasticPools says node pools can grow (Karpenter is installed): a gang
 	// larger than every pool then waits for capacity instead of being refused.
@@ -207,9 +209,12 @@ type Scheduler struct {
 	parsed     map[*corev1.Pod]*parseEntry
 	parseIn    parseInputs
 	parseCycle uint64
-	// drainSeen: node -> the last cycle that saw it tainted gpufrac.io/draining,
-	// used only by Cycle (see returnedNodes).
-	drainSeen map[string]time.Time
+	// nodeSeen: node -> its taints and when it became usable, used only by
+	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
+	nodeSeen     map[string]*nodeSeen
+	nodeSeenOnce bool
+	// settleWake wakes the scheduler when the next settling node settles.
+	settleWake clock.Timer
 }
 
 type assumedPod struct {
@@ -231,6 +236,9 @@ type bindTask struct {
 func New(o Options, d Deps) (*Scheduler, error) {
 	if o.SchedulerName == "" {
 		o.SchedulerName = api.SchedulerName
+	}
+	if o.SchedulerName == placeholder.SchedulerName {
+		return nil, fmt.Errorf("scheduler name %q is the one of placeholder pods, which no scheduler may serve: choose another", o.SchedulerName)
 	}
 	if o.PoolLabel == "" {
 		o.PoolLabel = api.LabelNodePool
@@ -280,7 +288,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		released:    map[string]time.Time{},
 
 		nominatedClaims: map[string][]string{},
-		drainSeen:       map[string]time.Time{},
+		nodeSeen:        map[string]*nodeSeen{},
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
@@ -464,41 +472,86 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 	}
 }
 
-// returnedNodes are the nodes consolidation gave back (their
-// gpufrac.io/draining taint removed) within NewNodeSettle: they settle like
-// new nodes. A drained node has free GPUs the instant its taint goes, and the
-// placeholders of the work that made consolidation give it back are pending
-// for exactly those GPUs: were the coordinator to bind a pod there at once,
-// kube-scheduler could bind a placeholder to the same GPU in the same moment,
-// and the kubelet would reject one of the two (a whole-GPU job failed so in
-// the issue 16 comparison). Settling, the placeholders land first and the
-// coordinator takes the node from them, as on a new node.
-func (s *Scheduler) returnedNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
+// settlingNodes are the nodes that became usable within NewNodeSettle: the
+// coordinator places nothing there yet (state.Inputs.Settling). A node
+// becomes usable when
+//   - it appears, for Karpenter's nodes (label karpenter.sh/nodepool) that
+//     appear after the first cycle;
+//   - it loses a NoExecute taint (karpenter.sh/unregistered on a node
+//     Karpenter just registered, node.kubernetes.io/not-ready), or a
+//     gpufrac.io/draining taint in force (consolidation gave it back, or
+//     the drain's deadline passed).
+//
+// Placeholders no scheduler serves leave no race with kube-scheduler on a
+// new node (package placeholder), so the settle only guards the taint
+// eviction race (kubernetes#119862): kube-controller-manager's taint
+// manager, whose informer may still show a NoExecute taint the coordinator
+// already saw removed, deletes a pod bound in that moment. A returned node
+// settles too: its free GPUs are what the placeholders of earlier versions,
+// which kube-scheduler binds, may be pending for.
+func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
 	var out map[string]bool
+	soonest := s.opts.NewNodeSettle
 	live := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		live[n.Name] = true
-		if state.DrainingAt(n, now) {
-			s.drainSeen[n.Name] = now
-			continue
-		}
-		if seen, ok := s.drainSeen[n.Name]; ok {
-			if now.Sub(seen) >= s.opts.NewNodeSettle {
-				delete(s.drainSeen, n.Name)
-				continue
+		taints := settleTaints(n, now)
+		seen, known := s.nodeSeen[n.Name]
+		switch {
+		case !known:
+			seen = &nodeSeen{}
+			if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && s.nodeSeenOnce {
+				seen.usableSince = now
 			}
+			s.nodeSeen[n.Name] = seen
+		case slices.ContainsFunc(seen.taints, func(k string) bool { return !slices.Contains(taints, k) }):
+			seen.usableSince = now
+		}
+		seen.taints = taints
+		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
 			if out == nil {
 				out = map[string]bool{}
 			}
 			out[n.Name] = true
+			soonest = min(soonest, left)
 		}
 	}
-	for name := range s.drainSeen {
+	s.nodeSeenOnce = true
+	if out != nil {
+		// A cycle the moment the first settles, not up to Interval later.
+		if s.settleWake != nil {
+			s.settleWake.Stop()
+		}
+		if c, ok := s.clock.(clock.WithDelayedExecution); ok {
+			s.settleWake = c.AfterFunc(soonest, s.Wake)
+		}
+	}
+	for name := range s.nodeSeen {
 		if !live[name] {
-			delete(s.drainSeen, name)
+			delete(s.nodeSeen, name)
 		}
 	}
 	return out
+}
+
+// nodeSeen is what settlingNodes keeps of a node from one cycle to the next.
+type nodeSeen struct {
+	// taints are the keys of its taints that end in a settle (settleTaints).
+	taints []string
+	// usableSince is when it appeared or lost one of them (zero: long ago).
+	usableSince time.Time
+}
+
+// settleTaints are the keys of n's taints whose removal makes n settle: its
+// NoExecute taints and a gpufrac.io/draining taint in force.
+func settleTaints(n *corev1.Node, now time.Time) []string {
+	var keys []string
+	for _, t := range n.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoExecute || (t.Key == api.TaintDraining && state.DrainingAt(n, now)) {
+			keys = append(keys, t.Key+":"+string(t.Effect))
+		}
+	}
+	return keys
 }
 
 // Cycle runs one scheduling cycle.
@@ -547,8 +600,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		inputs.Removing = s.deps.Reserver.Removing()
 	}
 	if s.opts.NewNodeSettle > 0 {
-		inputs.NotBefore = start.Add(-s.opts.NewNodeSettle)
-		inputs.Settling = s.returnedNodes(nodes, start)
+		inputs.Settling = s.settlingNodes(nodes, start)
 	}
 	snap, err := state.Build(inputs)
 	if err != nil {
@@ -697,17 +749,19 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			continue
 		}
 		books.assume(w)
+		// Its placeholders go before its reservations are made (see
+		// withdrawPlaceholders).
+		if s.withdrawPlaceholders(ctx, w, existing, withdrawn) {
+			for _, p := range w.pods {
+				s.markPending(ctx, p.pod, binder.ReasonNoCapacity, "room found; waiting for its Karpenter placeholders to be withdrawn before binding", &res)
+			}
+			continue
+		}
 		if waitMsg := s.reserve(ctx, w, decisions, snap, wanted); waitMsg != "" {
 			// The capacity stays taken in this cycle's snapshot and books,
 			// and the pods keep their GPUs in the next cycle.
 			planWaiting(plans, s.plans, w, decisions, snap, start)
 			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
-			continue
-		}
-		if s.withdrawPlaceholders(ctx, w, existing, withdrawn) {
-			for _, p := range w.pods {
-				s.markPending(ctx, p.pod, binder.ReasonNoCapacity, "room found; waiting for its Karpenter placeholders to be withdrawn before binding", &res)
-			}
 			continue
 		}
 		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)

@@ -492,10 +492,47 @@ func TestFractionsWaitForTheirReservation(t *testing.T) {
 	}
 }
 
+// A node Karpenter brings is placed on NewNodeSettle after it lost its
+// karpenter.sh/unregistered taint (NoExecute; a pod bound the moment it goes
+// may meet a taint manager that still sees it), however long ago it was
+// created; nodes the first cycle finds are placed on at once.
+func TestNewNodeSettlesOnceItsTaintIsGone(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	c.expectBound(clk, 0, "old", "a node the first cycle found")
+
+	c = settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	c.expectBound(clk, 0, "", "old is full")
+	fresh := h100Node("new", "a", 1)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	c.expectBound(clk, time.Second, "", "new is not registered")
+	c.expectBound(clk, 5*time.Second, "", "new is not registered, 6 s old")
+	registered := fresh.DeepCopy()
+	registered.Spec.Taints = nil
+	_ = c.nodes.Update(registered)
+	c.expectBound(clk, 0, "", "the moment its taint went")
+	c.expectBound(clk, 2*time.Second, "", "2 s after its taint went, within NewNodeSettle")
+	select { // wake-ups of the cycles so far
+	case <-c.s.wake:
+	default:
+	}
+	clk.Step(time.Second)
+	select {
+	case <-c.s.wake:
+	default:
+		t.Fatal("no wake-up the moment new settled: it would wait for the next tick")
+	}
+	c.expectBound(clk, 0, "new", "once it settled")
+}
+
 // A node consolidation gives back (its gpufrac.io/draining taint removed)
-// settles like a new node: the placeholders pending for its free GPUs land
-// first, and the coordinator binds nothing there for NewNodeSettle, so it
-// never races kube-scheduler for the same GPU.
+// settles like a new node: placeholders of earlier versions, which
+// kube-scheduler binds, may be pending for its free GPUs; the coordinator
+// binds nothing there for NewNodeSettle, so it never races kube-scheduler
+// for the same GPU.
 func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
 	back := drainedNode("back", clk.Now().Add(time.Hour))

@@ -493,6 +493,7 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 					s.ran += now.Sub(ps.runningSince)
 				}
 				r.Moves++
+				t.Logf("disrupted: %s on %s: %v", name, ps.node, ps.causes)
 				if j.Protected {
 					r.Protected++
 					t.Errorf("protected job %s disrupted: %v", name, ps.causes)
@@ -688,6 +689,13 @@ func (m *costMeter) onPod(obj any) {
 	if p.DeletionTimestamp != nil && !m.deleted[p.Name] && !s.disrupted {
 		s.disrupted = true
 		s.causes = append(s.causes, "deletion requested")
+	}
+	for _, c := range p.Status.Conditions {
+		// Who disrupted it: EvictionByEvictionAPI (consolidation, Karpenter),
+		// DeletionByTaintManager (a NoExecute taint), PreemptionByScheduler.
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue && !slices.Contains(s.causes, c.Reason) {
+			s.causes = append(s.causes, c.Reason)
+		}
 	}
 }
 
