@@ -427,3 +427,55 @@ func TestIndexNames(t *testing.T) {
 		}
 	}
 }
+
+// ownPool returns the stored slices of pool name on testNode.
+func ownPool(api *fakeAPI, name string) []resourceapi.ResourceSlice {
+	var out []resourceapi.ResourceSlice
+	for _, s := range api.stored() {
+		if s.Spec.Driver == testDriver && ptr.Deref(s.Spec.NodeName, "") == testNode && s.Spec.Pool.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestPublisherPoolErrorsDoNotBlockOthers: a slice of this node and driver
+// in a pool it does not publish, which it may not delete (gpufrac's
+// admission policy 7 refuses gpufrac-node every slice whose pool is not
+// named after its node), must not keep the node's own pool from being
+// published and kept: the resourceslice controller syncs each pool on its
+// own.
+func TestPublisherPoolErrorsDoNotBlockOthers(t *testing.T) {
+	api := newFakeAPI()
+	api.refuse = func(_ string, s *resourceapi.ResourceSlice) error {
+		if s.Spec.Pool.Name != testNode {
+			return apierrors.NewForbidden(sliceResource, s.Name, errors.New("may publish only the pool named after its node"))
+		}
+		return nil
+	}
+	// "a-stray" sorts before "node-a".
+	stray := stored("00000-stray", 1, 1, pool([]string{"x"}).Slices[0])
+	stray.Spec.Pool.Name = "a-stray"
+	api.put(&stray)
+
+	p, log := startPublisher(t, api)
+	want := pool([]string{"gpu-0"}, []string{"gpu-1"})
+	p.Publish(DriverResources{Pools: map[string]Pool{testNode: want}})
+	eventually(t, "the node's pool published beside the stray pool", func() bool {
+		own := ownPool(api, testNode)
+		return len(own) == 2 && devicesEqual(own[0].Spec.Devices, want.Slices[0].Devices) && devicesEqual(own[1].Spec.Devices, want.Slices[1].Devices)
+	})
+	eventually(t, "the refused delete reported", func() bool {
+		for _, err := range log.all() {
+			if apierrors.IsForbidden(err) && errors.Is(err, ErrRecoverable) {
+				return true
+			}
+		}
+		return false
+	})
+	// Wiped by the kubelet, the node's slices still come back.
+	for _, s := range ownPool(api, testNode) {
+		api.remove(s.Name)
+	}
+	eventually(t, "the node's pool published again", func() bool { return len(ownPool(api, testNode)) == 2 })
+}
