@@ -231,8 +231,9 @@ func (p *Publisher) current() *DriverResources {
 }
 
 // sync makes one check: it lists the node's slices of the driver, and
-// deletes, updates and creates what plan says, pool by pool. It returns the
-// list's resourceVersion, for the watch.
+// deletes, updates and creates what plan says, pool by pool (every pool,
+// even after one failed). It returns the list's resourceVersion, for the
+// watch, or the pools' errors joined.
 func (p *Publisher) sync(ctx context.Context) (string, error) {
 	logger := klog.FromContext(ctx)
 	desired := p.current()
@@ -258,6 +259,11 @@ func (p *Publisher) sync(ctx context.Context) (string, error) {
 		}
 	}
 	slices.Sort(names)
+	// Each pool on its own, as the resourceslice controller syncs them: a
+	// pool that cannot be written (a stray pool whose slices an admission
+	// policy keeps it from deleting, say) must not keep the others from
+	// being published. The check fails, and is retried, if any failed.
+	var errs []error
 	for _, name := range names {
 		pool, ok := desired.Pools[name]
 		var pl poolPlan
@@ -271,8 +277,11 @@ func (p *Publisher) sync(ctx context.Context) (string, error) {
 		}
 		logger.V(3).Info("Writing ResourceSlices", "pool", name, "delete", len(pl.deletes), "update", len(pl.updates), "create", len(pl.creates))
 		if err := p.apply(ctx, desired, name, pl); err != nil {
-			return "", err
+			errs = append(errs, fmt.Errorf("pool %s: %w", name, err))
 		}
+	}
+	if len(errs) > 0 {
+		return "", errors.Join(errs...)
 	}
 	return list.ResourceVersion, nil
 }
