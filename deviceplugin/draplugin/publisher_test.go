@@ -479,3 +479,55 @@ func TestPublisherPoolErrorsDoNotBlockOthers(t *testing.T) {
 	}
 	eventually(t, "the node's pool published again", func() bool { return len(ownPool(api, testNode)) == 2 })
 }
+
+// TestPublisherOwnerFollowsNodeUID: a Node deleted and registered again
+// under the same name has a new UID; slices created afterwards with the old
+// one would be deleted by the garbage collector (their owner is gone) and
+// re-created, forever. The publisher reads the UID again for new slices.
+func TestPublisherOwnerFollowsNodeUID(t *testing.T) {
+	api := newFakeAPI()
+	var mu sync.Mutex
+	uid := types.UID("uid-1")
+	p, err := NewPublisher(PublisherOptions{
+		Driver: testDriver, Node: testNode, API: api,
+		NodeUID: func(context.Context) (types.UID, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return uid, nil
+		},
+		SyncDelay: 20 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	owners := func() []types.UID {
+		var out []types.UID
+		for _, s := range api.stored() {
+			for _, o := range s.OwnerReferences {
+				out = append(out, o.UID)
+			}
+		}
+		return out
+	}
+	want := pool([]string{"gpu-0"}, []string{"gpu-1"})
+	p.Publish(DriverResources{Pools: map[string]Pool{testNode: want}})
+	eventually(t, "the pool published, owned by uid-1", func() bool {
+		return published(api, want) && slices.Equal(owners(), []types.UID{"uid-1", "uid-1"})
+	})
+	// The Node is re-created; the garbage collector deletes the slices of
+	// the old one.
+	mu.Lock()
+	uid = "uid-2"
+	mu.Unlock()
+	for _, s := range api.stored() {
+		api.remove(s.Name)
+	}
+	eventually(t, "the pool published again, owned by uid-2", func() bool {
+		return published(api, want) && slices.Equal(owners(), []types.UID{"uid-2", "uid-2"})
+	})
+}
