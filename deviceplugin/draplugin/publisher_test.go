@@ -203,20 +203,25 @@ func (l *errorLog) all() []error {
 // fails with the errors queued in it before answering "node-uid".
 func startPublisher(t *testing.T, api *fakeAPI, uidErrs ...error) (*Publisher, *errorLog) {
 	t.Helper()
-	log := &errorLog{}
 	var mu sync.Mutex
+	return runPublisher(t, api, func(context.Context) (types.UID, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(uidErrs) > 0 {
+			err := uidErrs[0]
+			uidErrs = uidErrs[1:]
+			return "", err
+		}
+		return "node-uid", nil
+	})
+}
+
+// runPublisher runs a publisher over api with nodeUID until the test ends.
+func runPublisher(t *testing.T, api *fakeAPI, nodeUID func(context.Context) (types.UID, error)) (*Publisher, *errorLog) {
+	t.Helper()
+	log := &errorLog{}
 	p, err := NewPublisher(PublisherOptions{
-		Driver: testDriver, Node: testNode, API: api, OnError: log.add,
-		NodeUID: func(context.Context) (types.UID, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(uidErrs) > 0 {
-				err := uidErrs[0]
-				uidErrs = uidErrs[1:]
-				return "", err
-			}
-			return "node-uid", nil
-		},
+		Driver: testDriver, Node: testNode, API: api, OnError: log.add, NodeUID: nodeUID,
 		SyncDelay: 20 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 	})
 	if err != nil {
@@ -488,23 +493,11 @@ func TestPublisherOwnerFollowsNodeUID(t *testing.T) {
 	api := newFakeAPI()
 	var mu sync.Mutex
 	uid := types.UID("uid-1")
-	p, err := NewPublisher(PublisherOptions{
-		Driver: testDriver, Node: testNode, API: api,
-		NodeUID: func(context.Context) (types.UID, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return uid, nil
-		},
-		SyncDelay: 20 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+	p, _ := runPublisher(t, api, func(context.Context) (types.UID, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return uid, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); p.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 	owners := func() []types.UID {
 		var out []types.UID
 		for _, s := range api.stored() {
