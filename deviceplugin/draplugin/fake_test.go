@@ -38,6 +38,10 @@ type fakeAPI struct {
 	dropTaints bool
 	// stampTaints sets TimeAdded on stored taints, as the API server does.
 	stampTaints time.Time
+	// refuse, when set, refuses writes every time it returns an error (an
+	// admission policy, say): op is "create", "update" or "delete", s the
+	// slice written (the stored one for a delete).
+	refuse func(op string, s *resourceapi.ResourceSlice) error
 }
 
 var (
@@ -138,6 +142,9 @@ func (f *fakeAPI) CreateResourceSlice(_ context.Context, s *resourceapi.Resource
 	if err := f.injectedLocked("create"); err != nil {
 		return nil, err
 	}
+	if err := f.refusedLocked("create", s); err != nil {
+		return nil, err
+	}
 	s = s.DeepCopy()
 	if s.Name == "" {
 		f.seq++
@@ -159,6 +166,9 @@ func (f *fakeAPI) UpdateResourceSlice(_ context.Context, s *resourceapi.Resource
 	if err := f.injectedLocked("update"); err != nil {
 		return nil, err
 	}
+	if err := f.refusedLocked("update", s); err != nil {
+		return nil, err
+	}
 	old, ok := f.slices[s.Name]
 	if !ok {
 		return nil, apierrors.NewNotFound(sliceResource, s.Name)
@@ -178,7 +188,19 @@ func (f *fakeAPI) DeleteResourceSlice(_ context.Context, name string, opts metav
 	if err := f.injectedLocked("delete"); err != nil {
 		return err
 	}
+	if old, ok := f.slices[name]; ok {
+		if err := f.refusedLocked("delete", old); err != nil {
+			return err
+		}
+	}
 	return f.deleteLocked(name, opts)
+}
+
+func (f *fakeAPI) refusedLocked(op string, s *resourceapi.ResourceSlice) error {
+	if f.refuse == nil {
+		return nil
+	}
+	return f.refuse(op, s)
 }
 
 func (f *fakeAPI) deleteLocked(name string, opts metav1.DeleteOptions) error {

@@ -39,8 +39,11 @@ type PublisherOptions struct {
 	// API reads and writes the slices. Required.
 	API SliceAPI
 	// NodeUID returns the Node's UID, for the owner reference of the slices
-	// it creates (so they go when the Node goes). Required; asked once,
-	// again only after it failed.
+	// it creates (so they go when the Node goes). Required; asked before
+	// each batch of creates, not cached: a Node deleted and registered
+	// again under its name has a new UID, and slices owned by the old one
+	// are deleted by the garbage collector (and would be re-created with
+	// it, forever).
 	NodeUID func(ctx context.Context) (types.UID, error)
 	// OnError sees each failed attempt (retried with backoff) and each
 	// DroppedFieldsError, wrapped so that errors.Is(err, ErrRecoverable).
@@ -89,9 +92,6 @@ type Publisher struct {
 	desired *DriverResources
 	// kick wakes Run after Publish (buffered, one pending wake is enough).
 	kick chan struct{}
-
-	// ownerUID is the Node's UID once known (Run's goroutine only).
-	ownerUID types.UID
 }
 
 // NewPublisher checks o and fills in its defaults.
@@ -231,8 +231,9 @@ func (p *Publisher) current() *DriverResources {
 }
 
 // sync makes one check: it lists the node's slices of the driver, and
-// deletes, updates and creates what plan says, pool by pool. It returns the
-// list's resourceVersion, for the watch.
+// deletes, updates and creates what plan says, pool by pool (every pool,
+// even after one failed). It returns the list's resourceVersion, for the
+// watch, or the pools' errors joined.
 func (p *Publisher) sync(ctx context.Context) (string, error) {
 	logger := klog.FromContext(ctx)
 	desired := p.current()
@@ -258,6 +259,11 @@ func (p *Publisher) sync(ctx context.Context) (string, error) {
 		}
 	}
 	slices.Sort(names)
+	// Each pool on its own, as the resourceslice controller syncs them: a
+	// pool that cannot be written (a stray pool whose slices an admission
+	// policy keeps it from deleting, say) must not keep the others from
+	// being published. The check fails, and is retried, if any failed.
+	var errs []error
 	for _, name := range names {
 		pool, ok := desired.Pools[name]
 		var pl poolPlan
@@ -271,8 +277,11 @@ func (p *Publisher) sync(ctx context.Context) (string, error) {
 		}
 		logger.V(3).Info("Writing ResourceSlices", "pool", name, "delete", len(pl.deletes), "update", len(pl.updates), "create", len(pl.creates))
 		if err := p.apply(ctx, desired, name, pl); err != nil {
-			return "", err
+			errs = append(errs, fmt.Errorf("pool %s: %w", name, err))
 		}
+	}
+	if len(errs) > 0 {
+		return "", errors.Join(errs...)
 	}
 	return list.ResourceVersion, nil
 }
@@ -294,15 +303,15 @@ func (p *Publisher) apply(ctx context.Context, desired *DriverResources, pool st
 		}
 		p.stored(ctx, desired, pool, u.index, u.slice, got)
 	}
-	if len(pl.creates) > 0 && p.ownerUID == "" {
-		uid, err := p.o.NodeUID(ctx)
-		if err != nil {
-			return fmt.Errorf("reading node %s for the owner of its ResourceSlices: %w", p.o.Node, err)
-		}
-		p.ownerUID = uid
+	if len(pl.creates) == 0 {
+		return nil
+	}
+	owner, err := p.o.NodeUID(ctx)
+	if err != nil {
+		return fmt.Errorf("reading node %s for the owner of its ResourceSlices: %w", p.o.Node, err)
 	}
 	for _, c := range pl.creates {
-		c.slice.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: p.o.Node, UID: p.ownerUID, Controller: ptr.To(true)}}
+		c.slice.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: p.o.Node, UID: owner, Controller: ptr.To(true)}}
 		got, err := p.o.API.CreateResourceSlice(ctx, c.slice)
 		if err != nil {
 			return fmt.Errorf("creating ResourceSlice %s: %w", c.slice.GenerateName, err)

@@ -203,20 +203,25 @@ func (l *errorLog) all() []error {
 // fails with the errors queued in it before answering "node-uid".
 func startPublisher(t *testing.T, api *fakeAPI, uidErrs ...error) (*Publisher, *errorLog) {
 	t.Helper()
-	log := &errorLog{}
 	var mu sync.Mutex
+	return runPublisher(t, api, func(context.Context) (types.UID, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(uidErrs) > 0 {
+			err := uidErrs[0]
+			uidErrs = uidErrs[1:]
+			return "", err
+		}
+		return "node-uid", nil
+	})
+}
+
+// runPublisher runs a publisher over api with nodeUID until the test ends.
+func runPublisher(t *testing.T, api *fakeAPI, nodeUID func(context.Context) (types.UID, error)) (*Publisher, *errorLog) {
+	t.Helper()
+	log := &errorLog{}
 	p, err := NewPublisher(PublisherOptions{
-		Driver: testDriver, Node: testNode, API: api, OnError: log.add,
-		NodeUID: func(context.Context) (types.UID, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(uidErrs) > 0 {
-				err := uidErrs[0]
-				uidErrs = uidErrs[1:]
-				return "", err
-			}
-			return "node-uid", nil
-		},
+		Driver: testDriver, Node: testNode, API: api, OnError: log.add, NodeUID: nodeUID,
 		SyncDelay: 20 * time.Millisecond, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 	})
 	if err != nil {
@@ -426,4 +431,96 @@ func TestIndexNames(t *testing.T) {
 			t.Errorf("decodeIndex(%q) accepted", bad)
 		}
 	}
+}
+
+// ownPool returns the stored slices of pool name on testNode.
+func ownPool(api *fakeAPI, name string) []resourceapi.ResourceSlice {
+	var out []resourceapi.ResourceSlice
+	for _, s := range api.stored() {
+		if s.Spec.Driver == testDriver && ptr.Deref(s.Spec.NodeName, "") == testNode && s.Spec.Pool.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestPublisherPoolErrorsDoNotBlockOthers: a slice of this node and driver
+// in a pool it does not publish, which it may not delete (gpufrac's
+// admission policy 7 refuses gpufrac-node every slice whose pool is not
+// named after its node), must not keep the node's own pool from being
+// published and kept: the resourceslice controller syncs each pool on its
+// own.
+func TestPublisherPoolErrorsDoNotBlockOthers(t *testing.T) {
+	api := newFakeAPI()
+	api.refuse = func(_ string, s *resourceapi.ResourceSlice) error {
+		if s.Spec.Pool.Name != testNode {
+			return apierrors.NewForbidden(sliceResource, s.Name, errors.New("may publish only the pool named after its node"))
+		}
+		return nil
+	}
+	// "a-stray" sorts before "node-a".
+	stray := stored("00000-stray", 1, 1, pool([]string{"x"}).Slices[0])
+	stray.Spec.Pool.Name = "a-stray"
+	api.put(&stray)
+
+	p, log := startPublisher(t, api)
+	want := pool([]string{"gpu-0"}, []string{"gpu-1"})
+	p.Publish(DriverResources{Pools: map[string]Pool{testNode: want}})
+	eventually(t, "the node's pool published beside the stray pool", func() bool {
+		own := ownPool(api, testNode)
+		return len(own) == 2 && devicesEqual(own[0].Spec.Devices, want.Slices[0].Devices) && devicesEqual(own[1].Spec.Devices, want.Slices[1].Devices)
+	})
+	eventually(t, "the refused delete reported", func() bool {
+		for _, err := range log.all() {
+			if apierrors.IsForbidden(err) && errors.Is(err, ErrRecoverable) {
+				return true
+			}
+		}
+		return false
+	})
+	// Wiped by the kubelet, the node's slices still come back.
+	for _, s := range ownPool(api, testNode) {
+		api.remove(s.Name)
+	}
+	eventually(t, "the node's pool published again", func() bool { return len(ownPool(api, testNode)) == 2 })
+}
+
+// TestPublisherOwnerFollowsNodeUID: a Node deleted and registered again
+// under the same name has a new UID; slices created afterwards with the old
+// one would be deleted by the garbage collector (their owner is gone) and
+// re-created, forever. The publisher reads the UID again for new slices.
+func TestPublisherOwnerFollowsNodeUID(t *testing.T) {
+	api := newFakeAPI()
+	var mu sync.Mutex
+	uid := types.UID("uid-1")
+	p, _ := runPublisher(t, api, func(context.Context) (types.UID, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return uid, nil
+	})
+	owners := func() []types.UID {
+		var out []types.UID
+		for _, s := range api.stored() {
+			for _, o := range s.OwnerReferences {
+				out = append(out, o.UID)
+			}
+		}
+		return out
+	}
+	want := pool([]string{"gpu-0"}, []string{"gpu-1"})
+	p.Publish(DriverResources{Pools: map[string]Pool{testNode: want}})
+	eventually(t, "the pool published, owned by uid-1", func() bool {
+		return published(api, want) && slices.Equal(owners(), []types.UID{"uid-1", "uid-1"})
+	})
+	// The Node is re-created; the garbage collector deletes the slices of
+	// the old one.
+	mu.Lock()
+	uid = "uid-2"
+	mu.Unlock()
+	for _, s := range api.stored() {
+		api.remove(s.Name)
+	}
+	eventually(t, "the pool published again, owned by uid-2", func() bool {
+		return published(api, want) && slices.Equal(owners(), []types.UID{"uid-2", "uid-2"})
+	})
 }

@@ -390,3 +390,50 @@ func TestBaseRequestNames(t *testing.T) {
 		t.Errorf("got %v, want %v", got, want)
 	}
 }
+
+// TestServerStopDuringCall: Stop does not wait for a call stuck in the
+// plugin (the kubelet's call fails and is retried by the next process),
+// reports no fatal error, and leaves no socket.
+func TestServerStopDuringCall(t *testing.T) {
+	f := startServer(t)
+	block := make(chan struct{})
+	defer close(block)
+	f.plugin.mu.Lock()
+	f.plugin.block = block
+	f.plugin.mu.Unlock()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.v1.NodePrepareResources(rpcCtx(t), &drapbv1.NodePrepareResourcesRequest{Claims: []*drapbv1.Claim{claimRef("a")}})
+		errc <- err
+	}()
+	eventually(t, "the call in the plugin", func() bool {
+		f.plugin.mu.Lock()
+		defer f.plugin.mu.Unlock()
+		return f.plugin.running > 0
+	})
+	stopped := make(chan struct{})
+	go func() { f.srv.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop waits for the call stuck in the plugin")
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Error("the call cut by Stop succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the kubelet's call did not end with Stop")
+	}
+	for _, s := range []string{f.regSocket, f.draSocket} {
+		if _, err := os.Stat(s); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("socket %s left after Stop: %v", s, err)
+		}
+	}
+	f.plugin.mu.Lock()
+	defer f.plugin.mu.Unlock()
+	if len(f.plugin.handled) != 0 {
+		t.Errorf("errors reported by Stop: %v", f.plugin.handled)
+	}
+}

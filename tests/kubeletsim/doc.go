@@ -71,7 +71,8 @@
 //     uses fsnotify) for registration sockets, calls GetInfo
 //     (pluginregistration v1), accepts type DRAPlugin with "v1.DRAPlugin"
 //     among its versions and an absolute endpoint, connects to it and calls
-//     NotifyRegistrationStatus. A removed socket unregisters the driver; a
+//     NotifyRegistrationStatus. A socket replaced at its path (a restarted
+//     driver) registers again. A removed socket unregisters the driver; a
 //     Restart drops every driver so it registers again. Slices of a driver
 //     that went away are left alone (the kubelet deletes them after a delay).
 //   - PrepareClaims(pod) reads each of the pod's claims (spec.resourceClaims,

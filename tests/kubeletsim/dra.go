@@ -58,9 +58,14 @@ func (e *DRAPluginError) Error() string {
 type draDriver struct {
 	name      string
 	regSocket string // the registration socket it came from
-	endpoint  string
-	conn      *grpc.ClientConn
-	client    drapb.DRAPluginClient
+	// regFile is that socket's file when it registered: a socket replaced
+	// at the same path (the driver restarted) registers again, as the
+	// kubelet's plugin watcher re-registers on the new socket's create
+	// event even when the simulator's scan missed the gap.
+	regFile  os.FileInfo
+	endpoint string
+	conn     *grpc.ClientConn
+	client   drapb.DRAPluginClient
 }
 
 // PreparedDevice is one device a DRA driver prepared for a claim.
@@ -137,11 +142,15 @@ func (k *Kubelet) watchPlugins(ctx context.Context) {
 				continue
 			}
 			socket := filepath.Join(k.opts.PluginRegistryDir, e.Name())
+			fi, err := os.Stat(socket)
+			if err != nil {
+				continue // gone since ReadDir
+			}
 			present[socket] = true
-			if k.knownRegistration(socket) || time.Since(failed[socket]) < time.Second {
+			if k.knownRegistration(socket, fi) || time.Since(failed[socket]) < time.Second {
 				continue
 			}
-			if err := k.registerDRA(ctx, socket); err != nil {
+			if err := k.registerDRA(ctx, socket, fi); err != nil {
 				failed[socket] = time.Now()
 				logger.Error(err, "DRA plugin registration failed", "socket", socket)
 			}
@@ -156,11 +165,13 @@ func (k *Kubelet) watchPlugins(ctx context.Context) {
 	}
 }
 
-func (k *Kubelet) knownRegistration(socket string) bool {
+// knownRegistration tells whether a driver registered from socket, the
+// file fi (not a socket since created at the same path).
+func (k *Kubelet) knownRegistration(socket string, fi os.FileInfo) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, d := range k.dra.drivers {
-		if d.regSocket == socket {
+		if d.regSocket == socket && os.SameFile(d.regFile, fi) {
 			return true
 		}
 	}
@@ -171,7 +182,7 @@ func (k *Kubelet) knownRegistration(socket string) bool {
 // registration socket, check the type and a supported version (v1.DRAPlugin
 // first, as the kubelet prefers), connect to the endpoint, then
 // NotifyRegistrationStatus.
-func (k *Kubelet) registerDRA(ctx context.Context, socket string) error {
+func (k *Kubelet) registerDRA(ctx context.Context, socket string, fi os.FileInfo) error {
 	logger := klog.FromContext(ctx)
 	rctx, cancel := context.WithTimeout(ctx, k.opts.DialTimeout)
 	defer cancel()
@@ -208,7 +219,7 @@ func (k *Kubelet) registerDRA(ctx context.Context, socket string) error {
 	if err != nil {
 		return notify(fmt.Errorf("dialing DRA endpoint %s: %w", info.GetEndpoint(), err))
 	}
-	d := &draDriver{name: info.GetName(), regSocket: socket, endpoint: info.GetEndpoint(), conn: conn, client: drapb.NewDRAPluginClient(conn)}
+	d := &draDriver{name: info.GetName(), regSocket: socket, regFile: fi, endpoint: info.GetEndpoint(), conn: conn, client: drapb.NewDRAPluginClient(conn)}
 	if err := notify(nil); err != nil {
 		conn.Close()
 		return err

@@ -18,6 +18,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim/kubeletsimtest"
 )
@@ -224,4 +225,60 @@ func TestDRADriverRestartRegistersAgain(t *testing.T) {
 	if len(k.PreparedClaims()) != 1 {
 		t.Errorf("prepared claims after a kubelet restart: %v", k.PreparedClaims())
 	}
+}
+
+// nopDriver is a draplugin.Plugin that prepares nothing: enough to
+// register (draplugin.Server's RegistrationStatus is safe to poll, the
+// kubeletplugin helper's is not).
+type nopDriver struct{}
+
+func (nopDriver) PrepareResourceClaims(context.Context, []*resourceapi.ResourceClaim) (map[types.UID]draplugin.PrepareResult, error) {
+	return nil, errors.New("not implemented")
+}
+
+func (nopDriver) UnprepareResourceClaims(context.Context, []draplugin.NamespacedObject) (map[types.UID]error, error) {
+	return nil, errors.New("not implemented")
+}
+
+func (nopDriver) HandleError(context.Context, error, string) {}
+
+// TestDRADriverReplacedSocketRegistersAgain: a restarted driver replaces its
+// registration socket at the same path, faster than the simulator scans;
+// the kubelet's plugin watcher sees the new socket's create event and
+// registers it again, so must the simulator (the new process waits for
+// NotifyRegistrationStatus, and its readiness with it).
+func TestDRADriverReplacedSocketRegistersAgain(t *testing.T) {
+	ctx := testContext(t)
+	regDir := shortDir(t)
+	k, _ := startKubelet(t, ctx, func(o *kubeletsim.Options) {
+		o.PluginRegistryDir = regDir
+		o.Claims = fakeClaims{fake.NewClientset()}
+	})
+	pluginDir := shortDir(t)
+	start := func() *draplugin.Server {
+		s, err := draplugin.StartServer(ctx, nopDriver{}, draplugin.ServerOptions{Driver: testDriver, RegistryDir: regDir, PluginDir: pluginDir, Claims: nopClaims{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Stop)
+		return s
+	}
+	registered := func(s *draplugin.Server) func() bool {
+		return func() bool { st := s.RegistrationStatus(); return st != nil && st.PluginRegistered }
+	}
+	first := start()
+	eventually(t, ctx, registered(first), func() string { return "the driver was never told it is registered" })
+	if err := k.WaitForDRADriver(waitContext(t, ctx), testDriver); err != nil {
+		t.Fatal(err)
+	}
+	// The new instance removes the old one's socket and listens at once.
+	second := start()
+	eventually(t, ctx, registered(second), func() string { return "the driver's new instance was never told it is registered" })
+}
+
+// nopClaims reads no claim.
+type nopClaims struct{}
+
+func (nopClaims) GetResourceClaim(context.Context, string, string) (*resourceapi.ResourceClaim, error) {
+	return nil, errors.New("no claims here")
 }

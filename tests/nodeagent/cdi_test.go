@@ -1,6 +1,8 @@
 package nodeagent
 
 import (
+	"io"
+	"net/http"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -42,19 +44,26 @@ func (n *node) writeCDISpec(dir string, model string) {
 	}
 }
 
-// waitReady polls /readyz until its answer has code and contains want.
+// waitReadyz polls /readyz until its answer has code and contains want
+// (a freshly restarted binary may not be listening yet).
 func (n *node) waitReadyz(code int, want string) {
 	n.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	var c int
 	var body string
+	var err error
 	for time.Now().Before(deadline) {
-		if c, body = n.get("/readyz"); c == code && strings.Contains(body, want) {
-			return
+		var resp *http.Response
+		if resp, err = http.Get("http://" + n.metrics + "/readyz"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if c, body = resp.StatusCode, string(b); c == code && strings.Contains(body, want) {
+				return
+			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	n.t.Fatalf("/readyz = %d %q, want %d with %q", c, body, code, want)
+	n.t.Fatalf("/readyz = %d %q (%v), want %d with %q", c, body, err, code, want)
 }
 
 // TestCDIStrategyNeedsTheToolkitSpec runs the real binary with

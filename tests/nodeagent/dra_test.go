@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/dra"
@@ -59,7 +60,12 @@ default:
 //     dynamic resources and the driver's record) and kills a process of the
 //     30 % container over its limit;
 //  5. after a restart of gpufrac-node the prepared claims still count;
-//  6. its slices are owned by the Node and come back when someone wipes them.
+//  6. its slices are owned by the Node and come back when someone wipes them;
+//  7. after the Node is deleted and registered again (a new UID), the
+//     garbage collector's deletion of its slices does not repeat forever:
+//     they come back owned by the new Node.
+//
+// /readyz is ready once the kubelet accepted the driver, after restarts too.
 func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the local control plane (make tools)")
@@ -77,6 +83,7 @@ func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	if err := n.kubelet.WaitForDRADriver(ctx, api.DRADriver); err != nil {
 		t.Fatalf("%v\n%s", err, n.log.String())
 	}
+	n.waitReadyz(200, "")
 
 	// 1. The published pool, as the API server stored it.
 	var devices map[string]resourceapi.Device
@@ -173,6 +180,7 @@ func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	if err := n.kubelet.WaitForDRADriver(ctx, api.DRADriver); err != nil {
 		t.Fatal(err)
 	}
+	n.waitReadyz(200, "")
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		err := n.kubelet.PrepareClaims(ctx, p80)
 		return errors.As(err, &perr) && strings.Contains(perr.Msg, "30 of 100 are held by default/c30"), nil
@@ -217,6 +225,40 @@ func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 		return len(after.Items) == len(before.Items) && devs == 7*3+1, nil
 	}); err != nil {
 		t.Fatalf("wiped slices not published again: %v\n%s", err, n.log.String())
+	}
+
+	// 7. The Node deleted and registered again: the garbage collector
+	// deletes the slices owned by the old one; they come back owned by the
+	// new one and stay (with the old UID they would be deleted again and
+	// again).
+	if err := c.Client.CoreV1().Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := c.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownedByRenewed := func(ctx context.Context) (bool, error) {
+		after, err := c.Client.ResourceV1().ResourceSlices().List(ctx, sel)
+		if err != nil {
+			return false, err
+		}
+		devs := 0
+		for _, s := range after.Items {
+			if o := s.OwnerReferences; len(o) != 1 || o[0].UID != renewed.UID {
+				return false, nil
+			}
+			devs += len(s.Spec.Devices)
+		}
+		return len(after.Items) == len(before.Items) && devs == 7*3+1, nil
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, ownedByRenewed); err != nil {
+		t.Fatalf("slices not published for the re-created Node %s: %v\n%s", renewed.UID, err, n.log.String())
+	}
+	// They stay: the garbage collector has nothing to delete any more.
+	time.Sleep(3 * time.Second)
+	if ok, err := ownedByRenewed(ctx); err != nil || !ok {
+		t.Fatalf("slices of the re-created Node did not stay (%v)\n%s", err, n.log.String())
 	}
 }
 
