@@ -549,20 +549,29 @@ func TestRunPollsEveryIntervalWithAFakeClock(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 
+	// wait reads the event it expects: a new ticker of period want, or a
+	// poll when want is 0. Both can be ready at once (Run starts its ticker
+	// and polls at once), so each has its own receive.
 	wait := func(what string, want time.Duration) {
 		t.Helper()
+		if want != 0 {
+			select {
+			case d := <-tickers:
+				if d != want {
+					t.Fatalf("%s: ticker every %s, want %s", what, d, want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: no ticker", what)
+			}
+			return
+		}
 		select {
-		case d := <-tickers:
-			if d != want {
-				t.Fatalf("%s: ticker every %s, want %s", what, d, want)
-			}
 		case st := <-polls:
-			if want != 0 {
-				t.Fatalf("%s: polled (%+v), want a ticker", what, st)
-			}
 			if st.GPUs != 8 {
 				t.Errorf("%s: sampled %d GPUs, want 8", what, st.GPUs)
 			}
+		case d := <-tickers:
+			t.Fatalf("%s: new ticker every %s, want a poll", what, d)
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s: nothing happened", what)
 		}
