@@ -275,7 +275,7 @@ func (a *App) Run(ctx context.Context) error {
 // lead runs informers and the scheduler until ctx ends.
 func (a *App) lead(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	factory := informers.NewSharedInformerFactory(a.client, 0)
+	factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTransform(trimObject))
 	podInf := factory.Core().V1().Pods()
 	nodeInf := factory.Core().V1().Nodes()
 	// Namespaces name their default queue (label gpufrac.io/default-queue).
@@ -288,7 +288,7 @@ func (a *App) lead(ctx context.Context) error {
 	// Karpenter's Nominated events on placeholders (in the reservation
 	// namespace), and its NodeClaims when the CRD is installed, tell which
 	// new nodes to prefer.
-	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace))
+	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace), informers.WithTransform(trimObject))
 	eventInf := sysFactory.Core().V1().Events().Informer()
 	var claimLister cache.GenericLister
 	var claimSynced cache.InformerSynced = func() bool { return true }
