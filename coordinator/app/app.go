@@ -98,6 +98,10 @@ const (
 	DefaultBurst = 400
 )
 
+// reservationRemovers is how many reservation pods the coordinator deletes
+// at once in the background.
+const reservationRemovers = 16
+
 // App is a running coordinator.
 type App struct {
 	cfg    Config
@@ -336,6 +340,8 @@ func (a *App) lead(ctx context.Context) error {
 	var reserver scheduler.Reserver
 	if a.cfg.Reservations {
 		rm := reservation.NewManager(a.client, recorder, a.cfg.Reservation, nil)
+		// Removals must not hold the scheduling cycle (docs/benchmarks.md, "Scale").
+		rm.RemoveInBackground(reservationRemovers)
 		if err := rm.Register(a.reg); err != nil {
 			return fmt.Errorf("registering reservation metrics: %w", err)
 		}
