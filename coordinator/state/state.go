@@ -156,15 +156,33 @@ type nodeFacts struct {
 	// partitioned and scalarMilli are what partitioned says of the inventory.
 	partitioned int
 	scalarMilli map[string]int64
+	// unschedulable, ready, draining and drainDeadline are what
+	// nodeReadyAt and placedTaints read: spec.unschedulable, the Ready
+	// condition, and the gpufrac.io/draining taint (DrainDeadline).
+	unschedulable, ready, draining bool
+	drainDeadline                  int64
+}
+
+// readyAt is nodeReadyAt of the node.
+func (f *nodeFacts) readyAt(now time.Time) bool {
+	return !f.unschedulable && !f.drainingAt(now) && f.ready
+}
+
+// drainingAt is DrainingAt of the node.
+func (f *nodeFacts) drainingAt(now time.Time) bool {
+	return f.draining && (now.IsZero() || now.Unix() <= f.drainDeadline)
 }
 
 func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
 	f := &nodeFacts{
-		cpuMilli:    n.Status.Allocatable.Cpu().MilliValue(),
-		memoryBytes: n.Status.Allocatable.Memory().Value(),
-		gpuIndex:    map[string]int{},
-		scalarMilli: map[string]int64{},
+		cpuMilli:      n.Status.Allocatable.Cpu().MilliValue(),
+		memoryBytes:   n.Status.Allocatable.Memory().Value(),
+		gpuIndex:      map[string]int{},
+		scalarMilli:   map[string]int64{},
+		unschedulable: n.Spec.Unschedulable,
+		ready:         readyCondition(n),
 	}
+	f.drainDeadline, f.draining = DrainDeadline(n)
 	inv, hasInv := inventory(n)
 	f.inventory = make(map[string]api.GPUInfo, len(inv))
 	for _, g := range inv {
@@ -484,15 +502,19 @@ func Build(in Inputs) (*Snapshot, error) {
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !nodeReadyAt(n, in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
+		f := in.Cache.node(n, in.TimesliceResource)
+		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
 		}
-		f := in.Cache.node(n, in.TimesliceResource)
+		taints := n.Spec.Taints
+		if f.draining && !f.drainingAt(in.Now) {
+			taints = placedTaints(n, in.Now) // the drain's deadline passed: its taint is left out
+		}
 		pn := &placement.Node{
 			Name:        n.Name,
 			Labels:      n.Labels,
-			Taints:      placedTaints(n, in.Now),
+			Taints:      taints,
 			Pool:        n.Labels[in.PoolLabel],
 			Model:       n.Labels[api.LabelGPUProduct],
 			CPUMilli:    f.cpuMilli,
@@ -720,8 +742,8 @@ func chargeAsking(asking []askingReservation, reservations map[NodeGPU]*Reservat
 // used ones can empty for the autoscaler to remove. The listers' order is a
 // map's, so without this ties would fall at random, differently each cycle.
 func sortBusiestFirst(nodes []placement.Node) {
-	used := make(map[string]int, len(nodes))
-	for _, n := range nodes {
+	used := make([]int, len(nodes))
+	for i, n := range nodes {
 		u := 0
 		for _, g := range n.GPUs {
 			u += placement.MilliPerGPU - g.FreeMilli
@@ -729,14 +751,25 @@ func sortBusiestFirst(nodes []placement.Node) {
 				u++ // a shared GPU, even an idle one, makes the node busier
 			}
 		}
-		used[n.Name] = u
+		used[i] = u
 	}
-	slices.SortFunc(nodes, func(a, b placement.Node) int {
-		if c := cmp.Compare(used[b.Name], used[a.Name]); c != 0 {
+	// Sorted by index: the nodes are large to move, and the order of one
+	// cycle is mostly the last one's.
+	order := make([]int, len(nodes))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := cmp.Compare(used[b], used[a]); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Name, b.Name)
+		return strings.Compare(nodes[a].Name, nodes[b].Name)
 	})
+	sorted := make([]placement.Node, len(nodes))
+	for i, j := range order {
+		sorted[i] = nodes[j]
+	}
+	copy(nodes, sorted)
 }
 
 // chargeFractions charges a node's fraction pods to their GPUs. gpufrac-node
