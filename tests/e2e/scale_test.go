@@ -423,6 +423,19 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 		name, len(wl.pods), res.makespan.Round(time.Millisecond), res.creation.Round(time.Millisecond),
 		res.p50.Round(time.Millisecond), res.p99.Round(time.Millisecond), res.endRSS>>20, res.peakRSS>>20)
 
+	// Requests first: they are read even when a check below fails.
+	user := coordinatorUser
+	if sched == schedKubeScheduler {
+		user = kubeSchedulerUser
+	}
+	if res.requests.bindings < len(wl.pods) {
+		t.Errorf("%s: %s made %d bindings for %d bound pods (counted on the wire)", name, sched, res.requests.bindings, len(wl.pods))
+	}
+	// The audit log, for comparison: at full size it lost events
+	// (docs/benchmarks.md, "Scale").
+	audited := countRequests(t, auditLog, user, lastBound)
+	t.Logf("%s: the audit log holds %d requests (%d bindings) by %s, the proxy counted %d (%d bindings): %s",
+		name, audited.total, audited.bindings, user, res.requests.total, res.requests.bindings, res.requests)
 	if sched == schedCoordinator {
 		if profile != nil {
 			profile.heap(t)
@@ -444,18 +457,6 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 			name, n, p50.Round(time.Millisecond), longest.Round(time.Millisecond), res.cycles.busy, res.cycles.p50, res.cycles.p99, res.cycles.max, res.cycles.idle, res.cycles.idleP50)
 		invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{AllowIdleReservations: true, NoWriteBack: true}, max(2*time.Minute, limit/4))
 	}
-	user := coordinatorUser
-	if sched == schedKubeScheduler {
-		user = kubeSchedulerUser
-	}
-	if res.requests.bindings < len(wl.pods) {
-		t.Errorf("%s: %s made %d bindings for %d bound pods (counted on the wire)", name, sched, res.requests.bindings, len(wl.pods))
-	}
-	// The audit log, for comparison: at full size it lost events
-	// (docs/benchmarks.md, "Scale").
-	audited := countRequests(t, auditLog, user, lastBound)
-	t.Logf("%s: the audit log holds %d requests (%d bindings) by %s, the proxy counted %d (%d bindings)",
-		name, audited.total, audited.bindings, user, res.requests.total, res.requests.bindings)
 	proc.stop(syscall.SIGTERM)
 	res.loadAfter = loadAverage(t)
 	return res
