@@ -346,6 +346,8 @@ func (a *App) lead(ctx context.Context) error {
 			return fmt.Errorf("registering reservation metrics: %w", err)
 		}
 		reserver = rm
+		// Deletions decided under the lease end before it is released.
+		defer rm.Wait()
 	}
 	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
 		Pods:       podInf.Lister(),

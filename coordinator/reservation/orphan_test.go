@@ -185,7 +185,7 @@ func TestRemovalsInBackground(t *testing.T) {
 		t.Errorf("failed reservation deleted again (%d) while its deletion runs", n)
 	}
 	close(release)
-	m.wg.Wait()
+	m.Wait()
 	// The first delete the API server answered failed (injected), the other
 	// went through: one reservation is left, out of Removing.
 	if failOnce.Fired() != 1 {
@@ -211,7 +211,7 @@ func TestRemovalsInBackground(t *testing.T) {
 			t.Errorf("RemoveFailed after the failure handed %d, want 1", n)
 		}
 	}
-	m.wg.Wait()
+	m.Wait()
 	if left, err := client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{}); err != nil || len(left.Items) != 0 {
 		t.Errorf("pods left after the retry: %d (err %v)", len(left.Items), err)
 	}

@@ -150,6 +150,9 @@ func (m *Manager) RemoveInBackground(n int) {
 	m.inflight = map[types.UID]bool{}
 }
 
+// Wait waits for the deletions running in the background.
+func (m *Manager) Wait() { m.wg.Wait() }
+
 // remove deletes reservation p: inline, or in the background when
 // RemoveInBackground was called. It returns false when the deletion failed
 // (inline) or p is already being deleted in the background. done runs once
