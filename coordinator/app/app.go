@@ -98,6 +98,10 @@ const (
 	DefaultBurst = 400
 )
 
+// reservationRemovers is how many reservation pods the coordinator deletes
+// at once in the background.
+const reservationRemovers = 16
+
 // App is a running coordinator.
 type App struct {
 	cfg    Config
@@ -275,7 +279,7 @@ func (a *App) Run(ctx context.Context) error {
 // lead runs informers and the scheduler until ctx ends.
 func (a *App) lead(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	factory := informers.NewSharedInformerFactory(a.client, 0)
+	factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTransform(trimObject))
 	podInf := factory.Core().V1().Pods()
 	nodeInf := factory.Core().V1().Nodes()
 	// Namespaces name their default queue (label gpufrac.io/default-queue).
@@ -288,7 +292,7 @@ func (a *App) lead(ctx context.Context) error {
 	// Karpenter's Nominated events on placeholders (in the reservation
 	// namespace), and its NodeClaims when the CRD is installed, tell which
 	// new nodes to prefer.
-	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace))
+	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace), informers.WithTransform(trimObject))
 	eventInf := sysFactory.Core().V1().Events().Informer()
 	var claimLister cache.GenericLister
 	var claimSynced cache.InformerSynced = func() bool { return true }
@@ -341,10 +345,14 @@ func (a *App) lead(ctx context.Context) error {
 	var reserver scheduler.Reserver
 	if a.cfg.Reservations {
 		rm := reservation.NewManager(a.client, recorder, a.cfg.Reservation, nil)
+		// Removals must not hold the scheduling cycle (docs/benchmarks.md, "Scale").
+		rm.RemoveInBackground(reservationRemovers)
 		if err := rm.Register(a.reg); err != nil {
 			return fmt.Errorf("registering reservation metrics: %w", err)
 		}
 		reserver = rm
+		// Deletions decided under the lease end before it is released.
+		defer rm.Wait()
 	}
 	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
 		Pods:       podInf.Lister(),

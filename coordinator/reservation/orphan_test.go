@@ -3,6 +3,7 @@ package reservation
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -133,5 +135,89 @@ func TestRemoveFailed(t *testing.T) {
 	}
 	if e := <-events.Events; e != "Normal ReservationRemoved reservation failed on n: "+p.Status.Message {
 		t.Errorf("event %q", e)
+	}
+}
+
+// TestRemovalsInBackground: with RemoveInBackground, Reconcile and
+// RemoveFailed return before the API server answers; the reservation is in
+// Removing from then on (no fraction on its GPU), is not deleted twice while
+// its deletion runs, and a deletion that fails leaves Removing so that the
+// next Reconcile decides again.
+func TestRemovalsInBackground(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	p := Pod("n", "g", DefaultOptions())
+	p.UID = "uid-r"
+	failed := PodAt("n", "g", 1, DefaultOptions())
+	failed.UID, failed.Status.Phase = "uid-f", corev1.PodFailed
+	client := fake.NewSimpleClientset(p, failed)
+	unavailable := apierrors.NewServiceUnavailable("the API server is restarting")
+	failOnce := apitest.FailOnce(&client.Fake, "delete", "pods", "", unavailable)
+	release := make(chan struct{})
+	deletes := 0
+	var mu sync.Mutex
+	// Runs before the injected failure: every delete waits for release.
+	client.PrependReactor("delete", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		deletes++
+		mu.Unlock()
+		<-release // the API server is slow
+		return false, nil, nil
+	})
+	m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
+	m.RemoveInBackground(4)
+	ctx := t.Context()
+	rs := map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: {Pod: p, Ready: true, Orphaned: "node n is cordoned"}}
+
+	// Both return at once, the API server still holding the deletions.
+	if n := m.Reconcile(ctx, rs, nil); n != 1 {
+		t.Fatalf("Reconcile handed %d reservations to deletion, want 1", n)
+	}
+	if n := m.RemoveFailed(ctx, []*corev1.Pod{failed}); n != 1 {
+		t.Fatalf("RemoveFailed handed %d reservations to deletion, want 1", n)
+	}
+	if !m.Removing()["uid-r"] {
+		t.Errorf("Removing() = %v while its deletion runs, want uid-r", m.Removing())
+	}
+	if n := m.Reconcile(ctx, rs, nil); n != 0 {
+		t.Errorf("deleted again (%d) while its deletion runs", n)
+	}
+	if n := m.RemoveFailed(ctx, []*corev1.Pod{failed}); n != 0 {
+		t.Errorf("failed reservation deleted again (%d) while its deletion runs", n)
+	}
+	close(release)
+	m.Wait()
+	// The first delete the API server answered failed (injected), the other
+	// went through: one reservation is left, out of Removing.
+	if failOnce.Fired() != 1 {
+		t.Fatalf("injected delete failures: %d, want 1", failOnce.Fired())
+	}
+	left, err := client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil || len(left.Items) != 1 {
+		t.Fatalf("pods left: %v (err %v), want 1", left, err)
+	}
+	if m.Removing()[left.Items[0].UID] {
+		t.Errorf("Removing() = %v after its deletion failed, want it out", m.Removing())
+	}
+	// The next Reconcile (or RemoveFailed) decides again, and it goes.
+	for _, pod := range []*corev1.Pod{p, failed} {
+		if pod.UID != left.Items[0].UID {
+			continue
+		}
+		if pod == p {
+			if n := m.Reconcile(ctx, rs, nil); n != 1 {
+				t.Errorf("Reconcile after the failure handed %d, want 1", n)
+			}
+		} else if n := m.RemoveFailed(ctx, []*corev1.Pod{failed}); n != 1 {
+			t.Errorf("RemoveFailed after the failure handed %d, want 1", n)
+		}
+	}
+	m.Wait()
+	if left, err := client.CoreV1().Pods(api.ReservationNamespace).List(ctx, metav1.ListOptions{}); err != nil || len(left.Items) != 0 {
+		t.Errorf("pods left after the retry: %d (err %v)", len(left.Items), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if deletes != 3 {
+		t.Errorf("%d deletes reached the API server, want 3 (two, one failed and retried)", deletes)
 	}
 }

@@ -14,6 +14,7 @@ package state
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -76,37 +77,137 @@ type Inputs struct {
 	Now time.Time
 }
 
-// Cache keeps what Build reads from each pod (its demand) and node (its GPU
-// inventory) from one Build to the next, by object: an informer never
-// changes an object it handed out, it replaces it with a new one, so the
-// same pointer is the same content (keying by pointer also spares Build
-// reading and hashing UIDs). Objects without a resourceVersion (hand-made,
-// and maybe changed in place) are read every time. What a Build did not see
-// is forgotten at its end. At 50,000 pods reading every pod was much of a
-// cycle (docs/benchmarks.md, "Scale"). A Cache is not safe for concurrent
-// use: one scheduling loop owns it.
+// Cache keeps what Build reads from each pod (its demand and the
+// annotations that place it) and node (its GPUs, inventory and allocatable)
+// from one Build to the next, by object: an informer never changes an
+// object it handed out, it replaces it with a new one, so the same pointer
+// is the same content (keying by pointer also spares Build reading and
+// hashing UIDs). Objects without a resourceVersion (hand-made, and maybe
+// changed in place) are read every time. What a Build did not see is
+// forgotten at its end. At 50,000 pods reading every pod was much of a
+// cycle, and looking up each pod's annotations and each node's allocatable
+// again most of the rest (docs/benchmarks.md, "Scale"). A Cache is not safe
+// for concurrent use: one scheduling loop owns it.
 type Cache struct {
-	pods  map[*corev1.Pod]*cachedDemand     // pod -> its demand
-	nodes map[*corev1.Node]*cachedInventory // node -> its inventory
-	// timeslice is the replica resource the demands were read with.
+	pods  map[*corev1.Pod]*cachedPod   // pod -> what Build reads of it
+	nodes map[*corev1.Node]*cachedNode // node -> what Build reads of it
+	// timeslice is the replica resource the entries were read with.
 	timeslice string
 	build     uint64 // Builds so far; entries not used by the last one go
 }
 
-type cachedDemand struct {
-	d     PodDemand
+type cachedPod struct {
+	f     podFacts
 	build uint64
 }
 
-type cachedInventory struct {
-	inv   []api.GPUInfo
-	ok    bool
+type cachedNode struct {
+	f     *nodeFacts
 	build uint64
+}
+
+// podFacts are what Build reads of a bound (or assumed) pod.
+type podFacts struct {
+	d PodDemand
+	// reservation: a gpufrac reservation pod (IsReservation).
+	reservation bool
+	// planned, allocated and reserved are the annotations gpufrac.io/gpu,
+	// gpufrac.io/allocated-gpu and gpufrac.io/reserved-gpu.
+	planned, allocated, reserved string
+	// allocatedList is allocated split at commas (whole-GPU pods).
+	allocatedList []string
+}
+
+func podFactsOf(p *corev1.Pod, timeslice string) podFacts {
+	f := podFacts{
+		d:           DemandOf(p, timeslice),
+		reservation: IsReservation(p),
+		planned:     p.Annotations[api.AnnotationGPU],
+		allocated:   p.Annotations[api.AnnotationAllocatedGPU],
+		reserved:    p.Annotations[api.AnnotationReservedGPU],
+	}
+	if f.d.WholeGPUs > 0 && f.allocated != "" {
+		f.allocatedList = strings.Split(f.allocated, ",")
+	}
+	return f
+}
+
+// fractionGPU is FractionGPU of the pod.
+func (f *podFacts) fractionGPU() string { return cmp.Or(f.allocated, f.planned) }
+
+// reservedGPU is ReservedGPU of the pod.
+func (f *podFacts) reservedGPU() string { return cmp.Or(f.reserved, f.planned) }
+
+// nodeFacts are what Build reads of a node, whatever the pods on it. Its
+// maps and slices are shared by the Builds that use it: read only.
+type nodeFacts struct {
+	cpuMilli, memoryBytes int64
+	// scalars are the allocatable scalar resources (nil when none).
+	scalars map[string]int64
+	// gpus are the GPUs placed (nodeGPUs); fractionOK as nodeGPUs says.
+	gpus       []api.GPUInfo
+	fractionOK bool
+	// gpuIndex maps a GPU ID to its index in gpus; inventory is every GPU
+	// of the inventory by UUID.
+	gpuIndex  map[string]int
+	inventory map[string]api.GPUInfo
+	// dra: the node serves its GPUs through DRA.
+	dra bool
+	// partitioned and scalarMilli are what partitioned says of the inventory.
+	partitioned int
+	scalarMilli map[string]int64
+	// unschedulable, ready, draining and drainDeadline are what
+	// nodeReadyAt and placedTaints read: spec.unschedulable, the Ready
+	// condition, and the gpufrac.io/draining taint (DrainDeadline).
+	unschedulable, ready, draining bool
+	drainDeadline                  int64
+}
+
+// readyAt is nodeReadyAt of the node.
+func (f *nodeFacts) readyAt(now time.Time) bool {
+	return !f.unschedulable && !f.drainingAt(now) && f.ready
+}
+
+// drainingAt is DrainingAt of the node.
+func (f *nodeFacts) drainingAt(now time.Time) bool {
+	return f.draining && (now.IsZero() || now.Unix() <= f.drainDeadline)
+}
+
+func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
+	f := &nodeFacts{
+		cpuMilli:      n.Status.Allocatable.Cpu().MilliValue(),
+		memoryBytes:   n.Status.Allocatable.Memory().Value(),
+		gpuIndex:      map[string]int{},
+		scalarMilli:   map[string]int64{},
+		unschedulable: n.Spec.Unschedulable,
+		ready:         readyCondition(n),
+	}
+	f.drainDeadline, f.draining = DrainDeadline(n)
+	inv, hasInv := inventory(n)
+	f.inventory = make(map[string]api.GPUInfo, len(inv))
+	for _, g := range inv {
+		f.inventory[g.UUID] = g
+	}
+	f.dra = slices.ContainsFunc(inv, func(g api.GPUInfo) bool { return g.Driver == api.DRADriver })
+	f.partitioned = partitioned(inv, f.scalarMilli)
+	for name, q := range n.Status.Allocatable {
+		if IsScalar(name, timeslice) && q.Value() > 0 {
+			if f.scalars == nil {
+				f.scalars = map[string]int64{}
+			}
+			f.scalars[string(name)] = q.Value()
+		}
+	}
+	f.gpus, f.fractionOK = nodeGPUs(n, inv, hasInv, f.dra)
+	for i, g := range f.gpus {
+		f.gpuIndex[g.UUID] = i
+	}
+	return f
 }
 
 // NewCache returns an empty Cache.
 func NewCache() *Cache {
-	return &Cache{pods: map[*corev1.Pod]*cachedDemand{}, nodes: map[*corev1.Node]*cachedInventory{}}
+	return &Cache{pods: map[*corev1.Pod]*cachedPod{}, nodes: map[*corev1.Node]*cachedNode{}}
 }
 
 // begin starts a Build reading replicas as timeslice.
@@ -116,39 +217,39 @@ func (c *Cache) begin(timeslice string) {
 	}
 	if c.timeslice != timeslice {
 		clear(c.pods)
+		clear(c.nodes)
 		c.timeslice = timeslice
 	}
 	c.build++
 }
 
-// demand is DemandOf(p, timeslice), from the cache when p was read before.
-func (c *Cache) demand(p *corev1.Pod, timeslice string) PodDemand {
+// pod is podFactsOf(p, timeslice), from the cache when p was read before.
+func (c *Cache) pod(p *corev1.Pod, timeslice string) *podFacts {
 	if c == nil || p.ResourceVersion == "" {
-		return DemandOf(p, timeslice)
+		f := podFactsOf(p, timeslice)
+		return &f
 	}
 	e := c.pods[p]
 	if e == nil {
-		e = &cachedDemand{d: DemandOf(p, timeslice)}
+		e = &cachedPod{f: podFactsOf(p, timeslice)}
 		c.pods[p] = e
 	}
 	e.build = c.build
-	return e.d
+	return &e.f
 }
 
-// inventory is inventory(n), from the cache when n was read before. The
-// slice is shared: callers only read it.
-func (c *Cache) inventory(n *corev1.Node) ([]api.GPUInfo, bool) {
+// node is nodeFactsOf(n, timeslice), from the cache when n was read before.
+func (c *Cache) node(n *corev1.Node, timeslice string) *nodeFacts {
 	if c == nil || n.ResourceVersion == "" {
-		return inventory(n)
+		return nodeFactsOf(n, timeslice)
 	}
 	e := c.nodes[n]
 	if e == nil {
-		inv, ok := inventory(n)
-		e = &cachedInventory{inv: inv, ok: ok}
+		e = &cachedNode{f: nodeFactsOf(n, timeslice)}
 		c.nodes[n] = e
 	}
 	e.build = c.build
-	return e.inv, e.ok
+	return e.f
 }
 
 // end forgets the objects the Build just ended did not read.
@@ -365,11 +466,11 @@ type fraction struct {
 type nodeAcc struct {
 	fracs     []fraction // fraction pods on the node, charged by chargeFractions
 	node      *placement.Node
-	gpuIndex  map[string]int         // GPU ID -> index in node.GPUs
-	inventory map[string]api.GPUInfo // GPU UUID -> the node agent's record of it, every GPU
+	gpuIndex  map[string]int         // GPU ID -> index in node.GPUs (shared: read only)
+	inventory map[string]api.GPUInfo // GPU UUID -> the node agent's record of it, every GPU (shared: read only)
 	whole     int                    // whole GPUs taken by pods without a known GPU
-	held      map[string]bool        // GPU ID -> held whole by a pod (written back)
-	reserved  map[string]bool        // GPU ID -> held by a usable reservation (shares only)
+	held      map[string]bool        // GPU ID -> held whole by a pod (written back); nil until one is
+	reserved  map[string]bool        // GPU ID -> held by a usable reservation (shares only); nil until one is
 	unplacedF []int                  // fraction percents on unknown GPUs
 	// partitioned counts the healthy GPUs in modes mig and timeslice.
 	partitioned int
@@ -401,48 +502,44 @@ func Build(in Inputs) (*Snapshot, error) {
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		if !nodeReadyAt(n, in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
+		f := in.Cache.node(n, in.TimesliceResource)
+		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
+		}
+		taints := n.Spec.Taints
+		if f.draining && !f.drainingAt(in.Now) {
+			taints = placedTaints(n, in.Now) // the drain's deadline passed: its taint is left out
 		}
 		pn := &placement.Node{
 			Name:        n.Name,
 			Labels:      n.Labels,
-			Taints:      placedTaints(n, in.Now),
+			Taints:      taints,
 			Pool:        n.Labels[in.PoolLabel],
 			Model:       n.Labels[api.LabelGPUProduct],
-			CPUMilli:    n.Status.Allocatable.Cpu().MilliValue(),
-			MemoryBytes: n.Status.Allocatable.Memory().Value(),
+			CPUMilli:    f.cpuMilli,
+			MemoryBytes: f.memoryBytes,
+			Scalars:     maps.Clone(f.scalars),
 		}
-		acc := &nodeAcc{node: pn, gpuIndex: map[string]int{}, reserved: map[string]bool{}, held: map[string]bool{}, inventory: map[string]api.GPUInfo{}}
-		inv, hasInv := in.Cache.inventory(n)
-		for _, g := range inv {
-			acc.inventory[g.UUID] = g
+		if len(f.gpus) > 0 {
+			pn.GPUs = make([]placement.GPU, len(f.gpus))
 		}
-		acc.dra = slices.ContainsFunc(inv, func(g api.GPUInfo) bool { return g.Driver == api.DRADriver })
-		acc.partitioned = partitioned(inv, scalarMilli)
-		for name, q := range n.Status.Allocatable {
-			if IsScalar(name, in.TimesliceResource) && q.Value() > 0 {
-				if pn.Scalars == nil {
-					pn.Scalars = map[string]int64{}
-				}
-				pn.Scalars[string(name)] = q.Value()
-			}
+		acc := &nodeAcc{node: pn, gpuIndex: f.gpuIndex, inventory: f.inventory, dra: f.dra, partitioned: f.partitioned}
+		for name, m := range f.scalarMilli {
+			scalarMilli[name] = max(scalarMilli[name], m)
 		}
-		gpus, fractionOK := nodeGPUs(n, inv, hasInv, acc.dra)
-		if !fractionOK {
+		if !f.fractionOK {
 			noFrac[n.Name] = true
 		}
 		if acc.dra {
 			draNodes[n.Name] = true
 		}
-		for i, g := range gpus {
+		for i, g := range f.gpus {
 			free := placement.MilliPerGPU
 			if acc.dra {
 				free -= in.DRAUsage[n.Name][g.UUID].UsedMilli
 			}
-			pn.GPUs = append(pn.GPUs, placement.GPU{ID: g.UUID, FreeMilli: max(free, 0)})
-			acc.gpuIndex[g.UUID] = i
+			pn.GPUs[i] = placement.GPU{ID: g.UUID, FreeMilli: max(free, 0)}
 			if pn.Model == "" {
 				pn.Model = g.Model
 			}
@@ -456,28 +553,31 @@ func Build(in Inputs) (*Snapshot, error) {
 	for _, p := range in.Pods {
 		nodeName := p.Spec.NodeName
 		var assumedGPU string
-		if a, ok := in.Assumed[p.UID]; ok && nodeName == "" {
-			nodeName, assumedGPU = a.Node, a.GPU
+		if nodeName == "" {
+			if a, ok := in.Assumed[p.UID]; ok {
+				nodeName, assumedGPU = a.Node, a.GPU
+			}
 		}
-		acc := accs[nodeName]
-		if p.Status.Phase == corev1.PodFailed && IsReservation(p) && p.DeletionTimestamp == nil {
+		if p.Status.Phase == corev1.PodFailed && p.DeletionTimestamp == nil && IsReservation(p) {
 			failed = append(failed, p)
 		}
 		if nodeName == "" || Terminal(p) {
 			continue
 		}
+		f := in.Cache.pod(p, in.TimesliceResource)
+		acc := accs[nodeName]
 		if acc == nil {
 			// A node left out, or gone: only its reservations and the
 			// fractions on their GPUs matter, so they can be removed.
 			switch {
-			case IsReservation(p):
+			case f.reservation:
 				trackOffNode(reservations, p, nodeName, left[nodeName], in.Now)
-			case p.Spec.NodeName != "" && hasFraction(p):
-				offFracs[NodeGPU{nodeName, FractionGPU(p)}]++
+			case p.Spec.NodeName != "" && f.d.FractionPercent > 0:
+				offFracs[NodeGPU{nodeName, f.fractionGPU()}]++
 			}
 			continue
 		}
-		d := in.Cache.demand(p, in.TimesliceResource)
+		d := &f.d
 		acc.node.UsedCPUMilli += d.CPUMilli
 		acc.node.UsedMemoryBytes += d.MemoryBytes
 		for name, k := range d.Scalars {
@@ -491,22 +591,22 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 		switch {
 		case d.FractionPercent > 0:
-			planned := p.Annotations[api.AnnotationGPU]
+			planned := f.planned
 			if planned == "" {
 				planned = assumedGPU
 			}
-			acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: p.Annotations[api.AnnotationAllocatedGPU]})
+			acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: f.allocated})
 		case d.WholeGPUs > 0:
-			if IsReservation(p) {
-				g := ReservedGPU(p)
+			if f.reservation {
+				g := f.reservedGPU()
 				key := NodeGPU{nodeName, g}
 				orphaned := acc.orphaned(nodeName, g)
-				if orphaned == "" && p.Annotations[api.AnnotationReservedGPU] != "" && (p.DeletionTimestamp != nil || in.Removing[p.UID]) {
+				if orphaned == "" && f.reserved != "" && (p.DeletionTimestamp != nil || in.Removing[p.UID]) {
 					// Being removed: a fraction bound on its GPU now would run
 					// on a GPU no reservation holds a moment later.
 					orphaned = fmt.Sprintf("the reservation of GPU %s on %s is being removed", g, nodeName)
 				}
-				if _, placed := acc.gpuIndex[g]; placed && orphaned == "" && p.Annotations[api.AnnotationReservedGPU] == "" {
+				if _, placed := acc.gpuIndex[g]; placed && orphaned == "" && f.reserved == "" {
 					// Not told its GPU yet: counted once every pod that was is
 					// (chargeAsking).
 					asking = append(asking, askingReservation{acc: acc, key: key, pod: p})
@@ -521,10 +621,10 @@ func Build(in Inputs) (*Snapshot, error) {
 			// The GPUs gpufrac-node gave the pod, once written back; the rest
 			// (not admitted yet) take clean GPUs in settle.
 			known := 0
-			for _, g := range strings.Split(p.Annotations[api.AnnotationAllocatedGPU], ",") {
+			for _, g := range f.allocatedList {
 				if i, ok := acc.gpuIndex[g]; ok && known < d.WholeGPUs {
 					acc.node.GPUs[i].FreeMilli = 0
-					acc.held[g] = true
+					acc.hold(g)
 					known++
 				}
 			}
@@ -566,6 +666,14 @@ func Build(in Inputs) (*Snapshot, error) {
 	return out, nil
 }
 
+// hold records GPU g as held whole by a pod.
+func (acc *nodeAcc) hold(g string) {
+	if acc.held == nil {
+		acc.held = map[string]bool{}
+	}
+	acc.held[g] = true
+}
+
 // askingReservation is a reservation pod the node agent has not yet told
 // the GPU it got (no gpufrac.io/reserved-gpu): key is the GPU it asks for.
 type askingReservation struct {
@@ -589,10 +697,13 @@ func (acc *nodeAcc) reserve(reservations map[NodeGPU]*Reservation, key NodeGPU, 
 	i, placed := acc.gpuIndex[key.GPU]
 	switch {
 	case orphaned == "":
+		if acc.reserved == nil {
+			acc.reserved = map[string]bool{}
+		}
 		acc.reserved[key.GPU] = true
 	case placed:
 		acc.node.GPUs[i].FreeMilli = 0
-		acc.held[key.GPU] = true
+		acc.hold(key.GPU)
 	}
 }
 
@@ -631,8 +742,8 @@ func chargeAsking(asking []askingReservation, reservations map[NodeGPU]*Reservat
 // used ones can empty for the autoscaler to remove. The listers' order is a
 // map's, so without this ties would fall at random, differently each cycle.
 func sortBusiestFirst(nodes []placement.Node) {
-	used := make(map[string]int, len(nodes))
-	for _, n := range nodes {
+	used := make([]int, len(nodes))
+	for i, n := range nodes {
 		u := 0
 		for _, g := range n.GPUs {
 			u += placement.MilliPerGPU - g.FreeMilli
@@ -640,14 +751,25 @@ func sortBusiestFirst(nodes []placement.Node) {
 				u++ // a shared GPU, even an idle one, makes the node busier
 			}
 		}
-		used[n.Name] = u
+		used[i] = u
 	}
-	slices.SortFunc(nodes, func(a, b placement.Node) int {
-		if c := cmp.Compare(used[b.Name], used[a.Name]); c != 0 {
+	// Sorted by index: the nodes are large to move, and the order of one
+	// cycle is mostly the last one's.
+	order := make([]int, len(nodes))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := cmp.Compare(used[b], used[a]); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Name, b.Name)
+		return strings.Compare(nodes[a].Name, nodes[b].Name)
 	})
+	sorted := make([]placement.Node, len(nodes))
+	for i, j := range order {
+		sorted[i] = nodes[j]
+	}
+	copy(nodes, sorted)
 }
 
 // chargeFractions charges a node's fraction pods to their GPUs. gpufrac-node
@@ -657,6 +779,9 @@ func sortBusiestFirst(nodes []placement.Node) {
 // charged to the planned GPUs of their size that no admitted pod took - not
 // to their own annotation, which another pod of the same size may have used.
 func chargeFractions(node string, acc *nodeAcc, reservations map[NodeGPU]*Reservation) {
+	if len(acc.fracs) == 0 {
+		return
+	}
 	left := map[int]map[string]int{} // size -> planned GPU -> planned slots not yet taken by an admitted pod
 	for _, f := range acc.fracs {
 		if f.planned == "" {
@@ -757,11 +882,6 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 	r.Pod, r.Orphaned = p, why
 	r.NodeGone, r.NodeLost = n == nil, n == nil || !readyCondition(n)
 	r.Ready = g != "" && p.Annotations[api.AnnotationReservedGPU] == g
-}
-
-// hasFraction tells whether a pod asks for a GPU fraction.
-func hasFraction(p *corev1.Pod) bool {
-	return request.Parse(p, request.Options{}).Fraction() > 0
 }
 
 func sortedKeys(m map[string]int) []string {
