@@ -166,12 +166,15 @@ func (k *Kubelet) watchPlugins(ctx context.Context) {
 }
 
 // knownRegistration tells whether a driver registered from socket, the
-// file fi (not a socket since created at the same path).
+// file fi (not a socket since created at the same path: same inode and
+// modification time).
 func (k *Kubelet) knownRegistration(socket string, fi os.FileInfo) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, d := range k.dra.drivers {
-		if d.regSocket == socket && os.SameFile(d.regFile, fi) {
+		// The same inode is not enough: a file system may give a socket
+		// created right after the old one was removed the old one's inode.
+		if d.regSocket == socket && os.SameFile(d.regFile, fi) && d.regFile.ModTime().Equal(fi.ModTime()) {
 			return true
 		}
 	}
