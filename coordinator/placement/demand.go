@@ -17,6 +17,10 @@ type hostType struct {
 // Snapshot.AddDemand).
 type demandBook struct {
 	total int64 // GPU milli of every request counted
+	// cpuOnly and gpuCPU are the CPU (milli) asked by the requests counted
+	// that ask no GPU and by those that do: the CPU-only share of the
+	// workload's CPU demand (see slotRamp).
+	cpuOnly, gpuCPU int64
 	// multi is the demand of requests for k ≥ 2 whole GPUs that every model
 	// can host, by k (larger counts in the last slot).
 	multi [MaxKindGPUs + 1]int64
@@ -81,7 +85,7 @@ func (d *demandBook) constrained() bool {
 }
 
 func (d *demandBook) clone() demandBook {
-	c := demandBook{total: d.total, multi: d.multi, sets: slices.Clone(d.sets)}
+	c := demandBook{total: d.total, cpuOnly: d.cpuOnly, gpuCPU: d.gpuCPU, multi: d.multi, sets: slices.Clone(d.sets)}
 	for k := range c.multiCPU {
 		c.multiCPU[k] = slices.Clone(d.multiCPU[k])
 	}
@@ -105,11 +109,16 @@ func (d *demandBook) clone() demandBook {
 // constrained demand needs. Demand is constrained to the models that have a
 // node able to host it: by its model list, or by its size (a pod asking more
 // GPUs, CPU or memory than the nodes of most models have). Requests asking
-// no GPU, or that no node can host, count for nothing. Rollback does not
-// undo it.
+// no GPU count only their CPU (the CPU-only share gpufrac's slot charges
+// read); requests that no node can host count for nothing. Rollback does
+// not undo it.
 func (s *Snapshot) AddDemand(r *Request) {
 	milli := r.GPUMilli()
-	if milli <= 0 || r.Validate() != nil || len(s.htypes) == 0 {
+	if r.Validate() != nil || len(s.htypes) == 0 {
+		return
+	}
+	if milli <= 0 {
+		s.demand.cpuOnly += r.CPUMilli
 		return
 	}
 	sh := demandShape{cpu: r.CPUMilli, mem: r.MemoryBytes, gpus: int32(max(r.GPUs, 1))}
@@ -128,6 +137,7 @@ func (s *Snapshot) AddDemand(r *Request) {
 		return
 	}
 	s.demand.total += milli
+	s.demand.gpuCPU += r.CPUMilli
 	multi, levels := &s.demand.multi, &s.demand.multiCPU
 	if k >= 0 {
 		s.demand.sets[k].milli += milli

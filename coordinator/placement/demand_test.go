@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -273,5 +274,54 @@ func TestChargesKeepAModelsCPURichGPUsBeforeTheirDemandIsSeen(t *testing.T) {
 	small.AddDemand(&onP)
 	if got := decide(t, small, onP); got != "p64" {
 		t.Errorf("on a small cluster the P-only pod goes to %s, want p64 (the prior is tiny there)", got)
+	}
+}
+
+// Where CPU-only pods ask much of the workload's CPU, slot charges start at
+// a lower pressure (slotRamp): 8-GPU demand at π = 0.2 on the last 8-GPU
+// slot with 88 cores charges nothing when CPU-only pods are few (charges
+// start at 0.3), and keeps a CPU-only pod off that slot's CPU when they ask
+// half of the CPU (charges start at 0.1).
+func TestChargesStartEarlierWhenCPUOnlyDemandIsLarge(t *testing.T) {
+	cpuOnly := Request{CPUMilli: 16000}
+	eight := Request{CPUMilli: 88000, GPUs: 8}
+	small := Request{CPUMilli: 16000, GPUs: 1}
+	cluster := func(cpuOnlyPods int) *Snapshot {
+		s := demandCluster(t)
+		// a1 keeps 8 free GPUs but only 80 cores: a0 holds the only slot.
+		mustAssume(t, s, &cpuOnly, Decision{Node: "a1", NodeIndex: 3})
+		for _, b := range []Decision{{Node: "b0", NodeIndex: 0}, {Node: "b1", NodeIndex: 2}} {
+			for g := range 2 {
+				b.GPUIndices = []int{g}
+				mustAssume(t, s, &small, b)
+			}
+		}
+		// 8,000 of 80,000 milli of GPU demand in 8-GPU pods, 16,000 milli
+		// free, one slot: π = 8/80·16/8 = 0.2.
+		s.AddDemand(&eight)
+		for range 72 {
+			s.AddDemand(&small)
+		}
+		for range cpuOnlyPods {
+			s.AddDemand(&cpuOnly)
+		}
+		return s
+	}
+	few := cluster(2) // 32 of 1,272 cores asked by CPU-only pods
+	if got := decide(t, few, cpuOnly); got != "a0" {
+		t.Errorf("with few CPU-only pods the CPU-only pod goes to %s, want a0 (π = 0.2 charges nothing)", got)
+	}
+	if from, full := slotRamp(&few.demand); from != gpufracSlotPressureFrom || full != gpufracPressureFull {
+		t.Errorf("slot ramp with few CPU-only pods: %v to %v, want %v to %v", from, full, gpufracSlotPressureFrom, gpufracPressureFull)
+	}
+	many := cluster(80) // 1,280 of 2,520 cores
+	if got := decide(t, many, cpuOnly); got == "a0" {
+		t.Errorf("with CPU-only pods asking half of the CPU the CPU-only pod takes the CPU of the last 8-GPU slot (a0)")
+	}
+	if from, full := slotRamp(&many.demand); math.Abs(from-gpufracSlotPressureFromCPU) > 1e-9 || full != gpufracSlotPressureFullCPU {
+		t.Errorf("slot ramp with many CPU-only pods: %v to %v, want %v to %v", from, full, gpufracSlotPressureFromCPU, gpufracSlotPressureFullCPU)
+	}
+	if c := many.Clone(); c.demand.cpuOnly != 1280000 || c.demand.gpuCPU != 1240000 {
+		t.Errorf("clone's CPU demand: CPU-only %d, GPU pods %d, want 1280000 and 1240000", c.demand.cpuOnly, c.demand.gpuCPU)
 	}
 }

@@ -37,6 +37,22 @@ const (
 	// rises only where k-GPU pods will really lack room; from 0.5, the
 	// multigpu=0.2 workload stayed 0.013 below FGD at x = 92.
 	gpufracSlotPressureFrom = 0.3
+	// gpufracSlotPressureFromCPU and gpufracSlotPressureFullCPU replace 0.3
+	// and 1 as the start and the end of the slot charges' ramp when CPU-only
+	// pods ask a large share of the workload's CPU: from
+	// gpufracCPUOnlyShareFull (0.42) of the CPU asked so far, linearly from
+	// gpufracCPUOnlyShareFrom (0.35). There CPU runs out before the GPUs
+	// (the CPU knee, near x = 50 on cpuonly=0.5, 80 on cpuonly=0.3), and
+	// k-GPU pods find no node with the GPUs and the CPU free earlier than
+	// under FGD unless slots are kept whole from lower pressure; the longer
+	// ramp limits what that costs after the knee. CPU-only pods ask 0.23–0.27
+	// of the CPU on the default trace and the other families (0.15–0.34 of
+	// what was seen so far, during a run), 0.45 (0.42–0.48) on cpuonly=0.3
+	// and 0.65 on cpuonly=0.5; docs/benchmarks.md, "Fourth pass".
+	gpufracSlotPressureFromCPU = 0.1
+	gpufracSlotPressureFullCPU = 2.0
+	gpufracCPUOnlyShareFrom    = 0.35
+	gpufracCPUOnlyShareFull    = 0.42
 	// gpufracSlotPrior is the share of all GPU demand assumed to be k-GPU
 	// pods that only one model can host, for each model and k = 2, 4, 8,
 	// whether or not any was seen: if it keeps that share while the
@@ -231,7 +247,8 @@ func (gpufracPolicy) usesMemory() bool { return true }
 //     models' nodes that have the k GPUs and that CPU free, and F counts
 //     only the free milli the free CPU can serve; a placement pays for each
 //     slot it breaks, by taking GPUs or CPU, so CPU-only requests pay too
-//     (slotCharges). Charges start at π = 0.3.
+//     (slotCharges). Charges start at π = 0.3, or lower where CPU-only pods
+//     ask much of the CPU (slotRamp).
 //   - Prior: whether or not any was seen, a few k-GPU pods that only one
 //     model can host are expected, so each model's last k-GPU slots are
 //     charged (gpufracSlotPrior).
@@ -338,6 +355,7 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 	}
 	// free is the GPU milli the free CPU can still serve (at ρ per milli).
 	free := float64(c.counts.count(s, qs, g.cpuPerMilli))
+	from, full := slotRamp(d)
 	any := false
 	for _, q := range qs[nq:] {
 		if q.slots == 0 {
@@ -371,7 +389,7 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 				pi = float64(rest) / float64(d.total) * free / (size * float64(q.slots))
 			}
 			rest -= q.milli
-			w := grain(ramp(pi, gpufracSlotPressureFrom) * size)
+			w := grain(rampTo(pi, from, full) * size)
 			if dw := w - worth; dw > 0 {
 				worth += dw
 				any = true
@@ -384,6 +402,21 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 		}
 	}
 	return any
+}
+
+// slotRamp is where the slot charges start (from) and where they are full
+// (full), by the CPU-only share of the CPU demand seen so far: (0.3, 1) up
+// to gpufracCPUOnlyShareFrom, (0.1, 2) from gpufracCPUOnlyShareFull, linear
+// between (see gpufracSlotPressureFromCPU).
+func slotRamp(d *demandBook) (from, full float64) {
+	var share float64
+	if t := d.cpuOnly + d.gpuCPU; t > 0 {
+		share = float64(d.cpuOnly) / float64(t)
+	}
+	f := math.Min(1, math.Max(0, (share-gpufracCPUOnlyShareFrom)/(gpufracCPUOnlyShareFull-gpufracCPUOnlyShareFrom)))
+	from = gpufracSlotPressureFrom + f*(gpufracSlotPressureFromCPU-gpufracSlotPressureFrom)
+	full = gpufracPressureFull + f*(gpufracSlotPressureFullCPU-gpufracPressureFull)
+	return from, full
 }
 
 // bigger reports whether a node type of ht's model has more CPU than ht.
@@ -412,8 +445,11 @@ func poissonTail(lambda float64, n int64) float64 {
 func pressure(pi float64) float64 { return ramp(pi, gpufracPressureFrom) }
 
 // ramp is 0 up to π = from, 1 from π = gpufracPressureFull, linear between.
-func ramp(pi, from float64) float64 {
-	return math.Min(1, math.Max(0, (pi-from)/(gpufracPressureFull-from)))
+func ramp(pi, from float64) float64 { return rampTo(pi, from, gpufracPressureFull) }
+
+// rampTo is 0 up to π = from, 1 from π = full, linear between.
+func rampTo(pi, from, full float64) float64 {
+	return math.Min(1, math.Max(0, (pi-from)/(full-from)))
 }
 
 // grain floors a charge to the score grain, so that charges keep ties ties.
