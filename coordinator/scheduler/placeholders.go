@@ -217,7 +217,7 @@ func (s *Scheduler) coolingLocked(group string, now time.Time, settling func(nod
 }
 
 // settlingIn tells which nodes exist but are left out of snap: not Ready,
-// young or given back a moment ago (state.Inputs.NotBefore, Settling).
+// or settling (state.Inputs.Settling: see settlingNodes).
 func settlingIn(snap *state.Snapshot, nodes []*corev1.Node) func(node string) bool {
 	exists := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
