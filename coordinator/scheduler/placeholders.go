@@ -165,6 +165,12 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			_ = s.deps.Placeholders.Delete(ctx, p, "another placeholder of the group landed")
 		case want[p.Name] == nil:
 			_ = s.deps.Placeholders.Delete(ctx, p, "the group needs fewer GPUs")
+		case p.Spec.NodeName == "" && !placeholder.NeverBound(p):
+			// Made by an earlier version: kube-scheduler serves it, and
+			// could bind it to the GPU the coordinator's work takes in the
+			// same moment (new nodes settle only NewNodeSettle now). It is
+			// made again, nobody's to bind, in a later cycle.
+			_ = s.deps.Placeholders.Delete(ctx, p, "made by an earlier version, which kube-scheduler binds: replaced by one nobody binds")
 		case placeholder.NeverBound(p) && !placeholder.AsksKarpenter(p) && now.Sub(p.CreationTimestamp.Time) >= remarkAfter:
 			// Created, but marking it failed: Karpenter does not see it.
 			if err := s.deps.Placeholders.MarkUnschedulable(ctx, p); err != nil {
@@ -211,7 +217,7 @@ func (s *Scheduler) coolingLocked(group string, now time.Time, settling func(nod
 }
 
 // settlingIn tells which nodes exist but are left out of snap: not Ready,
-// young or given back a moment ago (state.Inputs.NotBefore, Settling).
+// or settling (state.Inputs.Settling: see settlingNodes).
 func settlingIn(snap *state.Snapshot, nodes []*corev1.Node) func(node string) bool {
 	exists := make(map[string]bool, len(nodes))
 	for _, n := range nodes {

@@ -244,3 +244,30 @@ func TestPlaceholderAsksAgainWhenTheCapacityItFoundWasTaken(t *testing.T) {
 		t.Errorf("placeholders created %v, want w's asked again once n2 settled full", ph.created)
 	}
 }
+
+// A pending placeholder kube-scheduler serves (made by an earlier version,
+// before placeholders named a scheduler nobody serves) is replaced by one
+// nobody binds: left as it is, kube-scheduler could bind it to the GPU the
+// coordinator binds its work to, in the same moment, on a node that now
+// settles only NewNodeSettle (300 ms) from becoming usable, not 3 s.
+func TestPlaceholderOfAnEarlierVersionIsReplaced(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 1))
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	old := ph.only(t).DeepCopy()
+	old.Spec.SchedulerName = corev1.DefaultSchedulerName
+	old.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	_ = c.pods.Update(old)
+	c.cycle()
+	if _, ok := ph.deleted[old.Name]; !ok {
+		t.Fatalf("deleted %v: the pending placeholder kube-scheduler serves was kept", ph.deleted)
+	}
+	c.cycle()
+	p := ph.only(t)
+	if !placeholder.NeverBound(p) || !placeholder.AsksKarpenter(p) {
+		t.Errorf("placeholder %s: scheduler %q, asks Karpenter %v; want one nobody binds, asking Karpenter",
+			p.Name, p.Spec.SchedulerName, placeholder.AsksKarpenter(p))
+	}
+}

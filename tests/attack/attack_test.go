@@ -40,6 +40,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/restricted"
 	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -397,6 +398,16 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 			_, err := b.tenant.CoreV1().Pods(attackerNS).Create(t.Context(), p, metav1.CreateOptions{})
 			refused(t, err, "gpufrac-scheduling", "priority class "+pc+" is reserved for gpufrac-coordinator's own pods")
 		}
+	})
+
+	t.Run("the placeholders' scheduler name", func(t *testing.T) {
+		// No scheduler serves it and only gpufrac-coordinator marks its
+		// pods Unschedulable: a tenant's pod naming it would sit pending
+		// forever without a word. Refused, saying why.
+		p := builders.MakePod("ghost", attackerNS).CPU("100m").Obj()
+		p.Spec.SchedulerName = placeholder.SchedulerName
+		_, err := b.tenant.CoreV1().Pods(attackerNS).Create(t.Context(), p, metav1.CreateOptions{})
+		refused(t, err, "gpufrac-scheduling", "spec.schedulerName gpufrac-placeholder is served by no scheduler")
 	})
 
 	t.Run("what edit rights do not reach", func(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
@@ -403,4 +405,46 @@ func TestCoordinatorRestartDuringScaleUp(t *testing.T) {
 			t.Errorf("placeholder %s", p.Name)
 		}
 	}
+}
+
+// A coordinator upgraded from a version whose placeholders kube-scheduler
+// served replaces the pending ones it finds (same deterministic names) with
+// placeholders nobody binds, marked Unschedulable by itself. The earlier
+// version's placeholder here asks for a node no NodePool makes (as a
+// placeholder of an earlier spec may), so kept, the work would never run.
+func TestUpgradeReplacesPlaceholdersKubeSchedulerServes(t *testing.T) {
+	t.Parallel()
+	c := karpenterCluster(t)
+	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
+	first := startCoordinator(t, c, "c1", "--leader-elect=false")
+	create(t, c, pod("w", "team-a").GPUs(1).Obj())
+	var ph corev1.Pod
+	waitFor(t, 60*time.Second, "a placeholder", func(ctx context.Context) (bool, error) {
+		l := systemPods(t, c, api.RolePlaceholder)
+		if len(l) == 1 {
+			ph = l[0]
+		}
+		return len(l) == 1, nil
+	})
+	first.stop(syscall.SIGKILL)
+	// The earlier version's placeholder, made as the coordinator made it.
+	cfg := rest.CopyConfig(c.RESTConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + api.ComponentNamespace + ":gpufrac-coordinator"}
+	asCoordinator := kubernetes.NewForConfigOrDie(cfg)
+	zero := int64(0)
+	if err := asCoordinator.CoreV1().Pods(ph.Namespace).Delete(t.Context(), ph.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: ph.Name, Namespace: ph.Namespace, Labels: ph.Labels, Annotations: ph.Annotations}, Spec: *ph.Spec.DeepCopy()}
+	old.Spec.SchedulerName = corev1.DefaultSchedulerName
+	old.Spec.NodeSelector = map[string]string{"e2e.gpufrac.io/no-pool-makes": "this"}
+	waitFor(t, 30*time.Second, "the earlier version's placeholder created", func(ctx context.Context) (bool, error) {
+		_, err := asCoordinator.CoreV1().Pods(old.Namespace).Create(ctx, old, metav1.CreateOptions{})
+		return err == nil, nil
+	})
+	startCoordinator(t, c, "c2", "--leader-elect=false")
+	running(t, c, 2*time.Minute, "w")
+	waitFor(t, 30*time.Second, "no placeholder left", func(ctx context.Context) (bool, error) {
+		return len(systemPods(t, c, api.RolePlaceholder)) == 0, nil
+	})
 }
