@@ -243,8 +243,11 @@ func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) err
 // node gone, cordoned or not Ready, the GPU unhealthy or out of fraction
 // mode) as soon as no fraction runs on their GPU - at once, whatever runs
 // there, when the node is gone. wanted lists GPUs with fractions being
-// placed this cycle. It returns the number of reservations removed.
-func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
+// placed this cycle. shown names the pods deleted before that the
+// informer still shows (state.Snapshot.RemovingShown), besides those in rs:
+// a deletion is forgotten (Removing) only once its pod is in neither. It
+// returns the number of reservations removed.
+func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool, shown map[types.UID]bool) int {
 	now := m.clock.Now()
 	removed := 0
 	defer func() { m.metrics.observe(rs, m.idleSince, now) }()
@@ -261,7 +264,7 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 	}
 	m.mu.Lock()
 	for uid := range m.removing {
-		if !seen[uid] {
+		if !seen[uid] && !shown[uid] {
 			delete(m.removing, uid) // gone from the informer's cache
 		}
 	}

@@ -50,14 +50,16 @@ func TestRemovedReservationStaysRemovingWhileShownOnASettlingNode(t *testing.T) 
 		return snap
 	}
 	// Idle past the grace period: removed.
-	m.Reconcile(ctx, build(false).Reservations, nil)
+	reconcile := func(snap *state.Snapshot) int { return m.Reconcile(ctx, snap.Reservations, nil, snap.RemovingShown) }
+	reconcile(build(false))
 	clk.Step(2 * time.Minute)
-	if n := m.Reconcile(ctx, build(false).Reservations, nil); n != 1 {
+	if n := reconcile(build(false)); n != 1 {
 		t.Fatalf("removed %d, want 1", n)
 	}
 	// The informer still shows it (its watch broke); the node settles for a
 	// few cycles.
-	m.Reconcile(ctx, build(true).Reservations, nil)
+	reconcile(build(true))
+	reconcile(build(true))
 	if !m.Removing()["res-uid"] {
 		t.Errorf("Removing() = %v while the informer still shows the deleted reservation, want res-uid", m.Removing())
 	}
@@ -65,5 +67,14 @@ func TestRemovedReservationStaysRemovingWhileShownOnASettlingNode(t *testing.T) 
 	snap := build(false)
 	if r := snap.Reservations[key]; r != nil && r.Orphaned == "" && r.Ready {
 		t.Errorf("the deleted reservation of %s is offered as usable (Ready, not orphaned): fractions would be bound on a GPU no reservation holds", gpu)
+	}
+	// Gone from the informer: forgotten.
+	snap, err := state.Build(state.Inputs{Nodes: []*corev1.Node{node}, Removing: m.Removing(), Now: clk.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconcile(snap)
+	if got := m.Removing(); len(got) != 0 {
+		t.Errorf("Removing() = %v once the informer no longer shows it, want none", got)
 	}
 }
