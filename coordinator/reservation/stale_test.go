@@ -15,66 +15,106 @@ import (
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
-// TestRemovedReservationStaysRemovingWhileShownOnASettlingNode: a
-// reservation deleted while the informer lags must stay in Removing for as
-// long as the informer shows it, whatever the snapshot makes of its node.
-// A node that settles (it just lost a NoExecute taint, e.g. not-ready after
-// a missed heartbeat) is left out of the snapshot, and so are its
-// reservations: Reconcile took that for "gone from the informer's cache"
-// and forgot the deletion. Once the node settled, the stale reservation was
-// a Ready, usable reservation again, and its GPU was offered to fractions
-// with no reservation pod holding it on the API server.
-func TestRemovedReservationStaysRemovingWhileShownOnASettlingNode(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	node := builders.MakeNode("n").Inventory("fraction", 1).Obj()
-	node.ResourceVersion = "1"
+// TestRemovedReservationStaysRemovingWhileShown: a reservation deleted while
+// the informer lags must stay in Removing for as long as the informer shows
+// it, whatever the snapshot makes of it. state.Build leaves a reservation
+// pod out of Snapshot.Reservations when its node settles (it just lost a
+// NoExecute taint, e.g. not-ready after a missed heartbeat), when another
+// reservation of the same GPU comes after it in the list, or when it never
+// got its GPU and another pod holds that GPU; Reconcile took each for "gone
+// from the informer's cache" and forgot the deletion. A stale informer then
+// showed the deleted reservation as a usable one, and its GPU was offered to
+// fractions with no reservation pod holding it on the API server.
+func TestRemovedReservationStaysRemovingWhileShown(t *testing.T) {
 	gpu := builders.GPUUUID("n", 0)
-	p := PodAt("n", gpu, 0, DefaultOptions())
-	p.UID, p.ResourceVersion = types.UID("res-uid"), "1"
-	p.Annotations[api.AnnotationReservedGPU] = gpu
-	p.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
-	client := fake.NewSimpleClientset(p.DeepCopy())
-	m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
-	ctx := t.Context()
 	key := state.NodeGPU{Node: "n", GPU: gpu}
-	build := func(settling bool) *state.Snapshot {
-		t.Helper()
-		in := state.Inputs{Nodes: []*corev1.Node{node}, Pods: []*corev1.Pod{p}, Removing: m.Removing(), Now: clk.Now()}
-		if settling {
+	tests := []struct {
+		name string
+		// admitted: the reservation got its GPU (gpufrac.io/reserved-gpu)
+		// before it was removed as idle; else it is removed for never getting
+		// it within AdmitTimeout.
+		admitted bool
+		// leftOut changes the inputs of the cycles after the deletion so
+		// that the snapshot's reservations leave the deleted pod out, while
+		// the informer still shows it.
+		leftOut func(in *state.Inputs, clk *clocktesting.FakeClock)
+	}{
+		{name: "its node settles", admitted: true, leftOut: func(in *state.Inputs, _ *clocktesting.FakeClock) {
 			in.Settling = map[string]bool{"n": true}
-		}
-		snap, err := state.Build(in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return snap
+		}},
+		{name: "a newer reservation of the same GPU comes after it in the list", admitted: true, leftOut: func(in *state.Inputs, clk *clocktesting.FakeClock) {
+			p := PodAt("n", gpu, 1, DefaultOptions())
+			p.UID, p.ResourceVersion = "res-2", "2"
+			p.Annotations[api.AnnotationReservedGPU] = gpu
+			p.CreationTimestamp = metav1.NewTime(clk.Now())
+			in.Pods = append(in.Pods, p)
+		}},
+		{name: "never admitted, and a whole-GPU pod holds its GPU", leftOut: func(in *state.Inputs, _ *clocktesting.FakeClock) {
+			w := builders.MakePod("w", "default").GPUs(1).Node("n").Annotation(api.AnnotationAllocatedGPU, gpu).Obj()
+			w.UID, w.ResourceVersion = "w", "1"
+			w.Status.Phase = corev1.PodRunning
+			in.Pods = append(in.Pods, w)
+		}},
 	}
-	// Idle past the grace period: removed.
-	reconcile := func(snap *state.Snapshot) int { return m.Reconcile(ctx, snap.Reservations, nil, snap.RemovingShown) }
-	reconcile(build(false))
-	clk.Step(2 * time.Minute)
-	if n := reconcile(build(false)); n != 1 {
-		t.Fatalf("removed %d, want 1", n)
-	}
-	// The informer still shows it (its watch broke); the node settles for a
-	// few cycles.
-	reconcile(build(true))
-	reconcile(build(true))
-	if !m.Removing()["res-uid"] {
-		t.Errorf("Removing() = %v while the informer still shows the deleted reservation, want res-uid", m.Removing())
-	}
-	// The node settled; the informer still shows the reservation.
-	snap := build(false)
-	if r := snap.Reservations[key]; r != nil && r.Orphaned == "" && r.Ready {
-		t.Errorf("the deleted reservation of %s is offered as usable (Ready, not orphaned): fractions would be bound on a GPU no reservation holds", gpu)
-	}
-	// Gone from the informer: forgotten.
-	snap, err := state.Build(state.Inputs{Nodes: []*corev1.Node{node}, Removing: m.Removing(), Now: clk.Now()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reconcile(snap)
-	if got := m.Removing(); len(got) != 0 {
-		t.Errorf("Removing() = %v once the informer no longer shows it, want none", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+			node := builders.MakeNode("n").Inventory("fraction", 1).Obj()
+			node.ResourceVersion = "1"
+			p := PodAt("n", gpu, 0, DefaultOptions())
+			p.UID, p.ResourceVersion = types.UID("res-uid"), "1"
+			if tt.admitted {
+				p.Annotations[api.AnnotationReservedGPU] = gpu
+			}
+			p.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
+			client := fake.NewSimpleClientset(p.DeepCopy())
+			m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: 10 * time.Minute}, clk)
+			ctx := t.Context()
+			build := func(leftOut bool, pods ...*corev1.Pod) *state.Snapshot {
+				t.Helper()
+				in := state.Inputs{Nodes: []*corev1.Node{node}, Pods: pods, Removing: m.Removing(), Now: clk.Now()}
+				if leftOut {
+					tt.leftOut(&in, clk)
+				}
+				snap, err := state.Build(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return snap
+			}
+			reconcile := func(snap *state.Snapshot) int {
+				return m.Reconcile(ctx, snap.Reservations, nil, snap.RemovingShown)
+			}
+			// Idle past the grace period (the first cycle starts its clock),
+			// or never admitted in time (the first cycle removes it).
+			n := reconcile(build(false, p))
+			clk.Step(2 * time.Minute)
+			if n += reconcile(build(false, p)); n != 1 {
+				t.Fatalf("removed %d, want 1", n)
+			}
+			// The informer still shows it (its watch broke), and the
+			// snapshot leaves it out for a few cycles.
+			for range 2 {
+				if r := build(true, p).Reservations[key]; r != nil && r.Pod == p {
+					t.Fatalf("the snapshot keeps the reservation (%+v): the case does not test what it says", r)
+				}
+				reconcile(build(true, p))
+			}
+			if !m.Removing()["res-uid"] {
+				t.Errorf("Removing() = %v while the informer still shows the deleted reservation, want res-uid", m.Removing())
+			}
+			// Shown as it was, by itself again, and now admitted (the node
+			// agent wrote its GPU just before the deletion): it takes no
+			// fraction.
+			p.Annotations[api.AnnotationReservedGPU] = gpu
+			if r := build(false, p).Reservations[key]; r != nil && r.Pod == p && r.Orphaned == "" && r.Ready {
+				t.Errorf("the deleted reservation of %s is offered as usable (Ready, not orphaned): fractions would be bound on a GPU no reservation holds", gpu)
+			}
+			// Gone from the informer: forgotten.
+			reconcile(build(false))
+			if got := m.Removing(); len(got) != 0 {
+				t.Errorf("Removing() = %v once the informer no longer shows it, want none", got)
+			}
+		})
 	}
 }
