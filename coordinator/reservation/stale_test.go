@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/state"
+	"github.com/gpufrac/gpufrac/tests/apitest"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -114,6 +116,44 @@ func TestRemovedReservationStaysRemovingWhileShown(t *testing.T) {
 			reconcile(build(false))
 			if got := m.Removing(); len(got) != 0 {
 				t.Errorf("Removing() = %v once the informer no longer shows it, want none", got)
+			}
+		})
+	}
+}
+
+// TestIdleReservationWhoseBackgroundDeletionFailedGoesNextCycle: an idle
+// reservation whose deletion failed in the background is deleted again by
+// the next Reconcile, as one deleted inline is; its idle clock does not
+// start over, which kept it (and its GPU) a whole grace period longer.
+func TestIdleReservationWhoseBackgroundDeletionFailedGoesNextCycle(t *testing.T) {
+	for _, background := range []bool{false, true} {
+		t.Run(map[bool]string{false: "inline", true: "background"}[background], func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+			p := Pod("n", "g", DefaultOptions())
+			p.UID = "uid-r"
+			client := fake.NewSimpleClientset(p)
+			unavailable := apierrors.NewServiceUnavailable("the API server is overloaded")
+			failOnce := apitest.FailOnce(&client.Fake, "delete", "pods", "", unavailable)
+			m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
+			if background {
+				m.RemoveInBackground(4)
+			}
+			ctx := t.Context()
+			rs := map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: {Pod: p, Ready: true}}
+			m.Reconcile(ctx, rs, nil, nil) // idle from now
+			clk.Step(2 * time.Minute)
+			m.Reconcile(ctx, rs, nil, nil) // past its grace: the deletion fails
+			m.Wait()
+			if failOnce.Fired() != 1 {
+				t.Fatalf("injected delete failures: %d, want 1", failOnce.Fired())
+			}
+			clk.Step(time.Second)
+			if n := m.Reconcile(ctx, rs, nil, nil); n != 1 {
+				t.Errorf("the next Reconcile removed %d, want 1 (its grace was over before the failure)", n)
+			}
+			m.Wait()
+			if _, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the reservation still exists: %v", err)
 			}
 		})
 	}
