@@ -7,8 +7,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -156,5 +158,37 @@ func TestIdleReservationWhoseBackgroundDeletionFailedGoesNextCycle(t *testing.T)
 				t.Errorf("the reservation still exists: %v", err)
 			}
 		})
+	}
+}
+
+// TestBackgroundDeletionThatFailsAtOnceLeavesRemoving: a deletion that
+// fails before Reconcile has returned (the API server answers at once)
+// leaves Removing, so that the next Reconcile decides again. Reconcile
+// marked the reservation Removing again after handing it over, over the
+// failure: it stayed Removing - its GPU held, never deleted again - for as
+// long as the pod lived. The race is run many times: it needs the deletion's
+// goroutine to finish first, which it does a few times in a thousand under
+// -race (go test -race, as the project runs its unit tests).
+func TestBackgroundDeletionThatFailsAtOnceLeavesRemoving(t *testing.T) {
+	p := Pod("n", "g", DefaultOptions())
+	p.UID = "uid-r"
+	rs := map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: {Pod: p, Ready: true, Orphaned: "node n is cordoned"}}
+	const runs = 3000
+	stuck := 0
+	for range runs {
+		client := fake.NewSimpleClientset(p)
+		client.PrependReactor("delete", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewTooManyRequests("the API server is overloaded", 1)
+		})
+		m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, nil)
+		m.RemoveInBackground(4)
+		m.Reconcile(t.Context(), rs, nil, nil)
+		m.Wait()
+		if m.Removing()["uid-r"] {
+			stuck++
+		}
+	}
+	if stuck > 0 {
+		t.Errorf("in %d of %d runs the reservation stayed Removing after its deletion failed", stuck, runs)
 	}
 }
