@@ -161,7 +161,9 @@ func (m *Manager) Wait() { m.wg.Wait() }
 
 // remove deletes reservation p: inline, or in the background when
 // RemoveInBackground was called. It returns false when the deletion failed
-// (inline) or p is already being deleted in the background. done runs once
+// (inline) or p is already being deleted in the background. p is in
+// Removing from the hand-over (background) or the deletion (inline) on,
+// until the deletion fails or Reconcile no longer sees p. done runs once
 // the pod is deleted (or was gone), failed (when not nil) once a deletion in
 // the background failed, on whichever goroutine deleted it.
 func (m *Manager) remove(ctx context.Context, p *corev1.Pod, opts metav1.DeleteOptions, what string, done, failed func()) bool {
@@ -177,7 +179,15 @@ func (m *Manager) remove(ctx context.Context, p *corev1.Pod, opts metav1.DeleteO
 	m.mu.Lock()
 	if m.background == nil {
 		m.mu.Unlock()
-		return del()
+		if !del() {
+			return false
+		}
+		if p.UID != "" {
+			m.mu.Lock()
+			m.removing[p.UID] = true
+			m.mu.Unlock()
+		}
+		return true
 	}
 	if p.UID != "" {
 		if m.inflight[p.UID] {
@@ -340,12 +350,9 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 		}, failed) {
 			continue
 		}
+		// In Removing already (remove): marked here again, it would stay
+		// there over a deletion in the background that failed meanwhile.
 		delete(m.idleSince, key)
-		if p.UID != "" {
-			m.mu.Lock()
-			m.removing[p.UID] = true
-			m.mu.Unlock()
-		}
 		removed++
 	}
 	return removed
