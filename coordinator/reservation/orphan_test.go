@@ -54,7 +54,7 @@ func TestReconcileRemovesOrphanedReservations(t *testing.T) {
 			m := NewManager(client, events, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
 			r := tt.r
 			r.Pod = p
-			got := m.Reconcile(t.Context(), map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: &r}, nil)
+			got := m.Reconcile(t.Context(), map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: &r}, nil, nil)
 			if want := map[bool]int{true: 1}[tt.wantRemoved]; got != want {
 				t.Fatalf("removed %d, want %d", got, want)
 			}
@@ -106,10 +106,10 @@ func TestAPIFailuresAreRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: {Pod: p, Ready: true, Orphaned: "node n is cordoned"}}
-	if n := m.Reconcile(ctx, rs, nil); n != 0 || deletes.Fired() != 1 {
+	if n := m.Reconcile(ctx, rs, nil, nil); n != 0 || deletes.Fired() != 1 {
 		t.Fatalf("first reconcile removed %d (delete failures injected %d), want 0 and 1", n, deletes.Fired())
 	}
-	if n := m.Reconcile(ctx, rs, nil); n != 1 {
+	if n := m.Reconcile(ctx, rs, nil, nil); n != 1 {
 		t.Fatalf("second reconcile removed %d, want 1", n)
 	}
 	if _, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, p.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -169,7 +169,7 @@ func TestRemovalsInBackground(t *testing.T) {
 	rs := map[state.NodeGPU]*state.Reservation{{Node: "n", GPU: "g"}: {Pod: p, Ready: true, Orphaned: "node n is cordoned"}}
 
 	// Both return at once, the API server still holding the deletions.
-	if n := m.Reconcile(ctx, rs, nil); n != 1 {
+	if n := m.Reconcile(ctx, rs, nil, nil); n != 1 {
 		t.Fatalf("Reconcile handed %d reservations to deletion, want 1", n)
 	}
 	if n := m.RemoveFailed(ctx, []*corev1.Pod{failed}); n != 1 {
@@ -178,7 +178,7 @@ func TestRemovalsInBackground(t *testing.T) {
 	if !m.Removing()["uid-r"] {
 		t.Errorf("Removing() = %v while its deletion runs, want uid-r", m.Removing())
 	}
-	if n := m.Reconcile(ctx, rs, nil); n != 0 {
+	if n := m.Reconcile(ctx, rs, nil, nil); n != 0 {
 		t.Errorf("deleted again (%d) while its deletion runs", n)
 	}
 	if n := m.RemoveFailed(ctx, []*corev1.Pod{failed}); n != 0 {
@@ -204,7 +204,7 @@ func TestRemovalsInBackground(t *testing.T) {
 			continue
 		}
 		if pod == p {
-			if n := m.Reconcile(ctx, rs, nil); n != 1 {
+			if n := m.Reconcile(ctx, rs, nil, nil); n != 1 {
 				t.Errorf("Reconcile after the failure handed %d, want 1", n)
 			}
 		} else if n := m.RemoveFailed(ctx, []*corev1.Pod{failed}); n != 1 {

@@ -132,6 +132,11 @@ type Manager struct {
 	background chan struct{}
 	inflight   map[types.UID]bool
 	wg         sync.WaitGroup // deletions in the background
+	// retryIdle: GPU -> when its reservation went idle, for idle
+	// reservations whose deletion failed in the background (guarded by mu):
+	// the next Reconcile decides again from that time, as after a failed
+	// inline deletion, not from a fresh grace period.
+	retryIdle map[state.NodeGPU]time.Time
 }
 
 // RemoveInBackground makes Reconcile and RemoveFailed delete reservation
@@ -148,6 +153,7 @@ func (m *Manager) RemoveInBackground(n int) {
 	defer m.mu.Unlock()
 	m.background = make(chan struct{}, max(n, 1))
 	m.inflight = map[types.UID]bool{}
+	m.retryIdle = map[state.NodeGPU]time.Time{}
 }
 
 // Wait waits for the deletions running in the background.
@@ -155,9 +161,12 @@ func (m *Manager) Wait() { m.wg.Wait() }
 
 // remove deletes reservation p: inline, or in the background when
 // RemoveInBackground was called. It returns false when the deletion failed
-// (inline) or p is already being deleted in the background. done runs once
-// the pod is deleted (or was gone), on whichever goroutine deleted it.
-func (m *Manager) remove(ctx context.Context, p *corev1.Pod, opts metav1.DeleteOptions, what string, done func()) bool {
+// (inline) or p is already being deleted in the background. p is in
+// Removing from the hand-over (background) or the deletion (inline) on,
+// until the deletion fails or Reconcile no longer sees p. done runs once
+// the pod is deleted (or was gone), failed (when not nil) once a deletion in
+// the background failed, on whichever goroutine deleted it.
+func (m *Manager) remove(ctx context.Context, p *corev1.Pod, opts metav1.DeleteOptions, what string, done, failed func()) bool {
 	del := func() bool {
 		err := m.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, opts)
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -170,7 +179,15 @@ func (m *Manager) remove(ctx context.Context, p *corev1.Pod, opts metav1.DeleteO
 	m.mu.Lock()
 	if m.background == nil {
 		m.mu.Unlock()
-		return del()
+		if !del() {
+			return false
+		}
+		if p.UID != "" {
+			m.mu.Lock()
+			m.removing[p.UID] = true
+			m.mu.Unlock()
+		}
+		return true
 	}
 	if p.UID != "" {
 		if m.inflight[p.UID] {
@@ -192,6 +209,9 @@ func (m *Manager) remove(ctx context.Context, p *corev1.Pod, opts metav1.DeleteO
 		delete(m.inflight, p.UID)
 		if !ok {
 			delete(m.removing, p.UID) // decided again by the next Reconcile
+			if failed != nil {
+				failed()
+			}
 		}
 		m.mu.Unlock()
 	})
@@ -243,11 +263,22 @@ func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) err
 // node gone, cordoned or not Ready, the GPU unhealthy or out of fraction
 // mode) as soon as no fraction runs on their GPU - at once, whatever runs
 // there, when the node is gone. wanted lists GPUs with fractions being
-// placed this cycle. It returns the number of reservations removed.
-func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
+// placed this cycle. shown names the pods deleted before that the
+// informer still shows (state.Snapshot.RemovingShown), besides those in rs:
+// a deletion is forgotten (Removing) only once its pod is in neither. It
+// returns the number of reservations removed.
+func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool, shown map[types.UID]bool) int {
 	now := m.clock.Now()
 	removed := 0
 	defer func() { m.metrics.observe(rs, m.idleSince, now) }()
+	m.mu.Lock()
+	for key, since := range m.retryIdle {
+		if _, ok := m.idleSince[key]; !ok {
+			m.idleSince[key] = since // its deletion failed: decided again from then
+		}
+	}
+	clear(m.retryIdle)
+	m.mu.Unlock()
 	for key := range m.idleSince {
 		if rs[key] == nil {
 			delete(m.idleSince, key)
@@ -261,7 +292,7 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 	}
 	m.mu.Lock()
 	for uid := range m.removing {
-		if !seen[uid] {
+		if !seen[uid] && !shown[uid] {
 			delete(m.removing, uid) // gone from the informer's cache
 		}
 	}
@@ -309,18 +340,19 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 			// node that comes back kills the orphaned container itself.
 			opts.GracePeriodSeconds = new(int64)
 		}
+		var failed func() // called with mu held
+		if since, idle := m.idleSince[key]; idle {
+			failed = func() { m.retryIdle[key] = since }
+		}
 		if !m.remove(ctx, p, opts, "Removing reservation", func() {
 			m.recorder.Event(p, corev1.EventTypeNormal, "ReservationRemoved", reason)
 			klog.FromContext(ctx).Info("Removed reservation", "pod", klog.KObj(p), "reason", reason)
-		}) {
+		}, failed) {
 			continue
 		}
+		// In Removing already (remove): marked here again, it would stay
+		// there over a deletion in the background that failed meanwhile.
 		delete(m.idleSince, key)
-		if p.UID != "" {
-			m.mu.Lock()
-			m.removing[p.UID] = true
-			m.mu.Unlock()
-		}
 		removed++
 	}
 	return removed
@@ -341,7 +373,7 @@ func (m *Manager) RemoveFailed(ctx context.Context, pods []*corev1.Pod) int {
 		if !m.remove(ctx, p, opts, "Removing failed reservation", func() {
 			m.recorder.Event(p, corev1.EventTypeNormal, "ReservationRemoved", reason)
 			klog.FromContext(ctx).Info("Removed reservation", "pod", klog.KObj(p), "reason", reason)
-		}) {
+		}, nil) {
 			continue
 		}
 		removed++

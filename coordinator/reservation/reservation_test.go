@@ -68,15 +68,15 @@ func TestReconcileRemovesIdleReservationsAfterGrace(t *testing.T) {
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	if n := m.Reconcile(ctx, busy, nil); n != 0 {
+	if n := m.Reconcile(ctx, busy, nil, nil); n != 0 {
 		t.Fatalf("removed %d busy reservations", n)
 	}
 	if got := testutil.ToFloat64(m.metrics.reservations.WithLabelValues(stateInUse)); got != 1 {
 		t.Errorf("gpufrac_reservations{state=in_use} = %v, want 1", got)
 	}
-	m.Reconcile(ctx, idle, nil) // idle from now
+	m.Reconcile(ctx, idle, nil, nil) // idle from now
 	clk.Step(59 * time.Second)
-	if n := m.Reconcile(ctx, idle, nil); n != 0 {
+	if n := m.Reconcile(ctx, idle, nil, nil); n != 0 {
 		t.Fatalf("removed within the grace period")
 	}
 	want := `
@@ -90,12 +90,12 @@ gpufrac_reservation_idle_max_seconds 59
 	if got := testutil.ToFloat64(m.metrics.reservations.WithLabelValues(stateIdle)); got != 1 {
 		t.Errorf("gpufrac_reservations{state=idle} = %v, want 1", got)
 	}
-	if n := m.Reconcile(ctx, idle, map[state.NodeGPU]bool{key: true}); n != 0 {
+	if n := m.Reconcile(ctx, idle, map[state.NodeGPU]bool{key: true}, nil); n != 0 {
 		t.Fatalf("removed a reservation fractions are being placed on")
 	}
-	m.Reconcile(ctx, idle, nil) // wanted reset the idle clock
+	m.Reconcile(ctx, idle, nil, nil) // wanted reset the idle clock
 	clk.Step(61 * time.Second)
-	if n := m.Reconcile(ctx, idle, nil); n != 1 {
+	if n := m.Reconcile(ctx, idle, nil, nil); n != 1 {
 		t.Fatalf("removed %d after the grace period, want 1", n)
 	}
 	if _, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
@@ -123,21 +123,21 @@ func TestRemovedReservationsAreReportedUntilGone(t *testing.T) {
 	key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
 	// The node is gone: removed at once.
 	lost := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true, Orphaned: "node n no longer exists", NodeGone: true, NodeLost: true}}
-	if n := m.Reconcile(ctx, lost, nil); n != 1 {
+	if n := m.Reconcile(ctx, lost, nil, nil); n != 1 {
 		t.Fatalf("removed %d, want 1", n)
 	}
 	if got := m.Removing(); !got["res-uid"] {
 		t.Errorf("Removing() = %v right after the deletion, want res-uid", got)
 	}
 	// The informer still shows it: not deleted twice, still reported.
-	if n := m.Reconcile(ctx, lost, nil); n != 0 {
+	if n := m.Reconcile(ctx, lost, nil, nil); n != 0 {
 		t.Errorf("deleted again (%d) while the informer lags", n)
 	}
 	if got := m.Removing(); !got["res-uid"] {
 		t.Errorf("Removing() = %v while the informer still shows it, want res-uid", got)
 	}
 	// Gone from the informer: forgotten.
-	m.Reconcile(ctx, map[state.NodeGPU]*state.Reservation{}, nil)
+	m.Reconcile(ctx, map[state.NodeGPU]*state.Reservation{}, nil, nil)
 	if got := m.Removing(); len(got) != 0 {
 		t.Errorf("Removing() = %v once it is gone, want none", got)
 	}

@@ -77,6 +77,6 @@ func (f *laggingReserver) Removing() map[types.UID]bool {
 	return out
 }
 
-func (f *laggingReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
+func (f *laggingReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool, _ map[types.UID]bool) int {
 	return 0
 }

@@ -152,7 +152,7 @@ func newBenchScheduler(b *testing.B, n int, pods []*corev1.Pod) *Scheduler {
 type benchReserver struct{}
 
 func (benchReserver) Ensure(context.Context, string, string, int) error { return nil }
-func (benchReserver) Reconcile(context.Context, map[state.NodeGPU]*state.Reservation, map[state.NodeGPU]bool) int {
+func (benchReserver) Reconcile(context.Context, map[state.NodeGPU]*state.Reservation, map[state.NodeGPU]bool, map[types.UID]bool) int {
 	return 0
 }
 func (benchReserver) RemoveFailed(context.Context, []*corev1.Pod) int { return 0 }

@@ -98,7 +98,7 @@ type Options struct {
 // Reserver manages reservation pods (coordinator/reservation.Manager).
 type Reserver interface {
 	Ensure(ctx context.Context, node, gpu string, attempt int) error
-	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int
+	Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool, shown map[types.UID]bool) int
 	// RemoveFailed removes reservation pods that ended Failed.
 	RemoveFailed(ctx context.Context, pods []*corev1.Pod) int
 	// Removing lists the reservation pods Reconcile deleted that may still
@@ -778,7 +778,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	stages.done("place")
 	s.ensureReservations(ctx, snap)
 	if s.deps.Reserver != nil {
-		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted)
+		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted, snap.RemovingShown)
 		s.deps.Reserver.RemoveFailed(ctx, snap.FailedReservations)
 	}
 	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes), withdrawn)

@@ -425,7 +425,7 @@ func (f *fakeReserver) Ensure(_ context.Context, node, gpu string, attempt int) 
 	return f.c.pods.Add(p)
 }
 
-func (f *fakeReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool) int {
+func (f *fakeReserver) Reconcile(_ context.Context, rs map[state.NodeGPU]*state.Reservation, wanted map[state.NodeGPU]bool, _ map[types.UID]bool) int {
 	for k, r := range rs {
 		if r.Pod != nil && r.Fractions == 0 && !wanted[k] {
 			_ = f.c.pods.Delete(r.Pod)

@@ -293,6 +293,12 @@ type Snapshot struct {
 	// rejected them at admission): they hold nothing, but keep their name
 	// until removed.
 	FailedReservations []*corev1.Pod
+	// RemovingShown are the pods of Inputs.Removing that Inputs.Pods still
+	// shows, wherever they are (a node left out of the snapshot, a GPU
+	// another pod holds, another reservation of the same GPU, terminal):
+	// the reservation manager forgets a deletion only once the informer no
+	// longer shows its pod.
+	RemovingShown map[types.UID]bool
 	// ScalarMilli is what one unit of each scalar resource is worth in
 	// milli-GPU, from the inventories of the Ready nodes: a MIG device its
 	// memory over its GPU's, a replica 1000/replicas. When GPUs differ, the
@@ -548,8 +554,9 @@ func Build(in Inputs) (*Snapshot, error) {
 		order = append(order, n.Name)
 	}
 
-	offFracs := map[NodeGPU]int{} // GPU of a node left out -> fraction pods on it
-	var failed []*corev1.Pod      // failed reservation pods
+	offFracs := map[NodeGPU]int{}        // GPU of a node left out -> fraction pods on it
+	var failed []*corev1.Pod             // failed reservation pods
+	var removingShown map[types.UID]bool // pods of in.Removing still shown
 	for _, p := range in.Pods {
 		nodeName := p.Spec.NodeName
 		var assumedGPU string
@@ -560,6 +567,12 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 		if p.Status.Phase == corev1.PodFailed && p.DeletionTimestamp == nil && IsReservation(p) {
 			failed = append(failed, p)
+		}
+		if len(in.Removing) > 0 && in.Removing[p.UID] {
+			if removingShown == nil {
+				removingShown = map[types.UID]bool{}
+			}
+			removingShown[p.UID] = true
 		}
 		if nodeName == "" || Terminal(p) {
 			continue
@@ -648,7 +661,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
 		}
 	}
-	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, ScalarMilli: scalarMilli}
+	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, ScalarMilli: scalarMilli}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)
