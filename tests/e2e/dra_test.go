@@ -405,8 +405,13 @@ func TestKubeSchedulerCannotServeFractionsAsExtendedResources(t *testing.T) {
 		for _, cond := range p.Status.Conditions {
 			if cond.Type == corev1.PodScheduled && cond.Reason == corev1.PodReasonUnschedulable {
 				msg = cond.Message
-				return p.Spec.NodeName == "", nil
+				// A first try may meet the new node's not-ready taint;
+				// kube-scheduler tries again once it goes.
+				return p.Spec.NodeName == "" && strings.Contains(msg, "cannot allocate all claims"), nil
 			}
+		}
+		if p.Spec.NodeName != "" {
+			return false, fmt.Errorf("kube-scheduler bound the fraction to %s", p.Spec.NodeName)
 		}
 		return false, nil
 	})
