@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -133,19 +134,29 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, pl
 // meets AlreadyExists (a request per reservation, thousands in a burst).
 const reservationEcho = 5 * time.Second
 
-// creatingReservations lists the reservations created that the informer
-// may not show yet (those of reserveCreated), for state.Inputs.Creating: the
-// kubelet gives each a GPU of its node, so it is counted there even when the
-// fractions it was created for are placed elsewhere meanwhile.
+// reserveKey prefixes the writer's key of a reservation's creation.
+const reserveKey = "reserve/"
+
+// creatingReservations lists the reservations being created or created that
+// the informer may not show yet (the writer's, and those of reserveCreated),
+// for state.Inputs.Creating: the kubelet gives each a GPU of its node, so
+// it is counted there even when the fractions it was created for are placed
+// elsewhere meanwhile.
 func (s *Scheduler) creatingReservations() map[state.NodeGPU]bool {
+	inFlight := s.writes.busyUnder(reserveKey)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.reserveCreated) == 0 {
+	if len(s.reserveCreated) == 0 && len(inFlight) == 0 {
 		return nil
 	}
-	out := make(map[state.NodeGPU]bool, len(s.reserveCreated))
+	out := make(map[state.NodeGPU]bool, len(s.reserveCreated)+len(inFlight))
 	for key := range s.reserveCreated {
 		out[key] = true
+	}
+	for _, k := range inFlight {
+		if node, gpu, ok := strings.Cut(k, "/"); ok {
+			out[state.NodeGPU{Node: node, GPU: gpu}] = true
+		}
 	}
 	return out
 }
@@ -178,7 +189,7 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 		if _, ok := created[key]; ok {
 			continue
 		}
-		wkey := "reserve/" + key.Node + "/" + key.GPU
+		wkey := reserveKey + key.Node + "/" + key.GPU
 		if s.writes.busy(wkey) {
 			continue
 		}
