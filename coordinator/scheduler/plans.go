@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -133,6 +134,33 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, pl
 // meets AlreadyExists (a request per reservation, thousands in a burst).
 const reservationEcho = 5 * time.Second
 
+// reserveKey prefixes the writer's key of a reservation's creation.
+const reserveKey = "reserve/"
+
+// creatingReservations lists the reservations being created or created that
+// the informer may not show yet (the writer's, and those of reserveCreated),
+// for state.Inputs.Creating: the kubelet gives each a GPU of its node, so
+// it is counted there even when the fractions it was created for are placed
+// elsewhere meanwhile.
+func (s *Scheduler) creatingReservations() map[state.NodeGPU]bool {
+	inFlight := s.writes.busyUnder(reserveKey)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.reserveCreated) == 0 && len(inFlight) == 0 {
+		return nil
+	}
+	out := make(map[state.NodeGPU]bool, len(s.reserveCreated)+len(inFlight))
+	for key := range s.reserveCreated {
+		out[key] = true
+	}
+	for _, k := range inFlight {
+		if node, gpu, ok := strings.Cut(k, "/"); ok {
+			out[state.NodeGPU{Node: node, GPU: gpu}] = true
+		}
+	}
+	return out
+}
+
 // ensureReservations creates the reservation pods this cycle asked for
 // (reserve records them in snap.Reservations without a pod), through the
 // writer: one request each, and a burst of fractions may want thousands. A
@@ -145,7 +173,9 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 	now := s.clock.Now()
 	s.mu.Lock()
 	for key, at := range s.reserveCreated {
-		if r := snap.Reservations[key]; r == nil || r.Pod != nil || now.Sub(at) >= reservationEcho {
+		// Kept until shown even when no pod waits for it any more: it is
+		// counted on its node meanwhile (creatingReservations).
+		if r := snap.Reservations[key]; snap.CreatingShown[key] || r != nil && r.Pod != nil || now.Sub(at) >= reservationEcho {
 			delete(s.reserveCreated, key)
 		}
 	}
@@ -159,7 +189,7 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 		if _, ok := created[key]; ok {
 			continue
 		}
-		wkey := "reserve/" + key.Node + "/" + key.GPU
+		wkey := reserveKey + key.Node + "/" + key.GPU
 		if s.writes.busy(wkey) {
 			continue
 		}

@@ -598,6 +598,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		DRAUsage: draUsage, Cache: s.stateCache, Now: start}
 	if s.deps.Reserver != nil {
 		inputs.Removing = s.deps.Reserver.Removing()
+		inputs.Creating = s.creatingReservations()
 	}
 	if s.opts.NewNodeSettle > 0 {
 		inputs.Settling = s.settlingNodes(nodes, start)

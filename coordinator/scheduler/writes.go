@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,6 +68,25 @@ func (w *writer) busy(key string) bool {
 	defer w.mu.Unlock()
 	_, waiting := w.tasks[key]
 	return waiting || w.running[key]
+}
+
+// busyUnder lists the keys with prefix that have a task waiting or
+// running, the prefix cut off.
+func (w *writer) busyUnder(prefix string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for k := range w.tasks {
+		if rest, ok := strings.CutPrefix(k, prefix); ok {
+			out = append(out, rest)
+		}
+	}
+	for k, on := range w.running {
+		if rest, ok := strings.CutPrefix(k, prefix); ok && on {
+			out = append(out, rest)
+		}
+	}
+	return out
 }
 
 // cancel drops key's waiting task and waits for its running one to end:

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +141,21 @@ func TestWriterCancel(t *testing.T) {
 		t.Error("the task cancelled while waiting ran")
 	default:
 	}
+}
+
+// TestWriterBusyUnder: the keys under a prefix with a task running or
+// waiting are listed (prefix cut off), and no longer once their tasks ended.
+func TestWriterBusyUnder(t *testing.T) {
+	w := newWriter()
+	startWriter(t, w)
+	release := blockWorker(t, w, "reserve/n1/GPU-a") // running
+	w.do(t.Context(), "reserve/n2/GPU-b", func(context.Context) {})
+	w.do(t.Context(), "pending/default/p", func(context.Context) {})
+	got := w.busyUnder("reserve/")
+	slices.Sort(got)
+	if want := []string{"n1/GPU-a", "n2/GPU-b"}; !slices.Equal(got, want) {
+		t.Errorf("busy under reserve/: %v, want %v", got, want)
+	}
+	release()
+	waitFor(t, "the tasks to end", func() bool { return len(w.busyUnder("")) == 0 })
 }

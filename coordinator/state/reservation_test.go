@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -166,6 +168,64 @@ func TestReservationBeingRemovedTakesNoFraction(t *testing.T) {
 			i := slices.IndexFunc(g, func(x placement.GPU) bool { return x.ID == "n-gpu1" })
 			if i < 0 || g[i].Reserved || g[i].FreeMilli != 0 {
 				t.Errorf("GPUs %+v, want n-gpu1 held whole (not reserved for shares)", g)
+			}
+		})
+	}
+}
+
+// TestReservationCreatedNotShownTakesAGPU: a reservation the coordinator
+// created that the informer does not show yet (Inputs.Creating) takes a GPU
+// of its node: the one it asks for when nobody is known to hold it, else a
+// clean one, as a shown reservation not yet told its GPU. Once shown it is
+// counted from its pod only, and said shown.
+func TestReservationCreatedNotShownTakesAGPU(t *testing.T) {
+	whole := pod("w").on("n").gpus(1).p
+	whole.Annotations[api.AnnotationAllocatedGPU] = "n-gpu0" // written back: it got the GPU the reservation asks for
+	tests := []struct {
+		name      string
+		asked     string
+		shown     bool
+		wantFree  []int
+		wantReady map[NodeGPU]bool // reservations tracked -> Ready
+		wantShown map[NodeGPU]bool
+	}{
+		{name: "its GPU held: a clean one", asked: "n-gpu0", wantFree: []int{0, 0, 1000}, wantReady: map[NodeGPU]bool{}},
+		{name: "its GPU free: that one, reserved", asked: "n-gpu2", wantFree: []int{0, 1000, 1000}, wantReady: map[NodeGPU]bool{}},
+		{name: "shown: counted once", asked: "n-gpu2", shown: true, wantFree: []int{0, 1000, 1000},
+			wantReady: map[NodeGPU]bool{{"n", "n-gpu2"}: true}, wantShown: map[NodeGPU]bool{{"n", "n-gpu2"}: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pods := []*corev1.Pod{whole}
+			if tt.shown {
+				pods = append(pods, reservation("r", 1, tt.asked, tt.asked))
+			}
+			s, err := Build(Inputs{Nodes: []*corev1.Node{node("n", 3).inventory("fraction").n}, Pods: pods, PoolLabel: api.LabelNodePool,
+				Creating: map[NodeGPU]bool{{"n", tt.asked}: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var gotFree []int
+			reserved := map[string]bool{}
+			for _, g := range s.Node(0).GPUs {
+				gotFree = append(gotFree, g.FreeMilli)
+				reserved[g.ID] = g.Reserved
+			}
+			ready := map[NodeGPU]bool{}
+			for k, r := range s.Reservations {
+				ready[k] = r.Ready
+			}
+			if diff := cmp.Diff(tt.wantFree, gotFree); diff != "" {
+				t.Errorf("GPU free milli (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantReady, ready); diff != "" {
+				t.Errorf("reservations tracked (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantShown, s.CreatingShown, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("CreatingShown (-want +got):\n%s", diff)
+			}
+			if want := tt.asked == "n-gpu2"; reserved["n-gpu2"] != want {
+				t.Errorf("n-gpu2 reserved for fractions: %v, want %v", reserved["n-gpu2"], want)
 			}
 		})
 	}

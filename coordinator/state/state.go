@@ -58,6 +58,12 @@ type Inputs struct {
 	// true) that the informer may still show as they were: like those it
 	// shows terminating, they hold their GPU but take no new fraction.
 	Removing map[types.UID]bool
+	// Creating names the reservations the coordinator created lately (node
+	// and GPU asked for) that Pods may not show yet. One not shown is
+	// counted as a reservation pod asking for its GPU (chargeAsking): the
+	// kubelet gives it a GPU of the node all the same, even when its GPU
+	// turns out held and the fractions planned there are placed again.
+	Creating map[NodeGPU]bool
 	// NotBefore, when set, leaves out Karpenter's nodes (those labelled
 	// karpenter.sh/nodepool) created after it: a node the autoscaler just
 	// made is where the default scheduler binds placeholder pods within
@@ -299,6 +305,8 @@ type Snapshot struct {
 	// the reservation manager forgets a deletion only once the informer no
 	// longer shows its pod.
 	RemovingShown map[types.UID]bool
+	// CreatingShown are the reservations of Inputs.Creating that Pods show.
+	CreatingShown map[NodeGPU]bool
 	// ScalarMilli is what one unit of each scalar resource is worth in
 	// milli-GPU, from the inventories of the Ready nodes: a MIG device its
 	// memory over its GPU's, a replica 1000/replicas. When GPUs differ, the
@@ -557,6 +565,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	offFracs := map[NodeGPU]int{}        // GPU of a node left out -> fraction pods on it
 	var failed []*corev1.Pod             // failed reservation pods
 	var removingShown map[types.UID]bool // pods of in.Removing still shown
+	var creatingShown map[NodeGPU]bool   // reservations of in.Creating shown
 	for _, p := range in.Pods {
 		nodeName := p.Spec.NodeName
 		var assumedGPU string
@@ -573,6 +582,14 @@ func Build(in Inputs) (*Snapshot, error) {
 				removingShown = map[types.UID]bool{}
 			}
 			removingShown[p.UID] = true
+		}
+		if len(in.Creating) > 0 && p.Spec.NodeName != "" && IsReservation(p) {
+			if key := (NodeGPU{p.Spec.NodeName, p.Annotations[api.AnnotationGPU]}); in.Creating[key] {
+				if creatingShown == nil {
+					creatingShown = map[NodeGPU]bool{}
+				}
+				creatingShown[key] = true
+			}
 		}
 		if nodeName == "" || Terminal(p) {
 			continue
@@ -645,6 +662,12 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 	}
 
+	for key := range in.Creating {
+		// Created, not shown yet: asking for its GPU, after every one shown.
+		if acc := accs[key.Node]; acc != nil && !acc.dra && !creatingShown[key] {
+			asking = append(asking, askingReservation{acc: acc, key: key})
+		}
+	}
 	chargeAsking(asking, reservations)
 	for _, name := range order {
 		chargeFractions(name, accs[name], reservations)
@@ -661,7 +684,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
 		}
 	}
-	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, ScalarMilli: scalarMilli}
+	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}
 	for _, name := range order {
 		acc := accs[name]
 		settle(acc)
@@ -692,7 +715,7 @@ func (acc *nodeAcc) hold(g string) {
 type askingReservation struct {
 	acc *nodeAcc
 	key NodeGPU
-	pod *corev1.Pod
+	pod *corev1.Pod // nil: created, not shown yet (Inputs.Creating)
 }
 
 // reserve records p as the reservation of key.GPU. A reservation that is
@@ -705,7 +728,7 @@ func (acc *nodeAcc) reserve(reservations map[NodeGPU]*Reservation, key NodeGPU, 
 		reservations[key] = r
 	}
 	r.Pod = p
-	r.Ready = key.GPU != "" && p.Annotations[api.AnnotationReservedGPU] == key.GPU
+	r.Ready = p != nil && key.GPU != "" && p.Annotations[api.AnnotationReservedGPU] == key.GPU
 	r.Orphaned = orphaned
 	i, placed := acc.gpuIndex[key.GPU]
 	switch {
@@ -735,13 +758,22 @@ func (acc *nodeAcc) reserve(reservations map[NodeGPU]*Reservation, key NodeGPU, 
 // the kubelet then fails with no GPU left.
 func chargeAsking(asking []askingReservation, reservations map[NodeGPU]*Reservation) {
 	slices.SortFunc(asking, func(a, b askingReservation) int {
+		switch {
+		case a.pod == nil || b.pod == nil:
+			// Those not shown yet are the newest.
+			if c := cmp.Compare(boolInt(a.pod == nil), boolInt(b.pod == nil)); c != 0 {
+				return c
+			}
+			return cmp.Or(strings.Compare(a.key.Node, b.key.Node), strings.Compare(a.key.GPU, b.key.GPU))
+		}
 		if c := a.pod.CreationTimestamp.Compare(b.pod.CreationTimestamp.Time); c != 0 {
 			return c
 		}
 		return strings.Compare(a.pod.Name, b.pod.Name)
 	})
 	for _, a := range asking {
-		if a.acc.reserved[a.key.GPU] || a.acc.held[a.key.GPU] {
+		_, placed := a.acc.gpuIndex[a.key.GPU]
+		if !placed || a.acc.reserved[a.key.GPU] || a.acc.held[a.key.GPU] {
 			a.acc.whole++
 			continue
 		}
@@ -895,6 +927,13 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 	r.Pod, r.Orphaned = p, why
 	r.NodeGone, r.NodeLost = n == nil, n == nil || !readyCondition(n)
 	r.Ready = g != "" && p.Annotations[api.AnnotationReservedGPU] == g
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func sortedKeys(m map[string]int) []string {
