@@ -120,3 +120,26 @@ func TestReservationsNeverOutnumberTheGPUsWholePodsLeave(t *testing.T) {
 		t.Errorf("%d reservations asked for on %s beside 5 whole GPUs: %d GPUs of 8 (%v)", onNode, node, onNode+5, r.ensured)
 	}
 }
+
+// TestAFailedReservationCreateHoldsNoGPU: a reservation whose create the API
+// server refused is not counted as one created but not shown yet (it would
+// hold a GPU of its node for the echo window and delay its fractions): the
+// next cycle asks for it again.
+func TestAFailedReservationCreateHoldsNoGPU(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		fracPod("f1", "q", 40))
+	r := &fakeReserver{c: c, admit: true, ensureErr: 1}
+	c.s.deps.Reserver = r
+	c.cycle()
+	if len(r.ensured) != 1 {
+		t.Fatalf("first cycle: reservations asked for %v, want one", r.ensured)
+	}
+	c.cycle()
+	if len(r.ensured) != 2 || r.ensured[1] != r.ensured[0] {
+		t.Fatalf("after a refused create: reservations asked for %v, want the same GPU asked again at once", r.ensured)
+	}
+	c.cycle()
+	if c.boundTo("f1") != "n1" {
+		t.Errorf("f1 bound to %q once its reservation exists, want n1", c.boundTo("f1"))
+	}
+}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -405,6 +406,7 @@ type fakeReserver struct {
 	c           *cluster
 	admit       bool
 	lag         bool // the informer does not show the pods created
+	ensureErr   int  // the next ensureErr Ensure calls fail
 	ensured     []string
 	attempts    []int
 	removed     int
@@ -414,6 +416,10 @@ type fakeReserver struct {
 func (f *fakeReserver) Ensure(_ context.Context, node, gpu string, attempt int) error {
 	f.ensured = append(f.ensured, node+"/"+gpu)
 	f.attempts = append(f.attempts, attempt)
+	if f.ensureErr > 0 {
+		f.ensureErr--
+		return errors.New("reservation create refused (injected)")
+	}
 	p := reservation.PodAt(node, gpu, attempt, reservation.DefaultOptions())
 	p.UID = types.UID(p.Name)
 	if f.admit {
