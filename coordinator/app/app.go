@@ -279,7 +279,10 @@ func (a *App) Run(ctx context.Context) error {
 // lead runs informers and the scheduler until ctx ends.
 func (a *App) lead(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTransform(trimObject))
+	// The informers keep only what the coordinator reads, equal parts shared
+	// (transform.go).
+	transform := newSharer().transform
+	factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTransform(transform))
 	podInf := factory.Core().V1().Pods()
 	nodeInf := factory.Core().V1().Nodes()
 	// Namespaces name their default queue (label gpufrac.io/default-queue).
@@ -292,7 +295,7 @@ func (a *App) lead(ctx context.Context) error {
 	// Karpenter's Nominated events on placeholders (in the reservation
 	// namespace), and its NodeClaims when the CRD is installed, tell which
 	// new nodes to prefer.
-	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace), informers.WithTransform(trimObject))
+	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace), informers.WithTransform(transform))
 	eventInf := sysFactory.Core().V1().Events().Informer()
 	var claimLister cache.GenericLister
 	var claimSynced cache.InformerSynced = func() bool { return true }

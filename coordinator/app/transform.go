@@ -1,6 +1,12 @@
 package app
 
 import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"unique"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 )
@@ -31,18 +37,22 @@ func trimObject(obj any) (any, error) {
 	return obj, nil
 }
 
-// trimPod drops what the coordinator never reads of a pod. Kept: metadata,
-// and of the spec everything but volumes and what runs each container; of
-// each container its name, resources, restart policy (sidecars), env
-// names (a container that sets NVIDIA_VISIBLE_DEVICES is refused:
-// podrequest) and host ports; of the status all but the containers' states
-// and the IPs. What reads pods: api/request (resources, overhead,
+// trimPod drops what the coordinator never reads of a pod. Kept: metadata;
+// of the spec everything but volumes, the pod's security context, DNS
+// config, host aliases, image pull secrets, readiness gates and what runs
+// each container; of each container its name, resources, restart policy
+// (sidecars), env names (a container that sets NVIDIA_VISIBLE_DEVICES is
+// refused: podrequest) and host ports; of the status all but the
+// containers' states, the IPs, the start time and the conditions other
+// than PodScheduled. What reads pods: api/request (resources, overhead,
 // restart policies), podrequest (annotations, labels, env names, affinity,
 // node selector, tolerations, priority, claims), state, scheduler,
 // placeholder, consolidation, reservation and dra (node name, phase,
-// conditions, claim statuses, gates, owner references).
+// the PodScheduled condition, claim statuses, gates, owner references).
 func trimPod(p *corev1.Pod) {
 	p.Spec.Volumes = nil
+	p.Spec.SecurityContext, p.Spec.DNSConfig, p.Spec.HostAliases = nil, nil, nil
+	p.Spec.ImagePullSecrets, p.Spec.ReadinessGates = nil, nil
 	for i := range p.Spec.InitContainers {
 		trimContainer(&p.Spec.InitContainers[i])
 	}
@@ -60,6 +70,24 @@ func trimPod(p *corev1.Pod) {
 	p.Status.EphemeralContainerStatuses = nil
 	p.Status.PodIPs, p.Status.PodIP = nil, ""
 	p.Status.HostIPs, p.Status.HostIP = nil, ""
+	p.Status.StartTime = nil
+	p.Status.Conditions = scheduledOnly(p.Status.Conditions)
+}
+
+// scheduledOnly keeps a pod's PodScheduled condition, the only one the
+// coordinator reads (its pending reasons, kube-scheduler's Unschedulable,
+// consolidation's NoCapacity); a running pod's Ready, Initialized,
+// ContainersReady and PodReadyToStartContainers are a third of what is
+// left of it.
+func scheduledOnly(conds []corev1.PodCondition) []corev1.PodCondition {
+	i := slices.IndexFunc(conds, func(c corev1.PodCondition) bool { return c.Type == corev1.PodScheduled })
+	switch {
+	case i < 0:
+		return nil
+	case len(conds) == 1:
+		return conds
+	}
+	return []corev1.PodCondition{conds[i]}
 }
 
 // trimContainer keeps a container's name, resources, restart policy, env
@@ -90,4 +118,189 @@ func hostPorts(ports []corev1.ContainerPort) []corev1.ContainerPort {
 		}
 	}
 	return out
+}
+
+// sharedMax bounds each of a sharer's tables; a full table is emptied and
+// fills again (the objects keep what they share). sharedKeyMax is the
+// longest content shared by its key: longer maps (a last-applied
+// configuration) are rarely equal, and the table would hold them after
+// their pods are gone.
+const (
+	sharedMax    = 4096
+	sharedKeyMax = 1024
+)
+
+// sharer makes the informers' objects share equal parts, so tens of
+// thousands of pods of a few shapes do not each hold their own copy: the
+// decoder gives every pod its own resource maps (two maps of three
+// quantities are about 1.4 kB), labels, annotations, default tolerations
+// and strings. Equal maps and toleration lists are shared by content,
+// strings through the unique package (its canonical strings are freed
+// once no object holds them). Nothing that reads the informers' objects
+// may change them (client-go's rule for listers), so sharing changes
+// nothing they see; a shared slice has no spare capacity, so an append
+// copies it. A sharer is safe for concurrent use: every informer of the
+// coordinator calls its transform.
+type sharer struct {
+	mu          sync.Mutex
+	lists       map[string]corev1.ResourceList
+	strMaps     map[string]map[string]string
+	tolerations map[string][]corev1.Toleration
+	key         strings.Builder // under mu
+}
+
+func newSharer() *sharer {
+	return &sharer{lists: map[string]corev1.ResourceList{}, strMaps: map[string]map[string]string{},
+		tolerations: map[string][]corev1.Toleration{}}
+}
+
+// transform is the informers' transform: trimObject, then sharing.
+func (s *sharer) transform(obj any) (any, error) {
+	obj, err := trimObject(obj)
+	if err != nil {
+		return obj, err
+	}
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		s.sharePod(o)
+	}
+	return obj, nil
+}
+
+// sharePod shares p's maps, tolerations and the strings most pods repeat.
+func (s *sharer) sharePod(p *corev1.Pod) {
+	s.mu.Lock()
+	p.Labels = s.strMap(p.Labels)
+	p.Annotations = s.strMap(p.Annotations)
+	p.Spec.NodeSelector = s.strMap(p.Spec.NodeSelector)
+	p.Spec.Overhead = s.list(p.Spec.Overhead)
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range cs {
+			c := &cs[i]
+			c.Resources.Limits = s.list(c.Resources.Limits)
+			c.Resources.Requests = s.list(c.Resources.Requests)
+			c.Name = str(c.Name)
+			for k := range c.Env {
+				c.Env[k].Name = str(c.Env[k].Name)
+			}
+		}
+	}
+	p.Spec.Tolerations = s.tolerationList(p.Spec.Tolerations)
+	s.mu.Unlock()
+
+	p.Namespace, p.GenerateName = str(p.Namespace), str(p.GenerateName)
+	for i := range p.OwnerReferences {
+		r := &p.OwnerReferences[i]
+		r.APIVersion, r.Kind, r.Name = str(r.APIVersion), str(r.Kind), str(r.Name)
+	}
+	sp := &p.Spec
+	sp.NodeName, sp.SchedulerName, sp.PriorityClassName = str(sp.NodeName), str(sp.SchedulerName), str(sp.PriorityClassName)
+	sp.ServiceAccountName, sp.DeprecatedServiceAccount = str(sp.ServiceAccountName), str(sp.DeprecatedServiceAccount)
+	sp.RestartPolicy, sp.DNSPolicy = corev1.RestartPolicy(str(string(sp.RestartPolicy))), corev1.DNSPolicy(str(string(sp.DNSPolicy)))
+	st := &p.Status
+	st.Phase, st.QOSClass = corev1.PodPhase(str(string(st.Phase))), corev1.PodQOSClass(str(string(st.QOSClass)))
+	st.Reason, st.NominatedNodeName = str(st.Reason), str(st.NominatedNodeName)
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		c.Type, c.Status = corev1.PodConditionType(str(string(c.Type))), corev1.ConditionStatus(str(string(c.Status)))
+		c.Reason, c.Message = str(c.Reason), str(c.Message)
+	}
+}
+
+// str returns the canonical copy of v.
+func str(v string) string {
+	if v == "" {
+		return ""
+	}
+	return unique.Make(v).Value()
+}
+
+// strMap returns the shared map equal to m (m itself the first time).
+// Called with mu held.
+func (s *sharer) strMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return m
+	}
+	size := 0
+	keys := make([]string, 0, len(m))
+	for k, v := range m {
+		keys = append(keys, k)
+		if size += len(k) + len(v); size > sharedKeyMax {
+			return m
+		}
+	}
+	slices.Sort(keys)
+	s.key.Reset()
+	for _, k := range keys {
+		s.field(k)
+		s.field(m[k])
+	}
+	return share(s.strMaps, s.key.String(), m)
+}
+
+// list returns the shared resource list equal to l (l itself the first
+// time). Quantities are equal when they print the same in the same format.
+// Called with mu held.
+func (s *sharer) list(l corev1.ResourceList) corev1.ResourceList {
+	if len(l) == 0 {
+		return l
+	}
+	names := make([]corev1.ResourceName, 0, len(l))
+	for n := range l {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	s.key.Reset()
+	for _, n := range names {
+		q := l[n]
+		s.field(string(n))
+		s.field(q.String())
+		s.field(string(q.Format))
+	}
+	return share(s.lists, s.key.String(), l)
+}
+
+// tolerationList returns the shared list equal to ts (ts itself, without
+// spare capacity, the first time). Called with mu held.
+func (s *sharer) tolerationList(ts []corev1.Toleration) []corev1.Toleration {
+	if len(ts) == 0 {
+		return ts
+	}
+	s.key.Reset()
+	for _, t := range ts {
+		s.field(t.Key)
+		s.field(string(t.Operator))
+		s.field(t.Value)
+		s.field(string(t.Effect))
+		if t.TolerationSeconds != nil {
+			s.field(strconv.FormatInt(*t.TolerationSeconds, 10))
+		} else {
+			s.field("-")
+		}
+	}
+	return share(s.tolerations, s.key.String(), ts[:len(ts):len(ts)])
+}
+
+// field appends v to the key being built, length first, so that no two
+// different lists of fields make the same key.
+func (s *sharer) field(v string) {
+	s.key.WriteString(strconv.Itoa(len(v)))
+	s.key.WriteByte(':')
+	s.key.WriteString(v)
+}
+
+// share returns table's value for key, after storing v under it when there
+// is none (emptying a full table first); v itself when key is too long.
+func share[V any](table map[string]V, key string, v V) V {
+	if len(key) > sharedKeyMax {
+		return v
+	}
+	if old, ok := table[key]; ok {
+		return old
+	}
+	if len(table) >= sharedMax {
+		clear(table)
+	}
+	table[key] = v
+	return v
 }

@@ -1,10 +1,16 @@
 package app
 
 import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -28,9 +34,11 @@ func busyPod(b *builders.PodWrapper) *corev1.Pod {
 		c.Ports = []corev1.ContainerPort{{ContainerPort: 8080}, {ContainerPort: 9090, HostPort: 9090}}
 		c.TerminationMessagePath = "/dev/termination-log"
 	}
+	p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: new(bool)}
 	p.Status = corev1.PodStatus{
+		StartTime:         &metav1.Time{},
 		Phase:             corev1.PodRunning,
-		Conditions:        []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
+		Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
 		ContainerStatuses: []corev1.ContainerStatus{{Name: "main", Ready: true}},
 		PodIP:             "10.0.0.1", PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}},
 		HostIP: "192.168.0.1", HostIPs: []corev1.HostIP{{IP: "192.168.0.1"}},
@@ -70,21 +78,22 @@ func TestTrimObjectKeepsWhatTheCoordinatorReads(t *testing.T) {
 				t.Errorf("request model differs after trimming (-whole +trimmed):\n%s", d)
 			}
 			for what, kept := range map[string]bool{
-				"managed fields":   trimmed.ManagedFields == nil,
-				"volumes":          trimmed.Spec.Volumes == nil,
-				"container image":  trimmed.Spec.Containers[0].Image == "",
-				"volume mounts":    trimmed.Spec.Containers[0].VolumeMounts == nil,
-				"probes":           trimmed.Spec.Containers[0].LivenessProbe == nil,
-				"container ports":  len(trimmed.Spec.Containers[0].Ports) == 1 && trimmed.Spec.Containers[0].Ports[0].HostPort == 9090,
-				"container status": trimmed.Status.ContainerStatuses == nil,
-				"pod IP":           trimmed.Status.PodIP == "" && trimmed.Status.PodIPs == nil,
-				"phase kept":       trimmed.Status.Phase == corev1.PodRunning,
-				"conditions kept":  len(trimmed.Status.Conditions) == 1,
-				"labels kept":      cmp.Equal(trimmed.Labels, whole.Labels),
-				"annotations kept": cmp.Equal(trimmed.Annotations, whole.Annotations),
-				"affinity kept":    cmp.Equal(trimmed.Spec.Affinity, whole.Spec.Affinity),
-				"tolerations kept": cmp.Equal(trimmed.Spec.Tolerations, whole.Spec.Tolerations),
-				"resources kept":   cmp.Equal(trimmed.Spec.Containers[0].Resources, whole.Spec.Containers[0].Resources),
+				"managed fields":                   trimmed.ManagedFields == nil,
+				"volumes":                          trimmed.Spec.Volumes == nil,
+				"container image":                  trimmed.Spec.Containers[0].Image == "",
+				"volume mounts":                    trimmed.Spec.Containers[0].VolumeMounts == nil,
+				"probes":                           trimmed.Spec.Containers[0].LivenessProbe == nil,
+				"container ports":                  len(trimmed.Spec.Containers[0].Ports) == 1 && trimmed.Spec.Containers[0].Ports[0].HostPort == 9090,
+				"container status":                 trimmed.Status.ContainerStatuses == nil,
+				"pod IP":                           trimmed.Status.PodIP == "" && trimmed.Status.PodIPs == nil,
+				"phase kept":                       trimmed.Status.Phase == corev1.PodRunning,
+				"PodScheduled kept, Ready dropped": len(trimmed.Status.Conditions) == 1 && trimmed.Status.Conditions[0].Type == corev1.PodScheduled,
+				"security context dropped":         trimmed.Spec.SecurityContext == nil && trimmed.Status.StartTime == nil,
+				"labels kept":                      cmp.Equal(trimmed.Labels, whole.Labels),
+				"annotations kept":                 cmp.Equal(trimmed.Annotations, whole.Annotations),
+				"affinity kept":                    cmp.Equal(trimmed.Spec.Affinity, whole.Spec.Affinity),
+				"tolerations kept":                 cmp.Equal(trimmed.Spec.Tolerations, whole.Spec.Tolerations),
+				"resources kept":                   cmp.Equal(trimmed.Spec.Containers[0].Resources, whole.Spec.Containers[0].Resources),
 				"env values dropped": func() bool {
 					for _, e := range trimmed.Spec.Containers[0].Env {
 						if e.Value != "" {
@@ -132,4 +141,116 @@ func TestTrimObjectNodes(t *testing.T) {
 	if got, err := trimObject(tomb); err != nil || got != tomb {
 		t.Errorf("trimObject(%q) = %v, %v", tomb, got, err)
 	}
+}
+
+// TestSharerSharesEqualParts: pods of one shape share their resource lists,
+// labels, annotations and tolerations after the informers' transform, and
+// every pod reads as trimObject alone leaves it; pods of another shape
+// share nothing of what differs.
+func TestSharerSharesEqualParts(t *testing.T) {
+	s := newSharer()
+	shape := func(name string, gpus int) *corev1.Pod {
+		p := busyPod(builders.MakePod(name, "team").GPUs(gpus).CPU("1").Memory("1Gi").Queue("q").PodGroup("g").
+			Toleration("gpu", corev1.TolerationOpExists, "", corev1.TaintEffectNoSchedule))
+		p.Spec.SecurityContext = &corev1.PodSecurityContext{}
+		return p
+	}
+	var pods []*corev1.Pod
+	for i, gpus := range []int{1, 1, 2} {
+		p := shape(fmt.Sprintf("p%d", i), gpus)
+		want := p.DeepCopy()
+		if _, err := trimObject(want); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.transform(p); err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, p); d != "" {
+			t.Fatalf("pod %d reads differently once shared (-trimmed +shared):\n%s", i, d)
+		}
+		if p.Spec.SecurityContext != nil {
+			t.Errorf("pod %d keeps its security context", i)
+		}
+		pods = append(pods, p)
+	}
+	same := func(a, b any) bool { return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer() }
+	a, b, c := pods[0], pods[1], pods[2]
+	for what, ok := range map[string]bool{
+		"equal requests shared":      same(a.Spec.Containers[0].Resources.Requests, b.Spec.Containers[0].Resources.Requests),
+		"equal limits shared":        same(a.Spec.Containers[0].Resources.Limits, b.Spec.Containers[0].Resources.Limits),
+		"equal labels shared":        same(a.Labels, b.Labels) && same(a.Labels, c.Labels),
+		"equal tolerations shared":   same(a.Spec.Tolerations, b.Spec.Tolerations),
+		"shared list has no room":    cap(a.Spec.Tolerations) == len(a.Spec.Tolerations),
+		"other requests not shared":  !same(a.Spec.Containers[0].Resources.Requests, c.Spec.Containers[0].Resources.Requests),
+		"other limits not shared":    !same(a.Spec.Containers[0].Resources.Limits, c.Spec.Containers[0].Resources.Limits),
+		"other requests read as own": c.Spec.Containers[0].Resources.Limits.Name(api.ResourceGPU, "").Value() == 2,
+	} {
+		if !ok {
+			t.Errorf("%s: not so", what)
+		}
+	}
+	// Appending to a shared list copies it: the other pods keep theirs.
+	_ = append(a.Spec.Tolerations, corev1.Toleration{Key: "mine"})
+	if n := len(b.Spec.Tolerations); n != 1 || b.Spec.Tolerations[0].Key != "gpu" {
+		t.Errorf("another pod's tolerations changed: %+v", b.Spec.Tolerations)
+	}
+}
+
+// TestSharerKeysDoNotCollide: lists whose fields run together alike (a
+// label "ab"="c" and "a"="bc", a quantity 1 in two formats) are not taken
+// for each other, and a full table starts again without losing anything.
+func TestSharerKeysDoNotCollide(t *testing.T) {
+	s := newSharer()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m1 := s.strMap(map[string]string{"ab": "c"})
+	m2 := s.strMap(map[string]string{"a": "bc"})
+	if m2["a"] != "bc" || m1["ab"] != "c" {
+		t.Errorf("maps taken for each other: %v %v", m1, m2)
+	}
+	dec := corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(1, resource.DecimalSI)}
+	bin := corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(1, resource.BinarySI)}
+	if got := s.list(dec); got[corev1.ResourceMemory].Format != resource.DecimalSI {
+		t.Errorf("first list not kept: %v", got)
+	}
+	if got := s.list(bin); got[corev1.ResourceMemory].Format != resource.BinarySI {
+		t.Errorf("a list in another format was taken for the first: %v", got)
+	}
+	for i := range 2 * sharedMax {
+		v := strconv.Itoa(i)
+		if got := s.strMap(map[string]string{"k": v}); got["k"] != v {
+			t.Fatalf("map %d read %v", i, got)
+		}
+	}
+	if n := len(s.strMaps); n > sharedMax {
+		t.Errorf("table holds %d maps, more than %d", n, sharedMax)
+	}
+	long := map[string]string{"k": strings.Repeat("x", sharedKeyMax)}
+	if got := s.strMap(long); !reflect.DeepEqual(got, long) {
+		t.Errorf("a long map changed: %d bytes", len(got["k"]))
+	}
+}
+
+// TestSharerConcurrent: informers call the transform at once (run with -race).
+func TestSharerConcurrent(t *testing.T) {
+	s := newSharer()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				p := busyPod(builders.MakePod(fmt.Sprintf("p%d-%d", g, i), "team").Fraction(10 * (1 + i%5)).Queue("q"))
+				if _, err := s.transform(p); err != nil {
+					t.Error(err)
+					return
+				}
+				if got := p.Spec.Containers[0].Resources.Limits.Name(api.ResourceFraction, "").Value(); got != int64(10*(1+i%5)) {
+					t.Errorf("pod %s asks %d", p.Name, got)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
