@@ -97,6 +97,14 @@ func main() {
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
 
+	// A soft memory limit below the container's (the chart sets
+	// GPUFRAC_MEMORY_LIMIT from limits.memory): see app.MemoryLimit.
+	if limit, err := app.MemoryLimit(os.Getenv(app.EnvMemoryLimit), os.Getenv("GOMEMLIMIT")); err != nil {
+		klog.ErrorS(err, "No Go memory limit set; the runtime's default applies")
+	} else if limit > 0 {
+		klog.InfoS("Go memory limit set below the container's", "bytes", limit)
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())

@@ -193,6 +193,8 @@ type Container struct {
 	Namespace string
 	Image     string
 	Args      []string
+	// MemoryLimit is the container's resources.limits.memory ("" for none).
+	MemoryLimit string
 }
 
 // WorkloadContainer reads the first container of a Deployment or DaemonSet.
@@ -215,7 +217,8 @@ func (objs Objects) WorkloadContainer(kind, name string) (Container, error) {
 	if err != nil {
 		return Container{}, fmt.Errorf("%s %s: reading args: %w", kind, name, err)
 	}
-	return Container{ServiceAccount: sa, Namespace: obj.GetNamespace(), Image: image, Args: args}, nil
+	mem, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
+	return Container{ServiceAccount: sa, Namespace: obj.GetNamespace(), Image: image, Args: args, MemoryLimit: mem}, nil
 }
 
 // ConfigMapData returns a key of a ConfigMap's data.

@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/app"
 	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 	"github.com/gpufrac/gpufrac/tests/invariants"
@@ -607,7 +609,18 @@ func startScaleCoordinator(t *testing.T, c *cluster.Cluster, cfg scaleConfig, na
 		prof = &scaleProfile{dir: cfg.pprofDir, name: name, addr: freeAddr(t), seconds: cfg.pprofSeconds}
 		args = append(args, "--pprof-addr="+prof.addr)
 	}
-	co := &benchCoordinator{coordinator: startCoordinatorBin(t, c, filepath.Join(repoRoot(t), "bin", "gpufrac-coordinator"), name, nil, args...), metrics: metrics}
+	// The chart tells the coordinator its container's memory limit through
+	// the downward API, in bytes (app.MemoryLimit).
+	var env []string
+	if in.Coordinator.MemoryLimit != "" {
+		q, err := resource.ParseQuantity(in.Coordinator.MemoryLimit)
+		if err != nil {
+			t.Fatalf("the chart's coordinator memory limit %q: %v", in.Coordinator.MemoryLimit, err)
+		}
+		env = append(env, fmt.Sprintf("%s=%d", app.EnvMemoryLimit, q.Value()))
+		t.Logf("coordinator memory limit %s as the chart sets it (%s)", in.Coordinator.MemoryLimit, env[0])
+	}
+	co := &benchCoordinator{coordinator: startCoordinatorBin(t, c, filepath.Join(repoRoot(t), "bin", "gpufrac-coordinator"), name, env, args...), metrics: metrics}
 	began := time.Now()
 	waitReady(t, metrics, 2*time.Minute)
 	t.Logf("coordinator ready (leading, informers synced) %s after its start", time.Since(began).Round(time.Millisecond))
