@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -124,6 +125,56 @@ func TestReservationPendingIsReportedAfterTheDelay(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.wantReason, got); diff != "" {
 				t.Errorf("f's reason after each cycle (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestReservationPendingWaitsForTheKubelet: a fraction is told
+// ReservationPending only once its wait is the kubelet's - its reservation
+// exists and has not been admitted ReservationReportDelay after its
+// creation. While the reservation is still being created (the informer does
+// not show it), nothing is written until the pod has waited
+// reservationStuckFactor times the delay.
+func TestReservationPendingWaitsForTheKubelet(t *testing.T) {
+	const delay = time.Hour
+	tests := []struct {
+		name       string
+		shown      bool          // the informer shows the reservation created
+		age        time.Duration // the reservation's age when shown
+		waited     time.Duration // how long the pod has waited before the second cycle
+		wantReason string        // after the second cycle
+	}{
+		{name: "being created, waited past the delay: nothing written", waited: 2 * delay},
+		{name: "being created, waited past the stuck bound: written", waited: reservationStuckFactor * delay, wantReason: api.ReasonReservationPending},
+		{name: "shown, younger than the delay: nothing written", shown: true, age: time.Minute, waited: 2 * delay},
+		{name: "shown, not admitted for the delay: written", shown: true, age: 2 * delay, waited: 2 * delay, wantReason: api.ReasonReservationPending},
+		{name: "shown, not admitted for the delay, pod waited less: nothing written", shown: true, age: 2 * delay, waited: time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f", "q", 40))
+			r := &fakeReserver{c: c, lag: !tt.shown}
+			c.s.deps.Reserver = r
+			c.s.opts.ReservationReportDelay = delay
+			if res := c.cycle(); res.Pending[api.ReasonReservationPending] != 1 || len(r.ensured) != 1 {
+				t.Fatalf("first cycle: pending %v, reservations %v; want f waiting for one", res.Pending, r.ensured)
+			}
+			for _, obj := range c.pods.List() {
+				if p := obj.(*corev1.Pod); p.Namespace == api.ReservationNamespace {
+					p = p.DeepCopy()
+					p.CreationTimestamp = metav1.NewTime(time.Now().Add(-tt.age))
+					_ = c.pods.Update(p)
+				}
+			}
+			pl := c.s.plans["f"]
+			pl.since = pl.since.Add(-tt.waited)
+			c.s.plans["f"] = pl
+			if res := c.cycle(); res.Pending[api.ReasonReservationPending] != 1 {
+				t.Errorf("second cycle: pending %v, want f counted as ReservationPending", res.Pending)
+			}
+			if got := c.reason("f"); got != tt.wantReason {
+				t.Errorf("f's reason %q, want %q", got, tt.wantReason)
 			}
 		})
 	}

@@ -762,7 +762,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			// The capacity stays taken in this cycle's snapshot and books,
 			// and the pods keep their GPUs in the next cycle.
 			planWaiting(plans, s.plans, w, decisions, snap, start)
-			s.markWaiting(ctx, w, waitMsg, plans, start, &res)
+			s.markWaiting(ctx, w, waitMsg, plans, snap, start, &res)
 			continue
 		}
 		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
