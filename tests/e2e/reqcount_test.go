@@ -1,11 +1,16 @@
 package e2e
 
 import (
+	"bytes"
+	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -60,7 +65,7 @@ func startCountingProxy(t *testing.T, kubeconfig string) *countingProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &countingProxy{counts: requestCounts{byKind: map[string]int{}}}
+	p := &countingProxy{counts: requestCounts{byKind: map[string]int{}, failed: map[string]int{}, reasons: map[string]int{}}}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -68,6 +73,12 @@ func startCountingProxy(t *testing.T, kubeconfig string) *countingProxy {
 		},
 		Transport:     rt,
 		FlushInterval: -1, // watches stream
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode >= 300 {
+				p.countFailed(resp.Request, resp.StatusCode)
+			}
+			return nil
+		},
 	}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.count(r)
@@ -88,15 +99,42 @@ func startCountingProxy(t *testing.T, kubeconfig string) *countingProxy {
 
 func (p *countingProxy) count(r *http.Request) {
 	kind := requestKind(r)
+	reason := ""
+	if kind == "patch pods/status" && r.Body != nil {
+		// Which pending reason the scheduler wrote (the body is small).
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		r.Body.Close()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if m := patchReason.FindSubmatch(body); err == nil && m != nil {
+			reason = kind + " " + string(m[1])
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
 		return
 	}
+	if reason != "" {
+		p.counts.reasons[reason]++
+	}
 	p.counts.byKind[kind]++
 	p.counts.total++
 	if kind == "create pods/binding" {
 		p.counts.bindings++
+	}
+}
+
+// patchReason finds the reason a status patch writes.
+var patchReason = regexp.MustCompile(`"reason":"([A-Za-z]+)"`)
+
+// countFailed counts an answer that was not a success (a create that met
+// AlreadyExists, a delete of a pod gone).
+func (p *countingProxy) countFailed(r *http.Request, code int) {
+	kind := fmt.Sprintf("%s %d", requestKind(r), code)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.stopped {
+		p.counts.failed[kind]++
 	}
 }
 
@@ -110,6 +148,8 @@ func (p *countingProxy) take() requestCounts {
 	for k, v := range p.counts.byKind {
 		out.byKind[k] = v
 	}
+	out.failed = maps.Clone(p.counts.failed)
+	out.reasons = maps.Clone(p.counts.reasons)
 	return out
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -907,6 +908,12 @@ type requestCounts struct {
 	total    int
 	bindings int
 	byKind   map[string]int // "verb resource[/subresource]" -> requests
+	// failed counts the answers that were not a success, by kind and
+	// status code ("create pods 409"); the proxy's count only.
+	failed map[string]int
+	// reasons counts the status patches by the reason they write
+	// ("patch pods/status NoCapacity"); the proxy's count only.
+	reasons map[string]int
 }
 
 func (r requestCounts) String() string {
@@ -919,7 +926,22 @@ func (r requestCounts) String() string {
 	for i, k := range kinds {
 		parts[i] = fmt.Sprintf("%s %d", k, r.byKind[k])
 	}
-	return fmt.Sprintf("%d in all: %s", r.total, strings.Join(parts, ", "))
+	out := fmt.Sprintf("%d in all: %s", r.total, strings.Join(parts, ", "))
+	if len(r.failed) > 0 {
+		failed := slices.Sorted(maps.Keys(r.failed))
+		for i, k := range failed {
+			failed[i] = fmt.Sprintf("%s: %d", k, r.failed[k])
+		}
+		out += "; not a success: " + strings.Join(failed, ", ")
+	}
+	if len(r.reasons) > 0 {
+		reasons := slices.Sorted(maps.Keys(r.reasons))
+		for i, k := range reasons {
+			reasons[i] = fmt.Sprintf("%s: %d", k, r.reasons[k])
+		}
+		out += "; status patches by reason: " + strings.Join(reasons, ", ")
+	}
+	return out
 }
 
 // auditEvent is what countRequests reads of an audit event.
