@@ -165,7 +165,11 @@ func (s *Scheduler) reservationsLate(w *workload, plans map[types.UID]plan, snap
 // again while the informer does not show it yet: the cycles that run
 // meanwhile see its GPU without a pod and would send a create that only
 // meets AlreadyExists (a request per reservation, thousands in a burst).
-const reservationEcho = 5 * time.Second
+// It was 5 s; at 50,000 pods on a loaded control plane the informer's
+// watch lags longer than that (its re-list took a minute,
+// docs/benchmarks.md, "Scale"), and the API server accepted the create, so
+// the pod exists unless something deleted it.
+const reservationEcho = 30 * time.Second
 
 // reserveKey prefixes the writer's key of a reservation's creation.
 const reserveKey = "reserve/"

@@ -260,6 +260,24 @@ func msg(b *schedulertest.Binder, pod string) string {
 	return m
 }
 
+// TestAReservationIsNotAskedForAgainWhileTheInformerLags: an informer that
+// shows a reservation created 20 s late (a loaded control plane) meets no
+// second create of it.
+func TestAReservationIsNotAskedForAgainWhileTheInformerLags(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f0", "q", 30))
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	c.s.clock = clk
+	r := &fakeReserver{c: c, lag: true}
+	c.s.deps.Reserver = r
+	for range 20 {
+		c.cycle()
+		clk.Step(time.Second)
+	}
+	if len(r.ensured) != 1 {
+		t.Errorf("20 s of cycles before the informer shows the reservation: reservations %v, want one", r.ensured)
+	}
+}
+
 // TestAReservationCreatedIsNotAskedForAgain: cycles that run before the
 // informer shows a reservation pod just created see its GPU without one;
 // they must not create it again (each such request only met
@@ -275,14 +293,14 @@ func TestAReservationCreatedIsNotAskedForAgain(t *testing.T) {
 	if len(r.ensured) != 1 {
 		t.Fatalf("first cycle: reservations %v, want one", r.ensured)
 	}
-	for range 4 {
-		clk.Step(time.Second)
+	for range 6 {
+		clk.Step(reservationEcho / 7)
 		c.cycle()
 	}
 	if len(r.ensured) != 1 {
 		t.Fatalf("within %s of the creation: reservations %v, want still one", reservationEcho, r.ensured)
 	}
-	clk.Step(time.Second)
+	clk.Step(reservationEcho - 6*(reservationEcho/7))
 	c.cycle()
 	if len(r.ensured) != 2 || r.ensured[1] != r.ensured[0] {
 		t.Errorf("%s after a creation the informer never showed: reservations %v, want the same one asked for again", reservationEcho, r.ensured)
