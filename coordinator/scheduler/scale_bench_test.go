@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	runtimemetrics "runtime/metrics"
 	"testing"
 	"time"
 
@@ -69,6 +70,7 @@ func BenchmarkCycle(b *testing.B) {
 			}
 			first := time.Since(cold)
 			forget()
+			gcBefore := gcCPUSeconds()
 			b.ResetTimer()
 			for b.Loop() {
 				res, err := s.Cycle(ctx)
@@ -84,8 +86,21 @@ func BenchmarkCycle(b *testing.B) {
 				b.StartTimer()
 			}
 			b.ReportMetric(first.Seconds(), "s-first-cycle")
+			// The garbage collector's CPU per cycle (all its goroutines), to
+			// compare runs with and without a memory limit (GOMEMLIMIT).
+			b.ReportMetric((gcCPUSeconds()-gcBefore)/float64(b.N), "gc-cpu-s/op")
 		})
 	}
+}
+
+// gcCPUSeconds is the CPU time the garbage collector has used so far.
+func gcCPUSeconds() float64 {
+	s := []runtimemetrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	runtimemetrics.Read(s)
+	if s[0].Value.Kind() != runtimemetrics.KindFloat64 {
+		return 0
+	}
+	return s[0].Value.Float64()
 }
 
 // drainBinds empties the bind queue without binding.
