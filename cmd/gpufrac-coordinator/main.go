@@ -49,7 +49,7 @@ func main() {
 	flag.StringVar(&s.PoolLabel, "pool-label", api.LabelNodePool, "node label that groups nodes into pools (gangs stay in one)")
 	flag.StringVar(&s.Policy, "policy", placement.DefaultPolicy, "placement policy")
 	flag.Uint64Var(&seed, "seed", 1, "seed of the placement policy's random choices")
-	flag.IntVar(&s.BindWorkers, "bind-workers", 16, "bindings in flight at once")
+	flag.IntVar(&s.BindWorkers, "bind-workers", scheduler.DefaultBindWorkers, "bindings in flight at once (as many goroutines run the other API writes)")
 	var qps float64
 	flag.Float64Var(&qps, "kube-api-qps", app.DefaultQPS, "API requests per second the coordinator's client may make (bindings, reservation pods, status); events have a client of their own with the same limit")
 	flag.IntVar(&cfg.Burst, "kube-api-burst", app.DefaultBurst, "burst of the coordinator's API client above --kube-api-qps")

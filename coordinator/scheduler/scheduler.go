@@ -51,7 +51,8 @@ type Options struct {
 	Policy string
 	// Seed seeds the placement policy's random choices.
 	Seed uint64
-	// BindWorkers is how many bindings run at once.
+	// BindWorkers is how many bindings run at once (DefaultBindWorkers);
+	// as many writer goroutines run the cycle's other API writes.
 	BindWorkers int
 	// NonPreemptiblePriority: pods at or above it are non-preemptible; nil
 	// means podrequest.DefaultNonPreemptiblePriority (0 is a threshold like
@@ -247,7 +248,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		o.Policy = placement.DefaultPolicy
 	}
 	if o.BindWorkers <= 0 {
-		o.BindWorkers = 16
+		o.BindWorkers = DefaultBindWorkers
 	}
 	if o.MaxGPUsPerPod <= 0 {
 		o.MaxGPUsPerPod = 8
@@ -553,6 +554,14 @@ func settleTaints(n *corev1.Node, now time.Time) []string {
 	}
 	return keys
 }
+
+// DefaultBindWorkers is Options.BindWorkers' default. A worker waits for
+// one request at a time, so the workers bind at most BindWorkers per
+// request latency: at 50,000 pods on a loaded API server 16 workers bound
+// 62 pods/s while the coordinator's 200 QPS budget went half used (85,440
+// requests in 800 s; docs/benchmarks.md, "Scale"), which is 0.26 s a
+// binding. With 64 the client's rate limit is the bound again.
+const DefaultBindWorkers = 64
 
 // Cycle runs one scheduling cycle.
 func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
