@@ -165,10 +165,11 @@ func (s *Scheduler) reservationsLate(w *workload, plans map[types.UID]plan, snap
 // again while the informer does not show it yet: the cycles that run
 // meanwhile see its GPU without a pod and would send a create that only
 // meets AlreadyExists (a request per reservation, thousands in a burst).
-// It was 5 s; at 50,000 pods on a loaded control plane the informer's
-// watch lags longer than that (its re-list took a minute,
-// docs/benchmarks.md, "Scale"), and the API server accepted the create, so
-// the pod exists unless something deleted it.
+// It was 5 s. The echo ends as soon as the informer shows the pod, so a
+// longer one costs nothing while the informer keeps up, and the API server
+// accepted the create, so the pod exists unless something deleted it; a
+// loaded control plane at 50,000 pods lagged by more (a re-list took a
+// minute, docs/benchmarks.md, "Scale").
 const reservationEcho = 30 * time.Second
 
 // reserveKey prefixes the writer's key of a reservation's creation.
