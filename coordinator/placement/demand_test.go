@@ -325,3 +325,70 @@ func TestChargesStartEarlierWhenCPUOnlyDemandIsLarge(t *testing.T) {
 		t.Errorf("clone's CPU demand: CPU-only %d, GPU pods %d, want 1280000 and 1240000", c.demand.cpuOnly, c.demand.gpuCPU)
 	}
 }
+
+// A k-GPU pod asking more CPU than any other model's k-GPU nodes have can
+// only use the CPU-rich model's nodes (on openb, an 8-GPU pod asking 120
+// cores fits only the 128-core G3 nodes): their last such slots are kept
+// before any such pod was seen.
+func TestChargesKeepTheOnlySlotsForCPURichMultiGPUPods(t *testing.T) {
+	onG := Request{CPUMilli: 8000, GPUs: 1, Models: []string{"G"}}
+	cpuOnly := Request{CPUMilli: 32000}
+	cluster := func(others int) *Snapshot {
+		nodes := []Node{
+			with(gpuNode("g0", "G", 8), func(n *Node) { n.CPUMilli = 128000 }),
+			with(gpuNode("g1", "G", 8), func(n *Node) { n.CPUMilli = 128000 }),
+		}
+		for i := range others { // 8,000 free milli each, model C, 96 cores
+			nodes = append(nodes, with(gpuNode(fmt.Sprintf("c%d", i), "C", 8), func(n *Node) { n.CPUMilli = 96000 }))
+		}
+		s, err := NewSnapshot(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// g1 keeps its 8 GPUs free but only 90 cores: an 8-GPU slot of G
+		// for any CPU up to 90 cores, not for more than C's 96.
+		mustAssume(t, s, &Request{CPUMilli: 38000}, Decision{Node: "g1", NodeIndex: 1})
+		s.AddDemand(&Request{CPUMilli: 8000, GPUs: 2}) // constrained demand: some charges are computed
+		return s
+	}
+	large := cluster(800)
+	if got := decide(t, large, onG); got != "g1" {
+		t.Errorf("the G-only pod goes to %s, want g1: g0 is the last node with 8 free GPUs and more than 96 cores", got)
+	}
+	if got := decide(t, large, cpuOnly); got == "g0" {
+		t.Errorf("the CPU-only pod takes the CPU of g0, the last node with 8 free GPUs and more than 96 cores")
+	}
+	small := cluster(1)
+	small.AddDemand(&Request{CPUMilli: 90000, GPUs: 8}) // π = 0.8 on the three 90-core slots: g1 and c0 are charged
+	if got := decide(t, small, cpuOnly); got != "g0" {
+		t.Errorf("on a small cluster the CPU-only pod goes to %s, want g0 (the prior is tiny there)", got)
+	}
+}
+
+func TestOnlyModelCPU(t *testing.T) {
+	types := []hostType{ // openb's largest node types per model and GPU count
+		{model: 0, gpus: 8, cpu: 96000},  // G2
+		{model: 1, gpus: 8, cpu: 128000}, // G3
+		{model: 2, gpus: 2, cpu: 104000}, // T4
+		{model: 3, gpus: 1, cpu: 128000}, // A10
+	}
+	for _, c := range []struct {
+		m, k int32
+		cpu  int64
+		ok   bool
+	}{
+		{m: 1, k: 8, cpu: 97000, ok: true},  // G3 above G2's 96 cores
+		{m: 1, k: 2, cpu: 105000, ok: true}, // G3 above T4's 104
+		{m: 1, k: 1, cpu: 129000},           // A10 has as much
+		{m: 0, k: 8, cpu: 129000},           // G3 has more
+		{m: 2, k: 2, cpu: 129000},
+	} {
+		cpu, ok := onlyModelCPU(types, c.m, c.k)
+		if ok != c.ok || ok && cpu != c.cpu {
+			t.Errorf("onlyModelCPU(model %d, k %d) = %d, %v; want %d, %v", c.m, c.k, cpu, ok, c.cpu, c.ok)
+		}
+	}
+	if _, ok := onlyModelCPU(types[1:2], 1, 8); ok {
+		t.Errorf("onlyModelCPU on one model: ok, want none (its own k-GPU slots are that class)")
+	}
+}
