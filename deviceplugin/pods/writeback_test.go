@@ -155,7 +155,7 @@ func TestWriteBack(t *testing.T) {
 		n.allocate(t, ctx, a.pod, a.res, a.count)
 	}
 
-	if err := h.writeBack(ctx); err != nil {
+	if _, err := h.writeBack(ctx); err != nil {
 		t.Fatalf("writeBack: %v", err)
 	}
 	want := map[string]map[string]string{
@@ -187,7 +187,7 @@ func TestWriteBack(t *testing.T) {
 			p.Annotations[api.AnnotationAllocatedGPU] == gpuB && r.Annotations[api.AnnotationReservedGPU] == wholeUUID(1) &&
 			w.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(0) && i.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(2)
 	})
-	if err := h.writeBack(ctx); err != nil {
+	if _, err := h.writeBack(ctx); err != nil {
 		t.Fatalf("second writeBack: %v", err)
 	}
 	if got := len(c.patches()); got != len(wantPatches) {
