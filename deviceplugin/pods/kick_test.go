@@ -156,15 +156,7 @@ func TestKickedWriteBackRetriesShortly(t *testing.T) {
 				})
 			}
 			h := NewHint(c, node, pr, WithClock(clk))
-			runCtx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- h.Run(runCtx) }()
-			t.Cleanup(func() {
-				stop()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			})
+			runHint(t, ctx, h)
 			// The first pass has run and the loop waits on its period alone.
 			eventually(t, ctx, "the loop's first pass", func() bool {
 				h.mu.Lock()
