@@ -392,3 +392,16 @@ func TestOnlyModelCPU(t *testing.T) {
 		t.Errorf("onlyModelCPU on one model: ok, want none (its own k-GPU slots are that class)")
 	}
 }
+
+// Another model's k-GPU nodes with no allocatable CPU host only k-GPU pods
+// asking no CPU: from one core, model m's nodes are the only ones left, as
+// when no other model had k GPUs with more CPU than m's.
+func TestOnlyModelCPUAgainstNodesWithoutCPU(t *testing.T) {
+	types := []hostType{{model: 0, gpus: 8, cpu: 0}, {model: 1, gpus: 8, cpu: 128000}}
+	if cpu, ok := onlyModelCPU(types, 1, 8); !ok || cpu != 1000 {
+		t.Errorf("onlyModelCPU(model 1, k 8) = %d, %v; want 1000, true (model 0's 8-GPU nodes have no CPU)", cpu, ok)
+	}
+	if _, ok := onlyModelCPU(types, 0, 8); ok {
+		t.Errorf("onlyModelCPU(model 0, k 8): ok, want none (model 1 has more CPU)")
+	}
+}
