@@ -441,7 +441,7 @@ func slotRamp(d *demandBook) (from, full float64) {
 // or when no other model has a node with k GPUs (m's own k-GPU slots, the
 // prior at cpu 0, are that class already).
 func onlyModelCPU(types []hostType, m, k int32) (cpu int64, ok bool) {
-	var mine, other int64
+	mine, other := int64(-1), int64(-1) // none yet: allocatable CPU is never negative
 	for _, ht := range types {
 		switch {
 		case ht.gpus < k:
@@ -451,7 +451,7 @@ func onlyModelCPU(types []hostType, m, k int32) (cpu int64, ok bool) {
 			other = max(other, ht.cpu)
 		}
 	}
-	return other + 1000, other > 0 && mine > other
+	return other + 1000, other >= 0 && mine > other
 }
 
 // bigger reports whether a node type of ht's model has more CPU than ht.
