@@ -405,3 +405,13 @@ func TestOnlyModelCPUAgainstNodesWithoutCPU(t *testing.T) {
 		t.Errorf("onlyModelCPU(model 0, k 8): ok, want none (model 1 has more CPU)")
 	}
 }
+
+// onlyModelCPU's one core more never wraps around: a slot query at a
+// negative CPU would count like the prior at no CPU and charge the model's
+// k-GPU slots twice.
+func TestOnlyModelCPUNeverWraps(t *testing.T) {
+	types := []hostType{{model: 0, gpus: 8, cpu: math.MaxInt64 - 1}, {model: 1, gpus: 8, cpu: math.MaxInt64}}
+	if cpu, ok := onlyModelCPU(types, 1, 8); ok && cpu <= types[0].cpu {
+		t.Errorf("onlyModelCPU(model 1, k 8) = %d, true; want more than model 0's %d or none", cpu, types[0].cpu)
+	}
+}
