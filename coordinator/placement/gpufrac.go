@@ -437,8 +437,8 @@ func slotRamp(d *demandBook) (from, full float64) {
 
 // onlyModelCPU is the CPU from which model m's nodes are the only ones able
 // to host a k-GPU request: one core more than the most any other model's
-// node with k GPUs has. ok is false when no node of m with k GPUs has more,
-// or when no other model has a node with k GPUs (m's own k-GPU slots, the
+// node with k GPUs has. ok is false when no node of m with k GPUs has that
+// much, or when no other model has a node with k GPUs (m's own k-GPU slots, the
 // prior at cpu 0, are that class already).
 func onlyModelCPU(types []hostType, m, k int32) (cpu int64, ok bool) {
 	mine, other := int64(-1), int64(-1) // none yet: allocatable CPU is never negative
@@ -451,7 +451,10 @@ func onlyModelCPU(types []hostType, m, k int32) (cpu int64, ok bool) {
 			other = max(other, ht.cpu)
 		}
 	}
-	return other + 1000, other >= 0 && mine > other
+	if other < 0 || mine-other < 1000 { // no slot of m has one core more (and other+1000 cannot wrap)
+		return 0, false
+	}
+	return other + 1000, true
 }
 
 // bigger reports whether a node type of ht's model has more CPU than ht.
