@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -413,5 +414,68 @@ func TestOnlyModelCPUNeverWraps(t *testing.T) {
 	types := []hostType{{model: 0, gpus: 8, cpu: math.MaxInt64 - 1}, {model: 1, gpus: 8, cpu: math.MaxInt64}}
 	if cpu, ok := onlyModelCPU(types, 1, 8); ok && cpu <= types[0].cpu {
 		t.Errorf("onlyModelCPU(model 1, k 8) = %d, true; want more than model 0's %d or none", cpu, types[0].cpu)
+	}
+}
+
+// The prior reads node types only, on whatever nodes the cluster has: nodes
+// with no CPU, no model, GPU counts other than powers of two, one model or
+// a thousand. Placement stays sound on each (every pod that fits lands on a
+// node it fits), with demand fed so the charges are computed.
+func TestGpufracPriorOnOddClusters(t *testing.T) {
+	many := func(n, models int, gpus func(i int) int, cpu func(i int) int64) []Node {
+		nodes := make([]Node, n)
+		for i := range nodes {
+			nodes[i] = with(gpuNode(fmt.Sprintf("n%d", i), fmt.Sprintf("M%d", i%models), gpus(i)), func(nd *Node) { nd.CPUMilli = cpu(i) })
+		}
+		return nodes
+	}
+	for _, c := range []struct {
+		name  string
+		nodes []Node
+	}{
+		{"no CPU", many(16, 2, func(int) int { return 8 }, func(i int) int64 { return int64(i%2) * 96000 })},
+		{"no CPU anywhere", many(16, 2, func(int) int { return 8 }, func(int) int64 { return 0 })},
+		{"no model", append(many(8, 2, func(int) int { return 8 }, func(int) int64 { return 96000 }),
+			with(gpuNode("bare", "", 8), func(nd *Node) { nd.CPUMilli = 256000 }))},
+		{"one model", many(16, 1, func(i int) int { return 8 }, func(i int) int64 { return 64000 + int64(i)*1000 })},
+		{"odd GPU counts", many(30, 3, func(i int) int { return []int{3, 6, 16, 5, 7}[i%5] }, func(i int) int64 { return 32000 * int64(1+i%4) })},
+		{"a thousand models", many(2000, 1000, func(i int) int { return 1 << (i % 4) }, func(i int) int64 { return 16000 + int64(i)*1000 })},
+		{"huge CPU", many(8, 2, func(int) int { return 8 }, func(i int) int64 { return math.MaxInt64 - int64(i%2) })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := NewSnapshot(c.nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := New("gpufrac", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs := []Request{
+				{CPUMilli: 120000, GPUs: 8}, {CPUMilli: 1000, GPUs: 2}, {GPUs: 4}, {CPUMilli: 500, ShareMilli: 300},
+				{CPUMilli: 32000}, {CPUMilli: 4000, GPUs: 1, Models: []string{"M1"}}, {CPUMilli: 8000, GPUs: 3},
+			}
+			for i := range reqs {
+				s.AddDemand(&reqs[i])
+			}
+			for range 3 {
+				for i := range reqs {
+					r := &reqs[i]
+					d, err := p.Place(s, r)
+					var ue *UnschedulableError
+					if errors.As(err, &ue) {
+						continue
+					}
+					if err != nil {
+						t.Fatalf("Place(%+v): %v", *r, err)
+					}
+					st := &s.nodes[d.NodeIndex]
+					if st.cpuFree < r.CPUMilli || int(st.fullFree) < r.GPUs {
+						t.Fatalf("Place(%+v) chose %s with %d free CPU and %d free GPUs", *r, d.Node, st.cpuFree, st.fullFree)
+					}
+					mustAssume(t, s, r, d)
+				}
+			}
+		})
 	}
 }
