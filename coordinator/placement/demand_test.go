@@ -479,3 +479,44 @@ func TestGpufracPriorOnOddClusters(t *testing.T) {
 		})
 	}
 }
+
+// The prior's slot queries depend on the node types only and are kept
+// across requests; a Placer moved to a snapshot with other node types must
+// decide like a fresh one. Before, the 128-core model was C (its slots from
+// 97 cores kept); now it is G, whose last 8-GPU slot with more than 96
+// cores (g0) the G-only pod must leave.
+func TestPriorFollowsTheSnapshotsNodeTypes(t *testing.T) {
+	build := func(gCPU, cCPU int64) *Snapshot {
+		nodes := []Node{
+			with(gpuNode("g0", "G", 8), func(n *Node) { n.CPUMilli = gCPU }),
+			with(gpuNode("g1", "G", 8), func(n *Node) { n.CPUMilli = gCPU }),
+		}
+		for i := range 800 {
+			nodes = append(nodes, with(gpuNode(fmt.Sprintf("c%d", i), "C", 8), func(n *Node) { n.CPUMilli = cCPU }))
+		}
+		s, err := NewSnapshot(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustAssume(t, s, &Request{CPUMilli: gCPU - 90000}, Decision{Node: "g1", NodeIndex: 1})
+		s.AddDemand(&Request{CPUMilli: 8000, GPUs: 2})
+		return s
+	}
+	onG := Request{CPUMilli: 8000, GPUs: 1, Models: []string{"G"}}
+	p, err := New("gpufrac", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := build(96000, 128000)
+	if _, err := p.Place(before, &onG); err != nil {
+		t.Fatal(err)
+	}
+	now := build(128000, 96000)
+	d, err := p.Place(now, &onG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := decide(t, now, onG); d.Node != want || want != "g1" {
+		t.Errorf("a Placer that placed on other node types first chose %s, a fresh one %s; want g1", d.Node, want)
+	}
+}
