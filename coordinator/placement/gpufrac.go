@@ -390,9 +390,10 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 // priorQueries are the prior's slots (see gpufracSlotPrior and
 // gpufracGPUPrior): every model's own k-GPU slots (cpu 0), its fully free
 // GPUs, its fully free GPUs with more CPU than each of its smaller node
-// types has (one core more), and its k-GPU slots (k = 1, 2, 4, 8) with more
-// CPU than any other model's node with k GPUs has (one core more), which
-// k-GPU pods asking that CPU can use and no other node. They depend on the
+// types has (one core more), and its k-GPU slots (k = 1, 2, 4, … up to its
+// nodes' GPUs and MaxKindGPUs) with more CPU than any other model's node
+// with k GPUs has (one core more), which k-GPU pods asking that CPU can use
+// and no other node. They depend on the
 // snapshot's node types only, so they are built once per node types (a
 // snapshot and its clones share them), not per request: on a cluster of many
 // node types (many models, or nodes whose allocatable memory differs) the
