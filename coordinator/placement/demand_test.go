@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -390,5 +391,132 @@ func TestOnlyModelCPU(t *testing.T) {
 	}
 	if _, ok := onlyModelCPU(types[1:2], 1, 8); ok {
 		t.Errorf("onlyModelCPU on one model: ok, want none (its own k-GPU slots are that class)")
+	}
+}
+
+// Another model's k-GPU nodes with no allocatable CPU host only k-GPU pods
+// asking no CPU: from one core, model m's nodes are the only ones left, as
+// when no other model had k GPUs with more CPU than m's.
+func TestOnlyModelCPUAgainstNodesWithoutCPU(t *testing.T) {
+	types := []hostType{{model: 0, gpus: 8, cpu: 0}, {model: 1, gpus: 8, cpu: 128000}}
+	if cpu, ok := onlyModelCPU(types, 1, 8); !ok || cpu != 1000 {
+		t.Errorf("onlyModelCPU(model 1, k 8) = %d, %v; want 1000, true (model 0's 8-GPU nodes have no CPU)", cpu, ok)
+	}
+	if _, ok := onlyModelCPU(types, 0, 8); ok {
+		t.Errorf("onlyModelCPU(model 0, k 8): ok, want none (model 1 has more CPU)")
+	}
+}
+
+// onlyModelCPU's one core more never wraps around: a slot query at a
+// negative CPU would count like the prior at no CPU and charge the model's
+// k-GPU slots twice.
+func TestOnlyModelCPUNeverWraps(t *testing.T) {
+	types := []hostType{{model: 0, gpus: 8, cpu: math.MaxInt64 - 1}, {model: 1, gpus: 8, cpu: math.MaxInt64}}
+	if cpu, ok := onlyModelCPU(types, 1, 8); ok && cpu <= types[0].cpu {
+		t.Errorf("onlyModelCPU(model 1, k 8) = %d, true; want more than model 0's %d or none", cpu, types[0].cpu)
+	}
+}
+
+// The prior reads node types only, on whatever nodes the cluster has: nodes
+// with no CPU, no model, GPU counts other than powers of two, one model or
+// a thousand. Placement stays sound on each (every pod that fits lands on a
+// node it fits), with demand fed so the charges are computed.
+func TestGpufracPriorOnOddClusters(t *testing.T) {
+	many := func(n, models int, gpus func(i int) int, cpu func(i int) int64) []Node {
+		nodes := make([]Node, n)
+		for i := range nodes {
+			nodes[i] = with(gpuNode(fmt.Sprintf("n%d", i), fmt.Sprintf("M%d", i%models), gpus(i)), func(nd *Node) { nd.CPUMilli = cpu(i) })
+		}
+		return nodes
+	}
+	for _, c := range []struct {
+		name  string
+		nodes []Node
+	}{
+		{"no CPU", many(16, 2, func(int) int { return 8 }, func(i int) int64 { return int64(i%2) * 96000 })},
+		{"no CPU anywhere", many(16, 2, func(int) int { return 8 }, func(int) int64 { return 0 })},
+		{"no model", append(many(8, 2, func(int) int { return 8 }, func(int) int64 { return 96000 }),
+			with(gpuNode("bare", "", 8), func(nd *Node) { nd.CPUMilli = 256000 }))},
+		{"one model", many(16, 1, func(i int) int { return 8 }, func(i int) int64 { return 64000 + int64(i)*1000 })},
+		{"odd GPU counts", many(30, 3, func(i int) int { return []int{3, 6, 16, 5, 7}[i%5] }, func(i int) int64 { return 32000 * int64(1+i%4) })},
+		{"a thousand models", many(2000, 1000, func(i int) int { return 1 << (i % 4) }, func(i int) int64 { return 16000 + int64(i)*1000 })},
+		{"huge CPU", many(8, 2, func(int) int { return 8 }, func(i int) int64 { return math.MaxInt64 - int64(i%2) })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := NewSnapshot(c.nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := New("gpufrac", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs := []Request{
+				{CPUMilli: 120000, GPUs: 8}, {CPUMilli: 1000, GPUs: 2}, {GPUs: 4}, {CPUMilli: 500, ShareMilli: 300},
+				{CPUMilli: 32000}, {CPUMilli: 4000, GPUs: 1, Models: []string{"M1"}}, {CPUMilli: 8000, GPUs: 3},
+			}
+			for i := range reqs {
+				s.AddDemand(&reqs[i])
+			}
+			for range 3 {
+				for i := range reqs {
+					r := &reqs[i]
+					d, err := p.Place(s, r)
+					var ue *UnschedulableError
+					if errors.As(err, &ue) {
+						continue
+					}
+					if err != nil {
+						t.Fatalf("Place(%+v): %v", *r, err)
+					}
+					st := &s.nodes[d.NodeIndex]
+					if st.cpuFree < r.CPUMilli || int(st.fullFree) < r.GPUs {
+						t.Fatalf("Place(%+v) chose %s with %d free CPU and %d free GPUs", *r, d.Node, st.cpuFree, st.fullFree)
+					}
+					mustAssume(t, s, r, d)
+				}
+			}
+		})
+	}
+}
+
+// The prior's slot queries depend on the node types only and are kept
+// across requests; a Placer moved to a snapshot with other node types must
+// decide like a fresh one. Before, the 128-core model was C (its slots from
+// 97 cores kept); now it is G, whose last 8-GPU slot with more than 96
+// cores (g0) the G-only pod must leave.
+func TestPriorFollowsTheSnapshotsNodeTypes(t *testing.T) {
+	build := func(gCPU, cCPU int64) *Snapshot {
+		nodes := []Node{
+			with(gpuNode("g0", "G", 8), func(n *Node) { n.CPUMilli = gCPU }),
+			with(gpuNode("g1", "G", 8), func(n *Node) { n.CPUMilli = gCPU }),
+		}
+		for i := range 800 {
+			nodes = append(nodes, with(gpuNode(fmt.Sprintf("c%d", i), "C", 8), func(n *Node) { n.CPUMilli = cCPU }))
+		}
+		s, err := NewSnapshot(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustAssume(t, s, &Request{CPUMilli: gCPU - 90000}, Decision{Node: "g1", NodeIndex: 1})
+		s.AddDemand(&Request{CPUMilli: 8000, GPUs: 2})
+		return s
+	}
+	onG := Request{CPUMilli: 8000, GPUs: 1, Models: []string{"G"}}
+	p, err := New("gpufrac", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := build(96000, 128000)
+	if _, err := p.Place(before, &onG); err != nil {
+		t.Fatal(err)
+	}
+	now := build(128000, 96000)
+	d, err := p.Place(now, &onG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := decide(t, now, onG); d.Node != want || want != "g1" {
+		t.Errorf("a Placer that placed on other node types first chose %s, a fresh one %s; want g1", d.Node, want)
 	}
 }
