@@ -38,6 +38,15 @@ func filledCluster(b *testing.B, n int) *Snapshot {
 
 // filledClusterOf is filledCluster with node i of model model(i).
 func filledClusterOf(b *testing.B, n int, model func(i int) string) *Snapshot {
+	s, err := NewSnapshot(filledNodes(n, model))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// filledNodes are filledClusterOf's nodes.
+func filledNodes(n int, model func(i int) string) []Node {
 	rng := rand.New(rand.NewPCG(uint64(n), 42))
 	nodes := make([]Node, n)
 	for i := range nodes {
@@ -50,11 +59,7 @@ func filledClusterOf(b *testing.B, n int, model func(i int) string) *Snapshot {
 		}
 		nodes[i] = nd
 	}
-	s, err := NewSnapshot(nodes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return s
+	return nodes
 }
 
 // BenchmarkPlace measures decisions per second on a partly filled cluster:
@@ -159,6 +164,43 @@ func BenchmarkPlaceWithDemand(b *testing.B) {
 			s := filledClusterOf(b, n, func(i int) string { return []string{"G2", "G2", "G2", "G2", "G2", "G2", "T4"}[i%7] })
 			for i := range mix {
 				s.AddDemand(&mix[i]) // what runs already
+			}
+			p, err := New("gpufrac", Options{Typical: typical})
+			if err != nil {
+				b.Fatal(err)
+			}
+			placeLoop(b, s, p, mix, true)
+		})
+	}
+}
+
+// BenchmarkPlaceManyNodeTypes is BenchmarkPlaceWithDemand on 5,000 nodes
+// whose node types (model, GPUs, CPU, memory) are many: a thousand models,
+// or four models whose nodes' allocatable memory differs by a few MiB from
+// node to node, as kubelets report it. gpufrac's prior reads the node
+// types on every decision that has charges.
+func BenchmarkPlaceManyNodeTypes(b *testing.B) {
+	mix := benchMix()
+	typical := TypicalFromRequests(mix, 0.95)
+	for _, c := range []struct {
+		name  string
+		model func(i int) string
+		mem   func(i int) int64
+	}{
+		{"1000models", func(i int) string { return fmt.Sprintf("M%03d", i%1000) }, func(int) int64 { return 384 * gib }},
+		{"4models-mem-per-node", func(i int) string { return []string{"G2", "G3", "T4", "A10"}[i%4] }, func(i int) int64 { return 384*gib - int64(i)*(1<<20) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			nodes := filledNodes(5000, c.model)
+			for i := range nodes {
+				nodes[i].MemoryBytes = c.mem(i)
+			}
+			s, err := NewSnapshot(nodes)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range mix {
+				s.AddDemand(&mix[i])
 			}
 			p, err := New("gpufrac", Options{Typical: typical})
 			if err != nil {

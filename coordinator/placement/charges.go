@@ -21,6 +21,12 @@ type charges struct {
 	// queries is slotCharges' scratch; models holds one-model lists.
 	queries []slotQuery
 	models  [][]int32
+	// prior caches the prior's slot queries (priorQueries) for the node
+	// types at priorOf, priorLen long (a snapshot's htypes, never written
+	// after NewSnapshot).
+	prior    []slotQuery
+	priorOf  *hostType
+	priorLen int
 	// counts keeps the slot counts of the queries and the usable free
 	// milli across requests, node by node.
 	counts slotCounts

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -323,5 +324,199 @@ func TestChargesStartEarlierWhenCPUOnlyDemandIsLarge(t *testing.T) {
 	}
 	if c := many.Clone(); c.demand.cpuOnly != 1280000 || c.demand.gpuCPU != 1240000 {
 		t.Errorf("clone's CPU demand: CPU-only %d, GPU pods %d, want 1280000 and 1240000", c.demand.cpuOnly, c.demand.gpuCPU)
+	}
+}
+
+// A k-GPU pod asking more CPU than any other model's k-GPU nodes have can
+// only use the CPU-rich model's nodes (on openb, an 8-GPU pod asking 120
+// cores fits only the 128-core G3 nodes): their last such slots are kept
+// before any such pod was seen.
+func TestChargesKeepTheOnlySlotsForCPURichMultiGPUPods(t *testing.T) {
+	onG := Request{CPUMilli: 8000, GPUs: 1, Models: []string{"G"}}
+	cpuOnly := Request{CPUMilli: 32000}
+	cluster := func(others int) *Snapshot {
+		nodes := []Node{
+			with(gpuNode("g0", "G", 8), func(n *Node) { n.CPUMilli = 128000 }),
+			with(gpuNode("g1", "G", 8), func(n *Node) { n.CPUMilli = 128000 }),
+		}
+		for i := range others { // 8,000 free milli each, model C, 96 cores
+			nodes = append(nodes, with(gpuNode(fmt.Sprintf("c%d", i), "C", 8), func(n *Node) { n.CPUMilli = 96000 }))
+		}
+		s, err := NewSnapshot(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// g1 keeps its 8 GPUs free but only 90 cores: an 8-GPU slot of G
+		// for any CPU up to 90 cores, not for more than C's 96.
+		mustAssume(t, s, &Request{CPUMilli: 38000}, Decision{Node: "g1", NodeIndex: 1})
+		s.AddDemand(&Request{CPUMilli: 8000, GPUs: 2}) // constrained demand: some charges are computed
+		return s
+	}
+	large := cluster(800)
+	if got := decide(t, large, onG); got != "g1" {
+		t.Errorf("the G-only pod goes to %s, want g1: g0 is the last node with 8 free GPUs and more than 96 cores", got)
+	}
+	if got := decide(t, large, cpuOnly); got == "g0" {
+		t.Errorf("the CPU-only pod takes the CPU of g0, the last node with 8 free GPUs and more than 96 cores")
+	}
+	small := cluster(1)
+	small.AddDemand(&Request{CPUMilli: 90000, GPUs: 8}) // π = 0.8 on the three 90-core slots: g1 and c0 are charged
+	if got := decide(t, small, cpuOnly); got != "g0" {
+		t.Errorf("on a small cluster the CPU-only pod goes to %s, want g0 (the prior is tiny there)", got)
+	}
+}
+
+func TestOnlyModelCPU(t *testing.T) {
+	types := []hostType{ // openb's largest node types per model and GPU count
+		{model: 0, gpus: 8, cpu: 96000},  // G2
+		{model: 1, gpus: 8, cpu: 128000}, // G3
+		{model: 2, gpus: 2, cpu: 104000}, // T4
+		{model: 3, gpus: 1, cpu: 128000}, // A10
+	}
+	for _, c := range []struct {
+		m, k int32
+		cpu  int64
+		ok   bool
+	}{
+		{m: 1, k: 8, cpu: 97000, ok: true},  // G3 above G2's 96 cores
+		{m: 1, k: 2, cpu: 105000, ok: true}, // G3 above T4's 104
+		{m: 1, k: 1, cpu: 129000},           // A10 has as much
+		{m: 0, k: 8, cpu: 129000},           // G3 has more
+		{m: 2, k: 2, cpu: 129000},
+	} {
+		cpu, ok := onlyModelCPU(types, c.m, c.k)
+		if ok != c.ok || ok && cpu != c.cpu {
+			t.Errorf("onlyModelCPU(model %d, k %d) = %d, %v; want %d, %v", c.m, c.k, cpu, ok, c.cpu, c.ok)
+		}
+	}
+	if _, ok := onlyModelCPU(types[1:2], 1, 8); ok {
+		t.Errorf("onlyModelCPU on one model: ok, want none (its own k-GPU slots are that class)")
+	}
+}
+
+// Another model's k-GPU nodes with no allocatable CPU host only k-GPU pods
+// asking no CPU: from one core, model m's nodes are the only ones left, as
+// when no other model had k GPUs with more CPU than m's.
+func TestOnlyModelCPUAgainstNodesWithoutCPU(t *testing.T) {
+	types := []hostType{{model: 0, gpus: 8, cpu: 0}, {model: 1, gpus: 8, cpu: 128000}}
+	if cpu, ok := onlyModelCPU(types, 1, 8); !ok || cpu != 1000 {
+		t.Errorf("onlyModelCPU(model 1, k 8) = %d, %v; want 1000, true (model 0's 8-GPU nodes have no CPU)", cpu, ok)
+	}
+	if _, ok := onlyModelCPU(types, 0, 8); ok {
+		t.Errorf("onlyModelCPU(model 0, k 8): ok, want none (model 1 has more CPU)")
+	}
+}
+
+// onlyModelCPU's one core more never wraps around: a slot query at a
+// negative CPU would count like the prior at no CPU and charge the model's
+// k-GPU slots twice.
+func TestOnlyModelCPUNeverWraps(t *testing.T) {
+	types := []hostType{{model: 0, gpus: 8, cpu: math.MaxInt64 - 1}, {model: 1, gpus: 8, cpu: math.MaxInt64}}
+	if cpu, ok := onlyModelCPU(types, 1, 8); ok && cpu <= types[0].cpu {
+		t.Errorf("onlyModelCPU(model 1, k 8) = %d, true; want more than model 0's %d or none", cpu, types[0].cpu)
+	}
+}
+
+// The prior reads node types only, on whatever nodes the cluster has: nodes
+// with no CPU, no model, GPU counts other than powers of two, one model or
+// a thousand. Placement stays sound on each (every pod that fits lands on a
+// node it fits), with demand fed so the charges are computed.
+func TestGpufracPriorOnOddClusters(t *testing.T) {
+	many := func(n, models int, gpus func(i int) int, cpu func(i int) int64) []Node {
+		nodes := make([]Node, n)
+		for i := range nodes {
+			nodes[i] = with(gpuNode(fmt.Sprintf("n%d", i), fmt.Sprintf("M%d", i%models), gpus(i)), func(nd *Node) { nd.CPUMilli = cpu(i) })
+		}
+		return nodes
+	}
+	for _, c := range []struct {
+		name  string
+		nodes []Node
+	}{
+		{"no CPU", many(16, 2, func(int) int { return 8 }, func(i int) int64 { return int64(i%2) * 96000 })},
+		{"no CPU anywhere", many(16, 2, func(int) int { return 8 }, func(int) int64 { return 0 })},
+		{"no model", append(many(8, 2, func(int) int { return 8 }, func(int) int64 { return 96000 }),
+			with(gpuNode("bare", "", 8), func(nd *Node) { nd.CPUMilli = 256000 }))},
+		{"one model", many(16, 1, func(i int) int { return 8 }, func(i int) int64 { return 64000 + int64(i)*1000 })},
+		{"odd GPU counts", many(30, 3, func(i int) int { return []int{3, 6, 16, 5, 7}[i%5] }, func(i int) int64 { return 32000 * int64(1+i%4) })},
+		{"a thousand models", many(2000, 1000, func(i int) int { return 1 << (i % 4) }, func(i int) int64 { return 16000 + int64(i)*1000 })},
+		{"huge CPU", many(8, 2, func(int) int { return 8 }, func(i int) int64 { return math.MaxInt64 - int64(i%2) })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := NewSnapshot(c.nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := New("gpufrac", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs := []Request{
+				{CPUMilli: 120000, GPUs: 8}, {CPUMilli: 1000, GPUs: 2}, {GPUs: 4}, {CPUMilli: 500, ShareMilli: 300},
+				{CPUMilli: 32000}, {CPUMilli: 4000, GPUs: 1, Models: []string{"M1"}}, {CPUMilli: 8000, GPUs: 3},
+			}
+			for i := range reqs {
+				s.AddDemand(&reqs[i])
+			}
+			for range 3 {
+				for i := range reqs {
+					r := &reqs[i]
+					d, err := p.Place(s, r)
+					var ue *UnschedulableError
+					if errors.As(err, &ue) {
+						continue
+					}
+					if err != nil {
+						t.Fatalf("Place(%+v): %v", *r, err)
+					}
+					st := &s.nodes[d.NodeIndex]
+					if st.cpuFree < r.CPUMilli || int(st.fullFree) < r.GPUs {
+						t.Fatalf("Place(%+v) chose %s with %d free CPU and %d free GPUs", *r, d.Node, st.cpuFree, st.fullFree)
+					}
+					mustAssume(t, s, r, d)
+				}
+			}
+		})
+	}
+}
+
+// The prior's slot queries depend on the node types only and are kept
+// across requests; a Placer moved to a snapshot with other node types must
+// decide like a fresh one. Before, the 128-core model was C (its slots from
+// 97 cores kept); now it is G, whose last 8-GPU slot with more than 96
+// cores (g0) the G-only pod must leave.
+func TestPriorFollowsTheSnapshotsNodeTypes(t *testing.T) {
+	build := func(gCPU, cCPU int64) *Snapshot {
+		nodes := []Node{
+			with(gpuNode("g0", "G", 8), func(n *Node) { n.CPUMilli = gCPU }),
+			with(gpuNode("g1", "G", 8), func(n *Node) { n.CPUMilli = gCPU }),
+		}
+		for i := range 800 {
+			nodes = append(nodes, with(gpuNode(fmt.Sprintf("c%d", i), "C", 8), func(n *Node) { n.CPUMilli = cCPU }))
+		}
+		s, err := NewSnapshot(nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustAssume(t, s, &Request{CPUMilli: gCPU - 90000}, Decision{Node: "g1", NodeIndex: 1})
+		s.AddDemand(&Request{CPUMilli: 8000, GPUs: 2})
+		return s
+	}
+	onG := Request{CPUMilli: 8000, GPUs: 1, Models: []string{"G"}}
+	p, err := New("gpufrac", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := build(96000, 128000)
+	if _, err := p.Place(before, &onG); err != nil {
+		t.Fatal(err)
+	}
+	now := build(128000, 96000)
+	d, err := p.Place(now, &onG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := decide(t, now, onG); d.Node != want || want != "g1" {
+		t.Errorf("a Placer that placed on other node types first chose %s, a fresh one %s; want g1", d.Node, want)
 	}
 }

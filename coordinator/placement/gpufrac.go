@@ -65,7 +65,13 @@ const (
 	// 8-GPU V100M16 nodes can host) often comes before its demand can
 	// raise any pressure, and found every slot of its model taken. On a
 	// small cluster F is small, and the prior is too: it never outweighs
-	// demand that was seen.
+	// demand that was seen. The same share is assumed, separately, for
+	// k-GPU pods asking more CPU than any other model's nodes with k GPUs
+	// have (onlyModelCPU): on openb only the 39 128-core G3 nodes host an
+	// 8-GPU pod asking 97–128 cores, and on cpuonly=0.5 one asking 120
+	// found no such G3 slot left at x = 46.9 where FGD placed it, the one
+	// pod that kept gpufrac below FGD there (docs/benchmarks.md, "Fifth
+	// pass").
 	gpufracSlotPrior = 0.002
 	// gpufracGPUPrior is the same prior for one-GPU pods (a share or one
 	// whole GPU) that only one model can host: each model's last fully free
@@ -250,8 +256,10 @@ func (gpufracPolicy) usesMemory() bool { return true }
 //     (slotCharges). Charges start at π = 0.3, or lower where CPU-only pods
 //     ask much of the CPU (slotRamp).
 //   - Prior: whether or not any was seen, a few k-GPU pods that only one
-//     model can host are expected, so each model's last k-GPU slots are
-//     charged (gpufracSlotPrior).
+//     model can host are expected, by their model list or by the CPU they
+//     ask, so each model's last k-GPU slots are charged, and its last
+//     k-GPU slots with more CPU than other models' nodes have
+//     (gpufracSlotPrior).
 //
 // A request that can only go to one model pays the same everywhere it can
 // go, so the charges only steer the requests that have a choice. Without
@@ -323,32 +331,7 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 		add(d.sets[i].models, &d.sets[i].multiCPU)
 	}
 	nq := len(qs)
-	// The prior: every model's own k-GPU slots (cpu 0), its fully free
-	// GPUs, and its fully free GPUs with more CPU than each of its smaller
-	// node types has (one core more).
-	for m := range s.models {
-		var most int32
-		first := len(qs)
-		for _, ht := range s.htypes {
-			if ht.model != int32(m) {
-				continue
-			}
-			most = max(most, ht.gpus)
-			if !bigger(s.htypes, ht) {
-				continue // the largest: no pod is too big for it alone
-			}
-			cpu := ht.cpu + 1000
-			if !slices.ContainsFunc(qs[first:], func(q slotQuery) bool { return q.cpu == cpu }) {
-				qs = append(qs, slotQuery{models: c.model(m), k: 1, cpu: cpu})
-			}
-		}
-		if most > 0 {
-			qs = append(qs, slotQuery{models: c.model(m), k: 1})
-		}
-		for k := int32(2); k <= most && k <= MaxKindGPUs; k *= 2 {
-			qs = append(qs, slotQuery{models: c.model(m), k: k})
-		}
-	}
+	qs = append(qs, c.priorQueries(s)...)
 	c.queries = qs
 	if len(qs) == 0 {
 		return false
@@ -404,6 +387,58 @@ func (g gpufracPolicy) slotCharges(s *Snapshot, c *charges) bool {
 	return any
 }
 
+// priorQueries are the prior's slots (see gpufracSlotPrior and
+// gpufracGPUPrior): every model's own k-GPU slots (cpu 0), its fully free
+// GPUs, its fully free GPUs with more CPU than each of its smaller node
+// types has (one core more), and its k-GPU slots (k = 1, 2, 4, … up to its
+// nodes' GPUs and MaxKindGPUs) with more CPU than any other model's node
+// with k GPUs has (one core more), which k-GPU pods asking that CPU can use
+// and no other node. They depend on the
+// snapshot's node types only, so they are built once per node types (a
+// snapshot and its clones share them), not per request: on a cluster of many
+// node types (many models, or nodes whose allocatable memory differs) the
+// build is O(types²).
+func (c *charges) priorQueries(s *Snapshot) []slotQuery {
+	if len(s.htypes) == 0 {
+		return nil
+	}
+	if c.priorOf == &s.htypes[0] && c.priorLen == len(s.htypes) {
+		return c.prior
+	}
+	qs := c.prior[:0]
+	for m := range s.models {
+		var most int32
+		first := len(qs)
+		for _, ht := range s.htypes {
+			if ht.model != int32(m) {
+				continue
+			}
+			most = max(most, ht.gpus)
+			if !bigger(s.htypes, ht) {
+				continue // the largest: no pod is too big for it alone
+			}
+			cpu := ht.cpu + 1000
+			if !slices.ContainsFunc(qs[first:], func(q slotQuery) bool { return q.cpu == cpu }) {
+				qs = append(qs, slotQuery{models: c.model(m), k: 1, cpu: cpu})
+			}
+		}
+		if most > 0 {
+			qs = append(qs, slotQuery{models: c.model(m), k: 1})
+		}
+		for k := int32(1); k <= most && k <= MaxKindGPUs; k *= 2 {
+			if k > 1 {
+				qs = append(qs, slotQuery{models: c.model(m), k: k})
+			}
+			cpu, ok := onlyModelCPU(s.htypes, int32(m), k)
+			if ok && !slices.ContainsFunc(qs[first:], func(q slotQuery) bool { return q.k == k && q.cpu == cpu }) {
+				qs = append(qs, slotQuery{models: c.model(m), k: k, cpu: cpu})
+			}
+		}
+	}
+	c.prior, c.priorOf, c.priorLen = qs, &s.htypes[0], len(s.htypes)
+	return qs
+}
+
 // slotRamp is where the slot charges start (from) and where they are full
 // (full), by the CPU-only share of the CPU demand seen so far: (0.3, 1) up
 // to gpufracCPUOnlyShareFrom, (0.1, 2) from gpufracCPUOnlyShareFull, linear
@@ -417,6 +452,28 @@ func slotRamp(d *demandBook) (from, full float64) {
 	from = gpufracSlotPressureFrom + f*(gpufracSlotPressureFromCPU-gpufracSlotPressureFrom)
 	full = gpufracPressureFull + f*(gpufracSlotPressureFullCPU-gpufracPressureFull)
 	return from, full
+}
+
+// onlyModelCPU is the CPU from which model m's nodes are the only ones able
+// to host a k-GPU request: one core more than the most any other model's
+// node with k GPUs has. ok is false when no node of m with k GPUs has that
+// much, or when no other model has a node with k GPUs (m's own k-GPU slots, the
+// prior at cpu 0, are that class already).
+func onlyModelCPU(types []hostType, m, k int32) (cpu int64, ok bool) {
+	mine, other := int64(-1), int64(-1) // none yet: allocatable CPU is never negative
+	for _, ht := range types {
+		switch {
+		case ht.gpus < k:
+		case ht.model == m:
+			mine = max(mine, ht.cpu)
+		default:
+			other = max(other, ht.cpu)
+		}
+	}
+	if other < 0 || mine-other < 1000 { // no slot of m has one core more (and other+1000 cannot wrap)
+		return 0, false
+	}
+	return other + 1000, true
 }
 
 // bigger reports whether a node type of ht's model has more CPU than ht.

@@ -73,7 +73,7 @@ func benchPreferredWithHint(b *testing.B, fresh bool) {
 	for _, p := range all[:40] {
 		n.allocate(b, ctx, p, api.ResourceFraction, 10)
 	}
-	if err := h.writeBack(ctx); err != nil {
+	if _, err := h.writeBack(ctx); err != nil {
 		b.Fatal(err)
 	}
 

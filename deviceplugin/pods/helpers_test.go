@@ -264,3 +264,18 @@ func shortDir(t testing.TB) string {
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
+
+// runHint runs h (informer and write-back loop) until the test ends, and
+// fails the test if Run returns an error.
+func runHint(t *testing.T, ctx context.Context, h *Hint) {
+	t.Helper()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- h.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}

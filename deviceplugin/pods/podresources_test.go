@@ -119,20 +119,40 @@ func TestIsReservation(t *testing.T) {
 	}
 }
 
-// fakeLister serves a fixed PodResources List answer and counts calls.
+// fakeLister serves a PodResources List answer (resp, or the one set by
+// SetResp) and counts calls; FailNext fails the next call once.
 type fakeLister struct {
 	podresourcesapi.UnimplementedPodResourcesListerServer
 	resp *podresourcesapi.ListPodResourcesResponse
 
-	mu    sync.Mutex
-	calls int
+	mu      sync.Mutex
+	calls   int
+	nextErr error
 }
 
 func (f *fakeLister) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	if err := f.nextErr; err != nil {
+		f.nextErr = nil
+		return nil, err
+	}
 	return f.resp, nil
+}
+
+// SetResp changes the answer of later calls.
+func (f *fakeLister) SetResp(resp *podresourcesapi.ListPodResourcesResponse) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resp = resp
+}
+
+// FailNext makes the next call fail with err.
+func (f *fakeLister) FailNext(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextErr = err
 }
 
 func (f *fakeLister) Calls() int {

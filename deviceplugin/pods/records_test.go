@@ -120,7 +120,7 @@ func TestAnswersFollowTheKubelet(t *testing.T) {
 	// PodResources says the young pod holds gpuB: the answer moves to it,
 	// and the old pod waits again, still for gpuA's slot (interchangeable).
 	n.allocate(t, ctx, young, api.ResourceFraction, 30)
-	if err := h.writeBack(ctx); err != nil {
+	if _, err := h.writeBack(ctx); err != nil {
 		t.Fatal(err)
 	}
 	want = map[string]slotView{"old/main": {"waiting", ""}, "young/main": {"admitted", gpuB}}

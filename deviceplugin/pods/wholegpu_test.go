@@ -110,7 +110,7 @@ func TestWriteBackWholeGPUs(t *testing.T) {
 				}
 			}
 
-			if err := h.writeBack(ctx); err != nil {
+			if _, err := h.writeBack(ctx); err != nil {
 				t.Fatalf("writeBack: %v", err)
 			}
 			got := c.annotations(t)

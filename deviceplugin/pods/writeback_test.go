@@ -155,7 +155,7 @@ func TestWriteBack(t *testing.T) {
 		n.allocate(t, ctx, a.pod, a.res, a.count)
 	}
 
-	if err := h.writeBack(ctx); err != nil {
+	if _, err := h.writeBack(ctx); err != nil {
 		t.Fatalf("writeBack: %v", err)
 	}
 	want := map[string]map[string]string{
@@ -187,7 +187,7 @@ func TestWriteBack(t *testing.T) {
 			p.Annotations[api.AnnotationAllocatedGPU] == gpuB && r.Annotations[api.AnnotationReservedGPU] == wholeUUID(1) &&
 			w.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(0) && i.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(2)
 	})
-	if err := h.writeBack(ctx); err != nil {
+	if _, err := h.writeBack(ctx); err != nil {
 		t.Fatalf("second writeBack: %v", err)
 	}
 	if got := len(c.patches()); got != len(wantPatches) {
@@ -205,15 +205,7 @@ func TestRunWritesBackWhenAllocated(t *testing.T) {
 	c := newFakeClient(p)
 	h := NewHint(c, node, n.podRes)
 	h.resync = time.Hour // only a kick can run the loop again
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- h.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runHint(t, ctx, h)
 	eventually(t, ctx, "the informer to sync", h.HasSynced)
 
 	ids := n.allocate(t, ctx, p, api.ResourceFraction, 40)
@@ -257,15 +249,7 @@ func TestAdmissionOrderDoesNotMatter(t *testing.T) {
 			}
 			c := newFakeClient(pods["old"], pods["young"])
 			h := NewHint(c, node, n.podRes)
-			runCtx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- h.Run(runCtx) }()
-			t.Cleanup(func() {
-				stop()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			})
+			runHint(t, ctx, h)
 			eventually(t, ctx, "the informer to sync", h.HasSynced)
 
 			frac := resource.NewFraction(resource.FractionOptions{GPUs: gpus, Usage: n.podRes, Hint: h})

@@ -134,7 +134,9 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	var out []Resource
 	if len(whole) > 0 {
 		rh, _ := d.Hint.(ReservationHint)
-		out = append(out, NewWhole(WholeOptions{GPUs: whole, Topology: d.Topology, Health: d.Health, Usage: d.Usage, Strategy: d.Strategy, Reservations: rh}))
+		ar, _ := d.Hint.(AllocationRecorder)
+		out = append(out, NewWhole(WholeOptions{GPUs: whole, Topology: d.Topology, Health: d.Health, Usage: d.Usage, Strategy: d.Strategy,
+			Reservations: rh, Allocations: ar}))
 	}
 	if len(frac) > 0 {
 		out = append(out, NewFraction(FractionOptions{GPUs: frac, Health: d.Health, Usage: d.Usage, Hint: d.Hint, Strategy: d.Strategy}))
@@ -199,7 +201,13 @@ func buildMIG(strategy string, migGPUs []migGPU, all []nvidia.GPU, d Deps) ([]Re
 		return nil, nil
 	}
 	newMIG := func(name string, devs []mig.Device) (Resource, error) {
-		return NewMIG(MIGOptions{Name: name, Devices: devs, GPUs: all, Health: d.Health, Strategy: d.Strategy, CapsFile: d.MIGCapsFile})
+		o := MIGOptions{Name: name, Devices: devs, GPUs: all, Health: d.Health, Strategy: d.Strategy, CapsFile: d.MIGCapsFile}
+		if name == api.ResourceGPU {
+			// The single strategy: the write-back reports nvidia.com/gpu
+			// devices, MIG ones included (mixed profiles it does not).
+			o.Allocations, _ = d.Hint.(AllocationRecorder)
+		}
+		return NewMIG(o)
 	}
 	switch strategy {
 	case config.MIGStrategySingle:

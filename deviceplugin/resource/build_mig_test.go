@@ -292,3 +292,78 @@ func TestBuildLeavesLayoutCheckToTheManagerWhileProfilesNeedMIG(t *testing.T) {
 		t.Errorf("resources (-want +got):\n%s", diff)
 	}
 }
+
+// recordingHint is a PodHint and AllocationRecorder that records the
+// devices it is told of.
+type recordingHint struct {
+	fakeHint
+	devices [][]string
+}
+
+func (h *recordingHint) DevicesAllocated(_ context.Context, ids []string) {
+	h.devices = append(h.devices, ids)
+}
+
+// TestBuildTellsAllocationsToTheRecorder checks that the resources whose
+// allocations gpufrac-node writes back on pods (whole GPUs, MIG devices in
+// the single strategy) tell the hint of each allocation given, so the
+// write-back runs at once, and that MIG profiles of the mixed strategy
+// (not written back) and refused allocations do not.
+func TestBuildTellsAllocationsToTheRecorder(t *testing.T) {
+	tests := []struct {
+		name     string
+		strategy string
+		mode     config.Mode
+		usage    fakeUsage
+		resource string
+		want     int // allocations told
+		wantErr  error
+	}{
+		{name: "whole GPU", strategy: config.MIGStrategySingle, mode: config.ModeFraction, resource: api.ResourceGPU, want: 1},
+		{name: "whole GPU refused: it carries fractions", strategy: config.MIGStrategySingle, mode: config.ModeFraction,
+			usage: fakeUsage{}, resource: api.ResourceGPU, wantErr: ErrShared},
+		{name: "MIG device, single strategy", strategy: config.MIGStrategySingle, mode: config.ModeMIG, resource: api.ResourceGPU, want: 1},
+		{name: "MIG device, mixed strategy", strategy: config.MIGStrategyMixed, mode: config.ModeMIG, resource: mig.ResourceName("1g.10gb")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newMockNode(t, "dgxa100")
+			layouts := map[int]string{}
+			if tt.mode == config.ModeMIG {
+				for i := range n.gpus {
+					layouts[i] = "all-1g.10gb"
+				}
+			}
+			np := n.policy(tt.strategy, modes(len(n.gpus), tt.mode), layouts)
+			n.apply(np)
+			usage := tt.usage
+			if usage != nil {
+				usage[n.gpus[0].UUID] = GPUUsage{Units: 30}
+			}
+			h := &recordingHint{}
+			res, err := Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: n.lib, Usage: usage, Hint: h, Strategy: StrategyCDI})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r Resource
+			for _, x := range res {
+				if x.Name() == tt.resource {
+					r = x
+				}
+			}
+			if r == nil {
+				t.Fatalf("no resource %s among %v", tt.resource, counts(res))
+			}
+			id := r.Devices()[0].ID
+			if _, err := r.Allocate(n.ctx, []string{id}); !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Allocate(%s) error = %v, want %v", id, err, tt.wantErr)
+			}
+			if len(h.devices) != tt.want {
+				t.Errorf("allocations told = %v, want %d", h.devices, tt.want)
+			}
+			if len(h.devices) > 0 && !cmp.Equal(h.devices[0], []string{id}) {
+				t.Errorf("devices told = %v, want [%s]", h.devices[0], id)
+			}
+		})
+	}
+}

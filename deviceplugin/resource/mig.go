@@ -32,6 +32,7 @@ type MIG struct {
 	health   HealthFunc
 	strategy DeviceListStrategy
 	capsFile string
+	allocs   AllocationRecorder
 }
 
 var _ Resource = (*MIG)(nil)
@@ -51,6 +52,9 @@ type MIGOptions struct {
 	Strategy DeviceListStrategy
 	// CapsFile defaults to DefaultMIGCapsFile.
 	CapsFile string
+	// Allocations, when set, is told of every allocation (Build sets it in
+	// the single strategy, whose devices the write-back reports).
+	Allocations AllocationRecorder
 }
 
 // NewMIG builds a MIG resource. Devices whose parent is not among the GPUs
@@ -63,6 +67,7 @@ func NewMIG(o MIGOptions) (*MIG, error) {
 		health:   o.Health,
 		strategy: o.Strategy,
 		capsFile: o.CapsFile,
+		allocs:   o.Allocations,
 	}
 	if r.health == nil {
 		r.health = AllHealthy
@@ -159,8 +164,9 @@ func (r *MIG) Preferred(_ context.Context, available, mustInclude []string, size
 }
 
 // Allocate implements Resource: access to the MIG devices, no memory limit
-// (the hardware isolates MIG memory).
-func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+// (the hardware isolates MIG memory). An allocation given is told to the
+// AllocationRecorder.
+func (r *MIG) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	devs := make([]mig.Device, 0, len(ids))
 	for _, id := range ids {
 		i, ok := r.byID[id]
@@ -169,7 +175,14 @@ func (r *MIG) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAll
 		}
 		devs = append(devs, r.devs[i])
 	}
-	return MIGResponse(r.strategy, devs, r.parents, r.capsFile)
+	resp, err := MIGResponse(r.strategy, devs, r.parents, r.capsFile)
+	if err != nil {
+		return nil, err
+	}
+	if r.allocs != nil {
+		r.allocs.DevicesAllocated(ctx, ids)
+	}
+	return resp, nil
 }
 
 // MIGResponse is the answer for a container holding MIG devices: access to

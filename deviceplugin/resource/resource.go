@@ -139,6 +139,18 @@ type PodHint interface {
 	Allocated(ctx context.Context, uuid string, units int)
 }
 
+// AllocationRecorder is told of each allocation of devices whose holder
+// gpufrac-node writes on the pod (gpufrac.io/reserved-gpu on reservation
+// pods, gpufrac.io/allocated-gpu on others): whole GPUs, and MIG devices
+// served as nvidia.com/gpu in the single strategy. The write-back then runs
+// at once and again shortly after, instead of on its next period: the
+// coordinator binds fractions to a new GPU only once its reservation's
+// reserved-gpu is written.
+type AllocationRecorder interface {
+	// DevicesAllocated records that device IDs ids were given to a container.
+	DevicesAllocated(ctx context.Context, ids []string)
+}
+
 // DeviceListStrategy is how Allocate passes GPUs to the container runtime.
 type DeviceListStrategy string
 

@@ -21,6 +21,7 @@ type Whole struct {
 	policy  gpuallocator.Policy
 	usage   UsageSource
 	reserve ReservationHint
+	allocs  AllocationRecorder
 }
 
 var _ Resource = (*Whole)(nil)
@@ -43,6 +44,9 @@ type WholeOptions struct {
 	// Reservations, when set, names the GPU the coordinator wants for the
 	// next reservation pod, so a one-GPU request gets that GPU.
 	Reservations ReservationHint
+	// Allocations, when set, is told of every allocation, so the pod gets
+	// the GPUs it holds written back at once.
+	Allocations AllocationRecorder
 }
 
 // ReservationHint finds the GPU the coordinator asked for in a reservation
@@ -69,6 +73,7 @@ func NewWhole(o WholeOptions) *Whole {
 		policy:  gpuallocator.NewBestEffortPolicy(),
 		usage:   o.Usage,
 		reserve: o.Reservations,
+		allocs:  o.Allocations,
 	}
 	if w.name == "" {
 		w.name = api.ResourceGPU
@@ -193,7 +198,8 @@ func (w *Whole) pick(available, mustInclude []string, size int) ([]string, error
 // Allocate implements Resource. It refuses a GPU that carries fraction
 // units or replicas of other pods (whatever chose it), except to a
 // reservation pod asking for exactly that GPU (ReservationOnly), and any GPU
-// while the kubelet's allocations are unknown.
+// while the kubelet's allocations are unknown. An allocation given is told
+// to the AllocationRecorder.
 func (w *Whole) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	gs := make([]nvidia.GPU, 0, len(ids))
 	for _, id := range ids {
@@ -218,7 +224,11 @@ func (w *Whole) Allocate(ctx context.Context, ids []string) (*pluginapi.Containe
 		}
 		return nil, fmt.Errorf("allocating whole GPU %s: %w", id, sharedError(u))
 	}
-	return WholeResponse(w.strategy, gs), nil
+	resp := WholeResponse(w.strategy, gs)
+	if w.allocs != nil {
+		w.allocs.DevicesAllocated(ctx, ids)
+	}
+	return resp, nil
 }
 
 // WholeResponse is the answer for a container holding gpus whole: access to
