@@ -230,3 +230,49 @@ func TestReservationCreatedNotShownTakesAGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestReservationSaysWhetherItsNodeRunsGPUWork: NodeIdle is true only when
+// nothing but reservations uses the node's GPUs - not a fraction on
+// another reservation, a whole-GPU pod, a pod assumed there, or a MIG
+// device - so the reservation manager can let the node go sooner.
+func TestReservationSaysWhetherItsNodeRunsGPUWork(t *testing.T) {
+	idleRes := reservationOn("n", "n-gpu0")
+	tests := []struct {
+		name    string
+		others  []*corev1.Pod
+		assumed map[types.UID]Assumed
+		want    bool
+	}{
+		{name: "nothing else", want: true},
+		{name: "a second idle reservation", others: []*corev1.Pod{reservationOn("n", "n-gpu1")}, want: true},
+		{name: "a CPU-only pod", others: []*corev1.Pod{pod("cpu").on("n").cpu("4").phase(corev1.PodRunning).p}, want: true},
+		{name: "a finished whole-GPU pod", others: []*corev1.Pod{pod("done").on("n").gpus(1).phase(corev1.PodSucceeded).p}, want: true},
+		{name: "a fraction on another reservation", others: []*corev1.Pod{reservationOn("n", "n-gpu1"),
+			pod("f").on("n").fraction(30, "n-gpu1").phase(corev1.PodRunning).p}},
+		{name: "a whole-GPU pod", others: []*corev1.Pod{pod("w").on("n").gpus(1).phase(corev1.PodRunning).p}},
+		{name: "a whole-GPU pod being bound", others: []*corev1.Pod{pod("a").gpus(1).p},
+			assumed: map[types.UID]Assumed{"a": {Node: "n"}}},
+		{name: "a MIG device", others: []*corev1.Pod{pod("m").on("n").scalar("nvidia.com/mig-1g.10gb", 1).phase(corev1.PodRunning).p}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, p := range tt.others {
+				if p.UID == "" {
+					p.UID = types.UID(p.Name)
+				}
+			}
+			s, err := Build(Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n},
+				Pods: append([]*corev1.Pod{idleRes}, tt.others...), Assumed: tt.assumed, PoolLabel: api.LabelNodePool})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := s.Reservations[NodeGPU{"n", "n-gpu0"}]
+			if r == nil {
+				t.Fatalf("reservation missing: %v", s.Reservations)
+			}
+			if r.NodeIdle != tt.want {
+				t.Errorf("NodeIdle = %v, want %v", r.NodeIdle, tt.want)
+			}
+		})
+	}
+}

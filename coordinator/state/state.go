@@ -346,6 +346,10 @@ type Reservation struct {
 	// NodeGone is true when the node no longer exists: nothing runs there,
 	// fractions included.
 	NodeGone bool
+	// NodeIdle is true when no pod but reservations uses a GPU of the
+	// reservation's (Ready) node, bound or assumed: the reservations alone
+	// keep the node from Karpenter's consolidation.
+	NodeIdle bool
 }
 
 // ReservedGPU is the GPU a reservation pod holds: the one the kubelet gave
@@ -490,6 +494,9 @@ type nodeAcc struct {
 	partitioned int
 	// dra: the node serves its GPUs through DRA (its inventory says so).
 	dra bool
+	// gpuWork: a pod other than a reservation uses a GPU of the node (a
+	// fraction, whole GPUs, a MIG device or a replica), bound or assumed.
+	gpuWork bool
 }
 
 // settling tells whether n is one of Karpenter's nodes created after
@@ -610,6 +617,9 @@ func Build(in Inputs) (*Snapshot, error) {
 		d := &f.d
 		acc.node.UsedCPUMilli += d.CPUMilli
 		acc.node.UsedMemoryBytes += d.MemoryBytes
+		if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 {
+			acc.gpuWork = true
+		}
 		for name, k := range d.Scalars {
 			if free, ok := acc.node.Scalars[name]; ok {
 				// Over-committed (allocatable shrank under running pods): nothing is free.
@@ -682,6 +692,10 @@ func Build(in Inputs) (*Snapshot, error) {
 	for k, r := range reservations {
 		if r.Pod == nil {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
+			continue
+		}
+		if acc := accs[k.Node]; acc != nil {
+			r.NodeIdle = !acc.gpuWork
 		}
 	}
 	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}

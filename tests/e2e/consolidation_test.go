@@ -38,9 +38,10 @@ func pricesValues(types []cluster.InstanceType, indent string) string {
 
 // consolidationValues writes chart values that turn consolidation on with
 // the price table of types (the test bed's values first) and returns the
-// values files. consolidation holds the keys under
-// coordinator.consolidation besides enabled ("interval: 1s", ...).
-func consolidationValues(t testing.TB, types []cluster.InstanceType, grace string, consolidation ...string) []string {
+// values files. reservations holds the keys under coordinator.reservations
+// ("grace: 5s", ...), consolidation those under coordinator.consolidation
+// besides enabled ("interval: 1s", ...).
+func consolidationValues(t testing.TB, types []cluster.InstanceType, reservations []string, consolidation ...string) []string {
 	t.Helper()
 	testbed, err := cluster.TestbedValues()
 	if err != nil {
@@ -49,7 +50,10 @@ func consolidationValues(t testing.TB, types []cluster.InstanceType, grace strin
 	var b strings.Builder
 	b.WriteString("coordinator:\n")
 	b.WriteString(pricesValues(types, "  "))
-	fmt.Fprintf(&b, "  reservations:\n    grace: %s\n", grace)
+	b.WriteString("  reservations:\n")
+	for _, kv := range reservations {
+		b.WriteString("    " + kv + "\n")
+	}
 	b.WriteString("  consolidation:\n    enabled: true\n")
 	for _, kv := range consolidation {
 		b.WriteString("    " + kv + "\n")
@@ -67,7 +71,7 @@ func consolidationValues(t testing.TB, types []cluster.InstanceType, grace strin
 func consolidationCluster(t *testing.T) *cluster.Cluster {
 	t.Helper()
 	types := cluster.DefaultInstanceTypes()
-	return karpenterClusterWith(t, cluster.ChartOptions{ValuesFiles: consolidationValues(t, types, "5s",
+	return karpenterClusterWith(t, cluster.ChartOptions{ValuesFiles: consolidationValues(t, types, []string{"grace: 5s"},
 		"interval: 1s", "stableFor: 3s", "drainTimeout: 3m")})
 }
 
