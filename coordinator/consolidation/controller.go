@@ -42,6 +42,13 @@ type Options struct {
 	// MaxMovesPerWindow evictions at most per MoveWindow.
 	MaxMovesPerWindow int
 	MoveWindow        time.Duration
+	// DeleteDrainedNodes deletes a drained node once nothing but DaemonSet
+	// and static pods runs there: Karpenter's documented manual disruption
+	// (its finalizer drains and terminates the node at once), instead of
+	// waiting for its emptiness consolidation (consolidateAfter, then its
+	// own validation). Only nodes the coordinator tainted gpufrac.io/draining
+	// and drained; the chart's admission policy holds it to those.
+	DeleteDrainedNodes bool
 }
 
 // DefaultOptions are the coordinator's flag defaults.
@@ -66,6 +73,8 @@ type Kube interface {
 	// seconds) on a node; Untaint removes it.
 	Taint(ctx context.Context, node string, deadline int64) error
 	Untaint(ctx context.Context, node string) error
+	// DeleteNode deletes a drained node (its UID as precondition).
+	DeleteNode(ctx context.Context, n *corev1.Node) error
 }
 
 // Controller drains the nodes the Planner finds, one pass at a time.
@@ -153,6 +162,8 @@ type PassResult struct {
 	Released int
 	// Drained and Abandoned name the drains that ended this pass.
 	Drained, Abandoned []string
+	// Deleted names the drained nodes deleted this pass (DeleteDrainedNodes).
+	Deleted []string
 	// Verdicts are the planner's verdicts (nil when it did not look for a
 	// new drain).
 	Verdicts []NodeVerdict
@@ -305,10 +316,37 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 			c.recorder.Eventf(n, corev1.EventTypeNormal, "ConsolidationDrained", "no gpufrac pod or reservation is left: Karpenter may remove the node (saves %s per hour)", savingText(n, c.opts.Planner))
 			logger.Info("Node drained for consolidation", "gpus", nodeGPUs(n), "saving", price)
 		}
+		if len(plan.Reservations) == 0 && c.opts.DeleteDrainedNodes {
+			c.deleteDrained(ctx, cl, n, res)
+		}
 		return true
 	}
 	c.evict(ctx, cl, n, plan, inFlight, res)
 	return true
+}
+
+// deleteDrained hands a drained node to Karpenter's termination by
+// deleting it, once every pod left there belongs to the node as Karpenter
+// counts it (a DaemonSet's, a static pod, a pod its Node owns); any other
+// pod, terminating ones included, keeps it. A failed delete is retried
+// on the next pass; Karpenter's own consolidation removes the node anyway.
+func (c *Controller) deleteDrained(ctx context.Context, cl Cluster, n *corev1.Node, res *PassResult) {
+	for _, p := range cl.Pods {
+		if p.Spec.NodeName == n.Name && !state.Terminal(p) && !ownedByDaemonSet(p) && !isMirror(p) && !ownedByNode(p) {
+			klog.FromContext(ctx).V(4).Info("Drained node not deleted: a pod runs there", "node", n.Name, "pod", klog.KObj(p))
+			return
+		}
+	}
+	if err := c.kube.DeleteNode(ctx, n); err != nil && !apierrors.IsNotFound(err) {
+		c.metrics.errors.WithLabelValues(ActionDelete).Inc()
+		c.recorder.Eventf(n, corev1.EventTypeWarning, "ConsolidationDeleteFailed", "deleting the drained node failed; retried on the next pass (Karpenter's own consolidation removes it anyway): %v", err)
+		klog.FromContext(ctx).Error(err, "Deleting a drained node", "node", n.Name)
+		return
+	}
+	res.Deleted = append(res.Deleted, n.Name)
+	c.metrics.deleted.Inc()
+	c.recorder.Event(n, corev1.EventTypeNormal, "ConsolidationNodeDeleted", "drained, with no pod left but DaemonSets': deleted so that Karpenter terminates it now")
+	klog.FromContext(ctx).Info("Deleted a drained node", "node", n.Name)
 }
 
 // evict evicts the plan's units within the budget: at most MaxInFlight

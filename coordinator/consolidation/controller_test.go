@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -37,10 +39,13 @@ type fakeCluster struct {
 	EvictErr map[string]error
 	// NextTaintErr fails the next Taint or Untaint, once.
 	NextTaintErr error
+	// NextDeleteErr fails the next DeleteNode, once.
+	NextDeleteErr error
 
 	Evicted  []string // pods evicted, in order
 	Released []string // reservations deleted
 	Taints   []string // "taint <node>" / "untaint <node>"
+	Deleted  []string // nodes deleted
 }
 
 var _ Kube = (*fakeCluster)(nil)
@@ -117,6 +122,21 @@ func (f *fakeCluster) Untaint(_ context.Context, node string) error {
 	n := f.node(node)
 	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
 	f.Taints = append(f.Taints, "untaint "+node)
+	return nil
+}
+
+func (f *fakeCluster) DeleteNode(_ context.Context, n *corev1.Node) error {
+	if err := f.NextDeleteErr; err != nil {
+		f.NextDeleteErr = nil
+		return err
+	}
+	live := f.node(n.Name)
+	if live == nil || live.UID != n.UID {
+		return apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, n.Name)
+	}
+	now := metav1.NewTime(f.now())
+	live.DeletionTimestamp = &now // Karpenter's finalizer holds it while it terminates the node
+	f.Deleted = append(f.Deleted, n.Name)
 	return nil
 }
 
@@ -704,5 +724,70 @@ func TestPodsUnderBudgetsMoveFirst(t *testing.T) {
 	h.clock.Step(10 * time.Second)
 	if res := h.pass(); res.Evicted != 1 || !cmp.Equal(h.f.Evicted, []string{"f1", "f2"}) {
 		t.Fatalf("%+v evicted %v; want f2 once f1 has gone", res, h.f.Evicted)
+	}
+}
+
+// TestDeleteDrainedNode: with DeleteDrainedNodes a drained node is deleted
+// (Karpenter's finalizer then terminates it) once only DaemonSet pods run
+// there - not while another pod runs, not without the option - and a
+// failed delete is counted and retried on the next pass.
+func TestDeleteDrainedNode(t *testing.T) {
+	daemon := builders.MakePod("agent-big", "kube-system").UID("agent-big").Node("big").SchedulerName("").
+		OwnedBy("apps/v1", "DaemonSet", "agent").CPU("100m").Obj()
+	cpuPod := builders.MakePod("web", "default").UID("web").Node("big").SchedulerName("").CPU("1").Obj()
+	drained := func(extra ...*corev1.Pod) Cluster {
+		c := withTaint(dayTail(), "big")
+		for _, n := range c.Nodes {
+			n.UID = types.UID("uid-" + n.Name)
+		}
+		c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" })
+		c.Pods = append(c.Pods, extra...)
+		return c
+	}
+	tests := []struct {
+		name    string
+		cluster Cluster
+		off     bool
+		failing error
+		want    []string // nodes deleted after two passes
+	}{
+		{name: "drained, a DaemonSet pod left", cluster: drained(daemon), want: []string{"big"}},
+		{name: "drained, a pod its Node owns left", cluster: drained(builders.MakePod("static-big", "kube-system").UID("static-big").Node("big").
+			SchedulerName("").OwnedBy("v1", "Node", "big").Obj()), want: []string{"big"}},
+		{name: "a CPU pod of another scheduler still runs there", cluster: drained(daemon, cpuPod)},
+		{name: "not asked for", cluster: drained(daemon), off: true},
+		{name: "the first delete fails", cluster: drained(), failing: errors.New("etcdserver: request timed out"), want: []string{"big"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, tt.cluster, func(o *Options) { o.DeleteDrainedNodes = !tt.off })
+			h.f.NextDeleteErr = tt.failing
+			first := h.pass()
+			if tt.failing != nil {
+				if len(first.Deleted) != 0 || testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionDelete)) != 1 {
+					t.Errorf("first pass deleted %v with a failing API; errors{delete} = %v", first.Deleted, testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionDelete)))
+				}
+				if ev := h.events(); !hasEvent(ev, "Warning ConsolidationDeleteFailed") {
+					t.Errorf("events %v, want ConsolidationDeleteFailed", ev)
+				}
+			}
+			h.clock.Step(10 * time.Second)
+			h.pass()
+			if !cmp.Equal(h.f.Deleted, tt.want, cmpopts.EquateEmpty()) {
+				t.Errorf("deleted %v, want %v", h.f.Deleted, tt.want)
+			}
+			if got := testutil.ToFloat64(h.ctl.metrics.deleted); got != float64(len(tt.want)) {
+				t.Errorf("nodes deleted = %v, want %d", got, len(tt.want))
+			}
+			if len(tt.want) > 0 && !hasEvent(h.events(), "Normal ConsolidationNodeDeleted") {
+				t.Error("no ConsolidationNodeDeleted event")
+			}
+			// Deleted once: Karpenter holds the node while it terminates it.
+			h.clock.Step(10 * time.Second)
+			h.pass()
+			if len(h.f.Deleted) > len(tt.want) {
+				t.Errorf("deleted again: %v", h.f.Deleted)
+			}
+		})
 	}
 }

@@ -46,6 +46,15 @@ func (w APIWriter) DeleteReservation(ctx context.Context, pod *corev1.Pod) error
 	return nil
 }
 
+// DeleteNode deletes a drained node, its UID as precondition (a node of
+// the same name made since is never hit).
+func (w APIWriter) DeleteNode(ctx context.Context, n *corev1.Node) error {
+	if err := w.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &n.UID}}); err != nil {
+		return fmt.Errorf("deleting node %s: %w", n.Name, err)
+	}
+	return nil
+}
+
 // Taint sets the gpufrac.io/draining NoSchedule taint with the deadline.
 func (w APIWriter) Taint(ctx context.Context, node string, deadline int64) error {
 	return w.updateTaints(ctx, node, func(ts []corev1.Taint) []corev1.Taint {

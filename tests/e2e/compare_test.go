@@ -431,7 +431,7 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
 		chart.ValuesFiles = consolidationValues(t, types, []string{"grace: " + costGrace.String(), "emptyNodeGrace: " + costEmptyNodeGrace.String()},
 			"moveBarePods: true", "interval: 1s", "stableFor: "+sim(0.1), "drainTimeout: 3m", "maxDrainingNodes: 2",
-			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1))
+			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1), "deleteDrainedNodes: true")
 	}
 	c := costCluster(t, config, types, chart)
 	if config == configGpufrac {

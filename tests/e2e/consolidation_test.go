@@ -72,7 +72,7 @@ func consolidationCluster(t *testing.T) *cluster.Cluster {
 	t.Helper()
 	types := cluster.DefaultInstanceTypes()
 	return karpenterClusterWith(t, cluster.ChartOptions{ValuesFiles: consolidationValues(t, types, []string{"grace: 5s"},
-		"interval: 1s", "stableFor: 3s", "drainTimeout: 3m")})
+		"interval: 1s", "stableFor: 3s", "drainTimeout: 3m", "deleteDrainedNodes: true")})
 }
 
 // fractionDeployment creates a Deployment of replicas pods asking pct% of a
@@ -160,8 +160,9 @@ func anyHasPrefix(list []string, prefix string) bool {
 // The 70% ones end: each node keeps one 30% fraction, which Karpenter cannot
 // move (the reservations are do-not-disrupt). The coordinator drains one
 // node: its fraction is evicted, re-created by its ReplicaSet and placed on
-// the other node's shared GPU, the reservation goes, Karpenter removes the
-// empty node.
+// the other node's shared GPU, the reservation goes, and the coordinator
+// deletes the drained node (deleteDrainedNodes), which Karpenter's finalizer
+// terminates.
 func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 	t.Parallel()
 	c := consolidationCluster(t)
@@ -203,8 +204,9 @@ func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 		}
 	}
 	t.Logf("consolidation drained %s; both fractions run on %s", removed, kept)
-	if ev := eventsFor(t, c, "Node", removed); !anyHasPrefix(ev, "ConsolidationDrainStarted: draining for consolidation: 1 pods move") {
-		t.Errorf("events of the removed node %s: %v", removed, ev)
+	if ev := eventsFor(t, c, "Node", removed); !anyHasPrefix(ev, "ConsolidationDrainStarted: draining for consolidation: 1 pods move") ||
+		!anyHasPrefix(ev, "ConsolidationNodeDeleted: drained") {
+		t.Errorf("events of the removed node %s: %v; want the drain and, with deleteDrainedNodes, its deletion", removed, ev)
 	}
 	moved := 0
 	for _, p := range small {
@@ -273,6 +275,36 @@ func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
 		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule})
 	}); err != nil {
 		t.Errorf("the coordinator may not put the drain taint on node %s: %v", node, err)
+	}
+
+	// deleteDrainedNodes: it may delete a Karpenter node it drained, and no
+	// other (dry runs; the nodes below are bare objects, no kubelet's).
+	const delRefusal = "gpufrac-coordinator may delete only a Karpenter Node it drained"
+	drainTaint := []corev1.Taint{{Key: api.TaintDraining, Value: "4102444800", Effect: corev1.TaintEffectNoSchedule}}
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		taints []corev1.Taint
+		ok     bool
+	}{
+		{"rights-untainted", map[string]string{api.LabelNodePool: "gpu"}, nil, false},
+		{"rights-static", nil, drainTaint, false},
+		{"rights-drained", map[string]string{api.LabelNodePool: "gpu"}, drainTaint, true},
+	} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Labels: tc.labels}, Spec: corev1.NodeSpec{Taints: tc.taints}}
+		if _, err := c.Client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := as.CoreV1().Nodes().Delete(t.Context(), tc.name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("the coordinator may not delete %s, a drained Karpenter node: %v", tc.name, err)
+		case !tc.ok && (err == nil || !cluster.RefusedBy(err, "gpufrac-coordinator-nodes") || !strings.Contains(err.Error(), delRefusal)):
+			t.Errorf("the coordinator deleting %s: %v; want refused by gpufrac-coordinator-nodes", tc.name, err)
+		}
+		if err := c.Client.CoreV1().Nodes().Delete(t.Context(), tc.name, metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
 	}
 }
 
