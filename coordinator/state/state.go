@@ -495,7 +495,8 @@ type nodeAcc struct {
 	// dra: the node serves its GPUs through DRA (its inventory says so).
 	dra bool
 	// gpuWork: a pod other than a reservation uses a GPU of the node (a
-	// fraction, whole GPUs, a MIG device or a replica), bound or assumed.
+	// fraction, whole GPUs, a MIG device or a replica, or resource claims),
+	// bound or assumed.
 	gpuWork bool
 }
 
@@ -617,7 +618,9 @@ func Build(in Inputs) (*Snapshot, error) {
 		d := &f.d
 		acc.node.UsedCPUMilli += d.CPUMilli
 		acc.node.UsedMemoryBytes += d.MemoryBytes
-		if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 {
+		// A pod with resource claims may hold a device of the node through
+		// DRA, which the request model does not count: taken as GPU work.
+		if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 || len(p.Spec.ResourceClaims) > 0 {
 			acc.gpuWork = true
 		}
 		for name, k := range d.Scalars {
