@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/state"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -938,4 +939,47 @@ type countingKube struct {
 func (k countingKube) DeleteNode(ctx context.Context, n *corev1.Node) error {
 	*k.deletes++
 	return k.Kube.DeleteNode(ctx, n)
+}
+
+// TestDeleteDrainedNodeAfterRestart: a coordinator killed between the
+// drain and the delete leaves nothing its successor needs: the drain taint
+// and the pods say it all. The successor deletes the node once; a
+// successor that starts after the delete sees the node going and sends
+// none.
+func TestDeleteDrainedNodeAfterRestart(t *testing.T) {
+	c := withTaint(dayTail(), "big")
+	for _, n := range c.Nodes {
+		n.UID = types.UID("uid-" + n.Name)
+		n.Finalizers = []string{KarpenterTerminationFinalizer}
+	}
+	c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !state.IsReservation(p) })
+	first := newHarness(t, c, func(o *Options) { o.DeleteDrainedNodes = true })
+	first.f.NextDeleteErr = errors.New("connection refused")                                                         // killed before its delete went through
+	first.pass()                                                                                                     // releases big's reservations
+	first.f.c.Pods = slices.DeleteFunc(first.f.c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" }) // the kubelet
+	first.clock.Step(time.Second)
+	first.pass()
+	if len(first.f.Deleted) != 0 || testutil.ToFloat64(first.ctl.metrics.errors.WithLabelValues(ActionDelete)) != 1 {
+		t.Fatalf("the first coordinator deleted %v (its delete should have failed once)", first.f.Deleted)
+	}
+
+	restart := func() {
+		ctl, err := New(first.ctl.opts, first.f.read, first.f, nil, first.clock, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := ctl.Pass(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	restart()
+	if !slices.Equal(first.f.Deleted, []string{"big"}) {
+		t.Errorf("after the restart: deleted %v, want big once", first.f.Deleted)
+	}
+	restart()
+	if len(first.f.Deleted) != 1 {
+		t.Errorf("a coordinator started after the delete deleted again: %v", first.f.Deleted)
+	}
 }
