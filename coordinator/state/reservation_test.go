@@ -242,9 +242,14 @@ func TestReservationSaysWhetherItsNodeRunsGPUWork(t *testing.T) {
 		name    string
 		others  []*corev1.Pod
 		assumed map[types.UID]Assumed
+		static  bool // the node has no karpenter.sh/nodepool label
 		want    bool
 	}{
 		{name: "nothing else", want: true},
+		// Review of issue 16: no autoscaler removes a static node, so a
+		// shorter grace there only makes the next fraction wait for a new
+		// reservation.
+		{name: "nothing else, on a static node", static: true},
 		{name: "a second idle reservation", others: []*corev1.Pod{reservationOn("n", "n-gpu1")}, want: true},
 		{name: "a CPU-only pod", others: []*corev1.Pod{pod("cpu").on("n").cpu("4").phase(corev1.PodRunning).p}, want: true},
 		{name: "a finished whole-GPU pod", others: []*corev1.Pod{pod("done").on("n").gpus(1).phase(corev1.PodSucceeded).p}, want: true},
@@ -272,7 +277,11 @@ func TestReservationSaysWhetherItsNodeRunsGPUWork(t *testing.T) {
 					p.UID = types.UID(p.Name)
 				}
 			}
-			s, err := Build(Inputs{Nodes: []*corev1.Node{node("n", 2).inventory("fraction").n},
+			n := node("n", 2).inventory("fraction").n
+			if tt.static {
+				delete(n.Labels, api.LabelNodePool)
+			}
+			s, err := Build(Inputs{Nodes: []*corev1.Node{n},
 				Pods: append([]*corev1.Pod{idleRes}, tt.others...), Assumed: tt.assumed, PoolLabel: api.LabelNodePool})
 			if err != nil {
 				t.Fatal(err)

@@ -349,8 +349,11 @@ type Reservation struct {
 	// fractions included.
 	NodeGone bool
 	// NodeIdle is true when no pod but reservations uses a GPU of the
-	// reservation's (Ready) node, bound or assumed: the reservations alone
-	// keep the node from Karpenter's consolidation.
+	// reservation's (Ready) node, bound or assumed, and the node is
+	// Karpenter's (labelled karpenter.sh/nodepool): the reservations alone
+	// keep it from Karpenter's consolidation. A static node is never idle
+	// here: nothing removes it, and a shorter grace would only make the
+	// next fraction wait for a new reservation.
 	NodeIdle bool
 }
 
@@ -702,7 +705,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			continue
 		}
 		if acc := accs[k.Node]; acc != nil {
-			r.NodeIdle = !acc.gpuWork
+			r.NodeIdle = !acc.gpuWork && acc.node.Labels[api.LabelNodePool] != ""
 		}
 	}
 	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}
