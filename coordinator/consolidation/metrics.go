@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpufrac_consolidation_errors_total",
-			Help: "Failed consolidation writes and reads by action, each retried on a later pass: taint (starting a drain), untaint (abandoning one), release (deleting a drained node's reservation), read (listing the cluster), delete (deleting a drained node).",
+			Help: "Failed consolidation writes and reads by action, each retried on a later pass: taint (starting a drain), untaint (abandoning one), release (deleting a drained node's reservation), read (listing the cluster), delete (deleting a drained node, or listing its pods right before).",
 		}, []string{"action"}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpufrac_consolidation_reservations_released_total",

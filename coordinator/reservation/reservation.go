@@ -40,7 +40,8 @@ type Options struct {
 	// Grace is how long a reservation outlives the last fraction on its GPU.
 	Grace time.Duration
 	// EmptyNodeGrace replaces Grace, when shorter, for a reservation whose
-	// node's GPUs run nothing else (state.Reservation.NodeIdle): there the
+	// node is Karpenter's and whose GPUs run nothing else
+	// (state.Reservation.NodeIdle): there the
 	// reservation is all that keeps the node from Karpenter's
 	// consolidation, whose consolidateAfter already waits for new work. A
 	// fraction that arrives later gets a new reservation. Negative: Grace

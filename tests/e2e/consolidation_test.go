@@ -12,7 +12,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -277,21 +279,30 @@ func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
 		t.Errorf("the coordinator may not put the drain taint on node %s: %v", node, err)
 	}
 
-	// deleteDrainedNodes: it may delete a Karpenter node it drained, and no
-	// other (dry runs; the nodes below are bare objects, no kubelet's).
+	// deleteDrainedNodes: it may delete a Karpenter node it drained, that
+	// Karpenter's finalizer holds and that is not annotated do-not-disrupt,
+	// and no other (dry runs; the nodes below are bare objects, no
+	// kubelet's).
 	const delRefusal = "gpufrac-coordinator may delete only a Karpenter Node it drained"
 	drainTaint := []corev1.Taint{{Key: api.TaintDraining, Value: "4102444800", Effect: corev1.TaintEffectNoSchedule}}
+	pool := map[string]string{api.LabelNodePool: "gpu"}
+	karpenter := []string{consolidation.KarpenterTerminationFinalizer}
 	for _, tc := range []struct {
-		name   string
-		labels map[string]string
-		taints []corev1.Taint
-		ok     bool
+		name        string
+		labels      map[string]string
+		annotations map[string]string
+		finalizers  []string
+		taints      []corev1.Taint
+		ok          bool
 	}{
-		{"rights-untainted", map[string]string{api.LabelNodePool: "gpu"}, nil, false},
-		{"rights-static", nil, drainTaint, false},
-		{"rights-drained", map[string]string{api.LabelNodePool: "gpu"}, drainTaint, true},
+		{name: "rights-untainted", labels: pool, finalizers: karpenter},
+		{name: "rights-static", taints: drainTaint, finalizers: karpenter},
+		{name: "rights-no-finalizer", labels: pool, taints: drainTaint},
+		{name: "rights-do-not-disrupt", labels: pool, annotations: map[string]string{api.AnnotationDoNotDisrupt: "true"}, taints: drainTaint, finalizers: karpenter},
+		{name: "rights-drained", labels: pool, annotations: map[string]string{api.AnnotationDoNotDisrupt: "false"}, taints: drainTaint, finalizers: karpenter, ok: true},
 	} {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Labels: tc.labels}, Spec: corev1.NodeSpec{Taints: tc.taints}}
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Labels: tc.labels, Annotations: tc.annotations, Finalizers: tc.finalizers},
+			Spec: corev1.NodeSpec{Taints: tc.taints}}
 		if _, err := c.Client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -302,7 +313,15 @@ func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
 		case !tc.ok && (err == nil || !cluster.RefusedBy(err, "gpufrac-coordinator-nodes") || !strings.Contains(err.Error(), delRefusal)):
 			t.Errorf("the coordinator deleting %s: %v; want refused by gpufrac-coordinator-nodes", tc.name, err)
 		}
-		if err := c.Client.CoreV1().Nodes().Delete(t.Context(), tc.name, metav1.DeleteOptions{}); err != nil {
+		// The coordinator under test may delete rights-drained itself (it
+		// looks drained): NotFound is fine.
+		if len(tc.finalizers) > 0 {
+			// No Karpenter NodeClaim behind it: the finalizer goes first.
+			if _, err := c.Client.CoreV1().Nodes().Patch(t.Context(), tc.name, k8stypes.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Error(err)
+			}
+		}
+		if err := c.Client.CoreV1().Nodes().Delete(t.Context(), tc.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Error(err)
 		}
 	}
