@@ -23,5 +23,6 @@ func costFlags(cfg *app.Config) *string {
 	flag.DurationVar(&co.MoveWindow, "consolidation-move-window", co.MoveWindow, "the window of --consolidation-max-moves")
 	flag.Float64Var(&co.Planner.MinSavingPerMove, "consolidation-min-saving-per-move", co.Planner.MinSavingPerMove, "least saving per hour per pod restarted for a drain (price-table units; GPUs without a table)")
 	flag.BoolVar(&co.Planner.MoveBarePods, "consolidation-move-bare-pods", false, "also move pods without a controller owner (nothing re-creates them after the eviction)")
+	flag.BoolVar(&co.DeleteDrainedNodes, "consolidation-delete-drained-nodes", false, "delete a drained node once only DaemonSet and static pods run there, so that Karpenter terminates it at once (its documented manual disruption, which its NodePool's disruption budgets do not hold) instead of after its own emptiness consolidation; only nodes carrying Karpenter's finalizer karpenter.sh/termination and not annotated karpenter.sh/do-not-disrupt")
 	return priceTable
 }

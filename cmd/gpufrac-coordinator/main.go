@@ -62,6 +62,7 @@ func main() {
 	flag.StringVar(&cfg.Reservation.Image, "reservation-image", cfg.Reservation.Image, "image of reservation pods")
 	flag.StringVar(&cfg.Reservation.PriorityClassName, "reservation-priority-class", cfg.Reservation.PriorityClassName, "priority class of reservation pods")
 	flag.DurationVar(&cfg.Reservation.Grace, "reservation-grace", cfg.Reservation.Grace, "how long a reservation outlives the last fraction on its GPU")
+	flag.DurationVar(&cfg.Reservation.EmptyNodeGrace, "reservation-empty-node-grace", cfg.Reservation.EmptyNodeGrace, "replaces --reservation-grace, when shorter, on a Karpenter node (karpenter.sh/nodepool) where nothing else uses the node's GPUs: there the reservation alone keeps an autoscaler from removing the node (negative: --reservation-grace everywhere)")
 	flag.DurationVar(&cfg.Reservation.AdmitTimeout, "reservation-admit-timeout", cfg.Reservation.AdmitTimeout, "how long a reservation may wait for its GPU before it is replaced")
 	s.Placeholder = placeholder.DefaultOptions()
 	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")

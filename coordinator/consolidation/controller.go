@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -42,6 +43,13 @@ type Options struct {
 	// MaxMovesPerWindow evictions at most per MoveWindow.
 	MaxMovesPerWindow int
 	MoveWindow        time.Duration
+	// DeleteDrainedNodes deletes a drained node once nothing but DaemonSet
+	// and static pods runs there: Karpenter's documented manual disruption
+	// (its finalizer drains and terminates the node at once), instead of
+	// waiting for its emptiness consolidation (consolidateAfter, then its
+	// own validation). Only nodes the coordinator tainted gpufrac.io/draining
+	// and drained; the chart's admission policy holds it to those.
+	DeleteDrainedNodes bool
 }
 
 // DefaultOptions are the coordinator's flag defaults.
@@ -66,6 +74,11 @@ type Kube interface {
 	// seconds) on a node; Untaint removes it.
 	Taint(ctx context.Context, node string, deadline int64) error
 	Untaint(ctx context.Context, node string) error
+	// DeleteNode deletes a drained node (its UID as precondition).
+	DeleteNode(ctx context.Context, n *corev1.Node) error
+	// PodsOnNode lists the pods bound to a node as the API server has them
+	// now (not an informer's cache).
+	PodsOnNode(ctx context.Context, node string) ([]*corev1.Pod, error)
 }
 
 // Controller drains the nodes the Planner finds, one pass at a time.
@@ -83,6 +96,9 @@ type Controller struct {
 	bestSince time.Time // when best became it
 	moves     []time.Time
 	drained   map[string]bool // draining node -> its drain was counted as drained
+	// deleted: UIDs of drained nodes deleted (or found gone), until the
+	// informer no longer lists them: one DELETE and one count per node.
+	deleted map[types.UID]bool
 }
 
 // New returns a controller; read lists the cluster (from informers).
@@ -123,7 +139,7 @@ func New(o Options, read func() (Cluster, error), kube Kube, recorder record.Eve
 	if err != nil {
 		return nil, err
 	}
-	return &Controller{opts: o, planner: p, read: read, kube: kube, recorder: recorder, clock: clk, metrics: m, drained: map[string]bool{}}, nil
+	return &Controller{opts: o, planner: p, read: read, kube: kube, recorder: recorder, clock: clk, metrics: m, drained: map[string]bool{}, deleted: map[types.UID]bool{}}, nil
 }
 
 // Run runs passes every Interval until ctx ends.
@@ -153,6 +169,8 @@ type PassResult struct {
 	Released int
 	// Drained and Abandoned name the drains that ended this pass.
 	Drained, Abandoned []string
+	// Deleted names the drained nodes deleted this pass (DeleteDrainedNodes).
+	Deleted []string
 	// Verdicts are the planner's verdicts (nil when it did not look for a
 	// new drain).
 	Verdicts []NodeVerdict
@@ -182,6 +200,17 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	for name := range c.drained {
 		if !containsNode(draining, name) {
 			delete(c.drained, name)
+		}
+	}
+	if len(c.deleted) > 0 {
+		listed := make(map[types.UID]bool, len(cl.Nodes))
+		for _, n := range cl.Nodes {
+			listed[n.UID] = true
+		}
+		for uid := range c.deleted {
+			if !listed[uid] {
+				delete(c.deleted, uid)
+			}
 		}
 	}
 
@@ -305,10 +334,99 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 			c.recorder.Eventf(n, corev1.EventTypeNormal, "ConsolidationDrained", "no gpufrac pod or reservation is left: Karpenter may remove the node (saves %s per hour)", savingText(n, c.opts.Planner))
 			logger.Info("Node drained for consolidation", "gpus", nodeGPUs(n), "saving", price)
 		}
+		if len(plan.Reservations) == 0 && c.opts.DeleteDrainedNodes {
+			c.deleteDrained(ctx, cl, n, res)
+		}
 		return true
 	}
 	c.evict(ctx, cl, n, plan, inFlight, res)
 	return true
+}
+
+// deleteDrained hands a drained node to Karpenter's termination by
+// deleting it, once every pod left there belongs to the node as Karpenter
+// counts it (a DaemonSet's, a static pod, a pod its Node owns); any other
+// pod, terminating ones included, keeps it. The informers may be behind the
+// API server (a tenant's pod that tolerates the drain taint, or has nodeName
+// set, can be bound there since they were read): the node's pods are read
+// from the API server right before the delete. Only a Node that Karpenter's
+// finalizer holds is deleted - elsewhere the delete would remove the Node
+// object and leave its machine running - and not one annotated
+// karpenter.sh/do-not-disrupt, nor in the drain's last second (placement
+// takes the node back once the deadline passes). A node is deleted once
+// (the informer may list it unchanged for a while); one found gone, or
+// replaced by a node of the same name (the UID precondition), is left
+// alone. A failed delete is retried on the next pass; Karpenter's own
+// consolidation removes the node anyway.
+func (c *Controller) deleteDrained(ctx context.Context, cl Cluster, n *corev1.Node, res *PassResult) {
+	logger := klog.FromContext(ctx).WithValues("node", n.Name)
+	if c.deleted[n.UID] {
+		return
+	}
+	if why := c.undeletable(n); why != "" {
+		logger.V(2).Info("Drained node not deleted", "reason", why)
+		return
+	}
+	if p := keepsNode(cl.Pods, n.Name); p != nil {
+		logger.V(4).Info("Drained node not deleted: a pod runs there", "pod", klog.KObj(p))
+		return
+	}
+	live, err := c.kube.PodsOnNode(ctx, n.Name)
+	if err != nil {
+		c.metrics.errors.WithLabelValues(ActionDelete).Inc()
+		logger.Error(err, "Listing the pods of a drained node before deleting it; retried on the next pass")
+		return
+	}
+	if p := keepsNode(live, n.Name); p != nil {
+		logger.V(2).Info("Drained node not deleted: a pod was bound there since the informers were read", "pod", klog.KObj(p))
+		return
+	}
+	err = c.kube.DeleteNode(ctx, n)
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		// Gone already, or a node of the same name was made since (its UID
+		// fails the precondition): nothing of this drain's to delete.
+		c.deleted[n.UID] = true
+		logger.V(2).Info("Drained node not deleted: it is gone or was replaced", "err", err)
+		return
+	default:
+		c.metrics.errors.WithLabelValues(ActionDelete).Inc()
+		c.recorder.Eventf(n, corev1.EventTypeWarning, "ConsolidationDeleteFailed", "deleting the drained node failed; retried on the next pass (Karpenter's own consolidation removes it anyway): %v", err)
+		logger.Error(err, "Deleting a drained node")
+		return
+	}
+	c.deleted[n.UID] = true
+	res.Deleted = append(res.Deleted, n.Name)
+	c.metrics.deleted.Inc()
+	c.recorder.Event(n, corev1.EventTypeNormal, "ConsolidationNodeDeleted", "drained, with no pod left but DaemonSets': deleted so that Karpenter terminates it now")
+	logger.Info("Deleted a drained node")
+}
+
+// undeletable says why a drained node may not be deleted ("" when it may).
+func (c *Controller) undeletable(n *corev1.Node) string {
+	if !slices.Contains(n.Finalizers, KarpenterTerminationFinalizer) {
+		return "no finalizer " + KarpenterTerminationFinalizer + ": without Karpenter's termination the delete would remove the Node object and leave its machine running"
+	}
+	if n.Annotations[api.AnnotationDoNotDisrupt] == "true" {
+		return "the node is annotated " + api.AnnotationDoNotDisrupt + " (a delete is not held by it)"
+	}
+	if deadline, _ := DrainDeadline(n); c.clock.Now().Unix() >= deadline {
+		return "the drain's deadline has come: placement takes the node back"
+	}
+	return ""
+}
+
+// keepsNode returns a pod bound to node that keeps it from being deleted:
+// one not finished that is neither a DaemonSet's, nor static, nor owned by
+// a Node (nil when there is none).
+func keepsNode(pods []*corev1.Pod, node string) *corev1.Pod {
+	for _, p := range pods {
+		if p.Spec.NodeName == node && !state.Terminal(p) && !ownedByDaemonSet(p) && !isMirror(p) && !ownedByNode(p) {
+			return p
+		}
+	}
+	return nil
 }
 
 // evict evicts the plan's units within the budget: at most MaxInFlight
@@ -479,3 +597,8 @@ func podList(pods []*corev1.Pod) string {
 	}
 	return b.String()
 }
+
+// KarpenterTerminationFinalizer is the finalizer Karpenter puts on the
+// Nodes it launched: deleting such a Node makes Karpenter drain it and
+// terminate its machine before the Node goes.
+const KarpenterTerminationFinalizer = "karpenter.sh/termination"

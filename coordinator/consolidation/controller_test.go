@@ -3,6 +3,7 @@ package consolidation
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -17,11 +19,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/state"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -37,10 +41,24 @@ type fakeCluster struct {
 	EvictErr map[string]error
 	// NextTaintErr fails the next Taint or Untaint, once.
 	NextTaintErr error
+	// NextDeleteErr fails the next DeleteNode, once.
+	NextDeleteErr error
+	// DeleteLags keeps a deleted node listed as it was (an informer that
+	// has not seen the deletion yet); the API server still has it.
+	DeleteLags bool
+	// LatePods are bound since the cluster was read: the API server's
+	// list of a node's pods shows them, read() does not.
+	LatePods []*corev1.Pod
+	// NextPodsErr fails the next PodsOnNode, once.
+	NextPodsErr error
+	// Recreated: node -> the UID of a node of the same name the API server
+	// has now, not listed yet.
+	Recreated map[string]types.UID
 
 	Evicted  []string // pods evicted, in order
 	Released []string // reservations deleted
 	Taints   []string // "taint <node>" / "untaint <node>"
+	Deleted  []string // nodes deleted
 }
 
 var _ Kube = (*fakeCluster)(nil)
@@ -118,6 +136,46 @@ func (f *fakeCluster) Untaint(_ context.Context, node string) error {
 	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
 	f.Taints = append(f.Taints, "untaint "+node)
 	return nil
+}
+
+func (f *fakeCluster) DeleteNode(_ context.Context, n *corev1.Node) error {
+	if err := f.NextDeleteErr; err != nil {
+		f.NextDeleteErr = nil
+		return err
+	}
+	live := f.node(n.Name)
+	if live == nil {
+		return apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, n.Name)
+	}
+	uid := live.UID
+	if r, ok := f.Recreated[n.Name]; ok {
+		uid = r
+	}
+	if uid != n.UID {
+		// The API server's answer to a UID precondition that fails.
+		return apierrors.NewConflict(schema.GroupResource{Resource: "nodes"}, n.Name,
+			fmt.Errorf("Precondition failed: UID in precondition: %s, UID in object meta: %s", n.UID, uid))
+	}
+	if !f.DeleteLags {
+		now := metav1.NewTime(f.now())
+		live.DeletionTimestamp = &now // Karpenter's finalizer holds it while it terminates the node
+	}
+	f.Deleted = append(f.Deleted, n.Name)
+	return nil
+}
+
+func (f *fakeCluster) PodsOnNode(_ context.Context, node string) ([]*corev1.Pod, error) {
+	if err := f.NextPodsErr; err != nil {
+		f.NextPodsErr = nil
+		return nil, err
+	}
+	var out []*corev1.Pod
+	for _, p := range append(slices.Clone(f.c.Pods), f.LatePods...) {
+		if p.Spec.NodeName == node {
+			out = append(out, p.DeepCopy())
+		}
+	}
+	return out, nil
 }
 
 // settle plays the kubelet and the controllers: evicted pods go, and each
@@ -704,5 +762,224 @@ func TestPodsUnderBudgetsMoveFirst(t *testing.T) {
 	h.clock.Step(10 * time.Second)
 	if res := h.pass(); res.Evicted != 1 || !cmp.Equal(h.f.Evicted, []string{"f1", "f2"}) {
 		t.Fatalf("%+v evicted %v; want f2 once f1 has gone", res, h.f.Evicted)
+	}
+}
+
+// TestDeleteDrainedNode: with DeleteDrainedNodes a drained node is deleted
+// (Karpenter's finalizer then terminates it) once only DaemonSet pods run
+// there - not while another pod runs, not without the option - and a
+// failed delete is counted and retried on the next pass.
+func TestDeleteDrainedNode(t *testing.T) {
+	daemon := builders.MakePod("agent-big", "kube-system").UID("agent-big").Node("big").SchedulerName("").
+		OwnedBy("apps/v1", "DaemonSet", "agent").CPU("100m").Obj()
+	cpuPod := builders.MakePod("web", "default").UID("web").Node("big").SchedulerName("").CPU("1").Obj()
+	drained := func(extra ...*corev1.Pod) Cluster {
+		c := withTaint(dayTail(), "big")
+		for _, n := range c.Nodes {
+			n.UID = types.UID("uid-" + n.Name)
+			n.Finalizers = []string{KarpenterTerminationFinalizer}
+		}
+		c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" })
+		c.Pods = append(c.Pods, extra...)
+		return c
+	}
+	tests := []struct {
+		name    string
+		cluster Cluster
+		off     bool
+		failing error
+		want    []string // nodes deleted after two passes
+	}{
+		{name: "drained, a DaemonSet pod left", cluster: drained(daemon), want: []string{"big"}},
+		{name: "drained, a pod its Node owns left", cluster: drained(builders.MakePod("static-big", "kube-system").UID("static-big").Node("big").
+			SchedulerName("").OwnedBy("v1", "Node", "big").Obj()), want: []string{"big"}},
+		{name: "a CPU pod of another scheduler still runs there", cluster: drained(daemon, cpuPod)},
+		{name: "not asked for", cluster: drained(daemon), off: true},
+		{name: "the first delete fails", cluster: drained(), failing: errors.New("etcdserver: request timed out"), want: []string{"big"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, tt.cluster, func(o *Options) { o.DeleteDrainedNodes = !tt.off })
+			h.f.NextDeleteErr = tt.failing
+			first := h.pass()
+			if tt.failing != nil {
+				if len(first.Deleted) != 0 || testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionDelete)) != 1 {
+					t.Errorf("first pass deleted %v with a failing API; errors{delete} = %v", first.Deleted, testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionDelete)))
+				}
+				if ev := h.events(); !hasEvent(ev, "Warning ConsolidationDeleteFailed") {
+					t.Errorf("events %v, want ConsolidationDeleteFailed", ev)
+				}
+			}
+			h.clock.Step(10 * time.Second)
+			h.pass()
+			if !cmp.Equal(h.f.Deleted, tt.want, cmpopts.EquateEmpty()) {
+				t.Errorf("deleted %v, want %v", h.f.Deleted, tt.want)
+			}
+			if got := testutil.ToFloat64(h.ctl.metrics.deleted); got != float64(len(tt.want)) {
+				t.Errorf("nodes deleted = %v, want %d", got, len(tt.want))
+			}
+			if len(tt.want) > 0 && !hasEvent(h.events(), "Normal ConsolidationNodeDeleted") {
+				t.Error("no ConsolidationNodeDeleted event")
+			}
+			// Deleted once: Karpenter holds the node while it terminates it.
+			h.clock.Step(10 * time.Second)
+			h.pass()
+			if len(h.f.Deleted) > len(tt.want) {
+				t.Errorf("deleted again: %v", h.f.Deleted)
+			}
+		})
+	}
+}
+
+// TestDeleteDrainedNodeOnlyWhenSafe attacks the deletion of drained nodes:
+// nothing but a Node that Karpenter's finalizer terminates is deleted (in a
+// cluster without Karpenter the delete would remove the Node object and
+// leave the machine running, unseen), not one an administrator annotated
+// karpenter.sh/do-not-disrupt, not one where a pod landed since the
+// informers were read (a tenant's pod tolerating the drain taint, or with
+// nodeName set), not in the drain's last second (placement takes the node
+// back right after); and a node is deleted and counted once, whatever the
+// informer shows or the API server answers.
+func TestDeleteDrainedNodeOnlyWhenSafe(t *testing.T) {
+	daemon := builders.MakePod("agent-big", "kube-system").UID("agent-big").Node("big").SchedulerName("").
+		OwnedBy("apps/v1", "DaemonSet", "agent").CPU("100m").Obj()
+	late := builders.MakePod("late", "tenant-b").UID("late").Node("big").SchedulerName("").CPU("1").
+		Toleration(api.TaintDraining, corev1.TolerationOpExists, "", corev1.TaintEffectNoSchedule).Obj()
+	drained := func(mod func(n *corev1.Node)) Cluster {
+		c := withTaint(dayTail(), "big")
+		for _, n := range c.Nodes {
+			n.UID = types.UID("uid-" + n.Name)
+			n.Finalizers = []string{KarpenterTerminationFinalizer}
+			if n.Name == "big" && mod != nil {
+				mod(n)
+			}
+		}
+		c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" })
+		c.Pods = append(c.Pods, daemon)
+		return c
+	}
+	tests := []struct {
+		name    string
+		cluster Cluster
+		fake    func(f *fakeCluster)
+		// deletes is how many DELETEs reach the API server in three
+		// passes; counted is gpufrac_consolidation_nodes_deleted_total.
+		deletes, counted int
+		errors           float64 // errors{action=delete}
+		event            string  // an event that must be there
+		noEvent          string  // an event that must not
+	}{
+		{name: "a drained Karpenter node", cluster: drained(nil), deletes: 1, counted: 1, event: "Normal ConsolidationNodeDeleted"},
+		{name: "no Karpenter finalizer: the Node object would go, the machine stay", cluster: drained(func(n *corev1.Node) { n.Finalizers = nil }),
+			noEvent: "Normal ConsolidationNodeDeleted"},
+		{name: "an administrator annotated the node do-not-disrupt", cluster: drained(func(n *corev1.Node) {
+			n.Annotations[api.AnnotationDoNotDisrupt] = "true"
+		})},
+		{name: "a tenant's pod bound there since the informers were read", cluster: drained(nil),
+			fake: func(f *fakeCluster) { f.LatePods = []*corev1.Pod{late} }},
+		{name: "the API server's pod list fails once", cluster: drained(nil),
+			fake: func(f *fakeCluster) { f.NextPodsErr = errors.New("etcdserver: request timed out") }, deletes: 1, counted: 1, errors: 1},
+		{name: "the drain's last second", cluster: drained(func(n *corev1.Node) {
+			n.Spec.Taints[len(n.Spec.Taints)-1].Value = strconv.FormatInt(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC).Unix(), 10)
+		})},
+		{name: "the informer still shows the deleted node", cluster: drained(nil), fake: func(f *fakeCluster) { f.DeleteLags = true },
+			deletes: 1, counted: 1},
+		{name: "already gone (NotFound)", cluster: drained(nil),
+			fake: func(f *fakeCluster) {
+				f.NextDeleteErr = apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, "big")
+				f.DeleteLags = true
+			},
+			deletes: 1, noEvent: "Normal ConsolidationNodeDeleted"},
+		{name: "a node of the same name made since (UID precondition)", cluster: drained(nil),
+			fake:    func(f *fakeCluster) { f.Recreated = map[string]types.UID{"big": "uid-big-2"} },
+			deletes: 1,
+			noEvent: "Warning ConsolidationDeleteFailed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, tt.cluster, func(o *Options) { o.DeleteDrainedNodes = true })
+			if tt.fake != nil {
+				tt.fake(h.f)
+			}
+			calls := 0
+			inner := h.ctl.kube
+			h.ctl.kube = countingKube{Kube: inner, deletes: &calls}
+			var events []string
+			for range 3 {
+				h.pass()
+				events = append(events, h.events()...)
+				h.clock.Step(time.Second)
+			}
+			if calls != tt.deletes {
+				t.Errorf("%d DELETEs sent (deleted %v), want %d", calls, h.f.Deleted, tt.deletes)
+			}
+			if got := testutil.ToFloat64(h.ctl.metrics.deleted); got != float64(tt.counted) {
+				t.Errorf("nodes deleted = %v, want %d", got, tt.counted)
+			}
+			if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionDelete)); got != tt.errors {
+				t.Errorf("errors{delete} = %v, want %v", got, tt.errors)
+			}
+			if tt.event != "" && !hasEvent(events, tt.event) {
+				t.Errorf("events %v, want %s", events, tt.event)
+			}
+			if tt.noEvent != "" && hasEvent(events, tt.noEvent) {
+				t.Errorf("events %v, want no %s", events, tt.noEvent)
+			}
+		})
+	}
+}
+
+// countingKube counts the DELETEs of nodes sent to the API server, failed
+// ones included.
+type countingKube struct {
+	Kube
+	deletes *int
+}
+
+func (k countingKube) DeleteNode(ctx context.Context, n *corev1.Node) error {
+	*k.deletes++
+	return k.Kube.DeleteNode(ctx, n)
+}
+
+// TestDeleteDrainedNodeAfterRestart: a coordinator killed between the
+// drain and the delete leaves nothing its successor needs: the drain taint
+// and the pods say it all. The successor deletes the node once; a
+// successor that starts after the delete sees the node going and sends
+// none.
+func TestDeleteDrainedNodeAfterRestart(t *testing.T) {
+	c := withTaint(dayTail(), "big")
+	for _, n := range c.Nodes {
+		n.UID = types.UID("uid-" + n.Name)
+		n.Finalizers = []string{KarpenterTerminationFinalizer}
+	}
+	c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !state.IsReservation(p) })
+	first := newHarness(t, c, func(o *Options) { o.DeleteDrainedNodes = true })
+	first.f.NextDeleteErr = errors.New("connection refused")                                                         // killed before its delete went through
+	first.pass()                                                                                                     // releases big's reservations
+	first.f.c.Pods = slices.DeleteFunc(first.f.c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" }) // the kubelet
+	first.clock.Step(time.Second)
+	first.pass()
+	if len(first.f.Deleted) != 0 || testutil.ToFloat64(first.ctl.metrics.errors.WithLabelValues(ActionDelete)) != 1 {
+		t.Fatalf("the first coordinator deleted %v (its delete should have failed once)", first.f.Deleted)
+	}
+
+	restart := func() {
+		ctl, err := New(first.ctl.opts, first.f.read, first.f, nil, first.clock, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := ctl.Pass(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	restart()
+	if !slices.Equal(first.f.Deleted, []string{"big"}) {
+		t.Errorf("after the restart: deleted %v, want big once", first.f.Deleted)
+	}
+	restart()
+	if len(first.f.Deleted) != 1 {
+		t.Errorf("a coordinator started after the delete deleted again: %v", first.f.Deleted)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -44,6 +45,29 @@ func (w APIWriter) DeleteReservation(ctx context.Context, pod *corev1.Pod) error
 		return fmt.Errorf("deleting reservation %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
+}
+
+// DeleteNode deletes a drained node, its UID as precondition (a node of
+// the same name made since is never hit).
+func (w APIWriter) DeleteNode(ctx context.Context, n *corev1.Node) error {
+	if err := w.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &n.UID}}); err != nil {
+		return fmt.Errorf("deleting node %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// PodsOnNode lists the pods bound to node from the API server (a
+// consistent read, not a cache).
+func (w APIWriter) PodsOnNode(ctx context.Context, node string) ([]*corev1.Pod, error) {
+	l, err := w.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of node %s: %w", node, err)
+	}
+	out := make([]*corev1.Pod, len(l.Items))
+	for i := range l.Items {
+		out[i] = &l.Items[i]
+	}
+	return out, nil
 }
 
 // Taint sets the gpufrac.io/draining NoSchedule taint with the deadline.

@@ -26,6 +26,7 @@ const (
 	ActionUntaint = "untaint"
 	ActionRelease = "release"
 	ActionRead    = "read"
+	ActionDelete  = "delete"
 )
 
 type metrics struct {
@@ -33,6 +34,7 @@ type metrics struct {
 	evictions   *prometheus.CounterVec
 	errors      *prometheus.CounterVec
 	released    prometheus.Counter
+	deleted     prometheus.Counter
 	drainedGPUs prometheus.Counter
 	saving      prometheus.Counter
 	draining    prometheus.Gauge
@@ -56,11 +58,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpufrac_consolidation_errors_total",
-			Help: "Failed consolidation writes and reads by action, each retried on a later pass: taint (starting a drain), untaint (abandoning one), release (deleting a drained node's reservation), read (listing the cluster).",
+			Help: "Failed consolidation writes and reads by action, each retried on a later pass: taint (starting a drain), untaint (abandoning one), release (deleting a drained node's reservation), read (listing the cluster), delete (deleting a drained node, or listing its pods right before).",
 		}, []string{"action"}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpufrac_consolidation_reservations_released_total",
 			Help: "Reservation pods deleted on draining nodes once no fraction used their GPU.",
+		}),
+		deleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpufrac_consolidation_nodes_deleted_total",
+			Help: "Drained nodes the coordinator deleted (--consolidation-delete-drained-nodes) so that Karpenter terminates them at once.",
 		}),
 		drainedGPUs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpufrac_consolidation_drained_gpus_total",
@@ -88,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.drains, m.evictions, m.errors, m.released, m.drainedGPUs, m.saving, m.draining, m.inFlight, m.nodes, m.pass} {
+	for _, c := range []prometheus.Collector{m.drains, m.evictions, m.errors, m.released, m.deleted, m.drainedGPUs, m.saving, m.draining, m.inFlight, m.nodes, m.pass} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -99,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{ResultEvicted, ResultRefused, ResultFailed} {
 		m.evictions.WithLabelValues(r)
 	}
-	for _, a := range []string{ActionTaint, ActionUntaint, ActionRelease, ActionRead} {
+	for _, a := range []string{ActionTaint, ActionUntaint, ActionRelease, ActionRead, ActionDelete} {
 		m.errors.WithLabelValues(a)
 	}
 	for _, v := range Verdicts() {

@@ -420,6 +420,14 @@ func ownedByDaemonSet(p *corev1.Pod) bool {
 	return ref != nil && ref.Kind == "DaemonSet"
 }
 
+// ownedByNode tells whether a Node owns the pod (static pods' mirrors, and
+// node-bound pods), as Karpenter reads it: such pods go with their node.
+// An owner reference is its pod author's to write, so this only says the
+// author let the pod go with the node.
+func ownedByNode(p *corev1.Pod) bool {
+	return slices.ContainsFunc(p.OwnerReferences, func(r metav1.OwnerReference) bool { return r.Kind == "Node" && r.APIVersion == "v1" })
+}
+
 func isMirror(p *corev1.Pod) bool {
 	_, ok := p.Annotations[corev1.MirrorPodAnnotationKey]
 	return ok
@@ -545,6 +553,13 @@ func (p *Planner) judge(v *view, n *corev1.Node, draining []Plan) (Plan, Verdict
 		return plan, VerdictPDB, why
 	}
 	exclude := map[string]bool{n.Name: true}
+	for _, m := range v.c.Nodes {
+		if m.Name != n.Name && p.idle(v, m) {
+			// Karpenter removes it: moving the work there saves nothing
+			// and restarts every pod moved.
+			exclude[m.Name] = true
+		}
+	}
 	var moves []*corev1.Pod
 	for _, d := range draining {
 		exclude[d.Node] = true
@@ -555,6 +570,27 @@ func (p *Planner) judge(v *view, n *corev1.Node, draining []Plan) (Plan, Verdict
 		return plan, VerdictDoesNotFit, err.Error()
 	}
 	return plan, VerdictCandidate, fmt.Sprintf("saves %.2f per hour (%s price) for %d restarts", plan.Saving, plan.PriceSource, plan.Moves())
+}
+
+// idle tells whether node m is a Karpenter node (removable) whose GPUs
+// run nothing but reservations: Karpenter removes it once its reservations
+// go (the reservation manager lets them go soon on such a node), so it is
+// no destination for a drain's pods. A node where a placeholder landed,
+// or with pods bound that use GPUs, is not idle.
+func (p *Planner) idle(v *view, m *corev1.Node) bool {
+	if ok, _ := removable(m); !ok {
+		return false
+	}
+	for _, pod := range v.byNode[m.Name] {
+		switch {
+		case pod.DeletionTimestamp != nil || state.IsReservation(pod):
+		case pod.Namespace == api.ReservationNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder:
+			return false
+		case usesGPU(pod, p.opts.TimesliceResource):
+			return false
+		}
+	}
+	return true
 }
 
 // Remaining is what is left of the drain of node: the pods still to move

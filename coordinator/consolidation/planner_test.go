@@ -216,13 +216,15 @@ func TestCandidatesPrefersTheLargestSaving(t *testing.T) {
 			verdicts: map[string]Verdict{"static": VerdictNotRemovable},
 		},
 		{
-			name: "an empty node is Karpenter's own business",
+			// one-a runs nothing but an idle reservation: Karpenter removes
+			// it, so b1 goes to one-c, not there.
+			name: "an empty node is Karpenter's own business, and no destination",
 			cluster: Cluster{
-				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1)),
-				Pods:  append(objs(frac("b1", "one-b", 0, 30)), reservation("one-a", 0)),
+				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1), karpNode("one-c", 1)),
+				Pods:  append(objs(frac("b1", "one-b", 0, 30), frac("c1", "one-c", 0, 40)), reservation("one-a", 0)),
 			},
 			wantNode: "one-b", wantPods: []string{"b1"}, wantSaving: 14.19,
-			verdicts: map[string]Verdict{"one-a": VerdictNothingToMove},
+			verdicts: map[string]Verdict{"one-a": VerdictNothingToMove, "one-b": VerdictCandidate, "one-c": VerdictCandidate},
 		},
 	}
 	for _, tt := range tests {
@@ -305,6 +307,16 @@ func TestCandidatesFindsNothing(t *testing.T) {
 			},
 			verdicts: map[string]Verdict{"one-a": VerdictProtected, "big": VerdictNothingToMove},
 			reason:   "was admitted non-preemptible",
+		},
+		{
+			// Moving the work onto a node Karpenter removes anyway saves
+			// nothing and restarts it: a whole-GPU job on a 1x node stays.
+			name: "the only room is on nodes that run nothing: no drain",
+			cluster: Cluster{
+				Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1), karpNode("one-c", 1)),
+				Pods:  append(objs(whole("w1", "one-a", 0)), reservation("one-c", 0)),
+			},
+			verdicts: map[string]Verdict{"one-a": VerdictDoesNotFit, "one-b": VerdictNothingToMove, "one-c": VerdictNothingToMove},
 		},
 		{
 			name: "a placeholder landed: the capacity is about to be used",
@@ -435,17 +447,18 @@ func TestGangsMoveWhole(t *testing.T) {
 	}
 
 	// Two pools, and the gang may not be split: once one-a goes, pool gpu
-	// has one GPU (one-b's), pool other has big's.
+	// has one GPU (one-b's), pool other has big's (w0 keeps big busy: a
+	// node that runs nothing is no destination).
 	split := Cluster{
 		Nodes: nodes(karpNode("one-a", 1), karpNode("one-b", 1), karpNode("big", 8).Pool("other")),
-		Pods:  objs(member("g0", "one-a", 0), member("g1", "one-b", 0)),
+		Pods:  objs(member("g0", "one-a", 0), member("g1", "one-b", 0), whole("w0", "big", 7)),
 	}
 	_, vs = planner(t, nil).Candidates(split)
 	if v := verdictOf(vs, "one-a"); v.Verdict != VerdictCandidate {
 		t.Errorf("one-a: %+v; the gang fits whole in pool other (big)", v)
 	}
 	split.Pods = append(split.Pods, whole("w1", "big", 0).Obj(), whole("w2", "big", 1).Obj(), whole("w3", "big", 2).Obj(),
-		whole("w4", "big", 3).Obj(), whole("w5", "big", 4).Obj(), whole("w6", "big", 5).Obj(), whole("w7", "big", 6).Obj())
+		whole("w4", "big", 3).Obj(), whole("w5", "big", 4).Obj(), whole("w6", "big", 5).Obj())
 	_, vs = planner(t, nil).Candidates(split)
 	if v := verdictOf(vs, "one-a"); v.Verdict != VerdictDoesNotFit || !strings.Contains(v.Reason, "gang default/train") {
 		t.Errorf("one-a: %+v; one GPU left in each pool, the gang of two fits in neither", v)

@@ -39,6 +39,14 @@ type Options struct {
 	PriorityClassName string
 	// Grace is how long a reservation outlives the last fraction on its GPU.
 	Grace time.Duration
+	// EmptyNodeGrace replaces Grace, when shorter, for a reservation whose
+	// node is Karpenter's and whose GPUs run nothing else
+	// (state.Reservation.NodeIdle): there the
+	// reservation is all that keeps the node from Karpenter's
+	// consolidation, whose consolidateAfter already waits for new work. A
+	// fraction that arrives later gets a new reservation. Negative: Grace
+	// everywhere.
+	EmptyNodeGrace time.Duration
 	// AdmitTimeout is how long a reservation may wait for its GPU before it
 	// is removed (and the fractions placed again, elsewhere if need be).
 	AdmitTimeout time.Duration
@@ -46,7 +54,7 @@ type Options struct {
 
 // DefaultOptions are the defaults of the coordinator's flags.
 func DefaultOptions() Options {
-	return Options{Image: "registry.k8s.io/pause:3.10", PriorityClassName: "gpufrac-reservation", Grace: 60 * time.Second, AdmitTimeout: 2 * time.Minute}
+	return Options{Image: "registry.k8s.io/pause:3.10", PriorityClassName: "gpufrac-reservation", Grace: 60 * time.Second, EmptyNodeGrace: 5 * time.Second, AdmitTimeout: 2 * time.Minute}
 }
 
 // Name is the reservation pod's name for a GPU of a node: deterministic, so
@@ -257,8 +265,16 @@ func (m *Manager) Ensure(ctx context.Context, node, gpu string, attempt int) err
 	return nil
 }
 
+// graceFor is how long reservation r may stay without fractions.
+func (m *Manager) graceFor(r *state.Reservation) time.Duration {
+	if r.NodeIdle && m.opts.EmptyNodeGrace >= 0 && m.opts.EmptyNodeGrace < m.opts.Grace {
+		return m.opts.EmptyNodeGrace
+	}
+	return m.opts.Grace
+}
+
 // Reconcile removes reservations that no fraction needs any more (after the
-// grace period), reservations that never got their GPU within
+// grace period, or EmptyNodeGrace when nothing else uses the node's GPUs), reservations that never got their GPU within
 // AdmitTimeout, and orphaned reservations (state.Reservation.Orphaned: the
 // node gone, cordoned or not Ready, the GPU unhealthy or out of fraction
 // mode) as soon as no fraction runs on their GPU - at once, whatever runs
@@ -318,11 +334,14 @@ func (m *Manager) Reconcile(ctx context.Context, rs map[state.NodeGPU]*state.Res
 		case r.Fractions == 0 && !wanted[key]:
 			since, ok := m.idleSince[key]
 			if !ok {
+				since = now
 				m.idleSince[key] = now
-				continue
 			}
-			if now.Sub(since) >= m.opts.Grace {
-				reason = fmt.Sprintf("no fraction used GPU %s on %s for %s", key.GPU, key.Node, m.opts.Grace)
+			if grace := m.graceFor(r); now.Sub(since) >= grace {
+				reason = fmt.Sprintf("no fraction used GPU %s on %s for %s", key.GPU, key.Node, grace)
+				if grace < m.opts.Grace {
+					reason += ", and nothing else uses the node's GPUs"
+				}
 			}
 		default:
 			delete(m.idleSince, key)

@@ -142,3 +142,60 @@ func TestRemovedReservationsAreReportedUntilGone(t *testing.T) {
 		t.Errorf("Removing() = %v once it is gone, want none", got)
 	}
 }
+
+// TestEmptyNodeGrace: an idle reservation on a node whose GPUs run nothing
+// else goes after EmptyNodeGrace - at once when it is 0 - while one on a
+// node with GPU work waits out Grace; a negative EmptyNodeGrace keeps
+// Grace everywhere.
+func TestEmptyNodeGrace(t *testing.T) {
+	tests := []struct {
+		name      string
+		emptyNode time.Duration
+		nodeIdle  bool
+		// removedAfter is when the reservation goes, counted from the
+		// first Reconcile that sees it idle.
+		removedAfter time.Duration
+	}{
+		{name: "idle node", emptyNode: 5 * time.Second, nodeIdle: true, removedAfter: 5 * time.Second},
+		{name: "idle node, no grace", emptyNode: 0, nodeIdle: true, removedAfter: 0},
+		{name: "GPU work elsewhere on the node", emptyNode: 5 * time.Second, removedAfter: time.Minute},
+		{name: "empty-node grace off", emptyNode: -1, nodeIdle: true, removedAfter: time.Minute},
+		{name: "empty-node grace longer than grace", emptyNode: 2 * time.Minute, nodeIdle: true, removedAfter: time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+			client := fake.NewSimpleClientset()
+			m := NewManager(client, nil, Options{Grace: time.Minute, EmptyNodeGrace: tt.emptyNode, AdmitTimeout: time.Hour}, clk)
+			ctx := t.Context()
+			if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
+				t.Fatal(err)
+			}
+			p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.CreationTimestamp = metav1.NewTime(clk.Now())
+			key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
+			rs := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true, NodeIdle: tt.nodeIdle}}
+			removed := func() bool {
+				m.Reconcile(ctx, rs, nil, nil)
+				_, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, p.Name, metav1.GetOptions{})
+				return err != nil
+			}
+			if tt.removedAfter > 0 {
+				if removed() {
+					t.Fatal("removed the moment it went idle")
+				}
+				clk.Step(tt.removedAfter - time.Millisecond)
+				if removed() {
+					t.Fatalf("removed before %s", tt.removedAfter)
+				}
+				clk.Step(time.Millisecond)
+			}
+			if !removed() {
+				t.Fatalf("still there %s after it went idle", tt.removedAfter)
+			}
+		})
+	}
+}

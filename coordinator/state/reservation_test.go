@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -229,4 +230,86 @@ func TestReservationCreatedNotShownTakesAGPU(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReservationSaysWhetherItsNodeRunsGPUWork: NodeIdle is true only when
+// nothing but reservations uses the node's GPUs - not a fraction on
+// another reservation, a whole-GPU pod, a pod assumed there, or a MIG
+// device - so the reservation manager can let the node go sooner.
+func TestReservationSaysWhetherItsNodeRunsGPUWork(t *testing.T) {
+	idleRes := reservationOn("n", "n-gpu0")
+	tests := []struct {
+		name    string
+		others  []*corev1.Pod
+		assumed map[types.UID]Assumed
+		static  bool // the node has no karpenter.sh/nodepool label
+		want    bool
+	}{
+		{name: "nothing else", want: true},
+		// Review of issue 16: no autoscaler removes a static node, so a
+		// shorter grace there only makes the next fraction wait for a new
+		// reservation.
+		{name: "nothing else, on a static node", static: true},
+		{name: "a second idle reservation", others: []*corev1.Pod{reservationOn("n", "n-gpu1")}, want: true},
+		{name: "a CPU-only pod", others: []*corev1.Pod{pod("cpu").on("n").cpu("4").phase(corev1.PodRunning).p}, want: true},
+		{name: "a finished whole-GPU pod", others: []*corev1.Pod{pod("done").on("n").gpus(1).phase(corev1.PodSucceeded).p}, want: true},
+		{name: "a fraction on another reservation", others: []*corev1.Pod{reservationOn("n", "n-gpu1"),
+			pod("f").on("n").fraction(30, "n-gpu1").phase(corev1.PodRunning).p}},
+		{name: "a whole-GPU pod", others: []*corev1.Pod{pod("w").on("n").gpus(1).phase(corev1.PodRunning).p}},
+		{name: "a whole-GPU pod being bound", others: []*corev1.Pod{pod("a").gpus(1).p},
+			assumed: map[types.UID]Assumed{"a": {Node: "n"}}},
+		{name: "a MIG device", others: []*corev1.Pod{pod("m").on("n").scalar("nvidia.com/mig-1g.10gb", 1).phase(corev1.PodRunning).p}},
+		// Review of issue 16: GPU work in every shape a tenant can write.
+		{name: "an init container asking a GPU", others: []*corev1.Pod{pod("i").on("n").initScalar(string(api.ResourceGPU), 1).phase(corev1.PodPending).p}},
+		{name: "a time-sliced replica", others: []*corev1.Pod{pod("r").on("n").scalar(shared, 1).phase(corev1.PodRunning).p}},
+		{name: "a whole-GPU pod terminating", others: []*corev1.Pod{terminating(pod("t").on("n").gpus(1).phase(corev1.PodRunning).p)}},
+		{name: "a whole-GPU pod bound by nodeName, not admitted yet", others: []*corev1.Pod{pod("nn").on("n").gpus(1).p}},
+		{name: "a fraction being bound on another GPU", others: []*corev1.Pod{reservationOn("n", "n-gpu1"), pod("fa").fraction(30, "").p},
+			assumed: map[types.UID]Assumed{"fa": {Node: "n", GPU: "n-gpu1"}}},
+		{name: "a tenant's whole-GPU pod labelled as a reservation", others: []*corev1.Pod{labelled(pod("fake").on("n").gpus(1).phase(corev1.PodRunning).p,
+			api.LabelRole, api.RoleReservation)}},
+		{name: "a pod with a resource claim", others: []*corev1.Pod{claiming(pod("c").on("n").phase(corev1.PodRunning).p)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, p := range tt.others {
+				if p.UID == "" {
+					p.UID = types.UID(p.Name)
+				}
+			}
+			n := node("n", 2).inventory("fraction").n
+			if tt.static {
+				delete(n.Labels, api.LabelNodePool)
+			}
+			s, err := Build(Inputs{Nodes: []*corev1.Node{n},
+				Pods: append([]*corev1.Pod{idleRes}, tt.others...), Assumed: tt.assumed, PoolLabel: api.LabelNodePool})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := s.Reservations[NodeGPU{"n", "n-gpu0"}]
+			if r == nil {
+				t.Fatalf("reservation missing: %v", s.Reservations)
+			}
+			if r.NodeIdle != tt.want {
+				t.Errorf("NodeIdle = %v, want %v", r.NodeIdle, tt.want)
+			}
+		})
+	}
+}
+
+func terminating(p *corev1.Pod) *corev1.Pod {
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	return p
+}
+
+func labelled(p *corev1.Pod, k, v string) *corev1.Pod {
+	p.Labels[k] = v
+	return p
+}
+
+func claiming(p *corev1.Pod) *corev1.Pod {
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("c-gpu")}}
+	p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+	return p
 }

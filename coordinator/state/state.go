@@ -162,16 +162,17 @@ type nodeFacts struct {
 	// partitioned and scalarMilli are what partitioned says of the inventory.
 	partitioned int
 	scalarMilli map[string]int64
-	// unschedulable, ready, draining and drainDeadline are what
+	// unschedulable, ready, deleting, draining and drainDeadline are what
 	// nodeReadyAt and placedTaints read: spec.unschedulable, the Ready
-	// condition, and the gpufrac.io/draining taint (DrainDeadline).
-	unschedulable, ready, draining bool
-	drainDeadline                  int64
+	// condition, a deletion timestamp, and the gpufrac.io/draining taint
+	// (DrainDeadline).
+	unschedulable, ready, deleting, draining bool
+	drainDeadline                            int64
 }
 
 // readyAt is nodeReadyAt of the node.
 func (f *nodeFacts) readyAt(now time.Time) bool {
-	return !f.unschedulable && !f.drainingAt(now) && f.ready
+	return !f.unschedulable && !f.deleting && !f.drainingAt(now) && f.ready
 }
 
 // drainingAt is DrainingAt of the node.
@@ -187,6 +188,7 @@ func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
 		scalarMilli:   map[string]int64{},
 		unschedulable: n.Spec.Unschedulable,
 		ready:         readyCondition(n),
+		deleting:      n.DeletionTimestamp != nil,
 	}
 	f.drainDeadline, f.draining = DrainDeadline(n)
 	inv, hasInv := inventory(n)
@@ -346,6 +348,13 @@ type Reservation struct {
 	// NodeGone is true when the node no longer exists: nothing runs there,
 	// fractions included.
 	NodeGone bool
+	// NodeIdle is true when no pod but reservations uses a GPU of the
+	// reservation's (Ready) node, bound or assumed, and the node is
+	// Karpenter's (labelled karpenter.sh/nodepool): the reservations alone
+	// keep it from Karpenter's consolidation. A static node is never idle
+	// here: nothing removes it, and a shorter grace would only make the
+	// next fraction wait for a new reservation.
+	NodeIdle bool
 }
 
 // ReservedGPU is the GPU a reservation pod holds: the one the kubelet gave
@@ -363,10 +372,10 @@ func Terminal(p *corev1.Pod) bool {
 }
 
 // NodeReady tells whether a node may take new pods: not cordoned, not being
-// drained by consolidation (taint gpufrac.io/draining, whatever the pods
-// tolerate), and Ready.
+// deleted, not being drained by consolidation (taint gpufrac.io/draining,
+// whatever the pods tolerate), and Ready.
 func NodeReady(n *corev1.Node) bool {
-	return !n.Spec.Unschedulable && !Draining(n) && readyCondition(n)
+	return !n.Spec.Unschedulable && n.DeletionTimestamp == nil && !Draining(n) && readyCondition(n)
 }
 
 // Draining tells whether consolidation drains the node (taint
@@ -404,8 +413,10 @@ func DrainDeadline(n *corev1.Node) (deadline int64, ok bool) {
 }
 
 // nodeReadyAt is NodeReady with drains ending at their deadline (DrainingAt).
+// A node being deleted stays out past it: consolidation may have deleted it
+// (Karpenter's finalizer terminates it), and nothing placed there lasts.
 func nodeReadyAt(n *corev1.Node, now time.Time) bool {
-	return !n.Spec.Unschedulable && !DrainingAt(n, now) && readyCondition(n)
+	return !n.Spec.Unschedulable && n.DeletionTimestamp == nil && !DrainingAt(n, now) && readyCondition(n)
 }
 
 // placedTaints are the taints placement honours: a draining taint past its
@@ -490,6 +501,10 @@ type nodeAcc struct {
 	partitioned int
 	// dra: the node serves its GPUs through DRA (its inventory says so).
 	dra bool
+	// gpuWork: a pod other than a reservation uses a GPU of the node (a
+	// fraction, whole GPUs, a MIG device or a replica, or resource claims),
+	// bound or assumed.
+	gpuWork bool
 }
 
 // settling tells whether n is one of Karpenter's nodes created after
@@ -610,6 +625,11 @@ func Build(in Inputs) (*Snapshot, error) {
 		d := &f.d
 		acc.node.UsedCPUMilli += d.CPUMilli
 		acc.node.UsedMemoryBytes += d.MemoryBytes
+		// A pod with resource claims may hold a device of the node through
+		// DRA, which the request model does not count: taken as GPU work.
+		if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 || len(p.Spec.ResourceClaims) > 0 {
+			acc.gpuWork = true
+		}
 		for name, k := range d.Scalars {
 			if free, ok := acc.node.Scalars[name]; ok {
 				// Over-committed (allocatable shrank under running pods): nothing is free.
@@ -682,6 +702,10 @@ func Build(in Inputs) (*Snapshot, error) {
 	for k, r := range reservations {
 		if r.Pod == nil {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
+			continue
+		}
+		if acc := accs[k.Node]; acc != nil {
+			r.NodeIdle = !acc.gpuWork && acc.node.Labels[api.LabelNodePool] != ""
 		}
 	}
 	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}
@@ -909,6 +933,8 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 	switch {
 	case n == nil:
 		why = fmt.Sprintf("node %s no longer exists", node)
+	case n.DeletionTimestamp != nil:
+		why = fmt.Sprintf("node %s is being deleted", node)
 	case n.Spec.Unschedulable:
 		why = fmt.Sprintf("node %s is cordoned", node)
 	case DrainingAt(n, now):

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -608,6 +609,31 @@ func TestDrainingNodeIsLeftOut(t *testing.T) {
 	}
 	if _, ok := s.Index("d"); ok || s.Len() != 1 {
 		t.Errorf("the draining node is in the snapshot (%d nodes)", s.Len())
+	}
+}
+
+// A node being deleted (consolidation deletes a drained node for
+// Karpenter's finalizer to terminate) takes no new pod, past its drain's
+// deadline too: while Karpenter is away or slow the node lingers with a
+// deletion timestamp, and nothing placed there would last. Its
+// reservations are orphaned, so they go once their fractions have.
+func TestNodeBeingDeletedIsLeftOut(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	n := node("d", 1).inventory("fraction").n
+	n.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: strconv.FormatInt(now.Add(-time.Minute).Unix(), 10), Effect: corev1.TaintEffectNoSchedule}}
+	gone := metav1.NewTime(now.Add(-time.Minute))
+	n.DeletionTimestamp = &gone
+	res := reservationOn("d", "d-gpu0")
+	s, err := Build(Inputs{Nodes: []*corev1.Node{node("a", 1).inventory("fraction").n, n}, Pods: []*corev1.Pod{res}, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, in := s.Index("d"); in {
+		t.Error("a node being deleted is in the snapshot past its drain's deadline")
+	}
+	r := s.Reservations[NodeGPU{"d", "d-gpu0"}]
+	if r == nil || !strings.Contains(r.Orphaned, "being deleted") || r.NodeLost {
+		t.Errorf("reservation on the node being deleted: %+v; want orphaned (being deleted), its kubelet still there", r)
 	}
 }
 

@@ -23,7 +23,9 @@ package e2e
 //
 // GPUFRAC_COMPARE_SHAPES (peak,tail), GPUFRAC_COMPARE_SIMHOURS (10s,60s) and
 // GPUFRAC_COMPARE_CONFIGS (whole,timeslice,gpufrac) narrow it;
-// GPUFRAC_COMPARE_POLICY sets (c)'s --policy (default: the coordinator's). Method and
+// GPUFRAC_COMPARE_POLICY sets (c)'s --policy (default: the coordinator's),
+// GPUFRAC_COMPARE_V its log verbosity and GPUFRAC_COMPARE_LOGS a directory
+// that keeps every run's component logs. Method and
 // figures: docs/benchmarks.md, "What a GPU day costs".
 
 import (
@@ -62,7 +64,11 @@ const (
 	costReplicas = 4
 	// costGrace and costConsolidateAfter are the reservation grace (c) and
 	// the NodePool's consolidateAfter (all three), in wall time.
-	costGrace            = 5 * time.Second
+	costGrace = 5 * time.Second
+	// costEmptyNodeGrace is (c)'s reservation grace on a node whose GPUs
+	// run nothing else: the chart's 5 s compressed as costGrace compresses
+	// the chart's 60 s (Karpenter's latencies are not compressed).
+	costEmptyNodeGrace   = 400 * time.Millisecond
 	costConsolidateAfter = 5 * time.Second
 	// costSharedPool is (b)'s time-sliced NodePool; its whole-GPU jobs go
 	// to the pool "gpu".
@@ -174,7 +180,9 @@ type costResult struct {
 	// The day: from the first arrival to the end of the last job; Tail adds
 	// the scale-down to zero GPU nodes.
 	Day, Tail dayFigures
-	Bound     costBound
+	// Idle says where the day's GPU-hours on idle nodes went.
+	Idle  idleSplit
+	Bound costBound
 	// Queueing is each job's wait from creation to first Running (simulated minutes).
 	QueueP50, QueueP95, QueueMax float64
 	Failed, Protected, Moves     int
@@ -276,8 +284,8 @@ func TestCostComparison(t *testing.T) {
 
 // line is one run's figures on one line.
 func (r costResult) line() string {
-	return fmt.Sprintf("RUN shape=%s simhour=%s config=%s jobs=%d dayh=%.2f gpuh=%.2f nodeh=%.2f usd=%.0f tail_gpuh=%.2f idle_gpuh=%.2f ffd_gpuh=%.2f ffd_usd=%.0f q50=%.0f q95=%.0f qmax=%.0f failed=%d protected=%d moves=%d move_down=%.0f oversub_gpuh=%.2f oversub_jobs=%d nodes=%v load=%s..%s",
-		r.Shape, r.SimHour, r.Config, r.Jobs, r.Day.Hours, r.Day.GPUHours, r.Day.NodeHours, r.Day.Dollars, r.Tail.GPUHours, r.Day.IdleGPUHours,
+	return fmt.Sprintf("RUN shape=%s simhour=%s config=%s jobs=%d dayh=%.2f gpuh=%.2f nodeh=%.2f usd=%.0f tail_gpuh=%.2f idle_gpuh=%.2f idle_up=%.2f idle_gap=%.2f idle_down=%.2f ffd_gpuh=%.2f ffd_usd=%.0f q50=%.0f q95=%.0f qmax=%.0f failed=%d protected=%d moves=%d move_down=%.0f oversub_gpuh=%.2f oversub_jobs=%d nodes=%v load=%s..%s",
+		r.Shape, r.SimHour, r.Config, r.Jobs, r.Day.Hours, r.Day.GPUHours, r.Day.NodeHours, r.Day.Dollars, r.Tail.GPUHours, r.Day.IdleGPUHours, r.Idle.Up, r.Idle.Gap, r.Idle.Down,
 		r.Bound.GPUHours, r.Bound.Dollars, r.QueueP50, r.QueueP95, r.QueueMax, r.Failed, r.Protected, r.Moves, r.MoveDowntime,
 		r.OversubGPUHours, r.OversubJobs, r.Nodes, r.LoadBefore, r.LoadAfter)
 }
@@ -421,9 +429,9 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	var chart cluster.ChartOptions
 	if config == configGpufrac {
 		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
-		chart.ValuesFiles = consolidationValues(t, types, costGrace.String(),
+		chart.ValuesFiles = consolidationValues(t, types, []string{"grace: " + costGrace.String(), "emptyNodeGrace: " + costEmptyNodeGrace.String()},
 			"moveBarePods: true", "interval: 1s", "stableFor: "+sim(0.1), "drainTimeout: 3m", "maxDrainingNodes: 2",
-			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1))
+			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1), "deleteDrainedNodes: true")
 	}
 	c := costCluster(t, config, types, chart)
 	if config == configGpufrac {
@@ -432,6 +440,9 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		args := []string{"--leader-elect=false"}
 		if p := os.Getenv("GPUFRAC_COMPARE_POLICY"); p != "" {
 			args = append(args, "--policy="+p)
+		}
+		if v := os.Getenv("GPUFRAC_COMPARE_V"); v != "" {
+			args = append(args, "--v="+v)
 		}
 		startCoordinator(t, c, "c1", args...)
 	}
@@ -538,6 +549,8 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 
 	t.Logf("%s/%s/%s per simulated hour:\n%s", shape, simHour, config, hourlyAt(samples, began, zero, simHour))
 	r.Day = integrate(samples, began, dayEnd, simHour)
+	r.Idle = splitIdle(samples, began, dayEnd, simHour, func(typ string) int64 { return instanceGPUs(m.types[typ]) })
+	t.Logf("%s/%s/%s %s", shape, simHour, config, r.Idle)
 	r.Tail = integrate(samples, began, zero, simHour)
 	simMin := func(d time.Duration) float64 { return 60 * float64(d) / float64(simHour) }
 	slices.Sort(waits)
@@ -554,7 +567,24 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	r.OversubGPUHours, r.OversubJobs = over.gpuHours, len(over.jobs)
 	r.Nodes = m.launched()
 	r.LoadAfter = loadavg()
+	keepCostLogs(t, c, shape+"-"+simHour.String()+"-"+config)
 	return r
+}
+
+// keepCostLogs copies the run's component logs (the coordinator's among
+// them) to $GPUFRAC_COMPARE_LOGS/name when that is set: the cluster's own
+// directory goes when the run passes.
+func keepCostLogs(t *testing.T, c *cluster.Cluster, name string) {
+	dir := os.Getenv("GPUFRAC_COMPARE_LOGS")
+	if dir == "" {
+		return
+	}
+	dst := filepath.Join(dir, name)
+	if err := os.CopyFS(dst, os.DirFS(c.LogDir())); err != nil {
+		t.Logf("keeping the logs in %s: %v", dst, err)
+		return
+	}
+	t.Logf("logs kept in %s", dst)
 }
 
 // createCostPod creates a job's pod, trying three times: one API request

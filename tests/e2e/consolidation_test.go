@@ -12,7 +12,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -38,9 +40,10 @@ func pricesValues(types []cluster.InstanceType, indent string) string {
 
 // consolidationValues writes chart values that turn consolidation on with
 // the price table of types (the test bed's values first) and returns the
-// values files. consolidation holds the keys under
-// coordinator.consolidation besides enabled ("interval: 1s", ...).
-func consolidationValues(t testing.TB, types []cluster.InstanceType, grace string, consolidation ...string) []string {
+// values files. reservations holds the keys under coordinator.reservations
+// ("grace: 5s", ...), consolidation those under coordinator.consolidation
+// besides enabled ("interval: 1s", ...).
+func consolidationValues(t testing.TB, types []cluster.InstanceType, reservations []string, consolidation ...string) []string {
 	t.Helper()
 	testbed, err := cluster.TestbedValues()
 	if err != nil {
@@ -49,7 +52,10 @@ func consolidationValues(t testing.TB, types []cluster.InstanceType, grace strin
 	var b strings.Builder
 	b.WriteString("coordinator:\n")
 	b.WriteString(pricesValues(types, "  "))
-	fmt.Fprintf(&b, "  reservations:\n    grace: %s\n", grace)
+	b.WriteString("  reservations:\n")
+	for _, kv := range reservations {
+		b.WriteString("    " + kv + "\n")
+	}
 	b.WriteString("  consolidation:\n    enabled: true\n")
 	for _, kv := range consolidation {
 		b.WriteString("    " + kv + "\n")
@@ -67,8 +73,8 @@ func consolidationValues(t testing.TB, types []cluster.InstanceType, grace strin
 func consolidationCluster(t *testing.T) *cluster.Cluster {
 	t.Helper()
 	types := cluster.DefaultInstanceTypes()
-	return karpenterClusterWith(t, cluster.ChartOptions{ValuesFiles: consolidationValues(t, types, "5s",
-		"interval: 1s", "stableFor: 3s", "drainTimeout: 3m")})
+	return karpenterClusterWith(t, cluster.ChartOptions{ValuesFiles: consolidationValues(t, types, []string{"grace: 5s"},
+		"interval: 1s", "stableFor: 3s", "drainTimeout: 3m", "deleteDrainedNodes: true")})
 }
 
 // fractionDeployment creates a Deployment of replicas pods asking pct% of a
@@ -156,8 +162,9 @@ func anyHasPrefix(list []string, prefix string) bool {
 // The 70% ones end: each node keeps one 30% fraction, which Karpenter cannot
 // move (the reservations are do-not-disrupt). The coordinator drains one
 // node: its fraction is evicted, re-created by its ReplicaSet and placed on
-// the other node's shared GPU, the reservation goes, Karpenter removes the
-// empty node.
+// the other node's shared GPU, the reservation goes, and the coordinator
+// deletes the drained node (deleteDrainedNodes), which Karpenter's finalizer
+// terminates.
 func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 	t.Parallel()
 	c := consolidationCluster(t)
@@ -199,8 +206,9 @@ func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 		}
 	}
 	t.Logf("consolidation drained %s; both fractions run on %s", removed, kept)
-	if ev := eventsFor(t, c, "Node", removed); !anyHasPrefix(ev, "ConsolidationDrainStarted: draining for consolidation: 1 pods move") {
-		t.Errorf("events of the removed node %s: %v", removed, ev)
+	if ev := eventsFor(t, c, "Node", removed); !anyHasPrefix(ev, "ConsolidationDrainStarted: draining for consolidation: 1 pods move") ||
+		!anyHasPrefix(ev, "ConsolidationNodeDeleted: drained") {
+		t.Errorf("events of the removed node %s: %v; want the drain and, with deleteDrainedNodes, its deletion", removed, ev)
 	}
 	moved := 0
 	for _, p := range small {
@@ -269,6 +277,53 @@ func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
 		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: api.TaintDraining, Value: "1", Effect: corev1.TaintEffectNoSchedule})
 	}); err != nil {
 		t.Errorf("the coordinator may not put the drain taint on node %s: %v", node, err)
+	}
+
+	// deleteDrainedNodes: it may delete a Karpenter node it drained, that
+	// Karpenter's finalizer holds and that is not annotated do-not-disrupt,
+	// and no other (dry runs; the nodes below are bare objects, no
+	// kubelet's).
+	const delRefusal = "gpufrac-coordinator may delete only a Karpenter Node it drained"
+	drainTaint := []corev1.Taint{{Key: api.TaintDraining, Value: "4102444800", Effect: corev1.TaintEffectNoSchedule}}
+	pool := map[string]string{api.LabelNodePool: "gpu"}
+	karpenter := []string{consolidation.KarpenterTerminationFinalizer}
+	for _, tc := range []struct {
+		name        string
+		labels      map[string]string
+		annotations map[string]string
+		finalizers  []string
+		taints      []corev1.Taint
+		ok          bool
+	}{
+		{name: "rights-untainted", labels: pool, finalizers: karpenter},
+		{name: "rights-static", taints: drainTaint, finalizers: karpenter},
+		{name: "rights-no-finalizer", labels: pool, taints: drainTaint},
+		{name: "rights-do-not-disrupt", labels: pool, annotations: map[string]string{api.AnnotationDoNotDisrupt: "true"}, taints: drainTaint, finalizers: karpenter},
+		{name: "rights-drained", labels: pool, annotations: map[string]string{api.AnnotationDoNotDisrupt: "false"}, taints: drainTaint, finalizers: karpenter, ok: true},
+	} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Labels: tc.labels, Annotations: tc.annotations, Finalizers: tc.finalizers},
+			Spec: corev1.NodeSpec{Taints: tc.taints}}
+		if _, err := c.Client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := as.CoreV1().Nodes().Delete(t.Context(), tc.name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("the coordinator may not delete %s, a drained Karpenter node: %v", tc.name, err)
+		case !tc.ok && (err == nil || !cluster.RefusedBy(err, "gpufrac-coordinator-nodes") || !strings.Contains(err.Error(), delRefusal)):
+			t.Errorf("the coordinator deleting %s: %v; want refused by gpufrac-coordinator-nodes", tc.name, err)
+		}
+		// The coordinator under test may delete rights-drained itself (it
+		// looks drained): NotFound is fine.
+		if len(tc.finalizers) > 0 {
+			// No Karpenter NodeClaim behind it: the finalizer goes first.
+			if _, err := c.Client.CoreV1().Nodes().Patch(t.Context(), tc.name, k8stypes.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Error(err)
+			}
+		}
+		if err := c.Client.CoreV1().Nodes().Delete(t.Context(), tc.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Error(err)
+		}
 	}
 }
 
