@@ -259,19 +259,7 @@ func integrate(samples []daySample, from, to time.Time, simHour time.Duration) d
 		return f
 	}
 	f.Hours = float64(to.Sub(from)) / float64(simHour)
-	for i, s := range samples {
-		end := to
-		if i+1 < len(samples) && samples[i+1].At.Before(to) {
-			end = samples[i+1].At
-		}
-		begin := s.At
-		if begin.Before(from) {
-			begin = from
-		}
-		if !end.After(begin) {
-			continue
-		}
-		h := float64(end.Sub(begin)) / float64(simHour)
+	eachHeld(samples, from, to, simHour, func(s daySample, h float64) {
 		f.NodeHours += float64(s.Nodes) * h
 		f.GPUHours += float64(s.GPUs) * h
 		f.Dollars += s.Price * h
@@ -281,8 +269,26 @@ func integrate(samples []daySample, from, to time.Time, simHour time.Duration) d
 		f.BoundD += s.BoundPrice * h
 		f.PackedGPUHours += float64(s.Packed) * h
 		f.IdleGPUHours += float64(s.IdleGPUs) * h
-	}
+	})
 	return f
+}
+
+// eachHeld calls f with each sample and the simulated hours it is held
+// within [from, to): until the next sample, the last until to.
+func eachHeld(samples []daySample, from, to time.Time, simHour time.Duration, f func(s daySample, h float64)) {
+	for i, s := range samples {
+		end := to
+		if i+1 < len(samples) && samples[i+1].At.Before(to) {
+			end = samples[i+1].At
+		}
+		begin := s.At
+		if begin.Before(from) {
+			begin = from
+		}
+		if end.After(begin) {
+			f(s, float64(end.Sub(begin))/float64(simHour))
+		}
+	}
 }
 
 func ratio(used, bound float64) string {

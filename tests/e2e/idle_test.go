@@ -33,23 +33,11 @@ func splitIdle(samples []daySample, from, to time.Time, simHour time.Duration, g
 		busy bool
 	}
 	per := map[string][]span{}
-	for i, s := range samples {
-		end := to
-		if i+1 < len(samples) && samples[i+1].At.Before(to) {
-			end = samples[i+1].At
-		}
-		begin := s.At
-		if begin.Before(from) {
-			begin = from
-		}
-		if !end.After(begin) {
-			continue
-		}
-		h := float64(end.Sub(begin)) / float64(simHour)
+	eachHeld(samples, from, to, simHour, func(s daySample, h float64) {
 		for _, n := range s.PerNode {
 			per[n.Node] = append(per[n.Node], span{h: h * float64(gpus(n.Type)), busy: n.Demand > 0})
 		}
-	}
+	})
 	var out idleSplit
 	for node, spans := range per {
 		first, last := -1, -1
