@@ -108,17 +108,8 @@ gpufrac_reservation_idle_max_seconds 59
 // cycles. Removing names it until a Reconcile no longer sees it, so that
 // no fraction is bound on its GPU meanwhile, and it is not deleted again.
 func TestRemovedReservationsAreReportedUntilGone(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	client := fake.NewSimpleClientset()
-	m := NewManager(client, nil, Options{Grace: time.Minute, AdmitTimeout: time.Hour}, clk)
+	m, _, _, p := ensured(t, Options{Grace: time.Minute, AdmitTimeout: time.Hour})
 	ctx := t.Context()
-	if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
-		t.Fatal(err)
-	}
-	p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	p.UID = "res-uid"
 	key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
 	// The node is gone: removed at once.
@@ -164,17 +155,8 @@ func TestEmptyNodeGrace(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-			client := fake.NewSimpleClientset()
-			m := NewManager(client, nil, Options{Grace: time.Minute, EmptyNodeGrace: tt.emptyNode, AdmitTimeout: time.Hour}, clk)
+			m, client, clk, p := ensured(t, Options{Grace: time.Minute, EmptyNodeGrace: tt.emptyNode, AdmitTimeout: time.Hour})
 			ctx := t.Context()
-			if err := m.Ensure(ctx, "n", "GPU-x", 0); err != nil {
-				t.Fatal(err)
-			}
-			p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(ctx, Name("n", "GPU-x"), metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
 			p.CreationTimestamp = metav1.NewTime(clk.Now())
 			key := state.NodeGPU{Node: "n", GPU: "GPU-x"}
 			rs := map[state.NodeGPU]*state.Reservation{key: {Pod: p, Ready: true, NodeIdle: tt.nodeIdle}}
@@ -198,4 +180,21 @@ func TestEmptyNodeGrace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ensured is a manager with options o on a fake clock and API, and the
+// reservation pod of GPU-x on node n it created, as the API returns it.
+func ensured(t *testing.T, o Options) (*Manager, *fake.Clientset, *clocktesting.FakeClock, *corev1.Pod) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	client := fake.NewSimpleClientset()
+	m := NewManager(client, nil, o, clk)
+	if err := m.Ensure(t.Context(), "n", "GPU-x", 0); err != nil {
+		t.Fatal(err)
+	}
+	p, err := client.CoreV1().Pods(api.ReservationNamespace).Get(t.Context(), Name("n", "GPU-x"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, client, clk, p
 }
