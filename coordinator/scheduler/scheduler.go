@@ -88,6 +88,12 @@ type Options struct {
 	// past it the bound members are evicted and the gang is placed again
 	// whole. Zero means DefaultGangBindTimeout.
 	GangBindTimeout time.Duration
+	// PlaceBudget bounds how long a cycle places workloads it has not
+	// placed before: once it is spent (and at least one workload was
+	// placed) the rest wait for the next cycle, in the same order, as when
+	// the bind queue is full. Zero means DefaultPlaceBudget; negative, no
+	// budget.
+	PlaceBudget time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
 	// TimesliceResource is the time-sliced replica resource the node agents
@@ -258,6 +264,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	}
 	if o.GangBindTimeout <= 0 {
 		o.GangBindTimeout = DefaultGangBindTimeout
+	}
+	if o.PlaceBudget == 0 {
+		o.PlaceBudget = DefaultPlaceBudget
 	}
 	if o.Placeholder.PoolLabel == "" {
 		o.Placeholder.PoolLabel = o.PoolLabel
@@ -692,6 +701,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	full := false                               // the bind queue has no room for the next workload
+	budget := s.placeBudget()
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			// Members created in a burst arrive within moments: a gang says
@@ -712,9 +722,16 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		// for bindings and nothing later overtakes them. A workload placed
 		// in an earlier cycle and waiting for reservations keeps its plan:
 		// dropped, its reservations would no longer be wanted.
-		if full = full || !s.bindRoom(len(w.pods)); full && !s.planned(w) {
+		planned := s.planned(w)
+		if full = full || !s.bindRoom(len(w.pods)); full && !planned {
 			for _, p := range w.pods {
 				res.pending(ReasonWaitingToBind, p.pod)
+			}
+			continue
+		}
+		if !budget.admit(planned) {
+			for _, p := range w.pods {
+				res.pending(ReasonNextCycle, p.pod)
 			}
 			continue
 		}
@@ -772,6 +789,19 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			// and the pods keep their GPUs in the next cycle.
 			planWaiting(plans, s.plans, w, decisions, snap, start)
 			s.markWaiting(ctx, w, waitMsg, plans, snap, start, &res)
+			budget.placed()
+			continue
+		}
+		if !s.bindRoom(len(w.pods)) {
+			// Planned in an earlier cycle, its reservations ready, and the
+			// bind queue full: it keeps its plan (and its reservations
+			// stay wanted) for the next cycle rather than the cycle
+			// waiting for the bind workers, a binding's latency per pod.
+			full = true
+			planWaiting(plans, s.plans, w, decisions, snap, start)
+			for _, p := range w.pods {
+				res.pending(ReasonWaitingToBind, p.pod)
+			}
 			continue
 		}
 		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
@@ -783,6 +813,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 		s.bind(ctx, w, decisions, snap, claims)
 		res.Bound += len(w.pods)
+		budget.placed()
+	}
+	if budget.cut {
+		s.Wake() // the rest is placed in the next cycle, not an Interval later
 	}
 	s.plans = plans
 	stages.done("place")
@@ -829,6 +863,61 @@ func (t *stageTimes) done(name string) {
 // the pods a cycle did not place because the bind queue was full: they are
 // served in order as soon as it has room. It is never written on a pod.
 const ReasonWaitingToBind = "WaitingToBind"
+
+// ReasonNextCycle counts, in Result.Pending and gpufrac_pending_pods, the
+// pods a cycle did not place because its place budget (Options.PlaceBudget)
+// was spent: the next cycle places them, in the same order. It is never
+// written on a pod.
+const ReasonNextCycle = "NextCycle"
+
+// DefaultPlaceBudget is Options.PlaceBudget's default. At 5,000 nodes a
+// cycle that placed all it could placed a bind queue's worth (4,096 pods)
+// at once, and took 4 to 7 s on a loaded control-plane node while the
+// cycles around it took 0.4 s (docs/benchmarks.md, "Scale"); the bind
+// workers take a hundred or two a second, so a quarter of a second of
+// placing per cycle keeps them fed.
+const DefaultPlaceBudget = 250 * time.Millisecond
+
+// placeBudget is the place stage's budget of one cycle (Options.PlaceBudget).
+// It counts the time spent on workloads not placed before that were placed
+// (bound, or planned to wait for reservations): one that does not fit costs
+// what it did before, and never keeps the workloads behind it from their
+// turn.
+type placeBudget struct {
+	clock  clock.PassiveClock
+	limit  time.Duration // <0: none
+	used   time.Duration
+	began  time.Time // the current workload's start
+	timing bool      // the current workload counts
+	cut    bool      // a workload waits for the next cycle
+}
+
+func (s *Scheduler) placeBudget() *placeBudget {
+	return &placeBudget{clock: s.clock, limit: s.opts.PlaceBudget}
+}
+
+// admit tells whether the next workload is placed this cycle; one planned in
+// an earlier cycle always is (dropped, its reservations would no longer be
+// wanted).
+func (b *placeBudget) admit(planned bool) bool {
+	b.timing = false
+	if planned {
+		return true
+	}
+	if b.cut = b.cut || (b.limit >= 0 && b.used >= b.limit); b.cut {
+		return false
+	}
+	b.began, b.timing = b.clock.Now(), true
+	return true
+}
+
+// placed records that the workload admitted last was placed.
+func (b *placeBudget) placed() {
+	if b.timing {
+		b.used += b.clock.Since(b.began)
+		b.timing = false
+	}
+}
 
 // bindRoom tells whether the bind queue can take n more bindings now. An
 // empty queue takes any workload, however large (its binding then waits
