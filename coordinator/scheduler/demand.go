@@ -26,7 +26,7 @@ import (
 // admitted together, in the order the cycle serves them (ws is sorted): a
 // backlog of pods each within the queue's limit alone counts only as far
 // as the queue may run them all.
-func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, ws []*workload, b *books) {
+func (s *Scheduler) feedDemand(snap *state.Snapshot, bound []placement.Request, ws []*workload, b *books) {
 	tree := b.tree.Clone()
 	for _, w := range ws {
 		if w.incomplete != "" || !tree.Check(w.queue, w.resources(), w.nonPreemptible).Allowed {
@@ -37,13 +37,33 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed
 			snap.AddDemand(&w.pods[k].req)
 		}
 	}
+	for i := range bound {
+		snap.AddDemand(&bound[i])
+	}
+}
+
+// readBound charges the pods bound or being bound to their queues
+// (books.charge) and returns their requests for feedDemand, in one pass over
+// the pods: at 50,000 pods each pass costs about as much as the snapshot's
+// reads of them, and this one runs while the snapshot is built. Pods this
+// scheduler cannot parse count with their plain requests; placeholders and
+// reservation pods are left out of the requests.
+func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) []placement.Request {
+	out := s.boundDemand[:0]
 	for _, p := range pods {
-		if _, ok := assumed[p.UID]; (p.Spec.NodeName == "" && !ok) || state.Terminal(p) ||
-			placeholder.IsPlaceholder(p) || state.IsReservation(p) {
+		if state.Terminal(p) {
+			continue
+		}
+		_, being := assumed[p.UID]
+		if p.Spec.NodeName == "" && !being {
+			continue
+		}
+		b.charge(p, being, s.parse, s.parseAdmitted)
+		if placeholder.IsPlaceholder(p) || state.IsReservation(p) {
 			continue
 		}
 		if pi, err := s.parse(p); err == nil {
-			snap.AddDemand(&pi.req)
+			out = append(out, pi.req)
 			continue
 		}
 		d := state.DemandOf(p, s.opts.TimesliceResource)
@@ -51,6 +71,9 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed
 		if d.WholeGPUs == 0 && d.FractionPercent > 0 {
 			r.ShareMilli = min(d.FractionPercent*placement.MilliPerGPU/100, placement.MilliPerGPU)
 		}
-		snap.AddDemand(&r)
+		out = append(out, r)
 	}
+	// The next cycle reuses the array.
+	s.boundDemand = out
+	return out
 }

@@ -216,6 +216,9 @@ type Scheduler struct {
 	parsed     map[*corev1.Pod]*parseEntry
 	parseIn    parseInputs
 	parseCycle uint64
+	// boundDemand holds the requests of the pods bound or being bound
+	// (readBound), reused from cycle to cycle; used only by Cycle.
+	boundDemand []placement.Request
 	// nodeSeen: node -> its taints and when it became usable, used only by
 	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
 	nodeSeen     map[string]*nodeSeen
@@ -621,18 +624,44 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	if s.opts.NewNodeSettle > 0 {
 		inputs.Settling = s.settlingNodes(nodes, start)
 	}
-	snap, err := state.Build(inputs)
+	// The snapshot is built while the pods bound or being bound are
+	// charged to their queues (readBound): two passes over every pod, on
+	// two goroutines. The parses use the last cycle's GPU models, scalar
+	// worth and nodes in mode dra, which the snapshot tells; when they
+	// changed the pods are read again.
+	s.beginParses()
+	defer s.sweepParses()
+	var (
+		snap     *state.Snapshot
+		buildErr error
+		built    = make(chan struct{})
+	)
+	go func() {
+		defer close(built)
+		snap, buildErr = state.Build(inputs)
+	}()
+	books, err := newBooks(queues, badQueues)
+	var boundDemand []placement.Request
+	if err == nil {
+		boundDemand = s.readBound(pods, assumed, books)
+	}
+	<-built
+	if buildErr != nil {
+		return res, buildErr
+	}
 	if err != nil {
 		return res, err
 	}
 	s.scalarMilli = snap.ScalarMilli
 	s.draNodes = snap.DRANodes
-	s.beginParses()
-	defer s.sweepParses()
-	books, err := newBooks(queues, badQueues, snap)
-	if err != nil {
-		return res, err
+	if !s.parsesValid() {
+		s.beginParses()
+		if books, err = newBooks(queues, badQueues); err != nil {
+			return res, err
+		}
+		boundDemand = s.readBound(pods, assumed, books)
 	}
+	books.setCapacity(snap)
 
 	stages.done("snapshot")
 
@@ -671,7 +700,6 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	})
 	// Workloads whose binding failed a moment ago wait out their back-off.
 	workloads = s.holdBackedOff(ctx, workloads, start, &res)
-	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 
 	stages.done("collect")
@@ -684,7 +712,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	sort.SliceStable(workloads, func(i, j int) bool {
 		return s.hasPlan(workloads[i]) && !s.hasPlan(workloads[j])
 	})
-	s.feedDemand(snap, pods, assumed, workloads, books)
+	s.feedDemand(snap, boundDemand, workloads, books)
 
 	// 5. Admit and place, workload by workload.
 	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
