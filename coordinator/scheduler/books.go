@@ -170,28 +170,13 @@ func (b *books) allows(name, ns string) bool {
 	return ok && spec.AllowsNamespace(ns)
 }
 
-// charge charges p, bound or being bound, if the coordinator admitted it:
-// a bound pod by the queue its binding recorded (parseAdmitted; other bound
-// pods are not the coordinator's work, whatever their labels say), a pod
+// charge charges p, bound or being bound, parsed as pi: a bound pod by the
+// queue its binding recorded (parseAdmitted; other bound pods are not the
+// coordinator's work, whatever their labels say, and are not parsed), a pod
 // being bound by its parsed queue. Non-preemptibility counts only for a pod
 // in a namespace its queue allows (a queue may have dropped a namespace
 // since).
-func (b *books) charge(p *corev1.Pod, being bool, parse func(*corev1.Pod) (podInfo, error), parseAdmitted func(*corev1.Pod) (podInfo, bool, error)) {
-	var pi podInfo
-	switch {
-	case p.Spec.NodeName != "":
-		var ok bool
-		if pi, ok, _ = parseAdmitted(p); !ok {
-			return
-		}
-	case being:
-		var err error
-		if pi, err = parse(p); err != nil {
-			return
-		}
-	default:
-		return
-	}
+func (b *books) charge(p *corev1.Pod, pi *podInfo) {
 	np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
 	_ = b.tree.Assume(pi.queue, pi.res, np) // unknown queues are not charged
 }

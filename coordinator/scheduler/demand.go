@@ -43,27 +43,59 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, bound []placement.Request, 
 }
 
 // readBound charges the pods bound or being bound to their queues
-// (books.charge) and returns their requests for feedDemand, in one pass over
-// the pods: at 50,000 pods each pass costs about as much as the snapshot's
-// reads of them, and this one runs while the snapshot is built. Pods this
-// scheduler cannot parse count with their plain requests; placeholders and
+// (books.charge), counts the gang members among them (gangsPlaced) and
+// returns their requests for feedDemand, in one pass over the pods: at
+// 50,000 pods each pass costs about as much as the snapshot's reads of
+// them, and this one runs while the snapshot is built. Pods this scheduler
+// cannot parse count with their plain requests; placeholders and
 // reservation pods are left out of the requests.
-func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) []placement.Request {
+func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]placement.Request, *gangsPlaced) {
 	out := s.boundDemand[:0]
+	gangs := newGangsPlaced()
 	for _, p := range pods {
-		if state.Terminal(p) {
-			continue
-		}
-		_, being := assumed[p.UID]
+		a, being := assumed[p.UID]
 		if p.Spec.NodeName == "" && !being {
 			continue
 		}
-		b.charge(p, being, s.parse, s.parseAdmitted)
+		terminal := state.Terminal(p)
+		ours := p.Spec.SchedulerName == s.opts.SchedulerName
+		if terminal && !ours {
+			continue
+		}
+		// Bound: parsed as its binding recorded; being bound: as it is.
+		var pi podInfo
+		var ok bool
+		if p.Spec.NodeName != "" {
+			pi, ok, _ = s.parseAdmitted(p)
+		} else {
+			var err error
+			pi, err = s.parse(p)
+			ok = err == nil
+		}
+		if ok && ours {
+			node := p.Spec.NodeName
+			if node == "" {
+				node = a.Node
+			}
+			if node != "" {
+				gangs.count(s, p, &pi, node, being, terminal)
+			}
+		}
+		if terminal {
+			continue
+		}
+		if ok {
+			b.charge(p, &pi)
+		}
 		if placeholder.IsPlaceholder(p) || state.IsReservation(p) {
 			continue
 		}
-		if pi, err := s.parse(p); err == nil {
+		if p.Spec.NodeName == "" && ok {
 			out = append(out, pi.req)
+			continue
+		}
+		if own, err := s.parse(p); err == nil {
+			out = append(out, own.req)
 			continue
 		}
 		d := state.DemandOf(p, s.opts.TimesliceResource)
@@ -73,7 +105,6 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 		}
 		out = append(out, r)
 	}
-	// The next cycle reuses the array.
-	s.boundDemand = out
-	return out
+	s.boundDemand = out // the next cycle reuses the array
+	return out, gangs
 }

@@ -642,8 +642,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}()
 	books, err := newBooks(queues, badQueues)
 	var boundDemand []placement.Request
+	var gangs *gangsPlaced
 	if err == nil {
-		boundDemand = s.readBound(pods, assumed, books)
+		boundDemand, gangs = s.readBound(pods, assumed, books)
 	}
 	<-built
 	if buildErr != nil {
@@ -659,7 +660,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		if books, err = newBooks(queues, badQueues); err != nil {
 			return res, err
 		}
-		boundDemand = s.readBound(pods, assumed, books)
+		boundDemand, gangs = s.readBound(pods, assumed, books)
 	}
 	books.setCapacity(snap)
 
@@ -681,14 +682,14 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			pending = append(pending, p)
 		}
 	}
-	workloads, invalid, census := s.group(pending, pods, assumed, books)
+	workloads, invalid := s.group(pending, gangs, books)
 	workloads, invalid = s.dropOversizedGangs(snap, workloads, invalid)
 	for _, iv := range invalid {
 		s.markPending(ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &res)
 	}
 	// Gangs bound in part for longer than GangBindTimeout give their GPUs
 	// back; their pending members wait until the evicted ones are gone.
-	rollingBack := s.checkGangBinds(ctx, census)
+	rollingBack := s.checkGangBinds(ctx, gangs.census)
 	workloads = slices.DeleteFunc(workloads, func(w *workload) bool {
 		msg, rolling := rollingBack[w.id()]
 		if rolling {
