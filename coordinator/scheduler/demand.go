@@ -53,9 +53,13 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 	out := s.boundDemand[:0]
 	gangs := newGangsPlaced()
 	for _, p := range pods {
-		a, being := assumed[p.UID]
-		if p.Spec.NodeName == "" && !being {
-			continue
+		var a state.Assumed
+		being := false
+		if p.Spec.NodeName == "" {
+			// Bound pods are most: their assumption (gone or going) changes nothing here.
+			if a, being = assumed[p.UID]; !being {
+				continue
+			}
 		}
 		terminal := state.Terminal(p)
 		ours := p.Spec.SchedulerName == s.opts.SchedulerName

@@ -669,7 +669,16 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	// 3. Collect the pending pods into workloads (gangs and single pods).
 	s.forgetSaid()
 	var pending []*corev1.Pod
+	var existing []*corev1.Pod      // placeholder pods
+	liveGroups := map[string]bool{} // placeholder groups with placeholders or admitted pending work
 	for _, p := range pods {
+		if placeholder.IsPlaceholder(p) {
+			existing = append(existing, p)
+			liveGroups[p.Labels[placeholder.LabelGroup]] = true
+		}
+		if p.Spec.NodeName != "" {
+			continue
+		}
 		if _, busy := assumed[p.UID]; busy {
 			continue
 		}
@@ -677,7 +686,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		// (the API server refuses the binding; its PodScheduled condition
 		// says SchedulingGated): placed, it would hold capacity and a
 		// reservation, and its binding would fail in every cycle.
-		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
+		if !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
 			len(p.Spec.SchedulingGates) == 0 {
 			pending = append(pending, p)
 		}
@@ -716,18 +725,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	s.feedDemand(snap, boundDemand, workloads, books)
 
 	// 5. Admit and place, workload by workload.
-	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
-	plans := map[types.UID]plan{}      // pods waiting for reservations -> their placement
-	var demand []placeholder.Item      // admitted work with no room: asks for capacity
-	var existing []*corev1.Pod         // placeholder pods
-	liveGroups := map[string]bool{}    // placeholder groups with placeholders or admitted pending work
-	withdrawn := map[types.UID]bool{}  // placeholders deleted before their work was bound elsewhere
-	for _, p := range pods {
-		if placeholder.IsPlaceholder(p) {
-			existing = append(existing, p)
-			liveGroups[p.Labels[placeholder.LabelGroup]] = true
-		}
-	}
+	wanted := map[state.NodeGPU]bool{}          // GPUs whose reservation fractions wait for
+	plans := map[types.UID]plan{}               // pods waiting for reservations -> their placement
+	var demand []placeholder.Item               // admitted work with no room: asks for capacity
+	withdrawn := map[types.UID]bool{}           // placeholders deleted before their work was bound elsewhere
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	full := false                               // the bind queue has no room for the next workload
 	budget := s.placeBudget()
