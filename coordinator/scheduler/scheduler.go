@@ -216,6 +216,9 @@ type Scheduler struct {
 	nodeSeenOnce bool
 	// settleWake wakes the scheduler when the next settling node settles.
 	settleWake clock.Timer
+	// held names the nodes that settle in this cycle and are placed on,
+	// their pods bound once they settled (see settlingNodes).
+	held map[string]bool
 }
 
 type assumedPod struct {
@@ -473,9 +476,8 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 	}
 }
 
-// settlingNodes are the nodes that became usable within NewNodeSettle: the
-// coordinator places nothing there yet (state.Inputs.Settling). A node
-// becomes usable when
+// settlingNodes are the nodes that became usable within NewNodeSettle. A
+// node becomes usable when
 //   - it appears, for Karpenter's nodes (label karpenter.sh/nodepool) that
 //     appear after the first cycle;
 //   - it loses a NoExecute taint (karpenter.sh/unregistered on a node
@@ -483,15 +485,20 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 //     gpufrac.io/draining taint in force (consolidation gave it back, or
 //     the drain's deadline passed).
 //
-// Placeholders no scheduler serves leave no race with kube-scheduler on a
-// new node (package placeholder), so the settle only guards the taint
-// eviction race (kubernetes#119862): kube-controller-manager's taint
-// manager, whose informer may still show a NoExecute taint the coordinator
-// already saw removed, deletes a pod bound in that moment. A returned node
-// settles too: its free GPUs are what the placeholders of earlier versions,
-// which kube-scheduler binds, may be pending for.
-func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
-	var out map[string]bool
+// The first two settle for the taint eviction race (kubernetes#119862):
+// kube-controller-manager's taint manager, whose informer may still show a
+// NoExecute taint the coordinator already saw removed, deletes a pod bound
+// in that moment. Such a node is placed on while it settles, and the
+// reservations of the fractions placed there are made (a reservation pod
+// tolerates every taint, so the taint manager never deletes it), but no
+// pod is bound there until it settled (held): the fractions bind the
+// moment it has, instead of asking for their reservations only then.
+//
+// A returned node is left out of the snapshot while it settles (out): its
+// free GPUs are what the placeholders of earlier versions, which
+// kube-scheduler binds, may be pending for, and a reservation made there
+// could race them for a GPU.
+func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, held map[string]bool) {
 	soonest := s.opts.NewNodeSettle
 	live := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
@@ -505,20 +512,28 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[strin
 				seen.usableSince = now
 			}
 			s.nodeSeen[n.Name] = seen
-		case slices.ContainsFunc(seen.taints, func(k string) bool { return !slices.Contains(taints, k) }):
-			seen.usableSince = now
+		default:
+			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
+			if len(gone) > 0 {
+				seen.usableSince = now
+				seen.returned = slices.ContainsFunc(gone, func(k string) bool { return strings.HasPrefix(k, api.TaintDraining+":") })
+			}
 		}
 		seen.taints = taints
 		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
-			if out == nil {
-				out = map[string]bool{}
+			set := &held
+			if seen.returned {
+				set = &out
 			}
-			out[n.Name] = true
+			if *set == nil {
+				*set = map[string]bool{}
+			}
+			(*set)[n.Name] = true
 			soonest = min(soonest, left)
 		}
 	}
 	s.nodeSeenOnce = true
-	if out != nil {
+	if out != nil || held != nil {
 		// A cycle the moment the first settles, not up to Interval later.
 		if s.settleWake != nil {
 			s.settleWake.Stop()
@@ -532,7 +547,7 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[strin
 			delete(s.nodeSeen, name)
 		}
 	}
-	return out
+	return out, held
 }
 
 // nodeSeen is what settlingNodes keeps of a node from one cycle to the next.
@@ -541,6 +556,8 @@ type nodeSeen struct {
 	taints []string
 	// usableSince is when it appeared or lost one of them (zero: long ago).
 	usableSince time.Time
+	// returned: what it lost then was a gpufrac.io/draining taint.
+	returned bool
 }
 
 // settleTaints are the keys of n's taints whose removal makes n settle: its
@@ -609,8 +626,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		inputs.Removing = s.deps.Reserver.Removing()
 		inputs.Creating = s.creatingReservations()
 	}
+	s.held = nil
 	if s.opts.NewNodeSettle > 0 {
-		inputs.Settling = s.settlingNodes(nodes, start)
+		inputs.Settling, s.held = s.settlingNodes(nodes, start)
 	}
 	snap, err := state.Build(inputs)
 	if err != nil {
@@ -774,6 +792,15 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			s.markWaiting(ctx, w, waitMsg, plans, snap, start, &res)
 			continue
 		}
+		if s.holds(decisions) {
+			// Placed on a node that settles: bound once it has, on the
+			// same GPUs, whose reservations are made meanwhile.
+			planWaiting(plans, s.plans, w, decisions, snap, start)
+			for _, p := range w.pods {
+				res.pending(ReasonNodeSettling, p.pod)
+			}
+			continue
+		}
 		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
 		if allocErr != nil {
 			for _, p := range w.pods {
@@ -791,7 +818,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted, snap.RemovingShown)
 		s.deps.Reserver.RemoveFailed(ctx, snap.FailedReservations)
 	}
-	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes), withdrawn)
+	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes, s.held), withdrawn)
 	s.pruneHints(liveGroups, nodes)
 
 	stages.done("reservations")
@@ -823,6 +850,21 @@ func (t *stageTimes) done(name string) {
 	now := t.clock.Now()
 	t.kv = append(t.kv, name, now.Sub(t.last))
 	t.last = now
+}
+
+// ReasonNodeSettling counts, in Result.Pending and gpufrac_pending_pods,
+// the pods placed on a node that settles (settlingNodes): they are bound
+// once it has. It is never written on a pod.
+const ReasonNodeSettling = "NodeSettling"
+
+// holds tells whether a decision places a pod on a node that settles.
+func (s *Scheduler) holds(ds []placement.Decision) bool {
+	for _, d := range ds {
+		if s.held[d.Node] {
+			return true
+		}
+	}
+	return false
 }
 
 // ReasonWaitingToBind counts, in Result.Pending and gpufrac_pending_pods,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -532,6 +533,52 @@ func TestNewNodeSettlesOnceItsTaintIsGone(t *testing.T) {
 		t.Fatal("no wake-up the moment new settled: it would wait for the next tick")
 	}
 	c.expectBound(clk, 0, "new", "once it settled")
+}
+
+// Fractions placed on a node that settles have their reservation made
+// while it settles (a reservation pod tolerates every taint: the taint
+// manager never deletes it) and are bound the moment it settled, on the
+// reserved GPU, with no reservation asked for again: before, the
+// reservation was asked for only then, and the fractions waited for the
+// kubelet's admission on top of the settle.
+func TestFractionsReserveWhileTheirNodeSettles(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Delete(gpuPod("w", "q", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	r := &fakeReserver{c: c, admit: true}
+	c.s.deps.Reserver = r
+	c.cycle()
+	fresh := h100Node("new", "a", 1)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	_ = c.pods.Add(fracPod("f", "q", 40))
+	clk.Step(time.Second)
+	c.cycle()
+	if len(r.ensured) != 0 || c.boundTo("f") != "" {
+		t.Fatalf("while new is not registered: reservations %v, f bound to %q; want none", r.ensured, c.boundTo("f"))
+	}
+	registered := fresh.DeepCopy()
+	registered.Spec.Taints = nil
+	_ = c.nodes.Update(registered)
+	c.cycle()
+	if want := []string{"new/GPU-new-0"}; !slices.Equal(r.ensured, want) {
+		t.Fatalf("the moment new's taint went: reservations %v, want %v (made while it settles)", r.ensured, want)
+	}
+	clk.Step(time.Second)
+	c.cycle()
+	if n := c.boundTo("f"); n != "" {
+		t.Fatalf("f bound to %s 1 s after new's taint went, within NewNodeSettle", n)
+	}
+	clk.Step(2 * time.Second)
+	c.cycle()
+	if n, gpu := c.boundTo("f"), c.b.Annotations["f"][api.AnnotationGPU]; n != "new" || gpu != "GPU-new-0" {
+		t.Fatalf("once new settled: f bound to %q GPU %q, want new GPU-new-0 (its reservation's)", n, gpu)
+	}
+	if len(r.ensured) != 1 {
+		t.Errorf("reservations %v: one was asked for again", r.ensured)
+	}
 }
 
 // A node consolidation gives back (its gpufrac.io/draining taint removed)
