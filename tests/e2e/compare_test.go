@@ -554,6 +554,7 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	r.Tail = integrate(samples, began, zero, simHour)
 	simMin := func(d time.Duration) float64 { return 60 * float64(d) / float64(simHour) }
 	slices.Sort(waits)
+	t.Logf("%s/%s/%s WAITS (wall s, sorted) %s", shape, simHour, config, wallSeconds(waits))
 	if n := len(waits); n > 0 {
 		r.QueueP50, r.QueueP95, r.QueueMax = simMin(waits[n/2]), simMin(waits[min(n-1, (n*95)/100)]), simMin(waits[n-1])
 	}
@@ -569,6 +570,15 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	r.LoadAfter = loadavg()
 	keepCostLogs(t, c, shape+"-"+simHour.String()+"-"+config)
 	return r
+}
+
+// wallSeconds lists ds in seconds to the hundredth, space separated.
+func wallSeconds(ds []time.Duration) string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = strconv.FormatFloat(d.Seconds(), 'f', 2, 64)
+	}
+	return strings.Join(out, " ")
 }
 
 // keepCostLogs copies the run's component logs (the coordinator's among
