@@ -77,8 +77,9 @@ type Options struct {
 	ReservationReportDelay time.Duration
 	// NewNodeSettle keeps pods off nodes that became usable less than this
 	// ago: Karpenter's new nodes, nodes that lost a NoExecute taint or were
-	// given back by consolidation (see settlingNodes); 0 places on them at
-	// once.
+	// given back by consolidation (see settlingNodes); 0 binds there at
+	// once, as kube-scheduler does. The coordinator's flag defaults to
+	// DefaultNewNodeSettle.
 	NewNodeSettle time.Duration
 	// ElasticPools says node pools can grow (Karpenter is installed): a gang
 	// larger than every pool then waits for capacity instead of being refused.
@@ -571,6 +572,20 @@ func settleTaints(n *corev1.Node, now time.Time) []string {
 	}
 	return keys
 }
+
+// DefaultNewNodeSettle is the coordinator's --new-node-settle. The settle
+// guards the taint eviction race (settlingNodes), which needs the taint
+// manager to learn of a taint's removal later than the coordinator learns
+// of it plus a binding's round trip. Measured on the test bed
+// (docs/benchmarks.md, "The taint-eviction race, measured": 800 bindings
+// at each wait d after the binder's informer showed the taint gone, idle
+// and under ~300 writes/s of other load), a binding at once lost 1 pod in
+// 800 and none was lost at 25 ms or more; the controller was at most 30 ms
+// behind the binder. 100 ms is three times that; it was 300 ms, chosen
+// without data, which was all that kept new-node jobs slower than
+// kube-scheduler's in the issue 16 comparison. A busier control plane may
+// lag more: raise it.
+const DefaultNewNodeSettle = 100 * time.Millisecond
 
 // DefaultBindWorkers is Options.BindWorkers' default. A worker waits for
 // one request at a time, so the workers bind at most BindWorkers per

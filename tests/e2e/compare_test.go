@@ -441,6 +441,9 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		if p := os.Getenv("GPUFRAC_COMPARE_POLICY"); p != "" {
 			args = append(args, "--policy="+p)
 		}
+		if v := os.Getenv("GPUFRAC_COMPARE_SETTLE"); v != "" {
+			args = append(args, "--new-node-settle="+v) // the chart's newNodeSettle otherwise
+		}
 		if v := os.Getenv("GPUFRAC_COMPARE_V"); v != "" {
 			args = append(args, "--v="+v)
 		}
