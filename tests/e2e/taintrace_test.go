@@ -37,7 +37,7 @@ import (
 // DeletionByTaintManager. Karpenter removes a new node's karpenter.sh/unregistered
 // NoExecute taint when the node registers; a scheduler that binds the moment its own
 // informer shows the taint gone can be ahead of the controller. The coordinator waits
-// NewNodeSettle (300 ms) for that reason. TestTaintEvictionRace measures how often a
+// NewNodeSettle (--new-node-settle, 100 ms; it was 300 ms) for that reason. TestTaintEvictionRace measures how often a
 // bind d after the binder's informer saw the taint go loses the pod.
 const (
 	raceTaintKey     = "gpufrac.io/race-test"
