@@ -581,6 +581,54 @@ func TestFractionsReserveWhileTheirNodeSettles(t *testing.T) {
 	}
 }
 
+// A pod placed on a node that settles is bound there only once it settled:
+// a taint put on the node meanwhile (an admin's NoExecute, Karpenter's
+// karpenter.sh/disrupted) must be honoured then, as a fresh placement would.
+// Bound by the plan made before, a pod that does not tolerate a NoExecute
+// taint is deleted by the taint manager the moment it lands: the very loss
+// the settle is there to prevent.
+func TestPlanOnASettlingNodeHonoursATaintPutMeanwhile(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		effect    corev1.TaintEffect
+		tolerates bool
+		want      string
+	}{
+		{"NoExecute", corev1.TaintEffectNoExecute, false, ""},
+		{"NoSchedule", corev1.TaintEffectNoSchedule, false, ""},
+		{"NoExecute tolerated", corev1.TaintEffectNoExecute, true, "new"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+			c := settlingCluster(t, clk, h100Node("old", "a", 1))
+			if tc.tolerates {
+				w := gpuPod("w", "q", 1)
+				w.Spec.Tolerations = []corev1.Toleration{{Key: "maintenance", Operator: corev1.TolerationOpExists}}
+				_ = c.pods.Update(w)
+			}
+			_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+			c.expectBound(clk, 0, "", "old is full")
+			fresh := h100Node("new", "a", 1)
+			fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+			fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+			_ = c.nodes.Add(fresh)
+			c.expectBound(clk, time.Second, "", "new is not registered")
+			registered := fresh.DeepCopy()
+			registered.Spec.Taints = nil
+			_ = c.nodes.Update(registered)
+			c.expectBound(clk, 0, "", "the moment its taint went")
+			if _, planned := c.s.plans["w"]; !planned {
+				t.Fatal("w was not placed on new while it settles")
+			}
+			tainted := registered.DeepCopy()
+			tainted.Spec.Taints = []corev1.Taint{{Key: "maintenance", Effect: tc.effect}}
+			_ = c.nodes.Update(tainted)
+			c.expectBound(clk, time.Second, "", "tainted, still settling")
+			c.expectBound(clk, 3*time.Second, tc.want, "once new settled, tainted "+string(tc.effect))
+		})
+	}
+}
+
 // A node consolidation gives back (its gpufrac.io/draining taint removed)
 // settles like a new node: placeholders of earlier versions, which
 // kube-scheduler binds, may be pending for its free GPUs; the coordinator
