@@ -82,6 +82,10 @@ func main() {
 		klog.ErrorS(nil, "--kube-api-qps and --kube-api-burst must be positive", "qps", qps, "burst", cfg.Burst)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
+	if s.NewNodeSettle < 0 {
+		klog.ErrorS(nil, "--new-node-settle must not be negative (0 binds at once)", "value", s.NewNodeSettle)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
 	if npPrio < math.MinInt32 || npPrio > math.MaxInt32 {
 		klog.ErrorS(nil, "--non-preemptible-priority is outside the range of a pod priority (int32)", "value", npPrio)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
