@@ -516,8 +516,11 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 		default:
 			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
 			if len(gone) > 0 {
+				// A node given back stays out until it settled, whatever
+				// else it loses meanwhile.
+				returning := seen.returned && now.Sub(seen.usableSince) < s.opts.NewNodeSettle
 				seen.usableSince = now
-				seen.returned = slices.ContainsFunc(gone, func(k string) bool { return strings.HasPrefix(k, api.TaintDraining+":") })
+				seen.returned = returning || slices.ContainsFunc(gone, func(k string) bool { return strings.HasPrefix(k, api.TaintDraining+":") })
 			}
 		}
 		seen.taints = taints

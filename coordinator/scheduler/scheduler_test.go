@@ -646,6 +646,40 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	c.expectBound(clk, 3*time.Second, "back", "once the returned node settled")
 }
 
+// A node given back stays out of the snapshot for its whole settle, even
+// when it loses a NoExecute taint in a later cycle of it: held instead, it
+// would get reservations while placeholders of earlier versions, which
+// kube-scheduler binds, may still be pending for its GPUs.
+func TestReturnedNodeStaysOutWhenItLosesANoExecuteTaintWhileItSettles(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	back := drainedNode("back", clk.Now().Add(time.Hour))
+	back.Spec.Taints = append(back.Spec.Taints, corev1.Taint{Key: "example.com/maintenance", Effect: corev1.TaintEffectNoExecute})
+	c := settlingCluster(t, clk, back)
+	_ = c.pods.Delete(gpuPod("w", "q", 1))
+	_ = c.pods.Add(fracPod("f", "q", 40))
+	r := &fakeReserver{c: c, admit: true}
+	c.s.deps.Reserver = r
+	c.cycle()
+	given := back.DeepCopy()
+	given.Spec.Taints = given.Spec.Taints[1:] // the drain ends
+	_ = c.nodes.Update(given)
+	clk.Step(time.Second)
+	c.cycle()
+	untainted := given.DeepCopy()
+	untainted.Spec.Taints = nil
+	_ = c.nodes.Update(untainted)
+	clk.Step(time.Second)
+	c.cycle()
+	if len(r.ensured) != 0 || c.boundTo("f") != "" {
+		t.Fatalf("2 s after its drain ended (1 s after its NoExecute taint went): reservations %v, f bound to %q; want none", r.ensured, c.boundTo("f"))
+	}
+	clk.Step(3 * time.Second)
+	c.cycle()
+	if want := []string{"back/GPU-back-0"}; !slices.Equal(r.ensured, want) {
+		t.Fatalf("once settled: reservations %v, want %v", r.ensured, want)
+	}
+}
+
 // A drain's taint that outlives its deadline (consolidation turned off
 // mid-drain: the coordinator may no longer write nodes) keeps the node out
 // only until then; it then settles like a node given back and takes work.
