@@ -819,6 +819,18 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			}
 			continue
 		}
+		if !s.bindRoom(len(w.pods)) {
+			// Planned in an earlier cycle, it passed the queue's check
+			// above (its reservations stay wanted); it keeps its plan and
+			// is bound when there is room: a cycle never waits for the
+			// bind workers.
+			full = true
+			planWaiting(plans, s.plans, w, decisions, snap, start)
+			for _, p := range w.pods {
+				res.pending(ReasonWaitingToBind, p.pod)
+			}
+			continue
+		}
 		claims, allocErr := s.allocateClaims(ctx, w, decisions, snap.DRANodes)
 		if allocErr != nil {
 			for _, p := range w.pods {

@@ -629,6 +629,45 @@ func TestPlanOnASettlingNodeHonoursATaintPutMeanwhile(t *testing.T) {
 	}
 }
 
+// A workload held on a settling node is bound once the node settled only
+// when the bind queue has room, like every other: its plan lets it pass the
+// queue's check (a plan waiting for reservations must stay wanted), but a
+// cycle never waits for the bind workers. Before, a full queue at that
+// moment blocked the cycle in the send until the workers made room.
+func TestHeldWorkloadWaitsForRoomInTheBindQueue(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	c.expectBound(clk, 0, "", "old is full")
+	fresh := h100Node("new", "a", 1)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	c.expectBound(clk, time.Second, "", "new is not registered")
+	registered := fresh.DeepCopy()
+	registered.Spec.Taints = nil
+	_ = c.nodes.Update(registered)
+	c.expectBound(clk, 0, "", "the moment its taint went")
+	// Other pods fill the bind queue when new settles.
+	c.s.binds = make(chan bindTask, 1)
+	c.s.binds <- bindTask{pod: gpuPod("other", "q", 1), node: "old"}
+	clk.Step(3 * time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	res, err := c.s.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the cycle waited for room in the bind queue")
+	}
+	if res.Pending[ReasonWaitingToBind] != 1 || c.boundTo("w") != "" {
+		t.Fatalf("queue full: pending %v, w bound to %q; want w WaitingToBind", res.Pending, c.boundTo("w"))
+	}
+	<-c.s.binds // the workers bound the other pod
+	c.expectBound(clk, 0, "new", "room in the bind queue")
+}
+
 // A node consolidation gives back (its gpufrac.io/draining taint removed)
 // settles like a new node: placeholders of earlier versions, which
 // kube-scheduler binds, may be pending for its free GPUs; the coordinator
