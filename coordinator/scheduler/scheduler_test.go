@@ -606,20 +606,7 @@ func TestPlanOnASettlingNodeHonoursATaintPutMeanwhile(t *testing.T) {
 				w.Spec.Tolerations = []corev1.Toleration{{Key: "maintenance", Operator: corev1.TolerationOpExists}}
 				_ = c.pods.Update(w)
 			}
-			_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
-			c.expectBound(clk, 0, "", "old is full")
-			fresh := h100Node("new", "a", 1)
-			fresh.CreationTimestamp = metav1.NewTime(clk.Now())
-			fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
-			_ = c.nodes.Add(fresh)
-			c.expectBound(clk, time.Second, "", "new is not registered")
-			registered := fresh.DeepCopy()
-			registered.Spec.Taints = nil
-			_ = c.nodes.Update(registered)
-			c.expectBound(clk, 0, "", "the moment its taint went")
-			if _, planned := c.s.plans["w"]; !planned {
-				t.Fatal("w was not placed on new while it settles")
-			}
+			registered := c.heldOnNew(clk)
 			tainted := registered.DeepCopy()
 			tainted.Spec.Taints = []corev1.Taint{{Key: "maintenance", Effect: tc.effect}}
 			_ = c.nodes.Update(tainted)
@@ -637,17 +624,7 @@ func TestPlanOnASettlingNodeHonoursATaintPutMeanwhile(t *testing.T) {
 func TestHeldWorkloadWaitsForRoomInTheBindQueue(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
 	c := settlingCluster(t, clk, h100Node("old", "a", 1))
-	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
-	c.expectBound(clk, 0, "", "old is full")
-	fresh := h100Node("new", "a", 1)
-	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
-	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
-	_ = c.nodes.Add(fresh)
-	c.expectBound(clk, time.Second, "", "new is not registered")
-	registered := fresh.DeepCopy()
-	registered.Spec.Taints = nil
-	_ = c.nodes.Update(registered)
-	c.expectBound(clk, 0, "", "the moment its taint went")
+	c.heldOnNew(clk)
 	// Other pods fill the bind queue when new settles.
 	c.s.binds = make(chan bindTask, 1)
 	c.s.binds <- bindTask{pod: gpuPod("other", "q", 1), node: "old"}
@@ -666,6 +643,28 @@ func TestHeldWorkloadWaitsForRoomInTheBindQueue(t *testing.T) {
 	}
 	<-c.s.binds // the workers bound the other pod
 	c.expectBound(clk, 0, "new", "room in the bind queue")
+}
+
+// heldOnNew fills node old of a settlingCluster, brings node new as
+// Karpenter does (tainted karpenter.sh/unregistered, then registered) and
+// runs the cycle that places w there while new settles. It returns new.
+func (c *cluster) heldOnNew(clk *clocktesting.FakeClock) *corev1.Node {
+	c.t.Helper()
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	c.expectBound(clk, 0, "", "old is full")
+	fresh := h100Node("new", "a", 1)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	c.expectBound(clk, time.Second, "", "new is not registered")
+	registered := fresh.DeepCopy()
+	registered.Spec.Taints = nil
+	_ = c.nodes.Update(registered)
+	c.expectBound(clk, 0, "", "the moment its taint went")
+	if _, planned := c.s.plans["w"]; !planned {
+		c.t.Fatal("w was not placed on new while it settles")
+	}
+	return registered
 }
 
 // A node consolidation gives back (its gpufrac.io/draining taint removed)
