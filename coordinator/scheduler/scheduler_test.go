@@ -511,15 +511,10 @@ func TestNewNodeSettlesOnceItsTaintIsGone(t *testing.T) {
 	c = settlingCluster(t, clk, h100Node("old", "a", 1))
 	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
 	c.expectBound(clk, 0, "", "old is full")
-	fresh := h100Node("new", "a", 1)
-	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
-	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
-	_ = c.nodes.Add(fresh)
+	fresh := c.addUnregistered(clk)
 	c.expectBound(clk, time.Second, "", "new is not registered")
 	c.expectBound(clk, 5*time.Second, "", "new is not registered, 6 s old")
-	registered := fresh.DeepCopy()
-	registered.Spec.Taints = nil
-	_ = c.nodes.Update(registered)
+	c.register(fresh)
 	c.expectBound(clk, 0, "", "the moment its taint went")
 	c.expectBound(clk, 2*time.Second, "", "2 s after its taint went, within NewNodeSettle")
 	select { // wake-ups of the cycles so far
@@ -549,19 +544,14 @@ func TestFractionsReserveWhileTheirNodeSettles(t *testing.T) {
 	r := &fakeReserver{c: c, admit: true}
 	c.s.deps.Reserver = r
 	c.cycle()
-	fresh := h100Node("new", "a", 1)
-	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
-	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
-	_ = c.nodes.Add(fresh)
+	fresh := c.addUnregistered(clk)
 	_ = c.pods.Add(fracPod("f", "q", 40))
 	clk.Step(time.Second)
 	c.cycle()
 	if len(r.ensured) != 0 || c.boundTo("f") != "" {
 		t.Fatalf("while new is not registered: reservations %v, f bound to %q; want none", r.ensured, c.boundTo("f"))
 	}
-	registered := fresh.DeepCopy()
-	registered.Spec.Taints = nil
-	_ = c.nodes.Update(registered)
+	c.register(fresh)
 	c.cycle()
 	if want := []string{"new/GPU-new-0"}; !slices.Equal(r.ensured, want) {
 		t.Fatalf("the moment new's taint went: reservations %v, want %v (made while it settles)", r.ensured, want)
@@ -645,6 +635,25 @@ func TestHeldWorkloadWaitsForRoomInTheBindQueue(t *testing.T) {
 	c.expectBound(clk, 0, "new", "room in the bind queue")
 }
 
+// addUnregistered adds node new (one GPU) as Karpenter brings it: created
+// now, tainted karpenter.sh/unregistered (NoExecute) until it registers.
+func (c *cluster) addUnregistered(clk *clocktesting.FakeClock) *corev1.Node {
+	fresh := h100Node("new", "a", 1)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	return fresh
+}
+
+// register removes n's taints, as Karpenter does when n registers, and
+// returns the node as updated.
+func (c *cluster) register(n *corev1.Node) *corev1.Node {
+	registered := n.DeepCopy()
+	registered.Spec.Taints = nil
+	_ = c.nodes.Update(registered)
+	return registered
+}
+
 // heldOnNew fills node old of a settlingCluster, brings node new as
 // Karpenter does (tainted karpenter.sh/unregistered, then registered) and
 // runs the cycle that places w there while new settles. It returns new.
@@ -652,14 +661,9 @@ func (c *cluster) heldOnNew(clk *clocktesting.FakeClock) *corev1.Node {
 	c.t.Helper()
 	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
 	c.expectBound(clk, 0, "", "old is full")
-	fresh := h100Node("new", "a", 1)
-	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
-	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
-	_ = c.nodes.Add(fresh)
+	fresh := c.addUnregistered(clk)
 	c.expectBound(clk, time.Second, "", "new is not registered")
-	registered := fresh.DeepCopy()
-	registered.Spec.Taints = nil
-	_ = c.nodes.Update(registered)
+	registered := c.register(fresh)
 	c.expectBound(clk, 0, "", "the moment its taint went")
 	if _, planned := c.s.plans["w"]; !planned {
 		c.t.Fatal("w was not placed on new while it settles")
