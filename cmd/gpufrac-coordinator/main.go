@@ -56,6 +56,7 @@ func main() {
 	flag.StringVar(&s.TimesliceResource, "timeslice-resource", api.DefaultTimesliceResource, "resource name of time-sliced replicas (the nodes' timeslice.resourceName)")
 	npPrio := int(podrequest.DefaultNonPreemptiblePriority)
 	flag.IntVar(&npPrio, "non-preemptible-priority", npPrio, "pods with this priority or higher are non-preemptible (0 and negative values allowed)")
+	flag.DurationVar(&s.NewNodeSettle, "new-node-settle", scheduler.DefaultNewNodeSettle, "how long nothing is bound to a node after it lost a NoExecute taint (karpenter.sh/unregistered when Karpenter registers it) or Karpenter brought it, for kube-controller-manager's taint manager to see the taint gone (kubernetes#119862); its fractions' reservations are made meanwhile; 0 binds at once, as kube-scheduler does")
 	flag.DurationVar(&s.GangBindTimeout, "gang-bind-timeout", scheduler.DefaultGangBindTimeout, "how long a gang may hold GPUs bound in part (a member's binding failed) before its bound members are evicted and it is placed again whole")
 	cfg.Reservation = reservation.DefaultOptions()
 	flag.BoolVar(&cfg.Reservations, "reservations", true, "hold every shared GPU with a reservation pod (needed whenever anything else may take whole GPUs)")
@@ -79,6 +80,10 @@ func main() {
 	cfg.QPS = float32(qps)
 	if qps <= 0 || cfg.Burst <= 0 {
 		klog.ErrorS(nil, "--kube-api-qps and --kube-api-burst must be positive", "qps", qps, "burst", cfg.Burst)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
+	if s.NewNodeSettle < 0 {
+		klog.ErrorS(nil, "--new-node-settle must not be negative (0 binds at once)", "value", s.NewNodeSettle)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
 	}
 	if npPrio < math.MinInt32 || npPrio > math.MaxInt32 {

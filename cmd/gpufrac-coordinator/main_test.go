@@ -75,3 +75,13 @@ func TestBadPriceTableIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestNegativeNewNodeSettleIsRefused: a negative --new-node-settle is an
+// error at start, not silently the same as 0 (binding on a node the moment
+// it loses a NoExecute taint); the chart's schema refuses it too.
+func TestNegativeNewNodeSettleIsRefused(t *testing.T) {
+	out, code := runMain(t, "--new-node-settle=-100ms", "--kubeconfig=/nonexistent")
+	if code != 2 || !strings.Contains(out, "--new-node-settle must not be negative") {
+		t.Errorf("exit %d, output:\n%s\nwant exit 2 saying it must not be negative", code, out)
+	}
+}

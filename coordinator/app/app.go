@@ -303,16 +303,6 @@ func (a *App) lead(ctx context.Context) error {
 		inf := dynFactory.ForResource(nodeClaimGVR)
 		claimLister, claimSynced = inf.Lister(), inf.Informer().HasSynced
 		a.cfg.Scheduler.ElasticPools = true // Karpenter can grow the pools
-		if a.cfg.Scheduler.NewNodeSettle == 0 {
-			// Karpenter's new nodes, once Ready and registered (their
-			// karpenter.sh/unregistered taint gone), wait this long: the
-			// taint manager may not see the taint gone yet (see
-			// scheduler.settlingNodes). Placeholders are never bound, so
-			// nothing else races the coordinator there. kube-scheduler
-			// binds at once; a 1 s settle was a third of the 3.1-3.5 s a
-			// job on a new node waited in the issue 16 comparison.
-			a.cfg.Scheduler.NewNodeSettle = 300 * time.Millisecond
-		}
 	}
 
 	// Resource claims (resource.k8s.io/v1, served since Kubernetes 1.34):

@@ -31,6 +31,13 @@ type eligibility struct {
 
 func (e *eligibility) ok(i int) bool { return e == nil || e.code[i] == eligible }
 
+// Allows tells whether node i may take r by its labels and taints: r's
+// node selector, required affinity, tolerations, pool and GPU models. Free
+// capacity is not looked at (Assume checks it).
+func (s *Snapshot) Allows(r *Request, i int) bool {
+	return i >= 0 && i < len(s.nodes) && s.eligibilityFor(r).ok(i)
+}
+
 // eligibilityFor returns the eligibility of the request's class, nil when
 // every node is eligible (no models, no constraints, no node tainted).
 func (s *Snapshot) eligibilityFor(r *Request) *eligibility {

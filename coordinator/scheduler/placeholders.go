@@ -216,16 +216,17 @@ func (s *Scheduler) coolingLocked(group string, now time.Time, settling func(nod
 	return false
 }
 
-// settlingIn tells which nodes exist but are left out of snap: not Ready,
-// or settling (state.Inputs.Settling: see settlingNodes).
-func settlingIn(snap *state.Snapshot, nodes []*corev1.Node) func(node string) bool {
+// settlingIn tells which nodes exist but are left out of snap (not Ready,
+// or settling: state.Inputs.Settling) or are held (settling, their pods
+// bound later: see settlingNodes).
+func settlingIn(snap *state.Snapshot, nodes []*corev1.Node, held map[string]bool) func(node string) bool {
 	exists := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		exists[n.Name] = true
 	}
 	return func(node string) bool {
 		_, in := snap.Index(node)
-		return exists[node] && !in
+		return exists[node] && (!in || held[node])
 	}
 }
 

@@ -249,7 +249,7 @@ func TestPlaceholderAsksAgainWhenTheCapacityItFoundWasTaken(t *testing.T) {
 // before placeholders named a scheduler nobody serves) is replaced by one
 // nobody binds: left as it is, kube-scheduler could bind it to the GPU the
 // coordinator binds its work to, in the same moment, on a node that now
-// settles only NewNodeSettle (300 ms) from becoming usable, not 3 s.
+// settles only NewNodeSettle (100 ms by default) from becoming usable, not 3 s.
 func TestPlaceholderOfAnEarlierVersionIsReplaced(t *testing.T) {
 	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
 		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 1))

@@ -44,14 +44,14 @@ type plan struct {
 const DefaultReservationReportDelay = 5 * time.Second
 
 // keepPlans returns the decisions w was given in the last cycle when it
-// waited for reservations and they still hold on snap: every pod planned,
-// each planned node still schedulable with room, and every planned GPU's
-// reservation not removed. It assumes them on snap. It returns nil when w
-// must be placed afresh.
-//
-// The plan was checked against the pods' constraints when it was made; a
-// node relabelled or tainted in between is not checked again, the same
-// window kube-scheduler has between its decision and the binding.
+// waited for reservations or for its node to settle (Scheduler.held), and
+// they still hold on snap: every pod planned, each planned node still
+// schedulable, with room, and allowing the pod by its labels and taints
+// now (the wait lasts NewNodeSettle or a reservation's admission, and a pod
+// bound to a node tainted NoExecute meanwhile is deleted by the taint
+// manager the moment it lands), and every planned GPU's reservation not
+// removed. It assumes them on snap. It returns nil when w must be placed
+// afresh.
 func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Decision {
 	if len(s.plans) == 0 {
 		return nil
@@ -64,7 +64,7 @@ func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Dec
 		}
 		d := pl.Decision
 		idx, ok := snap.Index(d.Node)
-		if !ok || (p.req.ShareMilli > 0 && snap.NoFraction[d.Node]) {
+		if !ok || (p.req.ShareMilli > 0 && snap.NoFraction[d.Node]) || !snap.Allows(&p.req, idx) {
 			return nil
 		}
 		d.NodeIndex = idx

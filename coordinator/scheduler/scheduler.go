@@ -77,8 +77,9 @@ type Options struct {
 	ReservationReportDelay time.Duration
 	// NewNodeSettle keeps pods off nodes that became usable less than this
 	// ago: Karpenter's new nodes, nodes that lost a NoExecute taint or were
-	// given back by consolidation (see settlingNodes); 0 places on them at
-	// once.
+	// given back by consolidation (see settlingNodes); 0 binds there at
+	// once, as kube-scheduler does. The coordinator's flag defaults to
+	// DefaultNewNodeSettle.
 	NewNodeSettle time.Duration
 	// ElasticPools says node pools can grow (Karpenter is installed): a gang
 	// larger than every pool then waits for capacity instead of being refused.
@@ -225,6 +226,9 @@ type Scheduler struct {
 	nodeSeenOnce bool
 	// settleWake wakes the scheduler when the next settling node settles.
 	settleWake clock.Timer
+	// held names the nodes that settle in this cycle and are placed on,
+	// their pods bound once they settled (see settlingNodes).
+	held map[string]bool
 }
 
 type assumedPod struct {
@@ -485,9 +489,8 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 	}
 }
 
-// settlingNodes are the nodes that became usable within NewNodeSettle: the
-// coordinator places nothing there yet (state.Inputs.Settling). A node
-// becomes usable when
+// settlingNodes are the nodes that became usable within NewNodeSettle. A
+// node becomes usable when
 //   - it appears, for Karpenter's nodes (label karpenter.sh/nodepool) that
 //     appear after the first cycle;
 //   - it loses a NoExecute taint (karpenter.sh/unregistered on a node
@@ -495,15 +498,20 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 //     gpufrac.io/draining taint in force (consolidation gave it back, or
 //     the drain's deadline passed).
 //
-// Placeholders no scheduler serves leave no race with kube-scheduler on a
-// new node (package placeholder), so the settle only guards the taint
-// eviction race (kubernetes#119862): kube-controller-manager's taint
-// manager, whose informer may still show a NoExecute taint the coordinator
-// already saw removed, deletes a pod bound in that moment. A returned node
-// settles too: its free GPUs are what the placeholders of earlier versions,
-// which kube-scheduler binds, may be pending for.
-func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[string]bool {
-	var out map[string]bool
+// The first two settle for the taint eviction race (kubernetes#119862):
+// kube-controller-manager's taint manager, whose informer may still show a
+// NoExecute taint the coordinator already saw removed, deletes a pod bound
+// in that moment. Such a node is placed on while it settles, and the
+// reservations of the fractions placed there are made (a reservation pod
+// tolerates every taint, so the taint manager never deletes it), but no
+// pod is bound there until it settled (held): the fractions bind the
+// moment it has, instead of asking for their reservations only then.
+//
+// A returned node is left out of the snapshot while it settles (out): its
+// free GPUs are what the placeholders of earlier versions, which
+// kube-scheduler binds, may be pending for, and a reservation made there
+// could race them for a GPU.
+func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, held map[string]bool) {
 	soonest := s.opts.NewNodeSettle
 	live := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
@@ -517,20 +525,31 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[strin
 				seen.usableSince = now
 			}
 			s.nodeSeen[n.Name] = seen
-		case slices.ContainsFunc(seen.taints, func(k string) bool { return !slices.Contains(taints, k) }):
-			seen.usableSince = now
+		default:
+			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
+			if len(gone) > 0 {
+				// A node given back stays out until it settled, whatever
+				// else it loses meanwhile.
+				returning := seen.returned && now.Sub(seen.usableSince) < s.opts.NewNodeSettle
+				seen.usableSince = now
+				seen.returned = returning || slices.ContainsFunc(gone, func(k string) bool { return strings.HasPrefix(k, api.TaintDraining+":") })
+			}
 		}
 		seen.taints = taints
 		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
-			if out == nil {
-				out = map[string]bool{}
+			set := &held
+			if seen.returned {
+				set = &out
 			}
-			out[n.Name] = true
+			if *set == nil {
+				*set = map[string]bool{}
+			}
+			(*set)[n.Name] = true
 			soonest = min(soonest, left)
 		}
 	}
 	s.nodeSeenOnce = true
-	if out != nil {
+	if out != nil || held != nil {
 		// A cycle the moment the first settles, not up to Interval later.
 		if s.settleWake != nil {
 			s.settleWake.Stop()
@@ -544,7 +563,7 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) map[strin
 			delete(s.nodeSeen, name)
 		}
 	}
-	return out
+	return out, held
 }
 
 // nodeSeen is what settlingNodes keeps of a node from one cycle to the next.
@@ -553,6 +572,8 @@ type nodeSeen struct {
 	taints []string
 	// usableSince is when it appeared or lost one of them (zero: long ago).
 	usableSince time.Time
+	// returned: what it lost then was a gpufrac.io/draining taint.
+	returned bool
 }
 
 // settleTaints are the keys of n's taints whose removal makes n settle: its
@@ -566,6 +587,20 @@ func settleTaints(n *corev1.Node, now time.Time) []string {
 	}
 	return keys
 }
+
+// DefaultNewNodeSettle is the coordinator's --new-node-settle. The settle
+// guards the taint eviction race (settlingNodes), which needs the taint
+// manager to learn of a taint's removal later than the coordinator learns
+// of it plus a binding's round trip. Measured on the test bed
+// (docs/benchmarks.md, "The taint-eviction race, measured": 800 bindings
+// at each wait d after the binder's informer showed the taint gone, idle
+// and under ~300 writes/s of other load), a binding at once lost 1 pod in
+// 800 and none was lost at 25 ms or more; the controller was at most 30 ms
+// behind the binder. 100 ms is three times that; it was 300 ms, chosen
+// without data, which was all that kept new-node jobs slower than
+// kube-scheduler's in the issue 16 comparison. A busier control plane may
+// lag more: raise it.
+const DefaultNewNodeSettle = 100 * time.Millisecond
 
 // DefaultBindWorkers is Options.BindWorkers' default. A worker waits for
 // one request at a time, so the workers bind at most BindWorkers per
@@ -621,8 +656,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		inputs.Removing = s.deps.Reserver.Removing()
 		inputs.Creating = s.creatingReservations()
 	}
+	s.held = nil
 	if s.opts.NewNodeSettle > 0 {
-		inputs.Settling = s.settlingNodes(nodes, start)
+		inputs.Settling, s.held = s.settlingNodes(nodes, start)
 	}
 	// The snapshot is built while the pods bound or being bound are
 	// charged to their queues (readBound): two passes over every pod, on
@@ -822,11 +858,20 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			budget.placed()
 			continue
 		}
+		if s.holds(decisions) {
+			// Placed on a node that settles: bound once it has, on the
+			// same GPUs, whose reservations are made meanwhile.
+			planWaiting(plans, s.plans, w, decisions, snap, start)
+			for _, p := range w.pods {
+				res.pending(ReasonNodeSettling, p.pod)
+			}
+			continue
+		}
 		if !s.bindRoom(len(w.pods)) {
-			// Planned in an earlier cycle, its reservations ready, and the
-			// bind queue full: it keeps its plan (and its reservations
-			// stay wanted) for the next cycle rather than the cycle
-			// waiting for the bind workers, a binding's latency per pod.
+			// Planned in an earlier cycle, it passed the queue's check
+			// above (its reservations stay wanted); it keeps its plan and
+			// is bound when there is room: a cycle never waits for the
+			// bind workers.
 			full = true
 			planWaiting(plans, s.plans, w, decisions, snap, start)
 			for _, p := range w.pods {
@@ -855,7 +900,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted, snap.RemovingShown)
 		s.deps.Reserver.RemoveFailed(ctx, snap.FailedReservations)
 	}
-	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes), withdrawn)
+	s.syncPlaceholders(ctx, demand, pods, settlingIn(snap, nodes, s.held), withdrawn)
 	s.pruneHints(liveGroups, nodes)
 
 	stages.done("reservations")
@@ -887,6 +932,21 @@ func (t *stageTimes) done(name string) {
 	now := t.clock.Now()
 	t.kv = append(t.kv, name, now.Sub(t.last))
 	t.last = now
+}
+
+// ReasonNodeSettling counts, in Result.Pending and gpufrac_pending_pods,
+// the pods placed on a node that settles (settlingNodes): they are bound
+// once it has. It is never written on a pod.
+const ReasonNodeSettling = "NodeSettling"
+
+// holds tells whether a decision places a pod on a node that settles.
+func (s *Scheduler) holds(ds []placement.Decision) bool {
+	for _, d := range ds {
+		if s.held[d.Node] {
+			return true
+		}
+	}
+	return false
 }
 
 // ReasonWaitingToBind counts, in Result.Pending and gpufrac_pending_pods,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -510,15 +511,10 @@ func TestNewNodeSettlesOnceItsTaintIsGone(t *testing.T) {
 	c = settlingCluster(t, clk, h100Node("old", "a", 1))
 	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
 	c.expectBound(clk, 0, "", "old is full")
-	fresh := h100Node("new", "a", 1)
-	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
-	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
-	_ = c.nodes.Add(fresh)
+	fresh := c.addUnregistered(clk)
 	c.expectBound(clk, time.Second, "", "new is not registered")
 	c.expectBound(clk, 5*time.Second, "", "new is not registered, 6 s old")
-	registered := fresh.DeepCopy()
-	registered.Spec.Taints = nil
-	_ = c.nodes.Update(registered)
+	c.register(fresh)
 	c.expectBound(clk, 0, "", "the moment its taint went")
 	c.expectBound(clk, 2*time.Second, "", "2 s after its taint went, within NewNodeSettle")
 	select { // wake-ups of the cycles so far
@@ -532,6 +528,147 @@ func TestNewNodeSettlesOnceItsTaintIsGone(t *testing.T) {
 		t.Fatal("no wake-up the moment new settled: it would wait for the next tick")
 	}
 	c.expectBound(clk, 0, "new", "once it settled")
+}
+
+// Fractions placed on a node that settles have their reservation made
+// while it settles (a reservation pod tolerates every taint: the taint
+// manager never deletes it) and are bound the moment it settled, on the
+// reserved GPU, with no reservation asked for again: before, the
+// reservation was asked for only then, and the fractions waited for the
+// kubelet's admission on top of the settle.
+func TestFractionsReserveWhileTheirNodeSettles(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Delete(gpuPod("w", "q", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	r := &fakeReserver{c: c, admit: true}
+	c.s.deps.Reserver = r
+	c.cycle()
+	fresh := c.addUnregistered(clk)
+	_ = c.pods.Add(fracPod("f", "q", 40))
+	clk.Step(time.Second)
+	c.cycle()
+	if len(r.ensured) != 0 || c.boundTo("f") != "" {
+		t.Fatalf("while new is not registered: reservations %v, f bound to %q; want none", r.ensured, c.boundTo("f"))
+	}
+	c.register(fresh)
+	c.cycle()
+	if want := []string{"new/GPU-new-0"}; !slices.Equal(r.ensured, want) {
+		t.Fatalf("the moment new's taint went: reservations %v, want %v (made while it settles)", r.ensured, want)
+	}
+	clk.Step(time.Second)
+	c.cycle()
+	if n := c.boundTo("f"); n != "" {
+		t.Fatalf("f bound to %s 1 s after new's taint went, within NewNodeSettle", n)
+	}
+	clk.Step(2 * time.Second)
+	c.cycle()
+	if n, gpu := c.boundTo("f"), c.b.Annotations["f"][api.AnnotationGPU]; n != "new" || gpu != "GPU-new-0" {
+		t.Fatalf("once new settled: f bound to %q GPU %q, want new GPU-new-0 (its reservation's)", n, gpu)
+	}
+	if len(r.ensured) != 1 {
+		t.Errorf("reservations %v: one was asked for again", r.ensured)
+	}
+}
+
+// A pod placed on a node that settles is bound there only once it settled:
+// a taint put on the node meanwhile (an admin's NoExecute, Karpenter's
+// karpenter.sh/disrupted) must be honoured then, as a fresh placement would.
+// Bound by the plan made before, a pod that does not tolerate a NoExecute
+// taint is deleted by the taint manager the moment it lands: the very loss
+// the settle is there to prevent.
+func TestPlanOnASettlingNodeHonoursATaintPutMeanwhile(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		effect    corev1.TaintEffect
+		tolerates bool
+		want      string
+	}{
+		{"NoExecute", corev1.TaintEffectNoExecute, false, ""},
+		{"NoSchedule", corev1.TaintEffectNoSchedule, false, ""},
+		{"NoExecute tolerated", corev1.TaintEffectNoExecute, true, "new"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+			c := settlingCluster(t, clk, h100Node("old", "a", 1))
+			if tc.tolerates {
+				w := gpuPod("w", "q", 1)
+				w.Spec.Tolerations = []corev1.Toleration{{Key: "maintenance", Operator: corev1.TolerationOpExists}}
+				_ = c.pods.Update(w)
+			}
+			registered := c.heldOnNew(clk)
+			tainted := registered.DeepCopy()
+			tainted.Spec.Taints = []corev1.Taint{{Key: "maintenance", Effect: tc.effect}}
+			_ = c.nodes.Update(tainted)
+			c.expectBound(clk, time.Second, "", "tainted, still settling")
+			c.expectBound(clk, 3*time.Second, tc.want, "once new settled, tainted "+string(tc.effect))
+		})
+	}
+}
+
+// A workload held on a settling node is bound once the node settled only
+// when the bind queue has room, like every other: its plan lets it pass the
+// queue's check (a plan waiting for reservations must stay wanted), but a
+// cycle never waits for the bind workers. Before, a full queue at that
+// moment blocked the cycle in the send until the workers made room.
+func TestHeldWorkloadWaitsForRoomInTheBindQueue(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	c.heldOnNew(clk)
+	// Other pods fill the bind queue when new settles.
+	c.s.binds = make(chan bindTask, 1)
+	c.s.binds <- bindTask{pod: gpuPod("other", "q", 1), node: "old"}
+	clk.Step(3 * time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	res, err := c.s.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the cycle waited for room in the bind queue")
+	}
+	if res.Pending[ReasonWaitingToBind] != 1 || c.boundTo("w") != "" {
+		t.Fatalf("queue full: pending %v, w bound to %q; want w WaitingToBind", res.Pending, c.boundTo("w"))
+	}
+	<-c.s.binds // the workers bound the other pod
+	c.expectBound(clk, 0, "new", "room in the bind queue")
+}
+
+// addUnregistered adds node new (one GPU) as Karpenter brings it: created
+// now, tainted karpenter.sh/unregistered (NoExecute) until it registers.
+func (c *cluster) addUnregistered(clk *clocktesting.FakeClock) *corev1.Node {
+	fresh := h100Node("new", "a", 1)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	return fresh
+}
+
+// register removes n's taints, as Karpenter does when n registers, and
+// returns the node as updated.
+func (c *cluster) register(n *corev1.Node) *corev1.Node {
+	registered := n.DeepCopy()
+	registered.Spec.Taints = nil
+	_ = c.nodes.Update(registered)
+	return registered
+}
+
+// heldOnNew fills node old of a settlingCluster, brings node new as
+// Karpenter does (tainted karpenter.sh/unregistered, then registered) and
+// runs the cycle that places w there while new settles. It returns new.
+func (c *cluster) heldOnNew(clk *clocktesting.FakeClock) *corev1.Node {
+	c.t.Helper()
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	c.expectBound(clk, 0, "", "old is full")
+	fresh := c.addUnregistered(clk)
+	c.expectBound(clk, time.Second, "", "new is not registered")
+	registered := c.register(fresh)
+	c.expectBound(clk, 0, "", "the moment its taint went")
+	if _, planned := c.s.plans["w"]; !planned {
+		c.t.Fatal("w was not placed on new while it settles")
+	}
+	return registered
 }
 
 // A node consolidation gives back (its gpufrac.io/draining taint removed)
@@ -549,6 +686,40 @@ func TestReturnedNodeSettlesLikeANewOne(t *testing.T) {
 	_ = c.nodes.Update(untainted)
 	c.expectBound(clk, time.Second, "", "1 s after its drain ended, within NewNodeSettle")
 	c.expectBound(clk, 3*time.Second, "back", "once the returned node settled")
+}
+
+// A node given back stays out of the snapshot for its whole settle, even
+// when it loses a NoExecute taint in a later cycle of it: held instead, it
+// would get reservations while placeholders of earlier versions, which
+// kube-scheduler binds, may still be pending for its GPUs.
+func TestReturnedNodeStaysOutWhenItLosesANoExecuteTaintWhileItSettles(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	back := drainedNode("back", clk.Now().Add(time.Hour))
+	back.Spec.Taints = append(back.Spec.Taints, corev1.Taint{Key: "example.com/maintenance", Effect: corev1.TaintEffectNoExecute})
+	c := settlingCluster(t, clk, back)
+	_ = c.pods.Delete(gpuPod("w", "q", 1))
+	_ = c.pods.Add(fracPod("f", "q", 40))
+	r := &fakeReserver{c: c, admit: true}
+	c.s.deps.Reserver = r
+	c.cycle()
+	given := back.DeepCopy()
+	given.Spec.Taints = given.Spec.Taints[1:] // the drain ends
+	_ = c.nodes.Update(given)
+	clk.Step(time.Second)
+	c.cycle()
+	untainted := given.DeepCopy()
+	untainted.Spec.Taints = nil
+	_ = c.nodes.Update(untainted)
+	clk.Step(time.Second)
+	c.cycle()
+	if len(r.ensured) != 0 || c.boundTo("f") != "" {
+		t.Fatalf("2 s after its drain ended (1 s after its NoExecute taint went): reservations %v, f bound to %q; want none", r.ensured, c.boundTo("f"))
+	}
+	clk.Step(3 * time.Second)
+	c.cycle()
+	if want := []string{"back/GPU-back-0"}; !slices.Equal(r.ensured, want) {
+		t.Fatalf("once settled: reservations %v, want %v", r.ensured, want)
+	}
 }
 
 // A drain's taint that outlives its deadline (consolidation turned off

@@ -441,6 +441,9 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		if p := os.Getenv("GPUFRAC_COMPARE_POLICY"); p != "" {
 			args = append(args, "--policy="+p)
 		}
+		if v := os.Getenv("GPUFRAC_COMPARE_SETTLE"); v != "" {
+			args = append(args, "--new-node-settle="+v) // the chart's newNodeSettle otherwise
+		}
 		if v := os.Getenv("GPUFRAC_COMPARE_V"); v != "" {
 			args = append(args, "--v="+v)
 		}
@@ -554,6 +557,7 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	r.Tail = integrate(samples, began, zero, simHour)
 	simMin := func(d time.Duration) float64 { return 60 * float64(d) / float64(simHour) }
 	slices.Sort(waits)
+	t.Logf("%s/%s/%s WAITS (wall s, sorted) %s", shape, simHour, config, wallSeconds(waits))
 	if n := len(waits); n > 0 {
 		r.QueueP50, r.QueueP95, r.QueueMax = simMin(waits[n/2]), simMin(waits[min(n-1, (n*95)/100)]), simMin(waits[n-1])
 	}
@@ -569,6 +573,15 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	r.LoadAfter = loadavg()
 	keepCostLogs(t, c, shape+"-"+simHour.String()+"-"+config)
 	return r
+}
+
+// wallSeconds lists ds in seconds to the hundredth, space separated.
+func wallSeconds(ds []time.Duration) string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = strconv.FormatFloat(d.Seconds(), 'f', 2, 64)
+	}
+	return strings.Join(out, " ")
 }
 
 // keepCostLogs copies the run's component logs (the coordinator's among
