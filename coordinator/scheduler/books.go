@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -102,7 +101,7 @@ type books struct {
 // whose amounts are wrong, or that the tree refuses (unknown or invalid
 // parent, cycles) are left out; their pods get InvalidRequest with the
 // reason and the cycle reports it on the Queue (problems).
-func newBooks(qs []*v1alpha1.Queue, invalid []InvalidQueue, snap *state.Snapshot) (*books, error) {
+func newBooks(qs []*v1alpha1.Queue, invalid []InvalidQueue) (*books, error) {
 	specs := make([]queue.Spec, 0, len(qs)+len(invalid))
 	byName := make(map[string]*v1alpha1.QueueSpec, len(qs))
 	for _, q := range qs {
@@ -121,8 +120,12 @@ func newBooks(qs []*v1alpha1.Queue, invalid []InvalidQueue, snap *state.Snapshot
 	if t == nil {
 		return nil, fmt.Errorf("building queue tree: %w", err)
 	}
-	b.capacity = queue.Resources{GPUMilli: snap.GPUCapacityMilli, CPUMilli: snap.CPUCapacityMilli, MemoryBytes: snap.MemoryCapacityBytes}
 	return b, nil
+}
+
+// setCapacity sets the cluster's capacity the fair shares divide (demand).
+func (b *books) setCapacity(snap *state.Snapshot) {
+	b.capacity = queue.Resources{GPUMilli: snap.GPUCapacityMilli, CPUMilli: snap.CPUCapacityMilli, MemoryBytes: snap.MemoryCapacityBytes}
 }
 
 // problems lists the queues left out of the tree and why (name -> why).
@@ -167,34 +170,15 @@ func (b *books) allows(name, ns string) bool {
 	return ok && spec.AllowsNamespace(ns)
 }
 
-// chargeBound charges the pods the coordinator admitted: bound pods by the
-// queue their binding recorded (parseAdmitted; other bound pods are not the
-// coordinator's work, whatever their labels say), and pods being bound by
-// their parsed queue. Non-preemptibility counts only for a pod in a
-// namespace its queue allows (a queue may have dropped a namespace since).
-func (b *books) chargeBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, parse func(*corev1.Pod) (podInfo, error), parseAdmitted func(*corev1.Pod) (podInfo, bool, error)) {
-	for _, p := range pods {
-		if state.Terminal(p) {
-			continue
-		}
-		var pi podInfo
-		switch _, being := assumed[p.UID]; {
-		case p.Spec.NodeName != "":
-			var ok bool
-			if pi, ok, _ = parseAdmitted(p); !ok {
-				continue
-			}
-		case being:
-			var err error
-			if pi, err = parse(p); err != nil {
-				continue
-			}
-		default:
-			continue
-		}
-		np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
-		_ = b.tree.Assume(pi.queue, pi.res, np) // unknown queues are not charged
-	}
+// charge charges p, bound or being bound, parsed as pi: a bound pod by the
+// queue its binding recorded (parseAdmitted; other bound pods are not the
+// coordinator's work, whatever their labels say, and are not parsed), a pod
+// being bound by its parsed queue. Non-preemptibility counts only for a pod
+// in a namespace its queue allows (a queue may have dropped a namespace
+// since).
+func (b *books) charge(p *corev1.Pod, pi *podInfo) {
+	np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
+	_ = b.tree.Assume(pi.queue, pi.res, np) // unknown queues are not charged
 }
 
 // demand computes fair shares from each queue's demand: its usage plus its

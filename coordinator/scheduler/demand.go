@@ -26,7 +26,7 @@ import (
 // admitted together, in the order the cycle serves them (ws is sorted): a
 // backlog of pods each within the queue's limit alone counts only as far
 // as the queue may run them all.
-func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, ws []*workload, b *books) {
+func (s *Scheduler) feedDemand(snap *state.Snapshot, bound []placement.Request, ws []*workload, b *books) {
 	tree := b.tree.Clone()
 	for _, w := range ws {
 		if w.incomplete != "" || !tree.Check(w.queue, w.resources(), w.nonPreemptible).Allowed {
@@ -37,13 +37,69 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed
 			snap.AddDemand(&w.pods[k].req)
 		}
 	}
+	for i := range bound {
+		snap.AddDemand(&bound[i])
+	}
+}
+
+// readBound charges the pods bound or being bound to their queues
+// (books.charge), counts the gang members among them (gangsPlaced) and
+// returns their requests for feedDemand, in one pass over the pods: at
+// 50,000 pods each pass costs about as much as the snapshot's reads of
+// them, and this one runs while the snapshot is built. Pods this scheduler
+// cannot parse count with their plain requests; placeholders and
+// reservation pods are left out of the requests.
+func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]placement.Request, *gangsPlaced) {
+	out := s.boundDemand[:0]
+	gangs := newGangsPlaced()
 	for _, p := range pods {
-		if _, ok := assumed[p.UID]; (p.Spec.NodeName == "" && !ok) || state.Terminal(p) ||
-			placeholder.IsPlaceholder(p) || state.IsReservation(p) {
+		var a state.Assumed
+		being := false
+		if p.Spec.NodeName == "" {
+			// Bound pods are most: their assumption (gone or going) changes nothing here.
+			if a, being = assumed[p.UID]; !being {
+				continue
+			}
+		}
+		terminal := state.Terminal(p)
+		ours := p.Spec.SchedulerName == s.opts.SchedulerName
+		if terminal && !ours {
 			continue
 		}
-		if pi, err := s.parse(p); err == nil {
-			snap.AddDemand(&pi.req)
+		// Bound: parsed as its binding recorded; being bound: as it is.
+		var pi podInfo
+		var ok bool
+		if p.Spec.NodeName != "" {
+			pi, ok, _ = s.parseAdmitted(p)
+		} else {
+			var err error
+			pi, err = s.parse(p)
+			ok = err == nil
+		}
+		if ok && ours {
+			node := p.Spec.NodeName
+			if node == "" {
+				node = a.Node
+			}
+			if node != "" {
+				gangs.count(s, p, &pi, node, being, terminal)
+			}
+		}
+		if terminal {
+			continue
+		}
+		if ok {
+			b.charge(p, &pi)
+		}
+		if placeholder.IsPlaceholder(p) || state.IsReservation(p) {
+			continue
+		}
+		if p.Spec.NodeName == "" && ok {
+			out = append(out, pi.req)
+			continue
+		}
+		if own, err := s.parse(p); err == nil {
+			out = append(out, own.req)
 			continue
 		}
 		d := state.DemandOf(p, s.opts.TimesliceResource)
@@ -51,6 +107,8 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, pods []*corev1.Pod, assumed
 		if d.WholeGPUs == 0 && d.FractionPercent > 0 {
 			r.ShareMilli = min(d.FractionPercent*placement.MilliPerGPU/100, placement.MilliPerGPU)
 		}
-		snap.AddDemand(&r)
+		out = append(out, r)
 	}
+	s.boundDemand = out // the next cycle reuses the array
+	return out, gangs
 }

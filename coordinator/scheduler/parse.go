@@ -187,10 +187,16 @@ type parseInputs struct {
 // and nodes in mode dra; it empties the cache when they changed.
 func (s *Scheduler) beginParses() {
 	s.parseCycle++
-	if s.parsed == nil || !slices.Equal(s.parseIn.models, s.models) || !maps.Equal(s.parseIn.scalarMilli, s.scalarMilli) || !maps.Equal(s.parseIn.draNodes, s.draNodes) {
+	if !s.parsesValid() {
 		s.parsed = map[*corev1.Pod]*parseEntry{}
 		s.parseIn = parseInputs{models: slices.Clone(s.models), scalarMilli: maps.Clone(s.scalarMilli), draNodes: maps.Clone(s.draNodes)}
 	}
+}
+
+// parsesValid tells whether the parses kept were made with the GPU models,
+// scalar worth and nodes in mode dra the cycle now has.
+func (s *Scheduler) parsesValid() bool {
+	return s.parsed != nil && slices.Equal(s.parseIn.models, s.models) && maps.Equal(s.parseIn.scalarMilli, s.scalarMilli) && maps.Equal(s.parseIn.draNodes, s.draNodes)
 }
 
 // sweepParses forgets the pods the cycle did not read.

@@ -33,7 +33,10 @@ import (
 //   - busy: the same plus 5,000 pending pods (fractions, whole GPUs, gangs
 //     of 8 to 256) that fit in the GPUs left - the cycles of a burst;
 //   - backlog: nothing bound, 50,000 pending - the first cycle after a
-//     restart, or a flood.
+//     restart, or a flood;
+//   - waiting: 55,000 bound and 20,000 pending while the bind queue is full,
+//     so nothing is placed - the cycles of a burst once the bind workers
+//     (the API client's budget) are what binding waits for.
 //
 // Each iteration places the same pending pods again (the bindings of the
 // last one are forgotten), after one cycle that is not timed
@@ -42,12 +45,14 @@ import (
 //	go test ./coordinator/scheduler -run XXX -bench BenchmarkCycle -benchtime 5x -timeout 30m
 func BenchmarkCycle(b *testing.B) {
 	for _, sc := range []struct {
-		name           string
-		bound, pending bool
-	}{{"idle", true, false}, {"busy", true, true}, {"backlog", false, true}} {
+		name       string
+		bound      bool
+		pendingPer int  // pending pods per node
+		full       bool // the bind queue is full
+	}{{"idle", true, 0, false}, {"busy", true, 1, false}, {"backlog", false, 10, false}, {"waiting", true, 4, true}} {
 		b.Run(sc.name, func(b *testing.B) {
-			pods := scaleBenchPods(5000, sc.bound, sc.pending)
-			s := newBenchScheduler(b, 5000, pods)
+			pods := scaleBenchPods(5000, sc.bound, sc.pendingPer)
+			s := newBenchScheduler(b, 5000, pods, !sc.full)
 			ctx := b.Context()
 			if testing.Verbose() {
 				// Every cycle's line, with its stages' durations.
@@ -61,7 +66,13 @@ func BenchmarkCycle(b *testing.B) {
 				clear(s.assumed)
 				s.mu.Unlock()
 				s.plans = nil
+				if sc.full {
+					for len(s.binds) < cap(s.binds) {
+						s.binds <- bindTask{}
+					}
+				}
 			}
+			forget()
 			// One cycle first, as a running coordinator has had: what
 			// cycles keep from one to the next is filled.
 			cold := time.Now()
@@ -115,8 +126,9 @@ func drainBinds(s *Scheduler) {
 }
 
 // newBenchScheduler is a scheduler over n scale nodes and pods, with two
-// queue levels and a Reserver that does nothing.
-func newBenchScheduler(b *testing.B, n int, pods []*corev1.Pod) *Scheduler {
+// queue levels and a Reserver that does nothing; with drain, bind workers
+// take what the cycles queue and do nothing with it.
+func newBenchScheduler(b *testing.B, n int, pods []*corev1.Pod, drain bool) *Scheduler {
 	b.Helper()
 	podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	nodeIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
@@ -150,6 +162,9 @@ func newBenchScheduler(b *testing.B, n int, pods []*corev1.Pod) *Scheduler {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if !drain {
+		return s
+	}
 	// Bind workers that only take the tasks: a cycle never waits for them.
 	go func() {
 		for {
@@ -178,8 +193,8 @@ var scaleBenchQueues = []string{"scale-a1", "scale-a2", "scale-b1", "scale-b2"}
 func scaleNodeName(i int) string { return fmt.Sprintf("node-%05d", i) }
 
 // scaleBenchPods makes the pods of BenchmarkCycle for n nodes: bound ones
-// (with their reservations) and pending ones.
-func scaleBenchPods(n int, bound, pending bool) []*corev1.Pod {
+// (with their reservations) and pendingPer pending ones per node.
+func scaleBenchPods(n int, bound bool, pendingPer int) []*corev1.Pod {
 	var pods []*corev1.Pod
 	created := metav1.NewTime(time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC))
 	k, w := 0, 0 // pods and workloads so far
@@ -211,11 +226,8 @@ func scaleBenchPods(n int, bound, pending bool) []*corev1.Pod {
 			}
 		}
 	}
-	if pending {
-		count := n // bound: one pending pod per node, to fit the GPUs left
-		if !bound {
-			count = 10 * n
-		}
+	if pendingPer > 0 {
+		count := pendingPer * n
 		gangSizes := []int{8, 16, 32, 64, 128, 256}
 		members, g := count/4, 0
 		for members >= gangSizes[g%len(gangSizes)] {

@@ -89,6 +89,12 @@ type Options struct {
 	// past it the bound members are evicted and the gang is placed again
 	// whole. Zero means DefaultGangBindTimeout.
 	GangBindTimeout time.Duration
+	// PlaceBudget bounds how long a cycle places workloads it has not
+	// placed before: once it is spent (and at least one workload was
+	// placed) the rest wait for the next cycle, in the same order, as when
+	// the bind queue is full. Zero means DefaultPlaceBudget; negative, no
+	// budget.
+	PlaceBudget time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
 	// TimesliceResource is the time-sliced replica resource the node agents
@@ -211,6 +217,9 @@ type Scheduler struct {
 	parsed     map[*corev1.Pod]*parseEntry
 	parseIn    parseInputs
 	parseCycle uint64
+	// boundDemand holds the requests of the pods bound or being bound
+	// (readBound), reused from cycle to cycle; used only by Cycle.
+	boundDemand []placement.Request
 	// nodeSeen: node -> its taints and when it became usable, used only by
 	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
 	nodeSeen     map[string]*nodeSeen
@@ -262,6 +271,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	}
 	if o.GangBindTimeout <= 0 {
 		o.GangBindTimeout = DefaultGangBindTimeout
+	}
+	if o.PlaceBudget == 0 {
+		o.PlaceBudget = DefaultPlaceBudget
 	}
 	if o.Placeholder.PoolLabel == "" {
 		o.Placeholder.PoolLabel = o.PoolLabel
@@ -648,25 +660,61 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	if s.opts.NewNodeSettle > 0 {
 		inputs.Settling, s.held = s.settlingNodes(nodes, start)
 	}
-	snap, err := state.Build(inputs)
+	// The snapshot is built while the pods bound or being bound are
+	// charged to their queues (readBound): two passes over every pod, on
+	// two goroutines. The parses use the last cycle's GPU models, scalar
+	// worth and nodes in mode dra, which the snapshot tells; when they
+	// changed the pods are read again.
+	s.beginParses()
+	defer s.sweepParses()
+	var (
+		snap     *state.Snapshot
+		buildErr error
+		built    = make(chan struct{})
+	)
+	go func() {
+		defer close(built)
+		snap, buildErr = state.Build(inputs)
+	}()
+	books, err := newBooks(queues, badQueues)
+	var boundDemand []placement.Request
+	var gangs *gangsPlaced
+	if err == nil {
+		boundDemand, gangs = s.readBound(pods, assumed, books)
+	}
+	<-built
+	if buildErr != nil {
+		return res, buildErr
+	}
 	if err != nil {
 		return res, err
 	}
 	s.scalarMilli = snap.ScalarMilli
 	s.draNodes = snap.DRANodes
-	s.beginParses()
-	defer s.sweepParses()
-	books, err := newBooks(queues, badQueues, snap)
-	if err != nil {
-		return res, err
+	if !s.parsesValid() {
+		s.beginParses()
+		if books, err = newBooks(queues, badQueues); err != nil {
+			return res, err
+		}
+		boundDemand, gangs = s.readBound(pods, assumed, books)
 	}
+	books.setCapacity(snap)
 
 	stages.done("snapshot")
 
 	// 3. Collect the pending pods into workloads (gangs and single pods).
 	s.forgetSaid()
 	var pending []*corev1.Pod
+	var existing []*corev1.Pod      // placeholder pods
+	liveGroups := map[string]bool{} // placeholder groups with placeholders or admitted pending work
 	for _, p := range pods {
+		if placeholder.IsPlaceholder(p) {
+			existing = append(existing, p)
+			liveGroups[p.Labels[placeholder.LabelGroup]] = true
+		}
+		if p.Spec.NodeName != "" {
+			continue
+		}
 		if _, busy := assumed[p.UID]; busy {
 			continue
 		}
@@ -674,19 +722,19 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		// (the API server refuses the binding; its PodScheduled condition
 		// says SchedulingGated): placed, it would hold capacity and a
 		// reservation, and its binding would fail in every cycle.
-		if p.Spec.NodeName == "" && !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
+		if !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
 			len(p.Spec.SchedulingGates) == 0 {
 			pending = append(pending, p)
 		}
 	}
-	workloads, invalid, census := s.group(pending, pods, assumed, books)
+	workloads, invalid := s.group(pending, gangs, books)
 	workloads, invalid = s.dropOversizedGangs(snap, workloads, invalid)
 	for _, iv := range invalid {
 		s.markPending(ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &res)
 	}
 	// Gangs bound in part for longer than GangBindTimeout give their GPUs
 	// back; their pending members wait until the evicted ones are gone.
-	rollingBack := s.checkGangBinds(ctx, census)
+	rollingBack := s.checkGangBinds(ctx, gangs.census)
 	workloads = slices.DeleteFunc(workloads, func(w *workload) bool {
 		msg, rolling := rollingBack[w.id()]
 		if rolling {
@@ -698,7 +746,6 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	})
 	// Workloads whose binding failed a moment ago wait out their back-off.
 	workloads = s.holdBackedOff(ctx, workloads, start, &res)
-	books.chargeBound(pods, assumed, s.parse, s.parseAdmitted)
 	books.demand(workloads)
 
 	stages.done("collect")
@@ -711,23 +758,16 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	sort.SliceStable(workloads, func(i, j int) bool {
 		return s.hasPlan(workloads[i]) && !s.hasPlan(workloads[j])
 	})
-	s.feedDemand(snap, pods, assumed, workloads, books)
+	s.feedDemand(snap, boundDemand, workloads, books)
 
 	// 5. Admit and place, workload by workload.
-	wanted := map[state.NodeGPU]bool{} // GPUs whose reservation fractions wait for
-	plans := map[types.UID]plan{}      // pods waiting for reservations -> their placement
-	var demand []placeholder.Item      // admitted work with no room: asks for capacity
-	var existing []*corev1.Pod         // placeholder pods
-	liveGroups := map[string]bool{}    // placeholder groups with placeholders or admitted pending work
-	withdrawn := map[types.UID]bool{}  // placeholders deleted before their work was bound elsewhere
-	for _, p := range pods {
-		if placeholder.IsPlaceholder(p) {
-			existing = append(existing, p)
-			liveGroups[p.Labels[placeholder.LabelGroup]] = true
-		}
-	}
+	wanted := map[state.NodeGPU]bool{}          // GPUs whose reservation fractions wait for
+	plans := map[types.UID]plan{}               // pods waiting for reservations -> their placement
+	var demand []placeholder.Item               // admitted work with no room: asks for capacity
+	withdrawn := map[types.UID]bool{}           // placeholders deleted before their work was bound elsewhere
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	full := false                               // the bind queue has no room for the next workload
+	budget := s.placeBudget()
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			// Members created in a burst arrive within moments: a gang says
@@ -748,9 +788,16 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		// for bindings and nothing later overtakes them. A workload placed
 		// in an earlier cycle and waiting for reservations keeps its plan:
 		// dropped, its reservations would no longer be wanted.
-		if full = full || !s.bindRoom(len(w.pods)); full && !s.planned(w) {
+		planned := s.planned(w)
+		if full = full || !s.bindRoom(len(w.pods)); full && !planned {
 			for _, p := range w.pods {
 				res.pending(ReasonWaitingToBind, p.pod)
+			}
+			continue
+		}
+		if !budget.admit(planned) {
+			for _, p := range w.pods {
+				res.pending(ReasonNextCycle, p.pod)
 			}
 			continue
 		}
@@ -808,6 +855,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			// and the pods keep their GPUs in the next cycle.
 			planWaiting(plans, s.plans, w, decisions, snap, start)
 			s.markWaiting(ctx, w, waitMsg, plans, snap, start, &res)
+			budget.placed()
 			continue
 		}
 		if s.holds(decisions) {
@@ -840,6 +888,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 		s.bind(ctx, w, decisions, snap, claims)
 		res.Bound += len(w.pods)
+		budget.placed()
+	}
+	if budget.cut {
+		s.Wake() // the rest is placed in the next cycle, not an Interval later
 	}
 	s.plans = plans
 	stages.done("place")
@@ -901,6 +953,61 @@ func (s *Scheduler) holds(ds []placement.Decision) bool {
 // the pods a cycle did not place because the bind queue was full: they are
 // served in order as soon as it has room. It is never written on a pod.
 const ReasonWaitingToBind = "WaitingToBind"
+
+// ReasonNextCycle counts, in Result.Pending and gpufrac_pending_pods, the
+// pods a cycle did not place because its place budget (Options.PlaceBudget)
+// was spent: the next cycle places them, in the same order. It is never
+// written on a pod.
+const ReasonNextCycle = "NextCycle"
+
+// DefaultPlaceBudget is Options.PlaceBudget's default. At 5,000 nodes a
+// cycle that placed all it could placed a bind queue's worth (4,096 pods)
+// at once, and took 4 to 7 s on a loaded control-plane node while the
+// cycles around it took 0.4 s (docs/benchmarks.md, "Scale"); the bind
+// workers take a hundred or two a second, so a quarter of a second of
+// placing per cycle keeps them fed.
+const DefaultPlaceBudget = 250 * time.Millisecond
+
+// placeBudget is the place stage's budget of one cycle (Options.PlaceBudget).
+// It counts the time spent on workloads not placed before that were placed
+// (bound, or planned to wait for reservations): one that does not fit costs
+// what it did before, and never keeps the workloads behind it from their
+// turn.
+type placeBudget struct {
+	clock  clock.PassiveClock
+	limit  time.Duration // <0: none
+	used   time.Duration
+	began  time.Time // the current workload's start
+	timing bool      // the current workload counts
+	cut    bool      // a workload waits for the next cycle
+}
+
+func (s *Scheduler) placeBudget() *placeBudget {
+	return &placeBudget{clock: s.clock, limit: s.opts.PlaceBudget}
+}
+
+// admit tells whether the next workload is placed this cycle; one planned in
+// an earlier cycle always is (dropped, its reservations would no longer be
+// wanted).
+func (b *placeBudget) admit(planned bool) bool {
+	b.timing = false
+	if planned {
+		return true
+	}
+	if b.cut = b.cut || (b.limit >= 0 && b.used >= b.limit); b.cut {
+		return false
+	}
+	b.began, b.timing = b.clock.Now(), true
+	return true
+}
+
+// placed records that the workload admitted last was placed.
+func (b *placeBudget) placed() {
+	if b.timing {
+		b.used += b.clock.Since(b.began)
+		b.timing = false
+	}
+}
 
 // bindRoom tells whether the bind queue can take n more bindings now. An
 // empty queue takes any workload, however large (its binding then waits

@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
@@ -102,7 +101,7 @@ type invalidPod struct {
 
 // group parses pending pods and gathers them into workloads. Gang members
 // already bound (or being bound) count toward min-member and pin the pool.
-func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]*workload, []invalidPod, map[string]*gangCensus) {
+func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) ([]*workload, []invalidPod) {
 	var invalid []invalidPod
 	byKey := map[string]*workload{}
 	var order []string
@@ -151,73 +150,12 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 		}
 	}
 
-	// Gangs: count members already placed; check min-member and queue
-	// agreement. A gang is one queue's (gangID): a pod of another queue
-	// that carries the same pod group name (tenant input) counts for its
-	// own queue's gang, never toward this one's min-member or rollback.
-	bound := map[string]int{}          // gangID -> members placed
-	boundPool := map[string]string{}   // gangID -> their pool
-	census := map[string]*gangCensus{} // gangID -> its bound members, for checkGangBinds
-	nodes := map[string]string{}       // node -> pool, filled lazily
-	for _, p := range all {
-		if p.Spec.SchedulerName != s.opts.SchedulerName {
-			continue
-		}
-		node := p.Spec.NodeName
-		a, inflight := assumed[p.UID]
-		if inflight && node == "" {
-			node = a.Node
-		}
-		if node == "" {
-			continue
-		}
-		var pi podInfo
-		if p.Spec.NodeName != "" {
-			// Bound: the queue its binding recorded; pods the coordinator
-			// did not bind are no gang's members.
-			var ok bool
-			if pi, ok, _ = s.parseAdmitted(p); !ok {
-				continue
-			}
-		} else {
-			var err error
-			if pi, err = s.parse(p); err != nil {
-				continue
-			}
-		}
-		if pi.group == "" {
-			continue
-		}
-		key := gangID(pi.queue, p.Namespace+"/"+pi.group)
-		c := census[key]
-		if c == nil {
-			c = &gangCensus{name: p.Namespace + "/" + pi.group}
-			census[key] = c
-		}
-		c.min = max(c.min, pi.minMember)
-		if state.Terminal(p) {
-			c.ran++
-			continue
-		}
-		c.held++
-		switch {
-		case inflight && p.Spec.NodeName == "":
-			c.inflight++
-		case p.DeletionTimestamp == nil:
-			c.live = append(c.live, p)
-		}
-		bound[key]++
-		if _, ok := nodes[node]; !ok {
-			nodes[node] = s.poolOf(node)
-		}
-		boundPool[key] = nodes[node]
-	}
 	ws := make([]*workload, 0, len(order))
 	for _, key := range order {
 		w := byKey[key]
 		if w.gang {
 			id := gangID(w.queue, key)
-			w.pool = boundPool[id]
+			w.pool = placed.pool[id]
 			min := 0
 			for _, p := range w.pods {
 				if p.minMember > min {
@@ -234,13 +172,61 @@ func (s *Scheduler) group(pending, all []*corev1.Pod, assumed map[types.UID]stat
 			if w == nil {
 				continue
 			}
-			if have := len(w.pods) + bound[id]; have < min {
-				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), bound[id])
+			if have := len(w.pods) + placed.bound[id]; have < min {
+				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), placed.bound[id])
 			}
 		}
 		ws = append(ws, w)
 	}
-	return ws, invalid, census
+	return ws, invalid
+}
+
+// gangsPlaced are the gang members bound or being bound (readBound counts
+// them): a gang's members already placed count toward its min-member and
+// pin its node pool. A gang is one queue's (gangID): a pod of another
+// queue that carries the same pod group name (tenant input) counts for its
+// own queue's gang, never toward this one's min-member or rollback.
+type gangsPlaced struct {
+	bound  map[string]int         // gangID -> members placed
+	pool   map[string]string      // gangID -> their pool
+	census map[string]*gangCensus // gangID -> its bound members, for checkGangBinds
+	nodes  map[string]string      // node -> pool, filled lazily
+}
+
+func newGangsPlaced() *gangsPlaced {
+	return &gangsPlaced{bound: map[string]int{}, pool: map[string]string{}, census: map[string]*gangCensus{}, nodes: map[string]string{}}
+}
+
+// count counts p, a pod of this scheduler bound or being bound (to node),
+// parsed as pi (for a bound pod, as its binding recorded: pods the
+// coordinator did not bind are no gang's members).
+func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node string, inflight, terminal bool) {
+	if pi.group == "" {
+		return
+	}
+	key := gangID(pi.queue, p.Namespace+"/"+pi.group)
+	c := g.census[key]
+	if c == nil {
+		c = &gangCensus{name: p.Namespace + "/" + pi.group}
+		g.census[key] = c
+	}
+	c.min = max(c.min, pi.minMember)
+	if terminal {
+		c.ran++
+		return
+	}
+	c.held++
+	switch {
+	case inflight && p.Spec.NodeName == "":
+		c.inflight++
+	case p.DeletionTimestamp == nil:
+		c.live = append(c.live, p)
+	}
+	g.bound[key]++
+	if _, ok := g.nodes[node]; !ok {
+		g.nodes[node] = s.poolOf(node)
+	}
+	g.pool[key] = g.nodes[node]
 }
 
 // gangID names a gang in one queue: its queue and "namespace/group".

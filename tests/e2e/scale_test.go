@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -63,7 +64,8 @@ import (
 // GPUFRAC_SCALE_SCHEDULERS a comma-separated subset of
 // coordinator,kube-scheduler; GPUFRAC_SCALE_PPROF a directory for the
 // coordinator's CPU profile (its first GPUFRAC_SCALE_PPROF_SECONDS, default
-// 60, after the pods start to arrive) and heap profile (once all are bound).
+// 60, after the pods start to arrive), heap profile (once all are bound) and
+// the coordinator's cycle log lines (<run>-cycles.log).
 //
 // How a run goes:
 //
@@ -448,6 +450,10 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 		// pod bound), then the cycle log.
 		time.Sleep(5 * time.Second)
 		res.cycles = readCycles(t, co.log)
+		if cfg.pprofDir != "" {
+			// Every cycle's line, with its stages, beside the profiles.
+			saveCycleLines(t, co.log, filepath.Join(cfg.pprofDir, name+"-cycles.log"))
+		}
 		st := co.scrape(t)
 		if st.bindErrors > 0 {
 			t.Logf("%s: %.0f bindings failed (and were retried)", name, st.bindErrors)
@@ -901,6 +907,24 @@ func readCycles(t *testing.T, logPath string) cycleFigures {
 		out.idleP50 = idle[len(idle)/2]
 	}
 	return out
+}
+
+// saveCycleLines copies the cycle lines of the coordinator's log to path.
+func saveCycleLines(t *testing.T, logPath, path string) {
+	t.Helper()
+	in, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	for line := range bytes.Lines(in) {
+		if cycleLine.Match(line) {
+			out.Write(line)
+		}
+	}
+	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+		t.Error(err)
+	}
 }
 
 // requestCounts are one user's API requests up to a moment, from the audit log.
