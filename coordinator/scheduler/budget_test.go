@@ -15,6 +15,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -234,5 +235,46 @@ func TestPlannedWorkloadDoesNotWaitForTheBindQueue(t *testing.T) {
 	}
 	if len(r.ensured) != 1 {
 		t.Errorf("reservations asked for %v, want only the first", r.ensured)
+	}
+}
+
+// TestPlaceBudgetKeepsThePlaceholdersOfWorkCut: a workload that asked
+// Karpenter for capacity (its placeholder pending) and that a later cycle's
+// place budget leaves for the next cycle keeps its placeholder: deleted as
+// if no pending work needed it, Karpenter would drop the node it was
+// buying, and the placeholder would be made again when the workload's turn
+// came, for as long as fitting work ahead of it spends the budget.
+func TestPlaceBudgetKeepsThePlaceholdersOfWorkCut(t *testing.T) {
+	clk := &tickingClock{FakeClock: clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1), h100Node("n2", "b", 1)},
+		[]*v1alpha1.Queue{queueOf("q", "8"), queueOf("q2", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 2))
+	c.s.clock = clk
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	asked := ph.only(t)
+	if !placeholder.AsksKarpenter(asked) {
+		t.Fatalf("w's placeholder does not ask Karpenter")
+	}
+
+	// Work of another queue, which fits, comes first; each workload placed
+	// spends the whole budget.
+	for i := range 4 {
+		if err := c.pods.Add(gpuPod(fmt.Sprintf("fit-%d", i), "q2", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.s.opts.PlaceBudget = time.Millisecond
+	clk.tick = time.Millisecond
+	res := c.cycle()
+	if res.Bound == 0 || res.Pending[ReasonNextCycle] == 0 || c.boundTo("w") != "" {
+		t.Fatalf("the cycle bound %d, pending %v: want the budget cut before w", res.Bound, res.Pending)
+	}
+	if why, gone := ph.deleted[asked.Name]; gone {
+		t.Fatalf("w's placeholder was deleted (%q) while w waited for the next cycle", why)
+	}
+	if len(ph.created) != 1 {
+		t.Errorf("placeholders created %v, want w's only", ph.created)
 	}
 }

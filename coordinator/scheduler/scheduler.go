@@ -707,10 +707,16 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	var pending []*corev1.Pod
 	var existing []*corev1.Pod      // placeholder pods
 	liveGroups := map[string]bool{} // placeholder groups with placeholders or admitted pending work
+	asking := map[string]bool{}     // workloads placeholders were made for
 	for _, p := range pods {
 		if placeholder.IsPlaceholder(p) {
 			existing = append(existing, p)
 			liveGroups[p.Labels[placeholder.LabelGroup]] = true
+			if p.DeletionTimestamp == nil {
+				for _, k := range strings.Split(p.Annotations[placeholder.AnnotationWorkloads], ",") {
+					asking[k] = true
+				}
+			}
 		}
 		if p.Spec.NodeName != "" {
 			continue
@@ -796,6 +802,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			continue
 		}
 		if !budget.admit(planned) {
+			if asking[w.key] {
+				// It asked Karpenter for capacity before: it keeps asking
+				// until its turn comes, or its placeholders would go
+				// (and Karpenter drop the node it was buying) for as
+				// long as the work ahead of it spends the budget.
+				demand = append(demand, s.items(w, snap, existing)...)
+			}
 			for _, p := range w.pods {
 				res.pending(ReasonNextCycle, p.pod)
 			}
