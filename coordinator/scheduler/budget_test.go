@@ -278,3 +278,33 @@ func TestPlaceBudgetKeepsThePlaceholdersOfWorkCut(t *testing.T) {
 		t.Errorf("placeholders created %v, want w's only", ph.created)
 	}
 }
+
+// TestPlaceBudgetCountsPlacementsOnSettlingNodes: workloads placed on a
+// node that settles are placed (their GPUs taken, their reservations made,
+// bound once it settled without being placed again) and spend the place
+// budget like any other: when Karpenter brings capacity for a backlog, the
+// backlog goes there, and a cycle that placed it all at once is the long
+// cycle the budget is there to prevent.
+func TestPlaceBudgetCountsPlacementsOnSettlingNodes(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	for i := range 7 {
+		_ = c.pods.Add(gpuPod(fmt.Sprintf("w-%d", i), "q", 1))
+	}
+	c.cycle()
+	fresh := h100Node("new", "a", 8)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	clk.Step(time.Second)
+	c.cycle()
+	c.register(fresh)
+
+	c.s.opts.PlaceBudget = time.Millisecond
+	c.s.clock = &tickingClock{FakeClock: clk, tick: time.Millisecond}
+	res := c.cycle()
+	if res.Pending[ReasonNodeSettling] != 1 || res.Pending[ReasonNextCycle] != 7 {
+		t.Fatalf("pending %v: want the budget spent by the first workload placed on new while it settles (1 NodeSettling, 7 NextCycle)", res.Pending)
+	}
+}

@@ -878,6 +878,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			for _, p := range w.pods {
 				res.pending(ReasonNodeSettling, p.pod)
 			}
+			budget.placed()
 			continue
 		}
 		if !s.bindRoom(len(w.pods)) {
