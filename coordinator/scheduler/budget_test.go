@@ -308,3 +308,26 @@ func TestPlaceBudgetCountsPlacementsOnSettlingNodes(t *testing.T) {
 		t.Fatalf("pending %v: want the budget spent by the first workload placed on new while it settles (1 NodeSettling, 7 NextCycle)", res.Pending)
 	}
 }
+
+// TestFullBindQueueKeepsThePlaceholdersOfWorkWaiting: the same for a
+// workload a full bind queue leaves for a later cycle.
+func TestFullBindQueueKeepsThePlaceholdersOfWorkWaiting(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 2))
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	asked := ph.only(t)
+	c.s.binds = make(chan bindTask, 1)
+	c.s.binds <- bindTask{pod: gpuPod("other", "q", 1), node: "n1"}
+	res, err := c.s.Cycle(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Pending[ReasonWaitingToBind] != 1 {
+		t.Fatalf("pending %v: want w WaitingToBind", res.Pending)
+	}
+	if why, gone := ph.deleted[asked.Name]; gone {
+		t.Fatalf("w's placeholder was deleted (%q) while w waited for room in the bind queue", why)
+	}
+}

@@ -774,6 +774,17 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	full := false                               // the bind queue has no room for the next workload
 	budget := s.placeBudget()
+	// A workload left for a later cycle (the bind queue full, the place
+	// budget spent) that asked Karpenter for capacity before keeps asking
+	// until its turn comes: its placeholders would go otherwise (and
+	// Karpenter drop the node it was buying), for as long as the work
+	// ahead of it fills the bind queue or spends the budget.
+	keepAsking := func(demand []placeholder.Item, w *workload) []placeholder.Item {
+		if !asking[w.key] {
+			return demand
+		}
+		return append(demand, s.items(w, snap, existing)...)
+	}
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			// Members created in a burst arrive within moments: a gang says
@@ -796,19 +807,14 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		// dropped, its reservations would no longer be wanted.
 		planned := s.planned(w)
 		if full = full || !s.bindRoom(len(w.pods)); full && !planned {
+			demand = keepAsking(demand, w)
 			for _, p := range w.pods {
 				res.pending(ReasonWaitingToBind, p.pod)
 			}
 			continue
 		}
 		if !budget.admit(planned) {
-			if asking[w.key] {
-				// It asked Karpenter for capacity before: it keeps asking
-				// until its turn comes, or its placeholders would go
-				// (and Karpenter drop the node it was buying) for as
-				// long as the work ahead of it spends the budget.
-				demand = append(demand, s.items(w, snap, existing)...)
-			}
+			demand = keepAsking(demand, w)
 			for _, p := range w.pods {
 				res.pending(ReasonNextCycle, p.pod)
 			}
