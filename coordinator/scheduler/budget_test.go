@@ -331,3 +331,56 @@ func TestFullBindQueueKeepsThePlaceholdersOfWorkWaiting(t *testing.T) {
 		t.Fatalf("w's placeholder was deleted (%q) while w waited for room in the bind queue", why)
 	}
 }
+
+// TestPlaceBudgetKeepsTheHintOfWorkCut: a workload whose placeholder landed
+// (the node Karpenter bought for it is there, and preferred) and that the
+// place budget leaves for later cycles keeps its hint: dropped as if
+// nothing of its group waited, the workload would be placed anywhere once
+// its turn came, and the node bought for it go to others.
+func TestPlaceBudgetKeepsTheHintOfWorkCut(t *testing.T) {
+	clk := &tickingClock{FakeClock: clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1), h100Node("n3", "c", 8)},
+		[]*v1alpha1.Queue{queueOf("q", "8"), queueOf("q2", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), builders.MakePod("w", "default").Queue("q").GPUs(2).CPU("1").UID("w").NodeSelector(api.LabelNodePool, "a").Obj())
+	c.s.clock = clk
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	asked := ph.only(t)
+	group := asked.Labels[placeholder.LabelGroup]
+
+	// Work of another queue, which fits on n3 only, comes first; each
+	// workload placed spends the whole budget.
+	for i := range 6 {
+		if err := c.pods.Add(builders.MakePod(fmt.Sprintf("fit-%d", i), "default").Queue("q2").GPUs(1).CPU("1").UID(fmt.Sprintf("fit-%d", i)).NodeSelector(api.LabelNodePool, "c").Obj()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.s.opts.PlaceBudget = time.Millisecond
+	clk.tick = time.Millisecond
+	// The placeholder lands on n2, which Karpenter brought.
+	if err := c.nodes.Add(h100Node("n2", "a", 2)); err != nil {
+		t.Fatal(err)
+	}
+	landed := asked.DeepCopy()
+	landed.Spec.NodeName = "n2"
+	_ = c.pods.Update(landed)
+	cut := 0
+	for cycle := 0; c.boundTo("w") == ""; cycle++ {
+		if cycle == 6 {
+			t.Fatal("w was not bound in 6 cycles")
+		}
+		if res := c.cycle(); c.boundTo("w") != "" {
+			break
+		} else if res.Pending[ReasonNextCycle] == 0 {
+			t.Fatalf("cycle %d bound %d, pending %v: want the budget cut before w", cycle+1, res.Bound, res.Pending)
+		}
+		cut++
+		if got := c.s.preferred[group]; !slices.Equal(got, []string{"n2"}) {
+			t.Fatalf("after cycle %d: w's group prefers %v, want [n2] (its placeholder landed there)", cycle+1, got)
+		}
+	}
+	if cut < 2 || c.boundTo("w") != "n2" {
+		t.Errorf("w cut in %d cycles, then bound to %q: want at least 2, then n2", cut, c.boundTo("w"))
+	}
+}

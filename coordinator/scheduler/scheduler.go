@@ -776,14 +776,26 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	budget := s.placeBudget()
 	// A workload left for a later cycle (the bind queue full, the place
 	// budget spent) that asked Karpenter for capacity before keeps asking
-	// until its turn comes: its placeholders would go otherwise (and
-	// Karpenter drop the node it was buying), for as long as the work
-	// ahead of it fills the bind queue or spends the budget.
+	// until its turn comes, and its group's hints (the nodes its
+	// placeholders landed on) stay: its placeholders would go otherwise
+	// (and Karpenter drop the node it was buying), or the node bought for
+	// it be forgotten, for as long as the work ahead of it fills the bind
+	// queue or spends the budget.
+	s.mu.Lock()
+	hinted := len(s.preferred) > 0 || len(s.nominatedClaims) > 0
+	s.mu.Unlock()
 	keepAsking := func(demand []placeholder.Item, w *workload) []placeholder.Item {
+		if !asking[w.key] && !hinted {
+			return demand
+		}
+		items := s.items(w, snap, existing)
+		if len(items) > 0 {
+			liveGroups[placeholder.GroupOf(items[0])] = true
+		}
 		if !asking[w.key] {
 			return demand
 		}
-		return append(demand, s.items(w, snap, existing)...)
+		return append(demand, items...)
 	}
 	for _, w := range workloads {
 		if w.incomplete != "" {
