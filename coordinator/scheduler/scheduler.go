@@ -92,8 +92,10 @@ type Options struct {
 	// PlaceBudget bounds how long a cycle places workloads it has not
 	// placed before: once it is spent (and at least one workload was
 	// placed) the rest wait for the next cycle, in the same order, as when
-	// the bind queue is full. Zero means DefaultPlaceBudget; negative, no
-	// budget.
+	// the bind queue is full (placed on a node that settles counts as
+	// placed; those that asked Karpenter for capacity keep their
+	// placeholders and hints meanwhile). Zero means DefaultPlaceBudget;
+	// negative, no budget.
 	PlaceBudget time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
