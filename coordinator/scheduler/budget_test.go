@@ -15,6 +15,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -234,5 +235,152 @@ func TestPlannedWorkloadDoesNotWaitForTheBindQueue(t *testing.T) {
 	}
 	if len(r.ensured) != 1 {
 		t.Errorf("reservations asked for %v, want only the first", r.ensured)
+	}
+}
+
+// TestPlaceBudgetKeepsThePlaceholdersOfWorkCut: a workload that asked
+// Karpenter for capacity (its placeholder pending) and that a later cycle's
+// place budget leaves for the next cycle keeps its placeholder: deleted as
+// if no pending work needed it, Karpenter would drop the node it was
+// buying, and the placeholder would be made again when the workload's turn
+// came, for as long as fitting work ahead of it spends the budget.
+func TestPlaceBudgetKeepsThePlaceholdersOfWorkCut(t *testing.T) {
+	clk := &tickingClock{FakeClock: clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1), h100Node("n2", "b", 1)},
+		[]*v1alpha1.Queue{queueOf("q", "8"), queueOf("q2", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 2))
+	c.s.clock = clk
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	asked := ph.only(t)
+	if !placeholder.AsksKarpenter(asked) {
+		t.Fatalf("w's placeholder does not ask Karpenter")
+	}
+
+	// Work of another queue, which fits, comes first; each workload placed
+	// spends the whole budget.
+	for i := range 4 {
+		if err := c.pods.Add(gpuPod(fmt.Sprintf("fit-%d", i), "q2", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.s.opts.PlaceBudget = time.Millisecond
+	clk.tick = time.Millisecond
+	res := c.cycle()
+	if res.Bound == 0 || res.Pending[ReasonNextCycle] == 0 || c.boundTo("w") != "" {
+		t.Fatalf("the cycle bound %d, pending %v: want the budget cut before w", res.Bound, res.Pending)
+	}
+	if why, gone := ph.deleted[asked.Name]; gone {
+		t.Fatalf("w's placeholder was deleted (%q) while w waited for the next cycle", why)
+	}
+	if len(ph.created) != 1 {
+		t.Errorf("placeholders created %v, want w's only", ph.created)
+	}
+}
+
+// TestPlaceBudgetCountsPlacementsOnSettlingNodes: workloads placed on a
+// node that settles are placed (their GPUs taken, their reservations made,
+// bound once it settled without being placed again) and spend the place
+// budget like any other: when Karpenter brings capacity for a backlog, the
+// backlog goes there, and a cycle that placed it all at once is the long
+// cycle the budget is there to prevent.
+func TestPlaceBudgetCountsPlacementsOnSettlingNodes(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	for i := range 7 {
+		_ = c.pods.Add(gpuPod(fmt.Sprintf("w-%d", i), "q", 1))
+	}
+	c.cycle()
+	fresh := h100Node("new", "a", 8)
+	fresh.CreationTimestamp = metav1.NewTime(clk.Now())
+	fresh.Spec.Taints = []corev1.Taint{{Key: "karpenter.sh/unregistered", Effect: corev1.TaintEffectNoExecute}}
+	_ = c.nodes.Add(fresh)
+	clk.Step(time.Second)
+	c.cycle()
+	c.register(fresh)
+
+	c.s.opts.PlaceBudget = time.Millisecond
+	c.s.clock = &tickingClock{FakeClock: clk, tick: time.Millisecond}
+	res := c.cycle()
+	if res.Pending[ReasonNodeSettling] != 1 || res.Pending[ReasonNextCycle] != 7 {
+		t.Fatalf("pending %v: want the budget spent by the first workload placed on new while it settles (1 NodeSettling, 7 NextCycle)", res.Pending)
+	}
+}
+
+// TestFullBindQueueKeepsThePlaceholdersOfWorkWaiting: the same for a
+// workload a full bind queue leaves for a later cycle.
+func TestFullBindQueueKeepsThePlaceholdersOfWorkWaiting(t *testing.T) {
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), gpuPod("w", "q", 2))
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	asked := ph.only(t)
+	c.s.binds = make(chan bindTask, 1)
+	c.s.binds <- bindTask{pod: gpuPod("other", "q", 1), node: "n1"}
+	res, err := c.s.Cycle(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Pending[ReasonWaitingToBind] != 1 {
+		t.Fatalf("pending %v: want w WaitingToBind", res.Pending)
+	}
+	if why, gone := ph.deleted[asked.Name]; gone {
+		t.Fatalf("w's placeholder was deleted (%q) while w waited for room in the bind queue", why)
+	}
+}
+
+// TestPlaceBudgetKeepsTheHintOfWorkCut: a workload whose placeholder landed
+// (the node Karpenter bought for it is there, and preferred) and that the
+// place budget leaves for later cycles keeps its hint: dropped as if
+// nothing of its group waited, the workload would be placed anywhere once
+// its turn came, and the node bought for it go to others.
+func TestPlaceBudgetKeepsTheHintOfWorkCut(t *testing.T) {
+	clk := &tickingClock{FakeClock: clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1), h100Node("n3", "c", 8)},
+		[]*v1alpha1.Queue{queueOf("q", "8"), queueOf("q2", "8")},
+		admitted(gpuPod("busy", "q", 1), "n1"), builders.MakePod("w", "default").Queue("q").GPUs(2).CPU("1").UID("w").NodeSelector(api.LabelNodePool, "a").Obj())
+	c.s.clock = clk
+	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	asked := ph.only(t)
+	group := asked.Labels[placeholder.LabelGroup]
+
+	// Work of another queue, which fits on n3 only, comes first; each
+	// workload placed spends the whole budget.
+	for i := range 6 {
+		if err := c.pods.Add(builders.MakePod(fmt.Sprintf("fit-%d", i), "default").Queue("q2").GPUs(1).CPU("1").UID(fmt.Sprintf("fit-%d", i)).NodeSelector(api.LabelNodePool, "c").Obj()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.s.opts.PlaceBudget = time.Millisecond
+	clk.tick = time.Millisecond
+	// The placeholder lands on n2, which Karpenter brought.
+	if err := c.nodes.Add(h100Node("n2", "a", 2)); err != nil {
+		t.Fatal(err)
+	}
+	landed := asked.DeepCopy()
+	landed.Spec.NodeName = "n2"
+	_ = c.pods.Update(landed)
+	cut := 0
+	for cycle := 0; c.boundTo("w") == ""; cycle++ {
+		if cycle == 6 {
+			t.Fatal("w was not bound in 6 cycles")
+		}
+		if res := c.cycle(); c.boundTo("w") != "" {
+			break
+		} else if res.Pending[ReasonNextCycle] == 0 {
+			t.Fatalf("cycle %d bound %d, pending %v: want the budget cut before w", cycle+1, res.Bound, res.Pending)
+		}
+		cut++
+		if got := c.s.preferred[group]; !slices.Equal(got, []string{"n2"}) {
+			t.Fatalf("after cycle %d: w's group prefers %v, want [n2] (its placeholder landed there)", cycle+1, got)
+		}
+	}
+	if cut < 2 || c.boundTo("w") != "n2" {
+		t.Errorf("w cut in %d cycles, then bound to %q: want at least 2, then n2", cut, c.boundTo("w"))
 	}
 }

@@ -92,8 +92,10 @@ type Options struct {
 	// PlaceBudget bounds how long a cycle places workloads it has not
 	// placed before: once it is spent (and at least one workload was
 	// placed) the rest wait for the next cycle, in the same order, as when
-	// the bind queue is full. Zero means DefaultPlaceBudget; negative, no
-	// budget.
+	// the bind queue is full (placed on a node that settles counts as
+	// placed; those that asked Karpenter for capacity keep their
+	// placeholders and hints meanwhile). Zero means DefaultPlaceBudget;
+	// negative, no budget.
 	PlaceBudget time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
@@ -707,10 +709,16 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	var pending []*corev1.Pod
 	var existing []*corev1.Pod      // placeholder pods
 	liveGroups := map[string]bool{} // placeholder groups with placeholders or admitted pending work
+	asking := map[string]bool{}     // workloads placeholders were made for
 	for _, p := range pods {
 		if placeholder.IsPlaceholder(p) {
 			existing = append(existing, p)
 			liveGroups[p.Labels[placeholder.LabelGroup]] = true
+			if p.DeletionTimestamp == nil {
+				for _, k := range strings.Split(p.Annotations[placeholder.AnnotationWorkloads], ",") {
+					asking[k] = true
+				}
+			}
 		}
 		if p.Spec.NodeName != "" {
 			continue
@@ -768,6 +776,29 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	reclaimIn := newReclaimScope(inputs, start) // what reclaim reads, built once for the cycle
 	full := false                               // the bind queue has no room for the next workload
 	budget := s.placeBudget()
+	// A workload left for a later cycle (the bind queue full, the place
+	// budget spent) that asked Karpenter for capacity before keeps asking
+	// until its turn comes, and its group's hints (the nodes its
+	// placeholders landed on) stay: its placeholders would go otherwise
+	// (and Karpenter drop the node it was buying), or the node bought for
+	// it be forgotten, for as long as the work ahead of it fills the bind
+	// queue or spends the budget.
+	s.mu.Lock()
+	hinted := len(s.preferred) > 0 || len(s.nominatedClaims) > 0
+	s.mu.Unlock()
+	keepAsking := func(demand []placeholder.Item, w *workload) []placeholder.Item {
+		if !asking[w.key] && !hinted {
+			return demand
+		}
+		items := s.items(w, snap, existing)
+		if len(items) > 0 {
+			liveGroups[placeholder.GroupOf(items[0])] = true
+		}
+		if !asking[w.key] {
+			return demand
+		}
+		return append(demand, items...)
+	}
 	for _, w := range workloads {
 		if w.incomplete != "" {
 			// Members created in a burst arrive within moments: a gang says
@@ -790,12 +821,14 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		// dropped, its reservations would no longer be wanted.
 		planned := s.planned(w)
 		if full = full || !s.bindRoom(len(w.pods)); full && !planned {
+			demand = keepAsking(demand, w)
 			for _, p := range w.pods {
 				res.pending(ReasonWaitingToBind, p.pod)
 			}
 			continue
 		}
 		if !budget.admit(planned) {
+			demand = keepAsking(demand, w)
 			for _, p := range w.pods {
 				res.pending(ReasonNextCycle, p.pod)
 			}
@@ -865,6 +898,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 			for _, p := range w.pods {
 				res.pending(ReasonNodeSettling, p.pod)
 			}
+			budget.placed()
 			continue
 		}
 		if !s.bindRoom(len(w.pods)) {
