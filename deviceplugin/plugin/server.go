@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -143,10 +144,22 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
+// kubeletConnect retries a refused connection to kubelet.sock after 50 ms,
+// then 80, 128, ... up to 1 s. The manager registers the moment kubelet.sock
+// appears, which is a moment before the kubelet accepts on it; with gRPC's
+// default backoff (a first retry after 1 s, jittered) a restarted kubelet
+// saw its device plugins again only a second later
+// (TestRegisterRetriesSoonWhileTheKubeletIsNotYetAccepting).
+var kubeletConnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 // Register announces the endpoint to the kubelet's Registration service.
 func (s *Server) Register(ctx context.Context) error {
 	kubeletSock := filepath.Join(s.dir, filepath.Base(pluginapi.KubeletSocket))
-	conn, err := grpc.NewClient("unix://"+kubeletSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+kubeletSock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(kubeletConnect))
 	if err != nil {
 		return fmt.Errorf("dialing kubelet at %s: %w", kubeletSock, err)
 	}

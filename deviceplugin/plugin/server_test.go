@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,6 +52,58 @@ func dial(t testing.TB, res resource.Resource) (pluginapi.DevicePluginClient, *S
 	}
 	t.Cleanup(func() { conn.Close() })
 	return pluginapi.NewDevicePluginClient(conn), srv
+}
+
+// TestRegisterRetriesSoonWhileTheKubeletIsNotYetAccepting: kubelet.sock
+// exists (bound, not yet listening: connections are refused) when Register
+// starts, and accepts 100 ms later; Register must get through well within
+// gRPC's default first retry of 1 s (the node agent's re-registration after a
+// kubelet restart took just over 1 s so).
+func TestRegisterRetriesSoonWhileTheKubeletIsNotYetAccepting(t *testing.T) {
+	dir, err := filepathTemp(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, filepath.Base(pluginapi.KubeletSocket))
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(dir, whole(1), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- srv.Register(ctx) }()
+	time.Sleep(100 * time.Millisecond) // refused meanwhile
+	_ = syscall.Close(fd)
+	_ = os.Remove(sock)
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &flakyRegistration{}
+	g := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(g, reg)
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 600*time.Millisecond {
+		t.Errorf("registration took %s once the kubelet accepted after 100 ms, want under 600 ms", took)
+	}
+	if calls, _ := reg.count(); calls != 1 {
+		t.Errorf("registration calls = %d, want 1", calls)
+	}
 }
 
 func filepathTemp(t testing.TB) (string, error) {
