@@ -260,15 +260,23 @@ func msg(b *schedulertest.Binder, pod string) string {
 	return m
 }
 
-// TestAReservationIsNotAskedForAgainWhileTheInformerLags: an informer that
-// shows a reservation created 20 s late (a loaded control plane) meets no
-// second create of it.
-func TestAReservationIsNotAskedForAgainWhileTheInformerLags(t *testing.T) {
+// laggingReservations is one 8-GPU node, a pending 30% fraction f0, a fake
+// clock and a reserver whose pods the informer never shows.
+func laggingReservations(t *testing.T) (*cluster, *clocktesting.FakeClock, *fakeReserver) {
+	t.Helper()
 	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f0", "q", 30))
 	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
 	c.s.clock = clk
 	r := &fakeReserver{c: c, lag: true}
 	c.s.deps.Reserver = r
+	return c, clk, r
+}
+
+// TestAReservationIsNotAskedForAgainWhileTheInformerLags: an informer that
+// shows a reservation created 20 s late (a loaded control plane) meets no
+// second create of it.
+func TestAReservationIsNotAskedForAgainWhileTheInformerLags(t *testing.T) {
+	c, clk, r := laggingReservations(t)
 	for range 20 {
 		c.cycle()
 		clk.Step(time.Second)
@@ -284,11 +292,7 @@ func TestAReservationIsNotAskedForAgainWhileTheInformerLags(t *testing.T) {
 // AlreadyExists: thousands in a burst). Once reservationEcho has passed
 // without the pod showing up, it is asked for again.
 func TestAReservationCreatedIsNotAskedForAgain(t *testing.T) {
-	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, fracPod("f0", "q", 30))
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	c.s.clock = clk
-	r := &fakeReserver{c: c, lag: true}
-	c.s.deps.Reserver = r
+	c, clk, r := laggingReservations(t)
 	c.cycle()
 	if len(r.ensured) != 1 {
 		t.Fatalf("first cycle: reservations %v, want one", r.ensured)
