@@ -55,50 +55,51 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 	for _, p := range pods {
 		var a state.Assumed
 		being := false
-		if p.Spec.NodeName == "" {
+		nodeName := p.Spec.NodeName
+		if nodeName == "" {
 			// Bound pods are most: their assumption (gone or going) changes nothing here.
 			if a, being = assumed[p.UID]; !being {
 				continue
 			}
 		}
-		terminal := state.Terminal(p)
-		ours := p.Spec.SchedulerName == s.opts.SchedulerName
-		if terminal && !ours {
+		// What is read of each pod object is kept with its parses: at
+		// 50,000 pods, reading them again each cycle was most of this walk.
+		e := s.parseEntryOf(p)
+		h := s.headOf(e, p)
+		if h.terminal && !h.ours {
 			continue
 		}
 		// Bound: parsed as its binding recorded; being bound: as it is.
-		var pi podInfo
+		var pi *podInfo
 		var ok bool
-		if p.Spec.NodeName != "" {
-			pi, ok, _ = s.parseAdmitted(p)
+		if nodeName != "" {
+			pi, ok = s.admittedRef(e, p)
 		} else {
-			var err error
-			pi, err = s.parse(p)
-			ok = err == nil
+			pi, ok = s.ownRef(e, p)
 		}
-		if ok && ours {
-			node := p.Spec.NodeName
+		if ok && h.ours {
+			node := nodeName
 			if node == "" {
 				node = a.Node
 			}
 			if node != "" {
-				gangs.count(s, p, &pi, node, being, terminal)
+				gangs.count(s, p, pi, node, being, h.terminal)
 			}
 		}
-		if terminal {
+		if h.terminal {
 			continue
 		}
 		if ok {
-			b.charge(p, &pi)
+			b.charge(p, pi)
 		}
-		if placeholder.IsPlaceholder(p) || state.IsReservation(p) {
+		if h.skip {
 			continue
 		}
-		if p.Spec.NodeName == "" && ok {
+		if nodeName == "" && ok {
 			out = append(out, pi.req)
 			continue
 		}
-		if own, err := s.parse(p); err == nil {
+		if own, ok := s.ownRef(e, p); ok {
 			out = append(out, own.req)
 			continue
 		}
@@ -111,4 +112,45 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 	}
 	s.boundDemand = out // the next cycle reuses the array
 	return out, gangs
+}
+
+// podHead is what readBound reads of a pod besides its parses.
+type podHead struct {
+	set      bool // read (a kept entry's head is read once)
+	terminal bool // state.Terminal
+	ours     bool // this scheduler's pod
+	skip     bool // a placeholder or reservation pod: its demand is counted elsewhere
+}
+
+// headOf is p's head, kept in its parse entry e (nil: read afresh).
+func (s *Scheduler) headOf(e *parseEntry, p *corev1.Pod) podHead {
+	if e != nil && e.head.set {
+		return e.head
+	}
+	h := podHead{set: true, terminal: state.Terminal(p), ours: p.Spec.SchedulerName == s.opts.SchedulerName,
+		skip: placeholder.IsPlaceholder(p) || state.IsReservation(p)}
+	if e != nil {
+		e.head = h
+	}
+	return h
+}
+
+// admittedRef is parseAdmitted of p, the kept parse itself when there is
+// one (not a copy): read only.
+func (s *Scheduler) admittedRef(e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
+	if e != nil && e.admitted.done {
+		return &e.admitted.pi, e.admitted.queue != "" && e.admitted.err == nil
+	}
+	pi, ok, _ := s.parseAdmitted(p)
+	return &pi, ok
+}
+
+// ownRef is parse of p, the kept parse itself when it cannot change (its
+// queue is the pod's own): read only.
+func (s *Scheduler) ownRef(e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
+	if e != nil && e.own.done && e.own.fixed {
+		return &e.own.pi, e.own.err == nil
+	}
+	pi, err := s.parse(p)
+	return &pi, err == nil
 }

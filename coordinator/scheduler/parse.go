@@ -155,9 +155,10 @@ func (s *Scheduler) defaultQueue(namespace string) string {
 
 // parseEntry is what is kept of one pod.
 type parseEntry struct {
-	own      parsed // parse: for its label's queue, or its namespace's default
-	admitted parsed // parseAdmitted: for the queue its binding recorded
-	cycle    uint64 // the last cycle that read it
+	own      parsed  // parse: for its label's queue, or its namespace's default
+	admitted parsed  // parseAdmitted: for the queue its binding recorded
+	head     podHead // what readBound reads of the pod besides
+	cycle    uint64  // the last cycle that read it
 }
 
 // parsed is one kept parse.

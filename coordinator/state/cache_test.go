@@ -2,7 +2,10 @@ package state
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 )
 
 // built is what a test compares of a snapshot: every node as placement
@@ -19,6 +23,9 @@ type built struct {
 	Nodes                                                   []string
 	NoFraction, DRANodes                                    map[string]bool
 	Reservations                                            map[string]string
+	Failed                                                  []string
+	RemovingShown                                           map[types.UID]bool
+	CreatingShown                                           map[NodeGPU]bool
 	ScalarMilli                                             map[string]int64
 	GPUCapacityMilli, CPUCapacityMilli, MemoryCapacityBytes int64
 }
@@ -30,12 +37,17 @@ func describe(t *testing.T, in Inputs) built {
 		t.Fatal(err)
 	}
 	out := built{NoFraction: s.NoFraction, DRANodes: s.DRANodes, Reservations: map[string]string{}, ScalarMilli: s.ScalarMilli,
+		RemovingShown: s.RemovingShown, CreatingShown: s.CreatingShown,
 		GPUCapacityMilli: s.GPUCapacityMilli, CPUCapacityMilli: s.CPUCapacityMilli, MemoryCapacityBytes: s.MemoryCapacityBytes}
 	for i := 0; i < s.Len(); i++ {
 		out.Nodes = append(out.Nodes, fmt.Sprintf("%+v", s.Node(i)))
 	}
 	for k, r := range s.Reservations {
-		out.Reservations[k.Node+"/"+k.GPU] = fmt.Sprintf("%s ready=%v fractions=%d orphaned=%q", r.Pod.Name, r.Ready, r.Fractions, r.Orphaned)
+		out.Reservations[k.Node+"/"+k.GPU] = fmt.Sprintf("%s ready=%v fractions=%d orphaned=%q lost=%v gone=%v idle=%v",
+			r.Pod.Name, r.Ready, r.Fractions, r.Orphaned, r.NodeLost, r.NodeGone, r.NodeIdle)
+	}
+	for _, p := range s.FailedReservations {
+		out.Failed = append(out.Failed, p.Name)
 	}
 	return out
 }
@@ -125,4 +137,197 @@ func TestCacheBuildsWhatAFreshReadBuilds(t *testing.T) {
 // assumedOn is the Assumed of one pod placed on node (and GPU).
 func assumedOn(p *corev1.Pod, node, gpu string) map[types.UID]Assumed {
 	return map[types.UID]Assumed{p.UID: {Node: node, GPU: gpu}}
+}
+
+// TestCachedNodesMatchAFreshBuildThroughChurn drives a cluster through
+// random changes, as informers and the scheduler make them between cycles,
+// and checks after each that a Build with the Cache, which takes each node
+// whose object and pods are unchanged from the last Build, gives what a
+// Build that reads every object gives: pods bound, admitted, replaced and
+// deleted; reservations asking, told their GPU, failed, being deleted,
+// removed or created (Inputs.Removing, Inputs.Creating); pods assumed;
+// nodes cordoned, not Ready, drained past their deadline, settling, their
+// GPUs turned unhealthy; DRA usage changing under the same objects.
+func TestCachedNodesMatchAFreshBuildThroughChurn(t *testing.T) {
+	for seed := uint64(1); seed <= 12; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			churn(t, seed, 250)
+		})
+	}
+}
+
+func churn(t *testing.T, seed uint64, steps int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	version := 0
+	versioned := func(o metav1.Object) {
+		version++
+		o.SetResourceVersion(fmt.Sprint(version))
+	}
+	start := time.Date(2026, 11, 25, 3, 0, 0, 0, time.UTC)
+	now := start
+	mk := []func(name string) *corev1.Node{
+		func(name string) *corev1.Node { return node(name, 4).inventory("fraction").n },
+		func(name string) *corev1.Node { return node(name, 4).inventory("fraction").n },
+		func(name string) *corev1.Node { return node(name, 2).inventory("exclusive").n },
+		func(name string) *corev1.Node { return node(name, 2).partitionedInv("timeslice", 2, 4, "").n },
+		func(name string) *corev1.Node { return draNode(name, 2) },
+		func(name string) *corev1.Node { return node(name, 2).n },
+	}
+	var nodes []*corev1.Node
+	for i := 0; i < 10; i++ {
+		n := mk[i%len(mk)](fmt.Sprintf("n%d", i))
+		if i%3 == 0 {
+			delete(n.Labels, api.LabelNodePool) // a static node: never idle
+		}
+		versioned(n)
+		nodes = append(nodes, n)
+	}
+	gpu := func(n *corev1.Node) string { return fmt.Sprintf("%s-gpu%d", n.Name, rng.IntN(4)) }
+	pickNode := func() *corev1.Node { return nodes[rng.IntN(len(nodes))] }
+	serial := 0
+	newPod := func() *corev1.Pod {
+		serial++
+		name := fmt.Sprintf("p%d", serial)
+		n := pickNode()
+		var p *corev1.Pod
+		switch rng.IntN(7) {
+		case 0:
+			p = pod(name).on(n.Name).cpu("1").gpus(1 + rng.IntN(2)).p
+			if rng.IntN(2) == 0 {
+				p.Annotations[api.AnnotationAllocatedGPU] = gpu(n)
+			}
+		case 1, 2:
+			p = pod(name).on(n.Name).cpu("500m").fraction(10*(1+rng.IntN(6)), gpu(n)).p
+			if rng.IntN(2) == 0 {
+				p.Annotations[api.AnnotationAllocatedGPU] = gpu(n)
+			}
+		case 3:
+			g := gpu(n)
+			got := ""
+			if rng.IntN(3) > 0 {
+				got = g
+			}
+			p = reservation(name, rng.IntN(60), g, got)
+			p.Spec.NodeName = n.Name
+		case 4:
+			p = pod(name).fraction(20, "").p // pending
+		case 5:
+			p = pod(name).on(n.Name).scalar(shared, 1+int64(rng.IntN(3))).p
+		default:
+			p = pod(name).on(n.Name).cpu("2").p
+		}
+		versioned(p)
+		return p
+	}
+	var pods []*corev1.Pod
+	for i := 0; i < 60; i++ {
+		pods = append(pods, newPod())
+	}
+	assumed := map[types.UID]Assumed{}
+	removing := map[types.UID]bool{}
+	creating := map[NodeGPU]bool{}
+	settlingNodes := map[string]bool{}
+	usage := dra.Usage{}
+	cache := NewCache()
+	for step := 0; step < steps; step++ {
+		switch rng.IntN(16) {
+		case 0, 1: // a new pod
+			pods = append(pods, newPod())
+		case 2: // a pod gone
+			if len(pods) > 0 {
+				i := rng.IntN(len(pods))
+				pods = slices.Delete(pods, i, i+1)
+			}
+		case 3, 4, 5: // a pod replaced: admitted, told its GPU, ended, being deleted
+			if len(pods) == 0 {
+				break
+			}
+			i := rng.IntN(len(pods))
+			p := pods[i].DeepCopy()
+			switch rng.IntN(5) {
+			case 0:
+				p.Annotations[api.AnnotationAllocatedGPU] = fmt.Sprintf("%s-gpu%d", p.Spec.NodeName, rng.IntN(4))
+			case 1:
+				p.Annotations[api.AnnotationReservedGPU] = p.Annotations[api.AnnotationGPU]
+			case 2:
+				p.Status.Phase = []corev1.PodPhase{corev1.PodRunning, corev1.PodSucceeded, corev1.PodFailed}[rng.IntN(3)]
+			case 3:
+				ts := metav1.NewTime(now)
+				p.DeletionTimestamp = &ts
+			default:
+				if p.Spec.NodeName == "" {
+					p.Spec.NodeName = pickNode().Name // bound
+				}
+			}
+			versioned(p)
+			pods[i] = p
+		case 6: // a node replaced: cordoned, not Ready, a GPU unhealthy, drained, grown
+			i := rng.IntN(len(nodes))
+			n := nodes[i].DeepCopy()
+			switch rng.IntN(5) {
+			case 0:
+				n.Spec.Unschedulable = !n.Spec.Unschedulable
+			case 1:
+				c := &n.Status.Conditions[0]
+				c.Status = map[corev1.ConditionStatus]corev1.ConditionStatus{corev1.ConditionTrue: corev1.ConditionFalse, corev1.ConditionFalse: corev1.ConditionTrue}[c.Status]
+			case 2:
+				if _, ok := n.Annotations[api.AnnotationGPUInventory]; ok {
+					(&nodeB{n}).withGPU(rng.IntN(2), func(g *api.GPUInfo) { g.Healthy = !g.Healthy })
+				}
+			case 3:
+				deadline := now.Add(time.Duration(rng.IntN(4)) * time.Second).Unix()
+				n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: api.TaintDraining, Value: fmt.Sprint(deadline), Effect: corev1.TaintEffectNoSchedule})
+			default:
+				n.Status.Allocatable[corev1.ResourceCPU] = *resource.NewQuantity(int64(32+rng.IntN(64)), resource.DecimalSI)
+			}
+			versioned(n)
+			nodes[i] = n
+		case 7: // a pod assumed, or its binding shown
+			if rng.IntN(2) == 0 && len(pods) > 0 {
+				p := pods[rng.IntN(len(pods))]
+				n := pickNode()
+				assumed[p.UID] = Assumed{Node: n.Name, GPU: gpu(n)}
+			} else {
+				clear(assumed)
+			}
+		case 8: // a reservation being removed, or forgotten
+			if len(pods) > 0 && rng.IntN(2) == 0 {
+				removing[pods[rng.IntN(len(pods))].UID] = true
+			} else {
+				clear(removing)
+			}
+		case 9: // a reservation created, not shown yet
+			if rng.IntN(2) == 0 {
+				n := pickNode()
+				creating[NodeGPU{n.Name, gpu(n)}] = true
+			} else {
+				clear(creating)
+			}
+		case 10: // a node settling, or settled
+			n := pickNode()
+			settlingNodes[n.Name] = !settlingNodes[n.Name]
+		case 11: // DRA usage changes (claims are not pod objects)
+			usage = dra.Usage{}
+			for _, n := range nodes {
+				if rng.IntN(2) == 0 {
+					usage[n.Name] = map[string]dra.GPUUse{fmt.Sprintf("%s-gpu0", n.Name): {UsedMilli: rng.IntN(1001)}}
+				}
+			}
+		case 12: // time passes (drains reach their deadline)
+			now = now.Add(time.Second)
+		default: // nothing changed: the next cycle
+		}
+		fresh := Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
+			Creating: creating, Settling: settlingNodes, DRAUsage: usage, Now: now}
+		cached := fresh
+		cached.Cache = cache
+		want := describe(t, fresh)
+		if d := cmp.Diff(want, describe(t, cached)); d != "" {
+			t.Fatalf("step %d: a Build with the cache differs from a fresh read (-fresh +cached):\n%s", step, d)
+		}
+	}
+	if cache.taken == 0 || cache.charged == 0 {
+		t.Fatalf("nodes taken as they were %d times, charged %d times: the churn tests neither", cache.taken, cache.charged)
+	}
 }

@@ -92,24 +92,80 @@ type Inputs struct {
 // changed in place) are read every time. What a Build did not see is
 // forgotten at its end. At 50,000 pods reading every pod was much of a
 // cycle, and looking up each pod's annotations and each node's allocatable
-// again most of the rest (docs/benchmarks.md, "Scale"). A Cache is not safe
-// for concurrent use: one scheduling loop owns it.
+// again most of the rest (docs/benchmarks.md, "Scale").
+//
+// It also keeps each node's part of the last snapshot (nodeSlot): a node
+// whose object and pods are the ones of the last Build, with nothing else
+// that changes its part (a pod being bound there, a reservation being
+// created or removed there, DRA, a drain's deadline), is taken as it was
+// instead of charged again pod by pod. Between two cycles of a busy
+// cluster most nodes are such. A Cache is not safe for concurrent use: one
+// scheduling loop owns it.
 type Cache struct {
 	pods  map[*corev1.Pod]*cachedPod   // pod -> what Build reads of it
 	nodes map[*corev1.Node]*cachedNode // node -> what Build reads of it
-	// timeslice is the replica resource the entries were read with.
-	timeslice string
-	build     uint64 // Builds so far; entries not used by the last one go
+	slots map[string]*nodeSlot         // node name -> its part of the last snapshot
+	// timeslice and poolLabel are what the entries were read with.
+	timeslice, poolLabel string
+	build                uint64 // Builds so far; entries not used by the last one go
+	ids                  uint64 // cachedPod ids given so far
+	// seenPods and seenNodes count the entries this Build read: when they
+	// are all there are, end has nothing to forget.
+	seenPods, seenNodes int
+	// taken counts the nodes' parts taken as they were, charged counts
+	// those charged pod by pod (both over all Builds).
+	taken, charged int
 }
 
 type cachedPod struct {
-	f     podFacts
+	h     podHeader
+	f     *podFacts // nil until the pod is read bound or assumed
 	build uint64
+	// id names the entry in node fingerprints (podPrint); 0 for a pod
+	// read afresh (no resourceVersion), whose node is always charged again.
+	id uint64
+	// slot is the node slot the pod was last charged to (a hint: checked
+	// against the pod's node name and the Build before use).
+	slot *nodeSlot
 }
 
 type cachedNode struct {
 	f     *nodeFacts
 	build uint64
+}
+
+// podHeader is what Build reads of every pod, pending ones included.
+type podHeader struct {
+	uid      types.UID
+	nodeName string
+	terminal bool
+	// reservation: a gpufrac reservation pod; planned is its
+	// gpufrac.io/gpu (read for every pod: Inputs.Creating).
+	reservation bool
+	planned     string
+	// failedReservation: a reservation pod the kubelet failed, not being deleted.
+	failedReservation bool
+}
+
+func podHeaderOf(p *corev1.Pod) podHeader {
+	res := IsReservation(p)
+	return podHeader{
+		uid:               p.UID,
+		nodeName:          p.Spec.NodeName,
+		terminal:          Terminal(p),
+		reservation:       res,
+		planned:           p.Annotations[api.AnnotationGPU],
+		failedReservation: res && p.Status.Phase == corev1.PodFailed && p.DeletionTimestamp == nil,
+	}
+}
+
+// facts are what Build reads of the pod bound or assumed.
+func (e *cachedPod) facts(p *corev1.Pod, timeslice string) *podFacts {
+	if e.f == nil {
+		f := podFactsOf(p, timeslice)
+		e.f = &f
+	}
+	return e.f
 }
 
 // podFacts are what Build reads of a bound (or assumed) pod.
@@ -213,42 +269,115 @@ func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
 	return f
 }
 
-// NewCache returns an empty Cache.
-func NewCache() *Cache {
-	return &Cache{pods: map[*corev1.Pod]*cachedPod{}, nodes: map[*corev1.Node]*cachedNode{}}
+// nodeSlot is one node of a Build (a node placed on, in the snapshot) and
+// what the Cache keeps of its part of the snapshot for the next Build.
+type nodeSlot struct {
+	n     *corev1.Node
+	facts *nodeFacts
+	build uint64 // the Build the node is in; an older one: not in the last Build
+	// pods are this Build's pods charged to the node (bound or assumed, not
+	// terminal), in the order of Inputs.Pods; print is their fingerprint.
+	pods  []slotPod
+	print podPrint
+	// again: something besides the node object and its pods changes the
+	// node's part in this Build (an assumed pod, a reservation being
+	// created or removed, an object read afresh, DRA, a drain's deadline).
+	again bool
+	// last is the node's part of the last Build that charged it (nil: none).
+	last *nodePart
 }
 
-// begin starts a Build reading replicas as timeslice.
-func (c *Cache) begin(timeslice string) {
-	if c == nil {
-		return
-	}
+// slotPod is one pod charged to a node.
+type slotPod struct {
+	p          *corev1.Pod
+	f          *podFacts
+	assumedGPU string // the GPU of an assumed fraction
+}
+
+// podPrint is a fingerprint of a set of pod objects: their count and two
+// sums of their entries' ids mixed, one with xor and one with addition.
+// The same set gives the same print in any order; two sets that differ
+// give the same one with a chance of about 2^-128.
+type podPrint struct {
+	n    int
+	x, a uint64
+}
+
+func (pp *podPrint) add(id uint64) {
+	pp.n++
+	pp.x ^= mix64(id)
+	pp.a += mix64(id ^ 0x9e3779b97f4a7c15)
+}
+
+// mix64 is SplitMix64's finalizer: ids 1, 2, 3... spread over 64 bits.
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// nodePart is one node's part of a snapshot and what it was made from.
+type nodePart struct {
+	facts *nodeFacts
+	print podPrint
+	// again: made while slot.again; never taken as is (what made it so may
+	// be gone by the next Build: a pod no longer assumed or being removed).
+	again bool
+	// node is the node as placement sees it; its GPUs and Scalars are not
+	// changed after it is made (placement copies what it changes).
+	node placement.Node
+	// reservations are the node's reservations (copied into each snapshot).
+	reservations []keyedReservation
+}
+
+type keyedReservation struct {
+	key NodeGPU
+	r   Reservation
+}
+
+// NewCache returns an empty Cache.
+func NewCache() *Cache {
+	return &Cache{pods: map[*corev1.Pod]*cachedPod{}, nodes: map[*corev1.Node]*cachedNode{}, slots: map[string]*nodeSlot{}}
+}
+
+// begin starts a Build reading replicas as timeslice and pools as
+// poolLabel.
+func (c *Cache) begin(timeslice, poolLabel string) {
 	if c.timeslice != timeslice {
 		clear(c.pods)
 		clear(c.nodes)
+		clear(c.slots)
 		c.timeslice = timeslice
 	}
+	if c.poolLabel != poolLabel {
+		clear(c.slots)
+		c.poolLabel = poolLabel
+	}
 	c.build++
+	c.seenPods, c.seenNodes = 0, 0
 }
 
-// pod is podFactsOf(p, timeslice), from the cache when p was read before.
-func (c *Cache) pod(p *corev1.Pod, timeslice string) *podFacts {
-	if c == nil || p.ResourceVersion == "" {
-		f := podFactsOf(p, timeslice)
-		return &f
+// pod is the Cache's entry of p, read afresh when p has no resourceVersion.
+func (c *Cache) pod(p *corev1.Pod) *cachedPod {
+	if p.ResourceVersion == "" {
+		return &cachedPod{h: podHeaderOf(p)}
 	}
 	e := c.pods[p]
 	if e == nil {
-		e = &cachedPod{f: podFactsOf(p, timeslice)}
+		c.ids++
+		e = &cachedPod{h: podHeaderOf(p), id: c.ids}
 		c.pods[p] = e
 	}
-	e.build = c.build
-	return &e.f
+	if e.build != c.build {
+		e.build = c.build
+		c.seenPods++
+	}
+	return e
 }
 
 // node is nodeFactsOf(n, timeslice), from the cache when n was read before.
 func (c *Cache) node(n *corev1.Node, timeslice string) *nodeFacts {
-	if c == nil || n.ResourceVersion == "" {
+	if n.ResourceVersion == "" {
 		return nodeFactsOf(n, timeslice)
 	}
 	e := c.nodes[n]
@@ -256,24 +385,68 @@ func (c *Cache) node(n *corev1.Node, timeslice string) *nodeFacts {
 		e = &cachedNode{f: nodeFactsOf(n, timeslice)}
 		c.nodes[n] = e
 	}
-	e.build = c.build
+	if e.build != c.build {
+		e.build = c.build
+		c.seenNodes++
+	}
 	return e.f
 }
 
-// end forgets the objects the Build just ended did not read.
+// place makes n, read as f, a node of this Build; ok is false when a node of
+// the same name already is.
+func (c *Cache) place(n *corev1.Node, f *nodeFacts) (slot *nodeSlot, ok bool) {
+	slot = c.slots[n.Name]
+	if slot == nil {
+		slot = &nodeSlot{}
+		c.slots[n.Name] = slot
+	} else if slot.build == c.build {
+		return nil, false
+	}
+	slot.n, slot.facts, slot.build = n, f, c.build
+	slot.pods = slot.pods[:0]
+	slot.print = podPrint{}
+	slot.again = n.ResourceVersion == "" || f.dra || f.draining
+	return slot, true
+}
+
+// placed is the slot of a node of this Build named name (the node of pod
+// entry e), nil when there is none.
+func (c *Cache) placed(name string, e *cachedPod) *nodeSlot {
+	if slot := e.slot; slot != nil && slot.build == c.build && slot.n.Name == name {
+		return slot
+	}
+	if slot := c.slots[name]; slot != nil && slot.build == c.build {
+		e.slot = slot
+		return slot
+	}
+	return nil
+}
+
+// end forgets the objects the Build just ended did not read, and the nodes
+// it did not place on.
 func (c *Cache) end() {
-	if c == nil {
-		return
-	}
-	for p, e := range c.pods {
-		if e.build != c.build {
-			delete(c.pods, p)
+	if c.seenPods != len(c.pods) {
+		for p, e := range c.pods {
+			if e.build != c.build {
+				delete(c.pods, p)
+			}
 		}
 	}
-	for n, e := range c.nodes {
-		if e.build != c.build {
-			delete(c.nodes, n)
+	if c.seenNodes != len(c.nodes) {
+		for n, e := range c.nodes {
+			if e.build != c.build {
+				delete(c.nodes, n)
+			}
 		}
+	}
+	for name, slot := range c.slots {
+		if slot.build != c.build {
+			delete(c.slots, name)
+			slot.n, slot.facts, slot.pods, slot.last = nil, nil, nil, nil // pod entries may still point here
+			continue
+		}
+		clear(slot.pods) // the next Build's pods, not this one's, stay reachable
+		slot.pods = slot.pods[:0]
 	}
 }
 
@@ -520,61 +693,38 @@ func settling(n *corev1.Node, notBefore time.Time) bool {
 // Build makes the snapshot. Nodes that are not Ready are left out; pods on
 // unknown nodes are ignored.
 func Build(in Inputs) (*Snapshot, error) {
-	in.Cache.begin(in.TimesliceResource)
-	defer in.Cache.end()
+	c := in.Cache
+	if c == nil {
+		c = NewCache() // every object read afresh, nothing kept
+	}
+	c.begin(in.TimesliceResource, in.PoolLabel)
+	defer c.end()
 	reservations := map[NodeGPU]*Reservation{}
-	var asking []askingReservation
-	accs := make(map[string]*nodeAcc, len(in.Nodes))
-	order := make([]string, 0, len(in.Nodes))
+	order := make([]*nodeSlot, 0, len(in.Nodes))
 	noFrac := map[string]bool{}
 	draNodes := map[string]bool{}
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
 	for _, n := range in.Nodes {
-		f := in.Cache.node(n, in.TimesliceResource)
+		f := c.node(n, in.TimesliceResource)
 		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
 		}
-		taints := n.Spec.Taints
-		if f.draining && !f.drainingAt(in.Now) {
-			taints = placedTaints(n, in.Now) // the drain's deadline passed: its taint is left out
+		slot, ok := c.place(n, f)
+		if !ok {
+			return nil, fmt.Errorf("building placement snapshot: duplicate node %q", n.Name)
 		}
-		pn := &placement.Node{
-			Name:        n.Name,
-			Labels:      n.Labels,
-			Taints:      taints,
-			Pool:        n.Labels[in.PoolLabel],
-			Model:       n.Labels[api.LabelGPUProduct],
-			CPUMilli:    f.cpuMilli,
-			MemoryBytes: f.memoryBytes,
-			Scalars:     maps.Clone(f.scalars),
-		}
-		if len(f.gpus) > 0 {
-			pn.GPUs = make([]placement.GPU, len(f.gpus))
-		}
-		acc := &nodeAcc{node: pn, gpuIndex: f.gpuIndex, inventory: f.inventory, dra: f.dra, partitioned: f.partitioned}
 		for name, m := range f.scalarMilli {
 			scalarMilli[name] = max(scalarMilli[name], m)
 		}
 		if !f.fractionOK {
 			noFrac[n.Name] = true
 		}
-		if acc.dra {
+		if f.dra {
 			draNodes[n.Name] = true
 		}
-		for i, g := range f.gpus {
-			free := placement.MilliPerGPU
-			if acc.dra {
-				free -= in.DRAUsage[n.Name][g.UUID].UsedMilli
-			}
-			pn.GPUs[i] = placement.GPU{ID: g.UUID, FreeMilli: max(free, 0)}
-			if pn.Model == "" {
-				pn.Model = g.Model
-			}
-		}
-		accs[n.Name] = acc
-		order = append(order, n.Name)
+		order = append(order, slot)
 	}
 
 	offFracs := map[NodeGPU]int{}        // GPU of a node left out -> fraction pods on it
@@ -582,36 +732,41 @@ func Build(in Inputs) (*Snapshot, error) {
 	var removingShown map[types.UID]bool // pods of in.Removing still shown
 	var creatingShown map[NodeGPU]bool   // reservations of in.Creating shown
 	for _, p := range in.Pods {
-		nodeName := p.Spec.NodeName
+		e := c.pod(p)
+		h := &e.h
+		nodeName := h.nodeName
 		var assumedGPU string
+		assumed := false
 		if nodeName == "" {
-			if a, ok := in.Assumed[p.UID]; ok {
-				nodeName, assumedGPU = a.Node, a.GPU
+			if a, ok := in.Assumed[h.uid]; ok {
+				nodeName, assumedGPU, assumed = a.Node, a.GPU, true
 			}
 		}
-		if p.Status.Phase == corev1.PodFailed && p.DeletionTimestamp == nil && IsReservation(p) {
+		if h.failedReservation {
 			failed = append(failed, p)
 		}
-		if len(in.Removing) > 0 && in.Removing[p.UID] {
+		removing := false
+		if len(in.Removing) > 0 && in.Removing[h.uid] {
 			if removingShown == nil {
 				removingShown = map[types.UID]bool{}
 			}
-			removingShown[p.UID] = true
+			removingShown[h.uid] = true
+			removing = true
 		}
-		if len(in.Creating) > 0 && p.Spec.NodeName != "" && IsReservation(p) {
-			if key := (NodeGPU{p.Spec.NodeName, p.Annotations[api.AnnotationGPU]}); in.Creating[key] {
+		if len(in.Creating) > 0 && h.nodeName != "" && h.reservation {
+			if key := (NodeGPU{h.nodeName, h.planned}); in.Creating[key] {
 				if creatingShown == nil {
 					creatingShown = map[NodeGPU]bool{}
 				}
 				creatingShown[key] = true
 			}
 		}
-		if nodeName == "" || Terminal(p) {
+		if nodeName == "" || h.terminal {
 			continue
 		}
-		f := in.Cache.pod(p, in.TimesliceResource)
-		acc := accs[nodeName]
-		if acc == nil {
+		f := e.facts(p, in.TimesliceResource)
+		slot := c.placed(nodeName, e)
+		if slot == nil {
 			// A node left out, or gone: only its reservations and the
 			// fractions on their GPUs matter, so they can be removed.
 			switch {
@@ -622,100 +777,54 @@ func Build(in Inputs) (*Snapshot, error) {
 			}
 			continue
 		}
-		d := &f.d
-		acc.node.UsedCPUMilli += d.CPUMilli
-		acc.node.UsedMemoryBytes += d.MemoryBytes
-		// A pod with resource claims may hold a device of the node through
-		// DRA, which the request model does not count: taken as GPU work.
-		if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 || len(p.Spec.ResourceClaims) > 0 {
-			acc.gpuWork = true
+		slot.pods = append(slot.pods, slotPod{p: p, f: f, assumedGPU: assumedGPU})
+		slot.print.add(e.id)
+		if assumed || removing || e.id == 0 {
+			slot.again = true
 		}
-		for name, k := range d.Scalars {
-			if free, ok := acc.node.Scalars[name]; ok {
-				// Over-committed (allocatable shrank under running pods): nothing is free.
-				acc.node.Scalars[name] = max(free-k, 0)
-			}
-		}
-		if acc.dra {
-			continue // GPUs there are charged from claims (DRAUsage)
-		}
-		switch {
-		case d.FractionPercent > 0:
-			planned := f.planned
-			if planned == "" {
-				planned = assumedGPU
-			}
-			acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: f.allocated})
-		case d.WholeGPUs > 0:
-			if f.reservation {
-				g := f.reservedGPU()
-				key := NodeGPU{nodeName, g}
-				orphaned := acc.orphaned(nodeName, g)
-				if orphaned == "" && f.reserved != "" && (p.DeletionTimestamp != nil || in.Removing[p.UID]) {
-					// Being removed: a fraction bound on its GPU now would run
-					// on a GPU no reservation holds a moment later.
-					orphaned = fmt.Sprintf("the reservation of GPU %s on %s is being removed", g, nodeName)
+	}
+	var creatingOn map[string][]NodeGPU // node -> its reservations of in.Creating not shown
+	for key := range in.Creating {
+		if slot := c.slots[key.Node]; slot != nil && slot.build == c.build {
+			slot.again = true // charged with the reservation it waits for
+			if !creatingShown[key] {
+				if creatingOn == nil {
+					creatingOn = map[string][]NodeGPU{}
 				}
-				if _, placed := acc.gpuIndex[g]; placed && orphaned == "" && f.reserved == "" {
-					// Not told its GPU yet: counted once every pod that was is
-					// (chargeAsking).
-					asking = append(asking, askingReservation{acc: acc, key: key, pod: p})
-					continue
-				}
-				acc.reserve(reservations, key, p, orphaned)
-				continue
+				creatingOn[key.Node] = append(creatingOn[key.Node], key)
 			}
-			if d.WholeGPUs <= placement.MaxKindGPUs {
-				acc.node.Kinds[d.WholeGPUs]++
-			}
-			// The GPUs gpufrac-node gave the pod, once written back; the rest
-			// (not admitted yet) take clean GPUs in settle.
-			known := 0
-			for _, g := range f.allocatedList {
-				if i, ok := acc.gpuIndex[g]; ok && known < d.WholeGPUs {
-					acc.node.GPUs[i].FreeMilli = 0
-					acc.hold(g)
-					known++
-				}
-			}
-			acc.whole += d.WholeGPUs - known
 		}
 	}
 
-	for key := range in.Creating {
-		// Created, not shown yet: asking for its GPU, after every one shown.
-		if acc := accs[key.Node]; acc != nil && !acc.dra && !creatingShown[key] {
-			asking = append(asking, askingReservation{acc: acc, key: key})
+	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}
+	nodes := make([]placement.Node, 0, len(order))
+	for _, slot := range order {
+		part := slot.last
+		if part == nil || part.again || slot.again || part.facts != slot.facts || part.print != slot.print {
+			part = charge(slot, &in, creatingOn[slot.n.Name])
+			slot.last = part
+			c.charged++
+		} else {
+			c.taken++
 		}
-	}
-	chargeAsking(asking, reservations)
-	for _, name := range order {
-		chargeFractions(name, accs[name], reservations)
+		for _, kr := range part.reservations {
+			r := kr.r
+			reservations[kr.key] = &r
+		}
+		nodes = append(nodes, part.node)
+		out.GPUCapacityMilli += int64(len(part.node.GPUs)+slot.facts.partitioned) * placement.MilliPerGPU
+		out.CPUCapacityMilli += part.node.CPUMilli
+		out.MemoryCapacityBytes += part.node.MemoryBytes
 	}
 	for key, n := range offFracs {
 		if r := reservations[key]; r != nil {
 			r.Fractions += n
 		}
 	}
-
-	nodes := make([]placement.Node, 0, len(order))
 	for k, r := range reservations {
 		if r.Pod == nil {
 			delete(reservations, k) // fractions without a reservation: nothing to track here
-			continue
 		}
-		if acc := accs[k.Node]; acc != nil {
-			r.NodeIdle = !acc.gpuWork && acc.node.Labels[api.LabelNodePool] != ""
-		}
-	}
-	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}
-	for _, name := range order {
-		acc := accs[name]
-		settle(acc)
-		nodes = append(nodes, *acc.node)
-		out.GPUCapacityMilli += int64(len(acc.node.GPUs)+acc.partitioned) * placement.MilliPerGPU
-		out.CPUCapacityMilli += acc.node.CPUMilli
-		out.MemoryCapacityBytes += acc.node.MemoryBytes
 	}
 	sortBusiestFirst(nodes)
 	snap, err := placement.NewSnapshot(nodes)
@@ -724,6 +833,125 @@ func Build(in Inputs) (*Snapshot, error) {
 	}
 	out.Snapshot = snap
 	return out, nil
+}
+
+// charge makes a node's part of the snapshot from the node and the pods on
+// it (slot), pod by pod, and the reservations created there that Inputs.Pods
+// does not show yet (creating).
+func charge(slot *nodeSlot, in *Inputs, creating []NodeGPU) *nodePart {
+	n, f := slot.n, slot.facts
+	taints := n.Spec.Taints
+	if f.draining && !f.drainingAt(in.Now) {
+		taints = placedTaints(n, in.Now) // the drain's deadline passed: its taint is left out
+	}
+	pn := &placement.Node{
+		Name:        n.Name,
+		Labels:      n.Labels,
+		Taints:      taints,
+		Pool:        n.Labels[in.PoolLabel],
+		Model:       n.Labels[api.LabelGPUProduct],
+		CPUMilli:    f.cpuMilli,
+		MemoryBytes: f.memoryBytes,
+		Scalars:     maps.Clone(f.scalars),
+	}
+	if len(f.gpus) > 0 {
+		pn.GPUs = make([]placement.GPU, len(f.gpus))
+	}
+	acc := &nodeAcc{node: pn, gpuIndex: f.gpuIndex, inventory: f.inventory, dra: f.dra, partitioned: f.partitioned}
+	for i, g := range f.gpus {
+		free := placement.MilliPerGPU
+		if acc.dra {
+			free -= in.DRAUsage[n.Name][g.UUID].UsedMilli
+		}
+		pn.GPUs[i] = placement.GPU{ID: g.UUID, FreeMilli: max(free, 0)}
+		if pn.Model == "" {
+			pn.Model = g.Model
+		}
+	}
+	rs := map[NodeGPU]*Reservation{}
+	var asking []askingReservation
+	for i := range slot.pods {
+		acc.charge(n.Name, &slot.pods[i], rs, &asking, in)
+	}
+	for _, key := range creating {
+		// Created, not shown yet: asking for its GPU, after every one shown.
+		if !acc.dra {
+			asking = append(asking, askingReservation{acc: acc, key: key})
+		}
+	}
+	chargeAsking(asking, rs)
+	chargeFractions(n.Name, acc, rs)
+	settle(acc)
+	part := &nodePart{facts: f, print: slot.print, again: slot.again, node: *pn, reservations: make([]keyedReservation, 0, len(rs))}
+	idle := !acc.gpuWork && pn.Labels[api.LabelNodePool] != ""
+	for k, r := range rs {
+		r.NodeIdle = idle
+		part.reservations = append(part.reservations, keyedReservation{key: k, r: *r})
+	}
+	return part
+}
+
+// charge charges one pod to the node.
+func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGPU]*Reservation, asking *[]askingReservation, in *Inputs) {
+	p, f := sp.p, sp.f
+	d := &f.d
+	acc.node.UsedCPUMilli += d.CPUMilli
+	acc.node.UsedMemoryBytes += d.MemoryBytes
+	// A pod with resource claims may hold a device of the node through
+	// DRA, which the request model does not count: taken as GPU work.
+	if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 || len(p.Spec.ResourceClaims) > 0 {
+		acc.gpuWork = true
+	}
+	for name, k := range d.Scalars {
+		if free, ok := acc.node.Scalars[name]; ok {
+			// Over-committed (allocatable shrank under running pods): nothing is free.
+			acc.node.Scalars[name] = max(free-k, 0)
+		}
+	}
+	if acc.dra {
+		return // GPUs there are charged from claims (DRAUsage)
+	}
+	switch {
+	case d.FractionPercent > 0:
+		planned := f.planned
+		if planned == "" {
+			planned = sp.assumedGPU
+		}
+		acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: f.allocated})
+	case d.WholeGPUs > 0:
+		if f.reservation {
+			g := f.reservedGPU()
+			key := NodeGPU{nodeName, g}
+			orphaned := acc.orphaned(nodeName, g)
+			if orphaned == "" && f.reserved != "" && (p.DeletionTimestamp != nil || in.Removing[p.UID]) {
+				// Being removed: a fraction bound on its GPU now would run
+				// on a GPU no reservation holds a moment later.
+				orphaned = fmt.Sprintf("the reservation of GPU %s on %s is being removed", g, nodeName)
+			}
+			if _, placed := acc.gpuIndex[g]; placed && orphaned == "" && f.reserved == "" {
+				// Not told its GPU yet: counted once every pod that was is
+				// (chargeAsking).
+				*asking = append(*asking, askingReservation{acc: acc, key: key, pod: p})
+				return
+			}
+			acc.reserve(reservations, key, p, orphaned)
+			return
+		}
+		if d.WholeGPUs <= placement.MaxKindGPUs {
+			acc.node.Kinds[d.WholeGPUs]++
+		}
+		// The GPUs gpufrac-node gave the pod, once written back; the rest
+		// (not admitted yet) take clean GPUs in settle.
+		known := 0
+		for _, g := range f.allocatedList {
+			if i, ok := acc.gpuIndex[g]; ok && known < d.WholeGPUs {
+				acc.node.GPUs[i].FreeMilli = 0
+				acc.hold(g)
+				known++
+			}
+		}
+		acc.whole += d.WholeGPUs - known
+	}
 }
 
 // hold records GPU g as held whole by a pod.
