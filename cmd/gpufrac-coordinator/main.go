@@ -57,6 +57,8 @@ func main() {
 	npPrio := int(podrequest.DefaultNonPreemptiblePriority)
 	flag.IntVar(&npPrio, "non-preemptible-priority", npPrio, "pods with this priority or higher are non-preemptible (0 and negative values allowed)")
 	flag.DurationVar(&s.NewNodeSettle, "new-node-settle", scheduler.DefaultNewNodeSettle, "how long nothing is bound to a node after it lost a NoExecute taint (karpenter.sh/unregistered when Karpenter registers it) or Karpenter brought it, for kube-controller-manager's taint manager to see the taint gone (kubernetes#119862); its fractions' reservations are made meanwhile; 0 binds at once, as kube-scheduler does")
+	var placeBudget time.Duration
+	flag.DurationVar(&placeBudget, "place-budget", scheduler.DefaultPlaceBudget, "how long one scheduling cycle places work that fits before it leaves the rest, in order, to the next cycle (which starts at once); 0 places all a cycle can")
 	flag.DurationVar(&s.GangBindTimeout, "gang-bind-timeout", scheduler.DefaultGangBindTimeout, "how long a gang may hold GPUs bound in part (a member's binding failed) before its bound members are evicted and it is placed again whole")
 	cfg.Reservation = reservation.DefaultOptions()
 	flag.BoolVar(&cfg.Reservations, "reservations", true, "hold every shared GPU with a reservation pod (needed whenever anything else may take whole GPUs)")
@@ -85,6 +87,15 @@ func main() {
 	if s.NewNodeSettle < 0 {
 		klog.ErrorS(nil, "--new-node-settle must not be negative (0 binds at once)", "value", s.NewNodeSettle)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
+	switch {
+	case placeBudget < 0:
+		klog.ErrorS(nil, "--place-budget must not be negative (0 places without a budget)", "value", placeBudget)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	case placeBudget == 0:
+		s.PlaceBudget = -1 // Options: negative is no budget
+	default:
+		s.PlaceBudget = placeBudget
 	}
 	if npPrio < math.MinInt32 || npPrio > math.MaxInt32 {
 		klog.ErrorS(nil, "--non-preemptible-priority is outside the range of a pod priority (int32)", "value", npPrio)

@@ -85,3 +85,13 @@ func TestNegativeNewNodeSettleIsRefused(t *testing.T) {
 		t.Errorf("exit %d, output:\n%s\nwant exit 2 saying it must not be negative", code, out)
 	}
 }
+
+// TestNegativePlaceBudgetIsRefused: a negative --place-budget is an error at
+// start (0 is the way to place without a budget); the chart's schema refuses
+// it too.
+func TestNegativePlaceBudgetIsRefused(t *testing.T) {
+	out, code := runMain(t, "--place-budget=-1s", "--kubeconfig=/nonexistent")
+	if code != 2 || !strings.Contains(out, "--place-budget must not be negative") {
+		t.Errorf("exit %d, output:\n%s\nwant exit 2 saying it must not be negative", code, out)
+	}
+}
