@@ -370,7 +370,9 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 		NoAdmissionPolicies: true,
 		StartTimeout:        3 * time.Minute,
 		ExtraArgs: map[string][]string{
-			"kube-apiserver": {"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json", "--audit-log-maxsize=0"},
+			// -v=1 logs each watcher the watch cache closes for not keeping
+			// up (counted by unresponsiveWatchers).
+			"kube-apiserver": {"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json", "--audit-log-maxsize=0", "-v=1"},
 			// A lease renewed every 150 s; the node lifecycle controller
 			// waits 20 min for one. Its client gets more than the default
 			// 20 QPS: it removes the not-ready taint of every new node, a
@@ -441,6 +443,8 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 	audited := countRequests(t, auditLog, user, lastBound)
 	t.Logf("%s: the audit log holds %d requests (%d bindings) by %s, the proxy counted %d (%d bindings): %s",
 		name, audited.total, audited.bindings, user, res.requests.total, res.requests.bindings, res.requests)
+	t.Logf("%s: the API server's watch cache closed %s for not keeping up (every client's)",
+		name, unresponsiveWatchers(t, filepath.Join(c.LogDir(), "kube-apiserver.log")))
 	if sched == schedCoordinator {
 		if profile != nil {
 			profile.heap(t)
@@ -1052,4 +1056,35 @@ func loadAverage(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return strings.Fields(string(b))[0]
+}
+
+// unresponsiveWatchers counts, by resource, the watchers the API server's
+// watch cache closed because their client did not take events fast enough
+// (kube-apiserver -v=1: "Forcing <resource> watcher close due to
+// unresponsiveness"). Such a client's informer watches again, and re-lists
+// when the version it had is gone.
+func unresponsiveWatchers(t *testing.T, log string) string {
+	t.Helper()
+	data, err := os.ReadFile(log)
+	if err != nil {
+		return fmt.Sprintf("? (%v)", err)
+	}
+	by := map[string]int{}
+	for _, line := range strings.Split(string(data), "\n") {
+		_, rest, ok := strings.Cut(line, "Forcing ")
+		if !ok {
+			continue
+		}
+		if res, _, ok := strings.Cut(rest, " watcher close due to unresponsiveness"); ok {
+			by[res]++
+		}
+	}
+	if len(by) == 0 {
+		return "no watcher"
+	}
+	var parts []string
+	for _, res := range slices.Sorted(maps.Keys(by)) {
+		parts = append(parts, fmt.Sprintf("%s %d", res, by[res]))
+	}
+	return strings.Join(parts, ", ")
 }
