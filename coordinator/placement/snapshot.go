@@ -220,6 +220,12 @@ func nodeModel(n *Node) string {
 // Len is the number of nodes.
 func (s *Snapshot) Len() int { return len(s.nodes) }
 
+// NodePool is Node(i).Pool, without copying the node.
+func (s *Snapshot) NodePool(i int) string { return s.nodes[i].meta.Pool }
+
+// NodeGPUs is len(Node(i).GPUs), without copying the node.
+func (s *Snapshot) NodeGPUs(i int) int { return int(s.nodes[i].gpuN) }
+
 // Index returns the index of the named node.
 func (s *Snapshot) Index(name string) (int, bool) {
 	i, ok := s.byName[name]

@@ -283,16 +283,3 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (
 	}
 	return pi, nil
 }
-
-// productsOf lists the GPU products of the nodes (label nvidia.com/gpu.product), sorted and unique.
-func productsOf(nodes []*corev1.Node) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, n := range nodes {
-		if m := n.Labels[api.LabelGPUProduct]; m != "" && !seen[m] {
-			seen[m] = true
-			out = append(out, m)
-		}
-	}
-	return out
-}

@@ -226,6 +226,7 @@ type Scheduler struct {
 	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
 	nodeSeen     map[string]*nodeSeen
 	nodeSeenOnce bool
+	settleRound  uint64 // settlingNodes calls so far
 	// settleWake wakes the scheduler when the next settling node settles.
 	settleWake clock.Timer
 	// held names the nodes that settle in this cycle and are placed on,
@@ -515,9 +516,8 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 // could race them for a GPU.
 func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, held map[string]bool) {
 	soonest := s.opts.NewNodeSettle
-	live := make(map[string]bool, len(nodes))
+	s.settleRound++ // stamps the nodes listed now; the others are forgotten below
 	for _, n := range nodes {
-		live[n.Name] = true
 		taints := settleTaints(n, now)
 		seen, known := s.nodeSeen[n.Name]
 		switch {
@@ -527,6 +527,8 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 				seen.usableSince = now
 			}
 			s.nodeSeen[n.Name] = seen
+		case seen.round == s.settleRound:
+			continue // listed twice
 		default:
 			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
 			if len(gone) > 0 {
@@ -538,6 +540,7 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 			}
 		}
 		seen.taints = taints
+		seen.round = s.settleRound
 		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
 			set := &held
 			if seen.returned {
@@ -560,8 +563,8 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 			s.settleWake = c.AfterFunc(soonest, s.Wake)
 		}
 	}
-	for name := range s.nodeSeen {
-		if !live[name] {
+	for name, seen := range s.nodeSeen {
+		if seen.round != s.settleRound {
 			delete(s.nodeSeen, name)
 		}
 	}
@@ -576,6 +579,8 @@ type nodeSeen struct {
 	usableSince time.Time
 	// returned: what it lost then was a gpufrac.io/draining taint.
 	returned bool
+	// round is the last settlingNodes call that listed it.
+	round uint64
 }
 
 // settleTaints are the keys of n's taints whose removal makes n settle: its
@@ -640,7 +645,6 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("listing queues: %w", err)
 	}
-	s.models = productsOf(nodes)
 	draNow, draUsage, err := s.readDRA(start)
 	if err != nil {
 		return res, err
@@ -691,6 +695,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	s.models = snap.Models
 	s.scalarMilli = snap.ScalarMilli
 	s.draNodes = snap.DRANodes
 	if !s.parsesValid() {
@@ -1270,15 +1275,7 @@ func (s *Scheduler) dropOversizedGangs(snap *state.Snapshot, ws []*workload, inv
 	if s.opts.ElasticPools {
 		return ws, invalid
 	}
-	poolGPUs := map[string]int{}
-	for i := 0; i < snap.Len(); i++ {
-		n := snap.Node(i)
-		poolGPUs[n.Pool] += len(n.GPUs)
-	}
-	largest := 0
-	for _, g := range poolGPUs {
-		largest = max(largest, g)
-	}
+	largest := -1 // the largest pool's GPUs, counted for the first complete gang
 	kept := ws[:0]
 	for _, w := range ws {
 		need, shares := 0, 0
@@ -1287,6 +1284,16 @@ func (s *Scheduler) dropOversizedGangs(snap *state.Snapshot, ws []*workload, inv
 			shares += p.req.ShareMilli
 		}
 		need += (shares + placement.MilliPerGPU - 1) / placement.MilliPerGPU
+		if w.gang && w.incomplete == "" && largest < 0 {
+			poolGPUs := map[string]int{}
+			for i := 0; i < snap.Len(); i++ {
+				poolGPUs[snap.NodePool(i)] += snap.NodeGPUs(i)
+			}
+			largest = 0
+			for _, g := range poolGPUs {
+				largest = max(largest, g)
+			}
+		}
 		if w.gang && w.incomplete == "" && need > largest {
 			for _, p := range w.pods {
 				invalid = append(invalid, invalidPod{pod: p.pod, message: fmt.Sprintf(

@@ -3,7 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,23 +75,7 @@ func (w *workload) candidatePools(snap *state.Snapshot) []string {
 	if w.pool != "" {
 		return []string{w.pool}
 	}
-	seen := map[string]bool{}
-	var pools []string
-	for i := 0; i < snap.Len(); i++ {
-		p := snap.Node(i).Pool
-		if !seen[p] {
-			seen[p] = true
-			pools = append(pools, p)
-		}
-	}
-	sort.Strings(pools)
-	for i, p := range pools {
-		if p == "" { // the implicit pool of unlabelled nodes goes last
-			pools = append(append(pools[:i:i], pools[i+1:]...), "")
-			break
-		}
-	}
-	return pools
+	return slices.Clone(snap.Pools())
 }
 
 type invalidPod struct {

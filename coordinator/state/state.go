@@ -224,6 +224,8 @@ type nodeFacts struct {
 	// (DrainDeadline).
 	unschedulable, ready, deleting, draining bool
 	drainDeadline                            int64
+	// product is the label nvidia.com/gpu.product.
+	product string
 }
 
 // readyAt is nodeReadyAt of the node.
@@ -245,6 +247,7 @@ func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
 		unschedulable: n.Spec.Unschedulable,
 		ready:         readyCondition(n),
 		deleting:      n.DeletionTimestamp != nil,
+		product:       n.Labels[api.LabelGPUProduct],
 	}
 	f.drainDeadline, f.draining = DrainDeadline(n)
 	inv, hasInv := inventory(n)
@@ -482,6 +485,12 @@ type Snapshot struct {
 	RemovingShown map[types.UID]bool
 	// CreatingShown are the reservations of Inputs.Creating that Pods show.
 	CreatingShown map[NodeGPU]bool
+	// Models are the GPU products of all nodes, Ready or not (label
+	// nvidia.com/gpu.product), sorted and unique: the models a pod's
+	// gpufrac.io/gpu-models patterns are matched against.
+	Models []string
+	// pools are Pools, once asked for.
+	pools []string
 	// ScalarMilli is what one unit of each scalar resource is worth in
 	// milli-GPU, from the inventories of the Ready nodes: a MIG device its
 	// memory over its GPU's, a replica 1000/replicas. When GPUs differ, the
@@ -494,6 +503,29 @@ type Snapshot struct {
 	GPUCapacityMilli    int64
 	CPUCapacityMilli    int64
 	MemoryCapacityBytes int64
+}
+
+// Pools are the node pools of the snapshot's nodes (placement.Node.Pool),
+// sorted by name, the pool "" of nodes without the pool label last. Shared:
+// read only.
+func (s *Snapshot) Pools() []string {
+	if s.pools != nil {
+		return s.pools
+	}
+	seen := map[string]bool{}
+	pools := []string{}
+	for i := 0; i < s.Len(); i++ {
+		if p := s.NodePool(i); !seen[p] {
+			seen[p] = true
+			pools = append(pools, p)
+		}
+	}
+	sort.Strings(pools)
+	if len(pools) > 0 && pools[0] == "" {
+		pools = append(pools[1:], "") // the implicit pool of unlabelled nodes goes last
+	}
+	s.pools = pools
+	return pools
 }
 
 // NodeGPU names one GPU of one node.
@@ -705,8 +737,12 @@ func Build(in Inputs) (*Snapshot, error) {
 	draNodes := map[string]bool{}
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
+	var models []string
 	for _, n := range in.Nodes {
 		f := c.node(n, in.TimesliceResource)
+		if m := f.product; m != "" && (len(models) == 0 || models[len(models)-1] != m) && !slices.Contains(models, m) {
+			models = append(models, m)
+		}
 		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
@@ -796,7 +832,8 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 	}
 
-	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli}
+	slices.Sort(models)
+	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli, Models: models}
 	nodes := make([]placement.Node, 0, len(order))
 	for _, slot := range order {
 		part := slot.last
