@@ -147,7 +147,11 @@ func assumedOn(p *corev1.Pod, node, gpu string) map[types.UID]Assumed {
 // deleted; reservations asking, told their GPU, failed, being deleted,
 // removed or created (Inputs.Removing, Inputs.Creating); pods assumed;
 // nodes cordoned, not Ready, drained past their deadline, settling, their
-// GPUs turned unhealthy; DRA usage changing under the same objects.
+// GPUs turned unhealthy; DRA usage changing under the same objects; nodes
+// deleted and made again under the same name (a new object, maybe of
+// another kind); pods made again under their name on another node; and
+// Builds of part of the pods with the same Cache between two cycles, as
+// reclaim's what-if Builds (reclaimScope.without) make them.
 func TestCachedNodesMatchAFreshBuildThroughChurn(t *testing.T) {
 	for seed := uint64(1); seed <= 12; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -175,6 +179,7 @@ func churn(t *testing.T, seed uint64, steps int) {
 		func(name string) *corev1.Node { return node(name, 2).n },
 	}
 	var nodes []*corev1.Node
+	var gone []*corev1.Node // nodes deleted, to be made again
 	for i := 0; i < 10; i++ {
 		n := mk[i%len(mk)](fmt.Sprintf("n%d", i))
 		if i%3 == 0 {
@@ -316,6 +321,46 @@ func churn(t *testing.T, seed uint64, steps int) {
 			}
 		case 12: // time passes (drains reach their deadline)
 			now = now.Add(time.Second)
+		case 13: // nodes and pods made again under their names; what-if Builds
+			switch rng.IntN(4) {
+			case 0: // a node deleted
+				if len(nodes) > 1 {
+					i := rng.IntN(len(nodes))
+					gone = append(gone, nodes[i])
+					nodes = slices.Delete(nodes, i, i+1)
+				}
+			case 1: // a node made again under its old name: a new object
+				if len(gone) > 0 {
+					i := rng.IntN(len(gone))
+					n := mk[rng.IntN(len(mk))](gone[i].Name)
+					versioned(n)
+					nodes = append(nodes, n)
+					gone = slices.Delete(gone, i, i+1)
+				}
+			case 2: // a pod made again under its name elsewhere (a new UID)
+				if len(pods) > 0 {
+					i := rng.IntN(len(pods))
+					p := pods[i].DeepCopy()
+					p.UID = types.UID(fmt.Sprintf("%s-%d", p.UID, step))
+					p.Spec.NodeName = pickNode().Name
+					versioned(p)
+					pods[i] = p
+				}
+			default: // a what-if Build of part of the pods, with the cache
+				part := make([]*corev1.Pod, 0, len(pods))
+				for _, p := range pods {
+					if rng.IntN(8) > 0 {
+						part = append(part, p)
+					}
+				}
+				in := Inputs{Nodes: nodes, Pods: part, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
+					Creating: creating, Settling: settlingNodes, DRAUsage: usage, Now: now}
+				want := describe(t, in)
+				in.Cache = cache
+				if d := cmp.Diff(want, describe(t, in)); d != "" {
+					t.Fatalf("step %d: a what-if Build with the cache differs from a fresh read (-fresh +cached):\n%s", step, d)
+				}
+			}
 		default: // nothing changed: the next cycle
 		}
 		fresh := Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
