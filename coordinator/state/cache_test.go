@@ -147,7 +147,12 @@ func assumedOn(p *corev1.Pod, node, gpu string) map[types.UID]Assumed {
 // deleted; reservations asking, told their GPU, failed, being deleted,
 // removed or created (Inputs.Removing, Inputs.Creating); pods assumed;
 // nodes cordoned, not Ready, drained past their deadline, settling, their
-// GPUs turned unhealthy; DRA usage changing under the same objects.
+// GPUs turned unhealthy; DRA usage changing under the same objects; nodes
+// deleted and made again under the same name (a new object, maybe of
+// another kind); pods made again under their name on another node; and
+// Builds of part of the pods with the same Cache between two cycles, as
+// reclaim's what-if Builds (reclaimScope.without) make them. The pods come
+// in a new order each Build, as a lister's do.
 func TestCachedNodesMatchAFreshBuildThroughChurn(t *testing.T) {
 	for seed := uint64(1); seed <= 12; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -175,6 +180,7 @@ func churn(t *testing.T, seed uint64, steps int) {
 		func(name string) *corev1.Node { return node(name, 2).n },
 	}
 	var nodes []*corev1.Node
+	var gone []*corev1.Node // nodes deleted, to be made again
 	for i := 0; i < 10; i++ {
 		n := mk[i%len(mk)](fmt.Sprintf("n%d", i))
 		if i%3 == 0 {
@@ -316,8 +322,50 @@ func churn(t *testing.T, seed uint64, steps int) {
 			}
 		case 12: // time passes (drains reach their deadline)
 			now = now.Add(time.Second)
+		case 13: // nodes and pods made again under their names; what-if Builds
+			switch rng.IntN(4) {
+			case 0: // a node deleted
+				if len(nodes) > 1 {
+					i := rng.IntN(len(nodes))
+					gone = append(gone, nodes[i])
+					nodes = slices.Delete(nodes, i, i+1)
+				}
+			case 1: // a node made again under its old name: a new object
+				if len(gone) > 0 {
+					i := rng.IntN(len(gone))
+					n := mk[rng.IntN(len(mk))](gone[i].Name)
+					versioned(n)
+					nodes = append(nodes, n)
+					gone = slices.Delete(gone, i, i+1)
+				}
+			case 2: // a pod made again under its name elsewhere (a new UID)
+				if len(pods) > 0 {
+					i := rng.IntN(len(pods))
+					p := pods[i].DeepCopy()
+					p.UID = types.UID(fmt.Sprintf("%s-%d", p.UID, step))
+					p.Spec.NodeName = pickNode().Name
+					versioned(p)
+					pods[i] = p
+				}
+			default: // a what-if Build of part of the pods, with the cache
+				part := make([]*corev1.Pod, 0, len(pods))
+				for _, p := range pods {
+					if rng.IntN(8) > 0 {
+						part = append(part, p)
+					}
+				}
+				in := Inputs{Nodes: nodes, Pods: part, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
+					Creating: creating, Settling: settlingNodes, DRAUsage: usage, Now: now}
+				want := describe(t, in)
+				in.Cache = cache
+				if d := cmp.Diff(want, describe(t, in)); d != "" {
+					t.Fatalf("step %d: a what-if Build with the cache differs from a fresh read (-fresh +cached):\n%s", step, d)
+				}
+			}
 		default: // nothing changed: the next cycle
 		}
+		// A lister lists in a map's order, another each cycle.
+		rng.Shuffle(len(pods), func(i, j int) { pods[i], pods[j] = pods[j], pods[i] })
 		fresh := Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
 			Creating: creating, Settling: settlingNodes, DRAUsage: usage, Now: now}
 		cached := fresh
@@ -329,5 +377,33 @@ func churn(t *testing.T, seed uint64, steps int) {
 	}
 	if cache.taken == 0 || cache.charged == 0 {
 		t.Fatalf("nodes taken as they were %d times, charged %d times: the churn tests neither", cache.taken, cache.charged)
+	}
+}
+
+// TestCachedPartIsNotTheListersOrder: a lister lists pods in a map's order,
+// another each cycle. A node's part taken as it was is the one charged in
+// the last cycle's order, so it must be what any order gives: here two
+// reservations of one GPU (one being deleted, one made for the same GPU)
+// and a fraction without a planned GPU beside one planned on a GPU.
+func TestCachedPartIsNotTheListersOrder(t *testing.T) {
+	n := node("n", 2).inventory("fraction").n
+	old := reservation("old", 1, "n-gpu0", "n-gpu0")
+	deleted := metav1.NewTime(time.Date(2026, 11, 24, 10, 1, 0, 0, time.UTC))
+	old.DeletionTimestamp = &deleted
+	made := reservation("made", 2, "n-gpu0", "n-gpu0")
+	unplanned := pod("unplanned").on("n").fraction(30, "").p
+	planned := pod("planned").on("n").fraction(30, "n-gpu1").p
+	for i, o := range []metav1.Object{n, old, made, unplanned, planned} {
+		o.SetResourceVersion(fmt.Sprint(i + 1))
+	}
+	cache := NewCache()
+	for _, pods := range [][]*corev1.Pod{{old, made, unplanned, planned}, {made, old, planned, unplanned}, {old, made, unplanned, planned}} {
+		fresh := Inputs{Nodes: []*corev1.Node{n}, Pods: pods, PoolLabel: api.LabelNodePool}
+		cached := fresh
+		cached.Cache = cache
+		if d := cmp.Diff(describe(t, fresh), describe(t, cached)); d != "" {
+			t.Errorf("pods listed as %s, %s, %s, %s: a Build with the cache differs from a fresh read (-fresh +cached):\n%s",
+				pods[0].Name, pods[1].Name, pods[2].Name, pods[3].Name, d)
+		}
 	}
 }

@@ -279,7 +279,8 @@ type nodeSlot struct {
 	facts *nodeFacts
 	build uint64 // the Build the node is in; an older one: not in the last Build
 	// pods are this Build's pods charged to the node (bound or assumed, not
-	// terminal), in the order of Inputs.Pods; print is their fingerprint.
+	// terminal), in the order of Inputs.Pods until charge sorts them; print
+	// is their fingerprint.
 	pods  []slotPod
 	print podPrint
 	// again: something besides the node object and its pods changes the
@@ -907,6 +908,12 @@ func charge(slot *nodeSlot, in *Inputs, creating []NodeGPU) *nodePart {
 	}
 	rs := map[NodeGPU]*Reservation{}
 	var asking []askingReservation
+	// Charged in UID order, not the listers' (a map's, new each List): two
+	// reservations of one GPU (the last charged is its Reservation) and
+	// fractions without a planned GPU (they take the open slots in turn)
+	// charge differently in another order, and a part taken as it was
+	// must be what charging the same pods again gives.
+	slices.SortStableFunc(slot.pods, func(a, b slotPod) int { return strings.Compare(string(a.p.UID), string(b.p.UID)) })
 	for i := range slot.pods {
 		acc.charge(n.Name, &slot.pods[i], rs, &asking, in)
 	}
