@@ -64,10 +64,15 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 		}
 		// What is read of each pod object is kept with its parses: at
 		// 50,000 pods, reading them again each cycle was most of this walk.
-		e := s.parseEntryOf(p)
+		e := s.parseEntryKept(p)
 		h := s.headOf(e, p)
 		if h.terminal && !h.ours {
-			continue
+			continue // no entry made: other schedulers' finished pods pile up
+		}
+		if e == nil {
+			if e = s.parseEntryOf(p); e != nil {
+				e.head = h
+			}
 		}
 		// Bound: parsed as its binding recorded; being bound: as it is.
 		var pi *podInfo

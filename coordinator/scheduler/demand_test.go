@@ -114,3 +114,26 @@ func TestDemandCountsABacklogOnlyUpToWhatItsQueueMayRun(t *testing.T) {
 		})
 	}
 }
+
+// TestFinishedPodsOfOtherSchedulersAreNotKept: readBound keeps what it reads
+// of each pod in the parse cache, but not for pods it skips - other
+// schedulers' finished pods, which pile up (a cluster's completed Jobs) -
+// while pods it counts are kept.
+func TestFinishedPodsOfOtherSchedulersAreNotKept(t *testing.T) {
+	done := builders.MakePod("done", "default").SchedulerName("default-scheduler").GPUs(1).CPU("1").UID("done").Node("n").Obj()
+	done.Status.Phase = corev1.PodSucceeded
+	running := builders.MakePod("running", "default").SchedulerName("default-scheduler").GPUs(1).CPU("1").UID("running").Node("n").Obj()
+	running.Status.Phase = corev1.PodRunning
+	for _, p := range []*corev1.Pod{done, running} {
+		p.ResourceVersion = "1" // kept by object, as informers' pods are
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n", "p", 2)}, []*v1alpha1.Queue{queueOf("q", "2")}, done, running)
+	c.cycle()
+	c.cycle()
+	if _, kept := c.s.parsed[done]; kept {
+		t.Error("a finished pod of another scheduler has a parse entry")
+	}
+	if e := c.s.parsed[running]; e == nil || !e.head.set {
+		t.Errorf("the running pod of another scheduler has no parse entry with its head: %+v", e)
+	}
+}

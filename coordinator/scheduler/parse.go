@@ -224,6 +224,19 @@ func (s *Scheduler) parseEntryOf(p *corev1.Pod) *parseEntry {
 	return e
 }
 
+// parseEntryKept is p's entry in the cache when it has one (nil otherwise,
+// none made), marked read by this cycle.
+func (s *Scheduler) parseEntryKept(p *corev1.Pod) *parseEntry {
+	if s.parsed == nil || p.ResourceVersion == "" {
+		return nil
+	}
+	e := s.parsed[p]
+	if e != nil {
+		e.cycle = s.parseCycle
+	}
+	return e
+}
+
 // parseFor parses p as charged to queue and tells whether the parse read
 // a Job or a resource claim (which change under the same pod: such a parse
 // is not kept).
