@@ -671,6 +671,11 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	// two goroutines. The parses use the last cycle's GPU models, scalar
 	// worth and nodes in mode dra, which the snapshot tells; when they
 	// changed the pods are read again.
+	if s.models == nil {
+		// The first cycle: the parses need the models (the snapshot tells
+		// them later cycles).
+		s.models = state.Models(nodes)
+	}
 	s.beginParses()
 	defer s.sweepParses()
 	var (

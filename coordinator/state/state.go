@@ -506,6 +506,26 @@ type Snapshot struct {
 	MemoryCapacityBytes int64
 }
 
+// Models are the GPU products of nodes (label nvidia.com/gpu.product),
+// sorted and unique, as Build tells them in Snapshot.Models.
+func Models(nodes []*corev1.Node) []string {
+	var models []string
+	for _, n := range nodes {
+		models = addModel(models, n.Labels[api.LabelGPUProduct])
+	}
+	slices.Sort(models)
+	return models
+}
+
+// addModel adds m to models when it is a model not there yet (a cluster
+// has a few).
+func addModel(models []string, m string) []string {
+	if m == "" || len(models) > 0 && models[len(models)-1] == m || slices.Contains(models, m) {
+		return models
+	}
+	return append(models, m)
+}
+
 // Pools are the node pools of the snapshot's nodes (placement.Node.Pool),
 // sorted by name, the pool "" of nodes without the pool label last. Shared:
 // read only.
@@ -738,12 +758,10 @@ func Build(in Inputs) (*Snapshot, error) {
 	draNodes := map[string]bool{}
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
-	var models []string
+	models := []string{} // not nil: told, even when no node names a model
 	for _, n := range in.Nodes {
 		f := c.node(n, in.TimesliceResource)
-		if m := f.product; m != "" && (len(models) == 0 || models[len(models)-1] != m) && !slices.Contains(models, m) {
-			models = append(models, m)
-		}
+		models = addModel(models, f.product)
 		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
 			left[n.Name] = n
 			continue
