@@ -46,9 +46,11 @@ func TestRemovedReservationStaysRemovingWhileShown(t *testing.T) {
 		{name: "its node settles", admitted: true, leftOut: func(in *state.Inputs, _ *clocktesting.FakeClock) {
 			in.Settling = map[string]bool{"n": true}
 		}},
-		{name: "a newer reservation of the same GPU comes after it in the list", admitted: true, leftOut: func(in *state.Inputs, clk *clocktesting.FakeClock) {
+		// state.Build charges a node's pods in UID order: the last charged
+		// of two reservations of one GPU is its Reservation.
+		{name: "a newer reservation of the same GPU is charged after it", admitted: true, leftOut: func(in *state.Inputs, clk *clocktesting.FakeClock) {
 			p := PodAt("n", gpu, 1, DefaultOptions())
-			p.UID, p.ResourceVersion = "res-2", "2"
+			p.UID, p.ResourceVersion = "res-uid-2", "2"
 			p.Annotations[api.AnnotationReservedGPU] = gpu
 			p.CreationTimestamp = metav1.NewTime(clk.Now())
 			in.Pods = append(in.Pods, p)

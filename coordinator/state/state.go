@@ -330,13 +330,14 @@ type nodePart struct {
 	// node is the node as placement sees it; its GPUs and Scalars are not
 	// changed after it is made (placement copies what it changes).
 	node placement.Node
-	// reservations are the node's reservations (copied into each snapshot).
+	// reservations are the node's reservations, shared by the snapshots
+	// that take the part (Snapshot.Reservations: read only).
 	reservations []keyedReservation
 }
 
 type keyedReservation struct {
 	key NodeGPU
-	r   Reservation
+	r   *Reservation
 }
 
 // NewCache returns an empty Cache.
@@ -472,7 +473,9 @@ type Snapshot struct {
 	DRANodes map[string]bool
 	// Reservations are the reservation pods by node and GPU UUID. A
 	// reservation not yet told its GPU whose asked GPU another pod holds is
-	// in none: it holds a GPU not known yet (chargeAsking).
+	// in none: it holds a GPU not known yet (chargeAsking). The map is the
+	// snapshot's own; the Reservations in it may be shared with the other
+	// snapshots of a Cache (a node's part taken as it was): read only.
 	Reservations map[NodeGPU]*Reservation
 	// FailedReservations are reservation pods that ended Failed (the kubelet
 	// rejected them at admission): they hold nothing, but keep their name
@@ -864,8 +867,7 @@ func Build(in Inputs) (*Snapshot, error) {
 			c.taken++
 		}
 		for _, kr := range part.reservations {
-			r := kr.r
-			reservations[kr.key] = &r
+			reservations[kr.key] = kr.r
 		}
 		nodes = append(nodes, part.node)
 		out.GPUCapacityMilli += int64(len(part.node.GPUs)+slot.facts.partitioned) * placement.MilliPerGPU
@@ -948,7 +950,7 @@ func charge(slot *nodeSlot, in *Inputs, creating []NodeGPU) *nodePart {
 	idle := !acc.gpuWork && pn.Labels[api.LabelNodePool] != ""
 	for k, r := range rs {
 		r.NodeIdle = idle
-		part.reservations = append(part.reservations, keyedReservation{key: k, r: *r})
+		part.reservations = append(part.reservations, keyedReservation{key: k, r: r})
 	}
 	return part
 }
