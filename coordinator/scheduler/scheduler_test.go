@@ -772,3 +772,30 @@ func settlingCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Nod
 	c.s = s
 	return c
 }
+
+// A Karpenter node deleted and made again under the same name between two
+// cycles (a new Node object, another UID) settles as a new node does, even
+// when the coordinator never saw the new one tainted: the taint manager
+// may have seen its karpenter.sh/unregistered taint. Before, settlingNodes
+// knew nodes by name only and took it for the node it already knew.
+func TestNodeMadeAgainUnderItsNameSettlesLikeANewOne(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	first := h100Node("new", "a", 1)
+	first.UID = "new-1"
+	_ = c.nodes.Add(first)
+	busyNew := admitted(gpuPod("busy-new", "q", 1), "new")
+	_ = c.pods.Add(busyNew)
+	c.expectBound(clk, 0, "", "old and new are full")
+	c.expectBound(clk, 10*time.Second, "", "old and new are full, 10 s on")
+
+	// new is deleted with its pod and made again, registered by the next cycle.
+	_ = c.pods.Delete(busyNew)
+	_ = c.nodes.Delete(first)
+	again := h100Node("new", "a", 1)
+	again.UID = "new-2"
+	_ = c.nodes.Add(again)
+	c.expectBound(clk, time.Second, "", "new made again a moment ago, within NewNodeSettle")
+	c.expectBound(clk, 3*time.Second, "new", "new made again, settled")
+}
