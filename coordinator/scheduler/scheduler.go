@@ -521,14 +521,16 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 		taints := settleTaints(n, now)
 		seen, known := s.nodeSeen[n.Name]
 		switch {
-		case !known:
-			seen = &nodeSeen{}
+		case known && seen.round == s.settleRound:
+			continue // listed twice
+		case !known || seen.uid != n.UID:
+			// New, or deleted and made again under its name since the
+			// last cycle (the taint manager may have seen it tainted).
+			seen = &nodeSeen{uid: n.UID}
 			if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && s.nodeSeenOnce {
 				seen.usableSince = now
 			}
 			s.nodeSeen[n.Name] = seen
-		case seen.round == s.settleRound:
-			continue // listed twice
 		default:
 			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
 			if len(gone) > 0 {
@@ -581,6 +583,8 @@ type nodeSeen struct {
 	returned bool
 	// round is the last settlingNodes call that listed it.
 	round uint64
+	// uid is the node object's UID: another is another node of the name.
+	uid types.UID
 }
 
 // settleTaints are the keys of n's taints whose removal makes n settle: its

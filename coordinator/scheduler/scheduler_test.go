@@ -772,3 +772,64 @@ func settlingCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Nod
 	c.s = s
 	return c
 }
+
+// A Karpenter node deleted and made again under the same name between two
+// cycles (a new Node object, another UID) settles as a new node does, even
+// when the coordinator never saw the new one tainted: the taint manager
+// may have seen its karpenter.sh/unregistered taint. Before, settlingNodes
+// knew nodes by name only and took it for the node it already knew.
+func TestNodeMadeAgainUnderItsNameSettlesLikeANewOne(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
+	c := settlingCluster(t, clk, h100Node("old", "a", 1))
+	_ = c.pods.Add(admitted(gpuPod("busy", "q", 1), "old"))
+	first := h100Node("new", "a", 1)
+	first.UID = "new-1"
+	_ = c.nodes.Add(first)
+	busyNew := admitted(gpuPod("busy-new", "q", 1), "new")
+	_ = c.pods.Add(busyNew)
+	c.expectBound(clk, 0, "", "old and new are full")
+	c.expectBound(clk, 10*time.Second, "", "old and new are full, 10 s on")
+
+	// new is deleted with its pod and made again, registered by the next cycle.
+	_ = c.pods.Delete(busyNew)
+	_ = c.nodes.Delete(first)
+	again := h100Node("new", "a", 1)
+	again.UID = "new-2"
+	_ = c.nodes.Add(again)
+	c.expectBound(clk, time.Second, "", "new made again a moment ago, within NewNodeSettle")
+	c.expectBound(clk, 3*time.Second, "new", "new made again, settled")
+}
+
+// The parses of a cycle use the GPU models of the nodes it lists, also
+// those of a node that appeared since the last cycle: the bound pods are
+// read beside the snapshot with the last cycle's models, and read again
+// when the snapshot tells others. A pod asking only for a model a new node
+// brings is placed there in the cycle that lists it, and a pod asking for
+// another model never is, its parse kept from cycle to cycle.
+func TestParsesUseTheModelsOfANodeAddedThisCycle(t *testing.T) {
+	a100 := h100Node("a100", "p", 1)
+	a100.Labels[api.LabelGPUProduct] = "NVIDIA-A100-SXM4-80GB"
+	wantsH100 := builders.MakePod("wants-h100", "default").Queue("q").GPUs(1).CPU("1").UID("wants-h100").GPUModels("H100").Obj()
+	wantsA100 := builders.MakePod("wants-a100", "default").Queue("q").GPUs(1).CPU("1").UID("wants-a100").GPUModels("a100").Obj()
+	busy := admitted(gpuPod("busy", "q", 1), "a100")
+	for _, p := range []*corev1.Pod{wantsH100, wantsA100, busy} {
+		p.ResourceVersion = "1" // parses kept by object, as informers' pods are
+	}
+	c := newCluster(t, "", []*corev1.Node{a100}, []*v1alpha1.Queue{queueOf("q", "8")}, wantsH100, wantsA100, busy)
+	c.cycle()
+	if n := c.boundTo("wants-h100"); n != "" {
+		t.Fatalf("wants-h100 bound to %q with no H100 in the cluster", n)
+	}
+	_ = c.nodes.Add(h100Node("h100", "p", 2))
+	c.cycle()
+	if n := c.boundTo("wants-h100"); n != "h100" {
+		t.Errorf("wants-h100 bound to %q in the cycle that listed node h100, want h100", n)
+	}
+	c.cycle()
+	if n := c.boundTo("wants-a100"); n != "" {
+		t.Errorf("wants-a100 bound to %q: only node a100 has its model, and it is full", n)
+	}
+	if !slices.Equal(c.s.models, []string{"NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"}) {
+		t.Errorf("models = %v, want both, sorted", c.s.models)
+	}
+}

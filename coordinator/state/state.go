@@ -761,7 +761,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	draNodes := map[string]bool{}
 	scalarMilli := map[string]int64{}
 	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
-	models := []string{} // not nil: told, even when no node names a model
+	models := []string{}              // not nil: told, even when no node names a model
 	for _, n := range in.Nodes {
 		f := c.node(n, in.TimesliceResource)
 		models = addModel(models, f.product)
