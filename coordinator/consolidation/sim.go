@@ -111,7 +111,7 @@ func (p *Planner) fits(v *view, exclude map[string]bool, moves []*corev1.Pod) er
 func (p *Planner) placeWorkload(snap *state.Snapshot, w *movingWorkload) error {
 	pools := []string{""}
 	if w.gang {
-		pools = poolsOf(snap)
+		pools = snap.Pools()
 	}
 	var lastErr error
 	for _, pool := range pools {
@@ -155,29 +155,6 @@ func (p *Planner) placeOne(snap *state.Snapshot, r *placement.Request) (placemen
 		return p.placer.Place(snap.Snapshot, r)
 	}
 	return p.placer.Place(snap.Snapshot, withoutNodes(r, snap.NoFraction))
-}
-
-// poolsOf lists the snapshot's node pools by name, the unlabelled pool last.
-func poolsOf(snap *state.Snapshot) []string {
-	seen := map[string]bool{}
-	var pools []string
-	hasNone := false
-	for i := 0; i < snap.Len(); i++ {
-		pool := snap.Node(i).Pool
-		if pool == "" {
-			hasNone = true
-			continue
-		}
-		if !seen[pool] {
-			seen[pool] = true
-			pools = append(pools, pool)
-		}
-	}
-	sort.Strings(pools)
-	if hasNone {
-		pools = append(pools, "")
-	}
-	return pools
 }
 
 // withoutNodes returns a copy of r that excludes the named nodes.
