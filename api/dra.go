@@ -17,7 +17,7 @@ import (
 //   - in GPU mode fraction also gpu-<minor>-shares and gpu-<minor>-memory
 //     (class DRAClassFraction), shared by any number of claims
 //     (allowMultipleAllocations): the first by DRACapacityShares (percent of
-//     the GPU, memory and compute), the second by DRACapacityMemory (bytes).
+//     the GPU's memory), the second by DRACapacityMemory (bytes).
 //     All three consume the GPU's whole counter set gpu-<minor>-counter-set,
 //     so one GPU is used one way at a time: whole, by shares or by bytes.
 //   - in GPU mode mig, its MIG devices gpu-<minor>-mig-<profile>-<GI profile
@@ -38,8 +38,8 @@ const (
 	DRAClassMIG = "mig." + Domain
 
 	// DRACapacityShares is the capacity of a gpu-N-shares device: percent of
-	// the GPU (100), a claim's share of its memory and compute, as
-	// gpufrac.io/gpu-fraction units.
+	// the GPU (100), a claim's share of its memory (compute is time-shared,
+	// not divided), as gpufrac.io/gpu-fraction units.
 	DRACapacityShares = "shares"
 	// DRACapacityMemory is the capacity (bytes) of gpu-N and gpu-N-memory,
 	// and of MIG devices.
@@ -78,8 +78,8 @@ const (
 	DRATaintUnhealthy = DRADriver + "/unhealthy"
 
 	// DRACDIKind is the CDI vendor/class of the per-claim CDI devices the
-	// driver writes: they carry the limits a container is told
-	// (GPUFRAC_MEMORY_LIMIT_MIB, CUDA MPS) and, with the device-specs
+	// driver writes: they carry the limit a container is told
+	// (GPUFRAC_MEMORY_LIMIT_MIB) and, with the device-specs
 	// strategy, the GPU's device nodes.
 	DRACDIKind = "k8s." + DRADriver + "/claim"
 )

@@ -121,12 +121,12 @@ const (
 	// agent recognises reservations in PodResources by it (and the namespace).
 	ReservationNamePrefix = "gpufrac-reservation-"
 
-	// EnvMemoryLimitMiB carries a fraction's or replica's GPU memory limit into the container.
+	// EnvMemoryLimitMiB tells a fraction's or replica's container its GPU
+	// memory limit, so it can size itself (a framework's memory cap). It is
+	// information only: the memory watchdog takes each container's limit
+	// from the devices it holds, never from its environment, which the
+	// tenant controls.
 	EnvMemoryLimitMiB = "GPUFRAC_MEMORY_LIMIT_MIB"
-	// EnvMPSMemLimit is CUDA MPS's per-device pinned memory limit ("<uuid>=<N>M" or "0=<N>M").
-	EnvMPSMemLimit = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-	// EnvMPSThreadPercentage is CUDA MPS's active thread percentage.
-	EnvMPSThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 	// EnvVisibleDevices is the variable users must not set themselves.
 	EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -308,6 +309,52 @@ groups:
 				t.Errorf("the chart refuses=%v (%v), want %v", got, err, tc.schemaRefuse)
 			}
 		})
+	}
+}
+
+// TestChartEnforcementHasWhatItNeeds (issue 25): with default values
+// gpufrac-node kills over-limit processes, and its container has CAP_KILL to
+// do it; without KILL the chart renders only when no policy that shares a
+// GPU kills (the refusals are in testdata/bad-values/*kill*.yaml).
+func TestChartEnforcementHasWhatItNeeds(t *testing.T) {
+	helm := helmPath(t, cluster.Helm3)
+	objs := render(t, helm)
+	data, err := objs.ConfigMapData("gpufrac-node-config", "config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := config.Parse([]byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Default.Fraction.Enforcement; got != config.EnforcementKill {
+		t.Errorf("the chart's default enforcement is %s, want kill", got)
+	}
+	ds := objs.Find("DaemonSet", "gpufrac-node")
+	if ds == nil {
+		t.Fatal("no DaemonSet gpufrac-node")
+	}
+	cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	if len(cs) == 0 {
+		t.Fatal("gpufrac-node has no containers")
+	}
+	add, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "securityContext", "capabilities", "add")
+	if !slices.Contains(add, "KILL") {
+		t.Errorf("gpufrac-node's capabilities add %v, want KILL for enforcement kill", add)
+	}
+	if pid, _, _ := unstructured.NestedBool(ds.Object, "spec", "template", "spec", "hostPID"); !pid {
+		t.Error("gpufrac-node has no hostPID: a pidfd for a GPU process opens only in its PID namespace")
+	}
+
+	for _, cfg := range []string{
+		`{"version": "v1", "default": {"fraction": {"enforcement": "report"}}, "groups": [{"nodeSelector": {"a": "b"}, "fraction": {"enforcement": "evict"}}]}`,
+		`{"version": "v1", "default": {"mode": "exclusive"}, "groups": [{"nodeSelector": {"a": "b"}, "mode": "mig"}]}`,
+		`{"version": "v1", "default": {"mode": "mig", "gpus": [{"indices": "0", "mode": "exclusive"}]}}`,
+	} {
+		if _, err := cluster.HelmTemplate(t.Context(), cluster.ChartOptions{Helm: helm,
+			SetJSON: []string{"node.capabilities=[]", "node.config=" + cfg}}); err != nil {
+			t.Errorf("without KILL the chart refuses %s: %v", cfg, err)
+		}
 	}
 }
 

@@ -11,9 +11,13 @@ import (
 const (
 	// DefaultMode is the mode of GPUs when nothing is configured.
 	DefaultMode = ModeFraction
-	// DefaultEnforcement only reports over-limit processes: an admin opts into
-	// kill or evict.
-	DefaultEnforcement = EnforcementReport
+	// DefaultEnforcement kills the over-limit processes of a container, and
+	// only those, as soon as samples polls agree: on a shared GPU the memory a
+	// container takes over its limit is its neighbours', who run out of
+	// memory while it stays. report protects nobody; evict is slow (PDBs may
+	// refuse it, the grace period keeps the memory) and needs a ClusterRole
+	// that can evict any pod in the cluster.
+	DefaultEnforcement = EnforcementKill
 	// DefaultPollInterval is how often the memory watchdog samples NVML.
 	DefaultPollInterval = time.Second
 	// DefaultTolerancePercent lets no container go over its memory limit.

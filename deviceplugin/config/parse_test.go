@@ -14,7 +14,7 @@ import (
 func defaultPolicy() Policy {
 	return Policy{
 		Mode:      ModeFraction,
-		Fraction:  FractionConfig{Enforcement: EnforcementReport, PollInterval: Duration{time.Second}, TolerancePercent: 0, Samples: 3},
+		Fraction:  FractionConfig{Enforcement: EnforcementKill, PollInterval: Duration{time.Second}, TolerancePercent: 0, Samples: 3},
 		Timeslice: TimesliceConfig{Replicas: 4, ResourceName: "nvidia.com/gpu.shared"},
 		MIG:       MIGConfig{Strategy: "mixed"},
 	}
@@ -96,7 +96,7 @@ groups:
 			yaml: `
 version: v1
 default:
-  fraction: {pollInterval: 1m, tolerancePercent: 100, samples: 1}
+  fraction: {enforcement: report, pollInterval: 1m, tolerancePercent: 100, samples: 1}
   timeslice: {replicas: 1024, resourceName: example.com/shared-gpu, failRequestsGreaterThanOne: true}
   mig: {strategy: single, layout: "3g.40gb, 2g.20gb,1g.10gb+me"}
   gpus:

@@ -15,7 +15,7 @@
 // filled in ([File.SetDefaults]):
 //
 //	mode                                fraction
-//	fraction.enforcement                report (safest: an admin opts into kill or evict)
+//	fraction.enforcement                kill (protects the neighbours on a shared GPU; see DefaultEnforcement)
 //	fraction.pollInterval               1s
 //	fraction.tolerancePercent           0
 //	fraction.samples                    3

@@ -244,7 +244,7 @@ func (d *Driver) deviceLocked(what string, r resourceapi.DeviceRequestAllocation
 		}
 		pd.Shares = n
 		pd.LimitMiB = gpuMiB * uint64(n) / api.UnitsPerGPU
-		resp = resource.SharedResponse(d.o.Strategy, t.GPU, pd.LimitMiB, int(n))
+		resp = resource.SharedResponse(d.o.Strategy, t.GPU, pd.LimitMiB)
 	case api.DRAViewMemory:
 		b := consumed(r, api.DRACapacityMemory, int64(t.MemoryBytes))
 		if b < 1 || uint64(b) > t.MemoryBytes {
@@ -259,9 +259,7 @@ func (d *Driver) deviceLocked(what string, r resourceapi.DeviceRequestAllocation
 		}
 		pd.MemoryBytes = b
 		pd.LimitMiB = uint64(b) >> 20
-		// Compute in proportion to memory, rounded up: 20 GiB of 80 is 25 %.
-		pct := int((uint64(b)*api.UnitsPerGPU + t.MemoryBytes - 1) / t.MemoryBytes)
-		resp = resource.SharedResponse(d.o.Strategy, t.GPU, pd.LimitMiB, min(max(pct, 1), api.UnitsPerGPU))
+		resp = resource.SharedResponse(d.o.Strategy, t.GPU, pd.LimitMiB)
 	case api.DRAViewMIG:
 		if other := otherViews(held, api.DRAViewMIG); len(other) > 0 {
 			return pd, nil, fmt.Errorf("preparing %s: %w: GPU %s cannot serve MIG device %s (%s) while %s", what, ErrOverCapacity, t.GPU.UUID, t.MIG.UUID, r.Device, describeHolders(other))

@@ -157,7 +157,7 @@ func TestPrepareGivesClaimsTheEnvOfAFraction(t *testing.T) {
 			t.Fatalf("%s: %v", c.name, r.Err)
 		}
 		// Exactly what the fraction resource answers for the same units.
-		frac := resource.SharedResponse(resource.StrategyCDI, f.gpu0, resource.MemoryLimitMiB(f.gpu0, c.units), c.units)
+		frac := resource.SharedResponse(resource.StrategyCDI, f.gpu0, resource.MemoryLimitMiB(f.gpu0, c.units))
 		if diff := cmp.Diff(frac.Envs, f.env(t, r)); diff != "" {
 			t.Errorf("%s env (-fraction +claim):\n%s", c.name, diff)
 		}
@@ -181,10 +181,10 @@ func TestPrepareMemoryView(t *testing.T) {
 		t.Fatal(r.Err)
 	}
 	env := f.env(t, r)
+	// No CUDA_MPS_* variables: no MPS daemon applies them (issue 25).
 	want := map[string]string{
-		api.EnvMemoryLimitMiB: "20480", api.EnvMPSMemLimit: "0=20480M",
-		api.EnvMPSThreadPercentage: "26", // 20 GiB of 81559 MiB is 25.1 %, rounded up
-		api.EnvVisibleDevices:      "void",
+		api.EnvMemoryLimitMiB: "20480",
+		api.EnvVisibleDevices: "void",
 	}
 	if diff := cmp.Diff(want, env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)

@@ -39,7 +39,9 @@
 // burst shorter than the poll interval) is not seen, and a container may
 // exceed its limit for up to samples x pollInterval (plus one poll's
 // duration) before the action; it cannot stop an allocation from
-// succeeding. The in-container limits (GPUFRAC_MEMORY_LIMIT_MIB,
-// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) are what cooperative runtimes apply
-// themselves; the watchdog is the backstop for the others.
+// succeeding. GPUFRAC_MEMORY_LIMIT_MIB tells the container its limit so it
+// can size itself; the watchdog never reads it (a tenant sets its own
+// environment): the limit comes from the devices the container holds.
+// Compute is not shared out: no MPS daemon runs, a fraction's kernels are
+// time-sliced with its neighbours' by the GPU, with no per-fraction share.
 package enforcement

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -126,6 +127,71 @@ func TestWatchdogPolicies(t *testing.T) {
 			}
 			if got, _ := e.metric("gpufrac_container_gpu_memory_actions_total", withLabels(labels, "action", "kill", "result", "success")); got != float64(len(tc.wantKills)) {
 				t.Errorf("kill actions_total = %v, want %d", got, len(tc.wantKills))
+			}
+		})
+	}
+}
+
+// TestDefaultPolicyKills: a watchdog no config has reached yet acts with the
+// default enforcement, kill (issue 25): the over-limit process goes after
+// the default 3 samples, with its event and metric.
+func TestDefaultPolicyKills(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	if got := e.w.Policy().Enforcement; got != config.EnforcementKill {
+		t.Errorf("default enforcement = %s, want kill", got)
+	}
+	hog := e.addPod(testPod("hog", hogUID, "main"))
+	e.devices.set(e.fraction(hog, "main", 0, 30))
+	e.proc(1001, 5000, hog, "main")
+	e.nvml(0, procMiB(1001, 30000))
+	for range config.DefaultSamples {
+		e.w.Poll(e.ctx)
+	}
+	if diff := cmp.Diff([]kill{{PID: 1001, Start: 5000}}, e.killer.calls); diff != "" {
+		t.Errorf("kills (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"GPUMemoryLimitExceeded", "GPUMemoryProcessKilled"}, reasons(e.events())); diff != "" {
+		t.Errorf("event reasons (-want +got):\n%s", diff)
+	}
+	labels := withLabels(containerLabelsOf(hog, "main", e.gpus[0].UUID), "action", "kill", "result", "success")
+	if got, _ := e.metric("gpufrac_container_gpu_memory_actions_total", labels); got != 1 {
+		t.Errorf("kill actions_total = %v, want 1", got)
+	}
+}
+
+// TestLimitIsNeverTakenFromTheContainersEnv: GPUFRAC_MEMORY_LIMIT_MIB is
+// what the container is told, in an environment its tenant writes. A pod
+// spec that sets it itself, larger or smaller, changes nothing: the limit
+// is 30 units of the GPU the kubelet says the container holds.
+func TestLimitIsNeverTakenFromTheContainersEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		env       string
+		usedMiB   uint64
+		wantKills []kill
+	}{
+		{name: "a larger limit in the env does not spare an over-limit process",
+			env: "1000000", usedMiB: 30000, wantKills: []kill{{PID: 1001, Start: 5000}}},
+		{name: "a smaller limit in the env does not condemn a process within its grant",
+			env: "1", usedMiB: limit30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			e.w.SetPolicy(Policy{Enforcement: config.EnforcementKill, Samples: 1})
+			hog := testPod("hog", hogUID, "main")
+			hog.Spec.Containers[0].Env = []corev1.EnvVar{{Name: api.EnvMemoryLimitMiB, Value: tc.env}}
+			e.addPod(hog)
+			e.devices.set(e.fraction(hog, "main", 0, 30))
+			e.proc(1001, 5000, hog, "main")
+			e.nvml(0, procMiB(1001, tc.usedMiB))
+			e.w.Poll(e.ctx)
+			if diff := cmp.Diff(tc.wantKills, e.killer.calls); diff != "" {
+				t.Errorf("kills (-want +got):\n%s", diff)
+			}
+			for _, ev := range e.events() {
+				if strings.Contains(ev, "limit") && !strings.Contains(ev, "24576 MiB") {
+					t.Errorf("event %q does not name the granted limit of 24576 MiB", ev)
+				}
 			}
 		})
 	}
@@ -623,7 +689,7 @@ func TestPolicyOf(t *testing.T) {
 	if diff := cmp.Diff(want, PolicyOf(np.Policy)); diff != "" {
 		t.Errorf("PolicyOf() (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(Policy{Enforcement: config.EnforcementReport, PollInterval: time.Second, Samples: 3, TimesliceResource: api.DefaultTimesliceResource, TimesliceReplicas: 4}, Policy{}.withDefaults()); diff != "" {
+	if diff := cmp.Diff(Policy{Enforcement: config.EnforcementKill, PollInterval: time.Second, Samples: 3, TimesliceResource: api.DefaultTimesliceResource, TimesliceReplicas: 4}, Policy{}.withDefaults()); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 }

@@ -222,7 +222,7 @@ func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.Conta
 			return nil, fmt.Errorf("allocating %d units: %w", n, err)
 		}
 	}
-	resp := SharedResponse(f.strategy, g, MemoryLimitMiB(g, n), n)
+	resp := SharedResponse(f.strategy, g, MemoryLimitMiB(g, n))
 	if f.hint != nil {
 		f.hint.Allocated(ctx, uuid, n)
 	}
@@ -230,18 +230,18 @@ func (f *Fraction) Allocate(ctx context.Context, ids []string) (*pluginapi.Conta
 }
 
 // SharedResponse is the answer for a container sharing GPU g: access to g,
-// NVIDIA_VISIBLE_DEVICES=void and the limits a fraction container is told
-// (GPUFRAC_MEMORY_LIMIT_MIB, CUDA MPS's pinned memory limit and active thread
-// percentage). The fraction resource and the DRA driver's shared views both
-// answer with it, so a claim's container sees exactly what a
-// gpufrac.io/gpu-fraction container sees.
-func SharedResponse(strategy DeviceListStrategy, g nvidia.GPU, limitMiB uint64, threadPercent int) *pluginapi.ContainerAllocateResponse {
-	resp := newResponse(map[string]string{
-		api.EnvMemoryLimitMiB: strconv.FormatUint(limitMiB, 10),
-		// The container sees exactly one GPU, so MPS addresses it as device 0.
-		api.EnvMPSMemLimit:         "0=" + strconv.FormatUint(limitMiB, 10) + "M",
-		api.EnvMPSThreadPercentage: strconv.Itoa(threadPercent),
-	})
+// NVIDIA_VISIBLE_DEVICES=void and GPUFRAC_MEMORY_LIMIT_MIB, the limit the
+// memory watchdog enforces (from its own record of the devices held, never
+// from this variable; the container is told it to size itself). The
+// fraction resource and the DRA driver's shared views both answer with it,
+// so a claim's container sees exactly what a gpufrac.io/gpu-fraction
+// container sees.
+//
+// No CUDA_MPS_* variable is set: no MPS control daemon runs for shared
+// GPUs, and without one CUDA ignores them, so they would promise a compute
+// share and a pinned memory limit that nothing applies (issue 25).
+func SharedResponse(strategy DeviceListStrategy, g nvidia.GPU, limitMiB uint64) *pluginapi.ContainerAllocateResponse {
+	resp := newResponse(map[string]string{api.EnvMemoryLimitMiB: strconv.FormatUint(limitMiB, 10)})
 	containerDevices(strategy, []nvidia.GPU{g}, resp)
 	return resp
 }

@@ -235,11 +235,10 @@ func TestFractionAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Allocate(30 units) error = %v", err)
 	}
+	// No CUDA_MPS_* variables: no MPS daemon applies them (issue 25).
 	wantEnv := map[string]string{
-		api.EnvMemoryLimitMiB:      "24576",
-		api.EnvMPSMemLimit:         "0=24576M",
-		api.EnvMPSThreadPercentage: "30",
-		api.EnvVisibleDevices:      "void",
+		api.EnvMemoryLimitMiB: "24576",
+		api.EnvVisibleDevices: "void",
 	}
 	if diff := cmp.Diff(wantEnv, resp.Envs); diff != "" {
 		t.Errorf("Allocate() envs (-want +got):\n%s", diff)

@@ -146,7 +146,7 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 			strings.Join(f.static, ", "), cfg.gpusPerNode)
 	}
 	if len(f.dra) > 0 {
-		add("%s: a static node group in mode dra (label and taint %s=dra), %d mock H100s a node: gpufrac-node is the DRA driver %s there and publishes each GPU in ResourceSlices as a whole device, a shareable device with a compute share and memory, and a memory view; pods get GPUs through ResourceClaims, not nvidia.com/gpu or gpufrac.io/gpu-fraction.",
+		add("%s: a static node group in mode dra (label and taint %s=dra), %d mock H100s a node: gpufrac-node is the DRA driver %s there and publishes each GPU in ResourceSlices as a whole device, a shareable device by percent of its memory, and a memory view; pods get GPUs through ResourceClaims, not nvidia.com/gpu or gpufrac.io/gpu-fraction.",
 			strings.Join(f.dra, ", "), servingLabel, draGPUs, api.DRADriver)
 	}
 	if len(f.karpenter) > 0 {
@@ -158,7 +158,7 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 			strings.Join(f.karpenter, ", "), them)
 	}
 	if f.fractions > 0 {
-		add("\"pod NN%%\": a fraction, NN%% of one GPU's memory and compute (gpufrac.io/gpu-fraction): %d fractions share %d GPUs. gpufrac-coordinator chose each GPU, gpufrac-node served it and wrote it back (gpufrac.io/allocated-gpu).",
+		add("\"pod NN%%\": a fraction, NN%% of one GPU's memory, its compute time-shared (gpufrac.io/gpu-fraction): %d fractions share %d GPUs. gpufrac-coordinator chose each GPU, gpufrac-node served it and wrote it back (gpufrac.io/allocated-gpu).",
 			f.fractions, f.sharedGPUs)
 	}
 	if len(f.claimPods) > 0 {

@@ -141,7 +141,7 @@ func TestClaimsThroughKubeScheduler(t *testing.T) {
 
 	gpu0 := nvidia.GPU{UUID: *devices[sharesDev].Attributes[api.DRAAttrUUID].StringValue, MemoryBytes: uint64(*devices[sharesDev].Attributes[api.DRAAttrMemoryBytes].IntValue)}
 	gpu1 := *devices[memDev].Attributes[api.DRAAttrUUID].StringValue
-	wantEnv := resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30), 30).Envs
+	wantEnv := resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30)).Envs
 	bed := &watchdogBed{agent: agent}
 	for _, n := range []string{"s1", "s2", "s3"} {
 		env, err := dra.ResolveCDIEnv(agent.CDIDir, agent.Kubelet.ContainerCDIDevices(pods[n].UID, "main"))
@@ -284,7 +284,7 @@ func TestCoordinatorAllocatesClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := env[api.EnvMemoryLimitMiB], resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30), 30).Envs[api.EnvMemoryLimitMiB]; got != want {
+	if got, want := env[api.EnvMemoryLimitMiB], resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30)).Envs[api.EnvMemoryLimitMiB]; got != want {
 		t.Errorf("a1's %s = %s, want %s", api.EnvMemoryLimitMiB, got, want)
 	}
 }
@@ -356,7 +356,7 @@ func TestExtendedResourcesOnDRANodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(resource.SharedResponse(resource.StrategyDeviceSpecs, gpu, resource.MemoryLimitMiB(gpu, 30), 30).Envs, env); diff != "" {
+	if diff := cmp.Diff(resource.SharedResponse(resource.StrategyDeviceSpecs, gpu, resource.MemoryLimitMiB(gpu, 30)).Envs, env); diff != "" {
 		t.Errorf("frac's env (-device plugin +claim):\n%s", diff)
 	}
 	for _, n := range []string{"whole", "default-whole"} {

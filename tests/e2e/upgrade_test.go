@@ -133,7 +133,7 @@ func TestHelmUpgradeWhileWorkRunsLosesNothing(t *testing.T) {
 	after, err := c.InstallChart(ctx, cluster.ChartOptions{ValuesFiles: []string{testbed}, Set: []string{
 		"coordinator.policy=binpack",
 		"coordinator.reservations.grace=90s",
-		"node.config.default.fraction.enforcement=kill",
+		"node.config.default.fraction.enforcement=report",
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -130,7 +130,7 @@ func TestDRADriverServesClaimsLikeFractions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fraction := resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30), 30).Envs
+	fraction := resource.SharedResponse(resource.StrategyDeviceSpecs, gpu0, resource.MemoryLimitMiB(gpu0, 30)).Envs
 	if diff := cmp.Diff(fraction, env30); diff != "" {
 		t.Errorf("env of the 30 %% claim's container (-gpu-fraction: 30 +claim):\n%s", diff)
 	}
