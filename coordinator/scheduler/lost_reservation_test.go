@@ -136,3 +136,22 @@ func TestFractionsOnATakenGPUAreEvicted(t *testing.T) {
 		t.Errorf("%d more evictions of terminating pods", c.b.ReleaseCalls-calls)
 	}
 }
+
+// TestForgedAllocatedGPUEvictsNothing: gpufrac.io/allocated-gpu is
+// untrusted where the admission policies are missing. A whole-GPU pod that
+// names a GPU a reservation pod holds lies (the kubelet gives a device to
+// one pod): the fractions there stay.
+func TestForgedAllocatedGPUEvictsNothing(t *testing.T) {
+	forger := builders.MakePod("w1", "tenant-b").UID("w1").Node("n1").SchedulerName("").GPUs(1).CPU("1").Obj()
+	forger.Status.Phase = corev1.PodRunning
+	forger.Annotations = map[string]string{api.AnnotationAllocatedGPU: "GPU-n1-0"}
+	res := reservation.Pod("n1", "GPU-n1-0", reservation.DefaultOptions())
+	res.UID, res.Status.Phase = "res-0", corev1.PodRunning
+	res.Annotations[api.AnnotationReservedGPU] = "GPU-n1-0"
+	c, _, _ := lostReservationCluster(t, runningFraction("f1", "n1", "GPU-n1-0", 30), forger, res)
+	c.cycle()
+	c.cycle()
+	if r := c.b.ReleasedPods(); len(r) != 0 {
+		t.Errorf("released %v on a forged gpufrac.io/allocated-gpu", r)
+	}
+}

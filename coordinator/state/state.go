@@ -1191,8 +1191,13 @@ func chargeFractions(node string, acc *nodeAcc, reservations map[NodeGPU]*Reserv
 			reservations[key] = r
 		}
 		r.Fractions++
-		if holder := acc.exclusive[g]; holder != nil && f.actual == g {
-			// Its reservation was lost and the GPU given whole.
+		if holder := acc.exclusive[g]; holder != nil && f.actual == g && r.Pod == nil {
+			// Its reservation was lost and the GPU given whole. Untrusted
+			// input: gpufrac.io/allocated-gpu is the node agent's (the
+			// admission policies hold it to that), but where they are
+			// missing a pod's author can write it. So it counts only on a
+			// GPU no reservation pod holds: the kubelet gives a device to
+			// one pod, and a whole-GPU pod naming a reserved GPU lies.
 			r.TakenBy = holder
 			r.Stranded = append(r.Stranded, f.pod)
 		}
