@@ -155,3 +155,22 @@ func TestForgedAllocatedGPUEvictsNothing(t *testing.T) {
 		t.Errorf("released %v on a forged gpufrac.io/allocated-gpu", r)
 	}
 }
+
+// TestLostReservationsGPUIsNotPlacedWhole: while its reservation is made
+// again, the GPU where fractions run is not free for the coordinator's own
+// whole-GPU placement: of two pods asking one GPU each, one gets the clean
+// GPU and the other waits.
+func TestLostReservationsGPUIsNotPlacedWhole(t *testing.T) {
+	c, _, _ := lostReservationCluster(t, runningFraction("f1", "n1", "GPU-n1-0", 30), gpuPod("w1", "q", 1), gpuPod("w2", "q", 1))
+	c.cycle()
+	c.cycle()
+	bound := 0
+	for _, name := range []string{"w1", "w2"} {
+		if c.boundTo(name) != "" {
+			bound++
+		}
+	}
+	if bound != 1 {
+		t.Errorf("%d of two one-GPU pods bound to n1, whose other GPU carries f1 without a reservation; want 1", bound)
+	}
+}
