@@ -580,7 +580,9 @@ type Reservation struct {
 	// TakenBy is a pod other than a reservation that the node agent gave
 	// the GPU to whole (gpufrac.io/allocated-gpu) while fractions run
 	// there: the reservation was lost (preempted, evicted, deleted) and the
-	// GPU given away before it was made again; nil otherwise. Stranded are
+	// GPU given away before it was made again; nil otherwise, and nil
+	// whenever a reservation pod holds the GPU (the annotation is untrusted
+	// input, see chargeFractions). Stranded are
 	// the fraction pods admitted on the GPU meanwhile: they share it with
 	// an exclusive pod, and no reservation can hold it for them any more.
 	TakenBy  *corev1.Pod
