@@ -192,7 +192,7 @@ func shippedQueries(t *testing.T) []query {
 func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	qs := shippedQueries(t)
 	wantAlerts := []string{"GPUUnhealthy", "GPUMemoryLimitViolations", "GPUConfigRejected", "GPUCoordinatorNoLeader",
-		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions", "GPUCDISpecMissing"}
+		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions", "GPUCDISpecMissing", "GPUFractionsEvicted"}
 	for _, a := range wantAlerts {
 		if !slices.ContainsFunc(qs, func(q query) bool { return q.where == "alert "+a }) {
 			t.Errorf("the PrometheusRule has no alert %s", a)

@@ -74,7 +74,12 @@ type Kube interface {
 	// seconds) on a node; Untaint removes it.
 	Taint(ctx context.Context, node string, deadline int64) error
 	Untaint(ctx context.Context, node string) error
-	// DeleteNode deletes a drained node (its UID as precondition).
+	// Node reads a node as the API server has it now (not an informer's
+	// cache).
+	Node(ctx context.Context, name string) (*corev1.Node, error)
+	// DeleteNode deletes a drained node, its UID and resourceVersion as
+	// preconditions (Conflict when the node was replaced or changed since
+	// n was read).
 	DeleteNode(ctx context.Context, n *corev1.Node) error
 	// PodsOnNode lists the pods bound to a node as the API server has them
 	// now (not an informer's cache).
@@ -346,18 +351,26 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 // deleteDrained hands a drained node to Karpenter's termination by
 // deleting it, once every pod left there belongs to the node as Karpenter
 // counts it (a DaemonSet's, a static pod, a pod its Node owns); any other
-// pod, terminating ones included, keeps it. The informers may be behind the
-// API server (a tenant's pod that tolerates the drain taint, or has nodeName
-// set, can be bound there since they were read): the node's pods are read
-// from the API server right before the delete. Only a Node that Karpenter's
+// pod, terminating ones included, keeps it. Only a Node that Karpenter's
 // finalizer holds is deleted - elsewhere the delete would remove the Node
 // object and leave its machine running - and not one annotated
-// karpenter.sh/do-not-disrupt, nor in the drain's last second (placement
-// takes the node back once the deadline passes). A node is deleted once
-// (the informer may list it unchanged for a while); one found gone, or
-// replaced by a node of the same name (the UID precondition), is left
-// alone. A failed delete is retried on the next pass; Karpenter's own
-// consolidation removes the node anyway.
+// karpenter.sh/do-not-disrupt, nor within deleteMargin of the drain's
+// deadline: past it placement takes the node back.
+//
+// The informers may be behind the API server, and a pod can be bound while
+// this runs (a tenant's pod that tolerates the drain taint or has nodeName
+// set; the coordinator's own placement once the deadline passed). So, in
+// this order: (1) the node is read from the API server and must still be
+// this node (UID), drained by this drain; (2) its pods are listed from the
+// API server; (3) the deadline is checked again after that list, with the
+// margin, and the list and delete are bounded by it (a slow list must not
+// let the delete land after placement took the node back); (4) the delete
+// carries the node's UID and resourceVersion from (1) as preconditions, so
+// a node changed since (its taint removed or rewritten) is not deleted.
+// A node is deleted once (the informer may list it unchanged for a while);
+// one found gone or replaced is left alone. A failed or refused delete is
+// retried on the next pass; Karpenter's own consolidation removes the node
+// anyway.
 func (c *Controller) deleteDrained(ctx context.Context, cl Cluster, n *corev1.Node, res *PassResult) {
 	logger := klog.FromContext(ctx).WithValues("node", n.Name)
 	if c.deleted[n.UID] {
@@ -371,24 +384,57 @@ func (c *Controller) deleteDrained(ctx context.Context, cl Cluster, n *corev1.No
 		logger.V(4).Info("Drained node not deleted: a pod runs there", "pod", klog.KObj(p))
 		return
 	}
-	live, err := c.kube.PodsOnNode(ctx, n.Name)
+	// 1. The node as the API server has it.
+	live, err := c.kube.Node(ctx, n.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		c.deleted[n.UID] = true
+		logger.V(2).Info("Drained node not deleted: it is gone")
+		return
+	case err != nil:
+		c.metrics.errors.WithLabelValues(ActionDelete).Inc()
+		logger.Error(err, "Reading a drained node before deleting it; retried on the next pass")
+		return
+	case live.UID != n.UID:
+		c.deleted[n.UID] = true
+		logger.V(2).Info("Drained node not deleted: a node of the same name replaced it", "uid", live.UID)
+		return
+	}
+	if why := c.undeletable(live); why != "" {
+		logger.V(2).Info("Drained node not deleted: the API server's node differs from the informer's", "reason", why)
+		return
+	}
+	deadline, _ := DrainDeadline(live)
+	ctx, cancel := context.WithTimeout(ctx, time.Unix(deadline, 0).Add(-deleteMargin).Sub(c.clock.Now()))
+	defer cancel()
+	// 2. Its pods as the API server has them.
+	pods, err := c.kube.PodsOnNode(ctx, n.Name)
 	if err != nil {
 		c.metrics.errors.WithLabelValues(ActionDelete).Inc()
 		logger.Error(err, "Listing the pods of a drained node before deleting it; retried on the next pass")
 		return
 	}
-	if p := keepsNode(live, n.Name); p != nil {
+	if p := keepsNode(pods, n.Name); p != nil {
 		logger.V(2).Info("Drained node not deleted: a pod was bound there since the informers were read", "pod", klog.KObj(p))
 		return
 	}
-	err = c.kube.DeleteNode(ctx, n)
+	// 3. The deadline again: the list may have outlasted it.
+	if why := c.undeletable(live); why != "" {
+		logger.V(2).Info("Drained node not deleted: its drain ended while its pods were listed", "reason", why)
+		return
+	}
+	// 4. The delete, under the node's UID and resourceVersion.
+	err = c.kube.DeleteNode(ctx, live)
 	switch {
 	case err == nil:
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		// Gone already, or a node of the same name was made since (its UID
-		// fails the precondition): nothing of this drain's to delete.
+	case apierrors.IsNotFound(err):
 		c.deleted[n.UID] = true
-		logger.V(2).Info("Drained node not deleted: it is gone or was replaced", "err", err)
+		logger.V(2).Info("Drained node not deleted: it is gone", "err", err)
+		return
+	case apierrors.IsConflict(err):
+		// Replaced, or changed since step 1 (its taint, a label): the next
+		// pass reads it again and decides anew.
+		logger.V(2).Info("Drained node not deleted: it changed since it was read; retried on the next pass", "err", err)
 		return
 	default:
 		c.metrics.errors.WithLabelValues(ActionDelete).Inc()
@@ -403,7 +449,13 @@ func (c *Controller) deleteDrained(ctx context.Context, cl Cluster, n *corev1.No
 	logger.Info("Deleted a drained node")
 }
 
-// undeletable says why a drained node may not be deleted ("" when it may).
+// deleteMargin is how long before its drain's deadline a drained node is no
+// longer deleted: the delete's round trip must end before placement takes
+// the node back.
+const deleteMargin = 30 * time.Second
+
+// undeletable says why a drained node may not be deleted ("" when it may),
+// at the clock's now.
 func (c *Controller) undeletable(n *corev1.Node) string {
 	if !slices.Contains(n.Finalizers, KarpenterTerminationFinalizer) {
 		return "no finalizer " + KarpenterTerminationFinalizer + ": without Karpenter's termination the delete would remove the Node object and leave its machine running"
@@ -411,8 +463,12 @@ func (c *Controller) undeletable(n *corev1.Node) string {
 	if n.Annotations[api.AnnotationDoNotDisrupt] == "true" {
 		return "the node is annotated " + api.AnnotationDoNotDisrupt + " (a delete is not held by it)"
 	}
-	if deadline, _ := DrainDeadline(n); c.clock.Now().Unix() >= deadline {
-		return "the drain's deadline has come: placement takes the node back"
+	deadline, ok := DrainDeadline(n)
+	if !ok {
+		return "the node has no taint " + api.TaintDraining
+	}
+	if c.clock.Now().Add(deleteMargin).Unix() >= deadline {
+		return fmt.Sprintf("the drain's deadline is less than %s away: placement takes the node back", deleteMargin)
 	}
 	return ""
 }

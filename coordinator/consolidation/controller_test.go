@@ -29,11 +29,29 @@ import (
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
-// fakeCluster is the cluster as data, and a Kube that writes to it. Every
-// write can be made to fail: NextEvictErr once, EvictErr per pod.
+// fakeCluster is the cluster as data (the API server's), and a Kube that
+// writes to it; read() is the informers' copy of it. Every read and write
+// can be made to fail: NextEvictErr once, EvictErr per pod, Next*Err once.
+// Writes to a node bump its resourceVersion, and DeleteNode honours the
+// UID and resourceVersion preconditions as the API server does.
 type fakeCluster struct {
 	c   Cluster
 	now func() time.Time
+
+	// NextReadErr fails the next read of the informers, once.
+	NextReadErr error
+	// NextReleaseErr fails the next DeleteReservation, once.
+	NextReleaseErr error
+	// NextNodeErr fails the next Node, once.
+	NextNodeErr error
+	// AfterRead changes the API server's cluster right after the
+	// informers' copy was taken (the informers are behind).
+	AfterRead func(f *fakeCluster)
+	// AfterPodsList changes the API server's cluster right after
+	// PodsOnNode answered (a slow list, a pod bound after it).
+	AfterPodsList func(f *fakeCluster)
+	// NodeReads counts Node calls.
+	NodeReads int
 
 	// NextEvictErr fails the next eviction, once.
 	NextEvictErr error
@@ -64,14 +82,30 @@ type fakeCluster struct {
 var _ Kube = (*fakeCluster)(nil)
 
 func (f *fakeCluster) read() (Cluster, error) {
+	if err := f.NextReadErr; err != nil {
+		f.NextReadErr = nil
+		return Cluster{}, err
+	}
 	out := Cluster{PDBs: f.c.PDBs}
 	for _, n := range f.c.Nodes {
+		if n.ResourceVersion == "" {
+			n.ResourceVersion = "1"
+		}
 		out.Nodes = append(out.Nodes, n.DeepCopy())
 	}
 	for _, p := range f.c.Pods {
 		out.Pods = append(out.Pods, p.DeepCopy())
 	}
+	if f.AfterRead != nil {
+		f.AfterRead(f)
+	}
 	return out, nil
+}
+
+// bump records a write to the node: a new resourceVersion.
+func bump(n *corev1.Node) {
+	rv, _ := strconv.Atoi(n.ResourceVersion)
+	n.ResourceVersion = strconv.Itoa(rv + 1)
 }
 
 func (f *fakeCluster) pod(name string) *corev1.Pod {
@@ -111,6 +145,10 @@ func (f *fakeCluster) Evict(_ context.Context, pod *corev1.Pod) error {
 }
 
 func (f *fakeCluster) DeleteReservation(_ context.Context, pod *corev1.Pod) error {
+	if err := f.NextReleaseErr; err != nil {
+		f.NextReleaseErr = nil
+		return err
+	}
 	f.c.Pods = slices.DeleteFunc(f.c.Pods, func(p *corev1.Pod) bool { return p.Name == pod.Name })
 	f.Released = append(f.Released, pod.Name)
 	return nil
@@ -123,6 +161,7 @@ func (f *fakeCluster) Taint(_ context.Context, node string, deadline int64) erro
 	}
 	n := f.node(node)
 	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: api.TaintDraining, Value: strconv.FormatInt(deadline, 10), Effect: corev1.TaintEffectNoSchedule})
+	bump(n)
 	f.Taints = append(f.Taints, "taint "+node)
 	return nil
 }
@@ -134,6 +173,7 @@ func (f *fakeCluster) Untaint(_ context.Context, node string) error {
 	}
 	n := f.node(node)
 	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
+	bump(n)
 	f.Taints = append(f.Taints, "untaint "+node)
 	return nil
 }
@@ -156,12 +196,33 @@ func (f *fakeCluster) DeleteNode(_ context.Context, n *corev1.Node) error {
 		return apierrors.NewConflict(schema.GroupResource{Resource: "nodes"}, n.Name,
 			fmt.Errorf("Precondition failed: UID in precondition: %s, UID in object meta: %s", n.UID, uid))
 	}
+	if n.ResourceVersion != "" && n.ResourceVersion != live.ResourceVersion {
+		return apierrors.NewConflict(schema.GroupResource{Resource: "nodes"}, n.Name,
+			fmt.Errorf("Precondition failed: ResourceVersion in precondition: %s, ResourceVersion in object meta: %s", n.ResourceVersion, live.ResourceVersion))
+	}
 	if !f.DeleteLags {
 		now := metav1.NewTime(f.now())
 		live.DeletionTimestamp = &now // Karpenter's finalizer holds it while it terminates the node
 	}
 	f.Deleted = append(f.Deleted, n.Name)
 	return nil
+}
+
+func (f *fakeCluster) Node(_ context.Context, name string) (*corev1.Node, error) {
+	f.NodeReads++
+	if err := f.NextNodeErr; err != nil {
+		f.NextNodeErr = nil
+		return nil, err
+	}
+	live := f.node(name)
+	if live == nil {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, name)
+	}
+	out := live.DeepCopy()
+	if r, ok := f.Recreated[name]; ok {
+		out.UID = r
+	}
+	return out, nil
 }
 
 func (f *fakeCluster) PodsOnNode(_ context.Context, node string) ([]*corev1.Pod, error) {
@@ -174,6 +235,9 @@ func (f *fakeCluster) PodsOnNode(_ context.Context, node string) ([]*corev1.Pod,
 		if p.Spec.NodeName == node {
 			out = append(out, p.DeepCopy())
 		}
+	}
+	if f.AfterPodsList != nil {
+		f.AfterPodsList(f)
 	}
 	return out, nil
 }
@@ -861,11 +925,12 @@ func TestDeleteDrainedNodeOnlyWhenSafe(t *testing.T) {
 	tests := []struct {
 		name    string
 		cluster Cluster
-		fake    func(f *fakeCluster)
+		fake    func(f *fakeCluster, clk *clocktesting.FakeClock)
 		// deletes is how many DELETEs reach the API server in three
 		// passes; counted is gpufrac_consolidation_nodes_deleted_total.
 		deletes, counted int
 		errors           float64 // errors{action=delete}
+		untainted        bool    // the drain taint was removed
 		event            string  // an event that must be there
 		noEvent          string  // an event that must not
 	}{
@@ -876,30 +941,75 @@ func TestDeleteDrainedNodeOnlyWhenSafe(t *testing.T) {
 			n.Annotations[api.AnnotationDoNotDisrupt] = "true"
 		})},
 		{name: "a tenant's pod bound there since the informers were read", cluster: drained(nil),
-			fake: func(f *fakeCluster) { f.LatePods = []*corev1.Pod{late} }},
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) { f.LatePods = []*corev1.Pod{late} }},
 		{name: "the API server's pod list fails once", cluster: drained(nil),
-			fake: func(f *fakeCluster) { f.NextPodsErr = errors.New("etcdserver: request timed out") }, deletes: 1, counted: 1, errors: 1},
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
+				f.NextPodsErr = errors.New("etcdserver: request timed out")
+			}, deletes: 1, counted: 1, errors: 1},
 		{name: "the drain's last second", cluster: drained(func(n *corev1.Node) {
 			n.Spec.Taints[len(n.Spec.Taints)-1].Value = strconv.FormatInt(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC).Unix(), 10)
-		})},
-		{name: "the informer still shows the deleted node", cluster: drained(nil), fake: func(f *fakeCluster) { f.DeleteLags = true },
+		}), untainted: true},
+		{name: "the informer still shows the deleted node", cluster: drained(nil), fake: func(f *fakeCluster, _ *clocktesting.FakeClock) { f.DeleteLags = true },
 			deletes: 1, counted: 1},
 		{name: "already gone (NotFound)", cluster: drained(nil),
-			fake: func(f *fakeCluster) {
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
 				f.NextDeleteErr = apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, "big")
 				f.DeleteLags = true
 			},
 			deletes: 1, noEvent: "Normal ConsolidationNodeDeleted"},
-		{name: "a node of the same name made since (UID precondition)", cluster: drained(nil),
-			fake:    func(f *fakeCluster) { f.Recreated = map[string]types.UID{"big": "uid-big-2"} },
-			deletes: 1,
+		{name: "a node of the same name made since (the API server's read)", cluster: drained(nil),
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
+				f.Recreated = map[string]types.UID{"big": "uid-big-2"}
+			},
 			noEvent: "Warning ConsolidationDeleteFailed"},
+		{name: "replaced between the pod list and the delete (UID precondition)", cluster: drained(nil),
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
+				f.AfterPodsList = func(f *fakeCluster) { f.Recreated = map[string]types.UID{"big": "uid-big-2"} }
+			},
+			deletes: 1, noEvent: "Warning ConsolidationDeleteFailed"},
+		{name: "the API server's node read fails once", cluster: drained(nil),
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
+				f.NextNodeErr = errors.New("etcdserver: request timed out")
+			},
+			deletes: 1, counted: 1, errors: 1},
+		// Issue 25: the deadline was checked only before the pod list; a
+		// list that outlasted it let the delete take a pod that placement
+		// bound there once the deadline passed.
+		{name: "the pod list outlasts the deadline and a pod is placed there after it", cluster: drained(func(n *corev1.Node) {
+			n.Spec.Taints[len(n.Spec.Taints)-1].Value = strconv.FormatInt(time.Date(2026, 11, 24, 12, 0, 40, 0, time.UTC).Unix(), 10)
+		}),
+			fake: func(f *fakeCluster, clk *clocktesting.FakeClock) {
+				f.AfterPodsList = func(f *fakeCluster) {
+					f.AfterPodsList = nil
+					clk.Step(15 * time.Second) // 45 s: past the deadline
+					f.c.Pods = append(f.c.Pods, builders.MakePod("placed", "team-a").UID("placed").Node("big").Fraction(30).Queue("a").Obj())
+				}
+			},
+			untainted: true, noEvent: "Normal ConsolidationNodeDeleted"},
+		{name: "the API server's node lost its drain taint since the informers were read", cluster: drained(nil),
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
+				f.AfterRead = func(f *fakeCluster) {
+					f.AfterRead = nil
+					n := f.node("big")
+					n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
+					bump(n)
+				}
+			},
+			noEvent: "Normal ConsolidationNodeDeleted"},
+		{name: "the node changes between the pod list and the delete (resourceVersion precondition)", cluster: drained(nil),
+			fake: func(f *fakeCluster, _ *clocktesting.FakeClock) {
+				f.AfterPodsList = func(f *fakeCluster) {
+					f.AfterPodsList = nil
+					bump(f.node("big")) // the kubelet's status update
+				}
+			},
+			deletes: 2, counted: 1, event: "Normal ConsolidationNodeDeleted", noEvent: "Warning ConsolidationDeleteFailed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t, tt.cluster, func(o *Options) { o.DeleteDrainedNodes = true })
 			if tt.fake != nil {
-				tt.fake(h.f)
+				tt.fake(h.f, h.clock)
 			}
 			calls := 0
 			inner := h.ctl.kube
@@ -918,6 +1028,9 @@ func TestDeleteDrainedNodeOnlyWhenSafe(t *testing.T) {
 			}
 			if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionDelete)); got != tt.errors {
 				t.Errorf("errors{delete} = %v, want %v", got, tt.errors)
+			}
+			if got := slices.Contains(h.f.Taints, "untaint big"); got != tt.untainted {
+				t.Errorf("drain taint removed: %v, want %v (taint writes %v)", got, tt.untainted, h.f.Taints)
 			}
 			if tt.event != "" && !hasEvent(events, tt.event) {
 				t.Errorf("events %v, want %s", events, tt.event)
@@ -982,4 +1095,78 @@ func TestDeleteDrainedNodeAfterRestart(t *testing.T) {
 	if len(first.f.Deleted) != 1 {
 		t.Errorf("a coordinator started after the delete deleted again: %v", first.f.Deleted)
 	}
+}
+
+// TestFailingAPIDegradesCleanly: reads and writes that fail leave nothing
+// half done: a failed read writes nothing; a failed release keeps the node
+// from counting as drained (and from being deleted) until a later pass
+// releases it; a drain taint whose removal keeps failing is removed once the
+// API server takes it.
+func TestFailingAPIDegradesCleanly(t *testing.T) {
+	drained := func() Cluster {
+		c := withTaint(dayTail(), "big")
+		for _, n := range c.Nodes {
+			n.UID = types.UID("uid-" + n.Name)
+			n.Finalizers = []string{KarpenterTerminationFinalizer}
+		}
+		c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !state.IsReservation(p) })
+		return c
+	}
+	t.Run("the informers' read fails", func(t *testing.T) {
+		h := newHarness(t, drained(), func(o *Options) { o.DeleteDrainedNodes = true })
+		h.f.NextReadErr = errors.New("informers not synced")
+		if _, err := h.ctl.Pass(t.Context()); err == nil {
+			t.Fatal("the pass did not fail")
+		}
+		if len(h.f.Released)+len(h.f.Deleted)+len(h.f.Taints)+len(h.f.Evicted) != 0 || h.f.NodeReads != 0 {
+			t.Errorf("wrote with no read: released %v deleted %v taints %v evicted %v", h.f.Released, h.f.Deleted, h.f.Taints, h.f.Evicted)
+		}
+		if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionRead)); got != 1 {
+			t.Errorf("errors{read} = %v", got)
+		}
+	})
+	t.Run("a release fails once", func(t *testing.T) {
+		h := newHarness(t, drained(), func(o *Options) { o.DeleteDrainedNodes = true })
+		h.f.NextReleaseErr = errors.New("etcdserver: request timed out")
+		res := h.pass()
+		if len(res.Drained) != 0 || len(h.f.Deleted) != 0 {
+			t.Fatalf("drained %v, deleted %v with a reservation left", res.Drained, h.f.Deleted)
+		}
+		if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionRelease)); got != 1 {
+			t.Errorf("errors{release} = %v", got)
+		}
+		h.clock.Step(time.Second)
+		h.pass() // the reservation left is released
+		h.clock.Step(time.Second)
+		res = h.pass()
+		if !slices.Equal(res.Drained, []string{"big"}) || !slices.Equal(h.f.Deleted, []string{"big"}) {
+			t.Errorf("after the retry: drained %v, deleted %v; want big", res.Drained, h.f.Deleted)
+		}
+		if got := h.counter("drains", OutcomeDrained); got != 1 {
+			t.Errorf("drains{drained} = %v", got)
+		}
+	})
+	t.Run("the untaint fails for a while", func(t *testing.T) {
+		c := drained()
+		for _, n := range c.Nodes {
+			if n.Name == "big" {
+				n.Spec.Taints[len(n.Spec.Taints)-1].Value = strconv.FormatInt(time.Date(2026, 11, 24, 12, 10, 0, 0, time.UTC).Unix(), 10)
+			}
+		}
+		h := newHarness(t, c, nil)
+		h.clock.Step(time.Hour) // past the deadline
+		for i := range 3 {
+			h.f.NextTaintErr = apierrors.NewConflict(schema.GroupResource{Resource: "nodes"}, "big", errors.New("the object has been modified"))
+			if res := h.pass(); len(res.Abandoned) != 0 {
+				t.Fatalf("pass %d abandoned with the untaint failing", i)
+			}
+			h.clock.Step(10 * time.Second)
+		}
+		if res := h.pass(); !slices.Equal(res.Abandoned, []string{"big"}) || IsDraining(h.f.node("big")) {
+			t.Errorf("abandoned %v, node still draining: %v", res.Abandoned, IsDraining(h.f.node("big")))
+		}
+		if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionUntaint)); got != 3 {
+			t.Errorf("errors{untaint} = %v, want 3", got)
+		}
+	})
 }

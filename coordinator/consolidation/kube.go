@@ -2,6 +2,7 @@ package consolidation
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -47,10 +49,25 @@ func (w APIWriter) DeleteReservation(ctx context.Context, pod *corev1.Pod) error
 	return nil
 }
 
-// DeleteNode deletes a drained node, its UID as precondition (a node of
-// the same name made since is never hit).
+// Node reads the node from the API server (a consistent read, not a cache).
+func (w APIWriter) Node(ctx context.Context, name string) (*corev1.Node, error) {
+	n, err := w.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading node %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// DeleteNode deletes a drained node with its UID and, when set, its
+// resourceVersion as preconditions: a node of the same name made since, or
+// this node changed since it was read (its drain taint removed or moved), is
+// never hit; the API server answers Conflict.
 func (w APIWriter) DeleteNode(ctx context.Context, n *corev1.Node) error {
-	if err := w.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &n.UID}}); err != nil {
+	pre := &metav1.Preconditions{UID: &n.UID}
+	if n.ResourceVersion != "" {
+		pre.ResourceVersion = &n.ResourceVersion
+	}
+	if err := w.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{Preconditions: pre}); err != nil {
 		return fmt.Errorf("deleting node %s: %w", n.Name, err)
 	}
 	return nil
@@ -85,21 +102,49 @@ func (w APIWriter) Untaint(ctx context.Context, node string) error {
 	})
 }
 
-// updateTaints rewrites the node's taints with change, retrying on conflict:
-// an update, not a patch, because the taint list has no merge key and other
-// controllers (Karpenter, the node lifecycle controller) write it too.
+// updateTaints rewrites the node's taints with change: a JSON merge patch
+// of the whole list with the node's resourceVersion in it (the API server
+// refuses it with Conflict when the node changed since it was read), retried
+// on conflict with client-go's backoff. A patch, so the coordinator needs
+// only the patch verb on nodes; the whole list under a resourceVersion,
+// because the taint list has no merge key and other controllers (Karpenter,
+// the node lifecycle controller) write it too.
 func (w APIWriter) updateTaints(ctx context.Context, node string, change func([]corev1.Taint) []corev1.Taint) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		n, err := w.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		n.Spec.Taints = change(slices.Clone(n.Spec.Taints))
-		_, err = w.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{FieldManager: "gpufrac-coordinator"})
+		taints := change(slices.Clone(n.Spec.Taints))
+		if taints == nil {
+			taints = []corev1.Taint{}
+		}
+		patch, err := json.Marshal(taintPatch{
+			Metadata: taintPatchMeta{ResourceVersion: n.ResourceVersion},
+			Spec:     taintPatchSpec{Taints: taints},
+		})
+		if err != nil {
+			return err
+		}
+		_, err = w.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpufrac-coordinator"})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("updating the taints of node %s: %w", node, err)
 	}
 	return nil
+}
+
+// taintPatch is the merge patch updateTaints sends.
+type taintPatch struct {
+	Metadata taintPatchMeta `json:"metadata"`
+	Spec     taintPatchSpec `json:"spec"`
+}
+
+type taintPatchMeta struct {
+	ResourceVersion string `json:"resourceVersion"`
+}
+
+type taintPatchSpec struct {
+	Taints []corev1.Taint `json:"taints"`
 }

@@ -15,6 +15,7 @@ type metrics struct {
 
 	placeholdersCreated prometheus.Counter
 	placeholderLanded   prometheus.Counter
+	fractionsEvicted    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -50,7 +51,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "gpufrac_placeholders_landed_total",
 		Help: "Placeholder pods that were scheduled onto a node (the capacity arrived) and released for the real pods.",
 	})
-	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded} {
+	m.fractionsEvicted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufrac_fractions_evicted_total",
+		Help: "Fraction pods the coordinator evicted to keep a GPU's sharing safe, by reason: gpu_taken (the GPU's reservation was lost and the node agent gave the GPU whole to another pod while the fraction ran there).",
+	}, []string{"reason"})
+	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded, m.fractionsEvicted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

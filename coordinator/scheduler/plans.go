@@ -78,7 +78,7 @@ func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Dec
 		}
 		if p.req.ShareMilli > 0 && len(d.GPUs) == 1 {
 			r := snap.Reservations[state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}]
-			if (r == nil && pl.seen) || (r != nil && (r.Orphaned != "" || r.Pod != nil && (r.Pod.DeletionTimestamp != nil || r.Pod.Status.Phase == corev1.PodFailed))) {
+			if (r == nil && pl.seen) || (r != nil && (r.Orphaned != "" || r.TakenBy != nil || r.Pod != nil && (r.Pod.DeletionTimestamp != nil || r.Pod.Status.Phase == corev1.PodFailed))) {
 				return nil // the reservation is gone or going: place again
 			}
 		}
@@ -221,7 +221,9 @@ func (s *Scheduler) ensureReservations(ctx context.Context, snap *state.Snapshot
 	s.mu.Unlock()
 	var taken map[string]bool // computed once: a name per GPU asked for, among thousands
 	for key, r := range snap.Reservations {
-		if r.Pod != nil {
+		if r.Pod != nil || r.TakenBy != nil {
+			// Held, or lost and its GPU given whole to another pod: the
+			// kubelet would give a new one another GPU (evictStranded).
 			continue
 		}
 		if _, ok := created[key]; ok {

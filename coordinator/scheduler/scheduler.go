@@ -187,6 +187,9 @@ type Scheduler struct {
 	gangPartial map[string]time.Time
 	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
 	gangEvicted map[types.UID]bool
+	// strandedEvicted: fraction evicted off a GPU given whole to another
+	// pod -> true, while it is still shown running there; used only by Cycle.
+	strandedEvicted map[types.UID]bool
 	// gangErr: gang (gangID) -> the last error binding one of its members (guarded by mu).
 	gangErr map[string]string
 	// bindBackoff: workload -> when it may be placed again after a failed
@@ -311,6 +314,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		nodeSeen:        map[string]*nodeSeen{},
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
+		strandedEvicted: map[types.UID]bool{},
 		gangErr:         map[string]string{},
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
@@ -943,6 +947,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	}
 	s.plans = plans
 	stages.done("place")
+	s.evictStranded(ctx, snap)
 	s.ensureReservations(ctx, snap)
 	if s.deps.Reserver != nil {
 		s.deps.Reserver.Reconcile(ctx, snap.Reservations, wanted, snap.RemovingShown)

@@ -43,8 +43,15 @@ func describe(t *testing.T, in Inputs) built {
 		out.Nodes = append(out.Nodes, fmt.Sprintf("%+v", s.Node(i)))
 	}
 	for k, r := range s.Reservations {
-		out.Reservations[k.Node+"/"+k.GPU] = fmt.Sprintf("%s ready=%v fractions=%d orphaned=%q lost=%v gone=%v idle=%v",
-			r.Pod.Name, r.Ready, r.Fractions, r.Orphaned, r.NodeLost, r.NodeGone, r.NodeIdle)
+		name, taken := "(no pod)", ""
+		if r.Pod != nil {
+			name = r.Pod.Name
+		}
+		if r.TakenBy != nil {
+			taken = r.TakenBy.Name
+		}
+		out.Reservations[k.Node+"/"+k.GPU] = fmt.Sprintf("%s ready=%v fractions=%d orphaned=%q lost=%v gone=%v idle=%v taken=%q stranded=%d",
+			name, r.Ready, r.Fractions, r.Orphaned, r.NodeLost, r.NodeGone, r.NodeIdle, taken, len(r.Stranded))
 	}
 	for _, p := range s.FailedReservations {
 		out.Failed = append(out.Failed, p.Name)

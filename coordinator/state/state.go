@@ -577,6 +577,16 @@ type Reservation struct {
 	// NodeGone is true when the node no longer exists: nothing runs there,
 	// fractions included.
 	NodeGone bool
+	// TakenBy is a pod other than a reservation that the node agent gave
+	// the GPU to whole (gpufrac.io/allocated-gpu) while fractions run
+	// there: the reservation was lost (preempted, evicted, deleted) and the
+	// GPU given away before it was made again; nil otherwise, and nil
+	// whenever a reservation pod holds the GPU (the annotation is untrusted
+	// input, see chargeFractions). Stranded are
+	// the fraction pods admitted on the GPU meanwhile: they share it with
+	// an exclusive pod, and no reservation can hold it for them any more.
+	TakenBy  *corev1.Pod
+	Stranded []*corev1.Pod
 	// NodeIdle is true when no pod but reservations uses a GPU of the
 	// reservation's (Ready) node, bound or assumed, and the node is
 	// Karpenter's (labelled karpenter.sh/nodepool): the reservations alone
@@ -715,6 +725,7 @@ func IsReservation(p *corev1.Pod) bool {
 type fraction struct {
 	pct             int
 	planned, actual string
+	pod             *corev1.Pod
 }
 
 type nodeAcc struct {
@@ -724,6 +735,7 @@ type nodeAcc struct {
 	inventory map[string]api.GPUInfo // GPU UUID -> the node agent's record of it, every GPU (shared: read only)
 	whole     int                    // whole GPUs taken by pods without a known GPU
 	held      map[string]bool        // GPU ID -> held whole by a pod (written back); nil until one is
+	exclusive map[string]*corev1.Pod // GPU ID -> a whole-GPU pod, not a reservation, the node agent gave it to; nil until one is
 	reserved  map[string]bool        // GPU ID -> held by a usable reservation (shares only); nil until one is
 	unplacedF []int                  // fraction percents on unknown GPUs
 	// partitioned counts the healthy GPUs in modes mig and timeslice.
@@ -880,8 +892,13 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 	}
 	for k, r := range reservations {
-		if r.Pod == nil {
-			delete(reservations, k) // fractions without a reservation: nothing to track here
+		// Fractions on a GPU without a reservation pod stay: its
+		// reservation was lost (preempted, evicted, deleted) or is still
+		// to be made. The scheduler makes it (again) in this cycle, or,
+		// when the GPU was given whole to another pod meanwhile
+		// (TakenBy), evicts the fractions there.
+		if r.Pod == nil && r.Fractions == 0 && r.TakenBy == nil {
+			delete(reservations, k)
 		}
 	}
 	sortBusiestFirst(nodes)
@@ -981,7 +998,7 @@ func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGP
 		if planned == "" {
 			planned = sp.assumedGPU
 		}
-		acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: f.allocated})
+		acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: f.allocated, pod: p})
 	case d.WholeGPUs > 0:
 		if f.reservation {
 			g := f.reservedGPU()
@@ -1011,6 +1028,10 @@ func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGP
 			if i, ok := acc.gpuIndex[g]; ok && known < d.WholeGPUs {
 				acc.node.GPUs[i].FreeMilli = 0
 				acc.hold(g)
+				if acc.exclusive == nil {
+					acc.exclusive = map[string]*corev1.Pod{}
+				}
+				acc.exclusive[g] = p
 				known++
 			}
 		}
@@ -1158,18 +1179,30 @@ func chargeFractions(node string, acc *nodeAcc, reservations map[NodeGPU]*Reserv
 			left[f.pct][f.actual]--
 		}
 	}
-	charge := func(g string, pct int) bool {
+	charge := func(g string, f fraction) bool {
 		i, ok := acc.gpuIndex[g]
 		if !ok {
 			return false
 		}
-		acc.node.GPUs[i].FreeMilli -= pct * 10
+		acc.node.GPUs[i].FreeMilli -= f.pct * 10
 		acc.node.Kinds[0]++
 		key := NodeGPU{node, g}
-		if reservations[key] == nil {
-			reservations[key] = &Reservation{}
+		r := reservations[key]
+		if r == nil {
+			r = &Reservation{}
+			reservations[key] = r
 		}
-		reservations[key].Fractions++
+		r.Fractions++
+		if holder := acc.exclusive[g]; holder != nil && f.actual == g && r.Pod == nil {
+			// Its reservation was lost and the GPU given whole. Untrusted
+			// input: gpufrac.io/allocated-gpu is the node agent's (the
+			// admission policies hold it to that), but where they are
+			// missing a pod's author can write it. So it counts only on a
+			// GPU no reservation pod holds: the kubelet gives a device to
+			// one pod, and a whole-GPU pod naming a reserved GPU lies.
+			r.TakenBy = holder
+			r.Stranded = append(r.Stranded, f.pod)
+		}
 		return true
 	}
 	for _, f := range acc.fracs {
@@ -1189,7 +1222,7 @@ func chargeFractions(node string, acc *nodeAcc, reservations map[NodeGPU]*Reserv
 				left[f.pct][g]--
 			}
 		}
-		if !charge(g, f.pct) {
+		if !charge(g, f) {
 			acc.unplacedF = append(acc.unplacedF, f.pct)
 			// On a GPU no longer placed (unhealthy, other mode): it still
 			// keeps that GPU's reservation, if any, in use.

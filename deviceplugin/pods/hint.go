@@ -612,32 +612,64 @@ func (h *Hint) ReservationTaken(uuid string) {
 // kubelet's PodResources again (the list is cached briefly and dropped
 // after every allocation), so that pods already admitted do not count as
 // waiting.
+//
+// A waiting whole-GPU pod that carries gpufrac.io/allocated-gpu while the
+// listing does not show it holding GPUs is not taken for admitted at once:
+// the annotation is written only after a listing showed the allocation, so
+// either the listing lags or the annotation is not the node agent's
+// (untrusted: a pod's author can forge it where the admission policies are
+// missing, and a pod re-created under the name can show the old one's for
+// a moment). As GPUFor does for the informer's lag, ReservationOnly lists
+// again until informerLagWait has passed, and then counts the pod as
+// waiting (the shared GPU is refused: fail closed).
 func (h *Hint) ReservationOnly(ctx context.Context, uuid string) bool {
+	deadline := h.clock.Now().Add(h.lagWait)
+	for {
+		only, unsure := h.reservationOnly(ctx, uuid)
+		if !unsure {
+			return only
+		}
+		if !h.clock.Now().Before(deadline) {
+			klog.FromContext(ctx).V(2).Info("A GPU carrying fractions is not given whole: a waiting pod claims whole GPUs (gpufrac.io/allocated-gpu) the kubelet does not list",
+				"gpu", uuid)
+			return false
+		}
+		<-h.clock.After(informerLagPoll)
+	}
+}
+
+// reservationOnly is one look for ReservationOnly. unsure tells that only a
+// waiting whole-GPU pod that carries gpufrac.io/allocated-gpu without being
+// listed stands between the reservation and the GPU.
+func (h *Hint) reservationOnly(ctx context.Context, uuid string) (only, unsure bool) {
 	if h.podRes != nil {
 		if as, err := h.podRes.List(ctx); err == nil {
 			h.setListing(as)
 		}
 	}
 	if !h.reconcile() {
-		return false
+		return false, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !slices.ContainsFunc(h.order, func(r *record) bool {
 		return r.reservation && r.planned == uuid && r.pending() && r.pod.Annotations[api.AnnotationReservedGPU] == "" && len(h.wholeListing[r.key()]) == 0
 	}) {
-		return false
+		return false, false
 	}
 	for _, r := range h.order {
-		if r.reservation || !r.whole || r.terminated() || !r.pending() ||
-			len(h.wholeListing[r.key()]) > 0 || r.pod.Annotations[api.AnnotationAllocatedGPU] != "" {
+		if r.reservation || !r.whole || r.terminated() || !r.pending() || len(h.wholeListing[r.key()]) > 0 {
+			continue
+		}
+		if r.pod.Annotations[api.AnnotationAllocatedGPU] != "" {
+			unsure = true // written back, yet not listed: wait for the listing
 			continue
 		}
 		klog.FromContext(ctx).V(2).Info("A GPU carrying fractions is not given whole while a pod other than its reservation waits for whole GPUs",
 			"gpu", uuid, "waiting", klog.KObj(r.pod))
-		return false
+		return false, false
 	}
-	return true
+	return !unsure, unsure
 }
 
 // GPUFor implements resource.PodHint. Among the containers of this size

@@ -202,6 +202,13 @@ func TestReservationOnly(t *testing.T) {
 		{name: "a pod dressed as a reservation outside the reservation namespace is no reservation",
 			pods: []*corev1.Pod{makePod("tenant", api.ReservationNamePrefix+"x").whole("hold", 1).gpu(gpuA).obj()},
 			gpu:  gpuA, want: false},
+		// Issue 25 (6d): gpufrac.io/allocated-gpu was taken for "admitted"
+		// at once, though the kubelet's listing did not show the pod
+		// holding anything (a forged or stale annotation): the shared GPU
+		// went whole to whichever one-GPU pod the kubelet admitted.
+		{name: "a waiting whole-GPU pod claiming allocated-gpu the kubelet does not list still counts",
+			pods: []*corev1.Pod{reservation, makePod("tenant", "trainer").whole("main", 1).annotate(api.AnnotationAllocatedGPU, gpuB).obj()},
+			gpu:  gpuA, want: false, wantRG: gpuA},
 		{name: "a reservation already holding its GPU", pods: []*corev1.Pod{makePod(api.ReservationNamespace, api.ReservationNamePrefix+"n-3").whole("hold", 1).gpu(gpuA).
 			annotate(api.AnnotationReservedGPU, gpuA).obj()}, gpu: gpuA, want: false},
 	}

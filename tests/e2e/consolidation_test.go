@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -232,9 +234,10 @@ func TestConsolidationEmptiesANodeForKarpenter(t *testing.T) {
 }
 
 // checkCoordinatorNodeRights checks what consolidation's node rights reach,
-// as the chart grants them (RBAC update on nodes, narrowed by the admission
-// policy gpufrac-coordinator-nodes): with the coordinator's credentials the
-// drain taint goes on and off node, nothing else of the node changes.
+// as the chart grants them (RBAC patch on nodes, no update, narrowed by the
+// admission policy gpufrac-coordinator-nodes): with the coordinator's
+// credentials the drain taint goes on and off node, nothing else of the
+// node changes.
 func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
 	t.Helper()
 	in := c.Installed()
@@ -251,9 +254,27 @@ func checkCoordinatorNodeRights(t *testing.T, c *cluster.Cluster, node string) {
 		if err != nil {
 			return err
 		}
+		old, err := json.Marshal(n)
+		if err != nil {
+			return err
+		}
 		change(n)
-		_, err = as.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		changed, err := json.Marshal(n)
+		if err != nil {
+			return err
+		}
+		patch, err := strategicpatch.CreateTwoWayMergePatch(old, changed, corev1.Node{})
+		if err != nil {
+			return err
+		}
+		_, err = as.CoreV1().Nodes().Patch(t.Context(), node, k8stypes.StrategicMergePatchType, patch, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
+	}
+	// RBAC grants patch, not update.
+	if n, err := as.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if _, err := as.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) || cluster.RefusedBy(err, "gpufrac-coordinator-nodes") {
+		t.Errorf("the coordinator updating node %s: %v; want forbidden by RBAC", node, err)
 	}
 	const refusal = "gpufrac-coordinator may change only the NoSchedule taint gpufrac.io/draining of a Node"
 	for _, tc := range []struct {
