@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"errors"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -60,5 +61,34 @@ func TestWriteTakesUpAnExistingExtendedClaim(t *testing.T) {
 	}
 	if len(list.Items) != 1 || list.Items[0].Status.Allocation == nil {
 		t.Errorf("claims after writing a new extended claim: %+v", list.Items)
+	}
+}
+
+// TestWriteRefusesATenantMadeExtendedClaim (issue 25): an existing claim
+// taken up as a pod's extended claim is written only if its spec is what
+// ExtendedClaim builds for the pod; a tenant's claim with the annotation
+// and the pod as controller but another spec gets no allocation, no
+// reservation and no finalizer, and the pod's status does not name it.
+func TestWriteRefusesATenantMadeExtendedClaim(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	pod := builders.MakePod("p", "team").Fraction(1).Obj()
+	pod.UID = "pod-uid"
+	forged, mappings := ExtendedClaim(pod)
+	forged.Name, forged.GenerateName, forged.ResourceVersion = "p-extended-resources-forged", "", "7"
+	forged.Spec = builders.MakeClaim("x", "team").WholeGPUs(4).Obj().Spec
+	client := fake.NewClientset(pod, forged)
+	read, err := client.ResourceV1().ResourceClaims("team").Get(ctx, forged.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := allocated("x", result("gpu-0", false, nil)).Allocation
+	err = NewWriter(client).Write(ctx, pod, []Planned{{Claim: read, Allocation: alloc, Extended: true, Mappings: mappings}})
+	if !errors.Is(err, ErrForeignExtendedClaim) {
+		t.Fatalf("Write = %v, want ErrForeignExtendedClaim", err)
+	}
+	for _, a := range client.Actions() {
+		if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
+			t.Errorf("wrote %s %s/%s", v, a.GetResource().Resource, a.GetSubresource())
+		}
 	}
 }
