@@ -2,6 +2,7 @@ package attack
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -135,6 +136,10 @@ func (b *bed) attackForgedExtendedClaim(t *testing.T) {
 			return false, err
 		}
 		if got.Spec.NodeName != "" {
+			c, err := b.c.Client.ResourceV1().ResourceClaims(attackerNS).Get(ctx, forged.Name, metav1.GetOptions{})
+			if err == nil && c.Status.Allocation != nil {
+				return false, fmt.Errorf("pod bound to %s holding the forged claim's %d devices", got.Spec.NodeName, len(c.Status.Allocation.Devices.Results))
+			}
 			return false, errBound(got.Spec.NodeName)
 		}
 		for _, c := range got.Status.Conditions {
