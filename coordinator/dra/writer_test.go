@@ -1,9 +1,11 @@
 package dra
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -89,6 +91,40 @@ func TestWriteRefusesATenantMadeExtendedClaim(t *testing.T) {
 	for _, a := range client.Actions() {
 		if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
 			t.Errorf("wrote %s %s/%s", v, a.GetResource().Resource, a.GetSubresource())
+		}
+	}
+}
+
+// TestCheckExtendedClaimAfterARoundTrip: the claim the writer creates,
+// read back through JSON or protobuf (as informers read it), is still the
+// pod's: what the coordinator wrote must never be refused as forged.
+func TestCheckExtendedClaimAfterARoundTrip(t *testing.T) {
+	for _, pod := range []*corev1.Pod{
+		builders.MakePod("frac", "team").Fraction(30).UID("u1").Obj(),
+		builders.MakePod("whole", "team").GPUs(2).UID("u2").Obj(),
+	} {
+		claim, _ := ExtendedClaim(pod)
+		claim.Name = pod.Name + "-extended-resources-x"
+		js, err := json.Marshal(claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromJSON := &resourceapi.ResourceClaim{}
+		if err := json.Unmarshal(js, fromJSON); err != nil {
+			t.Fatal(err)
+		}
+		pb, err := claim.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromProto := &resourceapi.ResourceClaim{}
+		if err := fromProto.Unmarshal(pb); err != nil {
+			t.Fatal(err)
+		}
+		for enc, c := range map[string]*resourceapi.ResourceClaim{"json": fromJSON, "protobuf": fromProto} {
+			if err := CheckExtendedClaim(pod, c); err != nil {
+				t.Errorf("%s, read back from %s: %v", pod.Name, enc, err)
+			}
 		}
 	}
 }
