@@ -14,8 +14,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -38,6 +40,17 @@ const (
 // ErrForbiddenReason is returned for an attempt to write reason Unschedulable.
 var ErrForbiddenReason = errors.New("the coordinator never writes reason Unschedulable")
 
+// ErrBindingUnknown means a binding was answered with an error and reading
+// the pod back failed too: the API server may have bound it. What was
+// written for the binding (resource claims) must stay until the pod is
+// read again: taken back, a bound pod would run without its claims' devices
+// and another pod be given them.
+var ErrBindingUnknown = errors.New("whether the pod is bound is unknown")
+
+// DefaultConfirmBackoff is how Bind retries reading a pod back after a
+// failed binding: four reads over about 1.5 s.
+var DefaultConfirmBackoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 4}
+
 // MessageRefresh is how often MarkPending rewrites a pending pod's message
 // while its reason stays the same. Messages carry figures that change from
 // cycle to cycle (a gang's member count): rewritten on every cycle for every
@@ -51,14 +64,27 @@ type Binder struct {
 	recorder record.EventRecorder
 	fieldMgr string
 	clock    clock.PassiveClock
+	// confirm paces the reads of a pod back after a failed binding.
+	confirm wait.Backoff
 }
 
+// Option configures a Binder.
+type Option func(*Binder)
+
+// WithConfirmBackoff sets how Bind retries reading a pod back after a
+// failed binding (DefaultConfirmBackoff).
+func WithConfirmBackoff(b wait.Backoff) Option { return func(bd *Binder) { bd.confirm = b } }
+
 // New returns a Binder; recorder may be nil.
-func New(client kubernetes.Interface, recorder record.EventRecorder) *Binder {
+func New(client kubernetes.Interface, recorder record.EventRecorder, opts ...Option) *Binder {
 	if recorder == nil {
 		recorder = &record.FakeRecorder{}
 	}
-	return &Binder{client: client, recorder: recorder, fieldMgr: "gpufrac-coordinator", clock: clock.RealClock{}}
+	b := &Binder{client: client, recorder: recorder, fieldMgr: "gpufrac-coordinator", clock: clock.RealClock{}, confirm: DefaultConfirmBackoff}
+	for _, o := range opts {
+		o(b)
+	}
+	return b
 }
 
 // Bind binds the pod to node through the pods/binding subresource, with
@@ -71,7 +97,13 @@ func (b *Binder) Bind(ctx context.Context, pod *corev1.Pod, node string, annotat
 		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
 	}
 	if err := b.client.CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
-		if b.boundTo(ctx, pod, node) {
+		bound, readErr := b.boundTo(ctx, pod, node)
+		switch {
+		case readErr != nil:
+			// Neither applied nor refused for sure: the caller keeps what
+			// it wrote for the binding, and the next cycle reads the pod.
+			return fmt.Errorf("binding pod %s/%s to %s: %w; %w: %v", pod.Namespace, pod.Name, node, err, ErrBindingUnknown, readErr)
+		case bound:
 			// The API server applied the binding but its answer was lost (a
 			// timeout, a connection reset, an apiserver restart), or an
 			// earlier such attempt applied it (this one then meets "already
@@ -89,13 +121,33 @@ func (b *Binder) Bind(ctx context.Context, pod *corev1.Pod, node string, annotat
 }
 
 // boundTo reads the pod from the API server (not a cache) and tells whether
-// this very pod (same UID) is bound to node.
-func (b *Binder) boundTo(ctx context.Context, pod *corev1.Pod, node string) bool {
-	got, err := b.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		return false
+// this very pod (same UID) is bound to node. A failed read is retried with
+// the confirm back-off; an error means the answer is unknown (the last
+// read's error, wrapped). A pod that is gone, or another pod under its
+// name, is not bound.
+func (b *Binder) boundTo(ctx context.Context, pod *corev1.Pod, node string) (bool, error) {
+	var bound bool
+	var lastErr error
+	err := wait.ExponentialBackoffWithContext(ctx, b.confirm, func(ctx context.Context) (bool, error) {
+		got, err := b.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			bound, lastErr = false, nil
+			return true, nil
+		case err != nil:
+			lastErr = err
+			return false, nil
+		}
+		bound, lastErr = got.Spec.NodeName == node && (pod.UID == "" || got.UID == pod.UID), nil
+		return true, nil
+	})
+	if lastErr != nil {
+		return false, fmt.Errorf("reading pod %s/%s back: %w", pod.Namespace, pod.Name, lastErr)
 	}
-	return got.Spec.NodeName == node && (pod.UID == "" || got.UID == pod.UID)
+	if err != nil {
+		return false, fmt.Errorf("reading pod %s/%s back: %w", pod.Namespace, pod.Name, err)
+	}
+	return bound, nil
 }
 
 // Pending tells whether the pod's PodScheduled condition already says reason and message.

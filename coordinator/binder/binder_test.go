@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -240,6 +241,75 @@ func TestBindWhoseAnswerWasLost(t *testing.T) {
 			}
 			if err != nil && !apierrors.IsTimeout(err) {
 				t.Errorf("Bind = %v, want the binding's own error wrapped", err)
+			}
+		})
+	}
+}
+
+// TestBindWhoseOutcomeIsUnknown (issue 25, item 6): a binding answered
+// with an error whose pod cannot be read back either may have been
+// applied. Reported as a plain failure, the caller took back the claims of
+// a pod the API server may have bound. Reads are retried with the confirm
+// back-off; while none succeeds the outcome is ErrBindingUnknown, distinct
+// from "not bound".
+func TestBindWhoseOutcomeIsUnknown(t *testing.T) {
+	timeout := apierrors.NewTimeoutError("request did not complete within the allowed duration", 0)
+	unavailable := apierrors.NewServiceUnavailable("etcd leader changed")
+	tests := []struct {
+		name        string
+		applied     bool // the lost binding was applied
+		failedReads int  // reads of the pod that fail before one succeeds
+		gone        bool // the pod is deleted meanwhile
+		wantOK      bool // Bind succeeds
+		wantUnknown bool // Bind fails with ErrBindingUnknown
+	}{
+		{name: "every read fails", applied: true, failedReads: 100, wantUnknown: true},
+		{name: "every read fails, not applied", failedReads: 100, wantUnknown: true},
+		{name: "reads fail, then show it bound", applied: true, failedReads: 2, wantOK: true},
+		{name: "reads fail, then show it not bound", failedReads: 3},
+		{name: "the pod is gone", gone: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-1"}}
+			client := fake.NewSimpleClientset(pod)
+			if tt.gone {
+				client = fake.NewSimpleClientset()
+			}
+			client.PrependReactor("create", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "binding" {
+					return false, nil, nil
+				}
+				if tt.applied {
+					p := pod.DeepCopy()
+					p.Spec.NodeName = "node-1"
+					if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), p, p.Namespace); err != nil {
+						t.Error(err)
+					}
+				}
+				return true, nil, timeout
+			})
+			reads := 0
+			client.PrependReactor("get", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+				reads++
+				if reads <= tt.failedReads {
+					return true, nil, unavailable
+				}
+				return false, nil, nil
+			})
+			b := New(client, nil, WithConfirmBackoff(wait.Backoff{Duration: time.Millisecond, Factor: 2, Steps: 4}))
+			err := b.Bind(t.Context(), pod, "node-1", nil)
+			if got := err == nil; got != tt.wantOK {
+				t.Fatalf("Bind = %v, want success %v", err, tt.wantOK)
+			}
+			if got := errors.Is(err, ErrBindingUnknown); got != tt.wantUnknown {
+				t.Errorf("Bind = %v: ErrBindingUnknown %v, want %v", err, got, tt.wantUnknown)
+			}
+			if err != nil && !apierrors.IsTimeout(err) {
+				t.Errorf("Bind = %v, want the binding's own error wrapped", err)
+			}
+			if tt.wantUnknown && reads != 4 {
+				t.Errorf("read the pod back %d times, want the back-off's 4", reads)
 			}
 		})
 	}

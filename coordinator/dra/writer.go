@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +27,64 @@ import (
 // ErrAllocatedElsewhere means a claim got another allocation while the
 // coordinator was writing its own (kube-scheduler allocated it first).
 var ErrAllocatedElsewhere = errors.New("claim allocated by someone else meanwhile")
+
+// ErrForeignExtendedClaim means a claim presents itself as a pod's
+// extended-resource claim (the annotation, a controller reference to the
+// pod) but is not the claim the coordinator writes for the pod's resources.
+var ErrForeignExtendedClaim = errors.New("not the extended-resource claim the coordinator writes for the pod")
+
+// CheckExtendedClaim tells whether claim may be taken up as pod's
+// extended-resource claim: nil when it is in the pod's namespace, its
+// controller is the pod, and its spec is exactly what ExtendedClaim builds
+// for the pod's resources; else an error wrapping ErrForeignExtendedClaim.
+//
+// Untrusted input: a tenant with edit rights in the namespace can create a
+// claim with any name, annotations, owner references, managed fields and
+// spec (and delete the coordinator's claim and make another under its
+// name). None of that tells who wrote it; the spec decides. A claim whose
+// spec is what the coordinator would write gives the pod nothing more than
+// its resources ask, whoever created it, and the claim's spec is immutable.
+// Only status (allocation, reservedFor) is out of a tenant's reach.
+func CheckExtendedClaim(pod *corev1.Pod, claim *resourceapi.ResourceClaim) error {
+	owner := metav1.GetControllerOf(claim)
+	if claim.Namespace != pod.Namespace || owner == nil || owner.UID != pod.UID {
+		return fmt.Errorf("claim %s/%s is not controlled by pod %s/%s: %w", claim.Namespace, claim.Name, pod.Namespace, pod.Name, ErrForeignExtendedClaim)
+	}
+	want, _ := ExtendedClaim(pod)
+	if !apiequality.Semantic.DeepEqual(claim.Spec, want.Spec) {
+		return fmt.Errorf("claim %s/%s asks %s where the pod's resources ask %s: %w",
+			claim.Namespace, claim.Name, describeSpec(claim.Spec), describeSpec(want.Spec), ErrForeignExtendedClaim)
+	}
+	return nil
+}
+
+// describeSpec sums up a claim's device requests for messages.
+func describeSpec(spec resourceapi.ResourceClaimSpec) string {
+	var parts []string
+	for _, r := range spec.Devices.Requests {
+		switch {
+		case r.Exactly == nil:
+			parts = append(parts, r.Name+": "+strconv.Itoa(len(r.FirstAvailable))+" alternatives")
+		case r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeAll:
+			parts = append(parts, r.Name+": all devices of "+r.Exactly.DeviceClassName)
+		default:
+			d := r.Name + ": " + strconv.FormatInt(r.Exactly.Count, 10) + " of " + r.Exactly.DeviceClassName
+			if c := r.Exactly.Capacity; c != nil {
+				if q, ok := c.Requests[api.DRACapacityShares]; ok {
+					d += " (" + q.String() + " shares)"
+				}
+			}
+			parts = append(parts, d)
+		}
+	}
+	if len(spec.Devices.Constraints) > 0 || len(spec.Devices.Config) > 0 {
+		parts = append(parts, "constraints or config")
+	}
+	if len(parts) == 0 {
+		return "no devices"
+	}
+	return strings.Join(parts, ", ")
+}
 
 // Planned is one claim to write before a pod is bound.
 type Planned struct {
@@ -153,6 +213,12 @@ func (w *Writer) writeOne(ctx context.Context, pod *corev1.Pod, p *Planned) (wri
 	claims := w.client.ResourceV1().ResourceClaims(pod.Namespace)
 	claim := p.Claim
 	wr := written{namespace: pod.Namespace}
+	if p.Extended && claim.ResourceVersion != "" {
+		// Taken up as it is: only if it is what this writer would create.
+		if err := CheckExtendedClaim(pod, claim); err != nil {
+			return wr, fmt.Errorf("taking up the extended-resource claim of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+	}
 	if p.Extended && claim.ResourceVersion == "" {
 		// A new extended claim; one an earlier attempt created (read
 		// back from the API server) is taken up as it is.

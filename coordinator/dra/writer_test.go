@@ -1,8 +1,11 @@
 package dra
 
 import (
+	"encoding/json"
+	"errors"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -60,5 +63,68 @@ func TestWriteTakesUpAnExistingExtendedClaim(t *testing.T) {
 	}
 	if len(list.Items) != 1 || list.Items[0].Status.Allocation == nil {
 		t.Errorf("claims after writing a new extended claim: %+v", list.Items)
+	}
+}
+
+// TestWriteRefusesATenantMadeExtendedClaim (issue 25): an existing claim
+// taken up as a pod's extended claim is written only if its spec is what
+// ExtendedClaim builds for the pod; a tenant's claim with the annotation
+// and the pod as controller but another spec gets no allocation, no
+// reservation and no finalizer, and the pod's status does not name it.
+func TestWriteRefusesATenantMadeExtendedClaim(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	pod := builders.MakePod("p", "team").Fraction(1).Obj()
+	pod.UID = "pod-uid"
+	forged, mappings := ExtendedClaim(pod)
+	forged.Name, forged.GenerateName, forged.ResourceVersion = "p-extended-resources-forged", "", "7"
+	forged.Spec = builders.MakeClaim("x", "team").WholeGPUs(4).Obj().Spec
+	client := fake.NewClientset(pod, forged)
+	read, err := client.ResourceV1().ResourceClaims("team").Get(ctx, forged.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := allocated("x", result("gpu-0", false, nil)).Allocation
+	err = NewWriter(client).Write(ctx, pod, []Planned{{Claim: read, Allocation: alloc, Extended: true, Mappings: mappings}})
+	if !errors.Is(err, ErrForeignExtendedClaim) {
+		t.Fatalf("Write = %v, want ErrForeignExtendedClaim", err)
+	}
+	for _, a := range client.Actions() {
+		if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
+			t.Errorf("wrote %s %s/%s", v, a.GetResource().Resource, a.GetSubresource())
+		}
+	}
+}
+
+// TestCheckExtendedClaimAfterARoundTrip: the claim the writer creates,
+// read back through JSON or protobuf (as informers read it), is still the
+// pod's: what the coordinator wrote must never be refused as forged.
+func TestCheckExtendedClaimAfterARoundTrip(t *testing.T) {
+	for _, pod := range []*corev1.Pod{
+		builders.MakePod("frac", "team").Fraction(30).UID("u1").Obj(),
+		builders.MakePod("whole", "team").GPUs(2).UID("u2").Obj(),
+	} {
+		claim, _ := ExtendedClaim(pod)
+		claim.Name = pod.Name + "-extended-resources-x"
+		js, err := json.Marshal(claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromJSON := &resourceapi.ResourceClaim{}
+		if err := json.Unmarshal(js, fromJSON); err != nil {
+			t.Fatal(err)
+		}
+		pb, err := claim.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromProto := &resourceapi.ResourceClaim{}
+		if err := fromProto.Unmarshal(pb); err != nil {
+			t.Fatal(err)
+		}
+		for enc, c := range map[string]*resourceapi.ResourceClaim{"json": fromJSON, "protobuf": fromProto} {
+			if err := CheckExtendedClaim(pod, c); err != nil {
+				t.Errorf("%s, read back from %s: %v", pod.Name, enc, err)
+			}
+		}
 	}
 }

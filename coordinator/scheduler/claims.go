@@ -182,9 +182,19 @@ func allocatedGPUClaimNode(claims []*resourceapi.ResourceClaim) string {
 // pod's extendedResourceClaimStatus names first, then an allocated one. It
 // is the pod's: taken up again, never made twice (one pod would hold two
 // shares as long as it lives).
-func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim {
+//
+// Untrusted input: the annotation and the controller reference are the
+// claim author's, and a tenant with edit rights writes both (issue 25). A
+// claim is taken up only if dra.CheckExtendedClaim finds its spec exactly
+// what the coordinator writes for the pod's resources; the first that is
+// not comes back as forged, and the pod is refused while it exists (taken
+// up, a pod asking 1 % held four whole GPUs, charged 0.01). The pod's
+// extendedResourceClaimStatus is written only through pods/status (the
+// coordinator's writer), out of edit's reach, but the claim it names may be
+// a tenant's made under that name since: it is checked like the others.
+func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) (own, forged *resourceapi.ResourceClaim, why error) {
 	if s.draNow == nil {
-		return nil
+		return nil, nil, nil
 	}
 	named := ""
 	if st := pod.Status.ExtendedResourceClaimStatus; st != nil {
@@ -199,7 +209,9 @@ func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim 
 		}
 		return 2
 	}
-	var out *resourceapi.ResourceClaim
+	better := func(c, than *resourceapi.ResourceClaim) bool {
+		return than == nil || rank(c) < rank(than) || (rank(c) == rank(than) && c.Name < than.Name)
+	}
 	for _, c := range s.draNow.claims {
 		if c.Namespace != pod.Namespace || c.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || c.DeletionTimestamp != nil {
 			continue
@@ -208,11 +220,25 @@ func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) *resourceapi.ResourceClaim 
 		if owner == nil || owner.UID != pod.UID {
 			continue
 		}
-		if out == nil || rank(c) < rank(out) || (rank(c) == rank(out) && c.Name < out.Name) {
-			out = c
+		if err := dra.CheckExtendedClaim(pod, c); err != nil {
+			if better(c, forged) {
+				forged, why = c, err
+			}
+			continue
+		}
+		if better(c, own) {
+			own = c
 		}
 	}
-	return out
+	return own, forged, why
+}
+
+// forgedClaimMessage is the pending message of a pod refused for a claim
+// that presents itself as its extended-resource claim (extendedClaimOf).
+func forgedClaimMessage(c *resourceapi.ResourceClaim, why error) string {
+	return fmt.Sprintf("resource claim %s carries annotation %s and names this pod as its controller, but is not the "+
+		"extended-resource claim gpufrac writes for the pod's resources (%v); it is never allocated, and the pod waits "+
+		"until it is deleted (gpufrac does not delete it)", c.Name, resourceapi.ExtendedResourceClaimAnnotation, why)
 }
 
 // classResources are the extended resources DeviceClasses map

@@ -137,6 +137,11 @@ func extendedClaimReused(t *testing.T, named bool) {
 	}
 	orphan := sharesOn(builders.MakeClaim("p-extended-resources-abcde", "default").Shares(30).Obj(), "n1", 30, pod.UID)
 	orphan.UID, orphan.ResourceVersion = "orphan-uid", "7"
+	// What the coordinator wrote: the spec dra.ExtendedClaim builds for the
+	// pod (a claim with any other spec is refused, issue 25).
+	ext, _ := dra.ExtendedClaim(pod)
+	orphan.Spec = ext.Spec
+	orphan.Status.Allocation.Devices.Results[0].Request = ext.Spec.Devices.Requests[0].Name
 	orphan.Annotations = map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}
 	orphan.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
 	claims := []*resourceapi.ResourceClaim{sharesOn(builders.MakeClaim("other", "default").Shares(70).Obj(), "n1", 70, ""), orphan}

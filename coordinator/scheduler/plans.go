@@ -175,6 +175,9 @@ const reservationEcho = 30 * time.Second
 // reserveKey prefixes the writer's key of a reservation's creation.
 const reserveKey = "reserve/"
 
+// queueStatusKey prefixes the writer's key of a Queue's status.
+const queueStatusKey = "queue/"
+
 // creatingReservations lists the reservations being created or created that
 // the informer may not show yet (the writer's, and those of reserveCreated),
 // for state.Inputs.Creating: the kubelet gives each a GPU of its node, so

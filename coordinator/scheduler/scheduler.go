@@ -12,6 +12,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -451,7 +452,16 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 	}
 	if err == nil {
 		err = s.deps.Binder.Bind(ctx, t.pod, t.node, t.annotations)
-		if err != nil && len(t.claims) > 0 {
+		switch {
+		case err == nil || len(t.claims) == 0:
+		case errors.Is(err, binder.ErrBindingUnknown):
+			// The API server may have bound the pod: its claims stay
+			// (taken back, a bound pod would run without its devices and
+			// they would go to another pod). The pod goes back to pending;
+			// if it is bound the informer shows it, else the next cycle
+			// finds its claims allocated and binds it where they are.
+			klog.FromContext(ctx).Info("Binding outcome unknown; the pod's resource claims are kept", "pod", klog.KObj(t.pod), "node", t.node)
+		default:
 			s.deps.DRA.Writer.Undo(ctx, t.pod, t.claims)
 			s.dropInflight(t.pod.UID)
 		}

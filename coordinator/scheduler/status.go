@@ -137,7 +137,7 @@ func (s *Scheduler) writeQueueStatus(ctx context.Context, b *books, ws []*worklo
 			continue
 		}
 		name := tg.name
-		s.writes.do(ctx, "queue/"+name, func(ctx context.Context) {
+		s.writes.do(ctx, queueStatusKey+name, func(ctx context.Context) {
 			if err := s.deps.Status.WriteQueueStatus(ctx, name, st); err != nil {
 				klog.FromContext(ctx).V(2).Info("Queue status not written", "queue", name, "err", err)
 				s.mu.Lock()

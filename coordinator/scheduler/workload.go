@@ -103,7 +103,12 @@ func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) 
 		}
 		claims := pi.claims
 		if !pi.claimsGPU && (pi.req.GPUs > 0 || pi.req.ShareMilli > 0) {
-			if pi.extended = s.extendedClaimOf(p); pi.extended != nil {
+			own, forged, why := s.extendedClaimOf(p)
+			if forged != nil {
+				invalid = append(invalid, invalidPod{pod: p, message: forgedClaimMessage(forged, why)})
+				continue
+			}
+			if pi.extended = own; pi.extended != nil {
 				claims = []*resourceapi.ResourceClaim{pi.extended}
 			}
 		}

@@ -27,6 +27,7 @@ import (
 // reservation, a queue): a task queued for a key that already has one
 // waiting replaces it - the newer decision wins, and a pod whose reason
 // changed twice is written once. A key's tasks never run concurrently.
+// Keys are handed out in writeOrder's order, not first come first served.
 type writer struct {
 	// queue holds the keys with a task to run (workqueue: one entry per
 	// key, and a key being run is not handed out again until it is done).
@@ -41,7 +42,7 @@ type writer struct {
 
 func newWriter() *writer {
 	w := &writer{
-		queue:   workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "gpufrac-writes"}),
+		queue:   workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "gpufrac-writes", Queue: newWriteOrder()}),
 		tasks:   map[string]func(context.Context){},
 		running: map[string]bool{},
 	}
@@ -217,3 +218,94 @@ func (s *Scheduler) forgetSaid() {
 // messageRefresh is how long a pending reason stands before its message
 // is rewritten (binder.MessageRefresh).
 func (s *Scheduler) messageRefresh() time.Duration { return binder.MessageRefresh }
+
+// writeOrder is the order the writer runs its keys in (a workqueue.Queue;
+// the workqueue calls it under its own lock). With one first-come queue, a
+// tenant's 50,000 invalid or incomplete-gang pods queued 50,000 pending
+// reasons ahead of another team's reservation, and the fractions waiting
+// for it waited for all of them (issue 25, item 6). So:
+//
+//  1. reservation creations first, in arrival order: admitted work waits
+//     for them (its pods bind once the reservation holds the GPU), and
+//     there are at most as many as GPUs asked for, which quota bounds;
+//  2. then queue status writes (one key per Queue);
+//  3. then everything else - pending reasons - taking turns between
+//     namespaces, one key each, in arrival order within a namespace.
+//
+// Bindings do not go through the writer (bind workers); one namespace's
+// pending pods can delay only its own reasons by more than one write per
+// namespace.
+type writeOrder struct {
+	reserve []string            // reservation keys, oldest first
+	queues  []string            // queue status keys, oldest first
+	byNS    map[string][]string // namespace -> its other keys, oldest first
+	turns   []string            // namespaces with keys in byNS, next turn first
+	n       int
+}
+
+func newWriteOrder() *writeOrder { return &writeOrder{byNS: map[string][]string{}} }
+
+// writeNamespace is the namespace a pending key is for ("" for other keys).
+func writeNamespace(key string) string {
+	rest, ok := strings.CutPrefix(key, "pending/")
+	if !ok {
+		return ""
+	}
+	parts := strings.SplitN(rest, "/", 3) // uid/namespace/name
+	if len(parts) < 3 {
+		return ""
+	}
+	return parts[1]
+}
+
+// Touch leaves a key queued again where it is.
+func (o *writeOrder) Touch(string) {}
+
+// Push queues key in its class.
+func (o *writeOrder) Push(key string) {
+	o.n++
+	switch {
+	case strings.HasPrefix(key, reserveKey):
+		o.reserve = append(o.reserve, key)
+	case strings.HasPrefix(key, queueStatusKey):
+		o.queues = append(o.queues, key)
+	default:
+		ns := writeNamespace(key)
+		if len(o.byNS[ns]) == 0 {
+			o.turns = append(o.turns, ns)
+		}
+		o.byNS[ns] = append(o.byNS[ns], key)
+	}
+}
+
+// Len is the number of keys queued.
+func (o *writeOrder) Len() int { return o.n }
+
+// Pop takes the next key (see writeOrder); the workqueue calls it only
+// when Len is above zero.
+func (o *writeOrder) Pop() string {
+	o.n--
+	switch {
+	case len(o.reserve) > 0:
+		return popFront(&o.reserve)
+	case len(o.queues) > 0:
+		return popFront(&o.queues)
+	}
+	ns := popFront(&o.turns)
+	keys := o.byNS[ns]
+	key := popFront(&keys)
+	if len(keys) == 0 {
+		delete(o.byNS, ns)
+	} else {
+		o.byNS[ns] = keys
+		o.turns = append(o.turns, ns)
+	}
+	return key
+}
+
+func popFront(q *[]string) string {
+	k := (*q)[0]
+	(*q)[0] = ""
+	*q = (*q)[1:]
+	return k
+}

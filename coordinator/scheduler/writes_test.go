@@ -2,10 +2,16 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // startWriter runs w with one worker until the test ends.
@@ -158,4 +164,81 @@ func TestWriterBusyUnder(t *testing.T) {
 	}
 	release()
 	waitFor(t, "the tasks to end", func() bool { return len(w.busyUnder("")) == 0 })
+}
+
+// TestOneTeamsPendingReasonsDoNotHoldUpOthersWrites (issue 25, item 6): a
+// tenant's 50,000 invalid pods queue 50,000 pending reasons on the one
+// writer; a reservation another team's fraction waits for, queued after
+// them, ran after all 50,000 (and that team's own pending reason too).
+// Reservations run first, and pending reasons take turns by namespace.
+func TestOneTeamsPendingReasonsDoNotHoldUpOthersWrites(t *testing.T) {
+	const flood = 50000
+	w := newWriter()
+	startWriter(t, w)
+	release := blockWorker(t, w, "block")
+	var mu sync.Mutex
+	ran := map[string]int{} // key -> its place in the order the keys ran
+	record := func(key string) func(context.Context) {
+		return func(context.Context) {
+			mu.Lock()
+			ran[key] = len(ran)
+			mu.Unlock()
+		}
+	}
+	for i := range flood {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a-ns", Name: fmt.Sprintf("bad-%d", i), UID: types.UID(fmt.Sprintf("uid-a-%d", i))}}
+		w.do(t.Context(), pendingKey(p), record(pendingKey(p)))
+	}
+	other := pendingKey(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b-ns", Name: "over-quota", UID: "uid-b"}})
+	w.do(t.Context(), other, record(other))
+	reservation := reserveKey + "n1/GPU-1"
+	w.do(t.Context(), reservation, record(reservation))
+	start := time.Now()
+	release()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		mu.Lock()
+		_, r := ran[reservation]
+		_, o := ran[other]
+		mu.Unlock()
+		if r && o {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the other team's writes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("reservation ran %d-th, team-b's reason %d-th, %v after the worker was free", ran[reservation], ran[other], time.Since(start))
+	if got := ran[reservation]; got > 0 {
+		t.Errorf("the reservation ran after %d other writes, want first", got)
+	}
+	// One write of team-a's before it, at most, and the reservation.
+	if got := ran[other]; got > 2 {
+		t.Errorf("team-b's pending reason ran after %d other writes, want at most 2", got)
+	}
+}
+
+// TestWriteOrder: reservations, then queue status, then pending reasons by
+// namespace in turn, each class in arrival order.
+func TestWriteOrder(t *testing.T) {
+	o := newWriteOrder()
+	key := func(ns, name string) string {
+		return pendingKey(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(ns + name)}})
+	}
+	for _, k := range []string{key("a", "1"), key("a", "2"), key("a", "3"), queueStatusKey + "qa", key("b", "1"), reserveKey + "n/g1", key("c", "1"), reserveKey + "n/g2", key("b", "2"), "other"} {
+		o.Push(k)
+	}
+	var got []string
+	for o.Len() > 0 {
+		got = append(got, o.Pop())
+	}
+	want := []string{reserveKey + "n/g1", reserveKey + "n/g2", queueStatusKey + "qa",
+		key("a", "1"), key("b", "1"), key("c", "1"), "other", key("a", "2"), key("b", "2"), key("a", "3")}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("order (-want +got):\n%s", diff)
+	}
 }

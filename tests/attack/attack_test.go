@@ -525,6 +525,8 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		}
 	})
 
+	t.Run("a claim dressed as the pod's extended-resource claim", b.attackForgedExtendedClaim)
+
 	// Last: the victims' GPUs and queue are as they were.
 	b.checkVictimsUnchanged(t)
 }
@@ -533,7 +535,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 func setUp(t *testing.T) *bed {
 	t.Helper()
 	c := cluster.StartForTest(t, cluster.Options{
-		NodeAgents: &cluster.NodeAgentOptions{Binary: filepath.Join(binDir, "gpufrac-node")},
+		NodeAgents: &cluster.NodeAgentOptions{Binary: filepath.Join(binDir, "gpufrac-node"), Config: draConfig},
 	})
 	ctx := t.Context()
 	b := &bed{c: c, victims: map[string]*corev1.Pod{}, victimDevices: map[string][]string{}}
@@ -572,6 +574,7 @@ func setUp(t *testing.T) *bed {
 			return err == nil && n.Annotations[api.AnnotationGPUInventory] != "" && q.Value() == 800, nil
 		})
 	}
+	addDRANode(t, c)
 	startCoordinator(t, c)
 
 	// The victims: team-b's whole GPU and fraction on victimNode.
