@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/builders"
+	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
 // labelAdminNamespace is the cluster admin's opt-out of the tenant policies.
@@ -233,7 +234,7 @@ func (b *bed) attackAdminOptOut(t *testing.T) {
 		// reads namespace labels a moment later: poll).
 		setLabel(nil)
 		waitFor(t, 10*time.Second, "the tenant rules back", func(ctx context.Context) (bool, error) {
-			return dryRun(ctx, gpu) != nil, nil
+			return cluster.RefusedBy(dryRun(ctx, gpu), "gpufrac-tenant-gpu-scheduler"), nil
 		})
 	}()
 	waitFor(t, 10*time.Second, "the opt-out to be read", func(ctx context.Context) (bool, error) {
