@@ -106,8 +106,8 @@ func (b *bed) attackPriority(t *testing.T) {
 		b.mustRefuse(t, p, policy, "priority class attack-urgent (priority 2000000) preempts lower-priority pods")
 	})
 	t.Run("what stays allowed", func(t *testing.T) {
-		// The coordinator's pods do not preempt by priority; a class that
-		// never preempts takes nobody's place.
+		// The coordinator's pods do not preempt by priority (it reclaims by
+		// queue quota); a class that never preempts takes nobody's place.
 		p := tenantPod("urgent-queued").CPU("100m").Obj()
 		p.Spec.PriorityClassName = "attack-urgent"
 		b.mayCreate(t, p)
