@@ -376,7 +376,11 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 		own := disguise(api.ReservationNamePrefix + "own")
 		own.Namespace = attackerNS
 		own.Spec.NodeName = victimNode
-		own = create(t, b.tenant, own)
+		// (A tenant may not make it: whole GPUs of kube-scheduler in a queue's
+		// namespace are refused. The admin's is the same pod.)
+		_, err = b.tenant.CoreV1().Pods(attackerNS).Create(t.Context(), own, metav1.CreateOptions{})
+		refused(t, err, "gpufrac-tenant-gpu-scheduler", "asks GPUs")
+		own = create(t, b.c.Client, own)
 		waitFor(t, 60*time.Second, "the disguised pod to run", func(ctx context.Context) (bool, error) {
 			p, err := b.c.Client.CoreV1().Pods(attackerNS).Get(ctx, own.Name, metav1.GetOptions{})
 			return err == nil && p.Status.Phase == corev1.PodRunning, nil
@@ -526,6 +530,10 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 	})
 
 	t.Run("a claim dressed as the pod's extended-resource claim", b.attackForgedExtendedClaim)
+	t.Run("priority classes above gpufrac's", b.attackPriority)
+	t.Run("GPUs through another scheduler", b.attackDefaultSchedulerGPU)
+	t.Run("host access to every GPU", b.attackHostAccess)
+	t.Run("the admin's opt-out of the tenant rules", b.attackAdminOptOut)
 
 	// Last: the victims' GPUs and queue are as they were.
 	b.checkVictimsUnchanged(t)

@@ -117,6 +117,9 @@ func TestPoliciesMatchTheCode(t *testing.T) {
 		"placeholder prefix":    "'" + placeholder.NamePrefix + "'",
 		"fraction resource":     "'" + api.ResourceFraction + "'",
 		"the variable":          "'" + api.EnvVisibleDevices + "'",
+		"whole-GPU resource":    "'" + api.ResourceGPU + "'",
+		"time-slice resource":   "'" + api.DefaultTimesliceResource + "'",
+		"MIG resource prefix":   "'" + api.MIGResourcePrefix + "'",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the policies never name the %s %s", what, want)
