@@ -133,7 +133,9 @@ func (m *configMount) mount(ctx context.Context, dir string) error {
 	m.wg.Go(func() {
 		defer func() {
 			m.mu.Lock()
-			delete(m.mounts, dir)
+			if m.mounts[dir] == ch { // not a later mount of the same directory
+				delete(m.mounts, dir)
+			}
 			m.mu.Unlock()
 		}()
 		for {
