@@ -17,6 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -383,6 +387,24 @@ func TestUpStatusDown(t *testing.T) {
 	if err != nil || !strings.Contains(out, "NODE gpu-node-2 (Ready)") || !strings.Contains(out, "What you are looking at") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
+
+	// The README's repartitioning step: the admin edits the ConfigMap, a
+	// free GPU of a static node becomes seven MIG devices, and the view
+	// shows them.
+	node, gpu, ok := freeStaticGPU(out)
+	if !ok {
+		t.Errorf("no free GPU on a static node to repartition:\n%s", out)
+	} else {
+		repartition(t, ctx, config{dir: state}, node, gpu)
+		var status string
+		if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			status, err = demo(ctx, "status")
+			return err == nil && regexp.MustCompile(`(?m)^  `+gpu+` +GPU-\S+ +mig 7× 1g\.10gb `).MatchString(status) &&
+				regexp.MustCompile(`NODE `+node+` .*nvidia\.com/mig-1g\.10gb 7`).MatchString(status), nil
+		}); err != nil {
+			t.Errorf("the view does not show GPU %s of %s as seven MIG devices after the ConfigMap edit: %v\n%s", gpu, node, err, status)
+		}
+	}
 	again, err := demo(ctx, "up")
 	if err != nil || !strings.Contains(again, "already running (pid "+strconv.Itoa(pid)+")") {
 		t.Errorf("a second up: %v\n%s", err, again)
@@ -398,6 +420,61 @@ func TestUpStatusDown(t *testing.T) {
 	}
 	if left := processesMentioning(t, state); len(left) > 0 {
 		t.Errorf("processes left after down: %v", left)
+	}
+}
+
+// freeStaticGPU finds a free GPU of a static node in the view.
+func freeStaticGPU(view string) (node, gpu string, ok bool) {
+	row := regexp.MustCompile(`^  (\d+) +GPU-\S+ +fraction +ok +- +free`)
+	node = ""
+	for l := range strings.Lines(view) {
+		if strings.HasPrefix(l, "NODE ") {
+			node = ""
+			if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], staticNodePrefix) && f[1] != draNode {
+				node = f[1]
+			}
+			continue
+		}
+		if m := row.FindStringSubmatch(l); m != nil && node != "" {
+			return node, m[1], true
+		}
+	}
+	return "", "", false
+}
+
+// repartition adds a group to the demo's node config, as `kubectl edit cm`
+// does: GPU gpu of node in MIG mode, seven 1g.10gb devices.
+func repartition(t *testing.T, ctx context.Context, cfg config, node, gpu string) {
+	t.Helper()
+	rc, err := clientcmd.BuildConfigFromFlags("", cfg.kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cms := cs.CoreV1().ConfigMaps(cluster.ChartNamespace)
+	cm, err := cms.Get(ctx, cluster.NodeConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	groups, _ := doc["groups"].([]any)
+	doc["groups"] = append(groups, map[string]any{
+		"nodeSelector": map[string]any{corev1.LabelHostname: node},
+		"gpus":         []any{map[string]any{"indices": gpu, "mode": "mig", "migLayout": "all-1g.10gb"}},
+	})
+	edited, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] = string(edited)
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 
