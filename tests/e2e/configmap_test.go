@@ -104,6 +104,7 @@ func TestAdminRepartitionsANodeThroughTheConfigMap(t *testing.T) {
 	}
 	waitShape(t, c, "gpu-1", 5*time.Second, fractionShape())
 	out := gpuView(t, c, view)
+	t.Logf("kubectl gpufrac after the edit:\n%s", out)
 	for _, want := range []string{"nvidia.com/gpu 7, gpufrac.io/gpu-fraction 700, nvidia.com/mig-1g.10gb 7", "mig 7× 1g.10gb"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("kubectl gpufrac lacks %q:\n%s", want, out)
