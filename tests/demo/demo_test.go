@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -388,14 +389,24 @@ func TestUpStatusDown(t *testing.T) {
 		t.Errorf("status: %v\n%s", err, out)
 	}
 
-	// The README's repartitioning step: the admin edits the ConfigMap, a
-	// free GPU of a static node becomes seven MIG devices, and the view
-	// shows them.
-	node, gpu, ok := freeStaticGPU(out)
-	if !ok {
-		t.Errorf("no free GPU on a static node to repartition:\n%s", out)
+	// The README's repartitioning step: once the burst is scaled down (its
+	// reservations go after the grace period), the admin edits the
+	// ConfigMap, a free GPU of a static node becomes seven MIG devices, and
+	// the view shows them.
+	cs := demoClient(t, config{dir: state})
+	if _, err := cs.AppsV1().Deployments("default").Patch(ctx, burstDeployment, types.MergePatchType,
+		[]byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var node, gpu string
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err = demo(ctx, "status")
+		node, gpu, ok = freeStaticGPU(out)
+		return err == nil && ok, nil
+	}); err != nil {
+		t.Errorf("no free GPU on a static node to repartition after scaling %s to 0: %v\n%s", burstDeployment, err, out)
 	} else {
-		repartition(t, ctx, config{dir: state}, node, gpu)
+		repartition(t, ctx, cs, node, gpu)
 		var status string
 		if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			status, err = demo(ctx, "status")
@@ -403,6 +414,8 @@ func TestUpStatusDown(t *testing.T) {
 				regexp.MustCompile(`NODE `+node+` .*nvidia\.com/mig-1g\.10gb 7`).MatchString(status), nil
 		}); err != nil {
 			t.Errorf("the view does not show GPU %s of %s as seven MIG devices after the ConfigMap edit: %v\n%s", gpu, node, err, status)
+		} else {
+			t.Logf("GPU %s of %s serves seven MIG devices after the ConfigMap edit", gpu, node)
 		}
 	}
 	again, err := demo(ctx, "up")
@@ -442,9 +455,8 @@ func freeStaticGPU(view string) (node, gpu string, ok bool) {
 	return "", "", false
 }
 
-// repartition adds a group to the demo's node config, as `kubectl edit cm`
-// does: GPU gpu of node in MIG mode, seven 1g.10gb devices.
-func repartition(t *testing.T, ctx context.Context, cfg config, node, gpu string) {
+// demoClient is a client of the demo cluster as its admin.
+func demoClient(t *testing.T, cfg config) kubernetes.Interface {
 	t.Helper()
 	rc, err := clientcmd.BuildConfigFromFlags("", cfg.kubeconfig())
 	if err != nil {
@@ -454,6 +466,13 @@ func repartition(t *testing.T, ctx context.Context, cfg config, node, gpu string
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cs
+}
+
+// repartition adds a group to the demo's node config, as `kubectl edit cm`
+// does: GPU gpu of node in MIG mode, seven 1g.10gb devices.
+func repartition(t *testing.T, ctx context.Context, cs kubernetes.Interface, node, gpu string) {
+	t.Helper()
 	cms := cs.CoreV1().ConfigMaps(cluster.ChartNamespace)
 	cm, err := cms.Get(ctx, cluster.NodeConfigMap, metav1.GetOptions{})
 	if err != nil {

@@ -310,7 +310,7 @@ func repartitionHowTo(cfg config) string {
 	node := staticNodePrefix + strconv.Itoa(cfg.nodes)
 	return fmt.Sprintf(`Repartition as an admin does, through the ConfigMap every gpufrac-node mounts:
   kubectl -n gpufrac-system get cm gpufrac-node-config -o yaml   # the config the nodes run
-  kubectl -n gpufrac-system edit cm gpufrac-node-config          # add to config.yaml's groups:
+  kubectl -n gpufrac-system edit cm gpufrac-node-config          # add to config.yaml's groups (a GPU the view shows free):
       - nodeSelector: {kubernetes.io/hostname: %s}
         gpus: [{indices: "%d", mode: mig, migLayout: all-1g.10gb}]
   bin/kubectl-gpufrac                                 # GPU %[2]d of %[1]s: mig 7× 1g.10gb (if nothing runs on it), 100 fraction units fewer
