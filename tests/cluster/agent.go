@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,8 +55,15 @@ type NodeAgentOptions struct {
 	// runs on. Nil means DefaultGPUModels(); unknown or missing labels get DefaultGPUModel.
 	Models map[string]string
 	// Config, when not empty, replaces the chart's node config (values
-	// node.config) in the file passed to gpufrac-node as --config.
+	// node.config) in the file passed to gpufrac-node as --config. Empty
+	// means the agents read the chart's ConfigMap gpufrac-node-config as the
+	// DaemonSet mounts it: the harness projects it into each agent's config
+	// directory as the kubelet does (..data symlink swap), and follows its
+	// edits after ConfigMapSyncDelay.
 	Config string
+	// ConfigMapSyncDelay is how long after an edit of the ConfigMap each
+	// agent's mount is updated. Zero means DefaultConfigMapSyncDelay.
+	ConfigMapSyncDelay time.Duration
 	// Args are appended to gpufrac-node's arguments (e.g. "-v=4", "--health-quiet-period=2s").
 	Args []string
 	// StopGracePeriod is the simulators' kubeletsim.Options.StopGracePeriod: how long
@@ -93,8 +101,9 @@ type NodeAgent struct {
 	LogPath string
 	// PID is gpufrac-node's process ID.
 	PID int
-	// ConfigPath is gpufrac-node's --config file: the chart's node config, or
-	// NodeAgentOptions.Config. WriteConfig changes it.
+	// ConfigPath is gpufrac-node's --config file: config.yaml of the mounted
+	// ConfigMap gpufrac-node-config (a link through ..data), or a plain file
+	// with NodeAgentOptions.Config. WriteConfig changes it.
 	ConfigPath string
 	// CDIDir is where gpufrac-node writes its per-claim CDI specs in mode dra
 	// (dra.ResolveCDIEnv reads them as a container runtime would).
@@ -106,19 +115,30 @@ type NodeAgent struct {
 	// object its token is bound to.
 	Pod *corev1.Pod
 
+	// mount is the agent's ConfigMap mount; nil with NodeAgentOptions.Config.
+	mount *configMount
+
 	// ctl restarts gpufrac-node and the simulator (faults.go); PID,
 	// MetricsAddr and LogPath above describe the first gpufrac-node process.
 	ctl *agentControl
 }
 
-// WriteConfig replaces this node agent's config file the way the kubelet
-// updates a mounted ConfigMap (a new file renamed over the old one), so
-// gpufrac-node's watcher applies it live: the hook for tests that
-// repartition one node while the cluster runs. It fails when the agent was
-// started without a config file.
+// WriteConfig replaces this node agent's config file, so gpufrac-node's
+// watcher applies it live: the hook for tests that repartition one node
+// while the cluster runs. On an agent that mounts the ConfigMap it writes the
+// mount as the kubelet does (a ..data swap) and lasts until the next edit of
+// the ConfigMap; else it renames a new file over the old one. It fails when
+// the agent was started without a config file.
 func (a *NodeAgent) WriteConfig(content string) error {
 	if a.ConfigPath == "" {
-		return fmt.Errorf("writing the config of node %s: the node agent runs without --config (NodeAgentOptions.Config is empty)", a.Node)
+		return fmt.Errorf("writing the config of node %s: the node agent runs without --config", a.Node)
+	}
+	if a.mount != nil {
+		dir, key := filepath.Split(a.ConfigPath)
+		if err := a.mount.write(atomicWriter{dir: filepath.Clean(dir)}, map[string][]byte{key: []byte(content)}); err != nil {
+			return fmt.Errorf("writing the config of node %s: %w", a.Node, err)
+		}
+		return nil
 	}
 	tmp := a.ConfigPath + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
@@ -439,13 +459,22 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	args = ReplaceFlag(args, "dra-plugin-dir", filepath.Join(sockDir, "drv"))
 	args = ReplaceFlag(args, "dra-state-dir", filepath.Join(nodeDir, "dra"))
 	args = ReplaceFlag(args, "cdi-dir", agent.CDIDir)
-	cfg := in.NodeConfig
-	if c.opts.NodeAgents.Config != "" {
-		cfg = c.opts.NodeAgents.Config
-	}
-	path := filepath.Join(nodeDir, "config.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
+	var path string
+	if mount := c.nodeConfigMount(); mount == nil {
+		cfg := cmp.Or(c.opts.NodeAgents.Config, in.NodeConfig)
+		path = filepath.Join(nodeDir, "config.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
+		}
+	} else {
+		// The DaemonSet's volume: the ConfigMap at the directory of --config.
+		flag, _ := Flag(args, "config")
+		dir := filepath.Join(nodeDir, "config")
+		if err := mount.mount(ctx, dir); err != nil {
+			return nil, nil, fmt.Errorf("mounting the node config of %s: %w", node.Name, err)
+		}
+		path = filepath.Join(dir, filepath.Base(cmp.Or(flag, "config.yaml")))
+		agent.mount = mount
 	}
 	args = ReplaceFlag(args, "config", path)
 	agent.ConfigPath = path

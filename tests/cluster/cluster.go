@@ -137,6 +137,7 @@ type Cluster struct {
 	agentsChanged chan struct{}                    // closed and replaced whenever agents changes
 	apiServer     *running                         // kube-apiserver, for RestartAPIServer
 	install       *Install                         // what InstallChart last installed
+	configMount   *configMount                     // the node agents' ConfigMap volume; nil with NodeAgentOptions.Config
 
 	ctx         context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
 	cancel      context.CancelFunc
@@ -460,6 +461,15 @@ func (c *Cluster) start(ctx context.Context) error {
 
 	// 8. The OnNode hook and the node agents, last, so they only ever see a ready
 	// cluster; then pod admission, which needs to know the GPU nodes.
+	if na := c.opts.NodeAgents; na != nil && na.Config == "" && c.Installed() != nil && c.Installed().NodeConfig != "" {
+		m, err := newConfigMount(c.ctx, c.Client, c.Installed().Namespace, NodeConfigMap, na.ConfigMapSyncDelay)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.configMount = m
+		c.mu.Unlock()
+	}
 	if c.opts.OnNode != nil || c.opts.NodeAgents != nil {
 		if err := c.startNodeInformer(ctx); err != nil {
 			return err
@@ -470,6 +480,14 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// nodeConfigMount returns the node agents' ConfigMap mount, nil when they
+// read NodeAgentOptions.Config.
+func (c *Cluster) nodeConfigMount() *configMount {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.configMount
 }
 
 // clusterDir creates the cluster's directory: dir when given (it must not exist
@@ -628,6 +646,9 @@ func (c *Cluster) stop() error {
 	}
 	c.hooks.Wait()
 	c.controllers.Wait()
+	if m := c.nodeConfigMount(); m != nil {
+		m.stop()
+	}
 
 	c.mu.Lock()
 	procs := append([]*process(nil), c.procs...)

@@ -17,6 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -383,6 +388,36 @@ func TestUpStatusDown(t *testing.T) {
 	if err != nil || !strings.Contains(out, "NODE gpu-node-2 (Ready)") || !strings.Contains(out, "What you are looking at") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
+
+	// The README's repartitioning step: once the burst is scaled down (its
+	// reservations go after the grace period), the admin edits the
+	// ConfigMap, a free GPU of a static node becomes seven MIG devices, and
+	// the view shows them.
+	cs := demoClient(t, config{dir: state})
+	if _, err := cs.AppsV1().Deployments("default").Patch(ctx, burstDeployment, types.MergePatchType,
+		[]byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var node, gpu string
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err = demo(ctx, "status")
+		node, gpu, ok = freeStaticGPU(out)
+		return err == nil && ok, nil
+	}); err != nil {
+		t.Errorf("no free GPU on a static node to repartition after scaling %s to 0: %v\n%s", burstDeployment, err, out)
+	} else {
+		repartition(t, ctx, cs, node, gpu)
+		var status string
+		if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			status, err = demo(ctx, "status")
+			return err == nil && regexp.MustCompile(`(?m)^  `+gpu+` +GPU-\S+ +mig 7× 1g\.10gb `).MatchString(status) &&
+				regexp.MustCompile(`NODE `+node+` .*nvidia\.com/mig-1g\.10gb 7`).MatchString(status), nil
+		}); err != nil {
+			t.Errorf("the view does not show GPU %s of %s as seven MIG devices after the ConfigMap edit: %v\n%s", gpu, node, err, status)
+		} else {
+			t.Logf("GPU %s of %s serves seven MIG devices after the ConfigMap edit", gpu, node)
+		}
+	}
 	again, err := demo(ctx, "up")
 	if err != nil || !strings.Contains(again, "already running (pid "+strconv.Itoa(pid)+")") {
 		t.Errorf("a second up: %v\n%s", err, again)
@@ -398,6 +433,67 @@ func TestUpStatusDown(t *testing.T) {
 	}
 	if left := processesMentioning(t, state); len(left) > 0 {
 		t.Errorf("processes left after down: %v", left)
+	}
+}
+
+// freeStaticGPU finds a free GPU of a static node in the view.
+func freeStaticGPU(view string) (node, gpu string, ok bool) {
+	row := regexp.MustCompile(`^  (\d+) +GPU-\S+ +fraction +ok +- +free`)
+	node = ""
+	for l := range strings.Lines(view) {
+		if strings.HasPrefix(l, "NODE ") {
+			node = ""
+			if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], staticNodePrefix) && f[1] != draNode {
+				node = f[1]
+			}
+			continue
+		}
+		if m := row.FindStringSubmatch(l); m != nil && node != "" {
+			return node, m[1], true
+		}
+	}
+	return "", "", false
+}
+
+// demoClient is a client of the demo cluster as its admin.
+func demoClient(t *testing.T, cfg config) kubernetes.Interface {
+	t.Helper()
+	rc, err := clientcmd.BuildConfigFromFlags("", cfg.kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// repartition adds a group to the demo's node config, as `kubectl edit cm`
+// does: GPU gpu of node in MIG mode, seven 1g.10gb devices.
+func repartition(t *testing.T, ctx context.Context, cs kubernetes.Interface, node, gpu string) {
+	t.Helper()
+	cms := cs.CoreV1().ConfigMaps(cluster.ChartNamespace)
+	cm, err := cms.Get(ctx, cluster.NodeConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	groups, _ := doc["groups"].([]any)
+	doc["groups"] = append(groups, map[string]any{
+		"nodeSelector": map[string]any{corev1.LabelHostname: node},
+		"gpus":         []any{map[string]any{"indices": gpu, "mode": "mig", "migLayout": "all-1g.10gb"}},
+	})
+	edited, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] = string(edited)
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -28,22 +28,12 @@ const (
 	// staticNodePrefix names the static GPU nodes: gpu-node-1, gpu-node-2...
 	staticNodePrefix = "gpu-node-"
 	// draNode is the static node of the node group in mode dra: label
-	// servingLabel=dra puts it in that group (draConfig), and a taint of the
-	// same key keeps pods off it unless they want it.
+	// servingLabel=dra puts it in that group (node.config in
+	// demo-values.yaml), and a taint of the same key keeps pods off it
+	// unless they want it.
 	draNode      = "gpu-node-dra"
 	servingLabel = api.Domain + "/serving"
 )
-
-// nodeConfig is gpufrac-node's config in the demo: the built-in defaults
-// (fractions on every GPU, the watchdog reporting), and mode dra for the
-// node group labelled gpufrac.io/serving: dra.
-const nodeConfig = `version: v1
-default:
-  mode: fraction
-groups:
-  - nodeSelector: {` + servingLabel + `: dra}
-    mode: dra
-`
 
 // queueGVR is gpufrac's Queue resource.
 var queueGVR = schema.GroupVersionResource{Group: api.Domain, Version: "v1alpha1", Resource: "queues"}
@@ -149,10 +139,11 @@ func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster
 			filepath.Join(cfg.root, "tests", "cluster", "testbed-values.yaml"),
 			filepath.Join(cfg.root, "tests", "demo", "demo-values.yaml"),
 		}},
+		// The node agents mount the chart's ConfigMap gpufrac-node-config
+		// (its config from demo-values.yaml) and follow its edits.
 		NodeAgents: &cluster.NodeAgentOptions{
 			// A node Karpenter removes takes its devices with it quickly.
 			StopGracePeriod: 5 * time.Second,
-			Config:          nodeConfig,
 		},
 	}
 	what := "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok"

@@ -298,8 +298,24 @@ The demo cluster keeps running. Try (kubectl 1.35 or newer; the bin/ tools need 
   kubectl describe pod eval-nightly                   # why it waits: condition and event with the numbers
   kubectl get resourceclaims,resourceslices           # the claims of the dra-* pods and the devices of gpu-node-dra
 %s  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)
-Logs: %s/ (gpufrac-coordinator.log, gpufrac-node-<node>.log, karpenter.log, ...).  Stop everything: make demo-down
-`, rel(cfg, cfg.kubeconfig()), scale, rel(cfg, filepath.Join(cfg.dir, "logs")))
+%sLogs: %s/ (gpufrac-coordinator.log, gpufrac-node-<node>.log, karpenter.log, ...).  Stop everything: make demo-down
+`, rel(cfg, cfg.kubeconfig()), scale, repartitionHowTo(cfg), rel(cfg, filepath.Join(cfg.dir, "logs")))
+}
+
+// repartitionHowTo says how to repartition a node as an admin does: the
+// last GPU of the last static node in MIG mode, through the ConfigMap every
+// node agent mounts (the demo's agents follow its edits within about a
+// second of the harness's mount sync; a kubelet takes up to a minute or so).
+func repartitionHowTo(cfg config) string {
+	node := staticNodePrefix + strconv.Itoa(cfg.nodes)
+	return fmt.Sprintf(`Repartition as an admin does, through the ConfigMap every gpufrac-node mounts:
+  kubectl -n gpufrac-system get cm gpufrac-node-config -o yaml   # the config the nodes run
+  kubectl -n gpufrac-system edit cm gpufrac-node-config          # add to config.yaml's groups (a GPU the view shows free):
+      - nodeSelector: {kubernetes.io/hostname: %s}
+        gpus: [{indices: "%d", mode: mig, migLayout: all-1g.10gb}]
+  bin/kubectl-gpufrac                                 # GPU %[2]d of %[1]s: mig 7× 1g.10gb (if nothing runs on it), 100 fraction units fewer
+  kubectl get events --field-selector reason=GPUConfigRejected   # a bad edit: the nodes keep their last good config and say why
+`, node, cfg.gpusPerNode-1)
 }
 
 // rel shortens a path inside the repository for messages.

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -85,6 +86,9 @@ type Node struct {
 	GPUs []GPU
 	// WholeGPUs and FractionUnits are the node's allocatable counts.
 	WholeGPUs, FractionUnits int64
+	// MIG is the node's allocatable MIG devices, by resource
+	// (nvidia.com/mig-1g.10gb -> 7); none is 0 or absent.
+	MIG map[string]int64
 	// NodePool is the Karpenter NodePool that made the node ("" for nodes
 	// Karpenter does not manage); InstanceType its instance type.
 	NodePool, InstanceType string
@@ -249,6 +253,14 @@ func BuildWithClaims(nodes []corev1.Node, pods []corev1.Pod, claims []resourceap
 		node := Node{Name: n.Name, Ready: nodeReady(n), Inventory: invErr == nil && len(inv) > 0,
 			WholeGPUs: whole.Value(), FractionUnits: units.Value(),
 			NodePool: n.Labels[labelKarpenterNodePool], InstanceType: n.Labels[corev1.LabelInstanceTypeStable]}
+		for name, q := range n.Status.Allocatable {
+			if strings.HasPrefix(string(name), api.MIGResourcePrefix) && q.Value() > 0 {
+				if node.MIG == nil {
+					node.MIG = map[string]int64{}
+				}
+				node.MIG[string(name)] = q.Value()
+			}
+		}
 		slices.SortFunc(inv, func(a, b api.GPUInfo) int { return cmp.Compare(a.Index, b.Index) })
 		for _, g := range inv {
 			node.GPUs = append(node.GPUs, GPU{GPUInfo: g})
@@ -636,8 +648,12 @@ func renderNode(w io.Writer, n Node, opts Options) {
 	if n.DRA {
 		fmt.Fprintf(w, "NODE %s (%s)%s  %s  served through DRA (driver %s)\n", n.Name, status, origin, model, api.DRADriver)
 	} else {
-		fmt.Fprintf(w, "NODE %s (%s)%s  %s  allocatable: %s %d, %s %d\n", n.Name, status, origin, model,
-			api.ResourceGPU, n.WholeGPUs, api.ResourceFraction, n.FractionUnits)
+		mig := ""
+		for _, name := range slices.Sorted(maps.Keys(n.MIG)) {
+			mig += fmt.Sprintf(", %s %d", name, n.MIG[name])
+		}
+		fmt.Fprintf(w, "NODE %s (%s)%s  %s  allocatable: %s %d, %s %d%s\n", n.Name, status, origin, model,
+			api.ResourceGPU, n.WholeGPUs, api.ResourceFraction, n.FractionUnits, mig)
 	}
 	renderProtection(w, n, opts)
 	if n.Inventory {
@@ -656,6 +672,9 @@ func renderNode(w io.Writer, n Node, opts Options) {
 				used = fmt.Sprintf("%d%%", g.UsedPercent())
 			}
 			mode := g.Mode
+			if len(g.MIGDevices) > 0 {
+				mode += " " + migDevices(g.MIGDevices)
+			}
 			if g.Driver == api.DRADriver {
 				mode += " (DRA)"
 			}
@@ -677,6 +696,20 @@ func renderNode(w io.Writer, n Node, opts Options) {
 	if len(fractions) > 0 {
 		fmt.Fprintf(w, "  fractions whose GPU is not written back yet: %s\n", strings.Join(fractions, ", "))
 	}
+}
+
+// migDevices describes a GPU's MIG devices by profile: "7× 1g.10gb",
+// "1× 3g.40gb + 2× 1g.10gb".
+func migDevices(ds []api.MIGDeviceInfo) string {
+	count := map[string]int{}
+	for _, d := range ds {
+		count[d.Profile]++
+	}
+	var parts []string
+	for _, p := range slices.Sorted(maps.Keys(count)) {
+		parts = append(parts, fmt.Sprintf("%d× %s", count[p], p))
+	}
+	return strings.Join(parts, " + ")
 }
 
 // renderProtection says which pods keep Karpenter from disrupting the node.

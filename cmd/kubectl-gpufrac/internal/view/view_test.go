@@ -263,3 +263,39 @@ func TestUsedPercent(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderMIG: a node whose GPU 3 an admin put in MIG mode shows its MIG
+// devices in the GPU's row and its MIG resources next to the allocatable.
+func TestRenderMIG(t *testing.T) {
+	n := gpuNode(t, "gpu-node-2", 4, true, -1)
+	inv, err := api.DecodeInventory(n.Annotations[api.AnnotationGPUInventory])
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv[3].Mode = "mig"
+	for i := range 7 {
+		inv[3].MIGDevices = append(inv[3].MIGDevices, api.MIGDeviceInfo{UUID: fmt.Sprintf("MIG-%d", i), Profile: "1g.10gb", Resource: "nvidia.com/mig-1g.10gb", MemoryMiB: 9856})
+	}
+	if n.Annotations[api.AnnotationGPUInventory], err = api.EncodeInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Allocatable[api.ResourceGPU] = resource.MustParse("3")
+	n.Status.Allocatable[api.ResourceFraction] = resource.MustParse("300")
+	n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+	n.Status.Allocatable["nvidia.com/mig-3g.40gb"] = resource.MustParse("0") // withdrawn, in the kubelet's grace period
+	var out strings.Builder
+	if err := Build([]corev1.Node{n}, nil).Render(&out, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"allocatable: nvidia.com/gpu 3, gpufrac.io/gpu-fraction 300, nvidia.com/mig-1g.10gb 7\n",
+		"mig 7× 1g.10gb",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the view lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "3g.40gb") {
+		t.Errorf("the view shows a withdrawn MIG resource:\n%s", out.String())
+	}
+}
