@@ -534,6 +534,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 	t.Run("GPUs through another scheduler", b.attackDefaultSchedulerGPU)
 	t.Run("host access to every GPU", b.attackHostAccess)
 	t.Run("the admin's opt-out of the tenant rules", b.attackAdminOptOut)
+	t.Run("pods a workload controller creates", b.attackThroughWorkloadControllers)
 
 	// Last: the victims' GPUs and queue are as they were.
 	b.checkVictimsUnchanged(t)
@@ -544,6 +545,10 @@ func setUp(t *testing.T) *bed {
 	t.Helper()
 	c := cluster.StartForTest(t, cluster.Options{
 		NodeAgents: &cluster.NodeAgentOptions{Binary: filepath.Join(binDir, "gpufrac-node"), Config: draConfig},
+		// Controllers under their own ServiceAccounts, as kubeadm and managed
+		// clusters run them: the pods a tenant's workloads create are then
+		// not a superuser's, and the tenant policies hold them too.
+		ExtraArgs: map[string][]string{"kube-controller-manager": {"--use-service-account-credentials=true"}},
 	})
 	ctx := t.Context()
 	b := &bed{c: c, victims: map[string]*corev1.Pod{}, victimDevices: map[string][]string{}}
