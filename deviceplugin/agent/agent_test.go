@@ -335,6 +335,15 @@ func TestFractionFollowsCoordinator(t *testing.T) {
 		t.Fatal(err)
 	}
 	reserved := res.DeviceIDs[0]
+	// The coordinator binds a fraction to a reserved GPU only once the
+	// reservation's GPU is written back, which gpufrac-node does after the
+	// kubelet lists the reservation's device: before that, the GPU is not
+	// known to be held by a reservation and the hint is not honoured (under
+	// load the fractions below could be allocated inside that window).
+	e.poll("the reservation's GPU written back", func() bool {
+		cur, err := e.client.CoreV1().Pods(reservation.Namespace).Get(e.ctx, reservation.Name, metav1.GetOptions{})
+		return err == nil && cur.Annotations[api.AnnotationReservedGPU] == reserved
+	})
 
 	got := map[string]string{} // pod -> GPU of its units
 	for _, p := range []*corev1.Pod{first, second} {
