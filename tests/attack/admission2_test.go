@@ -121,7 +121,7 @@ func (b *bed) attackPriority(t *testing.T) {
 // scheduler) run outside every queue (class 3).
 func (b *bed) attackDefaultSchedulerGPU(t *testing.T) {
 	const policy = "gpufrac-tenant-gpu-scheduler"
-	const phrase = "container main asks GPUs (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-* or a gpufrac DeviceClass) outside gpufrac's queues"
+	const phrase = "container main asks GPUs (nvidia.com/*, nvidia.com/gpu.shared, gpufrac.io/* or a gpufrac DeviceClass) outside gpufrac's queues"
 	for _, tc := range []struct {
 		name string
 		pod  *corev1.Pod

@@ -535,6 +535,7 @@ func TestTenantCannotTakeAnotherTeamsGPUQueueOrNode(t *testing.T) {
 	t.Run("host access to every GPU", b.attackHostAccess)
 	t.Run("the admin's opt-out of the tenant rules", b.attackAdminOptOut)
 	t.Run("pods a workload controller creates", b.attackThroughWorkloadControllers)
+	t.Run("the holes the review found", b.attackReviewedHoles)
 
 	// Last: the victims' GPUs and queue are as they were.
 	b.checkVictimsUnchanged(t)

@@ -103,3 +103,80 @@ func privileged(p *corev1.Pod) *corev1.Pod {
 	p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	return p
 }
+
+// attackReviewedHoles are the holes the hostile review of issue 25 found in
+// the tenant policies' first version, each refused now:
+//   - a GPU pod of high priority from a namespace of the tenant's that no
+//     Queue admits (it preempted team-b's whole-GPU pod and a reservation on
+//     the test bed);
+//   - a pod a controller creates as a superuser (kube-controller-manager in
+//     system:masters, as on clusters without per-controller credentials);
+//   - host namespaces, added capabilities and unconfined profiles, which
+//     reach other teams' GPU processes and the node's GPU sockets.
+func (b *bed) attackReviewedHoles(t *testing.T) {
+	t.Run("a GPU pod of system-node-critical from a namespace no queue admits", func(t *testing.T) {
+		const ns = "team-a-scratch"
+		if _, err := b.c.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer b.grantEdit(t, ns)()
+		p := builders.MakePod("vip-gpu", ns).SchedulerName(corev1.DefaultSchedulerName).GPUs(8).CPU("100m").Obj()
+		p.Spec.PriorityClassName = "system-node-critical"
+		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: victimNode}
+		b.mustRefuse(t, p, "gpufrac-tenant-priority", "priority class system-node-critical (priority 2000001000) outranks gpufrac's reservations")
+		// A GPU pod below the reservations that may preempt is refused
+		// there too; one that may not preempt is the tenant's to run.
+		b.priorityClass(t, "scratch-urgent", 2_000_000, corev1.PreemptLowerPriority)
+		p = builders.MakePod("urgent-gpu", ns).SchedulerName(corev1.DefaultSchedulerName).GPUs(1).CPU("100m").Obj()
+		p.Spec.PriorityClassName = "scratch-urgent"
+		b.mustRefuse(t, p, "gpufrac-tenant-priority", "preempts lower-priority pods")
+	})
+
+	t.Run("a controller's pod created by a superuser", func(t *testing.T) {
+		// The admin's own pods are the admin's; a pod a controller makes
+		// for a tenant's workload is the tenant's, whoever the controller
+		// runs as.
+		p := privileged(builders.MakePod("ctl-made", attackerNS).SchedulerName(corev1.DefaultSchedulerName).CPU("100m").Obj())
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "tenant-rs",
+			UID: "00000000-0000-0000-0000-000000000001", Controller: ptr.To(true)}}
+		_, err := b.c.Client.CoreV1().Pods(attackerNS).Create(t.Context(), p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused(t, err, "gpufrac-tenant-gpu-access", "container main is privileged")
+	})
+
+	t.Run("host namespaces, capabilities and unconfined profiles", func(t *testing.T) {
+		const policy = "gpufrac-tenant-gpu-access"
+		base := func(name string) *corev1.Pod {
+			return builders.MakePod(name, attackerNS).SchedulerName(corev1.DefaultSchedulerName).CPU("100m").Obj()
+		}
+		for _, tc := range []struct {
+			name, phrase string
+			mutate       func(*corev1.Pod)
+		}{
+			{"hostpid", "the pod asks hostPID", func(p *corev1.Pod) { p.Spec.HostPID = true }},
+			{"hostipc", "the pod asks hostIPC", func(p *corev1.Pod) { p.Spec.HostIPC = true }},
+			{"hostnetwork", "the pod asks hostNetwork", func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
+			{"sys-admin", "container main adds capabilities beyond Pod Security baseline's", func(p *corev1.Pod) {
+				p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}}
+			}},
+			{"sys-ptrace", "container main adds capabilities beyond Pod Security baseline's", func(p *corev1.Pod) {
+				p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_PTRACE"}}}
+			}},
+			{"seccomp-unconfined", "(pod): an Unconfined seccomp or AppArmor profile", func(p *corev1.Pod) {
+				p.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}}
+			}},
+			{"apparmor-unconfined", "main: an Unconfined seccomp or AppArmor profile", func(p *corev1.Pod) {
+				p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}}
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				p := base("host-" + tc.name)
+				tc.mutate(p)
+				b.mustRefuse(t, p, policy, tc.phrase)
+			})
+		}
+		// Baseline's own capabilities stay the tenant's to add.
+		p := base("host-ok")
+		p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_BIND_SERVICE"}}}
+		b.mayCreate(t, p)
+	})
+}

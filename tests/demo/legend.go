@@ -162,7 +162,7 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 			f.fractions, f.sharedGPUs)
 	}
 	if len(f.claimPods) > 0 {
-		add("\"(claim)\": a pod whose GPU share comes from a ResourceClaim (deployments/examples/claims.yaml: 30%% of a GPU, or 20 GiB of its memory): %s, on %d GPUs. kube-scheduler allocated the claims of default-scheduler pods, gpufrac-coordinator those of its own pods (with its queues and placement); gpufrac-node prepared them with the same memory limit and watchdog as a fraction's. No reservations there: a GPU's devices draw on the same counters, so a GPU with a share allocated is never allocated whole.",
+		add("\"(claim)\": a pod whose GPU share comes from a ResourceClaim (deployments/examples/claims.yaml: 30%% of a GPU, or 20 GiB of its memory): %s, on %d GPUs. gpufrac-coordinator allocated the claims, with its queues and placement (in a namespace a queue serves, pods with claims are gpufrac-scheduler's: the admission policies refuse kube-scheduler's); gpufrac-node prepared them with the same memory limit and watchdog as a fraction's. No reservations there: a GPU's devices draw on the same counters, so a GPU with a share allocated is never allocated whole.",
 			strings.Join(f.claimPods, ", "), f.claimGPUs)
 	}
 	if f.reservations > 0 {
