@@ -33,6 +33,11 @@ var ErrAllocatedElsewhere = errors.New("claim allocated by someone else meanwhil
 // pod) but is not the claim the coordinator writes for the pod's resources.
 var ErrForeignExtendedClaim = errors.New("not the extended-resource claim the coordinator writes for the pod")
 
+// ErrClaimReplaced means a claim read again while it was being written is
+// another object under the same name (another UID): the claim planned for
+// was deleted and someone made a new one under its name.
+var ErrClaimReplaced = errors.New("claim deleted and made again under its name")
+
 // CheckExtendedClaim tells whether claim may be taken up as pod's
 // extended-resource claim: nil when it is in the pod's namespace, its
 // controller is the pod, and its spec is exactly what ExtendedClaim builds
@@ -167,8 +172,9 @@ func NewWriter(client kubernetes.Interface) *Writer { return &Writer{client: cli
 // written is what Write did for one plan, for Undo.
 type written struct {
 	namespace, name string
-	created         bool // the extended claim: delete it
-	allocated       bool // we wrote the allocation
+	uid             types.UID // the claim written: another under its name is left alone
+	created         bool      // the extended claim: delete it
+	allocated       bool      // we wrote the allocation
 }
 
 // Write persists plans for pod before its binding: the extended claim is
@@ -229,7 +235,7 @@ func (w *Writer) writeOne(ctx context.Context, pod *corev1.Pod, p *Planned) (wri
 		claim, wr.name, wr.created = c, c.Name, true
 		p.Claim = c
 	}
-	wr.name = claim.Name
+	wr.name, wr.uid = claim.Name, claim.UID
 	if p.Allocation != nil && !slices.Contains(claim.Finalizers, resourceapi.Finalizer) {
 		c := claim.DeepCopy()
 		c.Finalizers = append(c.Finalizers, resourceapi.Finalizer)
@@ -259,6 +265,19 @@ func (w *Writer) writeOne(ctx context.Context, pod *corev1.Pod, p *Planned) (wri
 			if getErr != nil {
 				return getErr
 			}
+			// Untrusted: the name may now be another claim (a tenant
+			// deleted the one planned for, its finalizer already there,
+			// and made one with its own spec). Only the claim planned
+			// for, and for the extended claim only a spec the pod's
+			// resources ask, gets the allocation.
+			if fresh.UID != claim.UID {
+				return fmt.Errorf("claim %s/%s: %w", fresh.Namespace, fresh.Name, ErrClaimReplaced)
+			}
+			if p.Extended {
+				if err := CheckExtendedClaim(pod, fresh); err != nil {
+					return err
+				}
+			}
 			claim = fresh
 		}
 		return err
@@ -277,14 +296,15 @@ func (w *Writer) Undo(ctx context.Context, pod *corev1.Pod, plans []Planned) {
 		if p.Claim.Name == "" {
 			continue // an extended claim never created
 		}
-		done = append(done, written{namespace: pod.Namespace, name: p.Claim.Name, created: p.Extended, allocated: p.Allocation != nil})
+		done = append(done, written{namespace: pod.Namespace, name: p.Claim.Name, uid: p.Claim.UID, created: p.Extended, allocated: p.Allocation != nil})
 	}
 	w.undo(ctx, pod, done)
 }
 
 // undo removes the pod from each claim's reservedFor; a claim we allocated
 // that nobody else reserved loses its allocation and finalizer; an
-// extended claim we created is deleted. Errors are logged: the claim
+// extended claim we created is deleted. A claim made again under the name
+// since (another UID) is not ours and is left alone. Errors are logged: the claim
 // controller of kube-controller-manager cleans up reservations of pods that
 // are gone.
 func (w *Writer) undo(ctx context.Context, pod *corev1.Pod, done []written) {
@@ -294,8 +314,12 @@ func (w *Writer) undo(ctx context.Context, pod *corev1.Pod, done []written) {
 		if d.created {
 			// Its finalizer would keep it: take the allocation back first.
 			d.allocated = true
+			opts := metav1.DeleteOptions{}
+			if d.uid != "" {
+				opts.Preconditions = &metav1.Preconditions{UID: &d.uid}
+			}
 			defer func() {
-				if err := claims.Delete(ctx, d.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				if err := claims.Delete(ctx, d.name, opts); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 					logger.Error(err, "Deleting the extended-resource claim of an unbound pod", "claim", klog.KRef(d.namespace, d.name))
 				}
 			}()
@@ -304,6 +328,9 @@ func (w *Writer) undo(ctx context.Context, pod *corev1.Pod, done []written) {
 			c, err := claims.Get(ctx, d.name, metav1.GetOptions{})
 			if err != nil {
 				return err
+			}
+			if d.uid != "" && c.UID != d.uid {
+				return nil
 			}
 			c.Status.ReservedFor = slices.DeleteFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == pod.UID })
 			if d.allocated && len(c.Status.ReservedFor) == 0 {

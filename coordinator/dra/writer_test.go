@@ -3,11 +3,14 @@ package dra
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
@@ -126,5 +129,85 @@ func TestCheckExtendedClaimAfterARoundTrip(t *testing.T) {
 				t.Errorf("%s, read back from %s: %v", pod.Name, enc, err)
 			}
 		}
+	}
+}
+
+// TestWriteRefusesAClaimMadeAgainMeanwhile (review of issue 25, finding
+// 6): the claim taken up passes CheckExtendedClaim and already carries the
+// delete-protection finalizer (the tenant set it, so no update precedes the
+// status write). Between the read and the status write the tenant deletes
+// it and makes another under its name; the status write meets a conflict
+// and the writer reads the claim again. The new claim (another UID; the
+// same spec or the tenant's own) gets no allocation and no reservation, and
+// Write fails, so the pod is not bound with it.
+func TestWriteRefusesAClaimMadeAgainMeanwhile(t *testing.T) {
+	tests := []struct {
+		name   string
+		remake func(c *resourceapi.ResourceClaim)
+	}{
+		{name: "same spec, another UID", remake: func(*resourceapi.ResourceClaim) {}},
+		{name: "the tenant's spec", remake: func(c *resourceapi.ResourceClaim) {
+			c.Spec = builders.MakeClaim("x", "team").WholeGPUs(4).Obj().Spec
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, ctx := ktesting.NewTestContext(t)
+			pod := builders.MakePod("p", "team").Fraction(30).UID("pod-uid").Obj()
+			claim, mappings := ExtendedClaim(pod)
+			claim.Name, claim.GenerateName, claim.ResourceVersion, claim.UID = "p-extended-resources-abcde", "", "7", "claim-uid"
+			claim.Finalizers = []string{resourceapi.Finalizer}
+			client := fake.NewClientset(pod, claim)
+			read, err := client.ResourceV1().ResourceClaims("team").Get(ctx, claim.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := CheckExtendedClaim(pod, read); err != nil {
+				t.Fatalf("the claim read first must pass the check: %v", err)
+			}
+			tenants := claim.DeepCopy()
+			tenants.UID = "tenant-uid"
+			tt.remake(tenants)
+			swapped := false
+			client.PrependReactor("update", "resourceclaims", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if swapped || a.GetSubresource() != "status" {
+					return false, nil, nil
+				}
+				// The claim is deleted and made again before the write lands.
+				swapped = true
+				if err := client.Tracker().Delete(a.GetResource(), "team", claim.Name); err != nil {
+					t.Fatal(err)
+				}
+				if err := client.Tracker().Add(tenants); err != nil {
+					t.Fatal(err)
+				}
+				return true, nil, apierrors.NewConflict(a.GetResource().GroupResource(), claim.Name, errors.New("the object has been modified"))
+			})
+			alloc := allocated("x", result("gpu-0-shares", true, map[string]string{"shares": "30"})).Allocation
+			err = NewWriter(client).Write(ctx, pod, []Planned{{Claim: read, Allocation: alloc, Extended: true, Mappings: mappings}})
+			if !swapped {
+				t.Fatal("the status write never ran")
+			}
+			if !errors.Is(err, ErrClaimReplaced) {
+				t.Errorf("Write = %v, want ErrClaimReplaced", err)
+			}
+			got, err := client.ResourceV1().ResourceClaims("team").Get(ctx, claim.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.Allocation != nil || len(got.Status.ReservedFor) != 0 {
+				t.Errorf("the claim made again got allocation %+v, reservedFor %+v; want none", got.Status.Allocation, got.Status.ReservedFor)
+			}
+			if !slices.Equal(got.Finalizers, tenants.Finalizers) {
+				t.Errorf("the claim made again has finalizers %v, want %v as its maker set them", got.Finalizers, tenants.Finalizers)
+			}
+			p, err := client.CoreV1().Pods("team").Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := p.Status.ExtendedResourceClaimStatus; s != nil {
+				t.Errorf("the pod's status names claim %s; want none", s.ResourceClaimName)
+			}
+		})
 	}
 }

@@ -2,18 +2,26 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -71,4 +79,95 @@ func TestClaimsOfAPodThatMayBeBoundAreKept(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPodWhoseBindingMayHaveLandedKeepsItsGPU (review of issue 25,
+// finding 7): a binding answered with an error whose outcome is unknown
+// (binder.ErrBindingUnknown) left the pod no longer assumed, so until the
+// informer showed it bound its GPU share counted nowhere and the next cycle
+// placed another pod into it. It stays assumed: the next cycle neither
+// places another pod into its share nor binds it again; once the informer
+// shows it bound it counts as bound, and if the informer still shows it
+// unbound past bindUnknownHold it goes back to pending and is placed again.
+func TestPodWhoseBindingMayHaveLandedKeepsItsGPU(t *testing.T) {
+	unknown := fmt.Errorf("binding pod default/a to n1: timeout; %w: etcd leader changed", binder.ErrBindingUnknown)
+	tests := []struct {
+		name      string
+		pod       func(name string) *corev1.Pod
+		shownOnN1 bool // the informer shows a bound to n1 after the failure
+	}{
+		{name: "fraction, not bound", pod: func(n string) *corev1.Pod { return fracPod(n, "q", 60) }},
+		{name: "whole GPU, not bound", pod: func(n string) *corev1.Pod { return gpuPod(n, "q", 1) }},
+		{name: "fraction, bound after all", pod: func(n string) *corev1.Pod { return fracPod(n, "q", 60) }, shownOnN1: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			failed := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+			clk := clocktesting.NewFakeClock(failed)
+			a := tt.pod("a")
+			a.CreationTimestamp = metav1.NewTime(failed)
+			c := newClockedCluster(t, clk, h100Node("n1", "a", 1), a)
+			c.b.NextBindErr = unknown
+			c.cycle()
+			if c.b.BindCalls != 1 || c.boundTo("a") != "" {
+				t.Fatalf("first cycle: %d bindings, a bound to %q; want one failed binding", c.b.BindCalls, c.boundTo("a"))
+			}
+			if tt.shownOnN1 {
+				bound := admitted(tt.pod("a"), "n1")
+				bound.Annotations[api.AnnotationGPU] = "GPU-n1-0"
+				_ = c.pods.Update(bound)
+				c.s.OnPod(bound)
+			}
+
+			// b asks what a may hold, and goes first (older): it must not be
+			// placed there, and a is not bound again while its outcome is
+			// unknown.
+			b := tt.pod("b")
+			b.CreationTimestamp = metav1.NewTime(clk.Now().Add(-time.Hour))
+			_ = c.pods.Add(b)
+			for _, step := range []time.Duration{time.Second, bindUnknownHold - 2*time.Second} {
+				clk.Step(step)
+				c.cycle()
+				if c.boundTo("b") != "" || c.b.BindCalls != 1 {
+					t.Fatalf("%v after the failure: b bound to %q, %d bindings; want b pending and a not bound again",
+						clk.Since(failed), c.boundTo("b"), c.b.BindCalls)
+				}
+			}
+			_ = c.pods.Delete(b)
+
+			// Past the hold: a pod the informer still shows unbound is
+			// placed again; a pod shown bound stays as it is.
+			clk.Step(2 * time.Second)
+			c.cycle()
+			want, wantCalls := "n1", 2
+			if tt.shownOnN1 {
+				want, wantCalls = "", 1
+			}
+			if c.boundTo("a") != want || c.b.BindCalls != wantCalls {
+				t.Errorf("past the hold: a bound to %q after %d bindings, want %q after %d", c.boundTo("a"), c.b.BindCalls, want, wantCalls)
+			}
+		})
+	}
+}
+
+// newClockedCluster is newCluster with one queue q of 8 GPUs, node, pods and the scheduler on clk.
+func newClockedCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Node, pods ...*corev1.Pod) *cluster {
+	t.Helper()
+	c := &cluster{t: t, b: schedulertest.NewBinder(),
+		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+	}
+	_ = c.nodes.Add(node)
+	for _, p := range pods {
+		_ = c.pods.Add(p)
+	}
+	s, err := New(Options{Policy: "binpack", BindWorkers: 1}, Deps{
+		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
+		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.s = s
+	return c
 }

@@ -241,7 +241,21 @@ type Scheduler struct {
 type assumedPod struct {
 	state.Assumed
 	since time.Time
+	// unknown: its binding's outcome is unknown (binder.ErrBindingUnknown),
+	// learned at since. It stays assumed until the informer shows it bound
+	// or gone, or for bindUnknownHold (step 1 of Cycle).
+	unknown bool
 }
+
+// bindUnknownHold is how long a pod whose binding's outcome is unknown stays
+// assumed while the informer shows it neither bound nor gone. The API
+// server answered neither the binding nor the reads back, and its watch may
+// be as slow to come back; forgotten at once, a pod it did bind would stop
+// counting on its GPU until the informer shows it, and another pod could be
+// placed into that share. Past the hold the pod is taken for not bound and
+// placed again (were it bound after all, that second binding is refused:
+// the pod is already assigned).
+const bindUnknownHold = 30 * time.Second
 
 type bindTask struct {
 	pod         *corev1.Pod
@@ -437,7 +451,10 @@ func (s *Scheduler) bindLoop(ctx context.Context) {
 }
 
 // runBind writes one binding. On failure the pod is no longer assumed: it
-// goes back to pending and the next cycle places it again.
+// goes back to pending and the next cycle places it again. When the outcome
+// is unknown (binder.ErrBindingUnknown) it stays assumed where it was
+// placed, so its GPUs keep counting, until the informer shows it bound or
+// gone or bindUnknownHold passes; meanwhile no cycle places it again.
 func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 	s.unsay(t.pod)
 	s.fault(ctx, FaultBind)
@@ -457,9 +474,10 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		case errors.Is(err, binder.ErrBindingUnknown):
 			// The API server may have bound the pod: its claims stay
 			// (taken back, a bound pod would run without its devices and
-			// they would go to another pod). The pod goes back to pending;
-			// if it is bound the informer shows it, else the next cycle
-			// finds its claims allocated and binds it where they are.
+			// they would go to another pod). The pod stays assumed (below):
+			// if it is bound the informer shows it, else once
+			// bindUnknownHold passes a cycle finds its claims allocated and
+			// binds it where they are.
 			klog.FromContext(ctx).Info("Binding outcome unknown; the pod's resource claims are kept", "pod", klog.KObj(t.pod), "node", t.node)
 		default:
 			s.deps.DRA.Writer.Undo(ctx, t.pod, t.claims)
@@ -471,9 +489,20 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		s.fault(ctx, FaultGangMemberBound)
 	}
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
+		unknown := errors.Is(err, binder.ErrBindingUnknown)
+		if unknown {
+			klog.FromContext(ctx).Error(err, "Binding outcome unknown; the pod stays assumed until the informer shows it", "pod", klog.KObj(t.pod), "node", t.node, "hold", bindUnknownHold)
+		} else {
+			klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
+		}
 		s.mu.Lock()
-		delete(s.assumed, t.pod.UID)
+		if a, ok := s.assumed[t.pod.UID]; ok && unknown {
+			// Not re-added when the informer already showed it bound or gone.
+			a.unknown, a.since = true, s.clock.Now()
+			s.assumed[t.pod.UID] = a
+		} else {
+			delete(s.assumed, t.pod.UID)
+		}
 		if t.gang != "" {
 			s.gangErr[t.gang] = fmt.Sprintf("binding %s to %s: %v", t.pod.Name, t.node, err)
 		}
@@ -648,6 +677,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	s.mu.Lock()
 	assumed := make(map[types.UID]state.Assumed, len(s.assumed))
 	for uid, a := range s.assumed {
+		if a.unknown && start.Sub(a.since) >= bindUnknownHold {
+			// Its binding's outcome unknown, and not shown bound or gone
+			// since: taken for not bound, it goes back to pending.
+			logger.V(2).Info("Binding outcome still unknown and the pod not shown bound; it is placed again", "podUID", uid, "node", a.Node)
+			delete(s.assumed, uid)
+			continue
+		}
 		assumed[uid] = a.Assumed
 	}
 	s.mu.Unlock()
