@@ -58,6 +58,14 @@ func (b *bed) priorityClass(t *testing.T, name string, value int32, policy corev
 	t.Cleanup(func() {
 		_ = b.c.Client.SchedulingV1().PriorityClasses().Delete(context.WithoutCancel(t.Context()), name, metav1.DeleteOptions{})
 	})
+	// The Priority admission plugin reads classes through an informer: wait
+	// until it resolves this one (a dry run of the admin's, not checked by
+	// the tenant policies).
+	waitFor(t, 10*time.Second, "priority class "+name+" known to admission", func(ctx context.Context) (bool, error) {
+		p := builders.MakePod("probe-"+name, attackerNS).SchedulerName(corev1.DefaultSchedulerName).PriorityClass(name).Obj()
+		_, err := b.c.Client.CoreV1().Pods(attackerNS).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil || !strings.Contains(err.Error(), "no PriorityClass"), nil
+	})
 }
 
 // kubePod is a pod of the tenant for kube-scheduler, tolerating every taint
@@ -121,7 +129,7 @@ func (b *bed) attackPriority(t *testing.T) {
 // scheduler) run outside every queue (class 3).
 func (b *bed) attackDefaultSchedulerGPU(t *testing.T) {
 	const policy = "gpufrac-tenant-gpu-scheduler"
-	const phrase = "container main asks GPUs (nvidia.com/*, nvidia.com/gpu.shared, gpufrac.io/* or a gpufrac DeviceClass) outside gpufrac's queues"
+	const phrase = "container main asks GPUs (nvidia.com/gpu, nvidia.com/gpu.*, nvidia.com/mig-*, nvidia.com/gpu.shared, gpufrac.io/* or a gpufrac DeviceClass) outside gpufrac's queues"
 	for _, tc := range []struct {
 		name string
 		pod  *corev1.Pod

@@ -16,7 +16,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -174,9 +176,41 @@ func (b *bed) attackReviewedHoles(t *testing.T) {
 				b.mustRefuse(t, p, policy, tc.phrase)
 			})
 		}
-		// Baseline's own capabilities stay the tenant's to add.
+		t.Run("selinux-spc", func(t *testing.T) {
+			p := base("host-spc")
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{SELinuxOptions: &corev1.SELinuxOptions{Type: "spc_t"}}
+			b.mustRefuse(t, p, policy, "main: an Unconfined seccomp or AppArmor profile, an SELinux type outside")
+		})
+		// Baseline's own capabilities stay the tenant's to add, and
+		// IPC_LOCK (RDMA); NVIDIA resources that are no GPUs (the network
+		// operator's NICs) stay kube-scheduler's.
 		p := base("host-ok")
-		p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_BIND_SERVICE"}}}
+		p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_BIND_SERVICE", "IPC_LOCK"}},
+			SELinuxOptions: &corev1.SELinuxOptions{Type: "container_t"}}
 		b.mayCreate(t, p)
+		nic := base("nic-ok")
+		nic.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/hostdev": resource.MustParse("1")}
+		nic.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"nvidia.com/hostdev": resource.MustParse("1")}
+		b.mayCreate(t, nic)
+	})
+
+	t.Run("a pod from before the rules keeps taking updates", func(t *testing.T) {
+		// The admin's own pod (not checked) carries an unconfined AppArmor
+		// annotation; the tenant's label on it, and a controller's update,
+		// must not be refused for what was there already.
+		p := builders.MakePod("old-unconfined", attackerNS).SchedulerName(corev1.DefaultSchedulerName).CPU("100m").
+			Annotation("container.apparmor.security.beta.kubernetes.io/main", "unconfined").Obj()
+		if _, err := b.c.Client.CoreV1().Pods(attackerNS).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_ = b.c.Client.CoreV1().Pods(attackerNS).Delete(context.WithoutCancel(t.Context()), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		}()
+		if _, err := b.tenant.CoreV1().Pods(attackerNS).Patch(t.Context(), p.Name, types.MergePatchType,
+			mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"touched": "yes"}}}), metav1.PatchOptions{}); err != nil {
+			t.Errorf("the tenant's label on a pod that was there before: %v", err)
+		}
+		// (Adding such an annotation to a pod later is refused by the API
+		// server's own validation: AppArmor annotations are set at creation.)
 	})
 }

@@ -101,33 +101,25 @@ func TestPoliciesMatchTheCode(t *testing.T) {
 			t.Errorf("protocol policy's %s identity %s, want %q", sa, got, want)
 		}
 	}
-	// The tenant policies hold every resource under nvidia.com/ to gpufrac's
-	// queues: the whole-GPU, time-slice and MIG resources must be there.
-	const nvidiaPrefix = "nvidia.com/"
-	for what, name := range map[string]string{"whole-GPU resource": api.ResourceGPU, "time-slice resource": api.DefaultTimesliceResource, "MIG resource prefix": api.MIGResourcePrefix} {
-		if !strings.HasPrefix(name, nvidiaPrefix) {
-			t.Errorf("the %s %s is not under %s, which the tenant policies hold to the queues", what, name, nvidiaPrefix)
-		}
-	}
 	text := ""
 	for _, spec := range ps {
 		text += strings.Join(strings.Fields(stringOf(spec)), " ")
 	}
 	for what, want := range map[string]string{
-		"scheduler name":         "'" + api.SchedulerName + "'",
-		"reservation namespace":  "'" + api.ReservationNamespace + "'",
-		"reservation image":      "'" + reservation.DefaultOptions().Image + "'",
-		"placeholder image":      "'" + placeholder.DefaultOptions().Image + "'",
-		"queue label":            "'" + api.LabelQueue + "'",
-		"default-queue label":    "'" + api.LabelDefaultQueue + "'",
-		"role label":             "'" + api.LabelRole + "'",
-		"reservation prefix":     "'" + api.ReservationNamePrefix + "'",
-		"placeholder prefix":     "'" + placeholder.NamePrefix + "'",
-		"fraction resource":      "'" + api.ResourceFraction + "'",
-		"the variable":           "'" + api.EnvVisibleDevices + "'",
-		"whole-GPU resource":     "'" + api.ResourceGPU + "'",
-		"time-slice resource":    "'" + api.DefaultTimesliceResource + "'",
-		"NVIDIA resource prefix": "'" + nvidiaPrefix + "'",
+		"scheduler name":        "'" + api.SchedulerName + "'",
+		"reservation namespace": "'" + api.ReservationNamespace + "'",
+		"reservation image":     "'" + reservation.DefaultOptions().Image + "'",
+		"placeholder image":     "'" + placeholder.DefaultOptions().Image + "'",
+		"queue label":           "'" + api.LabelQueue + "'",
+		"default-queue label":   "'" + api.LabelDefaultQueue + "'",
+		"role label":            "'" + api.LabelRole + "'",
+		"reservation prefix":    "'" + api.ReservationNamePrefix + "'",
+		"placeholder prefix":    "'" + placeholder.NamePrefix + "'",
+		"fraction resource":     "'" + api.ResourceFraction + "'",
+		"the variable":          "'" + api.EnvVisibleDevices + "'",
+		"whole-GPU resource":    "'" + api.ResourceGPU + "'",
+		"time-slice resource":   "'" + api.DefaultTimesliceResource + "'",
+		"MIG resource prefix":   "'" + api.MIGResourcePrefix + "'",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the policies never name the %s %s", what, want)
