@@ -12,16 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	clienttesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
-	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -153,21 +150,6 @@ func TestPodWhoseBindingMayHaveLandedKeepsItsGPU(t *testing.T) {
 // newClockedCluster is newCluster with one queue q of 8 GPUs, node, pods and the scheduler on clk.
 func newClockedCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Node, pods ...*corev1.Pod) *cluster {
 	t.Helper()
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	_ = c.nodes.Add(node)
-	for _, p := range pods {
-		_ = c.pods.Add(p)
-	}
-	s, err := New(Options{Policy: "binpack", BindWorkers: 1}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
-	return c
+	return newClusterWith(t, Options{Policy: "binpack", BindWorkers: 1},
+		Deps{Queues: staticQueues{queueOf("q", "8")}, Clock: clk}, []*corev1.Node{node}, pods...)
 }

@@ -10,13 +10,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
-	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -36,23 +33,10 @@ func lostReservationCluster(t *testing.T, pods ...*corev1.Pod) (*cluster, *fake.
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC))
 	client := fake.NewClientset()
 	rm := reservation.NewManager(client, nil, reservation.DefaultOptions(), clk)
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	_ = c.nodes.Add(h100Node("n1", "a", 2))
-	for _, p := range pods {
-		_ = c.pods.Add(p)
-	}
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{BindWorkers: 1}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk, Reserver: rm, Registry: reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
+	c := newClusterWith(t, Options{BindWorkers: 1},
+		Deps{Queues: staticQueues{queueOf("q", "8")}, Clock: clk, Reserver: rm, Registry: reg},
+		[]*corev1.Node{h100Node("n1", "a", 2)}, pods...)
 	return c, client, reg
 }
 

@@ -43,6 +43,14 @@ type cluster struct {
 
 func newCluster(t testing.TB, policy string, nodes []*corev1.Node, queues []*v1alpha1.Queue, pods ...*corev1.Pod) *cluster {
 	t.Helper()
+	return newClusterWith(t, Options{Policy: policy, BindWorkers: 1}, Deps{Queues: staticQueues(queues)}, nodes, pods...)
+}
+
+// newClusterWith is a scheduler of opts over nodes and pods given as data,
+// with the fake binder as Binder, Evictor and Releaser; deps gives the rest
+// (queues, clock, reservation manager, registry).
+func newClusterWith(t testing.TB, opts Options, deps Deps, nodes []*corev1.Node, pods ...*corev1.Pod) *cluster {
+	t.Helper()
 	c := &cluster{t: t, b: schedulertest.NewBinder(),
 		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
@@ -53,10 +61,9 @@ func newCluster(t testing.TB, policy string, nodes []*corev1.Node, queues []*v1a
 	for _, p := range pods {
 		_ = c.pods.Add(p)
 	}
-	s, err := New(Options{Policy: policy, BindWorkers: 1}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues(queues), Binder: c.b, Evictor: c.b, Releaser: c.b,
-	})
+	deps.Pods, deps.Nodes = corelisters.NewPodLister(c.pods), corelisters.NewNodeLister(c.nodes)
+	deps.Binder, deps.Evictor, deps.Releaser = c.b, c.b, c.b
+	s, err := New(opts, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -756,21 +763,8 @@ func (c *cluster) expectBound(clk *clocktesting.FakeClock, step time.Duration, w
 // whole-GPU pod w of queue q.
 func settlingCluster(t *testing.T, clk *clocktesting.FakeClock, node *corev1.Node) *cluster {
 	t.Helper()
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	_ = c.nodes.Add(node)
-	_ = c.pods.Add(gpuPod("w", "q", 1))
-	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
-	return c
+	return newClusterWith(t, Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second},
+		Deps{Queues: staticQueues{queueOf("q", "8")}, Clock: clk}, []*corev1.Node{node}, gpuPod("w", "q", 1))
 }
 
 // A Karpenter node deleted and made again under the same name between two

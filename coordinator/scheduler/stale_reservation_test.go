@@ -8,13 +8,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
-	"github.com/gpufrac/gpufrac/coordinator/scheduler/schedulertest"
 )
 
 // TestNoFractionOnAStaleReservationAfterItsNodeSettled: the reservation
@@ -34,20 +31,8 @@ func TestNoFractionOnAStaleReservationAfterItsNodeSettled(t *testing.T) {
 	ro := reservation.DefaultOptions()
 	ro.Grace, ro.AdmitTimeout = time.Minute, time.Hour
 	rm := reservation.NewManager(client, nil, ro, clk)
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	_ = c.nodes.Add(node)
-	_ = c.pods.Add(res)
-	s, err := New(Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second}, Deps{
-		Pods: corelisters.NewPodLister(c.pods), Nodes: corelisters.NewNodeLister(c.nodes),
-		Queues: staticQueues{queueOf("q", "8")}, Binder: c.b, Evictor: c.b, Releaser: c.b, Clock: clk, Reserver: rm,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
+	c := newClusterWith(t, Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second},
+		Deps{Queues: staticQueues{queueOf("q", "8")}, Clock: clk, Reserver: rm}, []*corev1.Node{node}, res)
 
 	c.cycle() // idle from now
 	clk.Step(2 * time.Minute)
