@@ -77,7 +77,8 @@ type (
 		Mounts      []mount      `json:"mounts,omitempty"`
 	}
 	deviceNode struct {
-		Path string `json:"path"`
+		Path     string `json:"path"`
+		HostPath string `json:"hostPath,omitempty"`
 	}
 	hook struct {
 		HookName string   `json:"hookName"`
@@ -97,6 +98,16 @@ const driverVersion = "570.124.06"
 
 // Spec returns the YAML spec for gpus; no strategies means index and uuid.
 func Spec(gpus []GPU, strategies ...NameStrategy) []byte {
+	return SpecAt("", gpus, strategies...)
+}
+
+// SpecAt is Spec as `nvidia-ctk cdi generate --driver-root=<driverRoot>
+// --dev-root=<driverRoot>` writes it, the GPU operator's containerized driver:
+// device nodes, library mounts and the hook are taken from under driverRoot
+// on the host and appear at their usual paths in the container. The test
+// bed's real nodes keep their mock driver (device nodes, empty libraries, a
+// no-op hook) there. An empty driverRoot is Spec.
+func SpecAt(driverRoot string, gpus []GPU, strategies ...NameStrategy) []byte {
 	if len(strategies) == 0 {
 		strategies = []NameStrategy{ByIndex, ByUUID}
 	}
@@ -130,8 +141,22 @@ func Spec(gpus []GPU, strategies ...NameStrategy) []byte {
 		}
 	}
 	s.Devices = append(s.Devices, device{Name: "all", ContainerEdits: edits{DeviceNodes: all}})
+	s.ContainerEdits = commonEdits()
+	if driverRoot != "" {
+		s.rehost(driverRoot)
+	}
+	out, err := yaml.Marshal(s)
+	if err != nil {
+		panic(err) // plain structs: cannot fail
+	}
+	return append([]byte("---\n"), out...)
+}
+
+// commonEdits are the spec's edits for every device: the control device
+// nodes, the toolkit's hooks and the driver's library and tool mounts.
+func commonEdits() edits {
 	lib := "/usr/lib/x86_64-linux-gnu"
-	s.ContainerEdits = edits{
+	e := edits{
 		Env:         []string{"NVIDIA_VISIBLE_DEVICES=void"},
 		DeviceNodes: []deviceNode{{Path: "/dev/nvidia-modeset"}, {Path: "/dev/nvidia-uvm"}, {Path: "/dev/nvidia-uvm-tools"}, {Path: "/dev/nvidiactl"}},
 		Hooks: []hook{
@@ -141,17 +166,48 @@ func Spec(gpus []GPU, strategies ...NameStrategy) []byte {
 	}
 	for _, l := range []string{"libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so"} {
 		p := fmt.Sprintf("%s/%s.%s", lib, l, driverVersion)
-		s.ContainerEdits.Mounts = append(s.ContainerEdits.Mounts, mount{HostPath: p, ContainerPath: p, Options: []string{"ro", "nosuid", "nodev", "bind"}})
+		e.Mounts = append(e.Mounts, mount{HostPath: p, ContainerPath: p, Options: []string{"ro", "nosuid", "nodev", "bind"}})
 	}
 	for _, b := range []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"} {
 		p := "/usr/bin/" + b
-		s.ContainerEdits.Mounts = append(s.ContainerEdits.Mounts, mount{HostPath: p, ContainerPath: p, Options: []string{"ro", "nosuid", "nodev", "bind"}})
+		e.Mounts = append(e.Mounts, mount{HostPath: p, ContainerPath: p, Options: []string{"ro", "nosuid", "nodev", "bind"}})
 	}
-	out, err := yaml.Marshal(s)
-	if err != nil {
-		panic(err) // plain structs: cannot fail
+	return e
+}
+
+// rehost points every host path of the spec under driverRoot.
+func (s *spec) rehost(driverRoot string) {
+	nodes := func(ns []deviceNode) {
+		for i := range ns {
+			ns[i].HostPath = filepath.Join(driverRoot, ns[i].Path)
+		}
 	}
-	return append([]byte("---\n"), out...)
+	for i := range s.Devices {
+		nodes(s.Devices[i].ContainerEdits.DeviceNodes)
+	}
+	nodes(s.ContainerEdits.DeviceNodes)
+	for i := range s.ContainerEdits.Mounts {
+		s.ContainerEdits.Mounts[i].HostPath = filepath.Join(driverRoot, s.ContainerEdits.Mounts[i].HostPath)
+	}
+	for i := range s.ContainerEdits.Hooks {
+		s.ContainerEdits.Hooks[i].Path = filepath.Join(driverRoot, s.ContainerEdits.Hooks[i].Path)
+	}
+}
+
+// DriverFiles lists what SpecAt's spec names under its driver root, other
+// than the device nodes: the driver's libraries and tools (files that must
+// exist to be mounted) and the hook (a program the runtime runs).
+func DriverFiles() (files, hooks []string) {
+	e := commonEdits()
+	for _, m := range e.Mounts {
+		files = append(files, m.HostPath)
+	}
+	for _, h := range e.Hooks {
+		if !slices.Contains(hooks, h.Path) {
+			hooks = append(hooks, h.Path)
+		}
+	}
+	return files, hooks
 }
 
 // Write writes a spec into dir as nvidia.yaml (a new file renamed over the
