@@ -1,0 +1,59 @@
+package cluster
+
+import (
+	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestMockDriverRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mknod of character devices needs root")
+	}
+	root := t.TempDir()
+	d, err := NewMockDriver(root, "node-a", "dgxh100", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.GPUs) != 2 {
+		t.Fatalf("%d GPUs, want 2", len(d.GPUs))
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(root, "dev/nvidia1"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFCHR || st.Rdev>>8 != nvidiaMajor {
+		t.Errorf("dev/nvidia1: mode %o rdev %x, want a character device of major 195", st.Mode, st.Rdev)
+	}
+	spec, err := d.WriteSpec(filepath.Join(root, "cdi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(spec)
+	for _, want := range []string{"hostPath: " + root + "/dev/nvidia1", "path: /dev/nvidia1", d.GPUs[1].UUID, root + "/usr/bin/nvidia-cdi-hook"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("spec lacks %q:\n%s", want, b)
+		}
+	}
+	files, hooks := driverPaths(t, root)
+	for _, p := range append(files, hooks...) {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("the spec names %s, which does not exist: %v", p, err)
+		}
+	}
+}
+
+func driverPaths(t *testing.T, root string) (files, hooks []string) {
+	t.Helper()
+	f, h := cditest.DriverFiles()
+	for _, p := range f {
+		files = append(files, filepath.Join(root, p))
+	}
+	for _, p := range h {
+		hooks = append(hooks, filepath.Join(root, p))
+	}
+	return files, hooks
+}
