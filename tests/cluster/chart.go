@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
@@ -59,6 +60,25 @@ type ChartOptions struct {
 	SetJSON []string
 	// IncludeCRDs renders the chart's crds/ too, as `helm install` installs them.
 	IncludeCRDs bool
+}
+
+// ChartAppVersion is the chart's appVersion, the tag of its default images.
+func ChartAppVersion() (string, error) {
+	dir, err := ChartDir()
+	if err != nil {
+		return "", err
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "Chart.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var meta struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(raw, &meta); err != nil || meta.AppVersion == "" {
+		return "", fmt.Errorf("%s/Chart.yaml: no appVersion (%v)", dir, err)
+	}
+	return meta.AppVersion, nil
 }
 
 // ChartDir is the chart's directory in the repository.
