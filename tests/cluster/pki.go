@@ -25,6 +25,8 @@ import (
 type pki struct {
 	caPEM          []byte // the CA certificate, PEM
 	caFile         string
+	caCert         *x509.Certificate
+	caKey          *ecdsa.PrivateKey // signs client certificates (clientCert), e.g. a real node's kubelet
 	servingCert    string
 	servingKey     string
 	saKey          string // service-account signing key (private)
@@ -120,6 +122,8 @@ func writePKI(dir string) (*pki, error) {
 	p := &pki{
 		caPEM:          pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		caFile:         filepath.Join(dir, "ca.crt"),
+		caCert:         caCert,
+		caKey:          caKey,
 		servingCert:    filepath.Join(dir, "serving.crt"),
 		servingKey:     filepath.Join(dir, "serving.key"),
 		saKey:          filepath.Join(dir, "sa.key"),
@@ -195,4 +199,38 @@ func randomToken() (string, error) {
 		return "", fmt.Errorf("generating a token: %w", err)
 	}
 	return hex.EncodeToString(b), nil
+}
+
+// clientCert signs a client certificate for user (CN) in groups (O), as the
+// API server's --client-ca-file authenticates it, and returns it and its key in
+// PEM. A real node's kubelet uses one: nodes can join a running cluster, while
+// the token file is read once at the API server's start.
+func (p *pki) clientCert(user string, groups []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating client key of %s: %w", user, err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: user, Organization: groups},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     p.caCert.NotAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing client certificate of %s: %w", user, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding client key of %s: %w", user, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
