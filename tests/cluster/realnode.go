@@ -559,6 +559,12 @@ func (n *RealNode) stop() error {
 				errs = append(errs, fmt.Errorf("killing the node's init: %w", err))
 			}
 		}
+		// unshare reaps the init and exits; signalled before that, it would
+		// leave the init a zombie for the machine's init to reap.
+		select {
+		case <-ns.done:
+		case <-time.After(realNodeGrace):
+		}
 		errs = append(errs, ns.stop(time.Second))
 	}
 	if pidNS != "" {

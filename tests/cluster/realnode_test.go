@@ -183,7 +183,8 @@ func pidsIn(t *testing.T, ns string) []string {
 	var pids []string
 	for _, e := range entries {
 		if got, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "pid")); err == nil && got == ns {
-			pids = append(pids, e.Name())
+			stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			pids = append(pids, strings.Join(strings.Fields(string(stat))[:5], " "))
 		}
 	}
 	return pids
