@@ -323,6 +323,10 @@ func (c *Cluster) start(ctx context.Context) error {
 				// Client certificates signed by the cluster CA: a real node's kubelet
 				// (StartRealNode) joins with one as system:node:<name>.
 				"--client-ca-file=" + c.pki.caFile,
+				"--kubelet-client-certificate=" + c.pki.kubeletClientCert,
+				"--kubelet-client-key=" + c.pki.kubeletClientKey,
+				// Node names do not resolve here; node IPs route (RealNode.NodeIP).
+				"--kubelet-preferred-address-types=InternalIP,Hostname",
 				"--authorization-mode=Node,RBAC",
 				"--service-cluster-ip-range=" + c.pki.serviceIPRange,
 				// No real endpoints for the kubernetes Service: nothing in the cluster dials it.

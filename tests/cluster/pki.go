@@ -23,17 +23,19 @@ import (
 // kube-controller-manager all present on 127.0.0.1 (good enough for a test cluster,
 // and every client can verify it with the CA).
 type pki struct {
-	caPEM          []byte // the CA certificate, PEM
-	caFile         string
-	caCert         *x509.Certificate
-	caKey          *ecdsa.PrivateKey // signs client certificates (clientCert), e.g. a real node's kubelet
-	servingCert    string
-	servingKey     string
-	saKey          string // service-account signing key (private)
-	saPub          string // service-account verification key (public)
-	tokenAuthFile  string // --token-auth-file CSV
-	tokens         map[string]string
-	serviceIPRange string
+	caPEM             []byte // the CA certificate, PEM
+	caFile            string
+	caCert            *x509.Certificate
+	caKey             *ecdsa.PrivateKey // signs client certificates (clientCert), e.g. a real node's kubelet
+	servingCert       string
+	servingKey        string
+	saKey             string // service-account signing key (private)
+	saPub             string // service-account verification key (public)
+	kubeletClientCert string // the API server's client certificate to kubelets (logs, exec)
+	kubeletClientKey  string
+	tokenAuthFile     string // --token-auth-file CSV
+	tokens            map[string]string
+	serviceIPRange    string
 }
 
 // identity is a token-authenticated user of the cluster.
@@ -158,6 +160,19 @@ func writePKI(dir string) (*pki, error) {
 		if err := os.WriteFile(f.path, pem.EncodeToMemory(f.block), 0o600); err != nil {
 			return nil, fmt.Errorf("writing %s: %w", f.path, err)
 		}
+	}
+
+	// The API server calls a real node's kubelet (logs, exec) as a cluster admin.
+	cert, key, err := p.clientCert("kube-apiserver-kubelet-client", []string{"system:masters"})
+	if err != nil {
+		return nil, err
+	}
+	p.kubeletClientCert, p.kubeletClientKey = filepath.Join(dir, "kubelet-client.crt"), filepath.Join(dir, "kubelet-client.key")
+	if err := os.WriteFile(p.kubeletClientCert, cert, 0o600); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", p.kubeletClientCert, err)
+	}
+	if err := os.WriteFile(p.kubeletClientKey, key, 0o600); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", p.kubeletClientKey, err)
 	}
 
 	var csvBuf strings.Builder

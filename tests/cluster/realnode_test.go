@@ -104,11 +104,19 @@ func TestRealNode(t *testing.T) {
 		}
 		data, err := os.ReadFile(files[0])
 		log = string(data)
-		return err == nil && strings.Contains(log, "probe: ok 200"), nil
+		return err == nil && strings.Contains(log, "probe: ok 201"), nil
 	}); err != nil {
 		t.Fatalf("the probe's log (%s) never said it reached the API server: %v\n%s", logGlob, err, log)
 	}
 	t.Logf("probe log: %s", strings.TrimSpace(log[strings.Index(log, "probe: ok"):]))
+	if want := `"username":"system:serviceaccount:default:default"`; !strings.Contains(strings.ReplaceAll(log, " ", ""), want) {
+		t.Errorf("the probe was not authenticated as its ServiceAccount (want %s): %s", want, log)
+	}
+	// The same log through the API server, which asks the kubelet for it.
+	apiLog, err := pods.GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || !strings.Contains(string(apiLog), "probe: ok 201") {
+		t.Errorf("pod log through the API server: %v: %s", err, apiLog)
+	}
 
 	// Restarts: the pod runs on in the same container.
 	for _, r := range []struct {

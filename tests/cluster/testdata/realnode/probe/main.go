@@ -1,7 +1,8 @@
-// Command probe is the real-node test's workload: it calls the API server
-// through the kubernetes Service (KUBERNETES_SERVICE_HOST) with its
-// ServiceAccount token, prints "probe: ok <status> <body>" or the error,
-// and then waits for SIGTERM.
+// Command probe is the real-node test's workload: it asks the API server,
+// through the kubernetes Service (KUBERNETES_SERVICE_HOST) and with its
+// ServiceAccount token, who it is (a SelfSubjectReview: any authenticated
+// user may, an anonymous one may not), prints "probe: ok <status> <body>"
+// or the error, and then waits for SIGTERM.
 package main
 
 import (
@@ -55,20 +56,23 @@ func probe() error {
 		Timeout:   5 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
 	}
-	url := "https://" + net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")) + "/version"
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	url := "https://" + net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")) +
+		"/apis/authentication.k8s.io/v1/selfsubjectreviews"
+	review := `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(review))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, body)
 	}
 	fmt.Printf("probe: ok %d %s\n", resp.StatusCode, strings.Join(strings.Fields(string(body)), " "))
 	return nil
