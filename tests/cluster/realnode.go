@@ -188,8 +188,7 @@ func (c *Cluster) StartRealNode(ctx context.Context, opts RealNodeOptions) (*Rea
 		return nil, err
 	}
 	began := time.Now()
-	host, err := c.realNodeHost(ctx)
-	if err != nil {
+	if _, err := c.realNodeHost(ctx); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -211,7 +210,6 @@ func (c *Cluster) StartRealNode(ctx context.Context, opts RealNodeOptions) (*Rea
 	}
 	c.realNodes = append(c.realNodes, n)
 	c.mu.Unlock()
-	_ = host
 
 	if err := n.start(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("starting real node %s (logs in %s): %w", n.name, c.LogDir(), err), n.Stop())

@@ -42,7 +42,11 @@ const (
 type realNodeHost struct {
 	lock     *os.File
 	listener net.Listener
-	conns    sync.WaitGroup
+	proxies  sync.WaitGroup // the accept loop and one per connection
+
+	// mu guards open.
+	mu   sync.Mutex
+	open map[net.Conn]struct{} // proxied connections (both ends), closed by close
 }
 
 // realNodeHost returns the cluster's shared real-node setup, making it on
@@ -99,7 +103,7 @@ func newRealNodeHost(ctx context.Context, apiURL string) (*realNodeHost, error) 
 	if waited := time.Since(began); waited > time.Second {
 		logger.Info("Waited for the machine-wide real-node lock", "duration", waited.Round(time.Millisecond))
 	}
-	h := &realNodeHost{lock: lock}
+	h := &realNodeHost{lock: lock, open: map[net.Conn]struct{}{}}
 	// A crashed earlier holder may have left its link behind.
 	_ = exec.Command("ip", "link", "del", serviceLink).Run()
 	// A kernel without the dummy driver (this Firecracker VM's) gets an
@@ -121,7 +125,7 @@ func newRealNodeHost(ctx context.Context, apiURL string) (*realNodeHost, error) 
 	if h.listener, err = net.Listen("tcp", net.JoinHostPort(kubernetesServiceIP, "443")); err != nil {
 		return nil, errors.Join(fmt.Errorf("listening on the kubernetes Service's address: %w", err), h.close())
 	}
-	go h.serve(logger, u.Host)
+	h.proxies.Go(func() { h.serve(logger, u.Host) })
 	return h, nil
 }
 
@@ -132,19 +136,45 @@ func (h *realNodeHost) serve(logger klog.Logger, target string) {
 		if err != nil {
 			return
 		}
-		h.conns.Go(func() { proxyConn(logger, conn, target) })
+		h.proxies.Go(func() { h.proxyConn(logger, conn, target) })
 	}
 }
 
+// track records an open connection; false when close has begun (conn is closed then).
+func (h *realNodeHost) track(conn net.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.open == nil {
+		conn.Close()
+		return false
+	}
+	h.open[conn] = struct{}{}
+	return true
+}
+
+// untrack closes conn and forgets it.
+func (h *realNodeHost) untrack(conn net.Conn) {
+	h.mu.Lock()
+	delete(h.open, conn)
+	h.mu.Unlock()
+	conn.Close()
+}
+
 // proxyConn copies bytes both ways between conn and target until either side closes.
-func proxyConn(logger klog.Logger, conn net.Conn, target string) {
-	defer conn.Close()
+func (h *realNodeHost) proxyConn(logger klog.Logger, conn net.Conn, target string) {
+	if !h.track(conn) {
+		return
+	}
+	defer h.untrack(conn)
 	up, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		logger.V(2).Info("Service proxy: dialing the API server failed", "err", err)
 		return
 	}
-	defer up.Close()
+	if !h.track(up) {
+		return
+	}
+	defer h.untrack(up)
 	done := make(chan struct{}, 2)
 	cp := func(dst, src net.Conn) {
 		_, _ = io.Copy(dst, src)
@@ -165,9 +195,16 @@ func (h *realNodeHost) close() error {
 	var errs []error
 	if h.listener != nil {
 		errs = append(errs, h.listener.Close())
-		// Open connections end once the API server or the pods close them; the
-		// pods are gone by now, and the API server goes next.
 	}
+	// A pod's connection may never end by itself: its network namespace went
+	// with the node, and no FIN or RST came from it.
+	h.mu.Lock()
+	for conn := range h.open {
+		conn.Close()
+	}
+	h.open = nil
+	h.mu.Unlock()
+	h.proxies.Wait()
 	if out, err := exec.Command("ip", "link", "del", serviceLink).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		errs = append(errs, fmt.Errorf("deleting the dummy link %s: %w: %s", serviceLink, err, out))
 	}

@@ -53,8 +53,15 @@ func TestRealNode(t *testing.T) {
 	probeTar := staticImage(t, "./testdata/realnode/probe", "gpufrac.test/probe:latest")
 
 	c := cluster.StartForTest(t, cluster.Options{Bare: true})
+	// A node that cannot start says which component failed and why.
+	_, err := c.StartRealNode(ctx, cluster.RealNodeOptions{Name: "broken", KubeletArgs: []string{"--no-such-flag"}})
+	if err == nil || !strings.Contains(err.Error(), "starting the kubelet") || !strings.Contains(err.Error(), "no-such-flag") {
+		t.Fatalf("a kubelet with a bad flag: got error %v, want one naming the kubelet and the flag", err)
+	}
+	t.Logf("a broken node fails to start as it should: %.300s", err)
+
 	began := time.Now()
-	n, err := c.StartRealNode(ctx, cluster.RealNodeOptions{Name: "real-a", RuncPath: os.Getenv("RN_RUNC")})
+	n, err := c.StartRealNode(ctx, cluster.RealNodeOptions{Name: "real-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +95,7 @@ func TestRealNode(t *testing.T) {
 	}
 	running := waitRunning(ctx, t, c, pod.Name)
 	_, subnet, _ := net.ParseCIDR(n.PodSubnet())
-	if ip := net.ParseIP(running.Status.PodIP); ip == nil || !subnet.Contains(ip) {
+	if ip := net.ParseIP(running.Status.PodIP); ip == nil || !subnet.Contains(ip) || running.Spec.HostNetwork {
 		t.Fatalf("pod IP %q is not in the node's subnet %s", running.Status.PodIP, n.PodSubnet())
 	}
 	containerID := running.Status.ContainerStatuses[0].ContainerID
