@@ -138,6 +138,8 @@ type Cluster struct {
 	apiServer     *running                         // kube-apiserver, for RestartAPIServer
 	install       *Install                         // what InstallChart last installed
 	configMount   *configMount                     // the node agents' ConfigMap volume; nil with NodeAgentOptions.Config
+	realNodes     []*RealNode                      // StartRealNode's nodes, in start order
+	realHost      *realNodeHost                    // what the real nodes share; nil without real nodes
 
 	ctx         context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
 	cancel      context.CancelFunc
@@ -146,6 +148,8 @@ type Cluster struct {
 	admission   *admission
 	hooks       sync.WaitGroup // running OnNode calls and node agents
 	controllers sync.WaitGroup // the admission controller's goroutines
+
+	realHostMu sync.Mutex // serializes making realHost (it may wait for a machine-wide lock)
 
 	stopOnce sync.Once
 	stopErr  error
@@ -316,6 +320,13 @@ func (c *Cluster) start(ctx context.Context) error {
 				"--service-account-key-file=" + c.pki.saPub,
 				"--service-account-signing-key-file=" + c.pki.saKey,
 				"--token-auth-file=" + c.pki.tokenAuthFile,
+				// Client certificates signed by the cluster CA: a real node's kubelet
+				// (StartRealNode) joins with one as system:node:<name>.
+				"--client-ca-file=" + c.pki.caFile,
+				"--kubelet-client-certificate=" + c.pki.kubeletClientCert,
+				"--kubelet-client-key=" + c.pki.kubeletClientKey,
+				// Node names do not resolve here; node IPs route (RealNode.NodeIP).
+				"--kubelet-preferred-address-types=InternalIP,Hostname",
 				"--authorization-mode=Node,RBAC",
 				"--service-cluster-ip-range=" + c.pki.serviceIPRange,
 				// No real endpoints for the kubernetes Service: nothing in the cluster dials it.
@@ -649,6 +660,8 @@ func (c *Cluster) stop() error {
 	if m := c.nodeConfigMount(); m != nil {
 		m.stop()
 	}
+	// Real nodes are clients of the API server: they go first.
+	realNodesErr := c.stopRealNodes()
 
 	c.mu.Lock()
 	procs := append([]*process(nil), c.procs...)
@@ -676,7 +689,7 @@ func (c *Cluster) stop() error {
 		}
 		wg.Wait()
 	}
-	errs = append(errs, os.RemoveAll(filepath.Join(c.Dir, "etcd")))
+	errs = append(errs, realNodesErr, os.RemoveAll(filepath.Join(c.Dir, "etcd")))
 	c.logger.V(2).Info("Local cluster stopped", "dir", c.Dir, "duration", time.Since(began).Round(time.Millisecond))
 	return errors.Join(errs...)
 }

@@ -23,15 +23,19 @@ import (
 // kube-controller-manager all present on 127.0.0.1 (good enough for a test cluster,
 // and every client can verify it with the CA).
 type pki struct {
-	caPEM          []byte // the CA certificate, PEM
-	caFile         string
-	servingCert    string
-	servingKey     string
-	saKey          string // service-account signing key (private)
-	saPub          string // service-account verification key (public)
-	tokenAuthFile  string // --token-auth-file CSV
-	tokens         map[string]string
-	serviceIPRange string
+	caPEM             []byte // the CA certificate, PEM
+	caFile            string
+	caCert            *x509.Certificate
+	caKey             *ecdsa.PrivateKey // signs client certificates (clientCert), e.g. a real node's kubelet
+	servingCert       string
+	servingKey        string
+	saKey             string // service-account signing key (private)
+	saPub             string // service-account verification key (public)
+	kubeletClientCert string // the API server's client certificate to kubelets (logs, exec)
+	kubeletClientKey  string
+	tokenAuthFile     string // --token-auth-file CSV
+	tokens            map[string]string
+	serviceIPRange    string
 }
 
 // identity is a token-authenticated user of the cluster.
@@ -120,6 +124,8 @@ func writePKI(dir string) (*pki, error) {
 	p := &pki{
 		caPEM:          pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		caFile:         filepath.Join(dir, "ca.crt"),
+		caCert:         caCert,
+		caKey:          caKey,
 		servingCert:    filepath.Join(dir, "serving.crt"),
 		servingKey:     filepath.Join(dir, "serving.key"),
 		saKey:          filepath.Join(dir, "sa.key"),
@@ -154,6 +160,19 @@ func writePKI(dir string) (*pki, error) {
 		if err := os.WriteFile(f.path, pem.EncodeToMemory(f.block), 0o600); err != nil {
 			return nil, fmt.Errorf("writing %s: %w", f.path, err)
 		}
+	}
+
+	// The API server calls a real node's kubelet (logs, exec) as a cluster admin.
+	cert, key, err := p.clientCert("kube-apiserver-kubelet-client", []string{"system:masters"})
+	if err != nil {
+		return nil, err
+	}
+	p.kubeletClientCert, p.kubeletClientKey = filepath.Join(dir, "kubelet-client.crt"), filepath.Join(dir, "kubelet-client.key")
+	if err := os.WriteFile(p.kubeletClientCert, cert, 0o600); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", p.kubeletClientCert, err)
+	}
+	if err := os.WriteFile(p.kubeletClientKey, key, 0o600); err != nil {
+		return nil, fmt.Errorf("writing %s: %w", p.kubeletClientKey, err)
 	}
 
 	var csvBuf strings.Builder
@@ -195,4 +214,38 @@ func randomToken() (string, error) {
 		return "", fmt.Errorf("generating a token: %w", err)
 	}
 	return hex.EncodeToString(b), nil
+}
+
+// clientCert signs a client certificate for user (CN) in groups (O), as the
+// API server's --client-ca-file authenticates it, and returns it and its key in
+// PEM. A real node's kubelet uses one: nodes can join a running cluster, while
+// the token file is read once at the API server's start.
+func (p *pki) clientCert(user string, groups []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating client key of %s: %w", user, err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: user, Organization: groups},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     p.caCert.NotAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing client certificate of %s: %w", user, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding client key of %s: %w", user, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }

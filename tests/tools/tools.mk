@@ -21,6 +21,7 @@ HELM3_VERSION := v3.22.0
 HELM4_VERSION := v4.3.1
 PROMETHEUS_OPERATOR_VERSION := v0.85.0
 PROMETHEUS_VERSION := v0.316.0
+CONTAINERD_VERSION := v2.4.2
 
 # kubectl version and Helm refuse unversioned binaries; stamp both version packages.
 K8S_VERSION_PKGS := k8s.io/component-base/version k8s.io/client-go/pkg/version
@@ -44,12 +45,16 @@ KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 # its alert and dashboard queries are parsed with Prometheus' own PromQL parser.
 CHART_TOOLS := $(BIN)/helm $(BIN)/helm4 $(BIN)/prometheus-operator-crds $(BIN)/promql-metrics
 
-TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
-	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(CHART_TOOLS)
+# The harness's real node (tests/cluster, StartRealNode): the kubelet, containerd with its
+# runc shim and ctr (to import images), plus runc and the CNI plugins from the distribution.
+NODE_TOOLS := $(BIN)/kubelet $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
 
-.PHONY: tools tools-clean FORCE
-## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4 and the chart's checkers into bin/
-tools: $(TOOLS)
+TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
+	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(CHART_TOOLS) $(NODE_TOOLS)
+
+.PHONY: tools tools-clean node-deps FORCE
+## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)
+tools: $(TOOLS) node-deps
 
 ## tools-clean: remove the tool binaries so the next `make tools` rebuilds them
 tools-clean:
@@ -95,6 +100,32 @@ $(BIN)/kube-scheduler: FORCE
 
 $(BIN)/kube-controller-manager: FORCE
 	$(call build_tool,kube-controller-manager,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-controller-manager,$(K8S_LDFLAGS),k8s.io/kubernetes)
+
+$(BIN)/kubelet: FORCE
+	$(call build_tool,kubelet,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kubelet,$(K8S_LDFLAGS),k8s.io/kubernetes)
+
+# containerd without btrfs (its snapshotter needs btrfs headers; the node uses overlayfs).
+CONTAINERD_MODULE := github.com/containerd/containerd/v2
+$(BIN)/containerd: FORCE
+	$(call build_tool,containerd,$(CONTAINERD_VERSION),containerd,-tags no_btrfs $(CONTAINERD_MODULE)/cmd/containerd,-s -w,$(CONTAINERD_MODULE),$(CONTAINERD_MODULE)/cmd/containerd)
+
+$(BIN)/containerd-shim-runc-v2: FORCE
+	$(call build_tool,containerd-shim-runc-v2,$(CONTAINERD_VERSION),containerd,-tags no_btrfs $(CONTAINERD_MODULE)/cmd/containerd-shim-runc-v2,-s -w,$(CONTAINERD_MODULE),$(CONTAINERD_MODULE)/cmd/containerd-shim-runc-v2)
+
+$(BIN)/ctr: FORCE
+	$(call build_tool,ctr,$(CONTAINERD_VERSION),containerd,-tags no_btrfs $(CONTAINERD_MODULE)/cmd/ctr,-s -w,$(CONTAINERD_MODULE),$(CONTAINERD_MODULE)/cmd/ctr)
+
+# runc and the CNI plugins (bridge, host-local, loopback) come from the distribution:
+# installed with apt-get when missing and running as root, else left to the tests,
+# which skip the real node with the reason.
+NODE_PACKAGES := runc containernetworking-plugins
+node-deps:
+	@if [ -x /usr/sbin/runc ] && [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "node-deps: not root or no apt-get: install $(NODE_PACKAGES) yourself (the real-node tests skip without them)"; exit 0; fi; \
+	echo "installing $(NODE_PACKAGES)"; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(NODE_PACKAGES) || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(NODE_PACKAGES); }
 
 $(BIN)/kwok: FORCE
 	$(call build_tool,kwok,$(KWOK_VERSION),kwok,sigs.k8s.io/kwok/cmd/kwok,-s -w,sigs.k8s.io/kwok)
