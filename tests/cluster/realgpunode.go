@@ -95,7 +95,7 @@ func (c *Cluster) StartGPUNode(ctx context.Context, o GPUNodeOptions) (*GPUNode,
 		imageDir = filepath.Join(n.Dir(), "images")
 	}
 	start := time.Now()
-	if g.Images, err = images.Testbed(ctx, root, c.binDir, imageDir, version); err != nil {
+	if g.Images, err = images.Testbed(ctx, root, imageDir, version); err != nil {
 		return fail(err)
 	}
 	for _, b := range g.Images {

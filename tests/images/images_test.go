@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -198,14 +199,7 @@ func TestTestbedImages(t *testing.T) {
 		t.Skip("builds two programs")
 	}
 	root := repoRoot(t)
-	bin := t.TempDir()
-	for _, c := range []string{"gpufrac-node", "gpufrac-coordinator"} {
-		// Stand-ins: what is checked here is where the files go, not the binaries.
-		if err := os.WriteFile(filepath.Join(bin, c), []byte(c), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	built, err := Testbed(context.Background(), root, bin, t.TempDir(), "1.2.3")
+	built, err := Testbed(context.Background(), root, t.TempDir(), "1.2.3")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,8 +215,15 @@ func TestTestbedImages(t *testing.T) {
 	if files := imageFiles(t, refs[WorkloadRef]); len(files) != 1 || files[WorkloadPath] == "" {
 		t.Errorf("workload image holds %v, want only %s", keys(files), WorkloadPath)
 	}
-	if files := imageFiles(t, refs[ComponentRef("gpufrac-node", "1.2.3")]); files["/usr/bin/gpufrac-node"] != "gpufrac-node" {
-		t.Errorf("node image holds %v", keys(files))
+	node := imageFiles(t, refs[ComponentRef("gpufrac-node", "1.2.3")])
+	if !strings.HasPrefix(node["/usr/bin/gpufrac-node"], "\x7fELF") || !slices.ContainsFunc(keys(node), func(p string) bool { return strings.Contains(p, "libc.so") }) {
+		t.Errorf("node image holds %v, want the cgo binary and the C library", keys(node))
+	}
+	coord := imageFiles(t, refs[ComponentRef("gpufrac-coordinator", "1.2.3")])
+	for p := range coord {
+		if strings.Contains(p, ".so") {
+			t.Errorf("the static coordinator's image holds a shared library: %s", p)
+		}
 	}
 }
 

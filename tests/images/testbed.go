@@ -36,13 +36,24 @@ type Built struct {
 
 // Testbed writes the test bed's images into outDir: the pause image, the
 // workload image, and gpufrac-node and gpufrac-coordinator from their
-// Dockerfiles with the binaries `make build` put in binDir, tagged version
-// (the chart's appVersion). The pause and workload programs are built here,
-// static, from the repository at repoRoot.
-func Testbed(ctx context.Context, repoRoot, binDir, outDir, version string) ([]Built, error) {
+// Dockerfiles, tagged version (the chart's appVersion). Each component is
+// built as its Dockerfile's build stage builds it (the same make target and
+// flags, into outDir); the pause and workload programs are built static. All
+// from the repository at repoRoot.
+func Testbed(ctx context.Context, repoRoot, outDir, version string) ([]Built, error) {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, err
 	}
+	// The Dockerfiles' RUN lines (deployments/images/*/Dockerfile).
+	for _, target := range [][]string{
+		{"build-node"},
+		{"build-static", "STATIC_CMDS=gpufrac-coordinator"},
+	} {
+		if err := runMake(ctx, repoRoot, append(target, "BIN="+outDir, "VERSION="+version)...); err != nil {
+			return nil, err
+		}
+	}
+	binDir := outDir
 	progs := map[string]string{}
 	for _, p := range []string{"pause", "workload"} {
 		out := filepath.Join(outDir, p)
@@ -85,6 +96,16 @@ func BuildStatic(ctx context.Context, repoRoot, pkg, out string) error {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %v: %s", pkg, err, b)
+	}
+	return nil
+}
+
+// runMake runs make in repoRoot.
+func runMake(ctx context.Context, repoRoot string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "make", append([]string{"--no-print-directory", "-s"}, args...)...)
+	cmd.Dir = repoRoot
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make %v: %v: %s", args, err, b)
 	}
 	return nil
 }
