@@ -111,7 +111,8 @@ func (c *Cluster) StartGPUNode(ctx context.Context, o GPUNodeOptions) (*GPUNode,
 	if _, err := g.Driver.WriteSpec(etcCDI); err != nil {
 		return fail(err)
 	}
-	if err := os.MkdirAll(g.MockState, 0o755); err != nil {
+	// Read-write: the mock renames a malformed Xid file to <name>.bad.
+	if err := os.MkdirAll(filepath.Join(g.MockState, "xid"), 0o755); err != nil {
 		return fail(err)
 	}
 	if err := c.applyNodeDaemonSet(ctx, g, o); err != nil {
@@ -131,7 +132,7 @@ func (c *Cluster) applyNodeDaemonSet(ctx context.Context, g *GPUNode, o GPUNodeO
 		},
 		"extraVolumes": []any{map[string]any{"name": "mock-nvml", "hostPath": map[string]any{
 			"path": g.MockState, "type": "Directory"}}},
-		"extraVolumeMounts": []any{map[string]any{"name": "mock-nvml", "mountPath": mockStateMount, "readOnly": true}},
+		"extraVolumeMounts": []any{map[string]any{"name": "mock-nvml", "mountPath": mockStateMount}},
 	}
 	if o.Config != "" {
 		var cfg map[string]any

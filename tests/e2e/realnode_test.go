@@ -267,15 +267,12 @@ func TestRealNode(t *testing.T) {
 	t.Run("a refused pod carries the plugin's reason through the kubelet's admission", func(t *testing.T) {
 		// Bound straight to the node (no scheduler) in a namespace no queue
 		// admits: only the device plugin can refuse it.
-		p := withWorkload(workloadPod("frac-150", metav1.NamespaceDefault).Node(b.node.Name()).Fraction(150).Obj())
-		if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		b.bindDirect(t, withWorkload(workloadPod("frac-150", metav1.NamespaceDefault).Fraction(150).Obj()))
 		waitFor(t, time.Minute, "frac-150 Failed", func(ctx context.Context) (bool, error) {
 			p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "frac-150", metav1.GetOptions{})
 			return err == nil && p.Status.Phase == corev1.PodFailed, nil
 		})
-		p = getPodIn(t, c, metav1.NamespaceDefault, "frac-150")
+		p := getPodIn(t, c, metav1.NamespaceDefault, "frac-150")
 		if p.Status.Reason != cluster.ReasonUnexpectedAdmissionError || !strings.Contains(p.Status.Message, "at most 100 units") {
 			t.Errorf("frac-150: reason %q message %q, want the kubelet's %s with gpufrac's reason", p.Status.Reason, p.Status.Message, cluster.ReasonUnexpectedAdmissionError)
 		}
@@ -401,10 +398,7 @@ func (b *realBed) checkRestartSurvivors(t *testing.T, ns string, before map[stri
 			t.Errorf("%s is %s after the restart", p.Name, p.Status.Phase)
 		}
 	}
-	p := withWorkload(workloadPod(probe, metav1.NamespaceDefault).Node(b.node.Name()).GPUs(1).Obj())
-	if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	b.bindDirect(t, withWorkload(workloadPod(probe, metav1.NamespaceDefault).GPUs(1).Obj()))
 	waitFor(t, time.Minute, probe+" refused", func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, probe, metav1.GetOptions{})
 		if err != nil {
@@ -416,6 +410,27 @@ func (b *realBed) checkRestartSurvivors(t *testing.T, ns string, before map[stri
 		return p.Status.Phase == corev1.PodFailed && p.Status.Reason == cluster.ReasonUnexpectedAdmissionError, nil
 	})
 	checkInvariants(t, c)
+}
+
+// bindDirect creates p for no scheduler and binds it to the node as the
+// cluster admin: no scheduler and no gpufrac admission check stands between
+// it and the kubelet's admission, where only the device plugin can refuse it.
+// (Tenants cannot: the admission policies refuse a GPU pod with a node
+// name, and pods/binding is the schedulers'.)
+func (b *realBed) bindDirect(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	p.Spec.SchedulerName = "gpufrac-e2e-nobody"
+	created, err := b.c.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.c.Client.CoreV1().Pods(p.Namespace).Bind(t.Context(), &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: created.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: b.node.Name()},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func getPodIn(t *testing.T, c *cluster.Cluster, ns, name string) *corev1.Pod {
