@@ -149,9 +149,11 @@ func TestRealNode(t *testing.T) {
 	}
 
 	pidNS := n.PIDNamespace()
+	stopBegan := time.Now()
 	if err := n.Stop(); err != nil {
 		t.Fatalf("stopping the real node: %v", err)
 	}
+	t.Logf("real node stopped in %s", time.Since(stopBegan).Round(time.Millisecond))
 	if pids := pidsIn(t, pidNS); len(pids) > 0 {
 		t.Errorf("processes of the node's PID namespace %s left: %v", pidNS, pids)
 	}
