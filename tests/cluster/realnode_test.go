@@ -67,6 +67,14 @@ func TestRealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("real node %s Ready in %s (dir %s)", n.Name(), time.Since(began).Round(time.Millisecond), n.Dir())
+	// A second node beside it, left for the cluster's Stop to stop.
+	n2, err := c.StartRealNode(ctx, cluster.RealNodeOptions{Name: "real-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n2.Bridge() == n.Bridge() || n2.PodSubnet() == n.PodSubnet() || n2.NodeIP() == n.NodeIP() {
+		t.Fatalf("two nodes share a bridge, subnet or IP: %s %s %s", n2.Bridge(), n2.PodSubnet(), n2.NodeIP())
+	}
 	for _, tar := range []string{pauseTar, probeTar} {
 		if err := n.ImportImage(ctx, tar); err != nil {
 			t.Fatal(err)
@@ -172,8 +180,15 @@ func TestRealNode(t *testing.T) {
 			}
 		}
 	}
+	pidNS2 := n2.PIDNamespace()
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
+	}
+	if pids := pidsIn(t, pidNS2); len(pids) > 0 {
+		t.Errorf("processes of %s left after the cluster stopped: %v", n2.Name(), pids)
+	}
+	if _, err := net.InterfaceByName(n2.Bridge()); err == nil {
+		t.Errorf("bridge %s left", n2.Bridge())
 	}
 	// The service link must be gone, unless another cluster (another test
 	// binary) took the machine-wide lock and made its own meanwhile.
