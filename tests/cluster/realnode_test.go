@@ -108,6 +108,12 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("pod IP %q is not in the node's subnet %s", running.Status.PodIP, n.PodSubnet())
 	}
 	containerID := running.Status.ContainerStatuses[0].ContainerID
+	// The container's cgroup is where a real node puts it: under the pod's, under its QoS class's.
+	cg := filepath.Join("/sys/fs/cgroup/memory", n.CgroupRoot(), "kubepods", "besteffort", "pod"+string(pod.UID),
+		strings.TrimPrefix(containerID, "containerd://"))
+	if _, err := os.Stat(cg); err != nil {
+		t.Errorf("the container's memory cgroup: %v", err)
+	}
 	t.Logf("pod %s Running, IP %s, container %s", pod.Name, running.Status.PodIP, containerID)
 
 	// The container's log, on the node's disk: the probe reached the API server.
@@ -172,6 +178,9 @@ func TestRealNode(t *testing.T) {
 	}
 	if _, err := net.InterfaceByName(n.Bridge()); err == nil {
 		t.Errorf("bridge %s left", n.Bridge())
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", n.CgroupRoot())); err == nil {
+		t.Errorf("cgroup %s left", n.CgroupRoot())
 	}
 	if addrs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range addrs {
