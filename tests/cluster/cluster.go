@@ -16,6 +16,11 @@
 // kubelet does) and serves the node's PodResources. Pods on nodes without an agent
 // are admitted without devices.
 //
+// Cluster.StartRealNode adds a real node, as root: the kubelet and containerd
+// (CDI on, runc, a CNI bridge) in a mount and PID namespace of the node's own,
+// with the kubernetes Service's address proxied to the API server so pods
+// reach it (see RealNode; one cluster with real nodes per machine at a time).
+//
 // The binaries come from the repository's bin/ directory (`make tools`; gpufrac-node
 // from `make build`). Start and StartForTest fail with "run make tools" when one is
 // missing.

@@ -243,6 +243,9 @@ func (n *RealNode) start(ctx context.Context) error {
 	if out, err := exec.Command("ip", "addr", "replace", n.NodeIP()+"/32", "dev", serviceLink).CombinedOutput(); err != nil {
 		return fmt.Errorf("adding the node IP %s: %w: %s", n.NodeIP(), err, out)
 	}
+	if err := makeCgroups(n.CgroupRoot()); err != nil {
+		return err
+	}
 	if err := n.writeFiles(); err != nil {
 		return err
 	}
@@ -595,13 +598,13 @@ func (n *RealNode) cleanHost() error {
 			errs = append(errs, fmt.Errorf("deleting bridge %s: %w: %s", n.Bridge(), err, out))
 		}
 	}
-	errs = append(errs, removeCgroups(n.cgroupRoot()))
+	errs = append(errs, removeCgroups(n.CgroupRoot()))
 	return errors.Join(errs...)
 }
 
-// cgroupRoot is the cgroup (in every v1 hierarchy) under which the node's
-// pods run: the kubelet's cgroupRoot, the pods' parent without QoS cgroups.
-func (n *RealNode) cgroupRoot() string { return "/gpufrac-" + n.name }
+// CgroupRoot is the kubelet's cgroupRoot, in every hierarchy: the node's
+// pods run under <root>/kubepods/<qos>/pod<uid>/<container id>.
+func (n *RealNode) CgroupRoot() string { return "/gpufrac-" + n.name }
 
 // path is a file in the node's directory.
 func (n *RealNode) path(name string) string { return filepath.Join(n.dir, name) }

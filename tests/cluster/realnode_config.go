@@ -170,11 +170,12 @@ state = "/run/containerd"
 //     to start on v1 unless told.
 //   - cgroupDriver: cgroupfs: no systemd manages this machine's cgroups
 //     (containerd's runc options say SystemdCgroup = false to match).
-//   - cgroupsPerQOS: false and enforceNodeAllocatable: []: the node shares
-//     the machine's cgroups with everything else here (other clusters, the
-//     build); no kubepods hierarchy with node allocatable enforced on it, so
-//     the pods go straight under cgroupRoot (/gpufrac-<node>), which Stop
-//     removes. enforceNodeAllocatable must be empty without QoS cgroups.
+//   - cgroupRoot /gpufrac-<node>: the node's pods (kubepods/<qos>/pod<uid>)
+//     under a cgroup of its own, as on a real node but apart from the
+//     machine's other work and other nodes; StartRealNode creates it (the
+//     kubelet wants it to exist) and Stop removes it. With cgroupsPerQOS
+//     false, as first tried, the kubelet gives containerd no cgroup parent
+//     and every container lands in /k8s.io/<id>, left behind on stop.
 //   - failSwapOn: false: the machine may have swap; the node need not care.
 //   - address: the node IP (a /32 on the harness's service link, see
 //     RealNode.NodeIP), healthzBindAddress 127.0.0.1, readOnlyPort 0: this
@@ -203,9 +204,8 @@ authorization:
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 cgroupDriver: cgroupfs
 failCgroupV1: false
-cgroupsPerQOS: false
+cgroupsPerQOS: true
 cgroupRoot: %s
-enforceNodeAllocatable: []
 failSwapOn: false
 resolvConf: ""
 clusterDomain: cluster.local
@@ -219,7 +219,7 @@ imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
 fileCheckFrequency: 5s
-`, n.NodeIP(), port, healthz, strconv.Quote(n.c.pki.caFile), n.cgroupRoot())
+`, n.NodeIP(), port, healthz, strconv.Quote(n.c.pki.caFile), n.CgroupRoot())
 }
 
 // capSysResource is CAP_SYS_RESOURCE's bit number.

@@ -292,18 +292,28 @@ func cgroupV1Mounts() ([]string, error) {
 	return mounts, s.Err()
 }
 
-// removeCgroups removes the cgroup root (and the empty cgroups below it) in
-// every hierarchy; runc leaves a pod's cgroups behind when its processes
-// were killed rather than deleted.
-func removeCgroups(root string) error {
+// cgroupHierarchies lists the mount points of the cgroup v1 hierarchies and
+// of the hybrid setup's unified one.
+func cgroupHierarchies() ([]string, error) {
 	mounts, err := cgroupV1Mounts()
 	if err != nil {
-		return fmt.Errorf("listing cgroup hierarchies: %w", err)
+		return nil, fmt.Errorf("listing cgroup hierarchies: %w", err)
 	}
 	if unified := "/sys/fs/cgroup/unified"; !slices.Contains(mounts, unified) {
 		if _, err := os.Stat(filepath.Join(unified, "cgroup.controllers")); err == nil {
 			mounts = append(mounts, unified)
 		}
+	}
+	return mounts, nil
+}
+
+// removeCgroups removes the cgroup root (and the empty cgroups below it) in
+// every hierarchy; runc leaves a pod's cgroups behind when its processes
+// were killed rather than deleted.
+func removeCgroups(root string) error {
+	mounts, err := cgroupHierarchies()
+	if err != nil {
+		return err
 	}
 	var errs []error
 	for _, m := range mounts {
@@ -326,6 +336,21 @@ func removeCgroups(root string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// makeCgroups creates the cgroup root in every hierarchy (the kubelet
+// checks that its cgroupRoot exists).
+func makeCgroups(root string) error {
+	mounts, err := cgroupHierarchies()
+	if err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		if err := os.MkdirAll(filepath.Join(m, root), 0o755); err != nil {
+			return fmt.Errorf("creating cgroup %s: %w", filepath.Join(m, root), err)
+		}
+	}
+	return nil
 }
 
 // overlayWorks mounts a small overlay under dir and unmounts it again.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,6 +67,14 @@ func TestRealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("real node %s Ready in %s (dir %s)", n.Name(), time.Since(began).Round(time.Millisecond), n.Dir())
+	// A second node beside it, left for the cluster's Stop to stop.
+	n2, err := c.StartRealNode(ctx, cluster.RealNodeOptions{Name: "real-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n2.Bridge() == n.Bridge() || n2.PodSubnet() == n.PodSubnet() || n2.NodeIP() == n.NodeIP() {
+		t.Fatalf("two nodes share a bridge, subnet or IP: %s %s %s", n2.Bridge(), n2.PodSubnet(), n2.NodeIP())
+	}
 	for _, tar := range []string{pauseTar, probeTar} {
 		if err := n.ImportImage(ctx, tar); err != nil {
 			t.Fatal(err)
@@ -99,6 +108,12 @@ func TestRealNode(t *testing.T) {
 		t.Fatalf("pod IP %q is not in the node's subnet %s", running.Status.PodIP, n.PodSubnet())
 	}
 	containerID := running.Status.ContainerStatuses[0].ContainerID
+	// The container's cgroup is where a real node puts it: under the pod's, under its QoS class's.
+	cg := filepath.Join("/sys/fs/cgroup/memory", n.CgroupRoot(), "kubepods", "besteffort", "pod"+string(pod.UID),
+		strings.TrimPrefix(containerID, "containerd://"))
+	if _, err := os.Stat(cg); err != nil {
+		t.Errorf("the container's memory cgroup: %v", err)
+	}
 	t.Logf("pod %s Running, IP %s, container %s", pod.Name, running.Status.PodIP, containerID)
 
 	// The container's log, on the node's disk: the probe reached the API server.
@@ -137,19 +152,22 @@ func TestRealNode(t *testing.T) {
 		if err := n.WaitReady(ctx); err != nil {
 			t.Fatal(err)
 		}
+		took := time.Since(began)
 		// Let the kubelet resync the pod with the restarted component.
 		time.Sleep(3 * time.Second)
 		p := waitRunning(ctx, t, c, pod.Name)
 		if got := p.Status.ContainerStatuses[0]; got.ContainerID != containerID || got.RestartCount != 0 {
 			t.Fatalf("after the %s restart the container is %s (restarts %d), want %s unrestarted", r.what, got.ContainerID, got.RestartCount, containerID)
 		}
-		t.Logf("%s restarted in %s; pod still Running in the same container", r.what, time.Since(began).Round(time.Millisecond))
+		t.Logf("%s restarted (node Ready again) in %s; pod still Running in the same container", r.what, took.Round(time.Millisecond))
 	}
 
 	pidNS := n.PIDNamespace()
+	stopBegan := time.Now()
 	if err := n.Stop(); err != nil {
 		t.Fatalf("stopping the real node: %v", err)
 	}
+	t.Logf("real node stopped in %s", time.Since(stopBegan).Round(time.Millisecond))
 	if pids := pidsIn(t, pidNS); len(pids) > 0 {
 		t.Errorf("processes of the node's PID namespace %s left: %v", pidNS, pids)
 	}
@@ -161,11 +179,37 @@ func TestRealNode(t *testing.T) {
 	if _, err := net.InterfaceByName(n.Bridge()); err == nil {
 		t.Errorf("bridge %s left", n.Bridge())
 	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", n.CgroupRoot())); err == nil {
+		t.Errorf("cgroup %s left", n.CgroupRoot())
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if strings.HasPrefix(a.String(), n.NodeIP()+"/") {
+				t.Errorf("node IP %s left on the host", n.NodeIP())
+			}
+		}
+	}
+	pidNS2 := n2.PIDNamespace()
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := net.InterfaceByName("gpufrac-svc"); err == nil {
-		t.Errorf("dummy link gpufrac-svc left after the cluster stopped")
+	if pids := pidsIn(t, pidNS2); len(pids) > 0 {
+		t.Errorf("processes of %s left after the cluster stopped: %v", n2.Name(), pids)
+	}
+	if _, err := net.InterfaceByName(n2.Bridge()); err == nil {
+		t.Errorf("bridge %s left", n2.Bridge())
+	}
+	// The service link must be gone, unless another cluster (another test
+	// binary) took the machine-wide lock and made its own meanwhile.
+	if lock, err := os.Open("/run/gpufrac-realnode.lock"); err == nil {
+		defer lock.Close()
+		if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			if _, err := net.InterfaceByName("gpufrac-svc"); err == nil {
+				t.Errorf("service link gpufrac-svc left after the cluster stopped")
+			}
+		} else {
+			t.Log("another cluster holds the real-node lock now: not checking the service link")
+		}
 	}
 }
 
