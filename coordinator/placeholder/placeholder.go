@@ -6,6 +6,9 @@
 // placeholder pods instead: lowest priority, whole nvidia.com/gpu requests
 // (fractions packed first fit decreasing), the pods' node selectors,
 // required affinity, tolerations and, for a gang, its one node pool.
+// Sized without a price table, each asks for a node of its own, so that
+// Karpenter launches the cheapest type holding it instead of packing them
+// all into one large node (see alone).
 //
 // Placeholders name a scheduler nobody serves (SchedulerName), and the
 // coordinator writes their Unschedulable condition itself (Manager.Create):
@@ -77,7 +80,8 @@ type Options struct {
 	// PoolLabel is the node label of node pools (karpenter.sh/nodepool).
 	PoolLabel string
 	// Prices, when it lists instance types, steers each group's
-	// placeholders to the cheapest types that hold it (see sizeGroup).
+	// placeholders to the cheapest types that hold it (see sizeGroup);
+	// without it each placeholder asks for a node of its own (see alone).
 	Prices *pricing.Table
 }
 
@@ -115,8 +119,11 @@ type Item struct {
 
 // Plan turns the demand of admitted, unplaceable pods into placeholder pods.
 // Items sharing constraints form a group; a group's fractions are packed
-// first fit decreasing into whole GPUs. Names are deterministic per group
-// and bin, so repeated plans and restarted coordinators agree.
+// first fit decreasing into whole GPUs. A group's placeholders prefer the
+// cheapest mix of instance types when the price table knows their types
+// (sizeGroup); otherwise each asks for a node of its own, which Karpenter
+// prices itself (alone). Names are deterministic per group and bin, so
+// repeated plans and restarted coordinators agree.
 func Plan(items []Item, o Options) []*corev1.Pod {
 	groups := map[string][]Item{}
 	var keys []string
@@ -139,7 +146,11 @@ func Plan(items []Item, o Options) []*corev1.Pod {
 			group = append(group, podFor(h, i, b, its[0], o))
 			gpus = append(gpus, b.gpus)
 		}
-		sizeGroup(group, gpus, o.Prices)
+		if !sizeGroup(group, gpus, o.Prices) {
+			for _, p := range group {
+				alone(p)
+			}
+		}
 		out = append(out, group...)
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
@@ -14,6 +15,18 @@ import (
 // (the cheapest capacity for its group, see sizeGroup); absent without a
 // price table.
 const AnnotationInstanceType = api.Domain + "/instance-type"
+
+// AnnotationSizing says how a placeholder's capacity was sized: SizingTable
+// (the price table's cheapest mix, AnnotationInstanceType) or SizingAlone (a
+// node of its own, see alone); absent when the table knew the group's types
+// but no mix held its placeholders (Karpenter's own choice stands).
+const AnnotationSizing = api.Domain + "/sizing"
+
+// The values of AnnotationSizing.
+const (
+	SizingTable = "price-table"
+	SizingAlone = "alone"
+)
 
 // sizingWeight is the weight of the preferred node affinity sizing adds.
 // Karpenter treats preferred terms as required and relaxes them only when
@@ -30,11 +43,14 @@ const sizingWeight = 100
 // cheapest mix of the types the group may use (pricing.CheapestMix over its
 // GPU count), pack the placeholders into its nodes first fit decreasing, and
 // give each a preferred node affinity on its node's instance type. Nothing
-// changes without a table, when no listed type matches the group's
-// constraints, or when a placeholder fits no node of the mix.
-func sizeGroup(pods []*corev1.Pod, gpus []int, prices *pricing.Table) {
+// changes when a placeholder fits no node of the mix.
+//
+// It tells whether the table knew the group's types: false without a table
+// or when no listed type matches the group's constraints (the caller then
+// sizes the group without prices, see alone).
+func sizeGroup(pods []*corev1.Pod, gpus []int, prices *pricing.Table) (known bool) {
 	if prices == nil || len(prices.InstanceTypes) == 0 || len(pods) == 0 {
-		return
+		return false
 	}
 	var allowed []pricing.InstanceType
 	for _, it := range prices.Sorted() {
@@ -48,7 +64,7 @@ func sizeGroup(pods []*corev1.Pod, gpus []int, prices *pricing.Table) {
 	}
 	mix, ok := pricing.CheapestMix(total, allowed)
 	if !ok {
-		return
+		return false
 	}
 	order := make([]int, len(pods)) // pod indices, most GPUs first
 	for i := range order {
@@ -72,12 +88,44 @@ func sizeGroup(pods []*corev1.Pod, gpus []int, prices *pricing.Table) {
 			// The mix counts GPUs, not pods: a multi-GPU placeholder may fit
 			// none of its nodes. Then Karpenter's own choice (the cheapest
 			// type holding the group together) is the better guess.
-			return
+			return true
 		}
 	}
 	for i, p := range pods {
 		prefer(p, prices.TypeLabel(), chosen[i])
 	}
+	return true
+}
+
+// aloneWeight is the weight of the preferred pod anti-affinity alone adds.
+const aloneWeight = 100
+
+// alone sizes a placeholder without prices: it asks for a node of its own,
+// with a preferred pod anti-affinity on the node's hostname against every
+// other placeholder. Karpenter treats preferred terms as required until
+// nothing can be launched for them (then it drops them), so it cannot pack
+// the placeholders into one NodeClaim of a large type, and launches for each
+// the cheapest instance type that holds it, by its cloud provider's own
+// prices: five 1-GPU placeholders get five 1-GPU nodes ($70.95/h on the
+// test bed), not one 8-GPU node ($98.32/h) with three GPUs idle. This is the
+// cheapest capacity whenever a type's price grows with its GPU count at
+// least linearly; where a large type is cheaper per GPU (seven GPUs of work,
+// an 8-GPU type dearer than seven 1-GPU ones), only a price table says so.
+// kube-scheduler ignores all this: no scheduler binds a placeholder.
+func alone(p *corev1.Pod) {
+	if p.Spec.Affinity == nil {
+		p.Spec.Affinity = &corev1.Affinity{}
+	}
+	if p.Spec.Affinity.PodAntiAffinity == nil {
+		p.Spec.Affinity.PodAntiAffinity = &corev1.PodAntiAffinity{}
+	}
+	pa := p.Spec.Affinity.PodAntiAffinity
+	pa.PreferredDuringSchedulingIgnoredDuringExecution = append(pa.PreferredDuringSchedulingIgnoredDuringExecution,
+		corev1.WeightedPodAffinityTerm{Weight: aloneWeight, PodAffinityTerm: corev1.PodAffinityTerm{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{api.LabelRole: api.RolePlaceholder}},
+			TopologyKey:   corev1.LabelHostname,
+		}})
+	p.Annotations[AnnotationSizing] = SizingAlone
 }
 
 // prefer adds a preferred node affinity on the instance type to p.
@@ -94,6 +142,7 @@ func prefer(p *corev1.Pod, label, typ string) {
 			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: label, Operator: corev1.NodeSelectorOpIn, Values: []string{typ}}},
 		}})
 	p.Annotations[AnnotationInstanceType] = typ
+	p.Annotations[AnnotationSizing] = SizingTable
 }
 
 // admitsType tells whether a placeholder's node selector and required

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -163,4 +164,79 @@ func repeatStr(s string, n int) []string {
 		out[i] = s
 	}
 	return out
+}
+
+// sizings lists how each placeholder was sized (AnnotationSizing, "" for
+// none), sorted, and checks that exactly the placeholders sized alone carry
+// the anti-affinity that keeps Karpenter from packing them.
+func sizings(t *testing.T, pods []*corev1.Pod) []string {
+	t.Helper()
+	var out []string
+	for _, p := range pods {
+		apart := false
+		if a := p.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
+			for _, term := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+				sel := term.PodAffinityTerm.LabelSelector
+				apart = apart || (term.PodAffinityTerm.TopologyKey == corev1.LabelHostname && sel != nil &&
+					sel.MatchLabels[api.LabelRole] == api.RolePlaceholder && len(sel.MatchLabels) == 1 && len(sel.MatchExpressions) == 0)
+			}
+		}
+		if apart != (p.Annotations[AnnotationSizing] == SizingAlone) {
+			t.Errorf("%s: sizing %q, anti-affinity against the other placeholders %v", p.Name, p.Annotations[AnnotationSizing], apart)
+		}
+		out = append(out, p.Annotations[AnnotationSizing])
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Without prices for a group's types each placeholder asks for a node of its
+// own (Karpenter then buys the cheapest type holding each, not one large node
+// for all); with them the table's mix decides, and a mix that holds no
+// placeholder leaves Karpenter's own choice.
+func TestPlanSizesWithoutPricesOneNodePerPlaceholder(t *testing.T) {
+	h100 := h100Prices(t)
+	whole := func(n, gpus int, pod *corev1.Pod) []Item {
+		var out []Item
+		for i := 0; i < n; i++ {
+			out = append(out, Item{Workload: fmt.Sprintf("default/w%d", i), Pod: pod, GPUs: gpus})
+		}
+		return out
+	}
+	plain := builders.MakePod("w", "default").Obj()
+	var fractions []Item
+	for i := 0; i < 10; i++ {
+		fractions = append(fractions, fraction(fmt.Sprintf("f%d", i), 40))
+	}
+	tests := []struct {
+		name   string
+		items  []Item
+		prices *pricing.Table
+		want   []string
+	}{
+		{name: "no table: five 1-GPU placeholders, each alone", items: whole(5, 1, plain), want: repeatStr(SizingAlone, 5)},
+		{name: "no table: ten 40% fractions, five GPUs, each alone", items: fractions, want: repeatStr(SizingAlone, 5)},
+		{name: "an empty table is no table", items: whole(2, 1, plain), prices: &pricing.Table{}, want: repeatStr(SizingAlone, 2)},
+		{name: "the table knows the types: its mix", items: whole(5, 1, plain), prices: h100, want: repeatStr(SizingTable, 5)},
+		{
+			name:  "the table lists no type the pods may use: each alone",
+			items: whole(2, 1, builders.MakePod("w", "default").NodeSelector(corev1.LabelInstanceTypeStable, "p5.48xlarge").Obj()), prices: h100,
+			want: repeatStr(SizingAlone, 2),
+		},
+		{
+			// The table prices one 8x for both below a 2-GPU node of their own
+			// plus a 1-GPU one: packing them stays Karpenter's to do.
+			name:  "the table knows the types, no mix holds the placeholders: Karpenter's choice",
+			items: append(whole(1, 2, plain), whole(1, 1, plain)...), prices: h100, want: []string{"", ""},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Prices = tt.prices
+			if diff := cmp.Diff(tt.want, sizings(t, Plan(tt.items, o))); diff != "" {
+				t.Errorf("sizing (-want +got):\n%s", diff)
+			}
+		})
+	}
 }
