@@ -251,10 +251,22 @@ func TestWriteLegend(t *testing.T) {
 			},
 		},
 		{
+			name: "a burst on five 1-GPU nodes: why, and what one node would have cost",
+			facts: facts{karpenter: []string{"a", "b", "c", "d", "e"}, bought: map[string]int{"gpu-1x-h100": 5}, boughtGPUs: 5, boughtPrice: 5 * 14.19},
+			want: []string{"Karpenter bought 5 × gpu-1x-h100, $70.95/h", "each placeholder asks for a node of its own",
+				"packed together they would have bought one gpu-8x-h100, $98.32/h with 3 of its GPUs idle"},
+		},
+		{
+			name:    "one node: no comparison",
+			facts:   facts{karpenter: []string{"a"}, bought: map[string]int{"gpu-1x-h100": 1}, boughtGPUs: 1, boughtPrice: 14.19},
+			want:    []string{"Karpenter bought 1 × gpu-1x-h100, $14.19/h"},
+			notWant: []string{"packed together"},
+		},
+		{
 			name:    "without Karpenter nodes or refused pods",
 			facts:   facts{static: []string{"gpu-node-1"}},
 			want:    []string{"gpu-node-1: the static nodes"},
-			notWant: []string{"made by Karpenter", "Pending", "fractions share", "mode dra", "(claim)"},
+			notWant: []string{"made by Karpenter", "Karpenter bought", "Pending", "fractions share", "mode dra", "(claim)"},
 		},
 	}
 	for _, tt := range tests {
