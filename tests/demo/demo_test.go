@@ -251,7 +251,7 @@ func TestWriteLegend(t *testing.T) {
 			},
 		},
 		{
-			name: "a burst on five 1-GPU nodes: why, and what one node would have cost",
+			name:  "a burst on five 1-GPU nodes: why, and what one node would have cost",
 			facts: facts{karpenter: []string{"a", "b", "c", "d", "e"}, bought: map[string]int{"gpu-1x-h100": 5}, boughtGPUs: 5, boughtPrice: 5 * 14.19},
 			want: []string{"Karpenter bought 5 × gpu-1x-h100, $70.95/h", "each placeholder asks for a node of its own",
 				"packed together they would have bought one gpu-8x-h100, $98.32/h with 3 of its GPUs idle"},

@@ -21,12 +21,6 @@ import (
 // facts are what the legend says about the running demo.
 type facts struct {
 	static, karpenter []string // node names (Karpenter's with their instance type)
-	// bought: instance type -> Karpenter's GPU nodes of it; boughtGPUs their
-	// GPUs and boughtPrice their price per hour (the kwok provider's
-	// eks-node-viewer/instance-price label; 0 when a node lacks it).
-	bought      map[string]int
-	boughtGPUs  int
-	boughtPrice float64
 	dra               []string // static nodes in mode dra
 	claimPods         []string // running demo pods whose GPU comes from a claim
 	claimGPUs         int      // GPUs holding at least one allocated claim
@@ -37,6 +31,12 @@ type facts struct {
 	gangs             []string // "group (pod, pod)"
 	refused           []string // "pod (Reason)"
 	doNotDisrupt      int      // running demo pods annotated do-not-disrupt
+	// bought: instance type -> Karpenter's GPU nodes of it; boughtGPUs their
+	// GPUs and boughtPrice their price per hour (the kwok provider's
+	// eks-node-viewer/instance-price label; 0 when a node lacks it).
+	bought      map[string]int
+	boughtGPUs  int
+	boughtPrice float64
 }
 
 // gatherFacts reads the cluster for the legend.
