@@ -63,7 +63,7 @@ func TestBurstBuysTheCheapestCapacity(t *testing.T) {
 				v, _ := strconv.ParseFloat(n.Labels["eks-node-viewer/instance-price"], 64)
 				price += v
 			}
-			t.Logf("the burst runs on %v, $%.2f/h", got, price)
+			t.Logf("the burst runs on %v, $%.2f/h at the provider's prices", got, price)
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("the burst runs on nodes of types %v, want %v", got, tc.want)
 			}
