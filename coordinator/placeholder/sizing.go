@@ -3,9 +3,9 @@ package placeholder
 import (
 	"slices"
 	"sort"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
@@ -17,16 +17,20 @@ import (
 const AnnotationInstanceType = api.Domain + "/instance-type"
 
 // AnnotationSizing says how a placeholder's capacity was sized: SizingTable
-// (the price table's cheapest mix, AnnotationInstanceType) or SizingAlone (a
-// node of its own, see alone); absent when the table knew the group's types
-// but no mix held its placeholders (Karpenter's own choice stands).
+// (the price table's cheapest mix, AnnotationInstanceType) or SizingSmallest
+// (the smallest node that holds it, see smallest); absent when neither
+// applies (Karpenter's own choice stands).
 const AnnotationSizing = api.Domain + "/sizing"
 
 // The values of AnnotationSizing.
 const (
-	SizingTable = "price-table"
-	SizingAlone = "alone"
+	SizingTable    = "price-table"
+	SizingSmallest = "smallest"
 )
+
+// DefaultGPUCountLabel is Options.GPUCountLabel's default: the label AWS's
+// Karpenter provider gives every GPU offering and node, its GPU count.
+const DefaultGPUCountLabel = "karpenter.k8s.aws/instance-gpu-count"
 
 // sizingWeight is the weight of the preferred node affinity sizing adds.
 // Karpenter treats preferred terms as required and relaxes them only when
@@ -47,7 +51,7 @@ const sizingWeight = 100
 //
 // It tells whether the table knew the group's types: false without a table
 // or when no listed type matches the group's constraints (the caller then
-// sizes the group without prices, see alone).
+// sizes the group without prices, see smallest).
 func sizeGroup(pods []*corev1.Pod, gpus []int, prices *pricing.Table) (known bool) {
 	if prices == nil || len(prices.InstanceTypes) == 0 || len(pods) == 0 {
 		return false
@@ -97,35 +101,41 @@ func sizeGroup(pods []*corev1.Pod, gpus []int, prices *pricing.Table) (known boo
 	return true
 }
 
-// aloneWeight is the weight of the preferred pod anti-affinity alone adds.
-const aloneWeight = 100
+// smallestTerms is how many preferred node affinity terms smallest adds:
+// nodes of at most 1, 2 and 4 times the placeholder's GPUs, weighing 100,
+// 50 and 25.
+const smallestTerms = 3
 
-// alone sizes a placeholder without prices: it asks for a node of its own,
-// with a preferred pod anti-affinity on the node's hostname against every
-// other placeholder. Karpenter treats preferred terms as required until
-// nothing can be launched for them (then it drops them), so it cannot pack
-// the placeholders into one NodeClaim of a large type, and launches for each
-// the cheapest instance type that holds it, by its cloud provider's own
-// prices: five 1-GPU placeholders get five 1-GPU nodes ($70.95/h on the
-// test bed), not one 8-GPU node ($98.32/h) with three GPUs idle. This is the
-// cheapest capacity whenever a type's price grows with its GPU count at
-// least linearly; where a large type is cheaper per GPU (seven GPUs of work,
-// an 8-GPU type dearer than seven 1-GPU ones), only a price table says so.
-// kube-scheduler ignores all this: no scheduler binds a placeholder.
-func alone(p *corev1.Pod) {
+// smallest sizes a placeholder of gpus GPUs without prices: it prefers nodes
+// whose GPU count (node label label) is at most gpus, else at most twice and
+// four times that. Karpenter treats the heaviest preferred term as required
+// and drops it only when nothing can be launched for it, then tries the
+// next; so it launches for the placeholder the cheapest type, by its cloud
+// provider's own prices, among the smallest that hold it, and cannot pack
+// five 1-GPU placeholders into one 8-GPU node ($98.32/h on the test bed)
+// where five 1-GPU nodes ($70.95/h) would do. Where no type is that small
+// (a NodePool of 8-GPU types only), every term is dropped and Karpenter
+// packs the placeholders as it would without them. The cheapest capacity
+// whenever a type's price grows with its GPU count at least linearly; where
+// a large type is cheaper per GPU, only a price table says so. A provider
+// that publishes no such label leaves every term unsatisfiable: Karpenter's
+// own packing.
+func smallest(p *corev1.Pod, label string, gpus int) {
 	if p.Spec.Affinity == nil {
 		p.Spec.Affinity = &corev1.Affinity{}
 	}
-	if p.Spec.Affinity.PodAntiAffinity == nil {
-		p.Spec.Affinity.PodAntiAffinity = &corev1.PodAntiAffinity{}
+	if p.Spec.Affinity.NodeAffinity == nil {
+		p.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
 	}
-	pa := p.Spec.Affinity.PodAntiAffinity
-	pa.PreferredDuringSchedulingIgnoredDuringExecution = append(pa.PreferredDuringSchedulingIgnoredDuringExecution,
-		corev1.WeightedPodAffinityTerm{Weight: aloneWeight, PodAffinityTerm: corev1.PodAffinityTerm{
-			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{api.LabelRole: api.RolePlaceholder}},
-			TopologyKey:   corev1.LabelHostname,
-		}})
-	p.Annotations[AnnotationSizing] = SizingAlone
+	na := p.Spec.Affinity.NodeAffinity
+	for i := range smallestTerms {
+		atMost := gpus << i
+		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution,
+			corev1.PreferredSchedulingTerm{Weight: int32(100 >> i), Preference: corev1.NodeSelectorTerm{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: label, Operator: corev1.NodeSelectorOpLt, Values: []string{strconv.Itoa(atMost + 1)}}},
+			}})
+	}
+	p.Annotations[AnnotationSizing] = SizingSmallest
 }
 
 // prefer adds a preferred node affinity on the instance type to p.

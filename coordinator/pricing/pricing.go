@@ -16,8 +16,8 @@
 // Karpenter's own instance types are not Kubernetes objects (a cloud
 // provider computes them), so the coordinator cannot read them from the API.
 // Without a table every GPU costs 1: savings are counted in GPUs, and each
-// placeholder asks for a node of its own, priced by Karpenter itself
-// (coordinator/placeholder).
+// placeholder prefers the smallest nodes that hold it, priced by Karpenter
+// itself (coordinator/placeholder).
 package pricing
 
 import (
