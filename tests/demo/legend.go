@@ -214,9 +214,9 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 const labelInstancePrice = "eks-node-viewer/instance-price"
 
 // boughtLine says what Karpenter bought and why that is the cheap choice:
-// with no price table each placeholder asks for a node of its own, and
-// Karpenter launches the cheapest type holding each; types are what the
-// provider sells, for the single node that would have held them all.
+// with no price table each placeholder prefers the smallest nodes that
+// hold it, and Karpenter launches the cheapest such type; types are what
+// the provider sells, for the single node that would have held them all.
 func boughtLine(f facts, types []cluster.InstanceType) string {
 	if len(f.bought) == 0 {
 		return ""
@@ -229,7 +229,8 @@ func boughtLine(f facts, types []cluster.InstanceType) string {
 	if f.boughtPrice > 0 {
 		line += fmt.Sprintf(", $%.2f/h", f.boughtPrice)
 	}
-	line += ": the chart sets no price table (coordinator.prices), so each placeholder asks for a node of its own and Karpenter launches the cheapest instance type that holds it, by its provider's prices"
+	line += ": the chart sets no price table (coordinator.prices), so each placeholder prefers nodes with no more GPUs than it asks (label " +
+		cluster.GPUCountLabel + "), and Karpenter launches the cheapest such instance type, by its provider's prices"
 	// The cheapest single node that would have held them all, as Karpenter
 	// buys for placeholders it may pack.
 	var one *cluster.InstanceType

@@ -16,18 +16,24 @@ import (
 
 // Issue 31: a burst of five 1-GPU pods, with the chart's defaults (no price
 // table), buys five 1-GPU nodes ($70.95/h on the test bed) and not one 8-GPU
-// node ($98.32/h, three GPUs idle): each placeholder asks for a node of its
-// own and Karpenter prices it with its provider's prices. With a price table
+// node ($98.32/h, three GPUs idle): each placeholder prefers nodes of at
+// most its GPUs (label karpenter.k8s.aws/instance-gpu-count, which the test
+// bed's offerings carry as AWS's do), and Karpenter buys the cheapest such
+// type by its provider's prices. With a price table
 // that says otherwise (the admin's 8-GPU nodes cost $12/h, say a discount),
-// the placeholders follow the table: one 8-GPU node.
+// the placeholders follow the table: one 8-GPU node. A NodePool of 8-GPU
+// types only still buys one node for the burst, not one per placeholder.
 func TestBurstBuysTheCheapestCapacity(t *testing.T) {
 	t.Parallel()
+	onlyEight := cluster.NodePool{Name: "gpu", Labels: map[string]string{api.LabelGPUNode: "true"}, InstanceTypes: []string{"gpu-8x-h100"}}
 	for _, tc := range []struct {
 		name  string
 		chart cluster.ChartOptions
-		want  map[string]int // instance type -> nodes holding the burst
+		pools []cluster.NodePool // empty: the test bed's
+		want  map[string]int     // instance type -> nodes holding the burst
 	}{
 		{name: "the chart's defaults", want: map[string]int{"gpu-1x-h100": 5}},
+		{name: "the chart's defaults, a NodePool of 8-GPU nodes only", pools: []cluster.NodePool{onlyEight}, want: map[string]int{"gpu-8x-h100": 1}},
 		{
 			name: "a price table where the 8-GPU node is cheaper",
 			chart: cluster.ChartOptions{SetJSON: []string{`coordinator.prices={"instanceTypes":[` +
@@ -37,7 +43,7 @@ func TestBurstBuysTheCheapestCapacity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := karpenterClusterWith(t, tc.chart)
+			c := karpenterClusterWith(t, tc.chart, tc.pools...)
 			applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
 			startCoordinator(t, c, "c1", "--leader-elect=false")
 			var names []string
