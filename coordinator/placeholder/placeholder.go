@@ -128,8 +128,8 @@ type Item struct {
 // first fit decreasing into whole GPUs. A group's placeholders prefer the
 // cheapest mix of instance types when the price table knows their types
 // (sizeGroup); otherwise each prefers the smallest nodes that hold it,
-// which Karpenter prices itself (smallest). Names are deterministic per group and bin, so
-// repeated plans and restarted coordinators agree.
+// which Karpenter prices itself (smallest). Names are deterministic per
+// group and bin, so repeated plans and restarted coordinators agree.
 func Plan(items []Item, o Options) []*corev1.Pod {
 	groups := map[string][]Item{}
 	var keys []string
