@@ -396,6 +396,7 @@ func (s *Scheduler) OnPodDelete(obj any) {
 		s.mu.Lock()
 		delete(s.assumed, p.UID)
 		s.mu.Unlock()
+		s.reportLost(p)
 	}
 	s.Wake()
 }
