@@ -11,26 +11,34 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/scheduler"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
-// Issue 31, spot interruptions, in part: a Karpenter node running fractions
-// is interrupted as Karpenter's interruption controller does it (its
-// NodeClaim deleted: Karpenter drains the node, whose reservations carry
-// do-not-disrupt) and its instance is reclaimed a moment later (the Node
-// object goes, as the cloud's two minutes end, compressed to 2 s). The
-// fractions the Deployment makes again are placed with new reservations on
-// other GPUs, the lost node's reservations go, no placeholder is left, and
-// the invariant checker holds.
-func TestFractionsArePlacedAgainAfterASpotInterruption(t *testing.T) {
+// Issue 31, spot interruptions, in part: Karpenter nodes are interrupted as
+// Karpenter's interruption controller does it (their NodeClaims deleted:
+// Karpenter drains them, but their reservations and the non-preemptible pod
+// carry do-not-disrupt) and their instances are reclaimed a moment later
+// (the Node objects go, as the cloud's two minutes end, compressed to 2 s).
+// The fractions the Deployment makes again are placed with new reservations
+// on other GPUs, the lost node's reservations go, no placeholder is left,
+// and the invariant checker holds. The non-preemptible pod, a bare pod
+// nothing makes again, is lost: the coordinator says so in an event on it
+// (and gpufrac_nonpreemptible_pods_lost_total, which the unit test reads).
+func TestSpotInterruptionPlacesFractionsAgainAndReportsLostWork(t *testing.T) {
 	t.Parallel()
 	c := karpenterCluster(t)
 	dumpOnFailure(t, c)
 	applyYAML(t, c, queuesYAML(map[string]string{"team-a": "8"}))
 	startCoordinator(t, c, "c1", "--leader-elect=false", "--reservation-grace=5s")
 	fractionDeployment(t, c, "embed", "team-a", 4, 40)
+	create(t, c, pod("critical", "team-a").GPUs(1).Preemptible(false).Obj())
 	before := waitApp(t, c, "embed", 4, 3*time.Minute)
+	critNode := running(t, c, time.Minute, "critical")["critical"].Spec.NodeName
 	lost := before[0].Spec.NodeName
+	if lost == critNode {
+		t.Fatalf("fractions on %s, the GPU node of the non-preemptible whole-GPU pod", lost)
+	}
 	var reservedBefore []string
 	for _, r := range reservationsOn(t, c, lost) {
 		reservedBefore = append(reservedBefore, string(r.UID))
@@ -39,28 +47,32 @@ func TestFractionsArePlacedAgainAfterASpotInterruption(t *testing.T) {
 		t.Fatalf("no reservation on %s under its fractions", lost)
 	}
 
-	// 1. The interruption: the NodeClaim of the node is deleted.
+	// 1. The interruption: the NodeClaims of the nodes are deleted.
 	claims, err := c.Dynamic.Resource(cluster.NodeClaimResource()).List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(claims.Items, func(u unstructured.Unstructured) bool {
-		n, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
-		return n == lost
-	})
-	if i < 0 {
-		t.Fatalf("no NodeClaim for node %s", lost)
+	for _, node := range []string{lost, critNode} {
+		i := slices.IndexFunc(claims.Items, func(u unstructured.Unstructured) bool {
+			n, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
+			return n == node
+		})
+		if i < 0 {
+			t.Fatalf("no NodeClaim for node %s", node)
+		}
+		claim := claims.Items[i].GetName()
+		if err := c.Dynamic.Resource(cluster.NodeClaimResource()).Delete(t.Context(), claim, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("interrupted node %s (NodeClaim %s)", node, claim)
 	}
-	claim := claims.Items[i].GetName()
-	if err := c.Dynamic.Resource(cluster.NodeClaimResource()).Delete(t.Context(), claim, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("interrupted node %s (NodeClaim %s) under %d reservations", lost, claim, len(reservedBefore))
 
-	// 2. The instance is reclaimed.
+	// 2. The instances are reclaimed.
 	time.Sleep(2 * time.Second)
-	if err := c.Client.CoreV1().Nodes().Delete(t.Context(), lost, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Fatal(err)
+	for _, node := range []string{lost, critNode} {
+		if err := c.Client.CoreV1().Nodes().Delete(t.Context(), node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
 	}
 	began := time.Now()
 	waitFor(t, 3*time.Minute, "four fractions running again, none on the lost node", func(ctx context.Context) (bool, error) {
@@ -88,4 +100,22 @@ func TestFractionsArePlacedAgainAfterASpotInterruption(t *testing.T) {
 	if ph := systemPods(t, c, api.RolePlaceholder); len(ph) != 0 {
 		t.Errorf("%d placeholders left after the fractions run again", len(ph))
 	}
+
+	// 3. The non-preemptible pod went with its node (the pod garbage
+	// collector deletes pods of a node that is gone), and is said lost.
+	var said string
+	waitFor(t, 2*time.Minute, "the non-preemptible pod said lost", func(ctx context.Context) (bool, error) {
+		evs, err := c.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=critical"})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range evs.Items {
+			if e.Reason == scheduler.ReasonNonPreemptibleLost {
+				said = e.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("critical: %s", said)
 }
