@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -84,6 +85,14 @@ func main() {
 	if qps <= 0 || cfg.Burst <= 0 {
 		klog.ErrorS(nil, "--kube-api-qps and --kube-api-burst must be positive", "qps", qps, "burst", cfg.Burst)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
+	if l := s.Placeholder.GPUCountLabel; l != "" {
+		// A label no node may carry makes every placeholder invalid: no
+		// capacity is ever asked for.
+		if errs := validation.IsQualifiedName(l); len(errs) > 0 {
+			klog.ErrorS(nil, "--gpu-count-label is not a label key", "value", l, "problems", errs)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+		}
 	}
 	if s.NewNodeSettle < 0 {
 		klog.ErrorS(nil, "--new-node-settle must not be negative (0 binds at once)", "value", s.NewNodeSettle)
