@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -56,7 +57,7 @@ func main() {
 	flag.StringVar(&s.TimesliceResource, "timeslice-resource", api.DefaultTimesliceResource, "resource name of time-sliced replicas (the nodes' timeslice.resourceName)")
 	npPrio := int(podrequest.DefaultNonPreemptiblePriority)
 	flag.IntVar(&npPrio, "non-preemptible-priority", npPrio, "pods with this priority or higher are non-preemptible (0 and negative values allowed)")
-	flag.DurationVar(&s.NewNodeSettle, "new-node-settle", scheduler.DefaultNewNodeSettle, "how long nothing is bound to a node after it lost a NoExecute taint (karpenter.sh/unregistered when Karpenter registers it) or Karpenter brought it, for kube-controller-manager's taint manager to see the taint gone (kubernetes#119862); its fractions' reservations are made meanwhile; 0 binds at once, as kube-scheduler does")
+	flag.DurationVar(&s.NewNodeSettle, "new-node-settle", scheduler.DefaultNewNodeSettle, "how long nothing is bound to a node after it lost a NoExecute taint (karpenter.sh/unregistered when Karpenter registers it) or Karpenter brought it, for kube-controller-manager's taint manager to see the taint gone (kubernetes#119862); its fractions' reservations are made meanwhile; a node first seen after a restart settles from its NodeClaim's Registered/Initialized time, its Ready time or its creation; 0 binds at once, as kube-scheduler does")
 	var placeBudget time.Duration
 	flag.DurationVar(&placeBudget, "place-budget", scheduler.DefaultPlaceBudget, "how long one scheduling cycle places work that fits before it leaves the rest, in order, to the next cycle (which starts at once); 0 places all a cycle can")
 	flag.DurationVar(&s.GangBindTimeout, "gang-bind-timeout", scheduler.DefaultGangBindTimeout, "how long a gang may hold GPUs bound in part (a member's binding failed) before its bound members are evicted and it is placed again whole")
@@ -71,6 +72,7 @@ func main() {
 	flag.BoolVar(&cfg.Placeholders, "placeholders", true, "create placeholder pods so the autoscaler (Karpenter) provisions GPUs for admitted work that has no room")
 	flag.StringVar(&s.Placeholder.Image, "placeholder-image", s.Placeholder.Image, "image of placeholder pods")
 	flag.StringVar(&s.Placeholder.PriorityClassName, "placeholder-priority-class", s.Placeholder.PriorityClassName, "priority class of placeholder pods (the lowest)")
+	flag.StringVar(&s.Placeholder.GPUCountLabel, "gpu-count-label", s.Placeholder.GPUCountLabel, "node label with a node's GPU count that the autoscaler's instance types carry (karpenter.k8s.aws/instance-gpu-count on AWS): without a price table for their types, placeholders prefer the smallest nodes that hold them, so Karpenter buys the cheapest such type instead of one large node for all; empty: Karpenter's own packing")
 	priceTable := costFlags(&cfg)
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -83,6 +85,14 @@ func main() {
 	if qps <= 0 || cfg.Burst <= 0 {
 		klog.ErrorS(nil, "--kube-api-qps and --kube-api-burst must be positive", "qps", qps, "burst", cfg.Burst)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+	}
+	if l := s.Placeholder.GPUCountLabel; l != "" {
+		// A label no node may carry makes every placeholder invalid: no
+		// capacity is ever asked for.
+		if errs := validation.IsQualifiedName(l); len(errs) > 0 {
+			klog.ErrorS(nil, "--gpu-count-label is not a label key", "value", l, "problems", errs)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 2)
+		}
 	}
 	if s.NewNodeSettle < 0 {
 		klog.ErrorS(nil, "--new-node-settle must not be negative (0 binds at once)", "value", s.NewNodeSettle)

@@ -95,3 +95,13 @@ func TestNegativePlaceBudgetIsRefused(t *testing.T) {
 		t.Errorf("exit %d, output:\n%s\nwant exit 2 saying it must not be negative", code, out)
 	}
 }
+
+// TestBadGPUCountLabelIsRefused: a --gpu-count-label that is no label key
+// would make every placeholder invalid (the API server refuses its
+// affinity), so no capacity would ever be asked for: an error at start.
+func TestBadGPUCountLabelIsRefused(t *testing.T) {
+	out, code := runMain(t, "--gpu-count-label=not/a/label", "--kubeconfig=/nonexistent")
+	if code != 2 || !strings.Contains(out, "--gpu-count-label is not a label key") {
+		t.Errorf("exit %d, output:\n%s\nwant exit 2 saying it is not a label key", code, out)
+	}
+}

@@ -49,6 +49,42 @@ import (
 // nodeClaimGVR is Karpenter's NodeClaim resource.
 var nodeClaimGVR = schema.GroupVersionResource{Group: "karpenter.sh", Version: "v1", Resource: "nodeclaims"}
 
+// nodeClaimByNode is the index of NodeClaims by the node they became.
+const nodeClaimByNode = "nodeName"
+
+// nodeClaimNode indexes a NodeClaim by its status.nodeName.
+func nodeClaimNode(obj any) ([]string, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, nil
+	}
+	if n, _, _ := unstructured.NestedString(u.Object, "status", "nodeName"); n != "" {
+		return []string{n}, nil
+	}
+	return nil, nil
+}
+
+// nodeClaimRegistered is the latest lastTransitionTime of a NodeClaim's
+// Registered and Initialized conditions that are True: Karpenter removes the
+// node's karpenter.sh/unregistered taint (NoExecute) as it registers it, and
+// its startup taints before it calls it initialized. Zero when neither is
+// True or a time does not parse. NodeClaims are Karpenter's to write.
+func nodeClaimRegistered(u *unstructured.Unstructured) time.Time {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	var at time.Time
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok || (m["type"] != "Registered" && m["type"] != "Initialized") || m["status"] != "True" {
+			continue
+		}
+		s, _ := m["lastTransitionTime"].(string)
+		if t, err := time.Parse(time.RFC3339, s); err == nil && t.After(at) {
+			at = t
+		}
+	}
+	return at
+}
+
 // Config is the coordinator's configuration, filled from flags by main.
 type Config struct {
 	// LeaderElect turns on leader election on a Lease.
@@ -298,10 +334,14 @@ func (a *App) lead(ctx context.Context) error {
 	sysFactory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithNamespace(api.ReservationNamespace), informers.WithTransform(transform))
 	eventInf := sysFactory.Core().V1().Events().Informer()
 	var claimLister cache.GenericLister
+	var claimIndex cache.Indexer // NodeClaims by status.nodeName
 	var claimSynced cache.InformerSynced = func() bool { return true }
 	if _, err := a.client.Discovery().ServerResourcesForGroupVersion(nodeClaimGVR.GroupVersion().String()); err == nil {
 		inf := dynFactory.ForResource(nodeClaimGVR)
-		claimLister, claimSynced = inf.Lister(), inf.Informer().HasSynced
+		if err := inf.Informer().AddIndexers(cache.Indexers{nodeClaimByNode: nodeClaimNode}); err != nil {
+			return fmt.Errorf("indexing NodeClaims by node: %w", err)
+		}
+		claimLister, claimSynced, claimIndex = inf.Lister(), inf.Informer().HasSynced, inf.Informer().GetIndexer()
 		a.cfg.Scheduler.ElasticPools = true // Karpenter can grow the pools
 	}
 
@@ -374,6 +414,24 @@ func (a *App) lead(ctx context.Context) error {
 			}
 			n, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
 			return n
+		},
+		NodeRegistered: func(node string) time.Time {
+			if claimIndex == nil {
+				return time.Time{}
+			}
+			objs, err := claimIndex.ByIndex(nodeClaimByNode, node)
+			if err != nil {
+				return time.Time{}
+			}
+			var at time.Time
+			for _, obj := range objs {
+				if u, ok := obj.(*unstructured.Unstructured); ok {
+					if t := nodeClaimRegistered(u); t.After(at) {
+						at = t
+					}
+				}
+			}
+			return at
 		},
 		Placeholders: func() scheduler.Placeholders {
 			if a.cfg.Placeholders {

@@ -74,20 +74,35 @@ func trimPod(p *corev1.Pod) {
 	p.Status.Conditions = scheduledOnly(p.Status.Conditions)
 }
 
-// scheduledOnly keeps a pod's PodScheduled condition, the only one the
-// coordinator reads (its pending reasons, kube-scheduler's Unschedulable,
-// consolidation's NoCapacity); a running pod's Ready, Initialized,
-// ContainersReady and PodReadyToStartContainers are a third of what is
-// left of it.
+// scheduledOnly keeps a pod's PodScheduled condition, the one the
+// coordinator schedules by (its pending reasons, kube-scheduler's
+// Unschedulable, consolidation's NoCapacity), and its DisruptionTarget, set
+// as Kubernetes deletes it (lost non-preemptible work is reported by it); a
+// running pod's Ready, Initialized, ContainersReady and
+// PodReadyToStartContainers are a third of what is left of it.
 func scheduledOnly(conds []corev1.PodCondition) []corev1.PodCondition {
-	i := slices.IndexFunc(conds, func(c corev1.PodCondition) bool { return c.Type == corev1.PodScheduled })
-	switch {
-	case i < 0:
+	keep := func(c corev1.PodCondition) bool {
+		return c.Type == corev1.PodScheduled || c.Type == corev1.DisruptionTarget
+	}
+	n := 0
+	for _, c := range conds {
+		if keep(c) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
 		return nil
-	case len(conds) == 1:
+	case len(conds):
 		return conds
 	}
-	return []corev1.PodCondition{conds[i]}
+	out := make([]corev1.PodCondition, 0, n)
+	for _, c := range conds {
+		if keep(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // trimContainer keeps a container's name, resources, restart policy, env

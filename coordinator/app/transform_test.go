@@ -254,3 +254,34 @@ func TestSharerConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestScheduledOnlyKeepsPodScheduledAndDisruptionTarget(t *testing.T) {
+	cond := func(typ corev1.PodConditionType) corev1.PodCondition {
+		return corev1.PodCondition{Type: typ, Status: corev1.ConditionTrue}
+	}
+	for _, tc := range []struct {
+		name string
+		in   []corev1.PodCondition
+		want []corev1.PodConditionType
+	}{
+		{name: "none"},
+		{name: "running", in: []corev1.PodCondition{cond(corev1.PodReady), cond(corev1.PodScheduled)}, want: []corev1.PodConditionType{corev1.PodScheduled}},
+		{
+			name: "deleted by the pod garbage collector",
+			in:   []corev1.PodCondition{cond(corev1.PodReady), cond(corev1.PodScheduled), cond(corev1.DisruptionTarget)},
+			want: []corev1.PodConditionType{corev1.PodScheduled, corev1.DisruptionTarget},
+		},
+		{name: "only kept ones", in: []corev1.PodCondition{cond(corev1.DisruptionTarget)}, want: []corev1.PodConditionType{corev1.DisruptionTarget}},
+		{name: "only dropped ones", in: []corev1.PodCondition{cond(corev1.PodReady)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []corev1.PodConditionType
+			for _, c := range scheduledOnly(tc.in) {
+				got = append(got, c.Type)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("conditions kept (-want +got):\n%s", d)
+			}
+		})
+	}
+}

@@ -6,6 +6,9 @@
 // placeholder pods instead: lowest priority, whole nvidia.com/gpu requests
 // (fractions packed first fit decreasing), the pods' node selectors,
 // required affinity, tolerations and, for a gang, its one node pool.
+// Sized without a price table, each prefers the smallest nodes that hold
+// it, so that Karpenter launches the cheapest such type instead of packing
+// them all into one large node (see smallest).
 //
 // Placeholders name a scheduler nobody serves (SchedulerName), and the
 // coordinator writes their Unschedulable condition itself (Manager.Create):
@@ -77,13 +80,20 @@ type Options struct {
 	// PoolLabel is the node label of node pools (karpenter.sh/nodepool).
 	PoolLabel string
 	// Prices, when it lists instance types, steers each group's
-	// placeholders to the cheapest types that hold it (see sizeGroup).
+	// placeholders to the cheapest types that hold it (see sizeGroup);
+	// without it each placeholder prefers the smallest nodes that hold it
+	// (see smallest).
 	Prices *pricing.Table
+	// GPUCountLabel is the node label with the node's GPU count that the
+	// cloud provider gives its offerings (DefaultGPUCountLabel on AWS); empty
+	// sizes nothing without a price table.
+	GPUCountLabel string
 }
 
 // DefaultOptions are the coordinator's flag defaults.
 func DefaultOptions() Options {
-	return Options{Image: "registry.k8s.io/pause:3.10", PriorityClassName: "gpufrac-placeholder", PoolLabel: api.LabelNodePool}
+	return Options{Image: "registry.k8s.io/pause:3.10", PriorityClassName: "gpufrac-placeholder", PoolLabel: api.LabelNodePool,
+		GPUCountLabel: DefaultGPUCountLabel}
 }
 
 // Item is one pending pod's demand.
@@ -115,8 +125,11 @@ type Item struct {
 
 // Plan turns the demand of admitted, unplaceable pods into placeholder pods.
 // Items sharing constraints form a group; a group's fractions are packed
-// first fit decreasing into whole GPUs. Names are deterministic per group
-// and bin, so repeated plans and restarted coordinators agree.
+// first fit decreasing into whole GPUs. A group's placeholders prefer the
+// cheapest mix of instance types when the price table knows their types
+// (sizeGroup); otherwise each prefers the smallest nodes that hold it,
+// which Karpenter prices itself (smallest). Names are deterministic per
+// group and bin, so repeated plans and restarted coordinators agree.
 func Plan(items []Item, o Options) []*corev1.Pod {
 	groups := map[string][]Item{}
 	var keys []string
@@ -139,7 +152,11 @@ func Plan(items []Item, o Options) []*corev1.Pod {
 			group = append(group, podFor(h, i, b, its[0], o))
 			gpus = append(gpus, b.gpus)
 		}
-		sizeGroup(group, gpus, o.Prices)
+		if !sizeGroup(group, gpus, o.Prices) && o.GPUCountLabel != "" {
+			for i, p := range group {
+				smallest(p, o.GPUCountLabel, gpus[i])
+			}
+		}
 		out = append(out, group...)
 	}
 	return out

@@ -3,6 +3,8 @@ package placeholder
 import (
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -163,4 +165,100 @@ func repeatStr(s string, n int) []string {
 		out[i] = s
 	}
 	return out
+}
+
+// sizings lists how each placeholder was sized (AnnotationSizing, "" for
+// none) with, when sized smallest, the GPU counts its preferred terms allow
+// at most, heaviest first ("smallest<=1,2,4"), sorted.
+func sizings(t *testing.T, pods []*corev1.Pod) []string {
+	t.Helper()
+	var out []string
+	for _, p := range pods {
+		got := p.Annotations[AnnotationSizing]
+		var bounds []string
+		if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+			last := int32(1 << 30)
+			for _, term := range a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+				for _, r := range term.Preference.MatchExpressions {
+					if r.Key != DefaultGPUCountLabel {
+						continue
+					}
+					if r.Operator != corev1.NodeSelectorOpLt || len(r.Values) != 1 || term.Weight >= last {
+						t.Errorf("%s: GPU-count term %v weight %d (after %d)", p.Name, r, term.Weight, last)
+					}
+					last = term.Weight
+					n, _ := strconv.Atoi(r.Values[0])
+					bounds = append(bounds, strconv.Itoa(n-1))
+				}
+			}
+		}
+		if (got == SizingSmallest) != (len(bounds) > 0) {
+			t.Errorf("%s: sizing %q, GPU-count terms %v", p.Name, got, bounds)
+		}
+		if len(bounds) > 0 {
+			got += "<=" + strings.Join(bounds, ",")
+		}
+		out = append(out, got)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Without prices for a group's types each placeholder prefers nodes no
+// larger than it, then twice and four times it (Karpenter then buys the
+// cheapest type that small, not one large node for all); with them the
+// table's mix decides, and a mix that holds no placeholder leaves Karpenter's
+// own choice. No GPU-count label: nothing without a table.
+func TestPlanSizesWithoutPricesTheSmallestNodes(t *testing.T) {
+	h100 := h100Prices(t)
+	whole := func(n, gpus int, pod *corev1.Pod) []Item {
+		var out []Item
+		for i := 0; i < n; i++ {
+			out = append(out, Item{Workload: fmt.Sprintf("default/w%d", i), Pod: pod, GPUs: gpus})
+		}
+		return out
+	}
+	plain := builders.MakePod("w", "default").Obj()
+	var fractions []Item
+	for i := 0; i < 10; i++ {
+		fractions = append(fractions, fraction(fmt.Sprintf("f%d", i), 40))
+	}
+	one := SizingSmallest + "<=1,2,4"
+	tests := []struct {
+		name    string
+		items   []Item
+		prices  *pricing.Table
+		noLabel bool
+		want    []string
+	}{
+		{name: "no table: five 1-GPU placeholders, each the smallest nodes", items: whole(5, 1, plain), want: repeatStr(one, 5)},
+		{name: "no table: ten 40% fractions, five 1-GPU placeholders", items: fractions, want: repeatStr(one, 5)},
+		{name: "no table: a 2-GPU placeholder prefers nodes of at most 2 GPUs", items: whole(1, 2, plain), want: []string{SizingSmallest + "<=2,4,8"}},
+		{name: "an empty table is no table", items: whole(2, 1, plain), prices: &pricing.Table{}, want: repeatStr(one, 2)},
+		{name: "no table, no GPU-count label: Karpenter's choice", items: whole(2, 1, plain), noLabel: true, want: []string{"", ""}},
+		{name: "the table knows the types: its mix", items: whole(5, 1, plain), prices: h100, want: repeatStr(SizingTable, 5)},
+		{
+			name:  "the table lists no type the pods may use: the smallest nodes",
+			items: whole(2, 1, builders.MakePod("w", "default").NodeSelector(corev1.LabelInstanceTypeStable, "p5.48xlarge").Obj()), prices: h100,
+			want: repeatStr(one, 2),
+		},
+		{
+			// The table prices one 8x for both below a node of 2 GPUs or more
+			// plus a 1-GPU one: packing them stays Karpenter's to do.
+			name:  "the table knows the types, no mix holds the placeholders: Karpenter's choice",
+			items: append(whole(1, 2, plain), whole(1, 1, plain)...), prices: h100, want: []string{"", ""},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Prices = tt.prices
+			if tt.noLabel {
+				o.GPUCountLabel = ""
+			}
+			if diff := cmp.Diff(tt.want, sizings(t, Plan(tt.items, o))); diff != "" {
+				t.Errorf("sizing (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

@@ -15,7 +15,9 @@
 //
 // Karpenter's own instance types are not Kubernetes objects (a cloud
 // provider computes them), so the coordinator cannot read them from the API.
-// Without a table every GPU costs 1: savings are counted in GPUs.
+// Without a table every GPU costs 1: savings are counted in GPUs, and each
+// placeholder prefers the smallest nodes that hold it, priced by Karpenter
+// itself (coordinator/placeholder).
 package pricing
 
 import (

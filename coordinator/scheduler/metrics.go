@@ -16,6 +16,7 @@ type metrics struct {
 	placeholdersCreated prometheus.Counter
 	placeholderLanded   prometheus.Counter
 	fractionsEvicted    *prometheus.CounterVec
+	nonPreemptibleLost  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -55,7 +56,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "gpufrac_fractions_evicted_total",
 		Help: "Fraction pods the coordinator evicted to keep a GPU's sharing safe, by reason: gpu_taken (the GPU's reservation was lost and the node agent gave the GPU whole to another pod while the fraction ran there).",
 	}, []string{"reason"})
-	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded, m.fractionsEvicted} {
+	m.nonPreemptibleLost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufrac_nonpreemptible_pods_lost_total",
+		Help: "Pods the coordinator admitted non-preemptible and bound that Kubernetes deleted before they finished (a spot interruption, a drain), by the reason of their DisruptionTarget condition: DeletionByPodGC (their node was gone), DeletionByTaintManager (a NoExecute taint), EvictionByEvictionAPI (an eviction, a drain), TerminationByKubelet (node shutdown or pressure), PreemptionByScheduler, or Other.",
+	}, []string{"reason"})
+	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded, m.fractionsEvicted, m.nonPreemptibleLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

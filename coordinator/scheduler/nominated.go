@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -17,6 +18,11 @@ const karpenterNominated = "Nominated"
 // NodeClaimNodes resolves a Karpenter NodeClaim name to the node it became
 // ("" while it has none).
 type NodeClaimNodes func(nodeClaim string) string
+
+// NodeRegistrations tells when Karpenter registered a node: the latest
+// lastTransitionTime of its NodeClaim's Registered and Initialized
+// conditions, zero when no NodeClaim names the node or neither is True.
+type NodeRegistrations func(node string) time.Time
 
 // OnEvent is the event informer's handler: Karpenter's Nominated events on
 // placeholder pods name the node (or NodeClaim) it plans for them; those

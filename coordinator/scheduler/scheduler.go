@@ -142,6 +142,9 @@ type Deps struct {
 	Placeholders Placeholders
 	// NodeClaims resolves Karpenter NodeClaims to nodes (nil: none known).
 	NodeClaims NodeClaimNodes
+	// NodeRegistered tells when Karpenter registered a node (nil: never
+	// known); settlingNodes reads it for nodes it has not seen before.
+	NodeRegistered NodeRegistrations
 	// Status writes Queue status; nil disables it.
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.
@@ -393,6 +396,7 @@ func (s *Scheduler) OnPodDelete(obj any) {
 		s.mu.Lock()
 		delete(s.assumed, p.UID)
 		s.mu.Unlock()
+		s.reportLost(p)
 	}
 	s.Wake()
 }
@@ -538,7 +542,10 @@ func (r *Result) pending(reason string, p *corev1.Pod) {
 // settlingNodes are the nodes that became usable within NewNodeSettle. A
 // node becomes usable when
 //   - it appears, for Karpenter's nodes (label karpenter.sh/nodepool) that
-//     appear after the first cycle;
+//     appear after the first cycle; a node seen for the first time
+//     otherwise (by the first cycle of a restarted coordinator, say) became
+//     usable when its records say (recordedUsable), so a restart keeps the
+//     settle of a node that was registered a moment before;
 //   - it loses a NoExecute taint (karpenter.sh/unregistered on a node
 //     Karpenter just registered, node.kubernetes.io/not-ready), or a
 //     gpufrac.io/draining taint in force (consolidation gave it back, or
@@ -572,6 +579,11 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 			seen = &nodeSeen{uid: n.UID}
 			if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && s.nodeSeenOnce {
 				seen.usableSince = now
+			} else {
+				// Found by the first cycle (a coordinator restarted, a new
+				// leader) or not Karpenter's: it may have lost a NoExecute
+				// taint a moment ago, unseen.
+				seen.usableSince = s.recordedUsable(n, now)
 			}
 			s.nodeSeen[n.Name] = seen
 		default:
@@ -614,6 +626,40 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 		}
 	}
 	return out, held
+}
+
+// recordedUsable is when n became usable as its records tell, for a node
+// whose taints this scheduler never saw: the latest of its Ready
+// condition's transition (its not-ready taint goes after it), Karpenter's
+// registration of it (NodeRegistered: its karpenter.sh/unregistered taint
+// goes then) and, for Karpenter's nodes, its creation. The API keeps these
+// times to the second, so each counts as the end of its second; and a time
+// ahead of now (clock skew) counts as now, so a node settles no longer than
+// NewNodeSettle from the moment it is first seen. Zero when none is known.
+// The times are the kubelet's, kube-controller-manager's and Karpenter's
+// writes, none a tenant's.
+func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
+	var at time.Time
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+			at = c.LastTransitionTime.Time
+		}
+	}
+	if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && n.CreationTimestamp.After(at) {
+		at = n.CreationTimestamp.Time
+	}
+	if s.deps.NodeRegistered != nil {
+		if r := s.deps.NodeRegistered(n.Name); r.After(at) {
+			at = r
+		}
+	}
+	if at.IsZero() {
+		return at
+	}
+	if at = at.Truncate(time.Second).Add(time.Second); at.After(now) {
+		return now
+	}
+	return at
 }
 
 // nodeSeen is what settlingNodes keeps of a node from one cycle to the next.

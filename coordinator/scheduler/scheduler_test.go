@@ -537,6 +537,59 @@ func TestNewNodeSettlesOnceItsTaintIsGone(t *testing.T) {
 	c.expectBound(clk, 0, "new", "once it settled")
 }
 
+// A coordinator that starts (restarted, or a new leader) while a node
+// settles keeps the settle: it never saw the node's NoExecute taint go, but
+// the node's records say when it became usable (Karpenter's registration of
+// it, its Ready condition, its creation), kept by the API to the second, so
+// each counts as the end of its second. Before, the first cycle bound to
+// every node it found at once, and a pod bound the moment the taint went
+// could meet a taint manager that still saw it (kubernetes#119862).
+func TestRestartKeepsTheSettleOfANodeJustRegistered(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, int(400*time.Millisecond), time.UTC)
+	shown := func(ago time.Duration) time.Time { return now.Add(-ago).Truncate(time.Second) } // as the API keeps it
+	for _, tc := range []struct {
+		name       string
+		registered time.Duration // NodeClaim Registered this long ago; 0: no NodeClaim
+		ready      time.Duration // node Ready this long ago; 0: no time recorded
+		created    time.Duration // node created this long ago; 0: no time recorded
+		left       time.Duration // settle left at the first cycle; 0: bound at once
+	}{
+		{name: "registered 100 ms ago", registered: 100 * time.Millisecond, ready: time.Hour, created: time.Hour, left: 3 * time.Second},
+		{name: "registered 2.5 s ago: 600 ms left (its second counted whole)", registered: 2500 * time.Millisecond, left: 600 * time.Millisecond},
+		{name: "Ready 100 ms ago", ready: 100 * time.Millisecond, left: 3 * time.Second},
+		{name: "created 100 ms ago", created: 100 * time.Millisecond, left: 3 * time.Second},
+		{name: "registered a minute ago", registered: time.Minute, ready: time.Minute, created: time.Minute},
+		{name: "nothing recorded", left: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(now)
+			fresh := h100Node("new", "a", 1)
+			if tc.ready > 0 {
+				fresh.Status.Conditions[0].LastTransitionTime = metav1.NewTime(shown(tc.ready))
+			}
+			if tc.created > 0 {
+				fresh.CreationTimestamp = metav1.NewTime(shown(tc.created))
+			}
+			registered := func(node string) time.Time {
+				if node != "new" || tc.registered == 0 {
+					return time.Time{}
+				}
+				return shown(tc.registered)
+			}
+			c := newClusterWith(t, Options{BindWorkers: 1, NewNodeSettle: 3 * time.Second},
+				Deps{Queues: staticQueues{queueOf("q", "8")}, Clock: clk, NodeRegistered: registered},
+				[]*corev1.Node{h100Node("old", "a", 1), fresh}, gpuPod("w", "q", 1), admitted(gpuPod("busy", "q", 1), "old"))
+			if tc.left == 0 {
+				c.expectBound(clk, 0, "new", "the first cycle, the node usable long ago")
+				return
+			}
+			c.expectBound(clk, 0, "", "the first cycle, within the node's settle")
+			c.expectBound(clk, tc.left-100*time.Millisecond, "", "100 ms before the node settled")
+			c.expectBound(clk, 100*time.Millisecond, "new", "once the node settled")
+		})
+	}
+}
+
 // Fractions placed on a node that settles have their reservation made
 // while it settles (a reservation pod tolerates every taint: the taint
 // manager never deletes it) and are bound the moment it settled, on the

@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	nodedra "github.com/gpufrac/gpufrac/deviceplugin/dra"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
@@ -73,9 +74,16 @@ type KarpenterOptions struct {
 	DRARequests bool
 }
 
+// GPUCountLabel is the label with a GPU type's GPU count that every GPU
+// offering carries, as AWS's provider gives its GPU types
+// karpenter.k8s.aws/instance-gpu-count: what the coordinator's placeholders
+// read by default (--gpu-count-label). The provider then puts it on the
+// nodes it creates and takes it for a well-known label.
+const GPUCountLabel = placeholder.DefaultGPUCountLabel
+
 // InstanceType is one machine type of the fake cloud. It becomes one entry of the
 // provider's instance-types JSON (the format of its kwok/cloudprovider/instance_types.json),
-// with one on-demand offering per zone.
+// with one on-demand offering per zone, labelled with its GPU count (GPUCountLabel).
 type InstanceType struct {
 	// Name is the instance type (node label node.kubernetes.io/instance-type).
 	Name string
@@ -95,6 +103,14 @@ type InstanceType struct {
 	// the driver's own builder (deviceplugin/dra.Build), so the templates are
 	// what gpufrac-node will publish. Such a type lists no nvidia.com/gpu.
 	DRAGPUs int
+}
+
+// gpus is the type's GPU count: its nvidia.com/gpu, else DRAGPUs.
+func (it InstanceType) gpus() int {
+	if q, ok := it.Resources[api.ResourceGPU]; ok && q.Value() > 0 {
+		return int(q.Value())
+	}
+	return max(it.DRAGPUs, 0)
 }
 
 // NodePool is a Karpenter NodePool using the cluster's KWOKNodeClass.
@@ -354,6 +370,11 @@ func InstanceTypesJSON(types []InstanceType) ([]byte, error) {
 			if it.GPUProduct != "" {
 				reqs = append(reqs, corev1.NodeSelectorRequirement{
 					Key: api.LabelGPUProduct, Operator: corev1.NodeSelectorOpIn, Values: []string{it.GPUProduct},
+				})
+			}
+			if n := it.gpus(); n > 0 {
+				reqs = append(reqs, corev1.NodeSelectorRequirement{
+					Key: GPUCountLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{strconv.Itoa(n)},
 				})
 			}
 			entry.Offerings = append(entry.Offerings, offeringJSON{Price: it.Price, Available: true, Requirements: reqs})

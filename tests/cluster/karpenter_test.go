@@ -36,11 +36,13 @@ func TestInstanceTypesJSON(t *testing.T) {
 			    {"Price": 98.32, "Available": true, "Requirements": [
 			      {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
 			      {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]},
-			      {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]},
+			      {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]},
+			      {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": ["8"]}]},
 			    {"Price": 98.32, "Available": true, "Requirements": [
 			      {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
 			      {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z2"]},
-			      {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}]`,
+			      {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]},
+			      {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": ["8"]}]}]}]`,
 		},
 		{
 			name: "CPU type in the default zone",

@@ -251,10 +251,22 @@ func TestWriteLegend(t *testing.T) {
 			},
 		},
 		{
+			name:  "a burst on five 1-GPU nodes: why, and what one node would have cost",
+			facts: facts{karpenter: []string{"a", "b", "c", "d", "e"}, bought: map[string]int{"gpu-1x-h100": 5}, boughtGPUs: 5, boughtPrice: 5 * 14.19},
+			want: []string{"Karpenter bought 5 × gpu-1x-h100, $70.95/h", "each placeholder prefers nodes with no more GPUs than it asks",
+				"packed together they would have bought one gpu-8x-h100, $98.32/h with 3 of its GPUs idle"},
+		},
+		{
+			name:    "one node: no comparison",
+			facts:   facts{karpenter: []string{"a"}, bought: map[string]int{"gpu-1x-h100": 1}, boughtGPUs: 1, boughtPrice: 14.19},
+			want:    []string{"Karpenter bought 1 × gpu-1x-h100, $14.19/h"},
+			notWant: []string{"packed together"},
+		},
+		{
 			name:    "without Karpenter nodes or refused pods",
 			facts:   facts{static: []string{"gpu-node-1"}},
 			want:    []string{"gpu-node-1: the static nodes"},
-			notWant: []string{"made by Karpenter", "Pending", "fractions share", "mode dra", "(claim)"},
+			notWant: []string{"made by Karpenter", "Karpenter bought", "Pending", "fractions share", "mode dra", "(claim)"},
 		},
 	}
 	for _, tt := range tests {
@@ -389,11 +401,33 @@ func TestUpStatusDown(t *testing.T) {
 		t.Errorf("status: %v\n%s", err, out)
 	}
 
+	// The issue 31 burst: fourteen 40% fractions need five GPUs beyond the
+	// static nodes. With the chart's defaults (no price table) Karpenter buys
+	// 1-GPU nodes, never the 8-GPU one, and the legend says why.
+	cs := demoClient(t, config{dir: state})
+	if _, err := cs.AppsV1().Deployments("default").Patch(ctx, burstDeployment, types.MergePatchType,
+		[]byte(`{"spec":{"replicas":14}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	burstRow := regexp.MustCompile(`default/` + burstDeployment + `-\S+ 40%`)
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err = demo(ctx, "status")
+		return err == nil && len(burstRow.FindAllString(out, -1)) == 14, nil
+	}); err != nil {
+		t.Errorf("the burst scaled to 14 does not run: %v\n%s", err, out)
+	} else {
+		legend := strings.Join(strings.Fields(out), " ") // unwrapped
+		bought := regexp.MustCompile(`Karpenter bought [^:]*:`).FindString(legend)
+		t.Logf("scaled to 14: %s", bought)
+		if bought == "" || strings.Contains(bought, "gpu-8x-h100") || !strings.Contains(legend, "each placeholder prefers nodes with no more GPUs than it asks") {
+			t.Errorf("the burst scaled to 14 bought %q, want 1-GPU nodes only and the legend's reason:\n%s", bought, out)
+		}
+	}
+
 	// The README's repartitioning step: once the burst is scaled down (its
 	// reservations go after the grace period), the admin edits the
 	// ConfigMap, a free GPU of a static node becomes seven MIG devices, and
 	// the view shows them.
-	cs := demoClient(t, config{dir: state})
 	if _, err := cs.AppsV1().Deployments("default").Patch(ctx, burstDeployment, types.MergePatchType,
 		[]byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)

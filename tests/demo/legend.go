@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
 // facts are what the legend says about the running demo.
@@ -28,6 +31,12 @@ type facts struct {
 	gangs             []string // "group (pod, pod)"
 	refused           []string // "pod (Reason)"
 	doNotDisrupt      int      // running demo pods annotated do-not-disrupt
+	// bought: instance type -> Karpenter's GPU nodes of it; boughtGPUs their
+	// GPUs and boughtPrice their price per hour (the kwok provider's
+	// eks-node-viewer/instance-price label; 0 when a node lacks it).
+	bought      map[string]int
+	boughtGPUs  int
+	boughtPrice float64
 }
 
 // gatherFacts reads the cluster for the legend.
@@ -39,7 +48,19 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 	}
 	for _, n := range nodes.Items {
 		if _, ok := n.Labels[labelKarpenterNodePool]; ok {
-			f.karpenter = append(f.karpenter, n.Name+" ("+n.Labels[corev1.LabelInstanceTypeStable]+")")
+			typ := n.Labels[corev1.LabelInstanceTypeStable]
+			f.karpenter = append(f.karpenter, n.Name+" ("+typ+")")
+			if f.bought == nil {
+				f.bought = map[string]int{}
+			}
+			f.bought[typ]++
+			q := n.Status.Capacity[api.ResourceGPU]
+			f.boughtGPUs += int(q.Value())
+			if price, err := strconv.ParseFloat(n.Labels[labelInstancePrice], 64); err == nil && f.boughtPrice >= 0 {
+				f.boughtPrice += price
+			} else {
+				f.boughtPrice = -1 // unknown
+			}
 		} else if n.Labels[servingLabel] == "dra" {
 			f.dra = append(f.dra, n.Name)
 		} else {
@@ -92,6 +113,7 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 		}
 	}
 	f.sharedGPUs = len(shared)
+	f.boughtPrice = max(f.boughtPrice, 0)
 	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return f, fmt.Errorf("listing resource claims: %w", err)
@@ -157,6 +179,9 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 		add("%s: made by Karpenter. gpufrac-coordinator asked for %s with placeholder pods for the burst's fractions it could not place on the static nodes; the fractions now share its GPUs.",
 			strings.Join(f.karpenter, ", "), them)
 	}
+	if line := boughtLine(f, gpuInstanceTypes()); line != "" {
+		add("%s", line)
+	}
 	if f.fractions > 0 {
 		add("\"pod NN%%\": a fraction, NN%% of one GPU's memory, its compute time-shared (gpufrac.io/gpu-fraction): %d fractions share %d GPUs. gpufrac-coordinator chose each GPU, gpufrac-node served it and wrote it back (gpufrac.io/allocated-gpu).",
 			f.fractions, f.sharedGPUs)
@@ -182,6 +207,44 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 	for _, l := range lines {
 		fmt.Fprintln(w, wrap("  - ", l, 110))
 	}
+}
+
+// labelInstancePrice is the label the kwok provider puts the price per hour
+// of a node's offering in.
+const labelInstancePrice = "eks-node-viewer/instance-price"
+
+// boughtLine says what Karpenter bought and why that is the cheap choice:
+// with no price table each placeholder prefers the smallest nodes that
+// hold it, and Karpenter launches the cheapest such type; types are what
+// the provider sells, for the single node that would have held them all.
+func boughtLine(f facts, types []cluster.InstanceType) string {
+	if len(f.bought) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, typ := range slices.Sorted(maps.Keys(f.bought)) {
+		parts = append(parts, fmt.Sprintf("%d × %s", f.bought[typ], typ))
+	}
+	line := "Karpenter bought " + strings.Join(parts, ", ")
+	if f.boughtPrice > 0 {
+		line += fmt.Sprintf(", $%.2f/h", f.boughtPrice)
+	}
+	line += ": the chart sets no price table (coordinator.prices), so each placeholder prefers nodes with no more GPUs than it asks (label " +
+		cluster.GPUCountLabel + "), and Karpenter launches the cheapest such instance type, by its provider's prices"
+	// The cheapest single node that would have held them all, as Karpenter
+	// buys for placeholders it may pack.
+	var one *cluster.InstanceType
+	for i, it := range types {
+		q := it.Resources[api.ResourceGPU]
+		if int(q.Value()) >= f.boughtGPUs && (one == nil || it.Price < one.Price) {
+			one = &types[i]
+		}
+	}
+	if one != nil && len(f.karpenter) > 1 && f.boughtPrice > 0 && one.Price > f.boughtPrice {
+		q := one.Resources[api.ResourceGPU]
+		line += fmt.Sprintf("; packed together they would have bought one %s, $%.2f/h with %d of its GPUs idle", one.Name, one.Price, int(q.Value())-f.boughtGPUs)
+	}
+	return line + ". A price table, where set, decides the mix instead."
 }
 
 func withNote(items []string, note string) []string {
