@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +33,10 @@ type GPUNodeOptions struct {
 	Config string
 	// Labels are more node labels (e.g. one a config group selects).
 	Labels map[string]string
+	// Taints are registered with the node (the kubelet's
+	// --register-with-taints); gpufrac-node's DaemonSet tolerates them,
+	// and so do the coordinator's reservations (they tolerate every taint).
+	Taints []corev1.Taint
 	// ImageDir is where the images are built; empty is a directory of the node's.
 	ImageDir string
 }
@@ -82,7 +87,15 @@ func (c *Cluster) StartGPUNode(ctx context.Context, o GPUNodeOptions) (*GPUNode,
 		"nvidia.com/gpu.present": "true",
 	}
 	maps.Copy(labels, o.Labels)
-	n, err := c.StartRealNode(ctx, RealNodeOptions{Name: o.Name, SandboxImage: images.PauseRef, Labels: labels})
+	var kubeletArgs []string
+	if len(o.Taints) > 0 {
+		var ts []string
+		for _, t := range o.Taints {
+			ts = append(ts, t.Key+"="+t.Value+":"+string(t.Effect))
+		}
+		kubeletArgs = append(kubeletArgs, "--register-with-taints="+strings.Join(ts, ","))
+	}
+	n, err := c.StartRealNode(ctx, RealNodeOptions{Name: o.Name, SandboxImage: images.PauseRef, Labels: labels, KubeletArgs: kubeletArgs})
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +146,14 @@ func (c *Cluster) applyNodeDaemonSet(ctx context.Context, g *GPUNode, o GPUNodeO
 		"extraVolumes": []any{map[string]any{"name": "mock-nvml", "hostPath": map[string]any{
 			"path": g.MockState, "type": "Directory"}}},
 		"extraVolumeMounts": []any{map[string]any{"name": "mock-nvml", "mountPath": mockStateMount}},
+	}
+	if len(o.Taints) > 0 {
+		// The chart's own toleration (lists replace, not merge) and the node's taints.
+		tols := []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
+		for _, t := range o.Taints {
+			tols = append(tols, map[string]any{"key": t.Key, "operator": "Exists", "effect": string(t.Effect)})
+		}
+		node["tolerations"] = tols
 	}
 	if o.Config != "" {
 		var cfg map[string]any

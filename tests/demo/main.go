@@ -49,6 +49,7 @@ func main() {
 	fs.IntVar(&cfg.nodes, "gpu-nodes", 2, "static mock-H100 GPU nodes")
 	fs.IntVar(&cfg.gpusPerNode, "gpus-per-node", 4, "mock H100s per static GPU node (1-8)")
 	fs.BoolVar(&cfg.karpenter, "karpenter", true, "run Karpenter's kwok provider (1× and 8× H100 instance types) and submit the burst it adds nodes for")
+	fs.BoolVar(&cfg.realNode, "real-node", true, "add one real node (the kubelet and containerd on this machine, gpufrac-node as the chart's DaemonSet pod) where the machine allows it: root, runc and the CNI plugins")
 	fs.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "bound on bringing the cluster up and the workloads to settle")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
@@ -89,6 +90,7 @@ type config struct {
 	nodes       int
 	gpusPerNode int
 	karpenter   bool
+	realNode    bool
 	timeout     time.Duration
 }
 

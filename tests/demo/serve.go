@@ -116,6 +116,9 @@ func startDemo(ctx context.Context, cfg config, p progress) (c *cluster.Cluster,
 	if err := addNodes(ctx, cfg, c, p); err != nil {
 		return nil, nil, err
 	}
+	if err := addRealNode(ctx, cfg, c, p); err != nil {
+		return nil, nil, err
+	}
 	return c, co, nil
 }
 

@@ -90,6 +90,7 @@ func spawn(cfg config) (pid int, exited <-chan struct{}, err error) {
 	defer logFile.Close()
 	args := []string{"serve", "--dir=" + cfg.dir, "--bin-dir=" + cfg.bin, "--gpu-nodes=" + strconv.Itoa(cfg.nodes),
 		"--gpus-per-node=" + strconv.Itoa(cfg.gpusPerNode), "--karpenter=" + strconv.FormatBool(cfg.karpenter),
+		"--real-node=" + strconv.FormatBool(cfg.realNode),
 		"--timeout=" + cfg.timeout.String()}
 	cmd := exec.Command(self, args...)
 	cmd.Dir = cfg.root

@@ -203,6 +203,26 @@ func TestRealNode(t *testing.T) {
 	}
 	applyYAML(t, c, []byte("apiVersion: gpufrac.io/v1alpha1\nkind: Queue\nmetadata: {name: rn}\nspec:\n  namespaces: [\""+ns+"\"]\n  resources:\n    gpu: {quota: \"2\"}\n"))
 
+	t.Run("a refused pod carries the plugin's reason through the kubelet's admission", func(t *testing.T) {
+		// Bound straight to the node (no scheduler) in a namespace no queue
+		// admits: only the device plugin can refuse it. First, while the
+		// node's 200 units are free: with fewer than 150 free the kubelet
+		// refuses it itself ("requested number of devices unavailable")
+		// without asking the plugin.
+		b.bindDirect(t, withWorkload(workloadPod("frac-150", metav1.NamespaceDefault).Fraction(150).Obj()))
+		waitFor(t, time.Minute, "frac-150 Failed", func(ctx context.Context) (bool, error) {
+			p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "frac-150", metav1.GetOptions{})
+			return err == nil && p.Status.Phase == corev1.PodFailed, nil
+		})
+		p := getPodIn(t, c, metav1.NamespaceDefault, "frac-150")
+		if p.Status.Reason != cluster.ReasonUnexpectedAdmissionError || !strings.Contains(p.Status.Message, "at most 100 units") {
+			t.Errorf("frac-150: reason %q message %q, want the kubelet's %s with gpufrac's reason", p.Status.Reason, p.Status.Message, cluster.ReasonUnexpectedAdmissionError)
+		}
+		// The invariant checker counts every pod refused at device admission.
+		if err := c.Client.CoreV1().Pods(p.Namespace).Delete(t.Context(), p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	whole := withWorkload(workloadPod("whole", ns).Queue("rn").GPUs(1).Obj())
 	create(t, c, whole)
 	waitRunningIn(t, c, ns, 2*time.Minute, whole.Name)
@@ -262,19 +282,6 @@ func TestRealNode(t *testing.T) {
 			if g := b.report(t, p, ctr).gpus(); len(g) != 0 {
 				t.Errorf("%s asked no GPU and sees %v", ctr, g)
 			}
-		}
-	})
-	t.Run("a refused pod carries the plugin's reason through the kubelet's admission", func(t *testing.T) {
-		// Bound straight to the node (no scheduler) in a namespace no queue
-		// admits: only the device plugin can refuse it.
-		b.bindDirect(t, withWorkload(workloadPod("frac-150", metav1.NamespaceDefault).Fraction(150).Obj()))
-		waitFor(t, time.Minute, "frac-150 Failed", func(ctx context.Context) (bool, error) {
-			p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "frac-150", metav1.GetOptions{})
-			return err == nil && p.Status.Phase == corev1.PodFailed, nil
-		})
-		p := getPodIn(t, c, metav1.NamespaceDefault, "frac-150")
-		if p.Status.Reason != cluster.ReasonUnexpectedAdmissionError || !strings.Contains(p.Status.Message, "at most 100 units") {
-			t.Errorf("frac-150: reason %q message %q, want the kubelet's %s with gpufrac's reason", p.Status.Reason, p.Status.Message, cluster.ReasonUnexpectedAdmissionError)
 		}
 	})
 	t.Run("the watchdog kills a real container process over its limit", func(t *testing.T) {
@@ -409,17 +416,29 @@ func (b *realBed) checkRestartSurvivors(t *testing.T, ns string, before map[stri
 		}
 		return p.Status.Phase == corev1.PodFailed && p.Status.Reason == cluster.ReasonUnexpectedAdmissionError, nil
 	})
+	// The refusal was the point; the invariant checker counts every pod
+	// rejected at device admission as a fault, so the probe goes first.
+	if err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Delete(t.Context(), probe, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	checkInvariants(t, c)
 }
 
-// bindDirect creates p for no scheduler and binds it to the node as the
-// cluster admin: no scheduler and no gpufrac admission check stands between
-// it and the kubelet's admission, where only the device plugin can refuse it.
-// (Tenants cannot: the admission policies refuse a GPU pod with a node
-// name, and pods/binding is the schedulers'.)
+// bindDirect creates p and binds it to the node as the cluster admin, so
+// that only the kubelet's admission (the device plugin) can refuse it.
+// Tenants cannot do this: the admission policies refuse a GPU pod with a
+// node name, and pods/binding is the schedulers'. A pod asking a fraction
+// must name gpufrac-scheduler (the policies again); in a namespace no
+// queue admits, the coordinator leaves it alone. Any other pod names no
+// scheduler that runs.
 func (b *realBed) bindDirect(t *testing.T, p *corev1.Pod) {
 	t.Helper()
 	p.Spec.SchedulerName = "gpufrac-e2e-nobody"
+	for _, c := range p.Spec.Containers {
+		if _, ok := c.Resources.Requests[api.ResourceFraction]; ok {
+			p.Spec.SchedulerName = api.SchedulerName
+		}
+	}
 	created, err := b.c.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
