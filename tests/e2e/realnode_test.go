@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
@@ -282,6 +285,52 @@ func TestRealNode(t *testing.T) {
 			if g := b.report(t, p, ctr).gpus(); len(g) != 0 {
 				t.Errorf("%s asked no GPU and sees %v", ctr, g)
 			}
+		}
+	})
+	t.Run("PodResources as the real kubelet serves it", func(t *testing.T) {
+		sock := filepath.Join(b.node.KubeletRootDir(), "pod-resources", "kubelet.sock")
+		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		list, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Devices per pod/container and resource, as the kubelet records them.
+		got := map[string]int{}
+		for _, p := range list.GetPodResources() {
+			if p.GetNamespace() != ns {
+				continue
+			}
+			for _, ctr := range p.GetContainers() {
+				for _, d := range ctr.GetDevices() {
+					got[p.GetName()+"/"+ctr.GetName()+" "+d.GetResourceName()] += len(d.GetDeviceIds())
+				}
+			}
+		}
+		want := map[string]int{
+			"whole/" + whole.Spec.Containers[0].Name + " " + string(api.ResourceGPU):          1,
+			"frac-a/" + fracs[0].Spec.Containers[0].Name + " " + string(api.ResourceFraction): 30,
+			"frac-b/" + fracs[1].Spec.Containers[0].Name + " " + string(api.ResourceFraction): 30,
+			"multi/app-a " + string(api.ResourceFraction):                                     20,
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("PodResources List of %s: %v, want %v", ns, got, want)
+		}
+		alloc, err := podresourcesapi.NewPodResourcesListerClient(conn).GetAllocatableResources(ctx, &podresourcesapi.AllocatableResourcesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		units := map[string]int{}
+		for _, d := range alloc.GetDevices() {
+			units[d.GetResourceName()] += len(d.GetDeviceIds())
+		}
+		if units[string(api.ResourceGPU)] != 2 || units[string(api.ResourceFraction)] != 200 {
+			t.Errorf("allocatable devices %v, want 2 %s and 200 %s", units, api.ResourceGPU, api.ResourceFraction)
 		}
 	})
 	t.Run("the watchdog kills a real container process over its limit", func(t *testing.T) {
