@@ -318,7 +318,8 @@ func TestUpStatusDown(t *testing.T) {
 	if err := os.Rename(filepath.Join(bin, "demo"), filepath.Join(bin, "gpufrac-demo")); err != nil {
 		t.Fatal(err)
 	}
-	for _, tool := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kwok-stages", "karpenter-kwok", "karpenter-crds"} {
+	for _, tool := range []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kwok-stages", "karpenter-kwok", "karpenter-crds",
+		"kubelet", "containerd", "containerd-shim-runc-v2", "ctr"} {
 		if err := os.Symlink(filepath.Join(root, "bin", tool), filepath.Join(bin, tool)); err != nil {
 			t.Fatal(err)
 		}
@@ -385,6 +386,17 @@ func TestUpStatusDown(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("up's output does not match %s", re)
 		}
+	}
+	// The real node, where this machine allows one; else the reason.
+	if err := cluster.RealNodeRequirements(bin); err == nil {
+		if !regexp.MustCompile(`added real node gpu-node-real .*\n.*real-node/real-inference \(25 %\) runs in a container on gpu-node-real and sees /dev/nvidia[0-9]+, GPUFRAC_MEMORY_LIMIT_MIB=\d+ MiB`).MatchString(out) {
+			t.Errorf("up's output lacks the real node and what its container sees")
+		}
+		if !strings.Contains(out, "NODE gpu-node-real (Ready)") {
+			t.Errorf("the GPU view lacks the real node")
+		}
+	} else if !strings.Contains(out, "no real node on this machine") {
+		t.Errorf("up's output does not say why there is no real node (%v)", err)
 	}
 	// A fraction bound where its GPU was full fails admission; the coordinator
 	// must never do that.
