@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
@@ -59,6 +60,9 @@ type GPUNode struct {
 	// Images are the images the node was given.
 	Images []images.Built
 }
+
+// realNodeAgentLabel marks the pods of the real nodes' gpufrac-node DaemonSet.
+const realNodeAgentLabel = "tests.gpufrac.io/real-node-agent"
 
 // mockStateMount is where the gpufrac-node pod sees MockState.
 const mockStateMount = "/var/lib/gpufrac-mock"
@@ -187,6 +191,16 @@ func (c *Cluster) applyNodeDaemonSet(ctx context.Context, g *GPUNode, o GPUNodeO
 	ds, cm := objs.Find("DaemonSet", "gpufrac-node"), objs.Find("ConfigMap", "gpufrac-node-config")
 	if ds == nil || cm == nil {
 		return fmt.Errorf("the chart rendered no gpufrac-node DaemonSet or config ConfigMap")
+	}
+	// The kwok nodes' agent identities are pods made from the same template
+	// (identity.go) with no controller: a DaemonSet with the chart's selector
+	// would adopt them and delete those on nodes it does not select, which
+	// invalidates their tokens. One more label in the selector keeps it to
+	// its own pods.
+	for _, path := range [][]string{{"spec", "selector", "matchLabels"}, {"spec", "template", "metadata", "labels"}} {
+		if err := unstructured.SetNestedField(ds.Object, "true", append(path, realNodeAgentLabel)...); err != nil {
+			return err
+		}
 	}
 	objs = Objects{ds}
 	if o.Config != "" {
