@@ -266,7 +266,13 @@ func TestWriteLegend(t *testing.T) {
 			name:    "without Karpenter nodes or refused pods",
 			facts:   facts{static: []string{"gpu-node-1"}},
 			want:    []string{"gpu-node-1: the static nodes"},
-			notWant: []string{"made by Karpenter", "Karpenter bought", "Pending", "fractions share", "mode dra", "(claim)"},
+			notWant: []string{"made by Karpenter", "Karpenter bought", "Pending", "fractions share", "mode dra", "(claim)", "a real node"},
+		},
+		{
+			name:    "a real node is not a static one",
+			facts:   facts{static: []string{"gpu-node-1"}, real: []string{realNode}},
+			want:    []string{"gpu-node-1: the static nodes", realNode + ": a real node, the kubelet v1.36.3 and containerd", "real-node/real-inference runs in a container"},
+			notWant: []string{"gpu-node-1, " + realNode},
 		},
 	}
 	for _, tt := range tests {

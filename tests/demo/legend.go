@@ -22,6 +22,7 @@ import (
 type facts struct {
 	static, karpenter []string // node names (Karpenter's with their instance type)
 	dra               []string // static nodes in mode dra
+	real              []string // real nodes (kubelet and containerd on this machine)
 	claimPods         []string // running demo pods whose GPU comes from a claim
 	claimGPUs         int      // GPUs holding at least one allocated claim
 	fractions         int      // running fraction pods
@@ -63,6 +64,8 @@ func gatherFacts(ctx context.Context, client kubernetes.Interface) (facts, error
 			}
 		} else if n.Labels[servingLabel] == "dra" {
 			f.dra = append(f.dra, n.Name)
+		} else if n.Name == realNode {
+			f.real = append(f.real, n.Name)
 		} else {
 			f.static = append(f.static, n.Name)
 		}
@@ -170,6 +173,10 @@ func writeLegend(w io.Writer, cfg config, f facts) {
 	if len(f.dra) > 0 {
 		add("%s: a static node group in mode dra (label and taint %s=dra), %d mock H100s a node: gpufrac-node is the DRA driver %s there and publishes each GPU in ResourceSlices as a whole device, a shareable device by percent of its memory, and a memory view; pods get GPUs through ResourceClaims, not nvidia.com/gpu or gpufrac.io/gpu-fraction.",
 			strings.Join(f.dra, ", "), servingLabel, draGPUs, api.DRADriver)
+	}
+	if len(f.real) > 0 {
+		add("%s: a real node, the kubelet v1.36.3 and containerd 2.4.2 with runc on this machine, %d mock H100s (taint %s keeps the examples off it): gpufrac-node runs there as the chart's DaemonSet pod from its image, and %s/%s runs in a container that sees only its GPU's device node.",
+			strings.Join(f.real, ", "), realGPUs, realTaint, realNamespace, realPod)
 	}
 	if len(f.karpenter) > 0 {
 		them := "them"
