@@ -657,7 +657,9 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 // goes then) and, for Karpenter's nodes, its creation. The API keeps these
 // times to the second, so each counts as the end of its second; and a time
 // ahead of now (clock skew) counts as now, so a node settles no longer than
-// NewNodeSettle from the moment it is first seen. Zero when none is known.
+// NewNodeSettle from the moment it is first seen. A Karpenter node whose
+// registration is not shown (NodeRegistered zero) counts as usable now.
+// Zero when none is known.
 // The times are the kubelet's, kube-controller-manager's and Karpenter's
 // writes, none a tenant's.
 func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
@@ -671,7 +673,17 @@ func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
 		at = n.CreationTimestamp.Time
 	}
 	if s.deps.NodeRegistered != nil {
-		if r := s.deps.NodeRegistered(n.Name); r.After(at) {
+		r := s.deps.NodeRegistered(n.Name)
+		if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && r.IsZero() {
+			// Karpenter's node, its registration not shown: Karpenter
+			// removes the unregistered taint before it writes the
+			// NodeClaim's Registered condition and nodeName, and the two
+			// informers list at different moments; neither the node's
+			// creation nor its Ready time says when the taint went. Settle
+			// from now.
+			return now
+		}
+		if r.After(at) {
 			at = r
 		}
 	}
