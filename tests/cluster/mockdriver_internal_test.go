@@ -57,3 +57,36 @@ func driverPaths(t *testing.T, root string) (files, hooks []string) {
 	}
 	return files, hooks
 }
+
+// On a machine whose kernel serves the NVIDIA driver's major (a GPU
+// machine) or the mock's nvidia-uvm major, mock device nodes would be the
+// real devices, mode 0666: NewMockDriver refuses, and says why.
+func TestMockDriverRefusesMajorsTheKernelServes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mknod of character devices needs root")
+	}
+	for _, tc := range []struct {
+		name, devices, want string
+	}{
+		{name: "NVIDIA driver loaded", devices: "Character devices:\n  1 mem\n195 nvidia-frontend\n509 nvidia-uvm\n\nBlock devices:\n  7 loop\n", want: "major 195 (nvidia-frontend)"},
+		{name: "another driver on the uvm major", devices: "Character devices:\n  1 mem\n509 somedriver\n\nBlock devices:\n", want: "major 509 (somedriver)"},
+		{name: "a block major is no character major", devices: "Character devices:\n  1 mem\n\nBlock devices:\n195 blk\n509 blk2\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "devices")
+			if err := os.WriteFile(f, []byte(tc.devices), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			old := procDevices
+			procDevices = f
+			t.Cleanup(func() { procDevices = old })
+			_, err := NewMockDriver(t.TempDir(), "node-a", "dgxh100", 1)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("NewMockDriver: %v, want no error", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("NewMockDriver: %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
