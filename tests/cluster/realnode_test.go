@@ -181,6 +181,9 @@ func TestRealNode(t *testing.T) {
 	if _, err := net.InterfaceByName(n.Bridge()); err == nil {
 		t.Errorf("bridge %s left", n.Bridge())
 	}
+	if _, err := os.Stat(filepath.Join(n.Dir(), "containerd")); err == nil {
+		t.Errorf("containerd's root %s left (its content and snapshots, kept for good in the cluster's directory)", filepath.Join(n.Dir(), "containerd"))
+	}
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", n.CgroupRoot())); err == nil {
 		t.Errorf("cgroup %s left", n.CgroupRoot())
 	}
