@@ -90,3 +90,14 @@ func TestMockDriverRefusesMajorsTheKernelServes(t *testing.T) {
 		})
 	}
 }
+
+// A second GPU node would re-apply the gpufrac-node DaemonSet with its own
+// mock state path and GPU count, rolling the first node's agent onto them:
+// StartGPUNode refuses it before it starts anything.
+func TestSecondGPUNodeIsRefused(t *testing.T) {
+	c := &Cluster{gpuNode: "gpu-a"}
+	_, err := c.StartGPUNode(t.Context(), GPUNodeOptions{Name: "gpu-b"})
+	if err == nil || !strings.Contains(err.Error(), "the cluster has one (gpu-a)") {
+		t.Errorf("StartGPUNode: %v, want a refusal naming gpu-a", err)
+	}
+}
