@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,5 +100,25 @@ func TestSecondGPUNodeIsRefused(t *testing.T) {
 	_, err := c.StartGPUNode(t.Context(), GPUNodeOptions{Name: "gpu-b"})
 	if err == nil || !strings.Contains(err.Error(), "the cluster has one (gpu-a)") {
 		t.Errorf("StartGPUNode: %v, want a refusal naming gpu-a", err)
+	}
+}
+
+// The service proxy on 10.96.0.1:443 serves the real nodes' pods and the
+// host, not a machine elsewhere that routes 10.96.0.1 to this one.
+func TestServiceProxyClients(t *testing.T) {
+	for _, tc := range []struct {
+		ip   string
+		want bool
+	}{
+		{"10.89.0.7", true},   // a pod of real node 0
+		{"10.89.255.1", true}, // a node IP
+		{"127.0.0.1", true},   // the host
+		{"192.0.2.7", false},  // elsewhere
+		{"10.96.0.2", false},  // another service address, no host's
+		{"10.90.0.1", false},  // next to the real nodes' range
+	} {
+		if got := serviceClientAllowed(net.ParseIP(tc.ip)); got != tc.want {
+			t.Errorf("serviceClientAllowed(%s) = %v, want %v", tc.ip, got, tc.want)
+		}
 	}
 }
