@@ -117,7 +117,9 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 			if s.gangEvicted[p.UID] {
 				continue
 			}
+			s.noteSelfEvicted(p, true) // before: its delete may be seen before Release returns
 			if err := s.deps.Releaser.Release(ctx, p, ReasonGangRollback, msg); err != nil {
+				s.noteSelfEvicted(p, false)
 				klog.FromContext(ctx).Error(err, "Evicting a member of a gang bound in part; trying again next cycle", "pod", klog.KObj(p), "podGroup", c.name)
 				continue
 			}

@@ -34,7 +34,10 @@ func lostLabel(reason string) string {
 // anyway. gpufrac.io/admitted-preemptible is the coordinator's write on the
 // binding, and a pod's conditions the kubelet's and controllers', so the
 // pod's author forges neither; a pod its author deletes has no
-// DisruptionTarget.
+// DisruptionTarget. Pods the coordinator evicts itself (a gang rollback, a
+// fraction off a GPU taken) are left out by OnPodDelete (selfEvicted). A
+// tenant that evicts its own pod (pods/eviction, in the edit role) is
+// counted as a drain would be.
 func (s *Scheduler) reportLost(p *corev1.Pod) {
 	if p.Spec.NodeName == "" || p.Spec.SchedulerName != s.opts.SchedulerName ||
 		p.Annotations[api.AnnotationAdmittedPreemptible] != "false" || p.Status.Phase == corev1.PodSucceeded {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
 // A pod admitted non-preemptible that Kubernetes deletes before it finished
@@ -82,5 +83,42 @@ func TestLostNonPreemptibleWorkIsReported(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A non-preemptible fraction the coordinator evicts itself (off a GPU
+// given whole to another pod; a gang rollback alike) carries the Eviction
+// API's DisruptionTarget when it is deleted: the coordinator's own doing,
+// placed again, not lost work. Another such pod the coordinator did not
+// evict still counts.
+func TestSelfEvictedWorkIsNotReportedLost(t *testing.T) {
+	whole := builders.MakePod("w1", "tenant-b").UID("w1").Node("n1").SchedulerName("").GPUs(1).CPU("1").Obj()
+	whole.Status.Phase = corev1.PodRunning
+	whole.Annotations = map[string]string{api.AnnotationAllocatedGPU: "GPU-n1-0"}
+	f1 := runningFraction("f1", "n1", "GPU-n1-0", 30)
+	f1.Spec.SchedulerName = api.SchedulerName
+	f1.Annotations[api.AnnotationAdmittedPreemptible] = "false"
+	c, _, _ := lostReservationCluster(t, f1, whole)
+	c.cycle()
+	if got := c.b.ReleasedPods()["f1"]; got != ReasonGPUTaken {
+		t.Fatalf("f1 released with %q, want %q", got, ReasonGPUTaken)
+	}
+	evicted := func(p *corev1.Pod) *corev1.Pod {
+		p = p.DeepCopy()
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{
+			Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "EvictionByEvictionAPI", Message: "Eviction API: evicting"})
+		return p
+	}
+	c.s.OnPodDelete(evicted(f1))
+	if n := testutil.ToFloat64(c.s.metrics.nonPreemptibleLost.WithLabelValues("EvictionByEvictionAPI")); n != 0 {
+		t.Errorf("gpufrac_nonpreemptible_pods_lost_total{reason=EvictionByEvictionAPI} = %v after the coordinator's own eviction, want 0", n)
+	}
+	other := runningFraction("f2", "n1", "GPU-n1-1", 30)
+	other.UID = "f2"
+	other.Spec.SchedulerName = api.SchedulerName
+	other.Annotations[api.AnnotationAdmittedPreemptible] = "false"
+	c.s.OnPodDelete(evicted(other))
+	if n := testutil.ToFloat64(c.s.metrics.nonPreemptibleLost.WithLabelValues("EvictionByEvictionAPI")); n != 1 {
+		t.Errorf("gpufrac_nonpreemptible_pods_lost_total{reason=EvictionByEvictionAPI} = %v after a drain's eviction, want 1", n)
 	}
 }

@@ -180,6 +180,10 @@ type Scheduler struct {
 	assumed    map[types.UID]assumedPod      // pods being bound -> where
 	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it, until the informer shows them terminating
 	refused    map[types.UID]time.Time       // victim whose eviction was refused -> when it may be tried again
+	// selfEvicted: pod this scheduler evicted itself (a gang rollback, a
+	// fraction off a GPU taken) -> true, until its delete is seen: its
+	// DisruptionTarget is the coordinator's doing, no lost work (reportLost).
+	selfEvicted map[types.UID]bool
 
 	models     []string          // GPU products in the cluster, set at the start of each cycle
 	lastStatus map[string]string // queue -> last status written or queued (statusKey); guarded by mu
@@ -333,6 +337,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
 		strandedEvicted: map[types.UID]bool{},
+		selfEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
@@ -387,6 +392,19 @@ func (s *Scheduler) OnPod(obj any) {
 	s.Wake()
 }
 
+// noteSelfEvicted records that this scheduler evicts p itself (on), so
+// that its deletion is not reported as lost work, or that the eviction
+// failed (off).
+func (s *Scheduler) noteSelfEvicted(p *corev1.Pod, on bool) {
+	s.mu.Lock()
+	if on {
+		s.selfEvicted[p.UID] = true
+	} else {
+		delete(s.selfEvicted, p.UID)
+	}
+	s.mu.Unlock()
+}
+
 // OnPodDelete is the pod informer's delete handler.
 func (s *Scheduler) OnPodDelete(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -395,8 +413,12 @@ func (s *Scheduler) OnPodDelete(obj any) {
 	if p, ok := obj.(*corev1.Pod); ok {
 		s.mu.Lock()
 		delete(s.assumed, p.UID)
+		self := s.selfEvicted[p.UID]
+		delete(s.selfEvicted, p.UID)
 		s.mu.Unlock()
-		s.reportLost(p)
+		if !self {
+			s.reportLost(p)
+		}
 	}
 	s.Wake()
 }
@@ -635,7 +657,9 @@ func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, hel
 // goes then) and, for Karpenter's nodes, its creation. The API keeps these
 // times to the second, so each counts as the end of its second; and a time
 // ahead of now (clock skew) counts as now, so a node settles no longer than
-// NewNodeSettle from the moment it is first seen. Zero when none is known.
+// NewNodeSettle from the moment it is first seen. A Karpenter node whose
+// registration is not shown (NodeRegistered zero) counts as usable now.
+// Zero when none is known.
 // The times are the kubelet's, kube-controller-manager's and Karpenter's
 // writes, none a tenant's.
 func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
@@ -649,7 +673,17 @@ func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
 		at = n.CreationTimestamp.Time
 	}
 	if s.deps.NodeRegistered != nil {
-		if r := s.deps.NodeRegistered(n.Name); r.After(at) {
+		r := s.deps.NodeRegistered(n.Name)
+		if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && r.IsZero() {
+			// Karpenter's node, its registration not shown: Karpenter
+			// removes the unregistered taint before it writes the
+			// NodeClaim's Registered condition and nodeName, and the two
+			// informers list at different moments; neither the node's
+			// creation nor its Ready time says when the taint went. Settle
+			// from now.
+			return now
+		}
+		if r.After(at) {
 			at = r
 		}
 	}

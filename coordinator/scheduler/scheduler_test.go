@@ -559,7 +559,16 @@ func TestRestartKeepsTheSettleOfANodeJustRegistered(t *testing.T) {
 		{name: "Ready 100 ms ago", ready: 100 * time.Millisecond, left: 3 * time.Second},
 		{name: "created 100 ms ago", created: 100 * time.Millisecond, left: 3 * time.Second},
 		{name: "registered a minute ago", registered: time.Minute, ready: time.Minute, created: time.Minute},
-		{name: "nothing recorded", left: 0},
+		// Karpenter's clock an hour ahead of the coordinator's: no longer
+		// than a settle from the moment the node is first seen, never held.
+		{name: "registered an hour ahead (clock skew)", registered: -time.Hour, ready: time.Minute, created: time.Minute, left: 3 * time.Second},
+		{name: "nothing recorded, the node's registration not shown: settles from now", left: 3 * time.Second},
+		{
+			// Karpenter removed the unregistered taint but its NodeClaim's
+			// Registered condition is not written yet (or the claim
+			// informer listed before it was): created and Ready long ago.
+			name: "created and Ready a minute ago, the registration not shown: settles from now", ready: time.Minute, created: time.Minute, left: 3 * time.Second,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(now)

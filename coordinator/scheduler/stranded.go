@@ -56,7 +56,9 @@ func (s *Scheduler) evictStranded(ctx context.Context, snap *state.Snapshot) {
 				logger.Info("Fraction runs on a GPU given whole to another pod; no releaser to evict it", "pod", klog.KObj(p), "node", key.Node, "gpu", key.GPU, "holder", klog.KObj(r.TakenBy))
 				continue
 			}
+			s.noteSelfEvicted(p, true) // before: its delete may be seen before Release returns
 			if err := s.deps.Releaser.Release(ctx, p, ReasonGPUTaken, msg); err != nil {
+				s.noteSelfEvicted(p, false)
 				logger.Error(err, "Evicting a fraction from a GPU given whole to another pod; retried in the next cycle", "pod", klog.KObj(p), "node", key.Node, "gpu", key.GPU)
 				continue
 			}

@@ -145,6 +145,7 @@ type Cluster struct {
 	configMount   *configMount                     // the node agents' ConfigMap volume; nil with NodeAgentOptions.Config
 	realNodes     []*RealNode                      // StartRealNode's nodes, in start order
 	realHost      *realNodeHost                    // what the real nodes share; nil without real nodes
+	gpuNode       string                           // StartGPUNode's node ("" for none): the DaemonSet it applies is that node's
 
 	ctx         context.Context // the cluster's lifetime: cancelled by Stop or the caller's ctx
 	cancel      context.CancelFunc

@@ -1,10 +1,13 @@
 package cluster
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -30,8 +33,10 @@ const (
 // toolkit's nvidia-cdi-hook. The spec itself (SpecAt) names them by their
 // paths under the root, so nothing outside the directory changes.
 //
-// The device nodes cannot be opened (no driver serves them); what they show
-// is which nodes a container gets, with which numbers.
+// The device nodes cannot be opened (no driver serves them: NewMockDriver
+// refuses a machine whose kernel serves their majors, see
+// MockDriverRequirements); what they show is which nodes a container gets,
+// with which numbers.
 type MockDriver struct {
 	Root string
 	GPUs []nvidia.GPU
@@ -41,6 +46,9 @@ type MockDriver struct {
 // and count as gpufrac-node's --nvml=mock:<model> --mock-gpus=<count> sees
 // them on the node named node (the mock's UUIDs are seeded by node name).
 func NewMockDriver(root, node, model string, count int) (*MockDriver, error) {
+	if err := MockDriverRequirements(); err != nil {
+		return nil, err
+	}
 	lib, err := nvidia.NewMock(model, nvidia.WithUUIDSeed(node), nvidia.WithGPUCount(count))
 	if err != nil {
 		return nil, err
@@ -58,6 +66,53 @@ func NewMockDriver(root, node, model string, count int) (*MockDriver, error) {
 		return nil, fmt.Errorf("mock driver in %s: %w", root, err)
 	}
 	return d, nil
+}
+
+// procDevices lists the device majors the kernel's drivers serve.
+var procDevices = "/proc/devices"
+
+// MockDriverRequirements says why mock device nodes cannot be made on this
+// machine: a driver of its kernel serves one of their majors (the NVIDIA
+// driver's 195 on a machine with a GPU, or whichever driver got the dynamic
+// major the mock gives nvidia-uvm). The mock nodes (mode 0666, under the
+// node's directory, in the node's containers) would then open the real
+// devices.
+func MockDriverRequirements() error {
+	f, err := os.Open(procDevices)
+	if err != nil {
+		return fmt.Errorf("mock GPU devices: reading the kernel's device majors: %w", err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	inChar := false
+	for s.Scan() {
+		line := strings.TrimSpace(s.Text())
+		switch {
+		case line == "Character devices:":
+			inChar = true
+			continue
+		case strings.HasSuffix(line, ":"):
+			inChar = false
+			continue
+		case !inChar:
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		major, err := strconv.Atoi(fields[0])
+		if err != nil {
+			continue
+		}
+		if major == nvidiaMajor || major == uvmMajor {
+			return fmt.Errorf("mock GPU devices: this machine's kernel serves character major %d (%s): mock device nodes with it would open real devices", major, fields[1])
+		}
+	}
+	if err := s.Err(); err != nil {
+		return fmt.Errorf("mock GPU devices: reading %s: %w", procDevices, err)
+	}
+	return nil
 }
 
 func (d *MockDriver) write() error {

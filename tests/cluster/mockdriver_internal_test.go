@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi/cditest"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,4 +57,68 @@ func driverPaths(t *testing.T, root string) (files, hooks []string) {
 		hooks = append(hooks, filepath.Join(root, p))
 	}
 	return files, hooks
+}
+
+// On a machine whose kernel serves the NVIDIA driver's major (a GPU
+// machine) or the mock's nvidia-uvm major, mock device nodes would be the
+// real devices, mode 0666: NewMockDriver refuses, and says why.
+func TestMockDriverRefusesMajorsTheKernelServes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mknod of character devices needs root")
+	}
+	for _, tc := range []struct {
+		name, devices, want string
+	}{
+		{name: "NVIDIA driver loaded", devices: "Character devices:\n  1 mem\n195 nvidia-frontend\n509 nvidia-uvm\n\nBlock devices:\n  7 loop\n", want: "major 195 (nvidia-frontend)"},
+		{name: "another driver on the uvm major", devices: "Character devices:\n  1 mem\n509 somedriver\n\nBlock devices:\n", want: "major 509 (somedriver)"},
+		{name: "a block major is no character major", devices: "Character devices:\n  1 mem\n\nBlock devices:\n195 blk\n509 blk2\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "devices")
+			if err := os.WriteFile(f, []byte(tc.devices), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			old := procDevices
+			procDevices = f
+			t.Cleanup(func() { procDevices = old })
+			_, err := NewMockDriver(t.TempDir(), "node-a", "dgxh100", 1)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("NewMockDriver: %v, want no error", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("NewMockDriver: %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A second GPU node would re-apply the gpufrac-node DaemonSet with its own
+// mock state path and GPU count, rolling the first node's agent onto them:
+// StartGPUNode refuses it before it starts anything.
+func TestSecondGPUNodeIsRefused(t *testing.T) {
+	c := &Cluster{gpuNode: "gpu-a"}
+	_, err := c.StartGPUNode(t.Context(), GPUNodeOptions{Name: "gpu-b"})
+	if err == nil || !strings.Contains(err.Error(), "the cluster has one (gpu-a)") {
+		t.Errorf("StartGPUNode: %v, want a refusal naming gpu-a", err)
+	}
+}
+
+// The service proxy on 10.96.0.1:443 serves the real nodes' pods and the
+// host, not a machine elsewhere that routes 10.96.0.1 to this one.
+func TestServiceProxyClients(t *testing.T) {
+	for _, tc := range []struct {
+		ip   string
+		want bool
+	}{
+		{"10.89.0.7", true},   // a pod of real node 0
+		{"10.89.255.1", true}, // a node IP
+		{"127.0.0.1", true},   // the host
+		{"192.0.2.7", false},  // elsewhere
+		{"10.96.0.2", false},  // another service address, no host's
+		{"10.90.0.1", false},  // next to the real nodes' range
+	} {
+		if got := serviceClientAllowed(net.ParseIP(tc.ip)); got != tc.want {
+			t.Errorf("serviceClientAllowed(%s) = %v, want %v", tc.ip, got, tc.want)
+		}
+	}
 }

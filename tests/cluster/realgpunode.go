@@ -73,8 +73,24 @@ const mockStateMount = "/var/lib/gpufrac-mock"
 // out the mock driver and the toolkit's CDI spec, applies the chart's
 // DaemonSet (with the test bed's values plus mock NVML) and waits until
 // gpufrac-node's pod is Ready and the node publishes its GPUs.
+//
+// One GPU node per cluster: the DaemonSet it applies carries the node's mock
+// state directory, GPU count and taints' tolerations, so a second would roll
+// the first node's gpufrac-node onto the second's mock NVML state.
 func (c *Cluster) StartGPUNode(ctx context.Context, o GPUNodeOptions) (*GPUNode, error) {
 	logger := klog.FromContext(ctx)
+	c.mu.Lock()
+	first := c.gpuNode
+	if first == "" {
+		c.gpuNode = "(starting)"
+		if o.Name != "" {
+			c.gpuNode = o.Name
+		}
+	}
+	c.mu.Unlock()
+	if first != "" {
+		return nil, fmt.Errorf("starting a GPU node: the cluster has one (%s), and its gpufrac-node DaemonSet is that node's (mock state, GPU count, tolerations)", first)
+	}
 	if o.GPUs == 0 {
 		o.GPUs = 2
 	}

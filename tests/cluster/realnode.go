@@ -582,9 +582,23 @@ func (n *RealNode) stop() error {
 		}
 	}
 	errs = append(errs, n.cleanHost())
+	if errors.Join(errs...) == nil {
+		// Nothing of the node runs any more: drop its bulk (containerd's
+		// content and snapshots, the imported image tarballs, the mock
+		// driver's device nodes), a few hundred MB a run that the cluster's
+		// directory, kept for its logs, would otherwise keep for good.
+		for _, d := range realNodeBulk {
+			errs = append(errs, os.RemoveAll(n.path(d)))
+		}
+	}
 	n.logger.V(2).Info("Real node stopped", "duration", time.Since(began).Round(time.Millisecond))
 	return errors.Join(errs...)
 }
+
+// realNodeBulk are the node's directories that Stop removes once nothing
+// of the node runs: the rest (the kubelet's state, pods' logs, configs) is
+// small and kept with the cluster's logs.
+var realNodeBulk = []string{"containerd", "images", "driver"}
 
 // cleanHost removes what the node leaves in the host's namespaces: its CNI
 // bridge (pods' veths go with their network namespaces) and its cgroups.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -217,10 +218,15 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 2s
-syncFrequency: 10s
+syncFrequency: %s
 fileCheckFrequency: 5s
-`, n.NodeIP(), port, healthz, strconv.Quote(n.c.pki.caFile), n.CgroupRoot())
+`, n.NodeIP(), port, healthz, strconv.Quote(n.c.pki.caFile), n.CgroupRoot(), RealNodeSyncPeriod)
 }
+
+// RealNodeSyncPeriod is the real kubelet's syncFrequency: how long it may
+// take to act on a pod whose container changed under it (a test that
+// waits for something not to happen waits at least this long).
+const RealNodeSyncPeriod = 10 * time.Second
 
 // capSysResource is CAP_SYS_RESOURCE's bit number.
 const capSysResource = 24

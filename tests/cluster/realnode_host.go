@@ -136,8 +136,38 @@ func (h *realNodeHost) serve(logger klog.Logger, target string) {
 		if err != nil {
 			return
 		}
+		if a, ok := conn.RemoteAddr().(*net.TCPAddr); !ok || !serviceClientAllowed(a.IP) {
+			// 10.96.0.1 is an address of the host: anything routed to it
+			// from off the machine would reach the API server through here.
+			logger.V(2).Info("Service proxy: refused a connection from off the real nodes", "from", conn.RemoteAddr())
+			conn.Close()
+			continue
+		}
 		h.proxies.Go(func() { h.proxyConn(logger, conn, target) })
 	}
+}
+
+// realNodeNet holds the real nodes' pod subnets and node IPs (podSubnet, nodeIP).
+var realNodeNet = &net.IPNet{IP: net.IPv4(10, 89, 0, 0).To4(), Mask: net.CIDRMask(16, 32)}
+
+// serviceClientAllowed tells whether the service proxy serves a client at
+// ip: a real node's pod or node address, or the host itself (loopback, or
+// one of its addresses: a host-network pod dials from one), not a machine
+// elsewhere that routes to the host's 10.96.0.1.
+func serviceClientAllowed(ip net.IP) bool {
+	if ip.IsLoopback() || realNodeNet.Contains(ip) {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // track records an open connection; false when close has begun (conn is closed then).

@@ -153,8 +153,10 @@ func TestRealNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		took := time.Since(began)
-		// Let the kubelet resync the pod with the restarted component.
-		time.Sleep(3 * time.Second)
+		// Let the kubelet resync the pod with the restarted component: a
+		// container it would restart is restarted within a sync period
+		// (and a PLEG relist), so wait that long before saying it was not.
+		time.Sleep(cluster.RealNodeSyncPeriod + 2*time.Second)
 		p := waitRunning(ctx, t, c, pod.Name)
 		if got := p.Status.ContainerStatuses[0]; got.ContainerID != containerID || got.RestartCount != 0 {
 			t.Fatalf("after the %s restart the container is %s (restarts %d), want %s unrestarted", r.what, got.ContainerID, got.RestartCount, containerID)
@@ -178,6 +180,9 @@ func TestRealNode(t *testing.T) {
 	}
 	if _, err := net.InterfaceByName(n.Bridge()); err == nil {
 		t.Errorf("bridge %s left", n.Bridge())
+	}
+	if _, err := os.Stat(filepath.Join(n.Dir(), "containerd")); err == nil {
+		t.Errorf("containerd's root %s left (its content and snapshots, kept for good in the cluster's directory)", filepath.Join(n.Dir(), "containerd"))
 	}
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", n.CgroupRoot())); err == nil {
 		t.Errorf("cgroup %s left", n.CgroupRoot())

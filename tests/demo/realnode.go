@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,7 +46,7 @@ func addRealNode(ctx context.Context, cfg config, c *cluster.Cluster, p progress
 	if !cfg.realNode {
 		return nil
 	}
-	if err := cluster.RealNodeRequirements(cfg.binDir()); err != nil {
+	if err := errors.Join(cluster.RealNodeRequirements(cfg.binDir()), cluster.MockDriverRequirements()); err != nil {
 		p.say("no real node on this machine (%v): going on with kwok nodes only", err)
 		return nil
 	}

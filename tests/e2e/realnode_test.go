@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -52,7 +53,7 @@ func startRealBed(t *testing.T, o cluster.GPUNodeOptions) *realBed {
 		t.Skip("end-to-end: needs the local cluster (make tools)")
 	}
 	bin := filepath.Join(repoRoot(t), "bin")
-	if err := cluster.RealNodeRequirements(bin); err != nil {
+	if err := errors.Join(cluster.RealNodeRequirements(bin), cluster.MockDriverRequirements()); err != nil {
 		// Not root, or no runc/CNI where make tools could not install them.
 		t.Skipf("no real node on this machine: %v", err)
 	}
