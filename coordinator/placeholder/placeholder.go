@@ -38,6 +38,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -114,6 +115,10 @@ type Item struct {
 	Models []string
 	// Pool pins a gang's node pool ("" for none).
 	Pool string
+	// Gang says the item is a member of a gang: its placeholders do not
+	// prefer the smallest nodes (a gang's members talk to each other, so
+	// one large node, as Karpenter packs them, beats many small ones).
+	Gang bool
 	// DRA says the pod's GPUs come through resource claims (nodes in mode
 	// dra): its placeholder asks whole GPUs through a claim of class
 	// gpu.gpufrac.io, not nvidia.com/gpu, which such nodes never advertise
@@ -152,7 +157,8 @@ func Plan(items []Item, o Options) []*corev1.Pod {
 			group = append(group, podFor(h, i, b, its[0], o))
 			gpus = append(gpus, b.gpus)
 		}
-		if !sizeGroup(group, gpus, o.Prices) && o.GPUCountLabel != "" {
+		gang := slices.ContainsFunc(its, func(it Item) bool { return it.Gang })
+		if !sizeGroup(group, gpus, o.Prices) && o.GPUCountLabel != "" && !gang {
 			for i, p := range group {
 				smallest(p, o.GPUCountLabel, gpus[i])
 			}

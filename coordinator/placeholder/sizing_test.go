@@ -219,6 +219,13 @@ func TestPlanSizesWithoutPricesTheSmallestNodes(t *testing.T) {
 		return out
 	}
 	plain := builders.MakePod("w", "default").Obj()
+	gang := func(n int, pod *corev1.Pod) []Item {
+		out := whole(n, 1, pod)
+		for i := range out {
+			out[i].Workload, out[i].Gang, out[i].Pool = "default/ddp", true, "gpu"
+		}
+		return out
+	}
 	var fractions []Item
 	for i := 0; i < 10; i++ {
 		fractions = append(fractions, fraction(fmt.Sprintf("f%d", i), 40))
@@ -236,6 +243,7 @@ func TestPlanSizesWithoutPricesTheSmallestNodes(t *testing.T) {
 		{name: "no table: a 2-GPU placeholder prefers nodes of at most 2 GPUs", items: whole(1, 2, plain), want: []string{SizingSmallest + "<=2,4,8"}},
 		{name: "an empty table is no table", items: whole(2, 1, plain), prices: &pricing.Table{}, want: repeatStr(one, 2)},
 		{name: "no table, no GPU-count label: Karpenter's choice", items: whole(2, 1, plain), noLabel: true, want: []string{"", ""}},
+		{name: "no table: a gang's members are left to Karpenter's packing", items: gang(8, plain), want: repeatStr("", 8)},
 		{name: "the table knows the types: its mix", items: whole(5, 1, plain), prices: h100, want: repeatStr(SizingTable, 5)},
 		{
 			name:  "the table lists no type the pods may use: the smallest nodes",
