@@ -135,6 +135,9 @@ type Kubelet struct {
 	pods map[types.UID]PodRef
 	// inUse: resource name -> device ID -> pod UID holding it.
 	inUse map[string]map[string]types.UID
+	// reuse: pod UID -> resource -> device IDs the pod's regular init
+	// containers hold that its later containers may take (AllocateInit).
+	reuse map[types.UID]map[string]map[string]bool
 	// changed is closed and replaced on every state change (waiters' wake-up).
 	changed chan struct{}
 	// dirty: resource name -> {} for resources whose device list changed and
@@ -171,6 +174,7 @@ func New(opts Options) *Kubelet {
 		allocs:      make(map[allocKey]*allocRecord),
 		pods:        make(map[types.UID]PodRef),
 		inUse:       make(map[string]map[string]types.UID),
+		reuse:       make(map[types.UID]map[string]map[string]bool),
 		changed:     make(chan struct{}),
 		dirty:       make(map[string]struct{}),
 		dirtySignal: make(chan struct{}, 1),

@@ -16,9 +16,11 @@ import (
 // device (and per NUMA node when the device has a topology); clients must
 // group them. Containers using resource claims list their claims' devices
 // in dynamic_resources (claim name and namespace, driver, pool, device,
-// share and CDI devices), as the kubelet does since 1.34. Unlike the
-// kubelet, pods appear only while they hold devices or prepared claims, and
-// entries are sorted so answers are reproducible.
+// share and CDI devices), as the kubelet does since 1.34. Regular init
+// containers are not listed (AllocateInit), as with the kubelet. Unlike the
+// kubelet, pods appear only while they hold devices or prepared claims,
+// only containers with devices or claims are listed, and entries are
+// sorted so answers are reproducible.
 type podResourcesServer struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	k *Kubelet
@@ -76,7 +78,8 @@ func (s *podResourcesServer) GetAllocatableResources(_ context.Context, _ *podre
 func (k *Kubelet) podResourcesLocked(pod PodRef) *podresourcesv1.PodResources {
 	byContainer := map[string][]*allocRecord{}
 	for key, rec := range k.allocs {
-		if key.uid == pod.UID {
+		// The kubelet lists no regular init container (they have ended).
+		if key.uid == pod.UID && !rec.alloc.Init {
 			byContainer[key.container] = append(byContainer[key.container], rec)
 		}
 	}
