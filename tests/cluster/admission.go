@@ -287,15 +287,15 @@ func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 // admission does ("Allocate failed due to ..., which is unexpected"), where the
 // cause is the plugin's gRPC error or the device manager's own complaint.
 func allocateFailedMessage(err error) string {
-	cause := err
+	cause := err.Error()
 	var pe *kubeletsim.PluginError
 	if errors.As(err, &pe) {
-		cause = pe.Err
+		cause = pe.KubeletCause()
 	} else if inner := errors.Unwrap(err); inner != nil {
 		// kubeletsim.Allocate prefixes the pod and container; the kubelet does not.
-		cause = inner
+		cause = inner.Error()
 	}
-	return fmt.Sprintf("Allocate failed due to %v, which is unexpected", cause)
+	return fmt.Sprintf("Allocate failed due to %s, which is unexpected", cause)
 }
 
 // prepareFailed records a Warning event FailedPrepareDynamicResources on the

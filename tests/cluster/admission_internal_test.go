@@ -245,6 +245,13 @@ func TestAllocateFailedMessage(t *testing.T) {
 			want: "Allocate failed due to rpc error: code = Unknown desc = at most 100 units, which is unexpected",
 		},
 		{
+			name: "a GetPreferredAllocation error behind the device manager's prefix",
+			err: fmt.Errorf("allocating 150 gpufrac.io/gpu-fraction to pod default/p container main: %w", &kubeletsim.PluginError{
+				Resource: api.ResourceFraction, Op: "GetPreferredAllocation", Err: status.Error(codes.InvalidArgument, "at most 100 units"),
+			}),
+			want: "Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: code = InvalidArgument desc = at most 100 units, which is unexpected",
+		},
+		{
 			name: "device manager error without the simulator's prefix",
 			err: fmt.Errorf("allocating 1 nvidia.com/gpu to pod default/p container main: %w",
 				fmt.Errorf("%w for nvidia.com/gpu. Requested: 1, Available: 0", kubeletsim.ErrInsufficientDevices)),

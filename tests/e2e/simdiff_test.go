@@ -193,11 +193,12 @@ func waitGPUs(t *testing.T, c *cluster.Cluster, node string) {
 	})
 }
 
-// bindTo creates p for no scheduler and binds it to node as the admin (see
-// bindDirect).
+// bindTo creates p for gpufrac-scheduler, which does not run here (the
+// admission policies want it for fractions), and binds it to node as the
+// admin, as the coordinator would.
 func bindTo(t *testing.T, c *cluster.Cluster, p *corev1.Pod, node string) {
 	t.Helper()
-	p.Spec.SchedulerName = "gpufrac-e2e-nobody"
+	p.Spec.SchedulerName = api.SchedulerName
 	created, err := c.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

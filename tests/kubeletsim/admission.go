@@ -89,9 +89,21 @@ func (e *PluginError) Error() string {
 // Unwrap returns the gRPC error.
 func (e *PluginError) Unwrap() error { return e.Err }
 
-// Message returns the plugin's own error message, without the gRPC framing;
-// the text a harness puts on the failed pod.
+// Message returns the plugin's own error message, without the gRPC framing.
 func (e *PluginError) Message() string { return status.Convert(e.Err).Message() }
+
+// KubeletCause is the failure as the kubelet's device manager words it, the
+// cause in the pod's "Allocate failed due to <cause>, which is unexpected":
+// Allocate's gRPC error as it is, the other RPCs' errors behind the
+// device manager's own prefix.
+func (e *PluginError) KubeletCause() string {
+	switch e.Op {
+	case "Allocate":
+		return e.Err.Error()
+	default:
+		return fmt.Sprintf("device plugin %s rpc failed with err: %v", e.Op, e.Err)
+	}
+}
 
 // allocKey identifies one container's allocation of one resource.
 type allocKey struct {
