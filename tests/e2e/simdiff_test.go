@@ -59,7 +59,9 @@ func TestSimDiff(t *testing.T) {
 		t.Skipf("no real node on this machine: %v", err)
 	}
 	buildBinary(t, "gpufrac-node")
-	c := cluster.StartForTest(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{Config: realNodeConfig}})
+	// The simulator as close to the kubelet as it goes: pods unknown to
+	// PodResources for a moment after a restart.
+	c := cluster.StartForTest(t, cluster.Options{NodeAgents: &cluster.NodeAgentOptions{Config: realNodeConfig, PodSyncDelay: time.Second}})
 	ctx := t.Context()
 
 	// The simulated node: a kwok GPU node selling two GPUs, so its agent

@@ -20,7 +20,8 @@ import (
 // containers are not listed (AllocateInit), as with the kubelet. Unlike the
 // kubelet, pods appear only while they hold devices or prepared claims,
 // only containers with devices or claims are listed, and entries are
-// sorted so answers are reproducible.
+// sorted so answers are reproducible. Like the kubelet, a restarted
+// simulator lists no pod until its pods are known (Options.PodSyncDelay).
 type podResourcesServer struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	k *Kubelet
@@ -31,6 +32,9 @@ func (s *podResourcesServer) List(_ context.Context, _ *podresourcesv1.ListPodRe
 	k := s.k
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.podsUnknownLocked() {
+		return &podresourcesv1.ListPodResourcesResponse{}, nil
+	}
 	pods := slices.SortedFunc(maps.Values(k.pods), func(a, b PodRef) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
 	})
@@ -47,6 +51,9 @@ func (s *podResourcesServer) Get(_ context.Context, req *podresourcesv1.GetPodRe
 	k := s.k
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.podsUnknownLocked() {
+		return nil, fmt.Errorf("pod %s in namespace %s not found", req.GetPodName(), req.GetPodNamespace())
+	}
 	for _, pod := range k.pods {
 		if pod.Namespace == req.GetPodNamespace() && pod.Name == req.GetPodName() {
 			return &podresourcesv1.GetPodResourcesResponse{PodResources: k.podResourcesLocked(pod)}, nil
@@ -73,6 +80,10 @@ func (s *podResourcesServer) GetAllocatableResources(_ context.Context, _ *podre
 	}
 	return resp, nil
 }
+
+// podsUnknownLocked reports whether a restarted simulator does not know its
+// pods yet (Options.PodSyncDelay). k.mu must be held.
+func (k *Kubelet) podsUnknownLocked() bool { return k.clock.Now().Before(k.podsUnknownUntil) }
 
 // podResourcesLocked builds a pod's entry from its allocations. k.mu must be held.
 func (k *Kubelet) podResourcesLocked(pod PodRef) *podresourcesv1.PodResources {
