@@ -85,12 +85,12 @@ func TestSimDiff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	real, err := c.StartGPUNode(ctx, cluster.GPUNodeOptions{GPUs: diffGPUs, Config: realNodeConfig})
+	realNode, err := c.StartGPUNode(ctx, cluster.GPUNodeOptions{GPUs: diffGPUs, Config: realNodeConfig})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := real.Stop(); err != nil {
+		if err := realNode.Stop(); err != nil {
 			t.Errorf("stopping the real node: %v", err)
 		}
 	})
@@ -102,13 +102,13 @@ func TestSimDiff(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(short) })
 	realSocket := filepath.Join(short, "pr.sock")
-	if err := os.Symlink(filepath.Join(real.KubeletRootDir(), "pod-resources", "kubelet.sock"), realSocket); err != nil {
+	if err := os.Symlink(filepath.Join(realNode.KubeletRootDir(), "pod-resources", "kubelet.sock"), realSocket); err != nil {
 		t.Fatal(err)
 	}
 	nodes := []diffNode{
 		{kind: "sim", name: simName, socket: agent.PodResourcesSocket,
 			restart: func(ctx context.Context) error { return agent.RestartKubelet(ctx, nil) }},
-		{kind: "real", name: real.Name(), socket: realSocket, restart: real.RestartKubelet},
+		{kind: "real", name: realNode.Name(), socket: realSocket, restart: realNode.RestartKubelet},
 	}
 	for _, n := range nodes {
 		waitGPUs(t, c, n.name)
@@ -168,7 +168,9 @@ func TestSimDiff(t *testing.T) {
 			t.Fatalf("restarting the kubelet of %s: %v", n.name, err)
 		}
 		restarted := time.Now()
-		waitFor(t, time.Minute, n.kind+" PodResources served again", func(context.Context) (bool, error) {
+		// A restarted kubelet has no healthy device until the plugin
+		// registered again: allocatable devices mean it did.
+		waitFor(t, time.Minute, n.kind+" plugin registered again", func(context.Context) (bool, error) {
 			return len(podResourcesAllocatable(t, n.socket)) > 0, nil
 		})
 		t.Logf("%s: right after the kubelet restart PodResources List shows %v", n.kind, podResourcesList(t, n.socket))
