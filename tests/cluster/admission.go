@@ -262,7 +262,12 @@ func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 			// leaves it to the scheduler's accounting.
 			continue
 		}
-		if _, err := agent.Kubelet.Allocate(ctx, ref, r.container, r.resource, r.count); err != nil {
+		admit := agent.Kubelet.Allocate
+		if r.init {
+			// Its devices go on to the pod's later containers, as the kubelet's.
+			admit = agent.Kubelet.AllocateInit
+		}
+		if _, err := admit(ctx, ref, r.container, r.resource, r.count); err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("admitting pod %s: %w", key, ctx.Err())
 			}
@@ -282,15 +287,15 @@ func (a *admission) admit(ctx context.Context, pod *corev1.Pod) error {
 // admission does ("Allocate failed due to ..., which is unexpected"), where the
 // cause is the plugin's gRPC error or the device manager's own complaint.
 func allocateFailedMessage(err error) string {
-	cause := err
+	cause := err.Error()
 	var pe *kubeletsim.PluginError
 	if errors.As(err, &pe) {
-		cause = pe.Err
+		cause = pe.KubeletCause()
 	} else if inner := errors.Unwrap(err); inner != nil {
 		// kubeletsim.Allocate prefixes the pod and container; the kubelet does not.
-		cause = inner
+		cause = inner.Error()
 	}
-	return fmt.Sprintf("Allocate failed due to %v, which is unexpected", cause)
+	return fmt.Sprintf("Allocate failed due to %s, which is unexpected", cause)
 }
 
 // prepareFailed records a Warning event FailedPrepareDynamicResources on the
@@ -390,6 +395,8 @@ type deviceRequest struct {
 	container string
 	resource  string
 	count     int
+	// init marks a regular (not restartable) init container.
+	init bool
 }
 
 // deviceRequests lists the extended resources each container asks for (limits,
@@ -397,8 +404,9 @@ type deviceRequest struct {
 // them. Native resources (cpu, memory, hugepages, kubernetes.io/...) are left out.
 func deviceRequests(pod *corev1.Pod) []deviceRequest {
 	var out []deviceRequest
-	add := func(containers []corev1.Container) {
+	add := func(containers []corev1.Container, init bool) {
 		for _, c := range containers {
+			regularInit := init && (c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways)
 			counts := map[corev1.ResourceName]int64{}
 			// Limits win: for extended resources requests must equal them anyway.
 			for _, list := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
@@ -410,13 +418,13 @@ func deviceRequests(pod *corev1.Pod) []deviceRequest {
 			}
 			for _, name := range slices.Sorted(maps.Keys(counts)) {
 				if n := counts[name]; n > 0 {
-					out = append(out, deviceRequest{container: c.Name, resource: string(name), count: int(n)})
+					out = append(out, deviceRequest{container: c.Name, resource: string(name), count: int(n), init: regularInit})
 				}
 			}
 		}
 	}
-	add(pod.Spec.InitContainers)
-	add(pod.Spec.Containers)
+	add(pod.Spec.InitContainers, true)
+	add(pod.Spec.Containers, false)
 	return out
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -197,9 +198,14 @@ func TestStatusPatch(t *testing.T) {
 func TestDeviceRequests(t *testing.T) {
 	q := resource.MustParse
 	pod := &corev1.Pod{Spec: corev1.PodSpec{
-		InitContainers: []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{
-			Limits: corev1.ResourceList{api.ResourceGPU: q("1")},
-		}}},
+		InitContainers: []corev1.Container{
+			{Name: "init", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{api.ResourceGPU: q("1")},
+			}},
+			{Name: "sidecar-init", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{api.ResourceGPU: q("1")},
+			}},
+		},
 		Containers: []corev1.Container{
 			{Name: "main", Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: q("2"), api.ResourceFraction: q("30")},
@@ -214,7 +220,8 @@ func TestDeviceRequests(t *testing.T) {
 		},
 	}}
 	want := []deviceRequest{
-		{container: "init", resource: api.ResourceGPU, count: 1},
+		{container: "init", resource: api.ResourceGPU, count: 1, init: true},
+		{container: "sidecar-init", resource: api.ResourceGPU, count: 1},
 		{container: "main", resource: "example.com/nic", count: 2},
 		{container: "main", resource: api.ResourceFraction, count: 30},
 		{container: "requests-only", resource: api.ResourceGPU, count: 2},
@@ -236,6 +243,13 @@ func TestAllocateFailedMessage(t *testing.T) {
 				Resource: api.ResourceFraction, Op: "Allocate", Err: status.Error(codes.Unknown, "at most 100 units"),
 			}),
 			want: "Allocate failed due to rpc error: code = Unknown desc = at most 100 units, which is unexpected",
+		},
+		{
+			name: "a GetPreferredAllocation error behind the device manager's prefix",
+			err: fmt.Errorf("allocating 150 gpufrac.io/gpu-fraction to pod default/p container main: %w", &kubeletsim.PluginError{
+				Resource: api.ResourceFraction, Op: "GetPreferredAllocation", Err: status.Error(codes.InvalidArgument, "at most 100 units"),
+			}),
+			want: "Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: code = InvalidArgument desc = at most 100 units, which is unexpected",
 		},
 		{
 			name: "device manager error without the simulator's prefix",

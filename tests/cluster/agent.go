@@ -70,6 +70,10 @@ type NodeAgentOptions struct {
 	// a resource whose plugin went away keeps its (unhealthy) devices. Zero means the
 	// kubelet's five minutes.
 	StopGracePeriod time.Duration
+	// PodSyncDelay is the simulators' kubeletsim.Options.PodSyncDelay: how
+	// long after a kubelet restart PodResources lists no pod, as the real
+	// kubelet's (0.9 s on the real node). Zero lists them at once.
+	PodSyncDelay time.Duration
 	// BeforeAllocate, when set, is every simulator's kubeletsim.Options.BeforeAllocate,
 	// with the node's name: the hook to act mid-Allocate (it may block).
 	BeforeAllocate func(ctx context.Context, node string, pod kubeletsim.PodRef, resource string, devices []string)
@@ -380,6 +384,7 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 		Dir:                filepath.Join(sockDir, "dp"),
 		PodResourcesSocket: agent.PodResourcesSocket,
 		StopGracePeriod:    c.opts.NodeAgents.StopGracePeriod,
+		PodSyncDelay:       c.opts.NodeAgents.PodSyncDelay,
 		PluginRegistryDir:  filepath.Join(sockDir, "reg"),
 		Claims:             apiClaims{c.Client},
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"google.golang.org/grpc/status"
@@ -64,6 +65,10 @@ type Allocation struct {
 	// Response is the plugin's answer for the container: envs, mounts,
 	// device specs, annotations, CDI devices.
 	Response *v1beta1.ContainerAllocateResponse
+	// Init marks a regular init container's allocation (AllocateInit): its
+	// devices are reusable by the pod's later containers, and PodResources
+	// does not list the container.
+	Init bool
 }
 
 // PluginError is a failed call to a device plugin during admission.
@@ -84,9 +89,21 @@ func (e *PluginError) Error() string {
 // Unwrap returns the gRPC error.
 func (e *PluginError) Unwrap() error { return e.Err }
 
-// Message returns the plugin's own error message, without the gRPC framing;
-// the text a harness puts on the failed pod.
+// Message returns the plugin's own error message, without the gRPC framing.
 func (e *PluginError) Message() string { return status.Convert(e.Err).Message() }
+
+// KubeletCause is the failure as the kubelet's device manager words it, the
+// cause in the pod's "Allocate failed due to <cause>, which is unexpected":
+// Allocate's gRPC error as it is, the other RPCs' errors behind the
+// device manager's own prefix.
+func (e *PluginError) KubeletCause() string {
+	switch e.Op {
+	case "Allocate":
+		return e.Err.Error()
+	default:
+		return fmt.Sprintf("device plugin %s rpc failed with err: %v", e.Op, e.Err)
+	}
+}
 
 // allocKey identifies one container's allocation of one resource.
 type allocKey struct {
@@ -110,15 +127,36 @@ type allocRecord struct {
 // reports them. Asking again for the same container and resource with the
 // same n returns the existing allocation without calling the plugin.
 // Plugin failures come back as *PluginError (errors.As), nothing is held.
+//
+// Allocate is for app containers and restartable (sidecar) init containers.
+// Like the kubelet, it first takes the devices the pod's regular init
+// containers hold and no later container took yet (see AllocateInit); those
+// are then no longer reusable.
 func (k *Kubelet) Allocate(ctx context.Context, pod PodRef, container, resource string, n int) (*Allocation, error) {
-	a, err := k.allocate(ctx, pod, container, resource, n)
+	a, err := k.allocate(ctx, pod, container, resource, n, false)
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d %s to pod %s container %s: %w", n, resource, pod, container, err)
 	}
 	return a, nil
 }
 
-func (k *Kubelet) allocate(ctx context.Context, pod PodRef, container, resource string, n int) (*Allocation, error) {
+// AllocateInit admits a regular (not restartable) init container as
+// Allocate does, but its devices stay reusable: the pod's later init
+// containers and its app containers get them first, as the kubelet's device
+// manager hands an init container's devices on (devicesToReuse), since init
+// containers end before the next container starts. A pod whose init
+// container asks one GPU and whose app container asks one therefore holds
+// one GPU, not two. Call it for the pod's init containers before Allocate
+// for its app containers, as the kubelet does.
+func (k *Kubelet) AllocateInit(ctx context.Context, pod PodRef, container, resource string, n int) (*Allocation, error) {
+	a, err := k.allocate(ctx, pod, container, resource, n, true)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d %s to pod %s init container %s: %w", n, resource, pod, container, err)
+	}
+	return a, nil
+}
+
+func (k *Kubelet) allocate(ctx context.Context, pod PodRef, container, resource string, n int, init bool) (*Allocation, error) {
 	if pod.UID == "" || pod.Name == "" || pod.Namespace == "" || container == "" {
 		return nil, errors.New("pod namespace, name, UID and container are required")
 	}
@@ -159,32 +197,45 @@ func (k *Kubelet) allocate(ctx context.Context, pod PodRef, container, resource 
 			available = append(available, id)
 		}
 	}
+	// The kubelet hands on the pod's init containers' devices unchecked
+	// (they are the pod's already), before it looks at what is free.
+	reused := slices.Sorted(maps.Keys(k.reuse[pod.UID][resource]))
+	if len(reused) > n {
+		reused = reused[:n]
+	}
+	needed := n - len(reused)
 	ep := e.ep
 	k.mu.Unlock()
 	// The kubelet's checks, in its order.
 	if healthy == 0 {
 		return nil, fmt.Errorf("%w; cannot allocate unhealthy devices %s", ErrNoHealthyDevices, resource)
 	}
-	if len(available) < n {
-		return nil, fmt.Errorf("%w for %s. Requested: %d, Available: %d", ErrInsufficientDevices, resource, n, len(available))
-	}
-	if ep == nil {
-		return nil, fmt.Errorf("%w: %s", ErrEndpointStopped, resource)
-	}
-	slices.Sort(available)
-
-	// 2. Choose the devices, with the plugin's preference when offered.
 	var preferred []string
-	if ep.opts.GetGetPreferredAllocationAvailable() {
-		p, err := k.preferredAllocation(ctx, ep, available, n)
+	chosen := reused
+	if needed > 0 {
+		if len(available) < needed {
+			return nil, fmt.Errorf("%w for %s. Requested: %d, Available: %d", ErrInsufficientDevices, resource, needed, len(available))
+		}
+		if ep == nil {
+			return nil, fmt.Errorf("%w: %s", ErrEndpointStopped, resource)
+		}
+		slices.Sort(available)
+
+		// 2. Choose the devices, with the plugin's preference when offered.
+		if ep.opts.GetGetPreferredAllocationAvailable() {
+			p, err := k.preferredAllocation(ctx, ep, available, reused, n)
+			if err != nil {
+				return nil, err
+			}
+			preferred = p
+		}
+		more, err := k.choose(available, preferred, needed, ep.opts.GetGetPreferredAllocationAvailable() && len(reused) == 0)
 		if err != nil {
 			return nil, err
 		}
-		preferred = p
-	}
-	chosen, err := k.choose(available, preferred, n, ep.opts.GetGetPreferredAllocationAvailable())
-	if err != nil {
-		return nil, err
+		chosen = append(slices.Clone(reused), more...)
+	} else if ep == nil {
+		return nil, fmt.Errorf("%w: %s", ErrEndpointStopped, resource)
 	}
 	logger.V(4).Info("Allocating devices", "devices", chosen, "preferred", preferred)
 
@@ -212,6 +263,7 @@ func (k *Kubelet) allocate(ctx context.Context, pod PodRef, container, resource 
 			DeviceIDs: chosen,
 			Preferred: preferred,
 			Response:  resp,
+			Init:      init,
 		},
 		topology: make(map[string]*v1beta1.TopologyInfo, len(chosen)),
 	}
@@ -232,19 +284,45 @@ func (k *Kubelet) allocate(ctx context.Context, pod PodRef, container, resource 
 	for _, id := range chosen {
 		k.inUse[resource][id] = pod.UID
 	}
+	k.updateReuseLocked(pod.UID, resource, chosen, init)
 	k.broadcastLocked()
 	logger.V(2).Info("Admitted container", "devices", chosen)
 	return cloneAllocation(&rec.alloc), nil
 }
 
-// preferredAllocation asks the plugin which n of available it prefers.
-func (k *Kubelet) preferredAllocation(ctx context.Context, ep *endpoint, available []string, n int) ([]string, error) {
+// updateReuseLocked records what the pod's later containers may reuse
+// after a container got devices: an init container adds its devices, any
+// other container removes the ones it took (the kubelet's
+// addContainerAllocatedResources / removeContainerAllocatedResources on
+// devicesToReuse). k.mu must be held.
+func (k *Kubelet) updateReuseLocked(uid types.UID, resource string, devices []string, init bool) {
+	if init {
+		if k.reuse[uid] == nil {
+			k.reuse[uid] = map[string]map[string]bool{}
+		}
+		if k.reuse[uid][resource] == nil {
+			k.reuse[uid][resource] = map[string]bool{}
+		}
+		for _, id := range devices {
+			k.reuse[uid][resource][id] = true
+		}
+		return
+	}
+	for _, id := range devices {
+		delete(k.reuse[uid][resource], id)
+	}
+}
+
+// preferredAllocation asks the plugin which n devices it prefers among
+// available and mustInclude (the reused ones), as the kubelet asks.
+func (k *Kubelet) preferredAllocation(ctx context.Context, ep *endpoint, available, mustInclude []string, n int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, k.opts.RPCTimeout)
 	defer cancel()
 	resp, err := ep.client.GetPreferredAllocation(ctx, &v1beta1.PreferredAllocationRequest{
 		ContainerRequests: []*v1beta1.ContainerPreferredAllocationRequest{{
-			AvailableDeviceIDs: slices.Clone(available),
-			AllocationSize:     int32(n),
+			AvailableDeviceIDs:   slices.Sorted(slices.Values(append(slices.Clone(available), mustInclude...))),
+			MustIncludeDeviceIDs: slices.Clone(mustInclude),
+			AllocationSize:       int32(n),
 		}},
 	})
 	if err != nil {
@@ -375,6 +453,7 @@ func (k *Kubelet) Release(uid types.UID) int {
 		delete(k.allocs, key)
 		released++
 	}
+	delete(k.reuse, uid)
 	if pod, ok := k.pods[uid]; ok {
 		if k.dra.pods[uid] == nil {
 			delete(k.pods, uid) // a pod with prepared claims stays listed

@@ -511,3 +511,26 @@ func BenchmarkAllocateRelease(b *testing.B) {
 		k.Release(ref.UID)
 	}
 }
+
+// TestPluginErrorKubeletCause: the cause the kubelet's device manager puts
+// in "Allocate failed due to ...": Allocate's gRPC error bare, the other
+// RPCs' behind its prefix (found against the real kubelet, issue 26).
+func TestPluginErrorKubeletCause(t *testing.T) {
+	rpcErr := status.Error(codes.InvalidArgument, "at most 100 units")
+	tests := []struct {
+		op   string
+		want string
+	}{
+		{op: "Allocate", want: "rpc error: code = InvalidArgument desc = at most 100 units"},
+		{op: "GetPreferredAllocation", want: "device plugin GetPreferredAllocation rpc failed with err: rpc error: code = InvalidArgument desc = at most 100 units"},
+		{op: "PreStartContainer", want: "device plugin PreStartContainer rpc failed with err: rpc error: code = InvalidArgument desc = at most 100 units"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.op, func(t *testing.T) {
+			pe := &kubeletsim.PluginError{Resource: testResource, Op: tt.op, Err: rpcErr}
+			if diff := cmp.Diff(tt.want, pe.KubeletCause()); diff != "" {
+				t.Errorf("KubeletCause() (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

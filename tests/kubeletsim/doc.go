@@ -29,6 +29,10 @@
 //     offers it, calls Allocate and, when the plugin requires it,
 //     PreStartContainer. Plugin errors come back as *PluginError carrying the
 //     plugin's own message.
+//   - AllocateInit admits a regular init container: its devices go on to
+//     the pod's later containers first (the kubelet's devicesToReuse), so an
+//     init and an app container asking one GPU each hold one; PodResources
+//     does not list regular init containers.
 //
 // OnChange callbacks report every change of a resource's device list (use
 // Counts for capacity and allocatable), so a node controller can patch the
@@ -88,6 +92,7 @@
 //     other prepared pod uses.
 //
 // What the simulator leaves out: the topology manager (no NUMA alignment),
-// init-container device reuse, and pods without device-plugin resources in
-// PodResources (only containers with allocations are listed).
+// and pods and containers without devices or claims in PodResources (only
+// containers with allocations are listed). docs/status.md lists what the
+// check against the real kubelet found (issue 26, tests/e2e TestSimDiff).
 package kubeletsim

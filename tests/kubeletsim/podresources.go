@@ -16,9 +16,12 @@ import (
 // device (and per NUMA node when the device has a topology); clients must
 // group them. Containers using resource claims list their claims' devices
 // in dynamic_resources (claim name and namespace, driver, pool, device,
-// share and CDI devices), as the kubelet does since 1.34. Unlike the
-// kubelet, pods appear only while they hold devices or prepared claims, and
-// entries are sorted so answers are reproducible.
+// share and CDI devices), as the kubelet does since 1.34. Regular init
+// containers are not listed (AllocateInit), as with the kubelet. Unlike the
+// kubelet, pods appear only while they hold devices or prepared claims,
+// only containers with devices or claims are listed, and entries are
+// sorted so answers are reproducible. Like the kubelet, a restarted
+// simulator lists no pod until its pods are known (Options.PodSyncDelay).
 type podResourcesServer struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	k *Kubelet
@@ -29,6 +32,9 @@ func (s *podResourcesServer) List(_ context.Context, _ *podresourcesv1.ListPodRe
 	k := s.k
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.podsUnknownLocked() {
+		return &podresourcesv1.ListPodResourcesResponse{}, nil
+	}
 	pods := slices.SortedFunc(maps.Values(k.pods), func(a, b PodRef) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
 	})
@@ -45,6 +51,9 @@ func (s *podResourcesServer) Get(_ context.Context, req *podresourcesv1.GetPodRe
 	k := s.k
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.podsUnknownLocked() {
+		return nil, fmt.Errorf("pod %s in namespace %s not found", req.GetPodName(), req.GetPodNamespace())
+	}
 	for _, pod := range k.pods {
 		if pod.Namespace == req.GetPodNamespace() && pod.Name == req.GetPodName() {
 			return &podresourcesv1.GetPodResourcesResponse{PodResources: k.podResourcesLocked(pod)}, nil
@@ -72,11 +81,16 @@ func (s *podResourcesServer) GetAllocatableResources(_ context.Context, _ *podre
 	return resp, nil
 }
 
+// podsUnknownLocked reports whether a restarted simulator does not know its
+// pods yet (Options.PodSyncDelay). k.mu must be held.
+func (k *Kubelet) podsUnknownLocked() bool { return k.clock.Now().Before(k.podsUnknownUntil) }
+
 // podResourcesLocked builds a pod's entry from its allocations. k.mu must be held.
 func (k *Kubelet) podResourcesLocked(pod PodRef) *podresourcesv1.PodResources {
 	byContainer := map[string][]*allocRecord{}
 	for key, rec := range k.allocs {
-		if key.uid == pod.UID {
+		// The kubelet lists no regular init container (they have ended).
+		if key.uid == pod.UID && !rec.alloc.Init {
 			byContainer[key.container] = append(byContainer[key.container], rec)
 		}
 	}

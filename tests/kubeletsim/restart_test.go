@@ -3,6 +3,10 @@ package kubeletsim_test
 import (
 	"context"
 	"testing"
+	"time"
+
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
@@ -51,5 +55,62 @@ func TestRestartMidAllocate(t *testing.T) {
 	}
 	if a, err := k.Allocate(ctx, pod("a"), "c", testResource, 2); err != nil || len(a.DeviceIDs) != 2 {
 		t.Fatalf("Allocate after re-registration: %+v, %v", a, err)
+	}
+}
+
+// TestPodSyncDelayAfterRestart: a restarted kubelet lists no pod in
+// PodResources until its pod sources synced (0.9 s on the real node, issue
+// 26), though it keeps the allocations; with Options.PodSyncDelay the
+// simulator does the same, without it it serves them at once.
+func TestPodSyncDelayAfterRestart(t *testing.T) {
+	tests := []struct {
+		name  string
+		delay time.Duration
+		// wantPods is how many pods List shows right after the restart.
+		wantPods int
+	}{
+		{name: "pods unknown for the delay", delay: time.Second, wantPods: 0},
+		{name: "no delay", wantPods: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := testContext(t)
+			clk := testclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			k, opts := startKubelet(t, ctx, func(o *kubeletsim.Options) {
+				o.PodSyncDelay = tt.delay
+				o.Clock = clk
+			})
+			startPlugin(t, ctx, opts.Dir, 2, nil)
+			waitAllocatable(t, ctx, k, 2)
+			if _, err := k.Allocate(ctx, pod("a"), "c", testResource, 1); err != nil {
+				t.Fatal(err)
+			}
+			client := podResourcesClient(t, opts.PodResourcesSocket)
+			if err := k.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+			list, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(list.GetPodResources()); got != tt.wantPods {
+				t.Errorf("List right after the restart shows %d pods, want %d", got, tt.wantPods)
+			}
+			_, err = client.Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodName: "a", PodNamespace: "ns"})
+			if (err == nil) != (tt.wantPods == 1) {
+				t.Errorf("Get right after the restart: %v", err)
+			}
+			if got, _ := k.Resource(testResource); got.Allocated != 1 {
+				t.Errorf("%d devices held across the restart, want 1", got.Allocated)
+			}
+			clk.Step(tt.delay)
+			list, err = client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(list.GetPodResources()); got != 1 {
+				t.Errorf("List after the delay shows %d pods, want 1", got)
+			}
+		})
 	}
 }
