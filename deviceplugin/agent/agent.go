@@ -624,6 +624,14 @@ func (o allocObserver) Allocated(res string, ids []string, d time.Duration, err 
 	o.a.podRes.Invalidate()
 }
 
+// KubeletRestarted implements plugin.RestartObserver: PodResources waits
+// for the restarted kubelet's pods before it calls GPUs free.
+func (o allocObserver) KubeletRestarted() {
+	if o.a.podRes != nil {
+		o.a.podRes.KubeletRestarted()
+	}
+}
+
 // newWatchdog builds the GPU memory watchdog. Without API access it cannot
 // map processes to pods, so it only reports; without PodResources no
 // container has a known limit. Its policy is set by apply.

@@ -182,6 +182,9 @@ func (m *Manager) loop(ctx context.Context, w *fsnotify.Watcher) {
 			}
 			if ev.Name == kubeletSock && ev.Has(fsnotify.Create) {
 				logger.Info("Kubelet restarted; re-registering device plugins")
+				if ro, ok := m.observer.(RestartObserver); ok {
+					ro.KubeletRestarted()
+				}
 				m.restartAll(ctx)
 			}
 		case err, ok := <-w.Errors:

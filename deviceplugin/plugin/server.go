@@ -30,6 +30,12 @@ type Observer interface {
 	Allocated(resource string, devices []string, d time.Duration, err error)
 }
 
+// RestartObserver is an Observer that is told when the kubelet restarted,
+// before the endpoints register with it again.
+type RestartObserver interface {
+	KubeletRestarted()
+}
+
 type nopObserver struct{}
 
 func (nopObserver) Allocated(string, []string, time.Duration, error) {}

@@ -370,3 +370,80 @@ func TestUsageCountsAnsweredDevices(t *testing.T) {
 		t.Errorf("units on %s in a listing %s after the answer that does not show them = %d, want 0", gpuB, answeredSettle, usage[gpuB].Units)
 	}
 }
+
+// TestUsageWaitsForARestartedKubeletsPods: a restarted kubelet lists no
+// pod until its pod sources synced, though it keeps their devices. After
+// KubeletRestarted, a node that had pods is not called idle by such a
+// listing (a whole GPU was given twice that way, issue 26) until the pods
+// are listed or the wait ends; an idle node, or no restart, waits for nothing.
+func TestUsageWaitsForARestartedKubeletsPods(t *testing.T) {
+	busy := &podresourcesapi.ListPodResourcesResponse{PodResources: []*podresourcesapi.PodResources{
+		{Namespace: "default", Name: "frac", Containers: []*podresourcesapi.ContainerResources{
+			{Name: "main", Devices: []*podresourcesapi.ContainerDevices{devices(api.ResourceFraction, -1, resource.UnitID(gpuA, 0))}},
+		}},
+	}}
+	empty := &podresourcesapi.ListPodResourcesResponse{}
+	tests := []struct {
+		name       string
+		busyBefore bool          // the node listed pods before the restart
+		restart    bool          // KubeletRestarted is called
+		podsBackIn time.Duration // the kubelet lists its pods again after this (0: never)
+		listedAgo  time.Duration // the last listing before the restart was this long ago
+		wantShares int           // fraction units in use on gpuA, as Usage says
+		minWait    time.Duration
+		maxWait    time.Duration
+	}{
+		{name: "pods listed again: their devices are in use", busyBefore: true, restart: true, podsBackIn: 300 * time.Millisecond,
+			wantShares: 1, minWait: 250 * time.Millisecond, maxWait: 2 * time.Second},
+		{name: "pods never listed again: idle after the wait", busyBefore: true, restart: true,
+			wantShares: 0, minWait: 500 * time.Millisecond, maxWait: 3 * time.Second},
+		{name: "an idle node before the restart waits for nothing", restart: true,
+			wantShares: 0, maxWait: 300 * time.Millisecond},
+		{name: "no restart: an empty listing is taken as it is", busyBefore: true,
+			wantShares: 0, maxWait: 300 * time.Millisecond},
+		{name: "pods listed long ago, none since: still waited for", busyBefore: true, restart: true, listedAgo: time.Hour,
+			podsBackIn: 300 * time.Millisecond, wantShares: 1, minWait: 250 * time.Millisecond, maxWait: 2 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeLister{resp: empty}
+			if tt.busyBefore {
+				f.SetResp(busy)
+			}
+			pr, err := NewPodResources(serveLister(t, f), time.Nanosecond, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			pr.syncWait = 500 * time.Millisecond
+			if _, err := pr.List(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if tt.listedAgo > 0 {
+				pr.mu.Lock()
+				pr.lastBusy = pr.lastBusy.Add(-tt.listedAgo)
+				pr.mu.Unlock()
+			}
+			f.SetResp(empty)
+			if tt.restart {
+				pr.KubeletRestarted()
+			}
+			if tt.podsBackIn > 0 {
+				timer := time.AfterFunc(tt.podsBackIn, func() { f.SetResp(busy) })
+				defer timer.Stop()
+			}
+			began := time.Now()
+			usage, err := pr.Usage(t.Context())
+			took := time.Since(began)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := usage[gpuA].Units; got != tt.wantShares {
+				t.Errorf("fraction units in use on %s: %d, want %d (usage %+v)", gpuA, got, tt.wantShares, usage)
+			}
+			if took < tt.minWait || took > tt.maxWait {
+				t.Errorf("Usage took %s, want %s..%s", took, tt.minWait, tt.maxWait)
+			}
+		})
+	}
+}

@@ -188,13 +188,10 @@ func TestSimDiff(t *testing.T) {
 				t.Errorf("%s: %s is %s after the kubelet restart, was %s", n.kind, p.Name, p.Status.Phase, got[n.kind][s.name].Phase)
 			}
 		}
-		// gpufrac-node may still hold a listing from the empty window (it
-		// caches List for 100 ms and cannot tell it from an idle node): a
-		// whole GPU bound at once was given on the GPU carrying frac-30 on
-		// the simulated node, and got past GetPreferredAllocation on the
-		// real one. That is gpufrac-node's race (docs/status.md), not the
-		// kubelet's: bind the probe once it has listed again.
-		time.Sleep(time.Second)
+		// Bound at once: gpufrac-node must not read the restarted kubelet's
+		// listing without pods (its pod sources not synced yet) as an idle
+		// node. It did, and gave the GPU carrying frac-30 whole on the
+		// simulated node (docs/status.md); now it waits for the pods.
 		name := n.kind + "-after-restart"
 		bindTo(t, c, withWorkload(workloadPod(name, "default").GPUs(1).Obj()), n.name)
 		after[n.kind] = settleOn(t, c, n, name)
