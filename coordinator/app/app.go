@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -15,9 +16,12 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -313,6 +317,34 @@ func (a *App) Run(ctx context.Context) error {
 }
 
 // lead runs informers and the scheduler until ctx ends.
+// discoveryBackoff paces the retries of a failed discovery call.
+var discoveryBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 10 * time.Second}
+
+// servesGroupVersion says whether the API server serves gv. Only NotFound
+// means no; any other error is retried with backoff until ctx ends, since
+// turning Karpenter's or DRA's part off for a whole leadership on one
+// failed call would place pods as if neither existed.
+func servesGroupVersion(ctx context.Context, disc discovery.DiscoveryInterface, gv string) (bool, error) {
+	logger := klog.FromContext(ctx)
+	var serves bool
+	err := wait.ExponentialBackoffWithContext(ctx, discoveryBackoff, func(context.Context) (bool, error) {
+		_, err := disc.ServerResourcesForGroupVersion(gv)
+		switch {
+		case err == nil:
+			serves = true
+			return true, nil
+		case apierrors.IsNotFound(err):
+			return true, nil
+		}
+		logger.Error(err, "Discovering an API group failed; retrying", "groupVersion", gv)
+		return false, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("discovering %s: %w", gv, err)
+	}
+	return serves, nil
+}
+
 func (a *App) lead(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	// The informers keep only what the coordinator reads, equal parts shared
@@ -336,7 +368,11 @@ func (a *App) lead(ctx context.Context) error {
 	var claimLister cache.GenericLister
 	var claimIndex cache.Indexer // NodeClaims by status.nodeName
 	var claimSynced cache.InformerSynced = func() bool { return true }
-	if _, err := a.client.Discovery().ServerResourcesForGroupVersion(nodeClaimGVR.GroupVersion().String()); err == nil {
+	servesClaims, err := servesGroupVersion(ctx, a.client.Discovery(), nodeClaimGVR.GroupVersion().String())
+	if err != nil {
+		return err
+	}
+	if servesClaims {
 		inf := dynFactory.ForResource(nodeClaimGVR)
 		if err := inf.Informer().AddIndexers(cache.Indexers{nodeClaimByNode: nodeClaimNode}); err != nil {
 			return fmt.Errorf("indexing NodeClaims by node: %w", err)
@@ -349,7 +385,11 @@ func (a *App) lead(ctx context.Context) error {
 	// the coordinator allocates its pods' claims on nodes in mode dra.
 	var draDeps *scheduler.DRADeps
 	var draSynced []cache.InformerSynced
-	if _, err := a.client.Discovery().ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String()); err == nil {
+	servesDRA, err := servesGroupVersion(ctx, a.client.Discovery(), resourceapi.SchemeGroupVersion.String())
+	if err != nil {
+		return err
+	}
+	if servesDRA {
 		sliceInf := factory.Resource().V1().ResourceSlices()
 		claimInf := factory.Resource().V1().ResourceClaims()
 		classInf := factory.Resource().V1().DeviceClasses()
@@ -365,7 +405,7 @@ func (a *App) lead(ctx context.Context) error {
 		}
 		draSynced = []cache.InformerSynced{sliceInf.Informer().HasSynced, claimInf.Informer().HasSynced, classInf.Informer().HasSynced}
 	} else {
-		logger.Info("The API server serves no resource.k8s.io/v1: resource claims are left to other schedulers", "err", err)
+		logger.Info("The API server serves no resource.k8s.io/v1: resource claims are left to other schedulers")
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
