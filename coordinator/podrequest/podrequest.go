@@ -71,7 +71,7 @@ const DefaultMaxGPUs = 8
 
 // DefaultNonPreemptiblePriority is the priority from which pods are
 // non-preemptible unless Options say otherwise.
-const DefaultNonPreemptiblePriority int32 = 100
+const DefaultNonPreemptiblePriority int32 = 1000000
 
 // Options tune Parse. The zero value uses the defaults.
 type Options struct {

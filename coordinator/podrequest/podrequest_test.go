@@ -140,13 +140,13 @@ func TestParse(t *testing.T) {
 		},
 		{
 			name: "high priority is non-preemptible",
-			pod:  pod("p").GPUs(1).Priority(100).Obj(),
-			want: podrequest.Parsed{Request: placement.Request{GPUs: 1}, Queue: "team-a", Priority: 100, NonPreemptible: true},
+			pod:  pod("p").GPUs(1).Priority(1000000).Obj(),
+			want: podrequest.Parsed{Request: placement.Request{GPUs: 1}, Queue: "team-a", Priority: 1000000, NonPreemptible: true},
 		},
 		{
 			name: "below the threshold is preemptible",
-			pod:  pod("p").GPUs(1).Priority(99).Preemptible(true).Obj(),
-			want: podrequest.Parsed{Request: placement.Request{GPUs: 1}, Queue: "team-a", Priority: 99},
+			pod:  pod("p").GPUs(1).Priority(999999).Preemptible(true).Obj(),
+			want: podrequest.Parsed{Request: placement.Request{GPUs: 1}, Queue: "team-a", Priority: 999999},
 		},
 		{
 			name: "annotated non-preemptible",

@@ -117,7 +117,7 @@ func TestCheckerFindsMissingAndStaleSpecs(t *testing.T) {
 		t.Errorf("spec errors %v, want broken.yaml", st.SpecErrors)
 	}
 	if got := testutil.ToFloat64(c.metrics.specErrors); got != 1 {
-		t.Errorf("gpufrac_cdi_spec_errors = %v, want 1", got)
+		t.Errorf("gpufrac_cdi_spec_error_files = %v, want 1", got)
 	}
 }
 

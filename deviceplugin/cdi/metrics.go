@@ -23,8 +23,8 @@ func newMetrics() *metrics {
 			Help: "CDI device names the node hands out that no CDI spec in its spec directories resolves (missing toolkit spec, or one stale after a MIG layout change); pods given them cannot start.",
 		}),
 		specErrors: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "gpufrac_cdi_spec_errors",
-			Help: "CDI spec files in the node's spec directories that could not be used (unreadable or invalid).",
+			Name: "gpufrac_cdi_spec_error_files",
+			Help: "CDI spec files in the node's spec directories that could not be used (unreadable or invalid), as of the last check (a gauge).",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpufrac_cdi_allocations_refused_total",
