@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -58,10 +59,16 @@ func ciValues(t *testing.T) []string {
 	return files
 }
 
-// render renders the chart with one helm binary and values files.
+// monitoringAPI is the Prometheus Operator's API: the chart renders its
+// ServiceMonitors, PodMonitors and PrometheusRule only where the cluster
+// serves it (the test bed's dry run installs its CRDs).
+const monitoringAPI = "monitoring.coreos.com/v1"
+
+// render renders the chart with one helm binary and values files, for a
+// cluster that serves the Prometheus Operator's API.
 func render(t *testing.T, helm string, files ...string) cluster.Objects {
 	t.Helper()
-	objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, ValuesFiles: files, IncludeCRDs: true})
+	objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, ValuesFiles: files, IncludeCRDs: true, APIVersions: []string{monitoringAPI}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,5 +449,227 @@ func TestChartDryRunOnTestBed(t *testing.T) {
 				t.Logf("%d objects pass a server-side dry run: %s", len(names), strings.Join(names, " "))
 			})
 		}
+	}
+}
+
+// TestChartRendersOnlyAPIsTheClusterServes (issue 29): the DeviceClasses need
+// resource.k8s.io/v1 (Kubernetes 1.34+), the ServiceMonitors, PodMonitors and
+// PrometheusRule monitoring.coreos.com/v1; where the cluster lacks the API the
+// chart leaves them out instead of failing the install, and the explicit
+// switches still turn them off.
+func TestChartRendersOnlyAPIsTheClusterServes(t *testing.T) {
+	dir, err := cluster.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := filepath.Join(dir, "ci", "observability-values.yaml")
+	mixed := filepath.Join(dir, "ci", "mixed-cluster-values.yaml")
+	monitoring := []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+	cases := []struct {
+		name        string
+		kube        string
+		apis        []string
+		files, set  []string
+		want, wantN []string // kinds rendered, kinds not rendered
+	}{
+		{name: "1.31 without DRA or monitoring", kube: "1.31.0", files: []string{obs},
+			want: []string{"DaemonSet", "Deployment", "ValidatingAdmissionPolicy"}, wantN: append([]string{"DeviceClass"}, monitoring...)},
+		{name: "1.33", kube: "1.33.0", apis: []string{monitoringAPI}, files: []string{obs},
+			want: []string{"ServiceMonitor", "PrometheusRule"}, wantN: []string{"DeviceClass"}},
+		{name: "1.35 with DRA, without monitoring", kube: "1.35.0", files: []string{mixed},
+			want: []string{"DeviceClass"}, wantN: monitoring},
+		{name: "1.35 with both", kube: "1.35.0", apis: []string{monitoringAPI}, files: []string{mixed},
+			want: []string{"DeviceClass", "PodMonitor"}, wantN: []string{"ServiceMonitor"}},
+		{name: "switches off though the APIs exist", kube: "1.36.0", apis: []string{monitoringAPI},
+			set: []string{"dra.deviceClasses=false"}, wantN: append([]string{"DeviceClass"}, monitoring...)},
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range cases {
+			t.Run(h+"/"+tc.name, func(t *testing.T) {
+				objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, ValuesFiles: tc.files, Set: tc.set, APIVersions: tc.apis, KubeVersion: tc.kube})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range tc.want {
+					if len(objs.OfKind(k)) == 0 {
+						t.Errorf("no %s rendered", k)
+					}
+				}
+				for _, k := range tc.wantN {
+					if n := len(objs.OfKind(k)); n > 0 {
+						t.Errorf("%d %s rendered, want none", n, k)
+					}
+				}
+			})
+		}
+	}
+	// Below the chart's kubeVersion the install is refused.
+	if _, err := cluster.HelmTemplate(t.Context(), cluster.ChartOptions{Helm: helmPath(t, cluster.Helm3), KubeVersion: "1.30.0"}); err == nil || !strings.Contains(err.Error(), "kubeVersion") {
+		t.Errorf("the chart renders for Kubernetes 1.30 (kubeVersion >=1.31): %v", err)
+	}
+}
+
+// TestChartKubeVersionIsTheREADMEs: the README's supported versions name the
+// chart's minimum Kubernetes version.
+func TestChartKubeVersionIsTheREADMEs(t *testing.T) {
+	root := repoRoot(t)
+	raw, err := os.ReadFile(filepath.Join(root, "deployments", "helm", "gpufrac", "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		KubeVersion string `json:"kubeVersion"`
+	}
+	if err := yaml.Unmarshal(raw, &meta); err != nil {
+		t.Fatal(err)
+	}
+	minor, ok := strings.CutPrefix(meta.KubeVersion, ">=")
+	if !ok {
+		t.Fatalf("Chart.yaml kubeVersion %q is not >=X.Y.Z-0", meta.KubeVersion)
+	}
+	minor = strings.Join(strings.SplitN(minor, ".", 3)[:2], ".")
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "| Kubernetes (control plane and kubelet) |") {
+			if !strings.Contains(line, "**"+minor+" or newer**") || !strings.Contains(line, meta.KubeVersion) {
+				t.Errorf("README's supported Kubernetes versions do not say %s or newer (Chart.yaml kubeVersion %s):\n%s", minor, meta.KubeVersion, line)
+			}
+			return
+		}
+	}
+	t.Error("README has no supported-versions row for Kubernetes")
+}
+
+// TestChartNonPreemptiblePriorityIsTheBinarysDefault: the chart's
+// coordinator.nonPreemptiblePriority, the flag's default and the README agree
+// (issue 29: they were 1000000, 100 and 100).
+func TestChartNonPreemptiblePriorityIsTheBinarysDefault(t *testing.T) {
+	want := fmt.Sprint(podrequest.DefaultNonPreemptiblePriority)
+	for _, h := range helms {
+		c, err := render(t, helmPath(t, h)).WorkloadContainer("Deployment", "gpufrac-coordinator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := cluster.Flag(c.Args, "non-preemptible-priority"); got != want {
+			t.Errorf("%s: the chart passes --non-preemptible-priority=%s, the binary's default is %s", h, got, want)
+		}
+	}
+	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"[--non-preemptible-priority " + want + "]", "`--non-preemptible-priority`, default " + want, "| `coordinator.nonPreemptiblePriority` | `" + want + "` |"} {
+		if !strings.Contains(string(readme), s) {
+			t.Errorf("README does not say %q", s)
+		}
+	}
+}
+
+// TestChartConventions (issue 29): service accounts (name, create,
+// annotations) followed by RBAC and the admission policies, pod labels,
+// global.imageRegistry (the admission policy's pause images included), the
+// coordinator's extra env and volumes and its default anti-affinity.
+func TestChartConventions(t *testing.T) {
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, SetJSON: []string{
+			`coordinator.serviceAccount={"name":"sched","annotations":{"eks.amazonaws.com/role-arn":"arn:aws:iam::1:role/x"}}`,
+			`node.serviceAccount={"create":false,"name":"agent"}`,
+			`node.podLabels={"team":"gpu"}`, `coordinator.podLabels={"team":"sched"}`,
+			`global.imageRegistry="mirror.example.com/hub"`,
+			`coordinator.extraEnv=[{"name":"HTTPS_PROXY","value":"http://proxy:3128"}]`,
+			`coordinator.extraVolumes=[{"name":"ca","configMap":{"name":"ca"}}]`,
+			`coordinator.extraVolumeMounts=[{"name":"ca","mountPath":"/etc/ssl/extra"}]`,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sa := objs.Find("ServiceAccount", "sched")
+		if sa == nil || sa.GetAnnotations()["eks.amazonaws.com/role-arn"] == "" {
+			t.Errorf("%s: no ServiceAccount sched with its annotation: %v", h, sa)
+		}
+		if objs.Find("ServiceAccount", "agent") != nil || objs.Find("ServiceAccount", "gpufrac-node") != nil {
+			t.Errorf("%s: node.serviceAccount.create=false still renders one", h)
+		}
+		for _, b := range objs.OfKind("ClusterRoleBinding", "RoleBinding") {
+			subjects, _, _ := unstructured.NestedSlice(b.Object, "subjects")
+			for _, s := range subjects {
+				if n := s.(map[string]any)["name"]; n != "sched" && n != "agent" {
+					t.Errorf("%s: %s %s binds %v, not the configured accounts", h, b.GetKind(), b.GetName(), n)
+				}
+			}
+		}
+		var policies strings.Builder
+		for _, p := range objs.OfKind("ValidatingAdmissionPolicy") {
+			y, _ := yaml.Marshal(p.Object)
+			policies.Write(y)
+		}
+		for _, s := range []string{"system:serviceaccount:" + cluster.ChartNamespace + ":sched'", "system:serviceaccount:" + cluster.ChartNamespace + ":agent'", "'mirror.example.com/hub/pause:3.10'"} {
+			if !strings.Contains(policies.String(), s) {
+				t.Errorf("%s: the admission policies do not name %s", h, s)
+			}
+		}
+		if strings.Contains(policies.String(), ":gpufrac-coordinator'") || strings.Contains(policies.String(), "registry.k8s.io/pause") {
+			t.Errorf("%s: the admission policies still name the default account or image", h)
+		}
+		for kind, name := range map[string]string{"DaemonSet": "gpufrac-node", "Deployment": "gpufrac-coordinator"} {
+			w := objs.Find(kind, name)
+			spec, _, _ := unstructured.NestedMap(w.Object, "spec", "template", "spec")
+			labels, _, _ := unstructured.NestedStringMap(w.Object, "spec", "template", "metadata", "labels")
+			if labels["team"] == "" || labels["app.kubernetes.io/name"] != name {
+				t.Errorf("%s: %s pod labels %v", h, name, labels)
+			}
+			if want := map[string]string{"DaemonSet": "agent", "Deployment": "sched"}[kind]; spec["serviceAccountName"] != want {
+				t.Errorf("%s: %s serviceAccountName %v, want %s", h, name, spec["serviceAccountName"], want)
+			}
+			c, err := objs.WorkloadContainer(kind, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(c.Image, "mirror.example.com/hub/gpufrac/") {
+				t.Errorf("%s: %s image %s not under global.imageRegistry", h, name, c.Image)
+			}
+		}
+		c, _ := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
+		if img, _ := cluster.Flag(c.Args, "reservation-image"); img != "mirror.example.com/hub/pause:3.10" {
+			t.Errorf("%s: --reservation-image=%s", h, img)
+		}
+		dep := objs.Find("Deployment", "gpufrac-coordinator")
+		cs, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+		env, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "env")
+		mounts, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "volumeMounts")
+		named := func(list []any, name string) bool {
+			return slices.ContainsFunc(list, func(e any) bool { return e.(map[string]any)["name"] == name })
+		}
+		if !named(env, "HTTPS_PROXY") || !named(env, "GPUFRAC_MEMORY_LIMIT") || !named(mounts, "ca") {
+			t.Errorf("%s: the coordinator lacks its extraEnv or extraVolumeMounts: %v %v", h, env, mounts)
+		}
+		vols, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "volumes")
+		if len(vols) != 1 || vols[0].(map[string]any)["name"] != "ca" {
+			t.Errorf("%s: the coordinator's volumes %v, want its extraVolumes", h, vols)
+		}
+		terms, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+		if len(terms) != 1 {
+			t.Fatalf("%s: the coordinator has no default preferred pod anti-affinity: %v", h, terms)
+		}
+		key, _, _ := unstructured.NestedString(terms[0].(map[string]any), "podAffinityTerm", "topologyKey")
+		sel, _, _ := unstructured.NestedStringMap(terms[0].(map[string]any), "podAffinityTerm", "labelSelector", "matchLabels")
+		if key != "kubernetes.io/hostname" || sel["app.kubernetes.io/name"] != "gpufrac-coordinator" {
+			t.Errorf("%s: anti-affinity by %s over %v", h, key, sel)
+		}
+	}
+	// An affinity of the admin's replaces the default.
+	objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helmPath(t, cluster.Helm3), SetJSON: []string{
+		`coordinator.affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"role","operator":"In","values":["infra"]}]}]}}}`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aff, _, _ := unstructured.NestedMap(objs.Find("Deployment", "gpufrac-coordinator").Object, "spec", "template", "spec", "affinity")
+	if _, ok := aff["podAntiAffinity"]; ok || aff["nodeAffinity"] == nil {
+		t.Errorf("coordinator.affinity does not replace the default: %v", aff)
 	}
 }

@@ -138,6 +138,10 @@ func (r *recorder) has(name string) bool {
 	return false
 }
 
+// prometheusTargetMetrics are the series Prometheus itself writes for every
+// scrape target (the node-agent-down alerts read up).
+var prometheusTargetMetrics = map[string]bool{"up": true}
+
 // query is a PromQL expression the chart ships, and where.
 type query struct{ where, expr string }
 
@@ -192,7 +196,8 @@ func shippedQueries(t *testing.T) []query {
 func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	qs := shippedQueries(t)
 	wantAlerts := []string{"GPUUnhealthy", "GPUMemoryLimitViolations", "GPUConfigRejected", "GPUCoordinatorNoLeader",
-		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions", "GPUCDISpecMissing", "GPUFractionsEvicted"}
+		"GPUPodsPendingTooLong", "GPUReservationWithoutFractions", "GPUCDISpecMissing", "GPUFractionsEvicted",
+		"GPUNodeAgentDown", "GPUNodeAgentAbsent"}
 	for _, a := range wantAlerts {
 		if !slices.ContainsFunc(qs, func(q query) bool { return q.where == "alert "+a }) {
 			t.Errorf("the PrometheusRule has no alert %s", a)
@@ -236,6 +241,9 @@ func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 		}
 		for _, m := range res.Metrics {
 			used[m] = true
+			if prometheusTargetMetrics[m] {
+				continue
+			}
 			if !exp.has(m) {
 				t.Errorf("%s reads %s, which no gpufrac component exports", q.where, m)
 			}
@@ -256,6 +264,199 @@ func TestExportedRecorderCanFail(t *testing.T) {
 	for _, name := range []string{"gpufrac_gpu_temperature_celsius", "gpufrac_gpu_healthy_bucket", "gpufrac_pending_pods_total"} {
 		if exp.has(name) {
 			t.Errorf("%s is not exported by any component", name)
+		}
+	}
+}
+
+// alertRules renders the chart with its observability values and returns the
+// PrometheusRule's rules.
+func alertRules(t *testing.T, helm string, files ...string) []map[string]any {
+	t.Helper()
+	objs := render(t, helm, files...)
+	rule := objs.Find("PrometheusRule", "gpufrac")
+	if rule == nil {
+		t.Fatal("the chart renders no PrometheusRule")
+	}
+	var out []map[string]any
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	for _, g := range groups {
+		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rules {
+			out = append(out, r.(map[string]any))
+		}
+	}
+	return out
+}
+
+// githubAnchor is the anchor GitHub gives a Markdown heading.
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || ('a' <= r && r <= 'z') || ('0' <= r && r <= '9'):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// TestAlertsHaveRunbooks (issue 29): every alert's runbook_url is a section
+// of docs/runbooks.md under prometheusRule.runbookBaseURL, and every section
+// there is an alert's.
+func TestAlertsHaveRunbooks(t *testing.T) {
+	dir, err := cluster.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]bool{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			sections[githubAnchor(h)] = true
+		}
+	}
+	const base = "https://github.com/gpufrac/gpufrac/blob/main/docs/runbooks.md#"
+	seen := map[string]bool{}
+	for _, r := range alertRules(t, helmPath(t, cluster.Helm3), filepath.Join(dir, "ci", "observability-values.yaml")) {
+		name, _ := r["alert"].(string)
+		url, _, _ := unstructured.NestedString(r, "annotations", "runbook_url")
+		anchor, ok := strings.CutPrefix(url, base)
+		if !ok || !sections[anchor] {
+			t.Errorf("alert %s: runbook_url %q is no section of docs/runbooks.md (%s...)", name, url, base)
+		}
+		seen[anchor] = true
+	}
+	for s := range sections {
+		if !seen[s] {
+			t.Errorf("docs/runbooks.md has a section #%s for no alert", s)
+		}
+	}
+}
+
+// TestAlertPendingIgnoresNormalReasons (issue 29): GPUPodsPendingTooLong
+// filters out the pending reasons of queues working as configured
+// (prometheusRule.pendingIgnoredReasons), each a reason the scheduler's
+// pending gauge documents.
+func TestAlertPendingIgnoresNormalReasons(t *testing.T) {
+	dir, err := cluster.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{want: `gpufrac_pending_pods_oldest_age_seconds{reason!~"OverQuota|GangIncomplete"}`},
+		{set: []string{"prometheusRule.pendingIgnoredReasons={OverQuota,OverLimit,GangIncomplete}"}, want: `gpufrac_pending_pods_oldest_age_seconds{reason!~"OverQuota|OverLimit|GangIncomplete"}`},
+		{set: []string{"prometheusRule.pendingIgnoredReasons=null"}, want: `max by (reason) (gpufrac_pending_pods_oldest_age_seconds) >`},
+	} {
+		objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helmPath(t, cluster.Helm3),
+			ValuesFiles: []string{filepath.Join(dir, "ci", "observability-values.yaml")}, Set: tc.set, APIVersions: []string{monitoringAPI}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var expr string
+		groups, _, _ := unstructured.NestedSlice(objs.Find("PrometheusRule", "gpufrac").Object, "spec", "groups")
+		for _, g := range groups {
+			rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+			for _, r := range rules {
+				if rm := r.(map[string]any); rm["alert"] == "GPUPodsPendingTooLong" {
+					expr = rm["expr"].(string)
+				}
+			}
+		}
+		if !strings.Contains(expr, tc.want) {
+			t.Errorf("with %v GPUPodsPendingTooLong is %q, want it to read %s", tc.set, expr, tc.want)
+		}
+	}
+	// The reasons are the scheduler's (the gauge's help lists them).
+	reg := prometheus.NewPedanticRegistry()
+	r := &recorder{reg: reg, names: map[string]bool{}, histograms: map[string]bool{}}
+	var descs []string
+	if _, err := scheduler.New(scheduler.Options{}, scheduler.Deps{Registry: registererFunc(func(c prometheus.Collector) error {
+		ch := make(chan *prometheus.Desc)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			descs = append(descs, d.String())
+		}
+		return r.Register(c)
+	})}); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(descs, func(d string) bool { return strings.Contains(d, `fqName: "gpufrac_pending_pods"`) })
+	if i < 0 {
+		t.Fatal("the scheduler exports no gpufrac_pending_pods")
+	}
+	for _, reason := range []string{"OverQuota", "GangIncomplete"} {
+		if !strings.Contains(descs[i], reason) {
+			t.Errorf("gpufrac_pending_pods documents no reason %s: %s", reason, descs[i])
+		}
+	}
+}
+
+// registererFunc is a prometheus.Registerer from a Register function.
+type registererFunc func(prometheus.Collector) error
+
+func (f registererFunc) Register(c prometheus.Collector) error { return f(c) }
+func (f registererFunc) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := f(c); err != nil {
+			panic(err)
+		}
+	}
+}
+func (f registererFunc) Unregister(prometheus.Collector) bool { return false }
+
+// TestMonitorsKeepTheOffendersLabels (issue 29): the ServiceMonitors and
+// PodMonitors honour the series' labels (gpufrac-node's per-container series
+// name the offending namespace/pod/container), set job to the component
+// (the node-agent-down alerts read up{job="gpufrac-node"}) and add the
+// scraped pod's node as label node.
+func TestMonitorsKeepTheOffendersLabels(t *testing.T) {
+	dir, err := cluster.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for file, kind := range map[string]string{"observability-values.yaml": "ServiceMonitor", "mixed-cluster-values.yaml": "PodMonitor"} {
+			objs := render(t, helm, filepath.Join(dir, "ci", file))
+			mons := objs.OfKind(kind)
+			if len(mons) != 2 {
+				t.Fatalf("%s %s: %d %ss, want one per component", h, file, len(mons), kind)
+			}
+			field := map[string]string{"ServiceMonitor": "endpoints", "PodMonitor": "podMetricsEndpoints"}[kind]
+			for _, m := range mons {
+				if jl, _, _ := unstructured.NestedString(m.Object, "spec", "jobLabel"); jl != "app.kubernetes.io/name" {
+					t.Errorf("%s %s %s: jobLabel %q", h, kind, m.GetName(), jl)
+				}
+				eps, _, _ := unstructured.NestedSlice(m.Object, "spec", field)
+				for _, e := range eps {
+					em := e.(map[string]any)
+					if em["honorLabels"] != true {
+						t.Errorf("%s %s %s: honorLabels is not true", h, kind, m.GetName())
+					}
+					rls, _, _ := unstructured.NestedSlice(em, "relabelings")
+					if !slices.ContainsFunc(rls, func(r any) bool {
+						rm := r.(map[string]any)
+						src, _, _ := unstructured.NestedStringSlice(rm, "sourceLabels")
+						return slices.Equal(src, []string{"__meta_kubernetes_pod_node_name"}) && rm["targetLabel"] == "node"
+					}) {
+						t.Errorf("%s %s %s: no relabeling of __meta_kubernetes_pod_node_name to node: %v", h, kind, m.GetName(), rls)
+					}
+				}
+			}
+		}
+	}
+	// The node-down alert's job is the one jobLabel gives.
+	for _, r := range alertRules(t, helmPath(t, cluster.Helm3), filepath.Join(dir, "ci", "observability-values.yaml")) {
+		if r["alert"] == "GPUNodeAgentDown" && !strings.Contains(r["expr"].(string), `up{job="gpufrac-node"}`) {
+			t.Errorf("GPUNodeAgentDown reads %q", r["expr"])
 		}
 	}
 }

@@ -60,6 +60,11 @@ type ChartOptions struct {
 	SetJSON []string
 	// IncludeCRDs renders the chart's crds/ too, as `helm install` installs them.
 	IncludeCRDs bool
+	// APIVersions are passed as --api-versions: APIs the cluster serves
+	// beyond helm's built-in set (e.g. monitoring.coreos.com/v1).
+	APIVersions []string
+	// KubeVersion, when set, is passed as --kube-version.
+	KubeVersion string
 }
 
 // ChartAppVersion is the chart's appVersion, the tag of its default images.
@@ -136,6 +141,12 @@ func HelmTemplate(ctx context.Context, o ChartOptions) ([]byte, error) {
 	}
 	for _, s := range o.SetJSON {
 		args = append(args, "--set-json", s)
+	}
+	for _, v := range o.APIVersions {
+		args = append(args, "--api-versions", v)
+	}
+	if o.KubeVersion != "" {
+		args = append(args, "--kube-version", o.KubeVersion)
 	}
 	cmd := exec.CommandContext(ctx, helm, args...)
 	var stdout, stderr bytes.Buffer

@@ -22,7 +22,47 @@ let two nodes run two versions under one release.
 {{- if eq $tag "latest" -}}
 {{- fail (printf "%s: the tag \"latest\" is not allowed; leave tag empty for the chart's appVersion (%s) or name a release" .image.repository .root.Chart.AppVersion) -}}
 {{- end -}}
-{{- printf "%s:%s" .image.repository $tag -}}
+{{- printf "%s:%s" (include "gpufrac.registry" (dict "ref" .image.repository "root" .root)) $tag -}}
+{{- end -}}
+
+{{/*
+An image reference under global.imageRegistry, when set: (dict "ref"
+"ghcr.io/gpufrac/gpufrac-node" "root" $). The reference's own registry (its
+first path segment, when it has a "." or ":" or is "localhost") is replaced by
+global.imageRegistry; a reference without one gets it in front.
+*/}}
+{{- define "gpufrac.registry" -}}
+{{- $reg := dig "imageRegistry" "" (.root.Values.global | default dict) | trimSuffix "/" -}}
+{{- if $reg -}}
+{{- $parts := splitn "/" 2 .ref -}}
+{{- $first := $parts._0 -}}
+{{- if and $parts._1 (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- printf "%s/%s" $reg $parts._1 -}}
+{{- else -}}
+{{- printf "%s/%s" $reg .ref -}}
+{{- end -}}
+{{- else -}}
+{{- .ref -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The service account of gpufrac-node (node.serviceAccount.name, default gpufrac-node). */}}
+{{- define "gpufrac.nodeServiceAccount" -}}
+{{- .Values.node.serviceAccount.name | default "gpufrac-node" -}}
+{{- end -}}
+
+{{/* The service account of gpufrac-coordinator (coordinator.serviceAccount.name, default gpufrac-coordinator). */}}
+{{- define "gpufrac.coordinatorServiceAccount" -}}
+{{- .Values.coordinator.serviceAccount.name | default "gpufrac-coordinator" -}}
+{{- end -}}
+
+{{/*
+Whether the cluster serves DRA's resource.k8s.io/v1 (GA in Kubernetes 1.34):
+"true" or "". `helm template` assumes it for its default version; pass
+--kube-version (and --api-versions) to render for another cluster.
+*/}}
+{{- define "gpufrac.draAPI" -}}
+{{- if and (.Capabilities.APIVersions.Has "resource.k8s.io/v1") (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The reservation namespace, never the release's own: only reservation and placeholder pods may live there. */}}
