@@ -85,6 +85,9 @@ type Queue struct {
 func Load(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, ns string) (*View, error) {
 	pods, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
+		if ns != "" {
+			return nil, fmt.Errorf("listing pods in namespace %s: %w", ns, err)
+		}
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
 	var queues []v1alpha1.Queue
