@@ -1,13 +1,19 @@
-// Command kubectl-gpufrac is a kubectl plugin ("kubectl gpufrac") that prints the
-// cluster's GPUs per node and per GPU, and which pods hold them: whole GPUs,
-// fractions, reservations and placeholders; which nodes Karpenter made and which
-// pods keep Karpenter from disrupting them (karpenter.sh/do-not-disrupt); GPU pods
-// still pending with the scheduler's reason, placeholders asking Karpenter for
-// capacity, and pods rejected at device admission.
+// Command kubectl-gpufrac is a kubectl plugin ("kubectl gpufrac") that prints
+// gpufrac's GPUs and queues:
+//
+//	kubectl gpufrac [nodes] [--node NAME] [-o json]   every GPU node, its GPUs and the pods holding them
+//	kubectl gpufrac -n NS [--node NAME] [-o json]     one namespace's GPU pods and their queues
+//	kubectl gpufrac queues [-n NS] [-o json]          each Queue: quota, limit, used, pending by reason
+//
+// The node view needs cluster-wide reads; when they are forbidden it falls
+// back to the namespace view of the kubeconfig's namespace, which needs only
+// list pods there (and list queues.gpufrac.io, when allowed). See
+// internal/plugin.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -15,60 +21,77 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpufrac/gpufrac/cmd/internal/version"
-	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/view"
+	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/plugin"
 )
 
 func main() {
-	var (
-		kubeconfig  string
-		kubecontext string
-		wide        bool
-		timeout     time.Duration
-	)
-	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-	flag.StringVar(&kubecontext, "context", "", "kubeconfig context to use")
-	flag.BoolVar(&wide, "wide", false, "print full GPU UUIDs and reservation pod names")
-	flag.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls")
-	printVersion := flag.Bool("version", false, "print the version and exit")
-	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "Usage: kubectl gpufrac [flags]\n\nPrints every GPU node, its GPUs and the pods holding them.")
-		flag.PrintDefaults()
+	var cfg plugin.Config
+	var kubeconfig, kubecontext string
+	var timeout time.Duration
+	fs := flag.NewFlagSet("kubectl-gpufrac", flag.ExitOnError)
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+	fs.StringVar(&kubecontext, "context", "", "kubeconfig context to use")
+	fs.StringVar(&cfg.Namespace, "namespace", "", "show one namespace's GPU pods and their queues (needs only list pods there)")
+	fs.StringVar(&cfg.Namespace, "n", "", "short for --namespace")
+	fs.StringVar(&cfg.Node, "node", "", "show one node")
+	fs.StringVar(&cfg.Output, "output", "", "output format: json (default: text)")
+	fs.StringVar(&cfg.Output, "o", "", "short for --output")
+	fs.BoolVar(&cfg.Wide, "wide", false, "print full GPU UUIDs and reservation pod names")
+	fs.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls")
+	printVersion := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: kubectl gpufrac [nodes|queues] [flags]\n\n"+
+			"nodes (default): every GPU node, its GPUs and the pods holding them; with -n, one namespace's GPU pods.\n"+
+			"queues: each Queue with its GPU quota, limit, use and pending pods by reason.")
+		fs.PrintDefaults()
 	}
-	flag.Parse()
+	// The command may come before or after the flags.
+	_ = fs.Parse(os.Args[1:])
+	if fs.NArg() > 0 {
+		cfg.Command = fs.Arg(0)
+		_ = fs.Parse(fs.Args()[1:])
+	}
 	if *printVersion {
 		fmt.Println("kubectl-gpufrac", version.Get())
 		return
 	}
-	if err := run(kubeconfig, kubecontext, wide, timeout); err != nil {
+	if err := run(cfg, kubeconfig, kubecontext, timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "kubectl-gpufrac:", err)
+		if errors.Is(err, plugin.ErrUsage) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig, kubecontext string, wide bool, timeout time.Duration) error {
+func run(cfg plugin.Config, kubeconfig, kubecontext string, timeout time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
-		&clientcmd.ConfigOverrides{CurrentContext: kubecontext}).ClientConfig()
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubecontext})
+	rc, err := cc.ClientConfig()
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
+	if cfg.DefaultNamespace, _, err = cc.Namespace(); err != nil {
+		return fmt.Errorf("reading the kubeconfig's namespace: %w", err)
+	}
 	rc.UserAgent = "kubectl-gpufrac"
-	client, err := kubernetes.NewForConfig(rc)
+	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("creating API client: %w", err)
 	}
-	v, err := view.Load(ctx, client)
+	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return err
+		return fmt.Errorf("creating dynamic API client: %w", err)
 	}
-	return v.Render(os.Stdout, view.Options{Wide: wide})
+	return plugin.Run(ctx, plugin.Clients{Kube: kube, Dynamic: dyn}, cfg, os.Stdout, os.Stderr)
 }

@@ -374,3 +374,17 @@ func (w *JobWrapper) UID(uid string) *JobWrapper {
 
 // Obj returns a deep copy of the Job.
 func (w *JobWrapper) Obj() *batchv1.Job { return w.job.DeepCopy() }
+
+// Phase sets status.phase.
+func (w *PodWrapper) Phase(p corev1.PodPhase) *PodWrapper {
+	w.pod.Status.Phase = p
+	return w
+}
+
+// PendingFor makes the pod Pending with a PodScheduled=False condition of
+// that reason and message, as the coordinator writes it (api.ReasonOverQuota...).
+func (w *PodWrapper) PendingFor(reason, message string) *PodWrapper {
+	w.pod.Status.Phase = corev1.PodPending
+	w.pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: reason, Message: message}}
+	return w
+}

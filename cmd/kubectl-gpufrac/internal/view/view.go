@@ -11,6 +11,7 @@ package view
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -34,8 +35,9 @@ const (
 	// labelKarpenterNodePool is the label Karpenter puts on every node it creates.
 	labelKarpenterNodePool = "karpenter.sh/nodepool"
 	// annotationPlaceholderWorkloads lists the pods a placeholder asks capacity
-	// for (coordinator/placeholder.AnnotationWorkloads; not imported, so the
-	// plugin stays independent of the coordinator's packages).
+	// for (coordinator/placeholder.AnnotationWorkloads; not imported: that
+	// package brings the coordinator's controllers; the queue view imports
+	// only the coordinator's request parsing and quota arithmetic).
 	annotationPlaceholderWorkloads = api.Domain + "/workloads"
 )
 
@@ -169,26 +171,53 @@ type Pod struct {
 
 // Load lists nodes and pods through the API and builds the view. Resource
 // claims and slices are read when the API server serves them and the user may
-// list them; without them, nodes in mode dra show their GPUs free.
-func Load(ctx context.Context, client kubernetes.Interface) (*View, error) {
-	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
+// list them; without them, nodes in mode dra show their GPUs free. With
+// node set, only that node is read (get nodes) with the pods bound to it
+// (a field selector), so Pending and Placeholders stay empty.
+func Load(ctx context.Context, client kubernetes.Interface, node string) (*View, error) {
+	var nodes []corev1.Node
+	podOpts := metav1.ListOptions{}
+	if node != "" {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("reading node %s: %w", node, err)
+		}
+		nodes = []corev1.Node{*n}
+		podOpts.FieldSelector = "spec.nodeName=" + node
+	} else {
+		l, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("listing nodes: %w", err)
+		}
+		nodes = l.Items
 	}
-	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, podOpts)
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
 	var claims []resourceapi.ResourceClaim
-	var slices []resourceapi.ResourceSlice
+	var resourceSlices []resourceapi.ResourceSlice
 	if l, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err == nil {
 		claims = l.Items
 	}
 	if l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + api.DRADriver}); err == nil {
-		slices = l.Items
+		resourceSlices = l.Items
 	}
-	return BuildWithClaims(nodes.Items, pods.Items, claims, slices), nil
+	items := pods.Items
+	if node != "" {
+		// The field selector did this already; kept for API servers (and
+		// fakes) that ignore it.
+		items = slices.DeleteFunc(items, func(p corev1.Pod) bool { return p.Spec.NodeName != node })
+	}
+	v := BuildWithClaims(nodes, items, claims, resourceSlices)
+	if node != "" && len(v.Nodes) == 0 {
+		return nil, fmt.Errorf("node %s: %w", node, ErrNoGPUs)
+	}
+	return v, nil
 }
+
+// ErrNoGPUs reports a node asked for by name that has no GPUs gpufrac knows of.
+var ErrNoGPUs = errors.New("no GPUs (no gpufrac.io/gpus inventory and no GPU resources allocatable)")
 
 // request is what a pod asks for, summed over its containers.
 type request struct {
