@@ -111,6 +111,15 @@ func TestHelmUpgradeWhileWorkRunsLosesNothing(t *testing.T) {
 		// they pack as planned, three when a plan moved because the
 		// kubelet gave a GPU it named to a whole-GPU pod first (the node
 		// agent, not the coordinator, picks whole pods' GPUs).
+		// Every pod's GPU written back, whole ones too: the node agent
+		// writes a whole-GPU pod's after the kubelet lists it, which can
+		// come after the fractions' (once, under load, it came after the
+		// snapshot, and the comparison took it for a change).
+		for _, n := range all {
+			if w0.Pods[n] == "" || strings.HasSuffix(w0.Pods[n], " given=") {
+				return false, nil
+			}
+		}
 		shared := map[string]bool{}
 		for _, n := range []string{"frac-30", "frac-40", "frac-50"} {
 			if w0.Pods[n] == "" || strings.HasSuffix(w0.Pods[n], " given=") {
