@@ -383,6 +383,10 @@ func TestUsageWaitsForARestartedKubeletsPods(t *testing.T) {
 		}},
 	}}
 	empty := &podresourcesapi.ListPodResourcesResponse{}
+	// The bounds below tell "returned when the pods were listed" from
+	// "returned at the end of the wait" and "did not wait": far apart, so
+	// a loaded machine's slower calls do not blur them.
+	const syncWait = 2 * time.Second
 	tests := []struct {
 		name       string
 		busyBefore bool          // the node listed pods before the restart
@@ -394,15 +398,15 @@ func TestUsageWaitsForARestartedKubeletsPods(t *testing.T) {
 		maxWait    time.Duration
 	}{
 		{name: "pods listed again: their devices are in use", busyBefore: true, restart: true, podsBackIn: 300 * time.Millisecond,
-			wantShares: 1, minWait: 250 * time.Millisecond, maxWait: 2 * time.Second},
+			wantShares: 1, minWait: 250 * time.Millisecond, maxWait: syncWait - 200*time.Millisecond},
 		{name: "pods never listed again: idle after the wait", busyBefore: true, restart: true,
-			wantShares: 0, minWait: 500 * time.Millisecond, maxWait: 3 * time.Second},
+			wantShares: 0, minWait: syncWait, maxWait: 3 * syncWait},
 		{name: "an idle node before the restart waits for nothing", restart: true,
-			wantShares: 0, maxWait: 300 * time.Millisecond},
+			wantShares: 0, maxWait: syncWait / 2},
 		{name: "no restart: an empty listing is taken as it is", busyBefore: true,
-			wantShares: 0, maxWait: 300 * time.Millisecond},
+			wantShares: 0, maxWait: syncWait / 2},
 		{name: "pods listed long ago, none since: still waited for", busyBefore: true, restart: true, listedAgo: time.Hour,
-			podsBackIn: 300 * time.Millisecond, wantShares: 1, minWait: 250 * time.Millisecond, maxWait: 2 * time.Second},
+			podsBackIn: 300 * time.Millisecond, wantShares: 1, minWait: 250 * time.Millisecond, maxWait: syncWait - 200*time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -415,7 +419,7 @@ func TestUsageWaitsForARestartedKubeletsPods(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pr.Close()
-			pr.syncWait = 500 * time.Millisecond
+			pr.syncWait = syncWait
 			if _, err := pr.List(t.Context()); err != nil {
 				t.Fatal(err)
 			}
