@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/images"
+	"github.com/gpufrac/gpufrac/tests/images/report"
 )
 
 // GPUNodeOptions say what a real GPU node is.
@@ -268,4 +269,31 @@ func (g *GPUNode) NodeAgentPod(ctx context.Context) (*corev1.Pod, error) {
 		}
 	}
 	return nil, fmt.Errorf("no gpufrac-node pod on %s", g.Name())
+}
+
+// Report reads the report a container of the workload image (tests/images)
+// printed, from its log on the node, waiting up to 30 s for it.
+func (g *GPUNode) Report(ctx context.Context, pod *corev1.Pod, container string) (report.Report, error) {
+	var rep report.Report
+	dir := filepath.Join(g.PodLogDir(), fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID), container)
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+		for _, l := range logs {
+			raw, err := os.ReadFile(l)
+			if err != nil {
+				continue
+			}
+			for line := range strings.Lines(string(raw)) {
+				if r, ok := report.FromCRILog(strings.TrimRight(line, "\n"), container); ok {
+					rep = r
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return rep, fmt.Errorf("the report of %s/%s container %s: %w", pod.Namespace, pod.Name, container, err)
+	}
+	return rep, nil
 }

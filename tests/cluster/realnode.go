@@ -21,6 +21,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
+
+	"github.com/gpufrac/gpufrac/tests/images"
 )
 
 // Binaries and host packages a real node needs (see RealNodeRequirements).
@@ -65,8 +67,10 @@ type RealNodeOptions struct {
 	NoWaitReady bool
 }
 
-// DefaultSandboxImage is the sandbox image a real node uses unless told otherwise.
-const DefaultSandboxImage = "gpufrac.test/pause:latest"
+// DefaultSandboxImage is the sandbox image a real node uses unless told
+// otherwise: tests/images' pause, under the name containerd and the chart's
+// reservations ask for.
+const DefaultSandboxImage = images.PauseRef
 
 // RealNode is a real kubelet and containerd, run by the cluster as root on
 // this machine. Both run in one mount and PID namespace of the node's own

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/tests/cluster"
+	"github.com/gpufrac/gpufrac/tests/images"
 )
 
 // requireRealNode skips the test where a real node cannot run, with the
@@ -50,8 +52,8 @@ func TestRealNode(t *testing.T) {
 	requireRealNode(t)
 	logger, _ := ktesting.NewTestContext(t)
 	ctx := klog.NewContext(t.Context(), logger)
-	pauseTar := staticImage(t, "./testdata/realnode/pause", cluster.DefaultSandboxImage)
-	probeTar := staticImage(t, "./testdata/realnode/probe", "gpufrac.test/probe:latest")
+	pauseTar := staticImage(t, "./tests/images/pause", cluster.DefaultSandboxImage)
+	probeTar := staticImage(t, "./tests/cluster/testdata/realnode/probe", "gpufrac.test/probe:latest")
 
 	c := cluster.StartForTest(t, cluster.Options{Bare: true})
 	// A node that cannot start says which component failed and why.
@@ -252,4 +254,27 @@ func pidsIn(t *testing.T, ns string) []string {
 		}
 	}
 	return pids
+}
+
+// staticImage builds the repository's Go package pkg statically and writes
+// an image archive named ref whose only file, /<base of pkg>, is its
+// entrypoint (tests/images). It returns the archive's path.
+func staticImage(t *testing.T, pkg, ref string) string {
+	t.Helper()
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	prog := filepath.Base(pkg)
+	bin := filepath.Join(dir, prog)
+	if err := images.BuildStatic(t.Context(), root, pkg, bin); err != nil {
+		t.Fatal(err)
+	}
+	tar := filepath.Join(dir, prog+".tar")
+	if _, err := images.Write(images.Spec{Ref: ref, Layers: [][]images.File{{{Src: bin, Dst: "/" + prog, Mode: 0o755}}},
+		Config: v1.Config{Entrypoint: []string{"/" + prog}}}, tar); err != nil {
+		t.Fatal(err)
+	}
+	return tar
 }

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -95,12 +90,12 @@ func addRealNode(ctx context.Context, cfg config, c *cluster.Cluster, p progress
 	if err != nil {
 		return fmt.Errorf("%s/%s did not run on %s: %w", ns, realPod, realNode, err)
 	}
-	rep, err := readReport(ctx, g, running, "server")
+	rep, err := g.Report(ctx, running, "server")
 	if err != nil {
 		return err
 	}
 	p.say("  %s/%s (%d %%) runs in a container on %s and sees %s, %s=%s MiB",
-		ns, realPod, realFraction, realNode, strings.Join(rep.gpus(), ", "), api.EnvMemoryLimitMiB, rep.Env[api.EnvMemoryLimitMiB])
+		ns, realPod, realFraction, realNode, gpuList(rep.GPUs()), api.EnvMemoryLimitMiB, rep.Env[api.EnvMemoryLimitMiB])
 	return nil
 }
 
@@ -124,56 +119,10 @@ func realQueue(ctx context.Context, c *cluster.Cluster) error {
 	return nil
 }
 
-// workloadReport is the part of the workload image's report the demo shows.
-type workloadReport struct {
-	Name    string            `json:"name"`
-	Env     map[string]string `json:"env"`
-	Devices []struct {
-		Path string `json:"path"`
-	} `json:"devices"`
-}
-
-var gpuDevice = regexp.MustCompile(`^/dev/nvidia[0-9]+$`)
-
-func (r workloadReport) gpus() []string {
-	var out []string
-	for _, d := range r.Devices {
-		if gpuDevice.MatchString(d.Path) {
-			out = append(out, d.Path)
-		}
+// gpuList names the GPU device nodes a container sees.
+func gpuList(gpus []string) string {
+	if len(gpus) == 0 {
+		return "no GPU"
 	}
-	if len(out) == 0 {
-		return []string{"no GPU"}
-	}
-	return out
-}
-
-// readReport reads a container's report from its log on the node.
-func readReport(ctx context.Context, g *cluster.GPUNode, pod *corev1.Pod, container string) (workloadReport, error) {
-	var rep workloadReport
-	dir := filepath.Join(g.PodLogDir(), fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID), container)
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-		for _, l := range logs {
-			f, err := os.Open(l)
-			if err != nil {
-				continue
-			}
-			sc := bufio.NewScanner(f)
-			for sc.Scan() {
-				// CRI log lines: "<time> stdout F <line>".
-				parts := strings.SplitN(sc.Text(), " ", 4)
-				if len(parts) == 4 && parts[1] == "stdout" && json.Unmarshal([]byte(parts[3]), &rep) == nil && rep.Name == container {
-					f.Close()
-					return true, nil
-				}
-			}
-			f.Close()
-		}
-		return false, nil
-	})
-	if err != nil {
-		return rep, fmt.Errorf("the report of %s/%s: %w", pod.Name, container, err)
-	}
-	return rep, nil
+	return strings.Join(gpus, ", ")
 }

@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +25,7 @@ import (
 	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 	"github.com/gpufrac/gpufrac/tests/images"
+	"github.com/gpufrac/gpufrac/tests/images/report"
 )
 
 // realBed is a cluster with one real GPU node (kubelet, containerd, runc,
@@ -75,34 +73,6 @@ func startRealBed(t *testing.T, o cluster.GPUNodeOptions) *realBed {
 	return &realBed{c: c, node: n}
 }
 
-// containerReport is what the workload image prints (tests/images/workload).
-type containerReport struct {
-	Name    string            `json:"name"`
-	PID     int               `json:"pid"`
-	Env     map[string]string `json:"env"`
-	Devices []struct {
-		Path  string `json:"path"`
-		Char  bool   `json:"char"`
-		Major uint32 `json:"major"`
-		Minor uint32 `json:"minor"`
-	} `json:"devices"`
-	Mounts []string `json:"mounts"`
-	Cgroup []string `json:"cgroup"`
-}
-
-var gpuDevice = regexp.MustCompile(`^/dev/nvidia[0-9]+$`)
-
-// gpus are the GPU device nodes (not the control ones) a container sees.
-func (r containerReport) gpus() []string {
-	var out []string
-	for _, d := range r.Devices {
-		if gpuDevice.MatchString(d.Path) {
-			out = append(out, d.Path)
-		}
-	}
-	return out
-}
-
 // workloadPod is a pod of the workload image in ns.
 func workloadPod(name, ns string) *builders.PodWrapper {
 	return builders.MakePod(name, ns).CPU("10m").Memory("16Mi")
@@ -126,33 +96,13 @@ func withWorkload(p *corev1.Pod) *corev1.Pod {
 	return p
 }
 
-// report reads a container's report from its log on the node (the CRI log
-// format: "<time> stdout F <line>"), waiting for it to be written.
-func (b *realBed) report(t *testing.T, pod *corev1.Pod, container string) containerReport {
+// report is the report of a container of the workload image.
+func (b *realBed) report(t *testing.T, pod *corev1.Pod, container string) report.Report {
 	t.Helper()
-	var rep containerReport
-	waitFor(t, 30*time.Second, fmt.Sprintf("the report of %s/%s", pod.Name, container), func(context.Context) (bool, error) {
-		dir := filepath.Join(b.node.PodLogDir(), fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID), container)
-		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-		slices.Sort(logs)
-		for _, l := range logs {
-			f, err := os.Open(l)
-			if err != nil {
-				continue
-			}
-			sc := bufio.NewScanner(f)
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				parts := strings.SplitN(sc.Text(), " ", 4)
-				if len(parts) == 4 && parts[1] == "stdout" && json.Unmarshal([]byte(parts[3]), &rep) == nil && rep.Name == container {
-					f.Close()
-					return true, nil
-				}
-			}
-			f.Close()
-		}
-		return false, nil
-	})
+	rep, err := b.node.Report(t.Context(), pod, container)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return rep
 }
 
@@ -242,17 +192,17 @@ func TestRealNode(t *testing.T) {
 
 	t.Run("a whole GPU is one device node", func(t *testing.T) {
 		rep := b.report(t, whole, whole.Spec.Containers[0].Name)
-		if g := rep.gpus(); len(g) != 1 {
+		if g := rep.GPUs(); len(g) != 1 {
 			t.Errorf("whole sees GPUs %v, want one", g)
 		}
 	})
 	t.Run("two 30% fractions share the other GPU and see only it", func(t *testing.T) {
-		wholeGPU := strings.Join(b.report(t, whole, whole.Spec.Containers[0].Name).gpus(), ",")
+		wholeGPU := strings.Join(b.report(t, whole, whole.Spec.Containers[0].Name).GPUs(), ",")
 		var seen []string
 		for _, name := range []string{"frac-a", "frac-b"} {
 			p := getPodIn(t, c, ns, name)
 			rep := b.report(t, p, p.Spec.Containers[0].Name)
-			g := rep.gpus()
+			g := rep.GPUs()
 			if len(g) != 1 || g[0] != b.gpuOf(t, p) || g[0] == wholeGPU {
 				t.Errorf("%s sees GPUs %v, placed on %s, the whole pod holds %s", name, g, b.gpuOf(t, p), wholeGPU)
 			}
@@ -261,12 +211,7 @@ func TestRealNode(t *testing.T) {
 				t.Errorf("%s has no %s: env %v", name, api.EnvMemoryLimitMiB, rep.Env)
 			}
 			for _, ctl := range []string{"/dev/nvidiactl", "/dev/nvidia-uvm"} {
-				if !slices.ContainsFunc(rep.Devices, func(d struct {
-					Path  string `json:"path"`
-					Char  bool   `json:"char"`
-					Major uint32 `json:"major"`
-					Minor uint32 `json:"minor"`
-				}) bool {
+				if !slices.ContainsFunc(rep.Devices, func(d report.Device) bool {
 					return d.Path == ctl && d.Char
 				}) {
 					t.Errorf("%s lacks the control device %s: %+v", name, ctl, rep.Devices)
@@ -279,11 +224,11 @@ func TestRealNode(t *testing.T) {
 	})
 	t.Run("init and app containers each see what they asked", func(t *testing.T) {
 		p := getPodIn(t, c, ns, "multi")
-		if g := b.report(t, p, "app-a").gpus(); len(g) != 1 || g[0] != b.gpuOf(t, p) {
+		if g := b.report(t, p, "app-a").GPUs(); len(g) != 1 || g[0] != b.gpuOf(t, p) {
 			t.Errorf("app-a (20%%) sees %v, want %s", g, b.gpuOf(t, p))
 		}
 		for _, ctr := range []string{"init", "app-b"} {
-			if g := b.report(t, p, ctr).gpus(); len(g) != 0 {
+			if g := b.report(t, p, ctr).GPUs(); len(g) != 0 {
 				t.Errorf("%s asked no GPU and sees %v", ctr, g)
 			}
 		}
@@ -539,7 +484,7 @@ func TestRealNodeDRA(t *testing.T) {
 	waitRunningIn(t, c, "default", 2*time.Minute, p.Name)
 	p = getPodIn(t, c, "default", p.Name)
 	rep := b.report(t, p, p.Spec.Containers[0].Name)
-	if g := rep.gpus(); len(g) != 1 {
+	if g := rep.GPUs(); len(g) != 1 {
 		t.Errorf("the 30 %% claim's container sees GPUs %v, want one", g)
 	}
 	if rep.Env[api.EnvMemoryLimitMiB] == "" {

@@ -28,27 +28,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpufrac/gpufrac/tests/images/report"
 )
-
-// Report is what the workload prints. tests/cluster decodes it.
-type Report struct {
-	Name     string            `json:"name"`
-	PID      int               `json:"pid"`
-	Hostname string            `json:"hostname"`
-	Env      map[string]string `json:"env"`
-	Devices  []Device          `json:"devices"`
-	Mounts   []string          `json:"mounts"`
-	Cgroup   []string          `json:"cgroup"`
-	API      string            `json:"api,omitempty"`
-}
-
-// Device is one /dev/nvidia* node.
-type Device struct {
-	Path  string `json:"path"`
-	Char  bool   `json:"char"`
-	Major uint32 `json:"major"`
-	Minor uint32 `json:"minor"`
-}
 
 // envPrefixes are the variables reported: gpufrac's, the NVIDIA toolkit's
 // and CUDA's, and where the API server is.
@@ -61,7 +43,7 @@ func main() {
 	exitCode := flag.Int("exit-code", 0, "exit status after -sleep")
 	flag.Parse()
 
-	r := Report{Name: *name, PID: os.Getpid(), Env: map[string]string{}}
+	r := report.Report{Name: *name, PID: os.Getpid(), Env: map[string]string{}}
 	r.Hostname, _ = os.Hostname()
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -91,18 +73,18 @@ func main() {
 	os.Exit(*exitCode)
 }
 
-func devices() []Device {
+func devices() []report.Device {
 	paths, _ := filepath.Glob("/dev/nvidia*")
 	caps, _ := filepath.Glob("/dev/nvidia-caps/*")
 	paths = append(paths, caps...)
 	sort.Strings(paths)
-	var out []Device
+	var out []report.Device
 	for _, p := range paths {
 		var st syscall.Stat_t
 		if err := syscall.Stat(p, &st); err != nil {
 			continue
 		}
-		out = append(out, Device{
+		out = append(out, report.Device{
 			Path:  p,
 			Char:  st.Mode&syscall.S_IFMT == syscall.S_IFCHR,
 			Major: uint32((st.Rdev >> 8) & 0xfff),
