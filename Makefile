@@ -21,7 +21,7 @@ GO_LDFLAGS := -s -w -X github.com/gpufrac/gpufrac/cmd/internal/version.version=$
 # through build-node and build-static, so their flags are these.
 STATIC_CMDS := gpufrac-coordinator kubectl-gpufrac gpufrac-sim
 
-.PHONY: all build build-node build-static test unit lint fmt vet demo demo-down clean
+.PHONY: all build build-node build-static test unit lint chart-check fmt vet demo demo-down clean
 all: build
 
 ## build: the gpufrac binaries into bin/, stamped with VERSION
@@ -47,21 +47,29 @@ build-static:
 # (-parallel 4): each has its own control plane and mostly waits, so on
 # 2 cores four overlap well (docs/benchmarks.md).
 RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cmd/gpufrac-coordinator/... ./cmd/gpufrac-node/...
+# go test starts packages in the order it is given them, two at a time on 2 cores
+# (-p): the longest suites go first, so that the end-to-end suite (the longest by
+# far) runs beside all the others instead of after most of them.
+SLOW_PKGS := ./tests/e2e ./deployments ./tests/cluster ./tests/demo ./tests/nodeagent ./tests/attack
 test: build tools
 	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS)
-	$(GO) test -count=1 -parallel 4 -timeout 40m $$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(RACE_PKGS))")
+	$(GO) test -count=1 -parallel 4 -timeout 40m $$($(GO) list $(SLOW_PKGS)) \
+		$$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS))")
 
 ## unit: the fast tests only (no local cluster)
 unit:
 	$(GO) test -count=1 -short -timeout 10m $(PKGS)
 
-## lint: gofmt, go vet, helm lint of the chart (Helm 3 and 4) and a server-side dry run of its renderings on the test bed
+## lint: gofmt, go vet and helm lint of the chart (Helm 3 and 4). The chart's server-side dry run on the test bed and the Dockerfile checks are tests (./deployments, in make test; alone: make chart-check)
 lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \
 		echo "$$h lint --strict $(CHART) -f $$f"; $(BIN)/$$h lint --strict $(CHART) --namespace gpufrac-system -f $$f >/dev/null; \
 	done; done
+
+## chart-check: the chart's tests alone (lint, bad values, server-side dry run on the test bed) and the Dockerfile checks
+chart-check: tools
 	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 
 fmt:

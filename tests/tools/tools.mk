@@ -52,9 +52,14 @@ NODE_TOOLS := $(BIN)/kubelet $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(
 TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
 	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(CHART_TOOLS) $(NODE_TOOLS)
 
-.PHONY: tools tools-clean node-deps FORCE
+.PHONY: tools tools-build tools-clean node-deps FORCE
 ## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)
-tools: $(TOOLS) node-deps
+# The tools build TOOLS_JOBS at a time: a Go build leaves a core idle while it links
+# or waits on one large package, which another build fills (docs/benchmarks.md).
+TOOLS_JOBS ?= 2
+tools:
+	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) tools-build
+tools-build: $(TOOLS) node-deps
 
 ## tools-clean: remove the tool binaries so the next `make tools` rebuilds them
 tools-clean:
@@ -89,31 +94,37 @@ define build_tool
 	echo "built $(1) $(2) in $$(( $$(date +%s) - start ))s"
 endef
 
+# Helper: $(call build_tools,<names>,<version>,<wrapper dir>,<package dir>,<ldflags>,<module>,<build flags>)
+# build_tool for several commands of one module at once: the main package of <name>
+# is <package dir>/<name>. Builds those not already <module> at <version> in one
+# `go build` into a temporary directory, then renames each into bin/.
+define build_tools
+	@set -e; todo=; for n in $(1); do \
+		if ! $(call tool_is,$(BIN)/$$n,$(6),$(2),$(4)/'"$$n"'); then todo="$$todo $$n"; fi; done; \
+	if [ -z "$$todo" ]; then exit 0; fi; \
+	mkdir -p $(BIN); echo "building$$todo $(2) (first time: several minutes)"; \
+	start=$$(date +%s); tmp=$(BIN)/.build-$(3).tmp; rm -rf $$tmp; mkdir -p $$tmp; \
+	cd $(TOOLS_DIR)/$(3) && $(TOOLS_GO) build $(7) -ldflags '$(5)' -o $$tmp/ $$(for n in $$todo; do echo $(4)/$$n; done); \
+	for n in $$todo; do mv -f $$tmp/$$n $(BIN)/$$n; done; rm -rf $$tmp; \
+	echo "built$$todo $(2) in $$(( $$(date +%s) - start ))s"
+endef
+
 $(BIN)/etcd: FORCE
 	$(call build_tool,etcd,$(ETCD_VERSION),etcd,go.etcd.io/etcd/server/v3,-s -w,go.etcd.io/etcd/server/v3)
 
-$(BIN)/kube-apiserver: FORCE
-	$(call build_tool,kube-apiserver,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-apiserver,$(K8S_LDFLAGS),k8s.io/kubernetes)
+# The Kubernetes binaries come from one wrapper module and share most packages: one
+# `go build` compiles them once and links them side by side (four builds in a row
+# would link one at a time). Grouped target: the recipe runs once for all four.
+K8S_CMDS := kube-apiserver kube-scheduler kube-controller-manager kubelet
+$(addprefix $(BIN)/,$(K8S_CMDS)) &: FORCE
+	$(call build_tools,$(K8S_CMDS),$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd,$(K8S_LDFLAGS),k8s.io/kubernetes,)
 
-$(BIN)/kube-scheduler: FORCE
-	$(call build_tool,kube-scheduler,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-scheduler,$(K8S_LDFLAGS),k8s.io/kubernetes)
-
-$(BIN)/kube-controller-manager: FORCE
-	$(call build_tool,kube-controller-manager,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kube-controller-manager,$(K8S_LDFLAGS),k8s.io/kubernetes)
-
-$(BIN)/kubelet: FORCE
-	$(call build_tool,kubelet,$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd/kubelet,$(K8S_LDFLAGS),k8s.io/kubernetes)
-
-# containerd without btrfs (its snapshotter needs btrfs headers; the node uses overlayfs).
+# containerd without btrfs (its snapshotter needs btrfs headers; the node uses overlayfs),
+# its runc shim and ctr, in one build as above.
 CONTAINERD_MODULE := github.com/containerd/containerd/v2
-$(BIN)/containerd: FORCE
-	$(call build_tool,containerd,$(CONTAINERD_VERSION),containerd,-tags no_btrfs $(CONTAINERD_MODULE)/cmd/containerd,-s -w,$(CONTAINERD_MODULE),$(CONTAINERD_MODULE)/cmd/containerd)
-
-$(BIN)/containerd-shim-runc-v2: FORCE
-	$(call build_tool,containerd-shim-runc-v2,$(CONTAINERD_VERSION),containerd,-tags no_btrfs $(CONTAINERD_MODULE)/cmd/containerd-shim-runc-v2,-s -w,$(CONTAINERD_MODULE),$(CONTAINERD_MODULE)/cmd/containerd-shim-runc-v2)
-
-$(BIN)/ctr: FORCE
-	$(call build_tool,ctr,$(CONTAINERD_VERSION),containerd,-tags no_btrfs $(CONTAINERD_MODULE)/cmd/ctr,-s -w,$(CONTAINERD_MODULE),$(CONTAINERD_MODULE)/cmd/ctr)
+CONTAINERD_CMDS := containerd containerd-shim-runc-v2 ctr
+$(addprefix $(BIN)/,$(CONTAINERD_CMDS)) &: FORCE
+	$(call build_tools,$(CONTAINERD_CMDS),$(CONTAINERD_VERSION),containerd,$(CONTAINERD_MODULE)/cmd,-s -w,$(CONTAINERD_MODULE),-tags no_btrfs)
 
 # runc and the CNI plugins (bridge, host-local, loopback) come from the distribution:
 # installed with apt-get when missing and running as root, else left to the tests,
