@@ -417,3 +417,85 @@ func TestGangRollbackStaysInItsQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestGangThatLostItsMembersIsPlacedAgainWhole: a spot node is reclaimed
+// under a running gang of two. Its members are going (drained: a deletion
+// timestamp) or stay bound to the node that is gone until the pod garbage
+// collector comes; the Job makes new pods one by one. A member going or on
+// a gone node is no member the gang can count on: the first new pod waits
+// for the second, and the two are bound together, in one pool (the gone
+// node's pool pins nothing).
+func TestGangThatLostItsMembersIsPlacedAgainWhole(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		old  func(p *corev1.Pod) *corev1.Pod
+	}{
+		{"on a node that is gone", func(p *corev1.Pod) *corev1.Pod { return admitted(p, "reclaimed") }},
+		{"being deleted", func(p *corev1.Pod) *corev1.Pod {
+			p = admitted(p, "b1")
+			p.DeletionTimestamp = &metav1.Time{Time: time.Unix(1_699_999_990, 0)}
+			return p
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			member := func(name string) *corev1.Pod {
+				return builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").PodGroup("train").MinMember(2).UID(name).Obj()
+			}
+			c := newCluster(t, "", []*corev1.Node{h100Node("a1", "pool-a", 1), h100Node("b1", "pool-b", 4)},
+				[]*v1alpha1.Queue{queueOf("q", "8")},
+				tc.old(member("old-0")), tc.old(member("old-1")), member("new-0"))
+			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+			c.s.clock = clk
+			c.cycle()
+			if n := c.boundTo("new-0"); n != "" {
+				t.Fatalf("new-0 bound to %s alone: the gang's other members are lost, not placed", n)
+			}
+			if r := c.reason("new-0"); r != api.ReasonGangIncomplete {
+				t.Errorf("new-0 reason %q (%s), want GangIncomplete", r, c.b.Messages["new-0"])
+			}
+			_ = c.pods.Add(member("new-1"))
+			clk.Step(time.Second)
+			c.cycle()
+			n0, n1 := c.boundTo("new-0"), c.boundTo("new-1")
+			if n0 == "" || n1 == "" {
+				t.Fatalf("gang not bound whole once complete: new-0 %q (%s), new-1 %q (%s)", n0, c.b.Messages["new-0"], n1, c.b.Messages["new-1"])
+			}
+			if n0[:1] != n1[:1] {
+				t.Errorf("gang bound across pools: %s and %s", n0, n1)
+			}
+		})
+	}
+}
+
+// TestGangWithAFailedMemberIsRolledBack: a gang of two, one member running
+// and the other failed (a Job keeps its failed pods) with nothing to
+// replace it: the running member holds its GPU for a gang that does not
+// run, and is evicted after the gang bind timeout. A member that succeeded
+// counts as having run: a gang whose member finished is left alone.
+func TestGangWithAFailedMemberIsRolledBack(t *testing.T) {
+	for _, tc := range []struct {
+		phase      corev1.PodPhase
+		rolledBack bool
+	}{
+		{corev1.PodFailed, true},
+		{corev1.PodSucceeded, false},
+	} {
+		t.Run(string(tc.phase), func(t *testing.T) {
+			gang := gangOf("g", 2)
+			running := admitted(gang[0], "n1")
+			ended := admitted(gang[1], "n1")
+			ended.Status.Phase = tc.phase
+			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, running, ended)
+			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+			c.s.clock = clk
+			for range 10 {
+				c.cycle()
+				clk.Step(5 * time.Second)
+			}
+			_, released := c.b.ReleasedPods()["g-0"]
+			if released != tc.rolledBack {
+				t.Errorf("g-0 released=%v with its gang's other member %s, want %v", released, tc.phase, tc.rolledBack)
+			}
+		})
+	}
+}

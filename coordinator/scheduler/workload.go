@@ -180,10 +180,12 @@ type gangsPlaced struct {
 	pool   map[string]string      // gangID -> their pool
 	census map[string]*gangCensus // gangID -> its bound members, for checkGangBinds
 	nodes  map[string]string      // node -> pool, filled lazily
+	gone   map[string]bool        // nodes the lister does not have, filled with nodes
 }
 
 func newGangsPlaced() *gangsPlaced {
-	return &gangsPlaced{bound: map[string]int{}, pool: map[string]string{}, census: map[string]*gangCensus{}, nodes: map[string]string{}}
+	return &gangsPlaced{bound: map[string]int{}, pool: map[string]string{}, census: map[string]*gangCensus{},
+		nodes: map[string]string{}, gone: map[string]bool{}}
 }
 
 // count counts p, a pod of this scheduler bound or being bound (to node),
@@ -201,7 +203,12 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 	}
 	c.min = max(c.min, pi.minMember)
 	if terminal {
-		c.ran++
+		// A member that finished its work counts as having run; one that
+		// failed did not: a Job keeps its failed pods, and counting them
+		// would hide a gang bound in part from its rollback.
+		if p.Status.Phase == corev1.PodSucceeded {
+			c.ran++
+		}
 		return
 	}
 	c.held++
@@ -211,11 +218,26 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 	case p.DeletionTimestamp == nil:
 		c.live = append(c.live, p)
 	}
-	g.bound[key]++
 	if _, ok := g.nodes[node]; !ok {
-		g.nodes[node] = s.poolOf(node)
+		pool, exists := s.poolOf(node)
+		g.nodes[node] = pool
+		if !exists {
+			g.gone[node] = true
+		}
 	}
-	g.pool[key] = g.nodes[node]
+	if p.DeletionTimestamp != nil || g.gone[node] {
+		// Going (evicted, drained) or on a node that is gone (a spot node
+		// reclaimed: its pods wait for the pod garbage collector): it holds
+		// its resources until it is gone, but it is no member the gang can
+		// count on, so neither toward min-member (a lone replacement would
+		// be placed as "the rest" of a gang that lost every member) nor for
+		// the gang's pool.
+		return
+	}
+	g.bound[key]++
+	if _, pinned := g.pool[key]; !pinned {
+		g.pool[key] = g.nodes[node]
+	}
 }
 
 // gangID names a gang in one queue: its queue and "namespace/group".
@@ -229,10 +251,11 @@ func (w *workload) id() string {
 	return gangID(w.queue, w.key)
 }
 
-func (s *Scheduler) poolOf(node string) string {
+// poolOf is node's pool, and whether the node exists.
+func (s *Scheduler) poolOf(node string) (string, bool) {
 	n, err := s.deps.Nodes.Get(node)
 	if err != nil {
-		return ""
+		return "", false
 	}
-	return n.Labels[s.opts.PoolLabel]
+	return n.Labels[s.opts.PoolLabel], true
 }
