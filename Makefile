@@ -51,17 +51,23 @@ RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cm
 # (-p): the longest suites go first, so that the end-to-end suite (the longest by
 # far) runs beside all the others instead of after most of them.
 SLOW_PKGS := ./tests/e2e ./deployments ./tests/cluster ./tests/demo ./tests/nodeagent ./tests/attack
+# A stale entry would make go list print nothing, and the test lists below with it.
+$(foreach p,$(SLOW_PKGS),$(if $(wildcard $(p)/*.go),,$(error SLOW_PKGS: $(p) has no Go files)))
 test: build tools
 	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS)
-	$(GO) test -count=1 -parallel 4 -timeout 40m $$($(GO) list $(SLOW_PKGS)) \
-		$$($(GO) list $(PKGS) | grep -v -x -F "$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS))")
+	@set -e; slow=$$($(GO) list $(SLOW_PKGS)); others=$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS)); all=$$($(GO) list $(PKGS)); \
+	[ -n "$$slow" ] && [ -n "$$others" ] && [ -n "$$all" ]; \
+	rest=$$(echo "$$all" | grep -v -x -F "$$others" || true); \
+	echo $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest; \
+	$(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest
 
 ## unit: the fast tests only (no local cluster)
 unit:
 	$(GO) test -count=1 -short -timeout 10m $(PKGS)
 
 ## lint: gofmt, go vet and helm lint of the chart (Helm 3 and 4). The chart's server-side dry run on the test bed and the Dockerfile checks are tests (./deployments, in make test; alone: make chart-check)
-lint: tools
+lint:
+	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) $(BIN)/helm $(BIN)/helm4
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \

@@ -141,6 +141,9 @@ type Cluster struct {
 	agents        map[string]*agentEntry           // node name -> its node agent, from start to stop
 	agentsChanged chan struct{}                    // closed and replaced whenever agents changes
 	apiServer     *running                         // kube-apiserver, for RestartAPIServer
+	karpenter     *running                         // Karpenter's provider, for SetInstanceTypes
+	karpenterMu   sync.Mutex                       // serializes SetInstanceTypes
+	instanceTypes string                           // the provider's instance-types file
 	install       *Install                         // what InstallChart last installed
 	configMount   *configMount                     // the node agents' ConfigMap volume; nil with NodeAgentOptions.Config
 	realNodes     []*RealNode                      // StartRealNode's nodes, in start order

@@ -81,9 +81,17 @@ type KarpenterOptions struct {
 // nodes it creates and takes it for a well-known label.
 const GPUCountLabel = placeholder.DefaultGPUCountLabel
 
+// Karpenter's capacity-type label and its values.
+const (
+	LabelCapacityType = "karpenter.sh/capacity-type"
+	CapacitySpot      = "spot"
+	CapacityOnDemand  = "on-demand"
+)
+
 // InstanceType is one machine type of the fake cloud. It becomes one entry of the
 // provider's instance-types JSON (the format of its kwok/cloudprovider/instance_types.json),
-// with one on-demand offering per zone, labelled with its GPU count (GPUCountLabel).
+// with one on-demand offering per zone (and a spot one where SpotPrice is set),
+// labelled with its GPU count (GPUCountLabel).
 type InstanceType struct {
 	// Name is the instance type (node label node.kubernetes.io/instance-type).
 	Name string
@@ -91,6 +99,14 @@ type InstanceType struct {
 	Resources corev1.ResourceList
 	// Price is the on-demand price per hour; Karpenter launches the cheapest type that fits.
 	Price float64
+	// SpotPrice, when set, adds a spot offering in each zone at this price
+	// per hour; it must be below Price. For a NodePool that allows both
+	// capacity types (CapacityTypes) the kwok provider launches the cheapest
+	// offering the NodeClaim allows, so spot while it is offered (AWS's
+	// provider prefers spot whenever a NodePool allows it). The provider
+	// marks every offering available, so spot capacity running short is
+	// modelled by withdrawing the offering (SetInstanceTypes without it).
+	SpotPrice float64
 	// Zones are the zones offering the type. Empty means DefaultZone.
 	Zones []string
 	// GPUProduct, when set, is added to every offering's requirements as
@@ -124,9 +140,12 @@ type NodePool struct {
 	Taints []corev1.Taint
 	// InstanceTypes restricts the pool to these instance types. Empty means any.
 	InstanceTypes []string
-	// Requirements are added to the pool's requirements (os linux and capacity type
-	// on-demand are always there).
+	// Requirements are added to the pool's requirements (os linux and the
+	// capacity types are always there).
 	Requirements []corev1.NodeSelectorRequirement
+	// CapacityTypes are the pool's karpenter.sh/capacity-type values: "spot",
+	// "on-demand". Empty means on-demand only.
+	CapacityTypes []string
 	// ConsolidationPolicy is WhenEmpty or WhenEmptyOrUnderutilized (the default).
 	ConsolidationPolicy string
 	// ConsolidateAfter is how long a node must be consolidatable before Karpenter acts.
@@ -217,6 +236,7 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 	if err := os.WriteFile(itPath, itJSON, 0o644); err != nil {
 		return fmt.Errorf("writing instance types: %w", err)
 	}
+	c.instanceTypes = itPath
 	env := []string{
 		"KUBECONFIG=" + c.componentKubeconfig("karpenter"),
 		"INSTANCE_TYPES_FILE_PATH=" + itPath,
@@ -254,7 +274,7 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 	}
 
 	// 4. The provider.
-	_, _, err = c.startComponent(ctx, component{
+	comp := component{
 		name:  "karpenter",
 		bin:   "karpenter-kwok",
 		ports: 2,
@@ -273,12 +293,90 @@ func (c *Cluster) startKarpenter(ctx context.Context) error {
 		ready: func(ctx context.Context, ports []int) error {
 			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1]), nil)
 		},
-	})
+	}
+	ports, proc, err := c.startComponent(ctx, comp)
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	c.karpenter = &running{comp: comp, ports: ports, proc: proc}
+	c.mu.Unlock()
 	logger.V(2).Info("Karpenter ready", "duration", time.Since(began).Round(time.Millisecond))
 	return nil
+}
+
+// SetInstanceTypes changes what the fake cloud sells, as a cloud's catalog
+// or spot capacity changes (a spot offering withdrawn while its capacity is
+// short): the provider's instance-types file is written again and the
+// provider restarted, since the kwok provider reads the file only at start.
+// Karpenter keeps its state in the API server, so NodeClaims and nodes are
+// taken up again, but the kwok provider creates a launched NodeClaim's Node
+// in the background: a restart in that moment would leave a NodeClaim
+// whose node never comes. So it first waits (up to 60 s) until every
+// NodeClaim not being deleted has its node registered. The instance types'
+// names must stay those the NodePools name; DRA templates are not changed.
+// Calls are serialized; each returns once the provider is ready again.
+func (c *Cluster) SetInstanceTypes(ctx context.Context, types []InstanceType) error {
+	c.karpenterMu.Lock()
+	defer c.karpenterMu.Unlock()
+	c.mu.Lock()
+	rs := c.karpenter
+	c.mu.Unlock()
+	if rs == nil {
+		return errors.New("setting instance types: Karpenter is not started")
+	}
+	data, err := InstanceTypesJSON(types)
+	if err != nil {
+		return err
+	}
+	if err := c.waitLaunchesDone(ctx, 60*time.Second); err != nil {
+		return fmt.Errorf("setting instance types: %w", err)
+	}
+	if err := os.WriteFile(c.instanceTypes, data, 0o644); err != nil {
+		return fmt.Errorf("setting instance types: %w", err)
+	}
+	began := time.Now()
+	if err := rs.proc.stop(10 * time.Second); err != nil {
+		return fmt.Errorf("setting instance types: stopping Karpenter: %w", err)
+	}
+	// Fresh ports: the old ones may have been taken since (they came from
+	// the ephemeral range), and nothing depends on their numbers.
+	ports, p, err := c.startComponent(ctx, rs.comp)
+	if err != nil {
+		return fmt.Errorf("setting instance types: starting Karpenter again: %w", err)
+	}
+	c.mu.Lock()
+	rs.proc, rs.ports = p, ports
+	c.mu.Unlock()
+	klog.FromContext(ctx).Info("Restarted Karpenter with new instance types", "pid", p.PID, "duration", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// waitLaunchesDone waits until every NodeClaim not being deleted names its
+// registered node (status.nodeName).
+func (c *Cluster) waitLaunchesDone(ctx context.Context, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var pending []string
+	for {
+		l, err := c.Dynamic.Resource(NodeClaimResource()).List(ctx, metav1.ListOptions{})
+		if err == nil {
+			pending = pending[:0]
+			for _, u := range l.Items {
+				if n, _, _ := unstructured.NestedString(u.Object, "status", "nodeName"); n == "" && u.GetDeletionTimestamp() == nil {
+					pending = append(pending, u.GetName())
+				}
+			}
+			if len(pending) == 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("NodeClaims %v still launching after %s (last list error: %v)", pending, limit, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // applyCRDs creates every CRD in dir's *.yaml files and waits until each is established.
@@ -352,6 +450,9 @@ func InstanceTypesJSON(types []InstanceType) ([]byte, error) {
 		if it.Name == "" {
 			return nil, errors.New("rendering instance types: an instance type has no name")
 		}
+		if it.SpotPrice > 0 && it.SpotPrice >= it.Price {
+			return nil, fmt.Errorf("rendering instance types: %s: spot price %v is not below the on-demand price %v (the provider would launch on-demand)", it.Name, it.SpotPrice, it.Price)
+		}
 		zones := it.Zones
 		if len(zones) == 0 {
 			zones = []string{DefaultZone}
@@ -362,9 +463,9 @@ func InstanceTypesJSON(types []InstanceType) ([]byte, error) {
 			OperatingSystems: []string{"linux"},
 			Resources:        it.Resources,
 		}
-		for _, zone := range zones {
+		offer := func(capacityType, zone string, price float64) {
 			reqs := []corev1.NodeSelectorRequirement{
-				{Key: "karpenter.sh/capacity-type", Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}},
+				{Key: LabelCapacityType, Operator: corev1.NodeSelectorOpIn, Values: []string{capacityType}},
 				{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{zone}},
 			}
 			if it.GPUProduct != "" {
@@ -377,7 +478,13 @@ func InstanceTypesJSON(types []InstanceType) ([]byte, error) {
 					Key: GPUCountLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{strconv.Itoa(n)},
 				})
 			}
-			entry.Offerings = append(entry.Offerings, offeringJSON{Price: it.Price, Available: true, Requirements: reqs})
+			entry.Offerings = append(entry.Offerings, offeringJSON{Price: price, Available: true, Requirements: reqs})
+		}
+		for _, zone := range zones {
+			offer(CapacityOnDemand, zone, it.Price)
+			if it.SpotPrice > 0 {
+				offer(CapacitySpot, zone, it.SpotPrice)
+			}
 		}
 		out = append(out, entry)
 	}
@@ -447,9 +554,13 @@ func NodePoolObject(np NodePool) (*unstructured.Unstructured, error) {
 	if np.Name == "" {
 		return nil, errors.New("rendering NodePool: no name")
 	}
+	capacityTypes := []string{CapacityOnDemand}
+	if len(np.CapacityTypes) > 0 {
+		capacityTypes = slices.Clone(np.CapacityTypes)
+	}
 	reqs := []map[string]any{
 		{"key": corev1.LabelOSStable, "operator": "In", "values": []string{"linux"}},
-		{"key": "karpenter.sh/capacity-type", "operator": "In", "values": []string{"on-demand"}},
+		{"key": LabelCapacityType, "operator": "In", "values": capacityTypes},
 	}
 	if len(np.InstanceTypes) > 0 {
 		reqs = append(reqs, map[string]any{"key": corev1.LabelInstanceTypeStable, "operator": "In", "values": slices.Clone(np.InstanceTypes)})

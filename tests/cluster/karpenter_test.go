@@ -57,6 +57,26 @@ func TestInstanceTypesJSON(t *testing.T) {
 			    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
 			    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a"]}]}]}]`,
 		},
+		{
+			name: "spot offered beside on-demand",
+			types: []cluster.InstanceType{{
+				Name:      "gpu-1x",
+				Resources: cluster.ResourceList(map[corev1.ResourceName]string{"cpu": "26", api.ResourceGPU: "1"}),
+				Price:     14.19,
+				SpotPrice: 4.97,
+			}},
+			want: `[{"name": "gpu-1x", "architecture": "amd64", "operatingSystems": ["linux"],
+			  "resources": {"cpu": "26", "nvidia.com/gpu": "1"},
+			  "offerings": [
+			    {"Price": 14.19, "Available": true, "Requirements": [
+			      {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+			      {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a"]},
+			      {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": ["1"]}]},
+			    {"Price": 4.97, "Available": true, "Requirements": [
+			      {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
+			      {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a"]},
+			      {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": ["1"]}]}]}]`,
+		},
 		{name: "no name", types: []cluster.InstanceType{{Price: 1}}, wantErr: true},
 	}
 	for _, tt := range tests {
@@ -115,6 +135,7 @@ func TestNodePoolObject(t *testing.T) {
 				ConsolidateAfter:    -1,
 				Weight:              7,
 				Limits:              cluster.ResourceList(map[corev1.ResourceName]string{api.ResourceGPU: "16"}),
+				CapacityTypes:       []string{cluster.CapacitySpot, cluster.CapacityOnDemand},
 			},
 			want: `{"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "big"},
 			  "spec": {
@@ -128,7 +149,7 @@ func TestNodePoolObject(t *testing.T) {
 			        "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
 			        "requirements": [
 			          {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
-			          {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+			          {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot", "on-demand"]},
 			          {"key": "gpufrac.io/pool", "operator": "Exists"}]}},
 			    "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never",
 			      "budgets": [{"nodes": "100%"}]}}}`,

@@ -5,7 +5,8 @@
 # three ways in parallel subtests (go test's -parallel: two at once on 2
 # cores), each on its own local control plane: (a) whole GPUs through
 # kube-scheduler, (b) NVIDIA-style time-slicing through kube-scheduler,
-# (c) gpufrac (the chart with a price table and consolidation). Two day shapes
+# (c) gpufrac (the chart with consolidation; its default sizing, or the test
+# bed's price table with GPUFRAC_COMPARE_PRICE_TABLE=1). Two day shapes
 # (peak, tail) at two time compressions (1 h = 10 s, 1 h = 60 s): about an
 # hour on 2 cores. COMPARE_ENV narrows it, e.g.
 #   make compare COMPARE_ENV="GPUFRAC_COMPARE_SHAPES=peak GPUFRAC_COMPARE_SIMHOURS=60s"

@@ -8,8 +8,9 @@ package e2e
 //	    kube-scheduler (gpufrac-node's timeslice mode serves
 //	    nvidia.com/gpu.shared as NVIDIA's device plugin does with
 //	    renameByDefault: true; no memory isolation);
-//	(c) gpufrac: fractions through the coordinator, with placeholder sizing
-//	    from the price table and GPU-aware consolidation.
+//	(c) gpufrac: fractions through the coordinator, with the chart's default
+//	    placeholder sizing (no price table; GPUFRAC_COMPARE_PRICE_TABLE=1
+//	    gives it the test bed's table) and GPU-aware consolidation.
 //
 // Each configuration runs the same jobs (same seed) on a fresh control plane,
 // as parallel subtests: as many at once as go test's -parallel allows
@@ -424,12 +425,20 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	types := costTypes(config)
 	r := costResult{Shape: shape, Config: config, SimHour: simHour, Jobs: len(jobs), LoadBefore: loadavg(),
 		Bound: idealBound(jobs, cluster.DefaultInstanceTypes())}
-	// (c) runs the chart's coordinator with the price table and
-	// consolidation; the script's jobs are bare pods it re-creates itself.
+	// (c) runs the chart's coordinator with consolidation (and the price
+	// table with GPUFRAC_COMPARE_PRICE_TABLE); the script's jobs are bare
+	// pods it re-creates itself.
 	var chart cluster.ChartOptions
 	if config == configGpufrac {
 		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
-		chart.ValuesFiles = consolidationValues(t, types, []string{"grace: " + costGrace.String(), "emptyNodeGrace: " + costEmptyNodeGrace.String()},
+		// The chart's default sizing (no price table: placeholders prefer
+		// the smallest GPU nodes, issue 31) unless GPUFRAC_COMPARE_PRICE_TABLE
+		// asks for the test bed's table (issue 16's runs).
+		var table []cluster.InstanceType
+		if os.Getenv("GPUFRAC_COMPARE_PRICE_TABLE") != "" {
+			table = types
+		}
+		chart.ValuesFiles = consolidationValues(t, table, []string{"grace: " + costGrace.String(), "emptyNodeGrace: " + costEmptyNodeGrace.String()},
 			"moveBarePods: true", "interval: 1s", "stableFor: "+sim(0.1), "drainTimeout: 3m", "maxDrainingNodes: 2",
 			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1), "deleteDrainedNodes: true")
 	}

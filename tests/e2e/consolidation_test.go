@@ -41,7 +41,7 @@ func pricesValues(types []cluster.InstanceType, indent string) string {
 }
 
 // consolidationValues writes chart values that turn consolidation on with
-// the price table of types (the test bed's values first) and returns the
+// the price table of types (none for nil types: the chart's default) (the test bed's values first) and returns the
 // values files. reservations holds the keys under coordinator.reservations
 // ("grace: 5s", ...), consolidation those under coordinator.consolidation
 // besides enabled ("interval: 1s", ...).
@@ -53,7 +53,9 @@ func consolidationValues(t testing.TB, types []cluster.InstanceType, reservation
 	}
 	var b strings.Builder
 	b.WriteString("coordinator:\n")
-	b.WriteString(pricesValues(types, "  "))
+	if types != nil {
+		b.WriteString(pricesValues(types, "  "))
+	}
 	b.WriteString("  reservations:\n")
 	for _, kv := range reservations {
 		b.WriteString("    " + kv + "\n")

@@ -55,7 +55,9 @@ TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-con
 .PHONY: tools tools-build tools-clean node-deps FORCE
 ## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)
 # The tools build TOOLS_JOBS at a time: a Go build leaves a core idle while it links
-# or waits on one large package, which another build fills (docs/benchmarks.md).
+# or waits on one large package, which another build fills (docs/benchmarks.md,
+# cold CI). Two builds at once peak near 5 GB of memory (the Kubernetes link
+# beside another tool's build); TOOLS_JOBS=1 builds one at a time.
 TOOLS_JOBS ?= 2
 tools:
 	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) tools-build
@@ -63,7 +65,7 @@ tools-build: $(TOOLS) node-deps
 
 ## tools-clean: remove the tool binaries so the next `make tools` rebuilds them
 tools-clean:
-	rm -rf $(TOOLS)
+	rm -rf $(TOOLS) $(BIN)/.build-*.* $(BIN)/.*.tmp
 
 # Every tool target depends on FORCE: its recipe runs each time and first checks the version.
 FORCE:
@@ -100,17 +102,24 @@ endef
 # `go build` into a temporary directory, then renames each into bin/.
 define build_tools
 	@set -e; todo=; for n in $(1); do \
-		if ! $(call tool_is,$(BIN)/$$n,$(6),$(2),$(4)/'"$$n"'); then todo="$$todo $$n"; fi; done; \
+		if ! $(call tool_is,$(BIN)/$$n,$(6),$(2),$(4)/'"$$n"'); then todo="$$todo $$n"; \
+			if [ -e $(BIN)/$$n ]; then echo "$$n in bin/ is not $(6) $(2): rebuilding"; fi; fi; done; \
 	if [ -z "$$todo" ]; then exit 0; fi; \
 	mkdir -p $(BIN); echo "building$$todo $(2) (first time: several minutes)"; \
-	start=$$(date +%s); tmp=$(BIN)/.build-$(3).tmp; rm -rf $$tmp; mkdir -p $$tmp; \
+	start=$$(date +%s); tmp=$$(mktemp -d $(BIN)/.build-$(3).XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
 	cd $(TOOLS_DIR)/$(3) && $(TOOLS_GO) build $(7) -ldflags '$(5)' -o $$tmp/ $$(for n in $$todo; do echo $(4)/$$n; done); \
-	for n in $$todo; do mv -f $$tmp/$$n $(BIN)/$$n; done; rm -rf $$tmp; \
+	for n in $$todo; do mv -f $$tmp/$$n $(BIN)/$$n; done; \
 	echo "built$$todo $(2) in $$(( $$(date +%s) - start ))s"
 endef
 
 $(BIN)/etcd: FORCE
 	$(call build_tool,etcd,$(ETCD_VERSION),etcd,go.etcd.io/etcd/server/v3,-s -w,go.etcd.io/etcd/server/v3)
+
+# Grouped targets (&:) need GNU make 4.3: an older make would run the recipe
+# once per target, side by side under -j.
+ifeq ($(filter grouped-target,$(.FEATURES)),)
+$(error GNU make 4.3 or later is needed to build the tools (grouped targets); this is $(MAKE_VERSION))
+endif
 
 # The Kubernetes binaries come from one wrapper module and share most packages: one
 # `go build` compiles them once and links them side by side (four builds in a row
