@@ -133,7 +133,10 @@ func (p *Planner) placeWorkload(snap *state.Snapshot, w *movingWorkload) error {
 
 func (p *Planner) placeAll(snap *state.Snapshot, w *movingWorkload, pool string) error {
 	for i := range w.reqs {
-		r := placement.WithPool(w.reqs[i], pool)
+		r := w.reqs[i]
+		if w.gang {
+			r = placement.InPool(r, pool)
+		}
 		d, err := p.placeOne(snap, &r)
 		if err != nil {
 			if w.gang {

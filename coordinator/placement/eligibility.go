@@ -94,7 +94,7 @@ func (s *Snapshot) computeEligibility(r *Request) *eligibility {
 }
 
 func constraintsAllow(c *Constraints, affinity nodeaffinity.RequiredNodeAffinity, n *Node) bool {
-	if c.Pool != "" && c.Pool != n.Pool {
+	if c.Pool != "" && c.Pool != n.Pool || c.Unpooled && n.Pool != "" {
 		return false
 	}
 	if len(c.NodeSelector) > 0 || c.Affinity != nil {

@@ -52,17 +52,15 @@ func WithNodes(r *Request, set map[string]bool, op corev1.NodeSelectorOperator) 
 	return &out
 }
 
-// WithPool returns a copy of r constrained to the node pool pool (r itself
-// when pool is ""): a gang placed whole in one pool.
-func WithPool(r Request, pool string) Request {
-	if pool == "" {
-		return r
-	}
+// InPool returns a copy of r constrained to the node pool pool: a gang
+// placed whole in one pool. The pool "" is the nodes without a pool label
+// (static nodes beside Karpenter's pools), not every node.
+func InPool(r Request, pool string) Request {
 	c := Constraints{}
 	if r.Constraints != nil {
 		c = *r.Constraints
 	}
-	c.Pool = pool
+	c.Pool, c.Unpooled = pool, pool == ""
 	r.Constraints = &c
 	return r
 }

@@ -89,6 +89,8 @@ type Constraints struct {
 	Tolerations []corev1.Toleration
 	// Pool, when set, allows only nodes of that pool.
 	Pool string
+	// Unpooled allows only nodes of no pool (InPool with the pool "").
+	Unpooled bool
 }
 
 // key is a deterministic text form of the constraints, used to cache the
@@ -100,6 +102,9 @@ func (c *Constraints) key() string {
 	var b strings.Builder
 	b.WriteString("pool=")
 	b.WriteString(c.Pool)
+	if c.Unpooled {
+		b.WriteString(";unpooled")
+	}
 	keys := make([]string, 0, len(c.NodeSelector))
 	for k := range c.NodeSelector {
 		keys = append(keys, k)

@@ -114,10 +114,14 @@ func TestQueueThatFailsConversionIsReported(t *testing.T) {
 }
 
 // fakePlaceholders records placeholder creations and deletions.
-type fakePlaceholders struct{ created, deleted []string }
+type fakePlaceholders struct {
+	created, deleted []string
+	pods             []*corev1.Pod // the placeholders created
+}
 
 func (f *fakePlaceholders) Create(_ context.Context, p *corev1.Pod) error {
 	f.created = append(f.created, p.Name)
+	f.pods = append(f.pods, p)
 	return nil
 }
 
@@ -497,5 +501,28 @@ func TestGangWithAFailedMemberIsRolledBack(t *testing.T) {
 				t.Errorf("g-0 released=%v with its gang's other member %s, want %v", released, tc.phase, tc.rolledBack)
 			}
 		})
+	}
+}
+
+// TestGangPlaceholdersAskInAPoolWithGPUs: a gang with no member placed and
+// no pool of its own asks for capacity in the first pool that has GPU
+// nodes, never in a CPU pool that sorts before it (where Karpenter could
+// never buy its GPUs, and it would wait for ever).
+func TestGangPlaceholdersAskInAPoolWithGPUs(t *testing.T) {
+	cpu := builders.MakeNode("c1").CPU("64").Memory("256Gi").Pool("cpu").Obj()
+	busy := admitted(builders.MakePod("busy", "default").Queue("q").GPUs(1).CPU("1").UID("busy").Obj(), "g1")
+	c := newCluster(t, "", []*corev1.Node{cpu, h100Node("g1", "gpu", 1)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		append(gangOf("g", 2), busy)...)
+	c.s.opts.ElasticPools = true
+	ph := &fakePlaceholders{}
+	c.s.deps.Placeholders = ph
+	c.cycle()
+	if len(ph.pods) == 0 {
+		t.Fatalf("no placeholder for the gang: g-0 %s %q", c.reason("g-0"), c.b.Messages["g-0"])
+	}
+	for _, p := range ph.pods {
+		if got := p.Spec.NodeSelector[api.LabelNodePool]; got != "gpu" {
+			t.Errorf("placeholder %s asks in pool %q, want gpu (the only pool with GPU nodes)", p.Name, got)
+		}
 	}
 }

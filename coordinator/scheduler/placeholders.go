@@ -60,7 +60,8 @@ func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.
 // gangPool picks the one node pool a gang's capacity is asked in: the pool
 // of members already placed, else the pool its existing placeholders ask
 // for, else the first pool its pods may use (their required affinity or node
-// selector on the pool label), else the first pool among the nodes.
+// selector on the pool label), else the first pool among the nodes (for a
+// gang asking GPUs, the first with GPU nodes; none when no pool has any).
 func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*corev1.Pod) string {
 	if w.pool != "" {
 		return w.pool
@@ -90,10 +91,31 @@ func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*core
 		}
 	}
 	pools := w.candidatePools(snap)
-	if len(pools) > 0 {
-		return pools[0]
+	if len(pools) == 0 {
+		return ""
 	}
-	return ""
+	// A gang that asks for GPUs asks in a pool that has GPU nodes: the
+	// first pool by name may be a CPU pool (nodes of every pool are in
+	// the snapshot), where Karpenter could never buy its GPUs.
+	asksGPUs := false
+	for _, p := range w.pods {
+		asksGPUs = asksGPUs || p.req.GPUs > 0 || p.req.ShareMilli > 0 || len(p.req.Scalars) > 0
+	}
+	if asksGPUs {
+		gpuPools := map[string]bool{}
+		for i := 0; i < snap.Len(); i++ {
+			if snap.NodeGPUs(i) > 0 {
+				gpuPools[snap.NodePool(i)] = true
+			}
+		}
+		for _, p := range pools {
+			if gpuPools[p] {
+				return p
+			}
+		}
+		return "" // no GPU node yet: Karpenter picks the pool, as with no node at all
+	}
+	return pools[0]
 }
 
 // syncPlaceholders makes the placeholder pods match the demand of admitted

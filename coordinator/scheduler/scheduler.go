@@ -1265,7 +1265,10 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decisi
 func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
-		r := placement.WithPool(w.pods[i].req, pool)
+		r := w.pods[i].req
+		if w.gang {
+			r = placement.InPool(r, pool)
+		}
 		d, err := s.placeOne(snap, &r)
 		if err != nil {
 			if w.gang {

@@ -889,3 +889,35 @@ func TestParsesUseTheModelsOfANodeAddedThisCycle(t *testing.T) {
 		t.Errorf("models = %v, want both, sorted", c.s.models)
 	}
 }
+
+// TestGangNeverSpansAPoolAndUnpooledNodes: static nodes without a pool label
+// beside a Karpenter pool. A gang that fits neither alone is not placed
+// across both: the nodes of no pool are a pool of their own.
+func TestGangNeverSpansAPoolAndUnpooledNodes(t *testing.T) {
+	var gang []*corev1.Pod
+	for i := 0; i < 6; i++ {
+		gang = append(gang, builders.MakePod(fmt.Sprintf("g-%d", i), "default").Queue("q").GPUs(1).
+			PodGroup("g").MinMember(6).UID(fmt.Sprintf("g-%d", i)).Obj())
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 4), h100Node("s1", "", 4)}, []*v1alpha1.Queue{queueOf("q", "8")}, gang...)
+	c.s.opts.ElasticPools = true
+	c.cycle()
+	for _, p := range gang {
+		if n := c.boundTo(p.Name); n != "" {
+			t.Errorf("%s bound to %s: the gang spans pool a and the unpooled nodes", p.Name, n)
+		}
+	}
+	// Four fit the unpooled nodes and not pool a: the gang goes there whole.
+	var four []*corev1.Pod
+	for i := 0; i < 4; i++ {
+		four = append(four, builders.MakePod(fmt.Sprintf("f-%d", i), "default").Queue("q").GPUs(1).
+			PodGroup("f").MinMember(4).UID(fmt.Sprintf("f-%d", i)).Obj())
+	}
+	c2 := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 2), h100Node("s1", "", 4)}, []*v1alpha1.Queue{queueOf("q", "8")}, four...)
+	c2.cycle()
+	for _, p := range four {
+		if n := c2.boundTo(p.Name); n != "s1" {
+			t.Errorf("%s bound to %q (%s), want s1", p.Name, n, c2.b.Messages[p.Name])
+		}
+	}
+}
