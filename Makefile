@@ -43,7 +43,7 @@ build-static:
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
 # The coordinator's and the node agent's packages run under the race detector
-# (RACE_PKGS); the rest without it. The cluster tests run four at a time
+# (RACE_PKGS); the rest without it, at the same time. The cluster tests run four at a time
 # (-parallel 4): each has its own control plane and mostly waits, so on
 # 2 cores four overlap well (docs/benchmarks.md).
 RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cmd/gpufrac-coordinator/... ./cmd/gpufrac-node/...
@@ -53,13 +53,21 @@ RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cm
 SLOW_PKGS := ./tests/e2e ./deployments ./tests/cluster ./tests/demo ./tests/nodeagent ./tests/attack
 # A stale entry would make go list print nothing, and the test lists below with it.
 $(foreach p,$(SLOW_PKGS),$(if $(wildcard $(p)/*.go),,$(error SLOW_PKGS: $(p) has no Go files)))
+# The race run goes beside the rest: the cluster suites mostly wait, and the
+# race build (a second compile of every dependency) fills that time. Its
+# output is printed when it ends, after the rest's.
 test: build tools
-	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS)
 	@set -e; slow=$$($(GO) list $(SLOW_PKGS)); others=$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS)); all=$$($(GO) list $(PKGS)); \
 	[ -n "$$slow" ] && [ -n "$$others" ] && [ -n "$$all" ]; \
 	rest=$$(echo "$$all" | grep -v -x -F "$$others" || true); \
+	racelog=$$(mktemp); trap 'rm -f "$$racelog"' EXIT; \
+	echo "$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) (beside the rest; its output follows theirs)"; \
+	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) >"$$racelog" 2>&1 & race=$$!; \
 	echo $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest; \
-	$(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest
+	rc=0; $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest || rc=$$?; \
+	rrc=0; wait $$race || rrc=$$?; \
+	echo "--- race detector run (RACE_PKGS) ---"; cat "$$racelog"; \
+	if [ $$rc != 0 ] || [ $$rrc != 0 ]; then echo "make test: FAILED (tests exit $$rc, race run exit $$rrc)"; exit 1; fi
 
 ## unit: the fast tests only (no local cluster)
 unit:

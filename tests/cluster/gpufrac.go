@@ -112,8 +112,20 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := pods(api.ComponentNamespace).Create(ctx, probePod("gpufrac-harness-probe", api.ComponentNamespace), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating the probe pod: %w", err)
+	// A policy whose parameter kind (the Queue CRD) the API server has not
+	// configured yet refuses everything it matches ("failed to configure
+	// binding"), this pod too, for a moment after the CRD is established: a
+	// loaded API server took seconds once. Such refusals are retried.
+	var probeErr error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, policyReadyTimeout, true, func(ctx context.Context) (bool, error) {
+		_, probeErr = pods(api.ComponentNamespace).Create(ctx, probePod("gpufrac-harness-probe", api.ComponentNamespace), metav1.CreateOptions{})
+		if probeErr == nil || apierrors.IsAlreadyExists(probeErr) {
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("creating the probe pod (last error: %v): %w", probeErr, err)
 	}
 	defer func() {
 		_ = pods(api.ComponentNamespace).Delete(context.WithoutCancel(ctx), "gpufrac-harness-probe", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})

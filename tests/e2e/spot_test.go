@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	batchv1 "k8s.io/api/batch/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
-	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 	"github.com/gpufrac/gpufrac/tests/invariants"
 )
@@ -62,28 +61,34 @@ func spotPools(types []cluster.InstanceType) []cluster.NodePool {
 	return pools
 }
 
-// gangJob creates a Job of members pods of gpus GPUs each, run together
-// (parallelism = completions = members): a gang of min-member members for
-// the coordinator.
-func gangJob(t *testing.T, c *cluster.Cluster, name, queue string, members int32, gpus int) {
+// gangReplicaSet creates a ReplicaSet of members pods of gpus GPUs each
+// that form one gang (pod group name, min-member members): a controller
+// that makes a new pod for each one lost, and whose pods run until deleted
+// (kwok completes a Job's pods at once).
+func gangReplicaSet(t *testing.T, c *cluster.Cluster, name, queue string, members int32, gpus int) {
 	t.Helper()
-	tmpl := pod(name, queue).GPUs(gpus).Label("job", name).Obj()
-	job := builders.MakeJob(name, "default").Parallelism(members).Completions(members).Obj()
-	job.UID = ""
-	job.Spec.BackoffLimit = ptr.To[int32](10)
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: tmpl.Labels, Annotations: tmpl.Annotations}
-	job.Spec.Template.Spec = tmpl.Spec
-	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
-	if _, err := c.Client.BatchV1().Jobs("default").Create(t.Context(), job, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating Job %s: %v", name, err)
+	tmpl := pod(name, queue).GPUs(gpus).PodGroup(name).MinMember(int(members)).Label("gang", name).Obj()
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To(members),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"gang": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: tmpl.Labels, Annotations: tmpl.Annotations},
+				Spec:       tmpl.Spec,
+			},
+		},
+	}
+	if _, err := c.Client.AppsV1().ReplicaSets("default").Create(t.Context(), rs, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating ReplicaSet %s: %v", name, err)
 	}
 }
 
-// jobPods are the Job's pods that are not terminating or ended.
-func jobPods(t *testing.T, c *cluster.Cluster, job string) []corev1.Pod {
+// gangPods are the gang's pods that are not terminating or ended.
+func gangPods(t *testing.T, c *cluster.Cluster, gang string) []corev1.Pod {
 	t.Helper()
 	var out []corev1.Pod
-	for _, p := range podsOf(t, c, "default", batchv1.JobNameLabel+"="+job) {
+	for _, p := range podsOf(t, c, "default", "gang="+gang) {
 		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
 			out = append(out, p)
 		}
@@ -112,14 +117,14 @@ type streamJob struct {
 }
 
 // Issue 31, spot interruptions: a day on spot GPU nodes with a spot
-// interruption in the middle of it. A training gang (a Job of two 2-GPU
-// pods: only an 8-GPU type holds one), a Deployment of fractions and a
+// interruption in the middle of it. A training gang (a ReplicaSet of two
+// 2-GPU pods, one pod group: only an 8-GPU type holds a pod), a Deployment of fractions and a
 // stream of short fraction jobs run on spot nodes Karpenter bought for the
 // coordinator's placeholders. At midday the cloud runs short of spot (its
 // spot offerings withdrawn: the provider restarted with on-demand ones
 // only), and the gang's node and a node of the fractions are interrupted as
 // Karpenter's interruption controller does it (their NodeClaims deleted, so
-// Karpenter drains them; the Job makes new pods) and reclaimed two seconds
+// Karpenter drains them; the ReplicaSet makes new pods) and reclaimed two seconds
 // later (the Node objects deleted: the cloud's two minutes, compressed).
 // The gang is placed again whole (its two new pods bound together, never
 // one alone for long) in one pool, on new capacity its placeholders ask
@@ -175,7 +180,7 @@ func TestSpotInterruptionMidDay(t *testing.T) {
 	t.Cleanup(func() { stopWatch(); watchWG.Wait() })
 
 	// Morning: the gang, the fractions, the stream of short jobs.
-	gangJob(t, c, "train", "day", 2, 2)
+	gangReplicaSet(t, c, "train", "day", 2, 2)
 	fractionDeployment(t, c, "embed", "day", 4, 40)
 	var (
 		mu          sync.Mutex
@@ -237,7 +242,7 @@ func TestSpotInterruptionMidDay(t *testing.T) {
 
 	var gang []corev1.Pod
 	waitFor(t, 3*time.Minute, "the gang's two pods running", func(context.Context) (bool, error) {
-		gang = jobPods(t, c, "train")
+		gang = gangPods(t, c, "train")
 		return len(gang) == 2 && gang[0].Status.Phase == corev1.PodRunning && gang[1].Status.Phase == corev1.PodRunning, nil
 	})
 	embed := waitApp(t, c, "embed", 4, 3*time.Minute)
@@ -315,7 +320,7 @@ func TestSpotInterruptionMidDay(t *testing.T) {
 	// pool, on a node bought on-demand.
 	boundAt := map[string]time.Time{}
 	waitFor(t, 3*time.Minute, "the gang running again whole, off the lost nodes", func(context.Context) (bool, error) {
-		gang = jobPods(t, c, "train")
+		gang = gangPods(t, c, "train")
 		var newPods []corev1.Pod
 		for _, p := range gang {
 			if !oldGang[p.Name] {
@@ -400,7 +405,7 @@ func TestSpotInterruptionMidDay(t *testing.T) {
 		return len(systemPods(t, c, api.RolePlaceholder)) == 0, nil
 	})
 	waitFor(t, 2*time.Minute, "the old gang's pods gone", func(context.Context) (bool, error) {
-		for _, p := range podsOf(t, c, "default", batchv1.JobNameLabel+"=train") {
+		for _, p := range podsOf(t, c, "default", "gang=train") {
 			if oldGang[p.Name] && p.Status.Phase != corev1.PodFailed {
 				return false, nil
 			}
