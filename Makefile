@@ -58,14 +58,16 @@ $(foreach p,$(SLOW_PKGS),$(if $(wildcard $(p)/*.go),,$(error SLOW_PKGS: $(p) has
 # output is printed when it ends, after the rest's.
 test: build tools
 	@set -e; slow=$$($(GO) list $(SLOW_PKGS)); others=$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS)); all=$$($(GO) list $(PKGS)); \
-	[ -n "$$slow" ] && [ -n "$$others" ] && [ -n "$$all" ]; \
+	[ -n "$$slow" ] && [ -n "$$others" ] && [ -n "$$all" ] || { echo "make test: a package list is empty"; exit 1; }; \
 	rest=$$(echo "$$all" | grep -v -x -F "$$others" || true); \
-	racelog=$$(mktemp); trap 'rm -f "$$racelog"' EXIT; \
+	racelog=$$(mktemp); race=; \
+	trap '[ -n "$$race" ] && { pkill -TERM -P $$race; kill -TERM $$race; } 2>/dev/null; rm -f "$$racelog"' EXIT; \
+	trap 'exit 130' INT TERM; \
 	echo "$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) (beside the rest; its output follows theirs)"; \
 	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) >"$$racelog" 2>&1 & race=$$!; \
 	echo $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest; \
 	rc=0; $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest || rc=$$?; \
-	rrc=0; wait $$race || rrc=$$?; \
+	rrc=0; wait $$race || rrc=$$?; race=; \
 	echo "--- race detector run (RACE_PKGS) ---"; cat "$$racelog"; \
 	if [ $$rc != 0 ] || [ $$rrc != 0 ]; then echo "make test: FAILED (tests exit $$rc, race run exit $$rrc)"; exit 1; fi
 

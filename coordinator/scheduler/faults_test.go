@@ -472,23 +472,30 @@ func TestGangThatLostItsMembersIsPlacedAgainWhole(t *testing.T) {
 }
 
 // TestGangWithAFailedMemberIsRolledBack: a gang of two, one member running
-// and the other failed (a Job keeps its failed pods) with nothing to
-// replace it: the running member holds its GPU for a gang that does not
-// run, and is evicted after the gang bind timeout. A member that succeeded
-// counts as having run: a gang whose member finished is left alone.
+// and the other failed before it ran (refused at admission; a Job keeps its
+// failed pods) with nothing to replace it: the running member holds its GPU
+// for a gang that never ran whole, and is evicted after the gang bind
+// timeout. A member that ran, then succeeded or failed in its work, counts
+// as having run: the gang was whole, and its survivor is left alone.
 func TestGangWithAFailedMemberIsRolledBack(t *testing.T) {
+	ranAndFailed := []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+		ExitCode: 1, StartedAt: metav1.Time{Time: time.Unix(1_699_999_000, 0)}, FinishedAt: metav1.Time{Time: time.Unix(1_699_999_900, 0)}}}}}
 	for _, tc := range []struct {
+		name       string
 		phase      corev1.PodPhase
+		statuses   []corev1.ContainerStatus
 		rolledBack bool
 	}{
-		{corev1.PodFailed, true},
-		{corev1.PodSucceeded, false},
+		{"failed before it ran", corev1.PodFailed, nil, true},
+		{"failed after it ran", corev1.PodFailed, ranAndFailed, false},
+		{"succeeded", corev1.PodSucceeded, nil, false},
 	} {
-		t.Run(string(tc.phase), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			gang := gangOf("g", 2)
 			running := admitted(gang[0], "n1")
 			ended := admitted(gang[1], "n1")
 			ended.Status.Phase = tc.phase
+			ended.Status.ContainerStatuses = tc.statuses
 			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, running, ended)
 			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
 			c.s.clock = clk
@@ -524,5 +531,20 @@ func TestGangPlaceholdersAskInAPoolWithGPUs(t *testing.T) {
 		if got := p.Spec.NodeSelector[api.LabelNodePool]; got != "gpu" {
 			t.Errorf("placeholder %s asks in pool %q, want gpu (the only pool with GPU nodes)", p.Name, got)
 		}
+	}
+}
+
+// TestGangOnUnpooledNodesStaysThere: a gang's member runs on a static node
+// of no pool; its replacement goes beside it, never to a Karpenter pool
+// with more room (the nodes of no pool are a pool of their own).
+func TestGangOnUnpooledNodesStaysThere(t *testing.T) {
+	member := func(name string) *corev1.Pod {
+		return builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").PodGroup("g").MinMember(2).UID(name).Obj()
+	}
+	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 8), h100Node("s1", "", 2)}, []*v1alpha1.Queue{queueOf("q", "8")},
+		admitted(member("g-0"), "s1"), member("g-1"))
+	c.cycle()
+	if n := c.boundTo("g-1"); n != "s1" {
+		t.Errorf("g-1 bound to %q (%s), want s1 beside its gang's member", n, c.b.Messages["g-1"])
 	}
 }

@@ -51,11 +51,12 @@ type gangCensus struct {
 	min int
 	// held counts the members bound or being bound that still hold their
 	// resources (terminating ones included); ran counts those bound that
-	// ended (Succeeded or Failed).
+	// ended after they ran (Succeeded, or Failed with a container started).
 	held, ran int
 	// inflight counts the members whose binding is being written.
 	inflight int
-	// live are the bound members not terminating: what a rollback evicts.
+	// live are the bound members not terminating, on nodes that exist:
+	// what a rollback evicts.
 	live []*corev1.Pod
 }
 

@@ -63,7 +63,7 @@ func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.
 // selector on the pool label), else the first pool among the nodes (for a
 // gang asking GPUs, the first with GPU nodes; none when no pool has any).
 func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*corev1.Pod) string {
-	if w.pool != "" {
+	if w.pinned {
 		return w.pool
 	}
 	key := s.opts.PoolLabel
@@ -94,17 +94,19 @@ func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*core
 	if len(pools) == 0 {
 		return ""
 	}
-	// A gang that asks for GPUs asks in a pool that has GPU nodes: the
-	// first pool by name may be a CPU pool (nodes of every pool are in
-	// the snapshot), where Karpenter could never buy its GPUs.
+	// A gang that asks for GPUs asks in a pool that has GPU nodes its pods
+	// may use (model, selectors, taints): the first pool by name may be a
+	// CPU pool (nodes of every pool are in the snapshot), where Karpenter
+	// could never buy its GPUs.
 	asksGPUs := false
 	for _, p := range w.pods {
 		asksGPUs = asksGPUs || p.req.GPUs > 0 || p.req.ShareMilli > 0 || len(p.req.Scalars) > 0
 	}
 	if asksGPUs {
 		gpuPools := map[string]bool{}
+		r := &w.pods[0].req
 		for i := 0; i < snap.Len(); i++ {
-			if snap.NodeGPUs(i) > 0 {
+			if snap.NodeGPUs(i) > 0 && snap.Allows(r, i) {
 				gpuPools[snap.NodePool(i)] = true
 			}
 		}

@@ -44,8 +44,10 @@ type workload struct {
 	priority       int32
 	nonPreemptible bool
 	created        time.Time
-	// pool is the node pool of members already bound ("" if none or no gang).
-	pool string
+	// pool is the node pool of members already bound, when pinned ("" is
+	// then the nodes of no pool); pinned says members are bound.
+	pool   string
+	pinned bool
 	// incomplete explains why a gang waits for members ("" when complete).
 	incomplete string
 }
@@ -72,7 +74,7 @@ func (w *workload) resources() queue.Resources {
 // members, else every pool in the snapshot, sorted by name (nodes without the
 // pool label form the pool "").
 func (w *workload) candidatePools(snap *state.Snapshot) []string {
-	if w.pool != "" {
+	if w.pinned {
 		return []string{w.pool}
 	}
 	return slices.Clone(snap.Pools())
@@ -144,7 +146,7 @@ func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) 
 		w := byKey[key]
 		if w.gang {
 			id := gangID(w.queue, key)
-			w.pool = placed.pool[id]
+			w.pool, w.pinned = placed.pool[id]
 			min := 0
 			for _, p := range w.pods {
 				if p.minMember > min {
@@ -203,20 +205,19 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 	}
 	c.min = max(c.min, pi.minMember)
 	if terminal {
-		// A member that finished its work counts as having run; one that
-		// failed did not: a Job keeps its failed pods, and counting them
-		// would hide a gang bound in part from its rollback.
-		if p.Status.Phase == corev1.PodSucceeded {
+		// A member that ended after it ran (succeeded, or failed in its
+		// work) counts as having run: its gang was whole. One that never
+		// ran (refused at the kubelet's admission, no container started)
+		// does not: a Job keeps such pods, and counting them would hide a
+		// gang bound in part from its rollback.
+		if !neverRan(p) {
 			c.ran++
 		}
 		return
 	}
 	c.held++
-	switch {
-	case inflight && p.Spec.NodeName == "":
+	if inflight && p.Spec.NodeName == "" {
 		c.inflight++
-	case p.DeletionTimestamp == nil:
-		c.live = append(c.live, p)
 	}
 	if _, ok := g.nodes[node]; !ok {
 		pool, exists := s.poolOf(node)
@@ -224,6 +225,9 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 		if !exists {
 			g.gone[node] = true
 		}
+	}
+	if p.Spec.NodeName != "" && p.DeletionTimestamp == nil && !g.gone[node] {
+		c.live = append(c.live, p)
 	}
 	if p.DeletionTimestamp != nil || g.gone[node] {
 		// Going (evicted, drained) or on a node that is gone (a spot node
@@ -258,4 +262,22 @@ func (s *Scheduler) poolOf(node string) (string, bool) {
 		return "", false
 	}
 	return n.Labels[s.opts.PoolLabel], true
+}
+
+// neverRan tells whether a failed pod ended without running: no container
+// of it ever started (the kubelet refused it at admission, or it failed
+// before its containers were created).
+func neverRan(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodFailed {
+		return false
+	}
+	for _, st := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range st {
+			if cs.State.Running != nil || cs.State.Terminated != nil && !cs.State.Terminated.StartedAt.IsZero() ||
+				cs.LastTerminationState.Terminated != nil && !cs.LastTerminationState.Terminated.StartedAt.IsZero() {
+				return false
+			}
+		}
+	}
+	return true
 }

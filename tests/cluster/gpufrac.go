@@ -118,11 +118,19 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 	// loaded API server took seconds once. Such refusals are retried.
 	var probeErr error
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, policyReadyTimeout, true, func(ctx context.Context) (bool, error) {
-		_, probeErr = pods(api.ComponentNamespace).Create(ctx, probePod("gpufrac-harness-probe", api.ComponentNamespace), metav1.CreateOptions{})
-		if probeErr == nil || apierrors.IsAlreadyExists(probeErr) {
-			return true, nil
+		_, err := pods(api.ComponentNamespace).Create(ctx, probePod("gpufrac-harness-probe", api.ComponentNamespace), metav1.CreateOptions{})
+		if ctx.Err() == nil {
+			probeErr = err // not the deadline's own error
 		}
-		return false, nil
+		switch {
+		case err == nil || apierrors.IsAlreadyExists(err):
+			return true, nil
+		case strings.Contains(err.Error(), "failed to configure binding") || apierrors.IsInternalError(err) ||
+			apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err):
+			return false, nil // the API server is not ready for it yet
+		default:
+			return false, err
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("creating the probe pod (last error: %v): %w", probeErr, err)
