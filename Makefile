@@ -53,9 +53,11 @@ RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cm
 SLOW_PKGS := ./tests/e2e ./deployments ./tests/cluster ./tests/demo ./tests/nodeagent ./tests/attack
 # A stale entry would make go list print nothing, and the test lists below with it.
 $(foreach p,$(SLOW_PKGS),$(if $(wildcard $(p)/*.go),,$(error SLOW_PKGS: $(p) has no Go files)))
-# The race run goes beside the rest: the cluster suites mostly wait, and the
-# race build (a second compile of every dependency) fills that time. Its
-# output is printed when it ends, after the rest's.
+# The race run goes beside the rest, niced: the cluster suites often wait, and
+# the race build (a second compile of every dependency) fills that time
+# without starving them (beside them at the same priority, a cold CI run's
+# load reached 16 and a coordinator under test lost its lease). Its output
+# is printed when it ends, after the rest's.
 test: build tools
 	@set -e; slow=$$($(GO) list $(SLOW_PKGS)); others=$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS)); all=$$($(GO) list $(PKGS)); \
 	[ -n "$$slow" ] && [ -n "$$others" ] && [ -n "$$all" ] || { echo "make test: a package list is empty"; exit 1; }; \
@@ -64,7 +66,7 @@ test: build tools
 	trap '[ -n "$$race" ] && { pkill -TERM -P $$race; kill -TERM $$race; } 2>/dev/null; rm -f "$$racelog"' EXIT; \
 	trap 'exit 130' INT TERM; \
 	echo "$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) (beside the rest; its output follows theirs)"; \
-	$(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) >"$$racelog" 2>&1 & race=$$!; \
+	nice -n 10 $(GO) test -count=1 -race -timeout 20m $(RACE_PKGS) >"$$racelog" 2>&1 & race=$$!; \
 	echo $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest; \
 	rc=0; $(GO) test -count=1 -parallel 4 -timeout 40m $$slow $$rest || rc=$$?; \
 	rrc=0; wait $$race || rrc=$$?; race=; \
