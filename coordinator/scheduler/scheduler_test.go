@@ -894,11 +894,7 @@ func TestParsesUseTheModelsOfANodeAddedThisCycle(t *testing.T) {
 // beside a Karpenter pool. A gang that fits neither alone is not placed
 // across both: the nodes of no pool are a pool of their own.
 func TestGangNeverSpansAPoolAndUnpooledNodes(t *testing.T) {
-	var gang []*corev1.Pod
-	for i := 0; i < 6; i++ {
-		gang = append(gang, builders.MakePod(fmt.Sprintf("g-%d", i), "default").Queue("q").GPUs(1).
-			PodGroup("g").MinMember(6).UID(fmt.Sprintf("g-%d", i)).Obj())
-	}
+	gang := gangOf("g", 6)
 	c := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 4), h100Node("s1", "", 4)}, []*v1alpha1.Queue{queueOf("q", "8")}, gang...)
 	c.s.opts.ElasticPools = true
 	c.cycle()
@@ -908,11 +904,7 @@ func TestGangNeverSpansAPoolAndUnpooledNodes(t *testing.T) {
 		}
 	}
 	// Four fit the unpooled nodes and not pool a: the gang goes there whole.
-	var four []*corev1.Pod
-	for i := 0; i < 4; i++ {
-		four = append(four, builders.MakePod(fmt.Sprintf("f-%d", i), "default").Queue("q").GPUs(1).
-			PodGroup("f").MinMember(4).UID(fmt.Sprintf("f-%d", i)).Obj())
-	}
+	four := gangOf("f", 4)
 	c2 := newCluster(t, "", []*corev1.Node{h100Node("a1", "a", 2), h100Node("s1", "", 4)}, []*v1alpha1.Queue{queueOf("q", "8")}, four...)
 	c2.cycle()
 	for _, p := range four {
