@@ -1,0 +1,472 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// cycle is one scheduling cycle: what it read and what it decided. It lives
+// for one call of Scheduler.Cycle; what lasts from cycle to cycle is on the
+// Scheduler.
+type cycle struct {
+	s      *Scheduler
+	ctx    context.Context
+	logger klog.Logger
+	start  time.Time
+	res    Result
+	stages stageTimes
+
+	// Read by snapshot.
+	assumed     map[types.UID]state.Assumed
+	nodes       []*corev1.Node
+	pods        []*corev1.Pod
+	queues      []*v1alpha1.Queue
+	badQueues   []InvalidQueue
+	inputs      state.Inputs
+	snap        *state.Snapshot
+	books       *books
+	boundDemand []placement.Request
+	gangs       *gangsPlaced
+	parsing     bool // the parses were begun: they are swept when the cycle ends
+	// held names the nodes that settle in this cycle and are placed on,
+	// their pods bound once they settled (see settlingNodes).
+	held map[string]bool
+
+	// Gathered by collect.
+	pending    []*corev1.Pod   // pods of this scheduler that wait for a node
+	existing   []*corev1.Pod   // placeholder pods
+	liveGroups map[string]bool // placeholder groups with placeholders or admitted pending work
+	asking     map[string]bool // workloads placeholders were made for
+	workloads  []*workload
+
+	// Decided by place.
+	wanted    map[state.NodeGPU]bool // GPUs whose reservation fractions wait for
+	plans     map[types.UID]plan     // pods waiting for reservations -> their placement
+	demand    []placeholder.Item     // admitted work with no room: asks for capacity
+	withdrawn map[types.UID]bool     // placeholders deleted before their work was bound elsewhere
+	reclaimIn *reclaimScope          // what reclaim reads, built once for the cycle
+	full      bool                   // the bind queue has no room for the next workload
+	budget    *placeBudget
+	hinted    bool // some placeholder group has landed nodes or nominated NodeClaims
+}
+
+// Cycle runs one scheduling cycle, phase by phase: snapshot (read the world),
+// collect (pending pods into workloads), order, place (admit, place, reserve
+// and bind each workload), reconcile (reservations and placeholders) and
+// report. It returns how many pods it sent to binding and why the others
+// wait.
+func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
+	start := s.clock.Now()
+	c := &cycle{
+		s: s, ctx: ctx, logger: klog.FromContext(ctx), start: start,
+		res:    Result{Pending: map[string]int{}},
+		stages: stageTimes{clock: s.clock, last: start},
+	}
+	defer func() {
+		if c.parsing {
+			s.sweepParses()
+		}
+	}()
+	if err := c.snapshot(); err != nil {
+		return c.res, err
+	}
+	c.stages.done("snapshot")
+	c.collect()
+	c.stages.done("collect")
+	c.order()
+	c.placeWorkloads()
+	c.stages.done("place")
+	c.reconcile()
+	c.stages.done("reservations")
+	c.report()
+	c.stages.done("report")
+	c.logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(c.pending), "bound", c.res.Bound, "waiting", c.res.Pending, "duration", s.clock.Since(start)}, c.stages.kv...)...)
+	return c.res, nil
+}
+
+// snapshot reads the world (the pods being bound, nodes, pods, queues, DRA
+// objects) and builds the cycle's snapshot and queue books.
+func (c *cycle) snapshot() error {
+	s := c.s
+	// Assumed pods first: a binding the informer shows after this copy is
+	// in the pod list below, so no pod is missed by both and placed twice.
+	c.assumed = s.takeAssumed(c.logger, c.start)
+	var err error
+	if c.nodes, err = s.deps.Nodes.List(labels.Everything()); err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	if c.pods, err = s.deps.Pods.List(labels.Everything()); err != nil {
+		return fmt.Errorf("listing pods: %w", err)
+	}
+	if c.queues, c.badQueues, err = s.deps.Queues.Queues(); err != nil {
+		return fmt.Errorf("listing queues: %w", err)
+	}
+	draNow, draUsage, err := s.readDRA(c.start)
+	if err != nil {
+		return err
+	}
+	s.draNow = draNow
+	s.draBusy = ""
+	if draNow != nil {
+		s.draBusy = s.kubeSchedulerPlacingClaims(c.pods)
+	}
+
+	c.inputs = state.Inputs{Nodes: c.nodes, Pods: c.pods, Assumed: c.assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
+		DRAUsage: draUsage, Cache: s.stateCache, Now: c.start}
+	if s.deps.Reserver != nil {
+		c.inputs.Removing = s.deps.Reserver.Removing()
+		c.inputs.Creating = s.creatingReservations()
+	}
+	if s.opts.NewNodeSettle > 0 {
+		c.inputs.Settling, c.held = s.settlingNodes(c.nodes, c.start)
+	}
+	// The snapshot is built while the pods bound or being bound are
+	// charged to their queues (readBound): two passes over every pod, on
+	// two goroutines. The parses use the last cycle's GPU models, scalar
+	// worth and nodes in mode dra, which the snapshot tells; when they
+	// changed the pods are read again.
+	if s.models == nil {
+		// The first cycle: the parses need the models (the snapshot tells
+		// them later cycles).
+		s.models = state.Models(c.nodes)
+	}
+	s.beginParses()
+	c.parsing = true
+	var (
+		buildErr error
+		built    = make(chan struct{})
+	)
+	go func() {
+		defer close(built)
+		c.snap, buildErr = state.Build(c.inputs)
+	}()
+	c.books, err = newBooks(c.queues, c.badQueues)
+	if err == nil {
+		c.boundDemand, c.gangs = s.readBound(c.pods, c.assumed, c.books)
+	}
+	<-built
+	if buildErr != nil {
+		return buildErr
+	}
+	if err != nil {
+		return err
+	}
+	s.models = c.snap.Models
+	s.scalarMilli = c.snap.ScalarMilli
+	s.draNodes = c.snap.DRANodes
+	if !s.parsesValid() {
+		s.beginParses()
+		if c.books, err = newBooks(c.queues, c.badQueues); err != nil {
+			return err
+		}
+		c.boundDemand, c.gangs = s.readBound(c.pods, c.assumed, c.books)
+	}
+	c.books.setCapacity(c.snap)
+	return nil
+}
+
+// takeAssumed copies the pods being bound, forgetting those whose binding's
+// outcome stayed unknown for bindUnknownHold: taken for not bound, they go
+// back to pending.
+func (s *Scheduler) takeAssumed(logger klog.Logger, now time.Time) map[types.UID]state.Assumed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	assumed := make(map[types.UID]state.Assumed, len(s.assumed))
+	for uid, a := range s.assumed {
+		if a.unknown && now.Sub(a.since) >= bindUnknownHold {
+			logger.V(2).Info("Binding outcome still unknown and the pod not shown bound; it is placed again", "podUID", uid, "node", a.Node)
+			delete(s.assumed, uid)
+			continue
+		}
+		assumed[uid] = a.Assumed
+	}
+	return assumed
+}
+
+// collect gathers the pending pods of this scheduler into workloads (gangs
+// and single pods) and takes out those that may not be placed this cycle:
+// invalid requests, gangs too large or rolling back, workloads in a
+// binding back-off.
+func (c *cycle) collect() {
+	s := c.s
+	s.forgetSaid()
+	c.liveGroups = map[string]bool{}
+	c.asking = map[string]bool{}
+	for _, p := range c.pods {
+		if placeholder.IsPlaceholder(p) {
+			c.existing = append(c.existing, p)
+			c.liveGroups[p.Labels[placeholder.LabelGroup]] = true
+			if p.DeletionTimestamp == nil {
+				for _, k := range strings.Split(p.Annotations[placeholder.AnnotationWorkloads], ",") {
+					c.asking[k] = true
+				}
+			}
+		}
+		if p.Spec.NodeName != "" {
+			continue
+		}
+		if _, busy := c.assumed[p.UID]; busy {
+			continue
+		}
+		// A pod with scheduling gates may not be bound until they are gone
+		// (the API server refuses the binding; its PodScheduled condition
+		// says SchedulingGated): placed, it would hold capacity and a
+		// reservation, and its binding would fail in every cycle.
+		if !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
+			len(p.Spec.SchedulingGates) == 0 {
+			c.pending = append(c.pending, p)
+		}
+	}
+	workloads, invalid := s.group(c.pending, c.gangs, c.books)
+	workloads, invalid = s.dropOversizedGangs(c.snap, workloads, invalid)
+	for _, iv := range invalid {
+		s.markPending(c.ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &c.res)
+	}
+	// Gangs bound in part for longer than GangBindTimeout give their GPUs
+	// back; their pending members wait until the evicted ones are gone.
+	rollingBack := s.checkGangBinds(c.ctx, c.gangs.census)
+	workloads = slices.DeleteFunc(workloads, func(w *workload) bool {
+		msg, rolling := rollingBack[w.id()]
+		if rolling {
+			c.leave(w, wait(binder.ReasonGangIncomplete, msg))
+		}
+		return rolling
+	})
+	// Workloads whose binding failed a moment ago wait out their back-off.
+	c.workloads = s.holdBackedOff(c.ctx, workloads, c.start, &c.res)
+	c.books.demand(c.workloads)
+}
+
+// order sorts the workloads: queues by dominant share, then priority, then
+// age; workloads placed in an earlier cycle and waiting for their
+// reservations first (their capacity was promised, and placing a new pod
+// before them could plan it onto the same GPU).
+func (c *cycle) order() {
+	s := c.s
+	sortWorkloads(c.workloads, c.books)
+	sort.SliceStable(c.workloads, func(i, j int) bool {
+		return s.hasPlan(c.workloads[i]) && !s.hasPlan(c.workloads[j])
+	})
+	s.feedDemand(c.snap, c.boundDemand, c.workloads, c.books)
+}
+
+// outcome is how one workload leaves the place phase. Pending for a reason:
+// with write set, the reason is written on its pods (PodScheduled); without,
+// it is only counted (the pods are being served). The zero outcome leaves
+// nothing to do: the pods were bound, or accounted for as they were placed.
+type outcome struct {
+	reason string
+	msg    string
+	write  bool
+}
+
+// wait is a pending outcome whose reason is written on the pods.
+func wait(reason, msg string) outcome { return outcome{reason: reason, msg: msg, write: true} }
+
+// counted is a pending outcome that is counted but not written.
+func counted(reason string) outcome { return outcome{reason: reason} }
+
+// leave gives w's pods the outcome o.
+func (c *cycle) leave(w *workload, o outcome) {
+	if o.reason == "" {
+		return
+	}
+	for _, p := range w.pods {
+		if o.write {
+			c.s.markPending(c.ctx, p.pod, o.reason, o.msg, &c.res)
+		} else {
+			c.res.pending(o.reason, p.pod)
+		}
+	}
+}
+
+// placeWorkloads admits and places the workloads in order, each to its outcome.
+func (c *cycle) placeWorkloads() {
+	s := c.s
+	c.wanted = map[state.NodeGPU]bool{}
+	c.plans = map[types.UID]plan{}
+	c.withdrawn = map[types.UID]bool{}
+	c.reclaimIn = newReclaimScope(c.inputs, c.start)
+	c.budget = s.placeBudget()
+	s.mu.Lock()
+	c.hinted = len(s.preferred) > 0 || len(s.nominatedClaims) > 0
+	s.mu.Unlock()
+	for _, w := range c.workloads {
+		c.leave(w, c.placeWorkload(w))
+	}
+	if c.budget.cut {
+		s.Wake() // the rest is placed in the next cycle, not an Interval later
+	}
+	s.plans = c.plans
+}
+
+// keepAsking keeps w's placeholders asking for capacity, and its group's
+// hints, while w is left for a later cycle (the bind queue full, the place
+// budget spent) after it asked Karpenter for capacity before: its
+// placeholders would go otherwise (and Karpenter drop the node it was
+// buying), or the node bought for it be forgotten, for as long as the work
+// ahead of it fills the bind queue or spends the budget.
+func (c *cycle) keepAsking(w *workload) {
+	if !c.asking[w.key] && !c.hinted {
+		return
+	}
+	items := c.s.items(w, c.snap, c.existing)
+	if len(items) > 0 {
+		c.liveGroups[placeholder.GroupOf(items[0])] = true
+	}
+	if c.asking[w.key] {
+		c.demand = append(c.demand, items...)
+	}
+}
+
+// placeWorkload admits, places, reserves for and binds one workload.
+func (c *cycle) placeWorkload(w *workload) outcome {
+	s := c.s
+	if w.incomplete != "" {
+		// Members created in a burst arrive within moments: a gang says
+		// it waits only once it has waited GangReportDelay.
+		o := wait(binder.ReasonGangIncomplete, w.incomplete)
+		o.write = c.start.Sub(w.created) >= s.opts.GangReportDelay
+		return o
+	}
+	// Workloads are placed in order until the bind queue cannot take the
+	// next one: the rest waits for the next cycle (no reason is written,
+	// their pods are being served), so a cycle never waits for bindings and
+	// nothing later overtakes them. A workload placed in an earlier cycle
+	// and waiting for reservations keeps its plan: dropped, its
+	// reservations would no longer be wanted.
+	planned := s.planned(w)
+	if c.full = c.full || !s.bindRoom(len(w.pods)); c.full && !planned {
+		c.keepAsking(w)
+		return counted(ReasonWaitingToBind)
+	}
+	if !c.budget.admit(planned) {
+		c.keepAsking(w)
+		return counted(ReasonNextCycle)
+	}
+	if s.draBusy != "" && w.claimsGPU() {
+		return wait(api.ReasonWaitingForKubeScheduler, fmt.Sprintf(
+			"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", s.draBusy))
+	}
+	verdict := c.books.check(w)
+	if !verdict.allowed {
+		return wait(verdict.reason, verdict.message)
+	}
+	items := s.items(w, c.snap, c.existing)
+	if len(items) > 0 {
+		c.liveGroups[placeholder.GroupOf(items[0])] = true
+	}
+	decisions := s.keepPlans(c.snap, w)
+	var placeErr error
+	if decisions == nil {
+		decisions, placeErr = s.placePreferring(c.snap, w, s.preferredNodes(items))
+	}
+	if placeErr != nil {
+		return c.noRoom(w, verdict, items, placeErr)
+	}
+	c.books.assume(w)
+	// Its placeholders go before its reservations are made (see
+	// withdrawPlaceholders).
+	if s.withdrawPlaceholders(c.ctx, w, c.existing, c.withdrawn) {
+		return wait(binder.ReasonNoCapacity, "room found; waiting for its Karpenter placeholders to be withdrawn before binding")
+	}
+	if waitMsg := s.reserve(c.ctx, w, decisions, c.snap, c.wanted); waitMsg != "" {
+		// The capacity stays taken in this cycle's snapshot and books, and
+		// the pods keep their GPUs in the next cycle.
+		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
+		s.markWaiting(c.ctx, w, waitMsg, c.plans, c.snap, c.start, &c.res)
+		c.budget.placed()
+		return outcome{} // each pod counted or told by markWaiting
+	}
+	if c.holds(decisions) {
+		// Placed on a node that settles: bound once it has, on the same
+		// GPUs, whose reservations are made meanwhile.
+		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
+		c.budget.placed()
+		return counted(ReasonNodeSettling)
+	}
+	if !s.bindRoom(len(w.pods)) {
+		// Planned in an earlier cycle, it passed the queue's check above
+		// (its reservations stay wanted); it keeps its plan and is bound
+		// when there is room: a cycle never waits for the bind workers.
+		c.full = true
+		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
+		return counted(ReasonWaitingToBind)
+	}
+	claims, allocErr := s.allocateClaims(c.ctx, w, decisions, c.snap.DRANodes)
+	if allocErr != nil {
+		return wait(binder.ReasonNoCapacity, "resource claims do not fit the node placement chose: "+allocErr.Error())
+	}
+	s.bind(c.ctx, w, decisions, c.snap, claims)
+	c.res.Bound += len(w.pods)
+	c.budget.placed()
+	return outcome{}
+}
+
+// holds tells whether a decision places a pod on a node that settles.
+func (c *cycle) holds(ds []placement.Decision) bool {
+	for _, d := range ds {
+		if c.held[d.Node] {
+			return true
+		}
+	}
+	return false
+}
+
+// noRoom is the outcome of a workload admitted by its queue that placement
+// found no room for: over its deserved quota it waits for free capacity and
+// never asks for more; within quota it reclaims from queues above theirs or,
+// failing that, asks Karpenter for capacity through its placeholders.
+func (c *cycle) noRoom(w *workload, verdict verdict, items []placeholder.Item, placeErr error) outcome {
+	if verdict.overQuota {
+		return wait(binder.ReasonOverQuota, fmt.Sprintf("queue %s is over its deserved quota and the cluster has no free capacity for this pod: %s", w.queue, placeErr))
+	}
+	if m := c.s.reclaim(c.ctx, w, c.books, c.reclaimIn); m != "" {
+		return wait(binder.ReasonNoCapacity, m)
+	}
+	c.demand = append(c.demand, items...)
+	return wait(binder.ReasonNoCapacity, placeErr.Error())
+}
+
+// reconcile brings the cluster's reservations and placeholders in line with
+// what the cycle decided, and evicts fractions stranded on a GPU given whole.
+func (c *cycle) reconcile() {
+	s := c.s
+	s.evictStranded(c.ctx, c.snap)
+	s.ensureReservations(c.ctx, c.snap)
+	if s.deps.Reserver != nil {
+		s.deps.Reserver.Reconcile(c.ctx, c.snap.Reservations, c.wanted, c.snap.RemovingShown)
+		s.deps.Reserver.RemoveFailed(c.ctx, c.snap.FailedReservations)
+	}
+	s.syncPlaceholders(c.ctx, c.demand, c.pods, settlingIn(c.snap, c.nodes, c.held), c.withdrawn)
+	s.pruneHints(c.liveGroups, c.nodes)
+}
+
+// report writes the queues' status and the cycle's metrics.
+func (c *cycle) report() {
+	s := c.s
+	var waiting []*workload
+	for _, w := range c.workloads {
+		if _, placed := s.isAssumed(w); !placed {
+			waiting = append(waiting, w)
+		}
+	}
+	s.writeQueueStatus(c.ctx, c.books, waiting, c.queues, c.badQueues)
+	s.metrics.cycle(c.start, s.clock.Since(c.start), c.res)
+}
