@@ -90,7 +90,7 @@ func (s *Scheduler) holdBackedOff(ctx context.Context, ws []*workload, now time.
 		msg := fmt.Sprintf("the coordinator placed this pod but its binding failed (%d in a row, last: %s); it is placed again after a back-off",
 			r.failures, r.err)
 		for _, p := range w.pods {
-			s.markPending(ctx, p.pod, api.ReasonBindingFailed, msg, res)
+			s.markPending(ctx, p.pod, w.queue, api.ReasonBindingFailed, msg, res)
 		}
 	}
 	return kept

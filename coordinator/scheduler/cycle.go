@@ -236,7 +236,7 @@ func (c *cycle) collect() {
 	workloads, invalid := s.group(c.pending, c.gangs, c.books)
 	workloads, invalid = s.dropOversizedGangs(c.snap, workloads, invalid)
 	for _, iv := range invalid {
-		s.markPending(c.ctx, iv.pod, binder.ReasonInvalidRequest, iv.message, &c.res)
+		s.markPending(c.ctx, iv.pod, "", binder.ReasonInvalidRequest, iv.message, &c.res)
 	}
 	// Gangs bound in part for longer than GangBindTimeout give their GPUs
 	// back; their pending members wait until the evicted ones are gone.
@@ -289,9 +289,9 @@ func (c *cycle) leave(w *workload, o outcome) {
 	}
 	for _, p := range w.pods {
 		if o.write {
-			c.s.markPending(c.ctx, p.pod, o.reason, o.msg, &c.res)
+			c.s.markPending(c.ctx, p.pod, w.queue, o.reason, o.msg, &c.res)
 		} else {
-			c.res.pending(o.reason, p.pod)
+			c.res.pending(w.queue, o.reason, p.pod)
 		}
 	}
 }
@@ -458,6 +458,26 @@ func (c *cycle) reconcile() {
 	s.pruneHints(c.liveGroups, c.nodes)
 }
 
+// queueFigures are the queues' GPU figures for the metrics: usage from the
+// books, quota and limit from the Queues. An invalid queue has no usage.
+func (c *cycle) queueFigures() []queueFigures {
+	figs := make([]queueFigures, 0, len(c.queues)+len(c.badQueues))
+	for _, q := range c.queues {
+		f := queueFigures{name: q.Name}
+		if used, np, ok := c.books.tree.Usage(q.Name); ok {
+			f.allocatedMilli, f.nonPreemptMilli = used.GPUMilli, np.GPUMilli
+		}
+		if g := q.Spec.Resources.GPU; g != nil {
+			f.quota, f.limit = g.Quota, g.Limit
+		}
+		figs = append(figs, f)
+	}
+	for _, iq := range c.badQueues {
+		figs = append(figs, queueFigures{name: iq.Name, invalid: true})
+	}
+	return figs
+}
+
 // report writes the queues' status and the cycle's metrics.
 func (c *cycle) report() {
 	s := c.s
@@ -469,4 +489,5 @@ func (c *cycle) report() {
 	}
 	s.writeQueueStatus(c.ctx, c.books, waiting, c.queues, c.badQueues)
 	s.metrics.cycle(c.start, s.clock.Since(c.start), c.res)
+	s.metrics.queues(c.queueFigures(), c.res)
 }

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,6 +19,12 @@ type metrics struct {
 	placeholderLanded   prometheus.Counter
 	fractionsEvicted    *prometheus.CounterVec
 	nonPreemptibleLost  *prometheus.CounterVec
+
+	queuePending        *prometheus.GaugeVec
+	queueAllocated      *prometheus.GaugeVec
+	queueNonPreemptible *prometheus.GaugeVec
+	queueQuota          *prometheus.GaugeVec
+	queueLimit          *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -60,7 +68,30 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "gpufrac_nonpreemptible_pods_lost_total",
 		Help: "Pods the coordinator admitted non-preemptible and bound that Kubernetes deleted before they finished (a spot interruption, a drain), by the reason of their DisruptionTarget condition: DeletionByPodGC (their node was gone), DeletionByTaintManager (a NoExecute taint), EvictionByEvictionAPI (an eviction, a drain), TerminationByKubelet (node shutdown or pressure), PreemptionByScheduler, or Other.",
 	}, []string{"reason"})
-	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded, m.fractionsEvicted, m.nonPreemptibleLost} {
+	// Per queue: a queue is named by an admin's Queue object, never by a
+	// tenant's label, so the series are as many as the Queues.
+	m.queuePending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufrac_queue_pending_pods",
+		Help: "Pods left pending by the last cycle, by queue and reason (the reasons of gpufrac_pending_pods); queue=\"\" for pods whose queue is not a Queue (their request could not be read, or names no Queue).",
+	}, []string{"queue", "reason"})
+	m.queueAllocated = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufrac_queue_allocated_gpus",
+		Help: "GPUs (fractions as parts of one) used by the queue's running and binding pods, its children's included, as the last cycle counted them (the Queue's status.allocated).",
+	}, []string{"queue"})
+	m.queueNonPreemptible = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufrac_queue_allocated_nonpreemptible_gpus",
+		Help: "The part of gpufrac_queue_allocated_gpus that is non-preemptible.",
+	}, []string{"queue"})
+	m.queueQuota = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufrac_queue_quota_gpus",
+		Help: "The queue's deserved GPU quota (spec.resources.gpu.quota; 0 when absent).",
+	}, []string{"queue"})
+	m.queueLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufrac_queue_limit_gpus",
+		Help: "The queue's GPU limit (spec.resources.gpu.limit); no series for a queue without one (unlimited).",
+	}, []string{"queue"})
+	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded, m.fractionsEvicted, m.nonPreemptibleLost,
+		m.queuePending, m.queueAllocated, m.queueNonPreemptible, m.queueQuota, m.queueLimit} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -78,6 +109,52 @@ func (m *metrics) cycle(start time.Time, d time.Duration, r Result) {
 	m.pendingAge.Reset()
 	for reason, t := range r.OldestPending {
 		m.pendingAge.WithLabelValues(reason).Set(max(start.Sub(t), 0).Seconds())
+	}
+}
+
+// queueFigures is what a cycle knew of one queue.
+type queueFigures struct {
+	name                            string
+	allocatedMilli, nonPreemptMilli int64
+	quota, limit                    *resource.Quantity // GPUs; nil when absent
+	// invalid: the Queue cannot be used; only its pending pods are counted.
+	invalid bool
+}
+
+// queues records the queues' figures and the pods r left pending in each.
+// Pods of a queue not among figs count under queue "".
+func (m *metrics) queues(figs []queueFigures, r Result) {
+	m.queueAllocated.Reset()
+	m.queueNonPreemptible.Reset()
+	m.queueQuota.Reset()
+	m.queueLimit.Reset()
+	known := make(map[string]bool, len(figs))
+	for _, f := range figs {
+		known[f.name] = true
+		if f.invalid {
+			continue
+		}
+		m.queueAllocated.WithLabelValues(f.name).Set(float64(f.allocatedMilli) / 1000)
+		m.queueNonPreemptible.WithLabelValues(f.name).Set(float64(f.nonPreemptMilli) / 1000)
+		quota := 0.0
+		if f.quota != nil {
+			quota = f.quota.AsApproximateFloat64()
+		}
+		m.queueQuota.WithLabelValues(f.name).Set(quota)
+		if f.limit != nil {
+			m.queueLimit.WithLabelValues(f.name).Set(f.limit.AsApproximateFloat64())
+		}
+	}
+	m.queuePending.Reset()
+	pending := map[QueueReason]int{}
+	for qr, n := range r.QueuePending {
+		if !known[qr.Queue] {
+			qr.Queue = ""
+		}
+		pending[qr] += n
+	}
+	for qr, n := range pending {
+		m.queuePending.WithLabelValues(qr.Queue, qr.Reason).Set(float64(n))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,5 +55,72 @@ func TestStatusPatchClearsPendingGangs(t *testing.T) {
 	}
 	if !strings.Contains(string(body), `"pendingGangs":0`) {
 		t.Errorf("status patch %s does not set pendingGangs to 0", body)
+	}
+}
+
+func TestQueueMetrics(t *testing.T) {
+	limited := builders.MakeQueue("small").GPUQuota("1").GPULimit("2").Namespaces("default").Obj()
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 1)},
+		[]*v1alpha1.Queue{limited, queueOf("other", "3")},
+		admitted(fracPod("running", "small", 50), "n1"),
+		fracPod("fits", "small", 50),
+		gpuPod("no-room", "small", 1),
+		gpuPod("other-no-room", "other", 1),
+		// A tenant writes its pods' queue label: a name that is no Queue
+		// makes no series of its own.
+		gpuPod("stray", "made-up-by-a-tenant", 1),
+	)
+	c.cycle()
+	m := c.s.metrics
+	for _, tt := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"small allocated", testutil.ToFloat64(m.queueAllocated.WithLabelValues("small")), 1},
+		{"other allocated", testutil.ToFloat64(m.queueAllocated.WithLabelValues("other")), 0},
+		{"small quota", testutil.ToFloat64(m.queueQuota.WithLabelValues("small")), 1},
+		{"other quota", testutil.ToFloat64(m.queueQuota.WithLabelValues("other")), 3},
+		{"small limit", testutil.ToFloat64(m.queueLimit.WithLabelValues("small")), 2},
+		{"small pending", testutil.ToFloat64(m.queuePending.WithLabelValues("small", c.reason("no-room"))), 1},
+		{"other pending", testutil.ToFloat64(m.queuePending.WithLabelValues("other", c.reason("other-no-room"))), 1},
+		{"stray pending", testutil.ToFloat64(m.queuePending.WithLabelValues("", c.reason("stray"))), 1},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("%s = %v, want %v", tt.name, tt.got, tt.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.queueLimit); n != 1 {
+		t.Errorf("%d limit series, want 1 (a queue without a limit has none)", n)
+	}
+	if n := testutil.CollectAndCount(m.queuePending); n != 3 {
+		t.Errorf("%d pending series, want 3 (small, other and \"\")", n)
+	}
+}
+
+func TestQueueMetricsNameOnlyQueues(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.queues([]queueFigures{{name: "a"}, {name: "broken", invalid: true}}, Result{QueuePending: map[QueueReason]int{
+		{"a", "NoCapacity"}:           2,
+		{"broken", "InvalidRequest"}:  1,
+		{"not-a-queue", "NoCapacity"}: 3,
+		{"", "NoCapacity"}:            1,
+	}})
+	for _, tt := range []struct {
+		queue, reason string
+		want          float64
+	}{{"a", "NoCapacity", 2}, {"broken", "InvalidRequest", 1}, {"", "NoCapacity", 4}} {
+		if got := testutil.ToFloat64(m.queuePending.WithLabelValues(tt.queue, tt.reason)); got != tt.want {
+			t.Errorf("pending %q %s = %v, want %v", tt.queue, tt.reason, got, tt.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.queuePending); n != 3 {
+		t.Errorf("%d pending series, want 3", n)
+	}
+	if n := testutil.CollectAndCount(m.queueQuota); n != 1 {
+		t.Errorf("%d quota series, want 1 (an invalid queue has none)", n)
 	}
 }

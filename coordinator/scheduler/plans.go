@@ -138,10 +138,10 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, pl
 	for _, p := range w.pods {
 		waited := now.Sub(plans[p.pod.UID].since)
 		if waited < delay || (!late && waited < reservationStuckFactor*delay) {
-			res.pending(api.ReasonReservationPending, p.pod)
+			res.pending(w.queue, api.ReasonReservationPending, p.pod)
 			continue
 		}
-		s.markPending(ctx, p.pod, api.ReasonReservationPending, msg, res)
+		s.markPending(ctx, p.pod, w.queue, api.ReasonReservationPending, msg, res)
 	}
 }
 

@@ -544,11 +544,22 @@ type Result struct {
 	// OldestPending is the creation time of the oldest pod left pending, by
 	// reason (gpufrac_pending_pods_oldest_age_seconds).
 	OldestPending map[string]time.Time
+	// QueuePending counts pods left pending by their workload's queue ("" for
+	// a pod whose request could not be read) and reason
+	// (gpufrac_queue_pending_pods).
+	QueuePending map[QueueReason]int
 }
 
-// pending counts p as left pending for reason.
-func (r *Result) pending(reason string, p *corev1.Pod) {
+// QueueReason is a queue and a pending reason.
+type QueueReason struct{ Queue, Reason string }
+
+// pending counts p, of queue, as left pending for reason.
+func (r *Result) pending(queue, reason string, p *corev1.Pod) {
 	r.Pending[reason]++
+	if r.QueuePending == nil {
+		r.QueuePending = map[QueueReason]int{}
+	}
+	r.QueuePending[QueueReason{queue, reason}]++
 	if r.OldestPending == nil {
 		r.OldestPending = map[string]time.Time{}
 	}

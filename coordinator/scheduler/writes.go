@@ -154,14 +154,14 @@ type said struct {
 	at              time.Time
 }
 
-// markPending gives p the PodScheduled reason and message (through the
+// markPending gives p, of queue, the PodScheduled reason and message (through the
 // writer) and counts it in res. A pod told a reason is not told the same
 // reason again within the binder's MessageRefresh, whatever the message:
 // the binder's rule (it reads the pod's condition), applied here from
 // memory because with writes off the cycle the next cycles run before the
 // informer shows the last write, and would write it again.
-func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, reason, msg string, res *Result) {
-	res.pending(reason, p)
+func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, queue, reason, msg string, res *Result) {
+	res.pending(queue, reason, p)
 	now := s.clock.Now()
 	s.mu.Lock()
 	last, ok := s.said[p.UID]
