@@ -60,6 +60,7 @@ func main() {
 	flag.DurationVar(&s.NewNodeSettle, "new-node-settle", scheduler.DefaultNewNodeSettle, "how long nothing is bound to a node after it lost a NoExecute taint (karpenter.sh/unregistered when Karpenter registers it) or Karpenter brought it, for kube-controller-manager's taint manager to see the taint gone (kubernetes#119862); its fractions' reservations are made meanwhile; a node first seen after a restart settles from its NodeClaim's Registered/Initialized time, its Ready time or its creation; 0 binds at once, as kube-scheduler does")
 	var placeBudget time.Duration
 	flag.DurationVar(&placeBudget, "place-budget", scheduler.DefaultPlaceBudget, "how long one scheduling cycle places work that fits before it leaves the rest, in order, to the next cycle (which starts at once); 0 places all a cycle can")
+	flag.DurationVar(&s.IdleResync, "idle-resync", scheduler.DefaultIdleResync, "while the cluster is idle (the last cycle left nothing pending or in flight), run a cycle only on a change (an informer event, a binding or write done) or once this long has passed; negative runs a cycle every second regardless")
 	flag.DurationVar(&s.GangBindTimeout, "gang-bind-timeout", scheduler.DefaultGangBindTimeout, "how long a gang may hold GPUs bound in part (a member's binding failed) before its bound members are evicted and it is placed again whole")
 	cfg.Reservation = reservation.DefaultOptions()
 	flag.BoolVar(&cfg.Reservations, "reservations", true, "hold every shared GPU with a reservation pod (needed whenever anything else may take whole GPUs)")

@@ -494,13 +494,23 @@ func (a *App) lead(ctx context.Context) error {
 		DeleteFunc: func(any) { sched.Wake() },
 	}
 	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    sched.OnPod,
-		UpdateFunc: func(_, obj any) { sched.OnPod(obj) },
+		AddFunc: sched.OnPod,
+		UpdateFunc: func(old, obj any) {
+			if changed(old, obj) {
+				sched.OnPod(obj)
+			}
+		},
 		DeleteFunc: sched.OnPodDelete,
 	}); err != nil {
 		return fmt.Errorf("watching pods: %w", err)
 	}
-	if _, err := nodeInf.Informer().AddEventHandler(wake); err != nil {
+	nodeWake := wake
+	nodeWake.UpdateFunc = func(old, obj any) {
+		if changed(old, obj) {
+			sched.Wake()
+		}
+	}
+	if _, err := nodeInf.Informer().AddEventHandler(nodeWake); err != nil {
 		return fmt.Errorf("watching nodes: %w", err)
 	}
 	if _, err := nsInf.Informer().AddEventHandler(wake); err != nil {

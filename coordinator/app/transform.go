@@ -8,7 +8,9 @@ import (
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // trimObject is the informers' transform: it drops what the coordinator
@@ -18,7 +20,8 @@ import (
 // fields the same way.
 //
 // Every object loses its managed fields. Pods also lose what runs the
-// containers but never places them (trimPod); nodes their image list. The
+// containers but never places them (trimPod); nodes their image list and
+// their conditions' heartbeat times. The
 // coordinator never writes back an object it read from an informer (it
 // patches, creates bindings, or gets a fresh object before an update), so
 // nothing dropped here can be lost on the API server. It is idempotent and
@@ -33,8 +36,41 @@ func trimObject(obj any) (any, error) {
 		trimPod(o)
 	case *corev1.Node:
 		o.Status.Images = nil
+		// The kubelet refreshes its conditions' heartbeats every few minutes
+		// (nodeStatusReportFrequency) even when nothing changed: without
+		// them such an update leaves the node as it was (changed).
+		for i := range o.Status.Conditions {
+			o.Status.Conditions[i].LastHeartbeatTime = metav1.Time{}
+		}
 	}
 	return obj, nil
+}
+
+// changed tells whether an informer's update changed a pod or a node beyond
+// its resourceVersion, as trimObject left them: an update of what the
+// coordinator drops (a container's state, a node's heartbeat) is no change,
+// and wakes no cycle (an idle cluster's cycles wait for one: see
+// scheduler.Options.IdleResync). Other kinds always changed.
+func changed(old, cur any) bool {
+	switch c := cur.(type) {
+	case *corev1.Pod:
+		o, ok := old.(*corev1.Pod)
+		if !ok {
+			return true
+		}
+		a, b := *o, *c
+		a.ResourceVersion, b.ResourceVersion = "", ""
+		return !equality.Semantic.DeepEqual(&a, &b)
+	case *corev1.Node:
+		o, ok := old.(*corev1.Node)
+		if !ok {
+			return true
+		}
+		a, b := *o, *c
+		a.ResourceVersion, b.ResourceVersion = "", ""
+		return !equality.Semantic.DeepEqual(&a, &b)
+	}
+	return true
 }
 
 // trimPod drops what the coordinator never reads of a pod. Kept: metadata;

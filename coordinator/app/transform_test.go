@@ -123,8 +123,11 @@ func TestTrimObjectNodes(t *testing.T) {
 	n := builders.MakeNode("n1").Obj()
 	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"registry/app:1"}, SizeBytes: 1 << 30}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+		LastHeartbeatTime: metav1.Unix(1_700_000_100, 0), LastTransitionTime: metav1.Unix(1_700_000_000, 0)}}
 	want := n.DeepCopy()
 	want.ManagedFields, want.Status.Images = nil, nil
+	want.Status.Conditions[0].LastHeartbeatTime = metav1.Time{}
 	if _, err := trimObject(n); err != nil {
 		t.Fatal(err)
 	}
@@ -283,5 +286,71 @@ func TestScheduledOnlyKeepsPodScheduledAndDisruptionTarget(t *testing.T) {
 				t.Errorf("conditions kept (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// TestChangedIgnoresWhatTrimDrops: an update that changes only what
+// trimObject drops (a node's heartbeat, a container's state) or the
+// resourceVersion is no change; anything the coordinator reads is.
+func TestChangedIgnoresWhatTrimDrops(t *testing.T) {
+	node := func(edit func(n *corev1.Node)) *corev1.Node {
+		n := builders.MakeNode("n1").GPUs(8).Obj()
+		n.ResourceVersion = "1"
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			LastHeartbeatTime: metav1.Unix(1_700_000_100, 0), LastTransitionTime: metav1.Unix(1_700_000_000, 0)}}
+		if edit != nil {
+			edit(n)
+		}
+		if _, err := trimObject(n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	pod := func(edit func(p *corev1.Pod)) *corev1.Pod {
+		p := builders.MakePod("p", "default").GPUs(1).Obj()
+		p.ResourceVersion = "1"
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", RestartCount: 0}}
+		if edit != nil {
+			edit(p)
+		}
+		if _, err := trimObject(p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		old, cur any
+		want     bool
+	}{
+		{"node heartbeat", node(nil), node(func(n *corev1.Node) {
+			n.ResourceVersion = "2"
+			n.Status.Conditions[0].LastHeartbeatTime = metav1.Unix(1_700_000_400, 0)
+		}), false},
+		{"node resync", node(nil), node(nil), false},
+		{"node not ready", node(nil), node(func(n *corev1.Node) {
+			n.ResourceVersion = "2"
+			n.Status.Conditions[0].Status = corev1.ConditionFalse
+		}), true},
+		{"node taint", node(nil), node(func(n *corev1.Node) {
+			n.ResourceVersion = "2"
+			n.Spec.Taints = []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}}
+		}), true},
+		{"node label", node(nil), node(func(n *corev1.Node) { n.Labels["x"] = "y" }), true},
+		{"node allocatable", node(nil), node(func(n *corev1.Node) { n.Status.Allocatable[api.ResourceGPU] = resource.MustParse("7") }), true},
+		{"pod container restarted", pod(nil), pod(func(p *corev1.Pod) {
+			p.ResourceVersion = "2"
+			p.Status.ContainerStatuses[0].RestartCount = 1
+		}), false},
+		{"pod bound", pod(nil), pod(func(p *corev1.Pod) {
+			p.ResourceVersion = "2"
+			p.Spec.NodeName = "n1"
+		}), true},
+		{"pod succeeded", pod(nil), pod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), true},
+		{"other kinds", &corev1.Namespace{}, &corev1.Namespace{}, true},
+	} {
+		if got := changed(tc.old, tc.cur); got != tc.want {
+			t.Errorf("%s: changed = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -72,6 +72,12 @@ type cycle struct {
 // report. It returns how many pods it sent to binding and why the others
 // wait.
 func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
+	c, err := s.runCycle(ctx)
+	return c.res, err
+}
+
+// runCycle runs one cycle and returns it.
+func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 	start := s.clock.Now()
 	c := &cycle{
 		s: s, ctx: ctx, logger: klog.FromContext(ctx), start: start,
@@ -84,7 +90,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 		}
 	}()
 	if err := c.snapshot(); err != nil {
-		return c.res, err
+		return c, err
 	}
 	c.stages.done("snapshot")
 	c.collect()
@@ -97,7 +103,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 	c.report()
 	c.stages.done("report")
 	c.logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(c.pending), "bound", c.res.Bound, "waiting", c.res.Pending, "duration", s.clock.Since(start)}, c.stages.kv...)...)
-	return c.res, nil
+	return c, nil
 }
 
 // snapshot reads the world (the pods being bound, nodes, pods, queues, DRA

@@ -20,6 +20,8 @@ type metrics struct {
 	fractionsEvicted    *prometheus.CounterVec
 	nonPreemptibleLost  *prometheus.CounterVec
 
+	idleSkipped prometheus.Counter
+
 	queuePending        *prometheus.GaugeVec
 	queueAllocated      *prometheus.GaugeVec
 	queueNonPreemptible *prometheus.GaugeVec
@@ -68,6 +70,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "gpufrac_nonpreemptible_pods_lost_total",
 		Help: "Pods the coordinator admitted non-preemptible and bound that Kubernetes deleted before they finished (a spot interruption, a drain), by the reason of their DisruptionTarget condition: DeletionByPodGC (their node was gone), DeletionByTaintManager (a NoExecute taint), EvictionByEvictionAPI (an eviction, a drain), TerminationByKubelet (node shutdown or pressure), PreemptionByScheduler, or Other.",
 	}, []string{"reason"})
+	m.idleSkipped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpufrac_scheduling_cycles_skipped_total",
+		Help: "Cycles not run because the cluster was idle: the last cycle left nothing pending or in flight and nothing happened since (no informer event, binding or API write); one runs at least every --idle-resync.",
+	})
 	// Per queue: a queue is named by an admin's Queue object, never by a
 	// tenant's label, so the series are as many as the Queues.
 	m.queuePending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -91,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "The queue's GPU limit (spec.resources.gpu.limit); no series for a queue without one (unlimited).",
 	}, []string{"queue"})
 	for _, c := range []prometheus.Collector{m.cycleDuration, m.pending, m.pendingAge, m.bindings, m.bindDuration, m.placeholdersCreated, m.placeholderLanded, m.fractionsEvicted, m.nonPreemptibleLost,
-		m.queuePending, m.queueAllocated, m.queueNonPreemptible, m.queueQuota, m.queueLimit} {
+		m.idleSkipped, m.queuePending, m.queueAllocated, m.queueNonPreemptible, m.queueQuota, m.queueLimit} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -101,6 +102,30 @@ func BenchmarkCycle(b *testing.B) {
 			// compare runs with and without a memory limit (GOMEMLIMIT).
 			b.ReportMetric((gcCPUSeconds()-gcBefore)/float64(b.N), "gc-cpu-s/op")
 		})
+	}
+}
+
+// BenchmarkIdleCycle measures a turn of Run's loop on the idle cluster of
+// BenchmarkCycle (55,000 pods bound, none pending) when nothing happened
+// since the last cycle: after one quiet cycle, not timed, Run skips the
+// cycles until an event or IdleResync. Run with
+//
+//	go test ./coordinator/scheduler -run XXX -bench BenchmarkIdleCycle -benchtime 1000x
+func BenchmarkIdleCycle(b *testing.B) {
+	s := newBenchScheduler(b, 5000, scaleBenchPods(5000, true, 0), true)
+	ctx := b.Context()
+	s.cycleIfChanged(ctx)
+	if !s.idle.quiet {
+		b.Fatal("the idle cluster's cycle was not quiet: every cycle would run")
+	}
+	skipped := testutil.ToFloat64(s.metrics.idleSkipped)
+	n := 0
+	for b.Loop() {
+		s.cycleIfChanged(ctx)
+		n++
+	}
+	if got := testutil.ToFloat64(s.metrics.idleSkipped) - skipped; int(got) != n {
+		b.Fatalf("%v of %d turns skipped their cycle, want all", got, n)
 	}
 }
 

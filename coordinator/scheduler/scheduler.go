@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,6 +63,11 @@ type Options struct {
 	MaxGPUsPerPod int
 	// Interval is the longest wait between cycles.
 	Interval time.Duration
+	// IdleResync bounds how long Run skips cycles while the cluster is
+	// idle: after a quiet cycle (see cycle.quiet) Run runs the next only on
+	// an event, or once IdleResync has passed since the last. Zero means
+	// DefaultIdleResync; negative, never skip.
+	IdleResync time.Duration
 	// GangReportDelay is how long a gang waits for its members (from the
 	// creation of its oldest pending member) before its pods say so
 	// (PodScheduled=False, reason GangIncomplete, and an event): a Job's
@@ -174,6 +180,11 @@ type Scheduler struct {
 	metrics *metrics
 	wake    chan struct{}
 	binds   chan bindTask
+	// events counts what may change a cycle's outcome: wake-ups (every
+	// informer event), bindings and API writes done.
+	events atomic.Uint64
+	// idle is what Run knows of the last cycle it ran, used only by Run.
+	idle idleState
 
 	mu         sync.Mutex
 	assumed    map[types.UID]assumedPod      // pods being bound -> where
@@ -293,6 +304,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
+	if o.IdleResync == 0 {
+		o.IdleResync = DefaultIdleResync
+	}
 	if o.GangBindTimeout <= 0 {
 		o.GangBindTimeout = DefaultGangBindTimeout
 	}
@@ -316,7 +330,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Scheduler{
+	s := &Scheduler{
 		opts: o, deps: d, clock: d.Clock, placer: p, metrics: m,
 		wake:        make(chan struct{}, 1),
 		binds:       make(chan bindTask, 4096),
@@ -342,7 +356,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		said:            map[types.UID]said{},
 		reserveCreated:  map[state.NodeGPU]time.Time{},
 		writes:          newWriter(),
-	}, nil
+	}
+	s.writes.done = func() { s.events.Add(1) }
+	return s, nil
 }
 
 // Faults is a hook at moments a test stops the coordinator at (package
@@ -369,8 +385,9 @@ func (s *Scheduler) fault(ctx context.Context, point string) {
 	}
 }
 
-// Wake asks for a cycle soon.
+// Wake asks for a cycle soon. Every informer event comes through here.
 func (s *Scheduler) Wake() {
+	s.events.Add(1)
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -436,9 +453,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		began := time.Now()
-		if _, err := s.Cycle(ctx); err != nil {
-			klog.FromContext(ctx).Error(err, "Scheduling cycle failed")
-		}
+		s.cycleIfChanged(ctx)
 		took := time.Since(began)
 		select {
 		case <-ctx.Done():
@@ -507,6 +522,7 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		}
 	}
 	s.metrics.bind(err, s.clock.Since(start))
+	s.events.Add(1)
 	if err == nil && t.gang != "" {
 		s.fault(ctx, FaultGangMemberBound)
 	}

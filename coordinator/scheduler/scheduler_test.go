@@ -79,6 +79,14 @@ func (c *cluster) cycle() Result {
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	c.applyBinds()
+	return res
+}
+
+// applyBinds runs the queued bindings and applies them to the pods, as the
+// API server and informers would.
+func (c *cluster) applyBinds() {
+	c.t.Helper()
 	for {
 		select {
 		case task := <-c.s.binds:
@@ -96,7 +104,7 @@ func (c *cluster) cycle() Result {
 			_ = c.pods.Update(p)
 			c.s.OnPod(p)
 		default:
-			return res
+			return
 		}
 	}
 }

@@ -38,6 +38,8 @@ type writer struct {
 	async   bool                                 // Run's workers take the tasks; false: inline
 	tasks   map[string]func(ctx context.Context) // key -> task waiting to run
 	running map[string]bool                      // keys whose task runs now
+	// done, when set, is called after each task that ran on a worker.
+	done func()
 }
 
 func newWriter() *writer {
@@ -141,6 +143,9 @@ func (w *writer) next(ctx context.Context) bool {
 		return true
 	}
 	task(ctx)
+	if w.done != nil {
+		w.done()
+	}
 	w.mu.Lock()
 	delete(w.running, key)
 	w.idle.Broadcast()
