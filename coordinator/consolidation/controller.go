@@ -17,7 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
-	"github.com/gpufrac/gpufrac/coordinator/state"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 )
 
 // Options configure the consolidation controller.
@@ -197,7 +197,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	}
 	var draining []*corev1.Node
 	for _, n := range cl.Nodes {
-		if IsDraining(n) {
+		if predicates.Draining(n) {
 			draining = append(draining, n)
 		}
 	}
@@ -275,14 +275,14 @@ func containsNode(nodes []*corev1.Node, name string) bool {
 func (c *Controller) inFlight(cl Cluster) int {
 	draining := map[string]bool{}
 	for _, n := range cl.Nodes {
-		if IsDraining(n) {
+		if predicates.Draining(n) {
 			draining[n.Name] = true
 		}
 	}
 	pending, _ := c.planner.PendingWork(cl)
 	n := pending
 	for _, p := range cl.Pods {
-		if p.DeletionTimestamp != nil && draining[p.Spec.NodeName] && p.Spec.SchedulerName == c.opts.Planner.schedulerName() && !state.Terminal(p) {
+		if p.DeletionTimestamp != nil && draining[p.Spec.NodeName] && p.Spec.SchedulerName == c.opts.Planner.schedulerName() && !predicates.Terminal(p) {
 			n++
 		}
 	}
@@ -302,7 +302,7 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 	if n.DeletionTimestamp != nil || karpenterDisrupting(n) {
 		return true // Karpenter removes it now, draining what is left itself
 	}
-	deadline, _ := DrainDeadline(n)
+	deadline, _ := predicates.DrainDeadline(n)
 	now := c.clock.Now()
 	if now.Unix() > deadline {
 		why := fmt.Sprintf("the drain did not finish within %s", c.opts.DrainTimeout)
@@ -327,7 +327,7 @@ func (c *Controller) carryOn(ctx context.Context, cl Cluster, n *corev1.Node, in
 			}
 			res.Released++
 			c.metrics.released.Inc()
-			c.recorder.Eventf(r, corev1.EventTypeNormal, "ReservationRemoved", "node %s is drained for consolidation: its GPU %s is free", n.Name, state.ReservedGPU(r))
+			c.recorder.Eventf(r, corev1.EventTypeNormal, "ReservationRemoved", "node %s is drained for consolidation: its GPU %s is free", n.Name, predicates.ReservedGPU(r))
 		}
 		if len(plan.Reservations) == 0 && !c.drained[n.Name] {
 			c.drained[n.Name] = true
@@ -404,7 +404,7 @@ func (c *Controller) deleteDrained(ctx context.Context, cl Cluster, n *corev1.No
 		logger.V(2).Info("Drained node not deleted: the API server's node differs from the informer's", "reason", why)
 		return
 	}
-	deadline, _ := DrainDeadline(live)
+	deadline, _ := predicates.DrainDeadline(live)
 	ctx, cancel := context.WithTimeout(ctx, time.Unix(deadline, 0).Add(-deleteMargin).Sub(c.clock.Now()))
 	defer cancel()
 	// 2. Its pods as the API server has them.
@@ -463,7 +463,7 @@ func (c *Controller) undeletable(n *corev1.Node) string {
 	if n.Annotations[api.AnnotationDoNotDisrupt] == "true" {
 		return "the node is annotated " + api.AnnotationDoNotDisrupt + " (a delete is not held by it)"
 	}
-	deadline, ok := DrainDeadline(n)
+	deadline, ok := predicates.DrainDeadline(n)
 	if !ok {
 		return "the node has no taint " + api.TaintDraining
 	}
@@ -478,7 +478,7 @@ func (c *Controller) undeletable(n *corev1.Node) string {
 // a Node (nil when there is none).
 func keepsNode(pods []*corev1.Pod, node string) *corev1.Pod {
 	for _, p := range pods {
-		if p.Spec.NodeName == node && !state.Terminal(p) && !ownedByDaemonSet(p) && !isMirror(p) && !ownedByNode(p) {
+		if p.Spec.NodeName == node && !predicates.Terminal(p) && !ownedByDaemonSet(p) && !isMirror(p) && !ownedByNode(p) {
 			return p
 		}
 	}

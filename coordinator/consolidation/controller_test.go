@@ -25,7 +25,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
-	"github.com/gpufrac/gpufrac/coordinator/state"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -357,7 +357,7 @@ func TestDrainEndToEnd(t *testing.T) {
 	if res.Started != "big" || res.Evicted != 0 {
 		t.Fatalf("pass at 30 s: %+v, want big started and no eviction yet", res)
 	}
-	deadline, ok := DrainDeadline(h.f.node("big"))
+	deadline, ok := predicates.DrainDeadline(h.f.node("big"))
 	if !ok || deadline != h.clock.Now().Add(10*time.Minute).Unix() {
 		t.Errorf("taint deadline %d (%v), want now + DrainTimeout", deadline, ok)
 	}
@@ -413,8 +413,8 @@ func TestDrainEndToEnd(t *testing.T) {
 	}
 	// Karpenter never removes it (its NodePool keeps empty nodes): abandoned at the deadline.
 	h.clock.Step(10 * time.Minute)
-	if res := h.pass(); !cmp.Equal(res.Abandoned, []string{"big"}) || IsDraining(h.f.node("big")) {
-		t.Errorf("past the deadline: %+v, taint still there: %v", res, IsDraining(h.f.node("big")))
+	if res := h.pass(); !cmp.Equal(res.Abandoned, []string{"big"}) || predicates.Draining(h.f.node("big")) {
+		t.Errorf("past the deadline: %+v, taint still there: %v", res, predicates.Draining(h.f.node("big")))
 	}
 	if ev := h.events(); !hasEvent(ev, "Warning ConsolidationDrainAbandoned drain abandoned, the node takes work again: the node was drained but not removed") {
 		t.Errorf("events %v", ev)
@@ -616,11 +616,11 @@ func TestAbandon(t *testing.T) {
 			}
 			tt.setup(h)
 			h.f.NextTaintErr = errors.New("conflict storm")
-			if res := h.pass(); len(res.Abandoned) != 0 || !IsDraining(h.f.node("big")) {
+			if res := h.pass(); len(res.Abandoned) != 0 || !predicates.Draining(h.f.node("big")) {
 				t.Fatalf("abandoned although the untaint failed: %+v", res)
 			}
 			res := h.pass()
-			if !cmp.Equal(res.Abandoned, []string{"big"}) || IsDraining(h.f.node("big")) {
+			if !cmp.Equal(res.Abandoned, []string{"big"}) || predicates.Draining(h.f.node("big")) {
 				t.Fatalf("%+v, want big abandoned and untainted", res)
 			}
 			if ev := h.events(); !hasEvent(ev, "Warning ConsolidationDrainAbandoned") || !strings.Contains(strings.Join(ev, "\n"), tt.want) {
@@ -1065,7 +1065,7 @@ func TestDeleteDrainedNodeAfterRestart(t *testing.T) {
 		n.UID = types.UID("uid-" + n.Name)
 		n.Finalizers = []string{KarpenterTerminationFinalizer}
 	}
-	c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !state.IsReservation(p) })
+	c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !predicates.IsReservation(p) })
 	first := newHarness(t, c, func(o *Options) { o.DeleteDrainedNodes = true })
 	first.f.NextDeleteErr = errors.New("connection refused")                                                         // killed before its delete went through
 	first.pass()                                                                                                     // releases big's reservations
@@ -1109,7 +1109,7 @@ func TestFailingAPIDegradesCleanly(t *testing.T) {
 			n.UID = types.UID("uid-" + n.Name)
 			n.Finalizers = []string{KarpenterTerminationFinalizer}
 		}
-		c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !state.IsReservation(p) })
+		c.Pods = slices.DeleteFunc(c.Pods, func(p *corev1.Pod) bool { return p.Spec.NodeName == "big" && !predicates.IsReservation(p) })
 		return c
 	}
 	t.Run("the informers' read fails", func(t *testing.T) {
@@ -1162,8 +1162,8 @@ func TestFailingAPIDegradesCleanly(t *testing.T) {
 			}
 			h.clock.Step(10 * time.Second)
 		}
-		if res := h.pass(); !slices.Equal(res.Abandoned, []string{"big"}) || IsDraining(h.f.node("big")) {
-			t.Errorf("abandoned %v, node still draining: %v", res.Abandoned, IsDraining(h.f.node("big")))
+		if res := h.pass(); !slices.Equal(res.Abandoned, []string{"big"}) || predicates.Draining(h.f.node("big")) {
+			t.Errorf("abandoned %v, node still draining: %v", res.Abandoned, predicates.Draining(h.f.node("big")))
 		}
 		if got := testutil.ToFloat64(h.ctl.metrics.errors.WithLabelValues(ActionUntaint)); got != 3 {
 			t.Errorf("errors{untaint} = %v, want 3", got)

@@ -45,6 +45,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -208,7 +209,7 @@ func (p *Planner) newView(c Cluster) *view {
 	seen := map[string]bool{}
 	for _, n := range c.Nodes {
 		v.nodes[n.Name] = n
-		if IsDraining(n) {
+		if predicates.Draining(n) {
 			v.draining[n.Name] = true
 		}
 		if m := n.Labels[api.LabelGPUProduct]; m != "" && !seen[m] {
@@ -220,7 +221,7 @@ func (p *Planner) newView(c Cluster) *view {
 	opts := podrequest.Options{MaxGPUs: 1 << 10, NonPreemptiblePriority: p.opts.NonPreemptiblePriority, JobLookup: p.opts.Jobs,
 		GPUModels: v.models, TimesliceResource: p.opts.TimesliceResource}
 	for _, pod := range c.Pods {
-		if state.Terminal(pod) {
+		if predicates.Terminal(pod) {
 			continue
 		}
 		if pod.Spec.SchedulerName == p.opts.SchedulerName {
@@ -263,20 +264,6 @@ func activelyPending(p *corev1.Pod) bool {
 	return true
 }
 
-// IsDraining tells whether the node carries the gpufrac.io/draining taint.
-func IsDraining(n *corev1.Node) bool {
-	_, ok := DrainDeadline(n)
-	return ok
-}
-
-// DrainDeadline is the deadline written in the node's gpufrac.io/draining
-// taint (Unix seconds); ok is false when the node has no such taint. A value
-// that does not parse is a deadline already passed. Past it the scheduler
-// places on the node again (state.DrainingAt), whether or not the taint goes.
-func DrainDeadline(n *corev1.Node) (deadline int64, ok bool) {
-	return state.DrainDeadline(n)
-}
-
 // removable tells whether Karpenter may remove the node once it is empty:
 // a Ready node of a NodePool, not going already, not annotated
 // do-not-disrupt, with GPUs.
@@ -288,7 +275,7 @@ func removable(n *corev1.Node) (bool, string) {
 		return false, "being deleted"
 	case n.Annotations[api.AnnotationDoNotDisrupt] == "true":
 		return false, "the node is annotated " + api.AnnotationDoNotDisrupt
-	case !state.NodeReady(n):
+	case !predicates.NodeReady(n):
 		return false, "not Ready or unschedulable"
 	case nodeGPUs(n) == 0:
 		return false, "no GPUs"
@@ -323,7 +310,7 @@ func (p *Planner) classify(v *view, node string) (plan Plan, verdict Verdict, re
 	moving := map[types.UID]bool{}
 	for _, pod := range v.byNode[node] {
 		if pod.DeletionTimestamp != nil {
-			if pod.Spec.SchedulerName == p.opts.SchedulerName || state.IsReservation(pod) {
+			if pod.Spec.SchedulerName == p.opts.SchedulerName || predicates.IsReservation(pod) {
 				plan.Terminating++
 			}
 			continue
@@ -336,7 +323,7 @@ func (p *Planner) classify(v *view, node string) (plan Plan, verdict Verdict, re
 			// left behind would run on when its reservations are released.
 			return plan, VerdictProtected, fmt.Sprintf("pod %s/%s uses GPUs and is a DaemonSet or static pod: it cannot move", pod.Namespace, pod.Name)
 		}
-		if state.IsReservation(pod) {
+		if predicates.IsReservation(pod) {
 			plan.Reservations = append(plan.Reservations, pod)
 			continue
 		}
@@ -583,7 +570,7 @@ func (p *Planner) idle(v *view, m *corev1.Node) bool {
 	}
 	for _, pod := range v.byNode[m.Name] {
 		switch {
-		case pod.DeletionTimestamp != nil || state.IsReservation(pod):
+		case pod.DeletionTimestamp != nil || predicates.IsReservation(pod):
 		case pod.Namespace == api.ReservationNamespace && pod.Labels[api.LabelRole] == api.RolePlaceholder:
 			return false
 		case usesGPU(pod, p.opts.TimesliceResource):
@@ -669,7 +656,7 @@ func (p *Planner) PendingWork(c Cluster) (pending, placeholders int) {
 		wants[key] = wants[key] || w
 	}
 	for _, pod := range c.Pods {
-		if state.Terminal(pod) || pod.DeletionTimestamp != nil {
+		if predicates.Terminal(pod) || pod.DeletionTimestamp != nil {
 			continue
 		}
 		if !placeholder.IsPlaceholder(pod) {

@@ -13,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -40,7 +41,7 @@ func TestPodHoldsTheGPUAndProtectsTheNode(t *testing.T) {
 	if len(p.Spec.Tolerations) != 1 || p.Spec.Tolerations[0].Operator != corev1.TolerationOpExists {
 		t.Errorf("tolerations %v", p.Spec.Tolerations)
 	}
-	if p.Labels[api.LabelRole] != api.RoleReservation || !state.IsReservation(p) {
+	if p.Labels[api.LabelRole] != api.RoleReservation || !predicates.IsReservation(p) {
 		t.Errorf("labels %v", p.Labels)
 	}
 }

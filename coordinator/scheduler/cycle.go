@@ -18,6 +18,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -234,7 +235,7 @@ func (c *cycle) collect() {
 		// (the API server refuses the binding; its PodScheduled condition
 		// says SchedulingGated): placed, it would hold capacity and a
 		// reservation, and its binding would fail in every cycle.
-		if !state.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
+		if !predicates.Terminal(p) && p.DeletionTimestamp == nil && p.Spec.SchedulerName == s.opts.SchedulerName &&
 			len(p.Spec.SchedulingGates) == 0 {
 			c.pending = append(c.pending, p)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -132,8 +133,8 @@ func (s *Scheduler) headOf(e *parseEntry, p *corev1.Pod) podHead {
 	if e != nil && e.head.set {
 		return e.head
 	}
-	h := podHead{set: true, terminal: state.Terminal(p), ours: p.Spec.SchedulerName == s.opts.SchedulerName,
-		skip: placeholder.IsPlaceholder(p) || state.IsReservation(p)}
+	h := podHead{set: true, terminal: predicates.Terminal(p), ours: p.Spec.SchedulerName == s.opts.SchedulerName,
+		skip: placeholder.IsPlaceholder(p) || predicates.IsReservation(p)}
 	if e != nil {
 		e.head = h
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -154,7 +155,7 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 	// Groups whose capacity arrived: a placeholder of theirs is on a node.
 	landedGroup := map[string]bool{}
 	for _, p := range pods {
-		if placeholder.IsPlaceholder(p) && p.DeletionTimestamp == nil && p.Spec.NodeName != "" && !state.Terminal(p) {
+		if placeholder.IsPlaceholder(p) && p.DeletionTimestamp == nil && p.Spec.NodeName != "" && !predicates.Terminal(p) {
 			landedGroup[p.Labels[placeholder.LabelGroup]] = true
 		}
 	}
@@ -172,7 +173,7 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 		case want[p.Name] == nil && !wantGroup[group]:
 			// Nothing waits for this group any more.
 			_ = s.deps.Placeholders.Delete(ctx, p, "no pending work needs it")
-		case p.Spec.NodeName != "" && !state.Terminal(p):
+		case p.Spec.NodeName != "" && !predicates.Terminal(p):
 			// The capacity arrived: free it for the real pods, and prefer this node.
 			s.mu.Lock()
 			s.preferred[group] = appendUniqueStr(s.preferred[group], p.Spec.NodeName)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -97,7 +98,7 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 	sc.byUID = make(map[types.UID]*corev1.Pod, len(sc.in.Pods))
 	sc.groups = map[string]*victimGroup{}
 	for _, p := range sc.in.Pods {
-		if state.Terminal(p) {
+		if predicates.Terminal(p) {
 			continue
 		}
 		sc.byUID[p.UID] = p
@@ -344,7 +345,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope) int {
 	if !sc.goingBuilt {
 		sc.goingBuilt = true
 		sc.withoutGoing = sc.without(func(p *corev1.Pod) bool {
-			return p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !state.Terminal(p) && sc.waitsFor(p)
+			return p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !predicates.Terminal(p) && sc.waitsFor(p)
 		})
 	}
 	if !s.fits(sc.withoutGoing, w) {

@@ -38,6 +38,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -738,7 +739,7 @@ type nodeSeen struct {
 func settleTaints(n *corev1.Node, now time.Time) []string {
 	var keys []string
 	for _, t := range n.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoExecute || (t.Key == api.TaintDraining && state.DrainingAt(n, now)) {
+		if t.Effect == corev1.TaintEffectNoExecute || (t.Key == api.TaintDraining && predicates.DrainingAt(n, now)) {
 			keys = append(keys, t.Key+":"+string(t.Effect))
 		}
 	}

@@ -17,7 +17,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 )
 
 // Assumed is a pod the coordinator has placed and is binding: it counts as
@@ -148,11 +148,11 @@ type podHeader struct {
 }
 
 func podHeaderOf(p *corev1.Pod) podHeader {
-	res := IsReservation(p)
+	res := predicates.IsReservation(p)
 	return podHeader{
 		uid:               p.UID,
 		nodeName:          p.Spec.NodeName,
-		terminal:          Terminal(p),
+		terminal:          predicates.Terminal(p),
 		reservation:       res,
 		planned:           p.Annotations[api.AnnotationGPU],
 		failedReservation: res && p.Status.Phase == corev1.PodFailed && p.DeletionTimestamp == nil,
@@ -183,7 +183,7 @@ type podFacts struct {
 func podFactsOf(p *corev1.Pod, timeslice string) podFacts {
 	f := podFacts{
 		d:           DemandOf(p, timeslice),
-		reservation: IsReservation(p),
+		reservation: predicates.IsReservation(p),
 		planned:     p.Annotations[api.AnnotationGPU],
 		allocated:   p.Annotations[api.AnnotationAllocatedGPU],
 		reserved:    p.Annotations[api.AnnotationReservedGPU],
@@ -245,11 +245,11 @@ func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
 		gpuIndex:      map[string]int{},
 		scalarMilli:   map[string]int64{},
 		unschedulable: n.Spec.Unschedulable,
-		ready:         readyCondition(n),
+		ready:         predicates.ReadyCondition(n),
 		deleting:      n.DeletionTimestamp != nil,
 		product:       n.Labels[api.LabelGPUProduct],
 	}
-	f.drainDeadline, f.draining = DrainDeadline(n)
+	f.drainDeadline, f.draining = predicates.DrainDeadline(n)
 	inv, hasInv := inventory(n)
 	f.inventory = make(map[string]api.GPUInfo, len(inv))
 	for _, g := range inv {
@@ -596,85 +596,20 @@ type Reservation struct {
 	NodeIdle bool
 }
 
-// ReservedGPU is the GPU a reservation pod holds: the one the kubelet gave
-// it, else the one the coordinator asked for.
-func ReservedGPU(p *corev1.Pod) string {
-	if g := p.Annotations[api.AnnotationReservedGPU]; g != "" {
-		return g
-	}
-	return p.Annotations[api.AnnotationGPU]
-}
-
-// Terminal tells whether a pod no longer holds resources.
-func Terminal(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-}
-
-// NodeReady tells whether a node may take new pods: not cordoned, not being
-// deleted, not being drained by consolidation (taint gpufrac.io/draining,
-// whatever the pods tolerate), and Ready.
-func NodeReady(n *corev1.Node) bool {
-	return !n.Spec.Unschedulable && n.DeletionTimestamp == nil && !Draining(n) && readyCondition(n)
-}
-
-// Draining tells whether consolidation drains the node (taint
-// gpufrac.io/draining, written only by the coordinator).
-func Draining(n *corev1.Node) bool {
-	_, ok := DrainDeadline(n)
-	return ok
-}
-
-// DrainingAt tells whether the node is drained at now: it carries the taint
-// and the deadline in it has not passed (a zero now ignores the deadline).
-// Past the deadline consolidation abandons the drain; a taint that outlives
-// it (consolidation turned off mid-drain, which also takes the
-// coordinator's right to write nodes, or node updates refused) keeps the
-// node out no longer.
-func DrainingAt(n *corev1.Node, now time.Time) bool {
-	deadline, ok := DrainDeadline(n)
-	return ok && (now.IsZero() || now.Unix() <= deadline)
-}
-
-// DrainDeadline is the deadline written in the node's gpufrac.io/draining
-// taint (Unix seconds); ok is false when the node has no such taint. A value
-// that does not parse is a deadline already passed.
-func DrainDeadline(n *corev1.Node) (deadline int64, ok bool) {
-	for _, t := range n.Spec.Taints {
-		if t.Key == api.TaintDraining {
-			d, err := strconv.ParseInt(t.Value, 10, 64)
-			if err != nil {
-				return 0, true
-			}
-			return d, true
-		}
-	}
-	return 0, false
-}
-
 // nodeReadyAt is NodeReady with drains ending at their deadline (DrainingAt).
 // A node being deleted stays out past it: consolidation may have deleted it
 // (Karpenter's finalizer terminates it), and nothing placed there lasts.
 func nodeReadyAt(n *corev1.Node, now time.Time) bool {
-	return !n.Spec.Unschedulable && n.DeletionTimestamp == nil && !DrainingAt(n, now) && readyCondition(n)
+	return !n.Spec.Unschedulable && n.DeletionTimestamp == nil && !predicates.DrainingAt(n, now) && predicates.ReadyCondition(n)
 }
 
 // placedTaints are the taints placement honours: a draining taint past its
 // deadline is left out (DrainingAt).
 func placedTaints(n *corev1.Node, now time.Time) []corev1.Taint {
-	if !Draining(n) || DrainingAt(n, now) {
+	if !predicates.Draining(n) || predicates.DrainingAt(n, now) {
 		return n.Spec.Taints
 	}
 	return slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
-}
-
-// readyCondition tells whether the node's Ready condition is True.
-func readyCondition(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // PodDemand is what one pod takes on its node.
@@ -703,20 +638,6 @@ func DemandOf(p *corev1.Pod, timeslice string) PodDemand {
 		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes,
 		WholeGPUs: r.Whole(), FractionPercent: r.Fraction(), Scalars: r.Scalars(),
 	}
-}
-
-// FractionGPU is the GPU a fraction pod uses: the one the node agent gave it,
-// else the one the coordinator chose.
-func FractionGPU(p *corev1.Pod) string {
-	if g := p.Annotations[api.AnnotationAllocatedGPU]; g != "" {
-		return g
-	}
-	return p.Annotations[api.AnnotationGPU]
-}
-
-// IsReservation tells whether p is a gpufrac reservation pod.
-func IsReservation(p *corev1.Pod) bool {
-	return p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RoleReservation
 }
 
 // fraction is one fraction pod on a node: the GPU the coordinator planned
@@ -1262,21 +1183,21 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 		why = fmt.Sprintf("node %s is being deleted", node)
 	case n.Spec.Unschedulable:
 		why = fmt.Sprintf("node %s is cordoned", node)
-	case DrainingAt(n, now):
+	case predicates.DrainingAt(n, now):
 		why = fmt.Sprintf("node %s is drained for consolidation", node)
 	case !nodeReadyAt(n, now):
 		why = fmt.Sprintf("node %s is not Ready", node)
 	default:
 		return // young (NotBefore) or settling: about to take fractions
 	}
-	g := ReservedGPU(p)
+	g := predicates.ReservedGPU(p)
 	key := NodeGPU{node, g}
 	if rs[key] == nil {
 		rs[key] = &Reservation{}
 	}
 	r := rs[key]
 	r.Pod, r.Orphaned = p, why
-	r.NodeGone, r.NodeLost = n == nil, n == nil || !readyCondition(n)
+	r.NodeGone, r.NodeLost = n == nil, n == nil || !predicates.ReadyCondition(n)
 	r.Ready = g != "" && p.Annotations[api.AnnotationReservedGPU] == g
 }
 

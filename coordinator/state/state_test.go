@@ -17,6 +17,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -663,7 +664,7 @@ func TestDrainingNodeIsBackPastItsDeadline(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			n := tainted(tt.deadline)
-			if got := !DrainingAt(n, now); got != tt.want {
+			if got := !predicates.DrainingAt(n, now); got != tt.want {
 				t.Errorf("DrainingAt = %v, want %v", !got, !tt.want)
 			}
 			s, err := Build(Inputs{Nodes: []*corev1.Node{n}, Now: now})

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/consolidation"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 	"github.com/gpufrac/gpufrac/tests/invariants"
 )
@@ -381,7 +382,7 @@ func TestConsolidationLeavesProtectedWorkAlone(t *testing.T) {
 		if err != nil {
 			return fmt.Errorf("node %s with protected work: %w", x, err)
 		}
-		if consolidation.IsDraining(n) {
+		if predicates.Draining(n) {
 			return fmt.Errorf("node %s with protected work was tainted %s: %v", x, api.TaintDraining, n.Spec.Taints)
 		}
 		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "critical", metav1.GetOptions{})
@@ -457,7 +458,7 @@ func TestConsolidationHonoursPodDisruptionBudgets(t *testing.T) {
 	// 20 s (twenty passes, several stability windows): no drain.
 	untouched := func(ctx context.Context) error {
 		for _, n := range gpuNodes(t, c) {
-			if consolidation.IsDraining(&n) {
+			if predicates.Draining(&n) {
 				return fmt.Errorf("node %s was tainted %s under a budget that allows no disruption", n.Name, api.TaintDraining)
 			}
 		}
