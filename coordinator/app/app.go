@@ -513,6 +513,11 @@ func (a *App) lead(ctx context.Context) error {
 	if _, err := nodeInf.Informer().AddEventHandler(nodeWake); err != nil {
 		return fmt.Errorf("watching nodes: %w", err)
 	}
+	// A pending pod of a Job waits for the Job in the cache (its gang is
+	// read from it): the Job's arrival must wake the cycle.
+	if _, err := jobInf.Informer().AddEventHandler(wake); err != nil {
+		return fmt.Errorf("watching jobs: %w", err)
+	}
 	if _, err := nsInf.Informer().AddEventHandler(wake); err != nil {
 		return fmt.Errorf("watching namespaces: %w", err)
 	}

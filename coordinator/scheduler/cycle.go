@@ -55,6 +55,7 @@ type cycle struct {
 	liveGroups map[string]bool // placeholder groups with placeholders or admitted pending work
 	asking     map[string]bool // workloads placeholders were made for
 	workloads  []*workload
+	deferred   int // pending pods whose Job or claims the caches do not show yet
 
 	// Decided by place.
 	wanted    map[state.NodeGPU]bool // GPUs whose reservation fractions wait for
@@ -240,7 +241,8 @@ func (c *cycle) collect() {
 			c.pending = append(c.pending, p)
 		}
 	}
-	workloads, invalid := s.group(c.pending, c.gangs, c.books)
+	workloads, invalid, deferred := s.group(c.pending, c.gangs, c.books)
+	c.deferred = deferred
 	workloads, invalid = s.dropOversizedGangs(c.snap, workloads, invalid)
 	for _, iv := range invalid {
 		s.markPending(c.ctx, iv.pod, "", binder.ReasonInvalidRequest, iv.message, &c.res)

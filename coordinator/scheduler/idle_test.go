@@ -5,7 +5,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -76,6 +79,10 @@ func TestClusterWaitingOnTimeIsNotIdle(t *testing.T) {
 		{name: "a reservation without fractions (removed after a grace)", pods: []*corev1.Pod{idleReservation()}},
 		{name: "fractions waiting for their reservation", pods: []*corev1.Pod{fracPod("f", "q", 40)},
 			setup: func(c *cluster) { c.s.deps.Reserver = &fakeReserver{c: c} }},
+		{name: "a pod whose Job the cache does not show yet", pods: []*corev1.Pod{jobPod("j-0", "j")},
+			setup: func(c *cluster) {
+				c.s.deps.Jobs = func(string, string) (*batchv1.Job, bool) { return nil, false }
+			}},
 		{name: "placeholder hints", setup: func(c *cluster) { c.s.released["group"] = c.s.clock.Now() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -92,4 +99,12 @@ func TestClusterWaitingOnTimeIsNotIdle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// jobPod is a pending 1-GPU pod of queue q controlled by Job job.
+func jobPod(name, job string) *corev1.Pod {
+	p := gpuPod(name, "q", 1)
+	yes := true
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job, UID: types.UID(job), Controller: &yes}}
+	return p
 }

@@ -87,13 +87,16 @@ type invalidPod struct {
 
 // group parses pending pods and gathers them into workloads. Gang members
 // already bound (or being bound) count toward min-member and pin the pool.
-func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) ([]*workload, []invalidPod) {
+// deferred counts the pods left for a later cycle because their Job or a
+// claim is not in the informers' caches yet.
+func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) (_ []*workload, _ []invalidPod, deferred int) {
 	var invalid []invalidPod
 	byKey := map[string]*workload{}
 	var order []string
 	for _, p := range pending {
 		pi, err := s.parse(p)
 		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
+			deferred++
 			continue // the Job or a claim is not in the cache yet: try again next cycle
 		}
 		if err == nil {
@@ -169,7 +172,7 @@ func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) 
 		}
 		ws = append(ws, w)
 	}
-	return ws, invalid
+	return ws, invalid, deferred
 }
 
 // gangsPlaced are the gang members bound or being bound (readBound counts
