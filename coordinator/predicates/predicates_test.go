@@ -21,8 +21,8 @@ func TestNodePredicates(t *testing.T) {
 	}
 	future, past := strconv.FormatInt(now.Add(time.Minute).Unix(), 10), strconv.FormatInt(now.Add(-time.Minute).Unix(), 10)
 	for _, tt := range []struct {
-		name                          string
-		edit                          func(n *corev1.Node)
+		name                           string
+		edit                           func(n *corev1.Node)
 		ready, draining, drainingAtNow bool
 	}{
 		{name: "ready", ready: true},
