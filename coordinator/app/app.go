@@ -368,6 +368,7 @@ func (a *App) lead(ctx context.Context) error {
 	var claimLister cache.GenericLister
 	var claimIndex cache.Indexer // NodeClaims by status.nodeName
 	var claimSynced cache.InformerSynced = func() bool { return true }
+	var nodeClaimInf cache.SharedIndexInformer
 	servesClaims, err := servesGroupVersion(ctx, a.client.Discovery(), nodeClaimGVR.GroupVersion().String())
 	if err != nil {
 		return err
@@ -378,6 +379,7 @@ func (a *App) lead(ctx context.Context) error {
 			return fmt.Errorf("indexing NodeClaims by node: %w", err)
 		}
 		claimLister, claimSynced, claimIndex = inf.Lister(), inf.Informer().HasSynced, inf.Informer().GetIndexer()
+		nodeClaimInf = inf.Informer()
 		a.cfg.Scheduler.ElasticPools = true // Karpenter can grow the pools
 	}
 
@@ -547,10 +549,17 @@ func (a *App) lead(ctx context.Context) error {
 	defer dynFactory.Shutdown()
 	defer sysFactory.Shutdown()
 	if draDeps != nil {
-		for _, inf := range []cache.SharedIndexInformer{factory.Resource().V1().ResourceSlices().Informer(), factory.Resource().V1().ResourceClaims().Informer()} {
+		for _, inf := range []cache.SharedIndexInformer{factory.Resource().V1().ResourceSlices().Informer(), factory.Resource().V1().ResourceClaims().Informer(), factory.Resource().V1().DeviceClasses().Informer()} {
 			if _, err := inf.AddEventHandler(wake); err != nil {
-				return fmt.Errorf("watching resource claims and slices: %w", err)
+				return fmt.Errorf("watching resource claims, slices and classes: %w", err)
 			}
+		}
+	}
+	if nodeClaimInf != nil {
+		// A NodeClaim's registration times settle its node (see
+		// scheduler.NodeRegistrations).
+		if _, err := nodeClaimInf.AddEventHandler(wake); err != nil {
+			return fmt.Errorf("watching NodeClaims: %w", err)
 		}
 	}
 	synced = append(synced, draSynced...)
