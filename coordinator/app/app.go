@@ -16,6 +16,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -383,6 +384,23 @@ func (a *App) lead(ctx context.Context) error {
 		a.cfg.Scheduler.ElasticPools = true // Karpenter can grow the pools
 	}
 
+	// PodGroups (scheduling.k8s.io/v1alpha2, Kubernetes 1.36 with the
+	// GenericWorkload gate): a pod's spec.schedulingGroup names its gang.
+	var podGroups func(ns, name string) (*schedulingv1alpha2.PodGroup, bool)
+	var podGroupInf cache.SharedIndexInformer
+	servesPodGroups, err := servesGroupVersion(ctx, a.client.Discovery(), schedulingv1alpha2.SchemeGroupVersion.String())
+	if err != nil {
+		return err
+	}
+	if servesPodGroups {
+		pgInf := factory.Scheduling().V1alpha2().PodGroups()
+		podGroupInf = pgInf.Informer()
+		podGroups = func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
+			pg, err := pgInf.Lister().PodGroups(ns).Get(name)
+			return pg, err == nil
+		}
+	}
+
 	// Resource claims (resource.k8s.io/v1, served since Kubernetes 1.34):
 	// the coordinator allocates its pods' claims on nodes in mode dra.
 	var draDeps *scheduler.DRADeps
@@ -437,11 +455,12 @@ func (a *App) lead(ctx context.Context) error {
 			j, err := jobLister.Jobs(ns).Get(name)
 			return j, err == nil
 		},
-		Queues:   scheduler.QueuesFromLister(queueInf.Lister()),
-		Binder:   bnd,
-		Evictor:  bnd,
-		Releaser: bnd,
-		Reserver: reserver,
+		PodGroups: podGroups,
+		Queues:    scheduler.QueuesFromLister(queueInf.Lister()),
+		Binder:    bnd,
+		Evictor:   bnd,
+		Releaser:  bnd,
+		Reserver:  reserver,
 		NodeClaims: func(name string) string {
 			if claimLister == nil {
 				return ""
@@ -532,6 +551,11 @@ func (a *App) lead(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watching events: %w", err)
 	}
+	if podGroupInf != nil {
+		if _, err := podGroupInf.AddEventHandler(wake); err != nil {
+			return fmt.Errorf("watching PodGroups: %w", err)
+		}
+	}
 	synced := []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced}
 	var consolidator *consolidation.Controller
 	if a.cfg.Consolidation {
@@ -563,6 +587,9 @@ func (a *App) lead(ctx context.Context) error {
 		}
 	}
 	synced = append(synced, draSynced...)
+	if podGroupInf != nil {
+		synced = append(synced, podGroupInf.HasSynced)
+	}
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}

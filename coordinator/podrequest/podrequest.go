@@ -34,6 +34,11 @@
 //     nvidia.com/gpu.product label (see MatchModels).
 //   - nodeSelector, required node affinity and tolerations: placement constraints.
 //   - label gpufrac.io/queue: the queue (required).
+//   - spec.schedulingGroup.podGroupName (Kubernetes' own gangs, KEP-4671;
+//     Options.PodGroupLookup): a PodGroup with the gang policy is a gang of
+//     min-member gang.minCount, named "podgroup/<name>"; with the basic policy
+//     each pod goes alone. A PodGroup not created yet makes the pod wait
+//     (Gang.Missing). Beside the label below, it is an invalid request.
 //   - label gpufrac.io/pod-group + annotation gpufrac.io/min-member: the gang;
 //     without them, a pod controlled by a batch/v1 Job with parallelism above 1
 //     belongs to the gang named after the Job, min-member min(parallelism, completions).
@@ -57,6 +62,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -80,6 +86,9 @@ type Options struct {
 	// NonPreemptiblePriority: pods with at least this priority are
 	// non-preemptible; nil means DefaultNonPreemptiblePriority.
 	NonPreemptiblePriority *int32
+	// PodGroupLookup finds a PodGroup (scheduling.k8s.io/v1alpha2) by
+	// namespace and name; nil when the API server serves none.
+	PodGroupLookup func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool)
 	// JobLookup finds a Job by namespace and name, for gangs derived from a
 	// pod's owning Job. Nil: pods are never grouped by their Job.
 	JobLookup func(namespace, name string) (*batchv1.Job, bool)
@@ -143,6 +152,10 @@ type Gang struct {
 	MinMember int32
 	// FromJob says the gang was derived from the owning Job, not from labels.
 	FromJob bool
+	// PodGroup names the pod's PodGroup (spec.schedulingGroup) when the gang
+	// is one; Missing says it does not exist (yet): the pod waits for it.
+	PodGroup string
+	Missing  bool
 }
 
 // Key is "namespace/name".
@@ -460,6 +473,9 @@ func (p *parser) gang() (*Gang, error) {
 		groupField = "metadata.labels[" + api.LabelPodGroup + "]"
 		minField   = "metadata.annotations[" + api.AnnotationMinMember + "]"
 	)
+	if sg := p.pod.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
+		return p.podGroupGang(*sg.PodGroupName)
+	}
 	group := p.pod.Labels[api.LabelPodGroup]
 	minStr, hasMin := p.pod.Annotations[api.AnnotationMinMember]
 	var minMember int32
@@ -505,6 +521,40 @@ func (p *parser) gang() (*Gang, error) {
 		}
 	}
 	return &Gang{Namespace: p.pod.Namespace, Name: name, MinMember: minMember, FromJob: true}, nil
+}
+
+// PodGroupGangPrefix starts the name of a gang read from a PodGroup: a
+// PodGroup and a gpufrac.io/pod-group label of the same name in one
+// namespace are two gangs.
+const PodGroupGangPrefix = "podgroup/"
+
+// podGroupGang reads the gang of a pod in PodGroup name (spec.schedulingGroup).
+func (p *parser) podGroupGang(name string) (*Gang, error) {
+	const field = "spec.schedulingGroup.podGroupName"
+	if _, labelled := p.pod.Labels[api.LabelPodGroup]; labelled {
+		p.add(field, "the pod is in PodGroup %q and names a gang with label %s too: use one", name, api.LabelPodGroup)
+		return nil, nil
+	}
+	if _, annotated := p.pod.Annotations[api.AnnotationMinMember]; annotated {
+		p.add(field, "the pod is in PodGroup %q, whose policy says how many pods start together, and sets annotation %s too: use one", name, api.AnnotationMinMember)
+		return nil, nil
+	}
+	if p.opts.PodGroupLookup == nil {
+		p.add(field, "the pod is in PodGroup %q but the coordinator reads no PodGroups (the API server serves no scheduling.k8s.io/v1alpha2, or the coordinator may not read it)", name)
+		return nil, nil
+	}
+	g := &Gang{Namespace: p.pod.Namespace, Name: PodGroupGangPrefix + name, PodGroup: name}
+	pg, ok := p.opts.PodGroupLookup(p.pod.Namespace, name)
+	switch {
+	case !ok:
+		g.Missing = true
+		return g, nil
+	case pg.Spec.SchedulingPolicy.Gang != nil:
+		g.MinMember = max(pg.Spec.SchedulingPolicy.Gang.MinCount, 1)
+		return g, nil
+	default:
+		return nil, nil // the basic policy: each pod on its own
+	}
 }
 
 // jobOwner returns the pod's controller reference when it is a batch/v1 Job.

@@ -9,6 +9,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -83,10 +84,25 @@ func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi pod
 	spec.Labels = map[string]string{api.LabelQueue: q}
 	spec.Annotations = nil
 	spec.OwnerReferences = nil
-	if pi, err = s.parseAsIs(&spec, nil, readClaims); err != nil {
+	spec.Spec.SchedulingGroup = nil // the gang is read below
+	if pi, err = s.parseAsIs(&spec, nil, nil, readClaims); err != nil {
 		return podInfo{}, false, err
 	}
 	pi.pod = p
+	if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
+		// Its PodGroup's gang (the spec field cannot change); its size read
+		// from the PodGroup now, which is why the parse is not kept.
+		pi.group = podrequest.PodGroupGangPrefix + *sg.PodGroupName
+		if s.deps.PodGroups != nil {
+			if readClaims != nil {
+				*readClaims = true
+			}
+			if pg, ok := s.deps.PodGroups(p.Namespace, *sg.PodGroupName); ok && pg.Spec.SchedulingPolicy.Gang != nil {
+				pi.minMember = int(pg.Spec.SchedulingPolicy.Gang.MinCount)
+			}
+		}
+		return s.admittedPreemptible(p, pi), true, nil
+	}
 	pi.group = p.Labels[api.LabelPodGroup]
 	if ref := metav1.GetControllerOf(p); pi.group == "" && ref != nil && ref.Kind == "Job" {
 		pi.group = ref.Name
@@ -98,6 +114,12 @@ func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi pod
 	if n, err := strconv.Atoi(strings.TrimSpace(p.Annotations[api.AnnotationMinMember])); err == nil && n > 0 && pi.group != "" {
 		pi.minMember = n
 	}
+	return s.admittedPreemptible(p, pi), true, nil
+}
+
+// admittedPreemptible sets pi's non-preemptible bit as the coordinator
+// recorded it when it admitted p.
+func (s *Scheduler) admittedPreemptible(p *corev1.Pod, pi podInfo) podInfo {
 	switch p.Annotations[api.AnnotationAdmittedPreemptible] {
 	case "true":
 		pi.nonPreemptible = false
@@ -109,7 +131,7 @@ func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi pod
 		// protects nothing).
 		pi.nonPreemptible = pi.nonPreemptible || strings.EqualFold(strings.TrimSpace(p.Annotations[api.AnnotationPreemptible]), "false")
 	}
-	return pi, true, nil
+	return pi
 }
 
 // withQueueLabel returns a copy of p (sharing all but its labels) whose
@@ -249,6 +271,9 @@ func (s *Scheduler) parseFor(p *corev1.Pod, queue string) (pi podInfo, err error
 	pi, err = s.parseAsIs(labelled, func(ns, name string) (*batchv1.Job, bool) {
 		readJob = true
 		return s.deps.Jobs(ns, name)
+	}, func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
+		readJob = true
+		return s.deps.PodGroups(ns, name)
 	}, &readClaims)
 	pi.pod = p
 	return pi, err, readJob || readClaims
@@ -256,12 +281,16 @@ func (s *Scheduler) parseFor(p *corev1.Pod, queue string) (pi podInfo, err error
 
 // parseAsIs parses p; it sets *readClaims (when not nil) if the parse read
 // a resource claim.
-func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool), readClaims *bool) (podInfo, error) {
+func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool),
+	podGroups func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool), readClaims *bool) (podInfo, error) {
 	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, GPUModels: s.models,
 		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli,
 		NonPreemptiblePriority: s.opts.NonPreemptiblePriority}
 	if s.deps.Jobs != nil {
 		opts.JobLookup = jobs
+	}
+	if s.deps.PodGroups != nil && podGroups != nil {
+		opts.PodGroupLookup = podGroups
 	}
 	if s.deps.DRA != nil {
 		get := s.deps.DRA.GetClaim
@@ -293,6 +322,9 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (
 	}
 	if r.Gang != nil {
 		pi.group, pi.minMember = r.Gang.Name, int(r.Gang.MinMember)
+		if r.Gang.Missing {
+			pi.missingGroup = r.Gang.PodGroup
+		}
 	}
 	return pi, nil
 }

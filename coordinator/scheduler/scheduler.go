@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -137,9 +138,12 @@ type Deps struct {
 	// gpufrac.io/default-queue); nil: no namespace has one.
 	Namespaces corelisters.NamespaceLister
 	// Jobs finds a pod's owning batch/v1 Job (gangs derived from parallelism); may be nil.
-	Jobs   func(namespace, name string) (*batchv1.Job, bool)
-	Queues QueueSource
-	Binder Binder
+	Jobs func(namespace, name string) (*batchv1.Job, bool)
+	// PodGroups finds a PodGroup (scheduling.k8s.io/v1alpha2: Kubernetes'
+	// own gangs); nil when the API server serves none.
+	PodGroups func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool)
+	Queues    QueueSource
+	Binder    Binder
 	// Reserver creates and removes reservation pods; nil binds fractions
 	// without reservations (only safe when nothing else uses the GPUs).
 	Reserver Reserver

@@ -17,11 +17,14 @@ import (
 
 // podInfo is one pending pod, parsed.
 type podInfo struct {
-	pod            *corev1.Pod
-	req            placement.Request
-	queue          string
-	group          string // "" for a single pod
-	minMember      int
+	pod       *corev1.Pod
+	req       placement.Request
+	queue     string
+	group     string // "" for a single pod
+	minMember int
+	// missingGroup names the PodGroup the pod is in when it does not exist
+	// (yet): its gang waits for it.
+	missingGroup   string
 	nonPreemptible bool
 	priority       int32
 	res            queue.Resources
@@ -166,7 +169,9 @@ func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) 
 			if w == nil {
 				continue
 			}
-			if have := len(w.pods) + placed.bound[id]; have < min {
+			if missing := w.pods[0].missingGroup; missing != "" {
+				w.incomplete = fmt.Sprintf("waiting for PodGroup %s/%s, which does not exist yet: its gang policy says how many pods start together", w.pods[0].pod.Namespace, missing)
+			} else if have := len(w.pods) + placed.bound[id]; have < min {
 				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), placed.bound[id])
 			}
 		}

@@ -182,6 +182,13 @@ func (w *PodWrapper) Queue(q string) *PodWrapper { return w.Label(api.LabelQueue
 // PodGroup sets the gpufrac.io/pod-group label (the gang's name).
 func (w *PodWrapper) PodGroup(name string) *PodWrapper { return w.Label(api.LabelPodGroup, name) }
 
+// SchedulingGroup puts the pod in PodGroup name (spec.schedulingGroup,
+// Kubernetes' own gangs).
+func (w *PodWrapper) SchedulingGroup(name string) *PodWrapper {
+	w.pod.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: &name}
+	return w
+}
+
 // MinMember sets the gpufrac.io/min-member annotation.
 func (w *PodWrapper) MinMember(n int) *PodWrapper {
 	return w.Annotation(api.AnnotationMinMember, strconv.Itoa(n))

@@ -1,0 +1,112 @@
+package scheduler
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/tests/builders"
+)
+
+// podGroupsOf is a Deps.PodGroups over the given PodGroups.
+func podGroupsOf(pgs ...*schedulingv1alpha2.PodGroup) func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
+	return func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
+		for _, pg := range pgs {
+			if pg.Namespace == ns && pg.Name == name {
+				return pg, true
+			}
+		}
+		return nil, false
+	}
+}
+
+func gangPodGroup(name string, minCount int32) *schedulingv1alpha2.PodGroup {
+	return &schedulingv1alpha2.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
+			Gang: &schedulingv1alpha2.GangSchedulingPolicy{MinCount: minCount}}},
+	}
+}
+
+func podGroupMembers(group string, n int) []*corev1.Pod {
+	var pods []*corev1.Pod
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", group, i)
+		pods = append(pods, builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").SchedulingGroup(group).UID(name).Obj())
+	}
+	return pods
+}
+
+// TestPodGroupIsAGang: pods in a PodGroup with the gang policy (KEP-4671,
+// spec.schedulingGroup) are placed all or nothing.
+func TestPodGroupIsAGang(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		groups     []*schedulingv1alpha2.PodGroup
+		members    int
+		gpus       int  // on the one node
+		fixedPools bool // no Karpenter: pools cannot grow
+		wantBound  int
+		reason     string // of the pods left pending
+		message    string // in their message
+	}{
+		{name: "fits whole", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 4)}, members: 4, gpus: 8, wantBound: 4},
+		{name: "too few members", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 4)}, members: 3, gpus: 8,
+			reason: api.ReasonGangIncomplete, message: "has 3 of its 4 members"},
+		{name: "does not fit whole: none bound (Karpenter asked for it)", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 8)}, members: 8, gpus: 4,
+			reason: api.ReasonNoCapacity, message: "gang default/podgroup/train (8 pods) does not fit"},
+		{name: "larger than any pool can grow", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 8)}, members: 8, gpus: 4, fixedPools: true,
+			reason: api.ReasonInvalidRequest, message: "needs 8 GPUs but the largest node pool has 4"},
+		{name: "its PodGroup not created yet", members: 2, gpus: 8,
+			reason: api.ReasonGangIncomplete, message: "waiting for PodGroup default/train"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pods := podGroupMembers("train", tc.members)
+			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", tc.gpus)}, []*v1alpha1.Queue{queueOf("q", "16")}, pods...)
+			c.s.deps.PodGroups = podGroupsOf(tc.groups...)
+			c.s.opts.ElasticPools = !tc.fixedPools
+			c.cycle()
+			bound := 0
+			for _, p := range pods {
+				if c.boundTo(p.Name) != "" {
+					bound++
+					continue
+				}
+				if r, m := c.reason(p.Name), c.b.Messages[p.Name]; r != tc.reason || !strings.Contains(m, tc.message) {
+					t.Errorf("%s pending %s %q, want %s with %q", p.Name, r, m, tc.reason, tc.message)
+				}
+			}
+			if bound != tc.wantBound {
+				t.Errorf("%d of %d members bound, want %d", bound, len(pods), tc.wantBound)
+			}
+		})
+	}
+}
+
+// TestPodGroupBasicPolicyPlacesEachPodAlone: the basic policy is no gang.
+func TestPodGroupBasicPolicyPlacesEachPodAlone(t *testing.T) {
+	basic := &schedulingv1alpha2.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "default"},
+		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
+			Basic: &schedulingv1alpha2.BasicSchedulingPolicy{}}},
+	}
+	pods := podGroupMembers("serve", 3)
+	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "16")}, pods...)
+	c.s.deps.PodGroups = podGroupsOf(basic)
+	c.cycle()
+	bound := 0
+	for _, p := range pods {
+		if c.boundTo(p.Name) != "" {
+			bound++
+		}
+	}
+	if bound != 2 {
+		t.Errorf("%d of 3 pods bound on 2 GPUs, want 2 (each pod on its own)", bound)
+	}
+}
