@@ -447,6 +447,11 @@ func (w *world) placeholders() {
 		if g := p.Labels[api.LabelPodGroup]; g != "" {
 			admitted[p.Namespace+"/"+g] = true
 		}
+		if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
+			// A PodGroup's gang (KEP-4671), as the coordinator names it
+			// (podrequest.PodGroupGangPrefix).
+			admitted[p.Namespace+"/podgroup/"+*sg.PodGroupName] = true
+		}
 		could += gpusAtMost(p)
 	}
 	var asked int64 // GPUs the placeholders ask
