@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -40,7 +41,11 @@ const maxConfigErrorLen = 1024
 func (a *Agent) reportFailClosed(ctx context.Context, err error) {
 	klog.FromContext(ctx).Error(err, "Config unusable at start; failing closed: whole GPUs only, nothing shared, until a valid config appears", "file", a.cfg.ConfigFile)
 	a.metrics.FailClosed(true)
-	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected",
+	action := actionFailClosed
+	if errors.Is(err, ErrServingChanged) {
+		action = actionServingPath
+	}
+	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", action,
 		"gpufrac-node fails closed: it serves whole GPUs only (no fractions, time-sliced replicas or MIG devices) until a valid config is loaded: %v", err)
 	msg := err.Error()
 	if len(msg) > maxConfigErrorLen {
@@ -53,7 +58,7 @@ func (a *Agent) reportFailClosed(ctx context.Context, err error) {
 func (a *Agent) reportReopened(ctx context.Context) {
 	klog.FromContext(ctx).Info("A valid config is in force again; no longer failing closed")
 	a.metrics.FailClosed(false)
-	a.nodeEvent(corev1.EventTypeNormal, "GPUConfigApplied", "gpufrac-node serves its config again after failing closed")
+	a.nodeEvent(corev1.EventTypeNormal, "GPUConfigApplied", actionFailClosed, "gpufrac-node serves its config again after failing closed")
 	a.patchConfigError(ctx, nil)
 }
 
@@ -78,7 +83,7 @@ func (a *Agent) writeConfigErrorLocked(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Encoding the config error annotation")
 		return
 	}
-	if _, err := a.client.PatchNode(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
 		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Writing the config error on the Node failed; will retry")
 		return
 	}
