@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -90,9 +90,9 @@ func (a *Agent) writeConfigErrorLocked(ctx context.Context) {
 	a.configErrStale = false
 }
 
-// resyncNode tries again, every NodeResyncInterval until ctx ends, the
-// writes of the Node's annotations that failed: the config error, and the
-// GPU inventory (which publishInventory writes only when it differs from
+// resyncNode tries again, every NodeResyncInterval (up to 10 % longer at
+// random) until ctx ends, the writes of the Node's annotations that failed:
+// the config error, and the GPU inventory (which publishInventory writes only when it differs from
 // what it last wrote). Without it a write refused once (the API server
 // restarting, or throttling every agent of a rollout) stayed missing until
 // the next change: no inventory meant no fractions placed on the node.
@@ -101,19 +101,17 @@ func (a *Agent) resyncNode(ctx context.Context) error {
 	if interval <= 0 {
 		interval = DefaultNodeResyncInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	// Each wait up to 10 % longer at random: a rollout's agents, refused
+	// together, do not all come back at once.
+	delay := wait.Backoff{Duration: interval, Jitter: 0.1}.DelayFunc()
+	_ = delay.Until(ctx, false, true, func(ctx context.Context) (bool, error) {
 		a.cfgErrMu.Lock()
 		if a.configErrStale {
 			a.writeConfigErrorLocked(ctx)
 		}
 		a.cfgErrMu.Unlock()
 		a.publishInventory(ctx)
-	}
+		return false, nil
+	})
+	return nil
 }
