@@ -368,6 +368,39 @@ func TestChartEnforcementHasWhatItNeeds(t *testing.T) {
 	}
 }
 
+// TestChartNodeEventRBAC: gpufrac-node records events through client-go's
+// tools/events, which creates events.k8s.io/v1 Events and patches their
+// series; it writes no core/v1 Events, so its role grants none (least
+// privilege).
+func TestChartNodeEventRBAC(t *testing.T) {
+	objs := render(t, helmPath(t, cluster.Helm3))
+	role := objs.Find("ClusterRole", "gpufrac-node")
+	if role == nil {
+		t.Fatal("no ClusterRole gpufrac-node")
+	}
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	var granted []string // "group resource verb"
+	for _, r := range rules {
+		m := r.(map[string]any)
+		groups, _, _ := unstructured.NestedStringSlice(m, "apiGroups")
+		resources, _, _ := unstructured.NestedStringSlice(m, "resources")
+		verbs, _, _ := unstructured.NestedStringSlice(m, "verbs")
+		for _, g := range groups {
+			for _, res := range resources {
+				for _, v := range verbs {
+					if res == "events" {
+						granted = append(granted, g+" "+res+" "+v)
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(granted)
+	if diff := cmp.Diff([]string{"events.k8s.io events create", "events.k8s.io events patch"}, granted); diff != "" {
+		t.Errorf("gpufrac-node's rights on events (-want +got):\n%s", diff)
+	}
+}
+
 // TestChartSchemaPolicies: the schema's placement policies are the
 // coordinator's.
 func TestChartSchemaPolicies(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -129,7 +130,8 @@ func run(o options) error {
 	}
 	if rc != nil {
 		// Mode dra reads claims and publishes ResourceSlices through a
-		// resource.k8s.io/v1 REST client (not a clientset: see newClient).
+		// resource.k8s.io/v1 REST client sharing the clientset's rate
+		// limiter (rc is pods.WithDefaults').
 		if cfg.DRA.API, err = draplugin.NewClient(rc); err != nil {
 			return fmt.Errorf("building API client: %w", err)
 		}
@@ -137,7 +139,7 @@ func run(o options) error {
 	var a *agent.Agent
 	switch {
 	case client == nil:
-		a = agent.New(cfg, lib, nil) // a nil *pods.RESTClient would not be a nil pods.Client
+		a = agent.New(cfg, lib, nil) // a nil *kubernetes.Clientset would not be a nil kubernetes.Interface
 	case cfg.NodeName == "":
 		return errors.New("--node-name (or $NODE_NAME) is required with API access")
 	default:
@@ -178,11 +180,10 @@ func newLib(ctx context.Context, flagValue, stateDir, nodeName string, gpus int)
 	return m, nil
 }
 
-// newClient returns nil (standalone) when there is no way to reach the API.
-// It is pods.NewClient, not client-go's clientset: the clientset links every
-// API group and makes the binary's resident image twice the size
-// (deps_test.go keeps it out).
-func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, *rest.Config, error) {
+// newClient returns nil (standalone) when there is no way to reach the API,
+// else client-go's clientset and the config it was built from
+// (pods.WithDefaults: one token bucket for all the agent's API clients).
+func newClient(kubeconfig string, standaloneOK bool) (*kubernetes.Clientset, *rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -198,7 +199,8 @@ func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, *rest.Co
 		return nil, nil, fmt.Errorf("building API client config: %w", err)
 	}
 	rc.UserAgent = "gpufrac-node"
-	c, err := pods.NewClient(rc)
+	rc = pods.WithDefaults(rc)
+	c, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("building API client: %w", err)
 	}

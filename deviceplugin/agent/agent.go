@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,8 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/clock"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
@@ -79,7 +83,7 @@ const DefaultNodeResyncInterval = 30 * time.Second
 type Agent struct {
 	cfg    Config
 	lib    nvidia.Lib
-	client pods.Client // nil: standalone, no API access
+	client *apiClient // nil: standalone, no API access
 	reg    *prometheus.Registry
 
 	manager  *plugin.Manager // nil in mode dra
@@ -90,8 +94,9 @@ type Agent struct {
 	podRes   *pods.PodResources
 	watchdog *enforcement.Watchdog
 	metrics  *metrics.Metrics
-	cdi      *cdi.Checker   // nil unless the device-list strategy is cdi
-	recorder *eventRecorder // nil: standalone, events are dropped
+	cdi      *cdi.Checker               // nil unless the device-list strategy is cdi
+	events   events.EventBroadcaster    // nil: standalone
+	recorder events.EventRecorderLogger // nil: standalone, events are dropped
 	gpus     []nvidia.GPU
 	topology []*gpuallocator.Device
 
@@ -121,17 +126,30 @@ type Agent struct {
 	modes          []config.Mode // per-GPU modes in force, by index
 }
 
-// New returns an agent on lib; client may be nil (standalone mode). The
-// binary passes a pods.RESTClient, which links only the core/v1 and
-// policy/v1 API types.
-func New(cfg Config, lib nvidia.Lib, client pods.Client) *Agent {
+// apiClient is the agent's clientset. GetNode reads the agent's Node for
+// the DRA driver (dra.go).
+type apiClient struct {
+	kubernetes.Interface
+}
+
+// GetNode reads a Node.
+func (c *apiClient) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	return c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+}
+
+// New returns an agent on lib; client may be nil (standalone mode).
+func New(cfg Config, lib nvidia.Lib, client kubernetes.Interface) *Agent {
 	if cfg.HealthQuietPeriod <= 0 {
 		cfg.HealthQuietPeriod = 5 * time.Minute
 	}
 	if cfg.DeviceListStrategy == "" {
 		cfg.DeviceListStrategy = resource.StrategyDeviceSpecs
 	}
-	return &Agent{cfg: cfg, lib: lib, client: client, reg: prometheus.NewRegistry()}
+	a := &Agent{cfg: cfg, lib: lib, reg: prometheus.NewRegistry()}
+	if client != nil {
+		a.client = &apiClient{Interface: client}
+	}
+	return a
 }
 
 // Registry is the agent's metrics registry.
@@ -194,8 +212,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	// Cancel before waiting: a Run that fails half-way must stop the
-	// components it started, or it waits for them forever.
-	defer func() { cancel(); wg.Wait() }()
+	// components it started, or it waits for them forever. The event
+	// broadcaster goes last, once nothing records.
+	defer func() {
+		cancel()
+		wg.Wait()
+		if a.events != nil {
+			a.events.Shutdown()
+		}
+	}()
 	goRun := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {
@@ -208,8 +233,9 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	// 1. Kubernetes side: events on the Node, node labels, pod hints.
 	if a.client != nil {
-		a.recorder = newEventRecorder(ctx, a.client, corev1.EventSource{Component: "gpufrac-node", Host: a.cfg.NodeName}, clock.RealClock{})
-		goRun("events", a.recorder.Run)
+		if a.events, a.recorder, err = startEvents(ctx, a.client.Interface); err != nil {
+			return err
+		}
 	}
 	labelsErr := a.readLabels(ctx)
 	if a.cfg.PodResourcesSocket != "" {
@@ -225,7 +251,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs, fractions and replicas")
 	}
 	if a.client != nil {
-		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
+		a.hint = pods.NewHint(a.client.Interface, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
 		goRun("pod-hints", a.hint.Run)
 	}
 
@@ -255,7 +281,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.metrics.Xid(ev, critical)
 			}
 			if critical {
-				a.nodeEvent(corev1.EventTypeWarning, "GPUXid", "GPU %s reported critical Xid %d; unhealthy for %s", ev.UUID, ev.Xid, a.cfg.HealthQuietPeriod)
+				a.nodeEvent(corev1.EventTypeWarning, "GPUXid", actionCheckHealth, "GPU %s reported critical Xid %d; unhealthy for %s", ev.UUID, ev.Xid, a.cfg.HealthQuietPeriod)
 			}
 		},
 	})
@@ -273,10 +299,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			SpecDirs: a.cfg.CDISpecDirs, Interval: a.cfg.CDICheckInterval, Registerer: a.reg,
 			OnChange: func(st cdi.Status) {
 				if st.OK() {
-					a.nodeEvent(corev1.EventTypeNormal, "CDISpecResolved", "every GPU and MIG device served resolves in the node's CDI specs")
+					a.nodeEvent(corev1.EventTypeNormal, "CDISpecResolved", actionCheckCDI, "every GPU and MIG device served resolves in the node's CDI specs")
 					return
 				}
-				a.nodeEvent(corev1.EventTypeWarning, "CDISpecMissing", "%s", a.cdi.Describe(st))
+				a.nodeEvent(corev1.EventTypeWarning, "CDISpecMissing", actionCheckCDI, "%s", a.cdi.Describe(st))
 			},
 		})
 		if err != nil {
@@ -311,7 +337,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}),
 			config.WithOnReject(func(err error) {
 				logger.Error(err, "Config rejected; keeping the last good config")
-				a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", "gpufrac-node kept its last good config: %v", err)
+				a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", actionLoadConfig, "gpufrac-node kept its last good config: %v", err)
 			}))
 		if err != nil {
 			return fmt.Errorf("watching config: %w", err)
@@ -523,22 +549,21 @@ func (a *Agent) applyDRALocked(ctx context.Context, f *config.File) error {
 }
 
 // readLabels reads this node's labels, which choose its config group,
-// trying a few times. Without API access there are none to read. It
-// returns why they could not be read; awaitLabels keeps trying.
+// trying a few times (startLabelsBackoff: five reads within about two
+// seconds). Without API access there are none to read. It returns why they
+// could not be read; awaitLabels keeps trying.
 func (a *Agent) readLabels(ctx context.Context) error {
 	if a.client == nil {
 		a.setLabels(nil)
 		return nil
 	}
 	var err error
-	for i := 0; i < 5 && ctx.Err() == nil; i++ {
-		if err = a.getLabels(ctx); err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(i+1) * 200 * time.Millisecond):
-		}
+	_ = wait.ExponentialBackoffWithContext(ctx, startLabelsBackoff, func(ctx context.Context) (bool, error) {
+		err = a.getLabels(ctx)
+		return err == nil, nil
+	})
+	if err == nil {
+		return nil
 	}
 	klog.FromContext(ctx).Error(err, "Reading node labels failed; configs with node groups wait for them, whole GPUs only meanwhile", "node", a.cfg.NodeName)
 	return err
@@ -548,7 +573,7 @@ func (a *Agent) readLabels(ctx context.Context) error {
 func (a *Agent) getLabels(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	node, err := a.client.GetNode(rctx, a.cfg.NodeName)
+	node, err := a.client.CoreV1().Nodes().Get(rctx, a.cfg.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", a.cfg.NodeName, err)
 	}
@@ -556,28 +581,39 @@ func (a *Agent) getLabels(ctx context.Context) error {
 	return nil
 }
 
-// awaitLabels reads the node's labels until it succeeds (backing off up
-// to maxLabelsBackoff), then applies the config that waited for them.
+// awaitLabels reads the node's labels until it succeeds or ctx ends,
+// waiting labelsBackoff between reads (1 s doubling up to
+// maxLabelsBackoff, jittered), then applies the config that waited for
+// them.
 func (a *Agent) awaitLabels(ctx context.Context, deps resource.Deps) error {
-	backoff := time.Second
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
+	delay := labelsBackoff.DelayFunc()
+	err := delay.Until(ctx, false, true, func(ctx context.Context) (bool, error) {
 		if err := a.getLabels(ctx); err != nil {
-			klog.FromContext(ctx).V(2).Info("Reading node labels failed; will retry", "node", a.cfg.NodeName, "err", err, "retryIn", backoff)
-			backoff = min(2*backoff, maxLabelsBackoff)
-			continue
+			klog.FromContext(ctx).V(2).Info("Reading node labels failed; will retry", "node", a.cfg.NodeName, "err", err)
+			return false, nil
 		}
-		klog.FromContext(ctx).Info("Read the node's labels; applying the config that waited for them", "node", a.cfg.NodeName)
-		return a.apply(ctx, nil, deps)
+		return true, nil
+	})
+	if err != nil {
+		return nil // ctx ended
 	}
+	klog.FromContext(ctx).Info("Read the node's labels; applying the config that waited for them", "node", a.cfg.NodeName)
+	return a.apply(ctx, nil, deps)
 }
 
 // maxLabelsBackoff bounds the wait between two reads of the node's labels.
 const maxLabelsBackoff = 30 * time.Second
+
+// The waits between reads of the node's labels are up to 10 % longer at
+// random, so a rollout's agents do not retry in step.
+var (
+	// startLabelsBackoff: readLabels reads five times, 200, 300, 450 and
+	// 675 ms apart (the start of the agent waits for them).
+	startLabelsBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.5, Jitter: 0.1, Steps: 5}
+	// labelsBackoff: awaitLabels waits 1 s, doubling up to
+	// maxLabelsBackoff, then steady until ctx ends.
+	labelsBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: maxLabelsBackoff}
+)
 
 func (a *Agent) setLabels(l map[string]string) {
 	a.labelsMu.Lock()
@@ -597,14 +633,6 @@ func (a *Agent) labelsKnown() bool {
 	a.labelsMu.Lock()
 	defer a.labelsMu.Unlock()
 	return a.labelsRead
-}
-
-func (a *Agent) nodeEvent(typ, reason, format string, args ...any) {
-	if a.recorder == nil || a.cfg.NodeName == "" {
-		return
-	}
-	ref := &corev1.ObjectReference{Kind: "Node", Name: a.cfg.NodeName, UID: typesUID(a.cfg.NodeName)}
-	a.recorder.Eventf(ref, typ, reason, format, args...)
 }
 
 // allocObserver counts allocations, tells PodResources which devices were
@@ -650,8 +678,8 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 		klog.FromContext(ctx).Info("No API access: the GPU memory watchdog cannot map processes to pods and only reports")
 		return enforcement.New(o)
 	}
-	o.Evictor, o.Recorder = enforcement.NewEvictor(a.client), a.recorder
-	if inf, err := enforcement.NewPodInformer(a.client, a.cfg.NodeName); err != nil {
+	o.Evictor, o.Recorder = enforcement.NewEvictor(a.client.PolicyV1()), a.recorder
+	if inf, err := enforcement.NewPodInformer(a.client.Interface, a.cfg.NodeName); err != nil {
 		klog.FromContext(ctx).Error(err, "GPU memory watchdog cannot watch pods; it only reports")
 	} else {
 		o.Pods = inf
@@ -683,7 +711,7 @@ func (a *Agent) startPartitioning(ctx context.Context, deps *resource.Deps, goRu
 			if warning {
 				typ = corev1.EventTypeWarning
 			}
-			a.nodeEvent(typ, reason, "%s", message)
+			a.nodeEvent(typ, reason, actionReshapeMIG, "%s", message)
 		},
 		Retry: func(ctx context.Context) {
 			if err := a.apply(ctx, nil, *deps); err != nil {

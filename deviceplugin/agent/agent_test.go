@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,7 +23,6 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
-	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
@@ -125,7 +125,7 @@ func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod
 		mod(&cfg)
 	}
 	e.lib = lib
-	e.agent = New(cfg, lib, podstest.Clientset{Interface: e.client})
+	e.agent = New(cfg, lib, e.client)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- e.agent.Run(runCtx) }()
@@ -197,21 +197,74 @@ func (e *env) poll(what string, cond func() bool) {
 	}
 }
 
-// nodeEvents returns "type reason: message" of the events on this Node.
+// nodeEvents returns "type reason: note" of the events (events.k8s.io/v1)
+// on this Node, one per event object.
 func (e *env) nodeEvents() []string {
 	e.t.Helper()
-	list, err := e.client.CoreV1().Events("").List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	var out []string
-	for _, ev := range list.Items {
-		if ev.InvolvedObject.Kind == "Node" && ev.InvolvedObject.Name == nodeName {
-			out = append(out, fmt.Sprintf("%s %s: %s", ev.Type, ev.Reason, ev.Message))
-		}
+	for _, ev := range e.nodeEventObjects() {
+		out = append(out, fmt.Sprintf("%s %s: %s", ev.Type, ev.Reason, ev.Note))
 	}
 	slices.Sort(out)
 	return out
+}
+
+// occurrences counts the occurrences of the Node's events whose "type
+// reason: note" starts with prefix: one per event, two or more for an
+// event with a series. tools/events writes a series' count when it starts
+// (2), then only every 30 minutes and when it ends (6 minutes quiet), so
+// it sees at most 2 per event in a test.
+func (e *env) occurrences(prefix string) int {
+	e.t.Helper()
+	n := 0
+	for _, ev := range e.nodeEventObjects() {
+		if !strings.HasPrefix(fmt.Sprintf("%s %s: %s", ev.Type, ev.Reason, ev.Note), prefix) {
+			continue
+		}
+		if ev.Series != nil {
+			n += int(ev.Series.Count)
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *env) nodeEventObjects() []eventsv1.Event {
+	e.t.Helper()
+	list, err := e.client.EventsV1().Events("").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, ev := range list.Items {
+		if ev.Regarding.Kind == "Node" && ev.Regarding.Name == nodeName {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// rejectedReloads is gpufrac_config_reloads_total{result="rejected"}.
+func rejectedReloads(t *testing.T, e *env) float64 {
+	t.Helper()
+	mfs, err := e.agent.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpufrac_config_reloads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "rejected" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 const fractionConfig = "version: v1\ndefault:\n  mode: fraction\n"
@@ -219,7 +272,10 @@ const fractionConfig = "version: v1\ndefault:\n  mode: fraction\n"
 // TestConfigRejectedAtRuntime breaks the admin's config while the agent
 // runs: each broken version gives a Warning event GPUConfigRejected on the
 // Node and changes nothing the kubelet sees; a valid version afterwards is
-// applied.
+// applied. The first rejection's event says why; tools/events counts the
+// later ones on its series (same object, reason and action), keeping its
+// note, so their reasons are in the log (and the reloads metric counts
+// them).
 func TestConfigRejectedAtRuntime(t *testing.T) {
 	e := startAgent(t, fractionConfig)
 	serving := map[string]served{
@@ -241,17 +297,18 @@ func TestConfigRejectedAtRuntime(t *testing.T) {
 		{name: "unknown field", content: "version: v1\ndefault:\n  mdoe: exclusive\n", want: "mdoe"},
 		{name: "unknown version", content: "version: v9\ndefault:\n  mode: exclusive\n", want: "v9"},
 	}
-	for _, b := range broken {
+	for i, b := range broken {
 		e.writeConfig(b.content)
 		var got string
 		e.poll(b.name+": a GPUConfigRejected event", func() bool {
 			for _, ev := range e.nodeEvents() {
-				if strings.HasPrefix(ev, "Warning GPUConfigRejected: ") && strings.Contains(ev, b.want) && !seenBefore(ev, broken, b.name) {
+				if strings.HasPrefix(ev, "Warning GPUConfigRejected: ") && strings.Contains(ev, broken[0].want) {
 					got = ev
-					return true
 				}
 			}
-			return false
+			// The series starts with the second rejection; later ones
+			// count on it, written later.
+			return got != "" && e.occurrences("Warning GPUConfigRejected: ") == min(i+1, 2) && rejectedReloads(t, e) == float64(i+1)
 		})
 		t.Logf("%s: %s", b.name, got)
 		if diff := cmp.Diff(serving, e.served()); diff != "" {
@@ -268,20 +325,6 @@ func TestConfigRejectedAtRuntime(t *testing.T) {
 	if diff := cmp.Diff([]string{api.ResourceGPU}, e.agent.Resources()); diff != "" {
 		t.Errorf("served resources (-want +got):\n%s", diff)
 	}
-}
-
-// seenBefore tells whether an event message belongs to an earlier broken
-// config (the same text matching two cases would hide a missing event).
-func seenBefore(ev string, broken []struct{ name, content, want string }, current string) bool {
-	for _, b := range broken {
-		if b.name == current {
-			return false
-		}
-		if strings.Contains(ev, b.want) {
-			return true
-		}
-	}
-	return false
 }
 
 // fractionPod is a pod the coordinator placed on gpu and bound here.

@@ -41,7 +41,8 @@ func (e *env) writeSpec(dir string) {
 	}
 }
 
-// countEvents counts the Node events starting with prefix.
+// countEvents counts the Node events starting with prefix (event objects:
+// a series is one).
 func (e *env) countEvents(prefix string) int {
 	n := 0
 	for _, ev := range e.nodeEvents() {
@@ -104,10 +105,11 @@ func TestCDISpecsAreChecked(t *testing.T) {
 	e.kubelet.Release("mig-2")
 
 	// 3. The admin changes the MIG layout: the spec no longer names the new
-	// MIG devices, and the node says so again.
+	// MIG devices, and the node says so again (counted on the first
+	// CDISpecMissing event's series).
 	e.writeConfig(strings.Replace(migConfig, "%s", "all-3g.40gb", 1))
 	e.poll("a second CDISpecMissing event after the MIG layout change", func() bool {
-		return e.countEvents("Warning CDISpecMissing: ") == 2
+		return e.occurrences("Warning CDISpecMissing: ") == 2
 	})
 	// (Ready may first say the new MIG resource is registering.)
 	e.poll("Ready() to say ErrUnresolved after the layout change", func() bool { return errors.Is(e.agent.Ready(), cdi.ErrUnresolved) })

@@ -3,12 +3,13 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -40,7 +41,11 @@ const maxConfigErrorLen = 1024
 func (a *Agent) reportFailClosed(ctx context.Context, err error) {
 	klog.FromContext(ctx).Error(err, "Config unusable at start; failing closed: whole GPUs only, nothing shared, until a valid config appears", "file", a.cfg.ConfigFile)
 	a.metrics.FailClosed(true)
-	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected",
+	action := actionFailClosed
+	if errors.Is(err, ErrServingChanged) {
+		action = actionServingPath
+	}
+	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", action,
 		"gpufrac-node fails closed: it serves whole GPUs only (no fractions, time-sliced replicas or MIG devices) until a valid config is loaded: %v", err)
 	msg := err.Error()
 	if len(msg) > maxConfigErrorLen {
@@ -53,7 +58,7 @@ func (a *Agent) reportFailClosed(ctx context.Context, err error) {
 func (a *Agent) reportReopened(ctx context.Context) {
 	klog.FromContext(ctx).Info("A valid config is in force again; no longer failing closed")
 	a.metrics.FailClosed(false)
-	a.nodeEvent(corev1.EventTypeNormal, "GPUConfigApplied", "gpufrac-node serves its config again after failing closed")
+	a.nodeEvent(corev1.EventTypeNormal, "GPUConfigApplied", actionFailClosed, "gpufrac-node serves its config again after failing closed")
 	a.patchConfigError(ctx, nil)
 }
 
@@ -78,16 +83,16 @@ func (a *Agent) writeConfigErrorLocked(ctx context.Context) {
 		klog.FromContext(ctx).Error(err, "Encoding the config error annotation")
 		return
 	}
-	if _, err := a.client.PatchNode(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
 		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Writing the config error on the Node failed; will retry")
 		return
 	}
 	a.configErrStale = false
 }
 
-// resyncNode tries again, every NodeResyncInterval until ctx ends, the
-// writes of the Node's annotations that failed: the config error, and the
-// GPU inventory (which publishInventory writes only when it differs from
+// resyncNode tries again, every NodeResyncInterval (up to 10 % longer at
+// random) until ctx ends, the writes of the Node's annotations that failed:
+// the config error, and the GPU inventory (which publishInventory writes only when it differs from
 // what it last wrote). Without it a write refused once (the API server
 // restarting, or throttling every agent of a rollout) stayed missing until
 // the next change: no inventory meant no fractions placed on the node.
@@ -96,19 +101,17 @@ func (a *Agent) resyncNode(ctx context.Context) error {
 	if interval <= 0 {
 		interval = DefaultNodeResyncInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	// Each wait up to 10 % longer at random: a rollout's agents, refused
+	// together, do not all come back at once.
+	delay := wait.Backoff{Duration: interval, Jitter: 0.1}.DelayFunc()
+	_ = delay.Until(ctx, false, true, func(ctx context.Context) (bool, error) {
 		a.cfgErrMu.Lock()
 		if a.configErrStale {
 			a.writeConfigErrorLocked(ctx)
 		}
 		a.cfgErrMu.Unlock()
 		a.publishInventory(ctx)
-	}
+		return false, nil
+	})
+	return nil
 }

@@ -56,7 +56,7 @@ func (a *Agent) publishInventory(ctx context.Context) {
 		return
 	}
 	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationGPUInventory: val}}})
-	if _, err := a.client.PatchNode(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "gpufrac-node"}); err != nil {
 		klog.FromContext(ctx).Error(fmt.Errorf("patching node %s: %w", a.cfg.NodeName, err), "Publishing GPU inventory failed; will retry")
 		return
 	}

@@ -10,17 +10,16 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
-	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 )
 
 // eventually polls cond every 10ms for up to 5s.
@@ -40,7 +39,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // startInformer runs a PodInformer on client until the test ends.
 func startInformer(t *testing.T, ctx context.Context, client *fake.Clientset) *PodInformer {
 	t.Helper()
-	inf, err := NewPodInformer(podstest.Clientset{Interface: client}, "node-a")
+	inf, err := NewPodInformer(client, "node-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,12 +120,14 @@ func TestAPIPathEvictsAndRecordsEvents(t *testing.T) {
 	})
 	inf := startInformer(t, ctx, client)
 
-	b := record.NewBroadcaster(record.WithContext(ctx))
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	if err := b.StartRecordingToSinkWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(b.Shutdown)
-	rec := b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpufrac-node", Host: "node-a"})
+	rec := b.NewRecorder(scheme.Scheme, "gpufrac-node")
 
-	e := newEnv(t, envOptions{pods: inf, evictor: NewEvictor(podstest.Clientset{Interface: client}), recorder: rec})
+	e := newEnv(t, envOptions{pods: inf, evictor: NewEvictor(client.PolicyV1()), recorder: rec})
 	e.w.SetPolicy(Policy{Enforcement: config.EnforcementEvict, Samples: 2})
 	e.devices.set(e.fraction(hog, "main", 4, 30))
 	e.proc(1001, 5000, hog, "main")
@@ -152,13 +153,13 @@ func TestAPIPathEvictsAndRecordsEvents(t *testing.T) {
 
 	var got []string
 	eventually(t, "two events on the pod", func() bool {
-		list, err := client.CoreV1().Events("team-a").List(ctx, metav1.ListOptions{})
+		list, err := client.EventsV1().Events("team-a").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false
 		}
 		got = got[:0]
 		for _, ev := range list.Items {
-			if ev.InvolvedObject.Kind == "Pod" && ev.InvolvedObject.Name == "hog" && ev.InvolvedObject.UID == hogUID {
+			if ev.Regarding.Kind == "Pod" && ev.Regarding.Name == "hog" && ev.Regarding.UID == hogUID && ev.ReportingController == "gpufrac-node" {
 				got = append(got, ev.Reason)
 			}
 		}
@@ -176,5 +177,22 @@ func TestAPIPathEvictsAndRecordsEvents(t *testing.T) {
 	eventually(t, "the informer to drop the pod", func() bool { _, ok := inf.PodByUID(hogUID); return !ok })
 	if st := e.w.Poll(ctx); st.Unknown != 1 || st.Evictions != 0 {
 		t.Errorf("after the pod is gone: %+v, want the process unknown and no eviction", st)
+	}
+}
+
+// An eviction the API refuses (a PodDisruptionBudget: 429 TooManyRequests)
+// fails with the API's own error, wrapped with the pod's name, so the
+// watchdog reports it and retries after another run of samples.
+func TestAPIEvictorRefused(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	})
+	err := NewEvictor(client.PolicyV1()).Evict(t.Context(), testPod("hog", hogUID, "main"))
+	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "team-a/hog") {
+		t.Errorf("Evict = %v, want the API's TooManyRequests naming team-a/hog", err)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement/enforcementtest"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
-	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 )
 
 // benchNode is a mock DGX H100 with perGPU containers on each GPU, each
@@ -78,7 +77,7 @@ func newBenchNode(tb testing.TB, perGPU int) *benchNode {
 			tb.Fatal(err)
 		}
 	}
-	inf, err := NewPodInformer(podstest.Clientset{Interface: client}, "node-a")
+	inf, err := NewPodInformer(client, "node-a")
 	if err != nil {
 		tb.Fatal(err)
 	}

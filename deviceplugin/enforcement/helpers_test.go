@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -101,18 +101,18 @@ type env struct {
 	pods     fakePods
 	killer   *recordingKiller
 	evictor  *recordingEvictor
-	recorder *record.FakeRecorder
+	recorder *events.FakeRecorder
 	reg      *prometheus.Registry
 	w        *Watchdog
 }
 
 type envOptions struct {
-	standalone bool                 // no PodLookup
-	killer     Killer               // default: a recordingKiller
-	pods       PodLookup            // default: env.pods
-	evictor    Evictor              // default: a recordingEvictor
-	recorder   record.EventRecorder // default: env.recorder
-	claims     ClaimSource          // default: none
+	standalone bool          // no PodLookup
+	killer     Killer        // default: a recordingKiller
+	pods       PodLookup     // default: env.pods
+	evictor    Evictor       // default: a recordingEvictor
+	recorder   EventRecorder // default: env.recorder
+	claims     ClaimSource   // default: none
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -133,7 +133,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e := &env{
 		t: t, ctx: ctx, lib: lib, gpus: gpus, root: t.TempDir(),
 		devices: &fakeDevices{}, pods: fakePods{}, killer: &recordingKiller{}, evictor: &recordingEvictor{},
-		recorder: record.NewFakeRecorder(1000), reg: prometheus.NewRegistry(),
+		recorder: events.NewFakeRecorder(1000), reg: prometheus.NewRegistry(),
 	}
 	opts := Options{
 		GPUs: gpus, Processes: lib, Resolver: ProcFS{Root: e.root}, Devices: e.devices,

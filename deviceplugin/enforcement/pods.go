@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
@@ -25,7 +26,7 @@ var _ PodLookup = (*PodInformer)(nil)
 const uidIndex = "uid"
 
 // NewPodInformer watches the pods with spec.nodeName == node. Call Run.
-func NewPodInformer(client pods.PodWatcher, node string) (*PodInformer, error) {
+func NewPodInformer(client kubernetes.Interface, node string) (*PodInformer, error) {
 	inf := pods.NewNodeInformer(client, node)
 	if err := inf.AddIndexers(cache.Indexers{uidIndex: podUID}); err != nil {
 		return nil, fmt.Errorf("indexing pods by UID: %w", err)

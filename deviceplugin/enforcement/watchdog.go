@@ -44,12 +44,22 @@ type ClaimSource interface {
 	ClaimAllowance(d pods.ClaimDevice) (gpu string, a Allowance, ok bool)
 }
 
-// EventRecorder writes Kubernetes events (client-go's record.EventRecorder
-// has this method; gpufrac-node's own recorder does not link it).
+// EventRecorder writes Kubernetes events: client-go's
+// k8s.io/client-go/tools/events.EventRecorder (events.k8s.io/v1) has this
+// method.
 type EventRecorder interface {
-	// Eventf records an event on object; it must not block.
-	Eventf(object runtime.Object, eventType, reason, messageFmt string, args ...any)
+	// Eventf records an event on regarding (related: an object it
+	// involves, or nil), the action taken or failed and a note; it must
+	// not block.
+	Eventf(regarding, related runtime.Object, eventType, reason, action, note string, args ...any)
 }
+
+// The actions of the watchdog's events (events.k8s.io/v1 requires one).
+const (
+	actionCheckMemory = "CheckGPUMemory" // a container over its limit
+	actionKill        = "KillProcess"
+	actionEvict       = "EvictPod"
+)
 
 // ContainerResolver tells when a host PID's process started and which pod
 // container it runs in (ProcFS). Errors matching fs.ErrNotExist mean the
@@ -292,7 +302,7 @@ type nullActions struct{}
 func (nullActions) Kill(context.Context, uint32, uint64) error { return ErrActionUnavailable }
 func (nullActions) Evict(context.Context, *corev1.Pod) error   { return ErrActionUnavailable }
 
-func (nullActions) Eventf(runtime.Object, string, string, string, ...any) {}
+func (nullActions) Eventf(runtime.Object, runtime.Object, string, string, string, string, ...any) {}
 
 // SetPolicy replaces the policy; unset fields take the config defaults. A
 // new poll interval takes effect after the current one. Over-limit runs in
@@ -730,7 +740,7 @@ func (w *Watchdog) check(ctx context.Context, pol Policy, k episodeKey, u *usage
 	w.metrics.violations.With(sk.labels()).Inc()
 	w.metrics.nodeViolation.WithLabelValues(string(pol.Enforcement)).Inc()
 	logger.Info("GPU memory limit violated", "usedBytes", u.used, "limitBytes", u.allowance.LimitBytes, "tolerancePercent", pol.TolerancePercent, "samples", ep.over, "action", pol.Enforcement)
-	w.recorder.Eventf(u.pod, corev1.EventTypeWarning, "GPUMemoryLimitExceeded",
+	w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryLimitExceeded", actionCheckMemory,
 		"Container %s uses %s of GPU memory on %s, over its limit of %s (tolerance %d%%) for %d consecutive samples; action: %s",
 		u.key.Container, mib(u.used), u.gpu.UUID, mib(u.allowance.LimitBytes), pol.TolerancePercent, ep.over, pol.Enforcement)
 
@@ -772,7 +782,7 @@ func (w *Watchdog) kill(ctx context.Context, u *usage, threshold uint64, st *Sta
 			st.Kills++
 			w.countAction(u, config.EnforcementKill, resultSuccess)
 			logger.Info("Killed a process over its container's GPU memory limit", "pid", p.pid, "usedBytes", p.used, "limitBytes", u.allowance.LimitBytes)
-			w.recorder.Eventf(u.pod, corev1.EventTypeWarning, "GPUMemoryProcessKilled",
+			w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryProcessKilled", actionKill,
 				"Killed process %d of container %s: it held %s of GPU memory on %s; the container uses %s, its limit is %s",
 				p.pid, u.key.Container, mib(p.used), u.gpu.UUID, mib(u.used), mib(u.allowance.LimitBytes))
 		case errors.Is(err, ErrProcessChanged):
@@ -780,14 +790,14 @@ func (w *Watchdog) kill(ctx context.Context, u *usage, threshold uint64, st *Sta
 			st.Skipped++
 			w.countAction(u, config.EnforcementKill, resultSkipped)
 			logger.Info("Did not kill a process: it exited or its PID was reused since the sample", "pid", p.pid, "err", err.Error())
-			w.recorder.Eventf(u.pod, corev1.EventTypeNormal, "GPUMemoryKillSkipped",
+			w.recorder.Eventf(u.pod, nil, corev1.EventTypeNormal, "GPUMemoryKillSkipped", actionKill,
 				"Did not kill process %d of container %s (%s of GPU memory on %s): it exited or its PID now belongs to another process",
 				p.pid, u.key.Container, mib(p.used), u.gpu.UUID)
 		default:
 			st.Failed++
 			w.countAction(u, config.EnforcementKill, resultFailed)
 			logger.Error(err, "Killing a process over its container's GPU memory limit failed", "pid", p.pid)
-			w.recorder.Eventf(u.pod, corev1.EventTypeWarning, "GPUMemoryActionFailed",
+			w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryActionFailed", actionKill,
 				"Could not kill process %d of container %s (%s of GPU memory on %s, limit %s): %v",
 				p.pid, u.key.Container, mib(p.used), u.gpu.UUID, mib(u.allowance.LimitBytes), err)
 		}
@@ -808,7 +818,7 @@ func (w *Watchdog) evict(ctx context.Context, u *usage, st *Stats) bool {
 		st.Failed++
 		w.countAction(u, config.EnforcementEvict, resultFailed)
 		logger.Error(err, "Evicting a pod over its GPU memory limit failed; retrying after another run of samples")
-		w.recorder.Eventf(u.pod, corev1.EventTypeWarning, "GPUMemoryActionFailed",
+		w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryActionFailed", actionEvict,
 			"Could not evict the pod: container %s uses %s of GPU memory on %s, limit %s: %v",
 			u.key.Container, mib(u.used), u.gpu.UUID, mib(u.allowance.LimitBytes), err)
 		return false
@@ -816,7 +826,7 @@ func (w *Watchdog) evict(ctx context.Context, u *usage, st *Stats) bool {
 	st.Evictions++
 	w.countAction(u, config.EnforcementEvict, resultSuccess)
 	logger.Info("Evicted a pod over its GPU memory limit", "usedBytes", u.used, "limitBytes", u.allowance.LimitBytes)
-	w.recorder.Eventf(u.pod, corev1.EventTypeWarning, "GPUMemoryPodEvicted",
+	w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryPodEvicted", actionEvict,
 		"Evicted: container %s uses %s of GPU memory on %s, over its limit of %s",
 		u.key.Container, mib(u.used), u.gpu.UUID, mib(u.allowance.LimitBytes))
 	return true

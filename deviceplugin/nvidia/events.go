@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 )
 
@@ -13,12 +14,15 @@ const (
 	// defaultXidWait is nvmlLib.xidWait: a WatchXids goroutine outlives its
 	// ctx by at most about a second.
 	defaultXidWait = time.Second
-	// xidRetryDelay spaces out waits after NVML reported an error, so a
-	// broken event set does not spin a core.
-	xidRetryDelay = time.Second
 	// xidBuffer is the capacity of a WatchXids channel.
 	xidBuffer = 64
 )
+
+// xidRetryBackoff spaces out waits after NVML reported an error, so a
+// broken event set does not spin a core: 1 s, doubling up to 10 s while the
+// errors go on, each up to 10 % longer at random; a wait that succeeds or
+// times out starts it again.
+var xidRetryBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 4, Cap: 10 * time.Second}
 
 // WatchXids implements Lib. It creates one NVML event set per call,
 // registers every GPU that supports critical Xid events (the others are
@@ -89,19 +93,23 @@ func (n *nvmlLib) waitXids(ctx context.Context, set nvml.EventSet, out chan<- Xi
 			logger.Error(nvmlError(ret), "Cannot free NVML event set")
 		}
 	}()
+	retry := xidRetryBackoff
 	for ctx.Err() == nil {
 		data, ret := set.Wait(uint32(n.xidWait / time.Millisecond))
 		switch ret {
 		case nvml.SUCCESS:
+			retry = xidRetryBackoff
 		case nvml.ERROR_TIMEOUT:
+			retry = xidRetryBackoff
 			continue
 		default:
 			// Lost GPUs also show in Memory errors, which health polls;
 			// here only retry, without spinning.
-			logger.Error(nvmlError(ret), "Waiting for NVML events failed")
+			d := retry.Step()
+			logger.Error(nvmlError(ret), "Waiting for NVML events failed; will retry", "retryIn", d)
 			select {
 			case <-ctx.Done():
-			case <-time.After(xidRetryDelay):
+			case <-time.After(d):
 			}
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -168,7 +169,10 @@ func (m *Manager) loop(ctx context.Context, w *fsnotify.Watcher) {
 	defer m.stopAll()
 	defer w.Close()
 	kubeletSock := filepath.Join(m.dir, filepath.Base(pluginapi.KubeletSocket))
-	retry := time.NewTicker(m.retryInterval)
+	// Registration retries every retryInterval, up to 10 % longer at
+	// random so a fleet's agents do not knock on their kubelets in step.
+	backoff := wait.Backoff{Duration: m.retryInterval, Jitter: 0.1}
+	retry := time.NewTimer(backoff.Step())
 	defer retry.Stop()
 	for {
 		select {
@@ -193,6 +197,7 @@ func (m *Manager) loop(ctx context.Context, w *fsnotify.Watcher) {
 			}
 		case <-retry.C:
 			m.registerPending(ctx)
+			retry.Reset(backoff.Step())
 		}
 	}
 }
@@ -253,11 +258,12 @@ func (m *Manager) stopAll() {
 	m.ctx = nil
 }
 
+// waitFlushed waits up to limit (or until ctx ends) for srv to have sent
+// its last device list.
 func waitFlushed(ctx context.Context, srv *Server, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for !srv.Flushed() && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
+	_ = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, limit, true, func(context.Context) (bool, error) {
+		return srv.Flushed(), nil
+	})
 }
 
 // emptyResource advertises no devices; a withdrawn resource sends it last.

@@ -13,36 +13,13 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/gpufrac/gpufrac/api"
-	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 )
-
-// podstest.Clientset must stay a drop-in Client for tests.
-var _ Client = podstest.Clientset{}
-
-// ignoreZeroFields leaves out of JSON bodies the fields a Go struct
-// serialises as null, "" or {} when unset.
-var ignoreZeroFields = cmpopts.IgnoreMapEntries(func(_ string, v any) bool {
-	switch v := v.(type) {
-	case nil:
-		return true
-	case string:
-		return v == ""
-	case map[string]any:
-		return len(v) == 0
-	}
-	return false
-})
 
 // request is what the fake API server saw of one request.
 type request struct {
@@ -149,192 +126,47 @@ func (s *apiServer) requests() []request {
 	return append([]request(nil), s.seen...)
 }
 
-func (s *apiServer) client(t *testing.T) *RESTClient {
+func (s *apiServer) client(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	c, err := NewClient(&rest.Config{Host: s.srv.URL, UserAgent: "gpufrac-node"})
+	c, err := kubernetes.NewForConfig(WithDefaults(&rest.Config{Host: s.srv.URL, UserAgent: "gpufrac-node"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-const (
-	podJSON   = `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"team","uid":"u1","resourceVersion":"7"},"spec":{"nodeName":"node-a"}}`
-	nodeJSON  = `{"kind":"Node","apiVersion":"v1","metadata":{"name":"node-a","labels":{"pool":"a"}}}`
-	eventJSON = `{"kind":"Event","apiVersion":"v1","metadata":{"name":"node-a.1","namespace":"default"},"reason":"GPUXid","count":2}`
-)
+const podJSON = `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"team","uid":"u1","resourceVersion":"7"},"spec":{"nodeName":"node-a"}}`
 
-func TestRESTClient(t *testing.T) {
-	uid := types.UID("u1")
-	event := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "node-a.1", Namespace: "default"}, Reason: "GPUXid", Count: 1}
-	tests := []struct {
-		name   string
-		answer map[string]response
-		call   func(ctx context.Context, c *RESTClient) (string, error) // what the caller got, in short
-		want   string
-		wantIs func(error) bool // nil: no error
-		// wantReq is the request, with the user agent and without it
-		// (every request must carry gpufrac-node's).
-		wantReq request
-	}{
-		{
-			name:   "list the node's pods in all namespaces",
-			answer: map[string]response{"GET /api/v1/pods": {200, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9"},"items":[` + podJSON + `]}`}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				l, err := c.ListPods(ctx, "", metav1.ListOptions{FieldSelector: "spec.nodeName=node-a", ResourceVersion: "0"})
-				if err != nil {
-					return "", err
-				}
-				return fmt.Sprintf("rv %s, %d: %s/%s on %s", l.ResourceVersion, len(l.Items), l.Items[0].Namespace, l.Items[0].Name, l.Items[0].Spec.NodeName), nil
-			},
-			want:    "rv 9, 1: team/p on node-a",
-			wantReq: request{Method: "GET", Path: "/api/v1/pods", Query: "fieldSelector=spec.nodeName%3Dnode-a&resourceVersion=0"},
-		},
-		{
-			name:   "list pods in one namespace",
-			answer: map[string]response{"GET /api/v1/namespaces/team/pods": {200, `{"kind":"PodList","apiVersion":"v1","items":[]}`}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				l, err := c.ListPods(ctx, "team", metav1.ListOptions{})
-				if err != nil {
-					return "", err
-				}
-				return fmt.Sprint(len(l.Items)), nil
-			},
-			want:    "0",
-			wantReq: request{Method: "GET", Path: "/api/v1/namespaces/team/pods"},
-		},
-		{
-			name:   "merge-patch a pod's annotations with a field manager",
-			answer: map[string]response{"PATCH /api/v1/namespaces/team/pods/p": {200, podJSON}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				p, err := c.PatchPod(ctx, "team", "p", types.MergePatchType, []byte(`{"metadata":{"annotations":{"gpufrac.io/allocated-gpu":"GPU-1"}}}`), metav1.PatchOptions{FieldManager: "gpufrac-node"})
-				if err != nil {
-					return "", err
-				}
-				return string(p.UID), nil
-			},
-			want: "u1",
-			wantReq: request{Method: "PATCH", Path: "/api/v1/namespaces/team/pods/p", Query: "fieldManager=gpufrac-node", ContentType: "application/merge-patch+json",
-				Body: map[string]any{"metadata": map[string]any{"annotations": map[string]any{api.AnnotationAllocatedGPU: "GPU-1"}}}},
-		},
-		{
-			name:   "patching a pod that is gone is NotFound",
-			answer: map[string]response{},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				_, err := c.PatchPod(ctx, "team", "gone", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{})
-				return "", err
-			},
-			wantIs:  apierrors.IsNotFound,
-			wantReq: request{Method: "PATCH", Path: "/api/v1/namespaces/team/pods/gone", ContentType: "application/merge-patch+json", Body: map[string]any{}},
-		},
-		{
-			name:   "evict a pod through policy/v1 with its UID as precondition",
-			answer: map[string]response{"POST /api/v1/namespaces/team/pods/p/eviction": {201, `{"kind":"Status","apiVersion":"v1","status":"Success"}`}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				return "", c.EvictPod(ctx, &policyv1.Eviction{
-					ObjectMeta:    metav1.ObjectMeta{Name: "p", Namespace: "team"},
-					DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
-				})
-			},
-			wantReq: request{Method: "POST", Path: "/api/v1/namespaces/team/pods/p/eviction", ContentType: "application/json",
-				Body: map[string]any{"kind": "Eviction", "apiVersion": "policy/v1",
-					"metadata":      map[string]any{"name": "p", "namespace": "team"},
-					"deleteOptions": map[string]any{"preconditions": map[string]any{"uid": "u1"}}}},
-		},
-		{
-			name: "an eviction a PodDisruptionBudget refuses is TooManyRequests",
-			answer: map[string]response{"POST /api/v1/namespaces/team/pods/p/eviction": {429,
-				`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429,"message":"Cannot evict pod as it would violate the pod's disruption budget."}`}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				return "", c.EvictPod(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "team"}})
-			},
-			wantIs: apierrors.IsTooManyRequests,
-			wantReq: request{Method: "POST", Path: "/api/v1/namespaces/team/pods/p/eviction", ContentType: "application/json",
-				Body: map[string]any{"kind": "Eviction", "apiVersion": "policy/v1", "metadata": map[string]any{"name": "p", "namespace": "team"}}},
-		},
-		{
-			name:   "read the node's labels",
-			answer: map[string]response{"GET /api/v1/nodes/node-a": {200, nodeJSON}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				n, err := c.GetNode(ctx, "node-a")
-				if err != nil {
-					return "", err
-				}
-				return fmt.Sprint(n.Labels), nil
-			},
-			want:    "map[pool:a]",
-			wantReq: request{Method: "GET", Path: "/api/v1/nodes/node-a"},
-		},
-		{
-			name:   "patch the node's inventory annotation",
-			answer: map[string]response{"PATCH /api/v1/nodes/node-a": {200, nodeJSON}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				n, err := c.PatchNode(ctx, "node-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"gpufrac.io/gpus":"[]"}}}`), metav1.PatchOptions{FieldManager: "gpufrac-node"})
-				if err != nil {
-					return "", err
-				}
-				return n.Name, nil
-			},
-			want: "node-a",
-			wantReq: request{Method: "PATCH", Path: "/api/v1/nodes/node-a", Query: "fieldManager=gpufrac-node", ContentType: "application/merge-patch+json",
-				Body: map[string]any{"metadata": map[string]any{"annotations": map[string]any{"gpufrac.io/gpus": "[]"}}}},
-		},
-		{
-			name:   "create an event in its namespace",
-			answer: map[string]response{"POST /api/v1/namespaces/default/events": {201, eventJSON}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				e, err := c.CreateEvent(ctx, event)
-				if err != nil {
-					return "", err
-				}
-				return fmt.Sprint(e.Reason, " ", e.Count), nil
-			},
-			want: "GPUXid 2",
-			wantReq: request{Method: "POST", Path: "/api/v1/namespaces/default/events", ContentType: "application/json",
-				Body: map[string]any{"kind": "Event", "apiVersion": "v1", "metadata": map[string]any{"name": "node-a.1", "namespace": "default"},
-					"reason": "GPUXid", "count": float64(1)}},
-		},
-		{
-			name:   "patch an event's count with a strategic merge patch",
-			answer: map[string]response{"PATCH /api/v1/namespaces/default/events/node-a.1": {200, eventJSON}},
-			call: func(ctx context.Context, c *RESTClient) (string, error) {
-				e, err := c.PatchEvent(ctx, event, []byte(`{"count":2}`))
-				if err != nil {
-					return "", err
-				}
-				return fmt.Sprint(e.Count), nil
-			},
-			want: "2",
-			wantReq: request{Method: "PATCH", Path: "/api/v1/namespaces/default/events/node-a.1", ContentType: "application/strategic-merge-patch+json",
-				Body: map[string]any{"count": float64(2)}},
-		},
+// Every API group client of a clientset for WithDefaults' config shares one
+// token bucket, whether
+// or not the config sets a QPS, and requests carry the config's user agent
+// (client-go's default without one).
+func TestNewClientset(t *testing.T) {
+	for _, cfg := range []rest.Config{{Host: "https://api:6443"}, {Host: "https://api:6443", QPS: 50, Burst: 100, UserAgent: "gpufrac-node"}} {
+		cs, err := kubernetes.NewForConfig(WithDefaults(&cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		core := cs.CoreV1().RESTClient().GetRateLimiter()
+		if core == nil {
+			t.Fatalf("QPS %v: no rate limiter", cfg.QPS)
+		}
+		if cs.PolicyV1().RESTClient().GetRateLimiter() != core || cs.EventsV1().RESTClient().GetRateLimiter() != core {
+			t.Errorf("QPS %v: the core/v1, policy/v1 and events.k8s.io/v1 clients do not share one rate limiter", cfg.QPS)
+		}
+		if want := float32(max(cfg.QPS, rest.DefaultQPS)); core.QPS() != want {
+			t.Errorf("QPS %v: limiter QPS %v, want %v", cfg.QPS, core.QPS(), want)
+		}
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s := newAPIServer(t)
-			s.answer = tt.answer
-			got, err := tt.call(t.Context(), s.client(t))
-			switch {
-			case tt.wantIs == nil && err != nil:
-				t.Fatalf("unexpected error: %v", err)
-			case tt.wantIs != nil && !tt.wantIs(err):
-				t.Fatalf("error %v (%T) is not the API error expected", err, err)
-			}
-			if got != tt.want {
-				t.Errorf("got %q, want %q", got, tt.want)
-			}
-			want := tt.wantReq
-			want.UserAgent = "gpufrac-node"
-			if diff := cmp.Diff([]request{want}, s.requests(), ignoreZeroFields); diff != "" {
-				t.Errorf("requests (-want +got):\n%s", diff)
-			}
-		})
+	if got := WithDefaults(&rest.Config{}).UserAgent; got != rest.DefaultKubernetesUserAgent() {
+		t.Errorf("default user agent %q, want client-go's %q", got, rest.DefaultKubernetesUserAgent())
 	}
 }
 
-// The pod informer gpufrac-node runs, end to end over RESTClient: it lists
-// and watches the node's pods only, and the watch's events reach the lister.
-func TestNodeInformerOverREST(t *testing.T) {
+// The pod informer gpufrac-node runs, end to end over the clientset and
+// HTTP: it lists and watches the node's pods only, with gpufrac-node's user
+// agent, and the watch's events reach the lister.
+func TestNodeInformerOverHTTP(t *testing.T) {
 	ctx := testContext(t)
 	s := newAPIServer(t)
 	s.answer = map[string]response{"GET /api/v1/pods": {200, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9"},"items":[` + podJSON + `]}`}}
@@ -359,6 +191,9 @@ func TestNodeInformerOverREST(t *testing.T) {
 		if r.Method != "GET" || r.Path != "/api/v1/pods" {
 			t.Errorf("unexpected request %s %s", r.Method, r.Path)
 		}
+		if r.UserAgent != "gpufrac-node" {
+			t.Errorf("request %s %s with user agent %q", r.Method, r.Path, r.UserAgent)
+		}
 		if q := r.Query; !strings.Contains(q, "fieldSelector=spec.nodeName%3Dnode-a") {
 			t.Errorf("request %s %s?%s does not select the node's pods", r.Method, r.Path, q)
 		}
@@ -369,7 +204,7 @@ func TestNodeInformerOverREST(t *testing.T) {
 	if rs := s.requests(); len(rs) == 0 || !strings.Contains(rs[0].Query, "sendInitialEvents=true") {
 		t.Errorf("requests %+v, want a watch-list first", rs)
 	}
-	w, err := s.client(t).WatchPods(ctx, "", metav1.ListOptions{})
+	w, err := s.client(t).CoreV1().Pods("").Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/api"
-	"github.com/gpufrac/gpufrac/deviceplugin/pods/podstest"
 )
 
 const node = "node-a"
@@ -33,11 +32,9 @@ var (
 
 // fakeClient is a fake clientset whose pod list and watch honour field
 // selectors on spec.nodeName as the API server does (the plain fake ignores
-// them), and which records the field selectors asked for. It is a Client
-// through podstest.Clientset over the same fake.
+// them), and which records the field selectors asked for.
 type fakeClient struct {
 	*fake.Clientset
-	clientAPI
 
 	mu        sync.Mutex
 	selectors []string      // field selectors of pod lists and watches, in order
@@ -45,21 +42,8 @@ type fakeClient struct {
 	once      sync.Once
 }
 
-// clientAPI names podstest.Clientset as an embedded field of fakeClient
-// apart from the fake's own Clientset.
-type clientAPI = podstest.Clientset
-
-var _ Client = (*fakeClient)(nil)
-
-// IsWatchListSemanticsUnSupported picks the fake clientset's answer (both
-// embedded fields have the method): the fake serves no watch-list streams.
-func (c *fakeClient) IsWatchListSemanticsUnSupported() bool {
-	return c.Clientset.IsWatchListSemanticsUnSupported()
-}
-
 func newFakeClient(objs ...runtime.Object) *fakeClient {
 	c := &fakeClient{Clientset: fake.NewClientset(objs...), watching: make(chan struct{})}
-	c.clientAPI = clientAPI{Interface: c.Clientset}
 	c.PrependReactor("list", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
 		la := action.(clienttesting.ListAction)
 		sel := la.GetListRestrictions().Fields

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -90,7 +91,7 @@ func writeBackRetries() []time.Duration {
 // kubelet admits first, the GPUs end up with the units the coordinator
 // planned, and each record ends with what its pod holds.
 type Hint struct {
-	client    PodAPI
+	client    kubernetes.Interface
 	informer  cache.SharedIndexInformer
 	lister    corelisters.PodLister
 	podRes    *PodResources
@@ -238,7 +239,7 @@ func WithClock(c clock.WithTicker) HintOption {
 
 // NewHint watches pods with spec.nodeName == node. podRes may be nil, and
 // then nothing is written back and admissions are learnt from pod phases.
-func NewHint(client PodAPI, node string, podRes *PodResources, opts ...HintOption) *Hint {
+func NewHint(client kubernetes.Interface, node string, podRes *PodResources, opts ...HintOption) *Hint {
 	inf := NewNodeInformer(client, node)
 	h := &Hint{
 		client:    client,
@@ -993,7 +994,7 @@ func (h *Hint) writeBack(ctx context.Context) (pending bool, err error) {
 		if err != nil {
 			return true, fmt.Errorf("encoding annotations of pod %s: %w", klog.KObj(w.pod), err)
 		}
-		if _, err := h.client.PatchPod(ctx, w.pod.Namespace, w.pod.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
+		if _, err := h.client.CoreV1().Pods(w.pod.Namespace).Patch(ctx, w.pod.Name, types.MergePatchType, body, metav1PatchOptions()); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("annotating pod %s: %w", klog.KObj(w.pod), err)
 			}

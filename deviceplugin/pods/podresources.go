@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
 
@@ -160,6 +161,10 @@ func (p *PodResources) KubeletRestarted() {
 	}
 }
 
+// kubeletSyncPoll spaces the listings asked of a restarted kubelet until
+// it lists its pods: 100 ms, each up to 10 % longer at random.
+var kubeletSyncPoll = wait.Backoff{Duration: 100 * time.Millisecond, Jitter: 0.1}
+
 // List returns every container's devices, from cache when fresh.
 func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
 	p.mu.Lock()
@@ -169,6 +174,7 @@ func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
 		return out, nil
 	}
 	p.mu.Unlock()
+	poll := kubeletSyncPoll
 	for {
 		out, err := p.fetch(ctx)
 		if err != nil {
@@ -194,7 +200,7 @@ func (p *PodResources) List(ctx context.Context) ([]Assignment, error) {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("listing pod resources: waiting for the restarted kubelet's pods: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(poll.Step()):
 		}
 	}
 }

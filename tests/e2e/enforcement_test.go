@@ -337,7 +337,9 @@ func (w *watchdogBed) events(t *testing.T, p *corev1.Pod, reason string) []strin
 	}
 	var out []string
 	for _, e := range l.Items {
-		if e.Source.Component != "gpufrac-node" || (reason != "" && e.Reason != reason) {
+		// gpufrac-node writes events.k8s.io events (tools/events): their
+		// core/v1 view has the reporting controller, not a source.
+		if e.ReportingController != "gpufrac-node" || (reason != "" && e.Reason != reason) {
 			continue
 		}
 		out = append(out, e.Reason+": "+e.Message)

@@ -69,7 +69,7 @@ type recorder struct {
 	events []event
 }
 
-func (r *recorder) Eventf(_ runtime.Object, typ, reason, format string, args ...any) {
+func (r *recorder) Eventf(_, _ runtime.Object, typ, reason, _, format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, event{typ, reason, fmt.Sprintf(format, args...)})
