@@ -387,6 +387,7 @@ func (a *App) lead(ctx context.Context) error {
 	// PodGroups (scheduling.k8s.io/v1alpha2, Kubernetes 1.36 with the
 	// GenericWorkload gate): a pod's spec.schedulingGroup names its gang.
 	var podGroups func(ns, name string) (*schedulingv1alpha2.PodGroup, bool)
+	var podGroupStatus scheduler.PodGroupStatusWriter
 	var podGroupInf cache.SharedIndexInformer
 	servesPodGroups, err := servesGroupVersion(ctx, a.client.Discovery(), schedulingv1alpha2.SchemeGroupVersion.String())
 	if err != nil {
@@ -399,6 +400,7 @@ func (a *App) lead(ctx context.Context) error {
 			pg, err := pgInf.Lister().PodGroups(ns).Get(name)
 			return pg, err == nil
 		}
+		podGroupStatus = scheduler.ClientPodGroupStatus{Client: a.client}
 	}
 
 	// Resource claims (resource.k8s.io/v1, served since Kubernetes 1.34):
@@ -455,12 +457,13 @@ func (a *App) lead(ctx context.Context) error {
 			j, err := jobLister.Jobs(ns).Get(name)
 			return j, err == nil
 		},
-		PodGroups: podGroups,
-		Queues:    scheduler.QueuesFromLister(queueInf.Lister()),
-		Binder:    bnd,
-		Evictor:   bnd,
-		Releaser:  bnd,
-		Reserver:  reserver,
+		PodGroups:      podGroups,
+		PodGroupStatus: podGroupStatus,
+		Queues:         scheduler.QueuesFromLister(queueInf.Lister()),
+		Binder:         bnd,
+		Evictor:        bnd,
+		Releaser:       bnd,
+		Reserver:       reserver,
 		NodeClaims: func(name string) string {
 			if claimLister == nil {
 				return ""

@@ -280,6 +280,7 @@ func (c *cycle) order() {
 // it is only counted (the pods are being served). The zero outcome leaves
 // nothing to do: the pods were bound, or accounted for as they were placed.
 type outcome struct {
+	bound  bool // sent to binding
 	reason string
 	msg    string
 	write  bool
@@ -317,7 +318,9 @@ func (c *cycle) placeWorkloads() {
 	c.hinted = len(s.preferred) > 0 || len(s.nominatedClaims) > 0
 	s.mu.Unlock()
 	for _, w := range c.workloads {
-		c.leave(w, c.placeWorkload(w))
+		o := c.placeWorkload(w)
+		c.leave(w, o)
+		s.tellPodGroup(c.ctx, w, o)
 	}
 	if c.budget.cut {
 		s.Wake() // the rest is placed in the next cycle, not an Interval later
@@ -425,7 +428,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	s.bind(c.ctx, w, decisions, c.snap, claims)
 	c.res.Bound += len(w.pods)
 	c.budget.placed()
-	return outcome{}
+	return outcome{bound: true}
 }
 
 // holds tells whether a decision places a pod on a node that settles.
@@ -497,6 +500,7 @@ func (c *cycle) report() {
 		}
 	}
 	s.writeQueueStatus(c.ctx, c.books, waiting, c.queues, c.badQueues)
+	s.forgetPodGroups(c.workloads)
 	s.metrics.cycle(c.start, s.clock.Since(c.start), c.res)
 	s.metrics.queues(c.queueFigures(), c.res)
 }

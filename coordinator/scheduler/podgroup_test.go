@@ -1,13 +1,22 @@
 package scheduler
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
@@ -70,8 +79,11 @@ func TestPodGroupIsAGang(t *testing.T) {
 			pods := podGroupMembers("train", tc.members)
 			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", tc.gpus)}, []*v1alpha1.Queue{queueOf("q", "16")}, pods...)
 			c.s.deps.PodGroups = podGroupsOf(tc.groups...)
+			told := &recordingPodGroups{}
+			c.s.deps.PodGroupStatus = told
 			c.s.opts.ElasticPools = !tc.fixedPools
 			c.cycle()
+			c.cycle() // a condition already written is not written again
 			bound := 0
 			for _, p := range pods {
 				if c.boundTo(p.Name) != "" {
@@ -85,8 +97,37 @@ func TestPodGroupIsAGang(t *testing.T) {
 			if bound != tc.wantBound {
 				t.Errorf("%d of %d members bound, want %d", bound, len(pods), tc.wantBound)
 			}
+			want := []string{"default/train Unschedulable " + tc.reason}
+			switch {
+			case tc.wantBound > 0:
+				want = []string{"default/train Scheduled"}
+			case tc.reason == api.ReasonGangIncomplete || tc.reason == api.ReasonInvalidRequest:
+				want = nil // not complete yet, or never admitted: no condition
+			}
+			if diff := cmp.Diff(want, told.said()); diff != "" {
+				t.Errorf("PodGroupScheduled conditions written (-want +got):\n%s", diff)
+			}
 		})
 	}
+}
+
+// recordingPodGroups records the PodGroupScheduled conditions written.
+type recordingPodGroups struct {
+	mu    sync.Mutex
+	conds []string
+}
+
+func (r *recordingPodGroups) SetPodGroupScheduled(_ context.Context, ns, name string, cond metav1.Condition) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.conds = append(r.conds, ns+"/"+name+" "+cond.Reason+strings.TrimSuffix(" "+strings.SplitN(cond.Message, ":", 2)[0], " "+cond.Message))
+	return nil
+}
+
+func (r *recordingPodGroups) said() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conds
 }
 
 // TestPodGroupBasicPolicyPlacesEachPodAlone: the basic policy is no gang.
@@ -108,5 +149,51 @@ func TestPodGroupBasicPolicyPlacesEachPodAlone(t *testing.T) {
 	}
 	if bound != 2 {
 		t.Errorf("%d of 3 pods bound on 2 GPUs, want 2 (each pod on its own)", bound)
+	}
+}
+
+// TestClientPodGroupStatus: the writer sets the condition, never turns a
+// scheduled group back to unschedulable, and fails when the API does.
+func TestClientPodGroupStatus(t *testing.T) {
+	ctx := t.Context()
+	scheduled := metav1.Condition{Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionTrue, Reason: "Scheduled", Message: "bound"}
+	unschedulable := metav1.Condition{Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionFalse,
+		Reason: schedulingv1alpha2.PodGroupReasonUnschedulable, Message: "NoCapacity: no room"}
+	cs := fake.NewClientset(gangPodGroup("train", 4))
+	w := ClientPodGroupStatus{Client: cs}
+	read := func() *metav1.Condition {
+		pg, err := cs.SchedulingV1alpha2().PodGroups("default").Get(ctx, "train", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return apimeta.FindStatusCondition(pg.Status.Conditions, schedulingv1alpha2.PodGroupScheduled)
+	}
+	if err := w.SetPodGroupScheduled(ctx, "default", "train", unschedulable); err != nil {
+		t.Fatal(err)
+	}
+	if c := read(); c == nil || c.Status != metav1.ConditionFalse || c.Message != unschedulable.Message {
+		t.Fatalf("condition %+v, want the unschedulable one", c)
+	}
+	if err := w.SetPodGroupScheduled(ctx, "default", "train", scheduled); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetPodGroupScheduled(ctx, "default", "train", unschedulable); err != nil {
+		t.Fatal(err)
+	}
+	if c := read(); c == nil || c.Status != metav1.ConditionTrue {
+		t.Fatalf("condition %+v after an unschedulable one came for a scheduled group, want it still True", c)
+	}
+	cs.PrependReactor("update", "podgroups", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewConflict(schedulingv1alpha2.Resource("podgroups"), "train", errors.New("changed"))
+	})
+	other := gangPodGroup("other", 2)
+	if _, err := cs.SchedulingV1alpha2().PodGroups("default").Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetPodGroupScheduled(ctx, "default", "other", scheduled); err == nil {
+		t.Error("a refused status write returned no error")
+	}
+	if err := w.SetPodGroupScheduled(ctx, "default", "gone", scheduled); !apierrors.IsNotFound(errors.Unwrap(err)) {
+		t.Errorf("writing to a missing PodGroup: %v, want NotFound", err)
 	}
 }

@@ -142,8 +142,11 @@ type Deps struct {
 	// PodGroups finds a PodGroup (scheduling.k8s.io/v1alpha2: Kubernetes'
 	// own gangs); nil when the API server serves none.
 	PodGroups func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool)
-	Queues    QueueSource
-	Binder    Binder
+	// PodGroupStatus writes the PodGroups' PodGroupScheduled condition; nil
+	// writes none.
+	PodGroupStatus PodGroupStatusWriter
+	Queues         QueueSource
+	Binder         Binder
 	// Reserver creates and removes reservation pods; nil binds fractions
 	// without reservations (only safe when nothing else uses the GPUs).
 	Reserver Reserver
@@ -213,6 +216,9 @@ type Scheduler struct {
 	// strandedEvicted: fraction evicted off a GPU given whole to another
 	// pod -> true, while it is still shown running there; used only by Cycle.
 	strandedEvicted map[types.UID]bool
+	// podGroupSaid: PodGroup (namespace/name) -> the PodGroupScheduled
+	// condition last written or queued for it (guarded by mu).
+	podGroupSaid map[string]string
 	// gangErr: gang (gangID) -> the last error binding one of its members (guarded by mu).
 	gangErr map[string]string
 	// bindBackoff: workload -> when it may be placed again after a failed
@@ -354,6 +360,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		strandedEvicted: map[types.UID]bool{},
 		selfEvicted:     map[types.UID]bool{},
 		gangErr:         map[string]string{},
+		podGroupSaid:    map[string]string{},
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
 		bindBackoff:     map[string]bindRetry{},

@@ -10,6 +10,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -84,6 +85,7 @@ func TestPodGroupGangs(t *testing.T) {
 		t.Fatalf("the Job's PodGroup %s has policy %+v, want a gang of 4", group, pg.Spec.SchedulingPolicy)
 	}
 	t.Logf("Job trainer: PodGroup %s (gang of %d), its 4 pods bound", group, pg.Spec.SchedulingPolicy.Gang.MinCount)
+	podGroupCondition(t, c, group, metav1.ConditionTrue, "Scheduled")
 
 	// A PodGroup of 8 made by hand: its first 7 members wait for the 8th,
 	// and once all 8 exist the gang does not fit in the GPUs left (a filler
@@ -131,7 +133,24 @@ func TestPodGroupGangs(t *testing.T) {
 			t.Errorf("%s was bound to %s although its PodGroup cannot fit whole", n, p.Spec.NodeName)
 		}
 	}
+	podGroupCondition(t, c, "big", metav1.ConditionFalse, schedulingv1alpha2.PodGroupReasonUnschedulable)
 	checkInvariants(t, c)
+}
+
+// podGroupCondition waits until PodGroup name says PodGroupScheduled with
+// status and reason, as gpufrac-coordinator writes it.
+func podGroupCondition(t *testing.T, c *cluster.Cluster, name string, status metav1.ConditionStatus, reason string) {
+	t.Helper()
+	var last *metav1.Condition
+	waitFor(t, 30*time.Second, fmt.Sprintf("PodGroup %s to say PodGroupScheduled=%s (%s)", name, status, reason), func(ctx context.Context) (bool, error) {
+		pg, err := c.Client.SchedulingV1alpha2().PodGroups("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = apimeta.FindStatusCondition(pg.Status.Conditions, schedulingv1alpha2.PodGroupScheduled)
+		return last != nil && last.Status == status && last.Reason == reason, nil
+	})
+	t.Logf("PodGroup %s: PodGroupScheduled=%s %s: %s", name, last.Status, last.Reason, last.Message)
 }
 
 // scheduledMessage is the message of p's PodScheduled=False condition.

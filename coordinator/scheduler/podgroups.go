@@ -1,0 +1,128 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+)
+
+// PodGroupStatusWriter writes a PodGroup's PodGroupScheduled condition, as
+// kube-scheduler does for the PodGroups it schedules.
+type PodGroupStatusWriter interface {
+	SetPodGroupScheduled(ctx context.Context, namespace, name string, cond metav1.Condition) error
+}
+
+// ClientPodGroupStatus is a PodGroupStatusWriter over the typed client.
+type ClientPodGroupStatus struct{ Client kubernetes.Interface }
+
+// SetPodGroupScheduled reads the PodGroup and writes cond into its status,
+// unless it says the group was scheduled and cond says it is not: as
+// kube-scheduler, a group once scheduled is not told otherwise for members
+// that come later (a restarted coordinator may not know it wrote it).
+func (w ClientPodGroupStatus) SetPodGroupScheduled(ctx context.Context, namespace, name string, cond metav1.Condition) error {
+	pgs := w.Client.SchedulingV1alpha2().PodGroups(namespace)
+	pg, err := pgs.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading PodGroup %s/%s: %w", namespace, name, err)
+	}
+	if cur := apimeta.FindStatusCondition(pg.Status.Conditions, cond.Type); cur != nil && cur.Status == metav1.ConditionTrue && cond.Status != metav1.ConditionTrue {
+		return nil
+	}
+	cond.ObservedGeneration = pg.Generation
+	pg = pg.DeepCopy()
+	if !apimeta.SetStatusCondition(&pg.Status.Conditions, cond) {
+		return nil
+	}
+	if _, err := pgs.UpdateStatus(ctx, pg, metav1.UpdateOptions{FieldManager: "gpufrac-coordinator"}); err != nil {
+		return fmt.Errorf("writing the status of PodGroup %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// podGroupOf is the PodGroup w's pods are in ("" when w is no PodGroup's
+// gang).
+func podGroupOf(w *workload) string {
+	if !w.gang || len(w.pods) == 0 {
+		return ""
+	}
+	name, ok := strings.CutPrefix(w.pods[0].group, podrequest.PodGroupGangPrefix)
+	if !ok {
+		return ""
+	}
+	return name
+}
+
+// tellPodGroup writes, for a workload that is a PodGroup's gang, the
+// PodGroupScheduled condition its outcome says: True once bound, False with
+// reason Unschedulable and the pods' reason and message while a reason is
+// written on them, except GangIncomplete (the group is not complete yet:
+// kube-scheduler, too, says nothing until it is). A condition is written
+// again only when its status or the pods' reason changed, as their own
+// reasons are.
+func (s *Scheduler) tellPodGroup(ctx context.Context, w *workload, o outcome) {
+	name := podGroupOf(w)
+	bound := o.bound
+	if name == "" || s.deps.PodGroupStatus == nil || (!bound && (!o.write || o.reason == api.ReasonGangIncomplete)) {
+		return
+	}
+	cond := metav1.Condition{Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionTrue, Reason: "Scheduled",
+		Message: fmt.Sprintf("gpufrac-coordinator bound its %d pods", len(w.pods))}
+	if !bound {
+		cond.Status, cond.Reason = metav1.ConditionFalse, schedulingv1alpha2.PodGroupReasonUnschedulable
+		cond.Message = o.reason + ": " + o.msg
+	}
+	ns := w.pods[0].pod.Namespace
+	key := ns + "/" + name
+	said := string(cond.Status) + "\x00" + o.reason
+	s.mu.Lock()
+	same := s.podGroupSaid[key] == said
+	s.podGroupSaid[key] = said
+	s.mu.Unlock()
+	if same {
+		return
+	}
+	s.writes.do(ctx, podGroupStatusKey+key, func(ctx context.Context) {
+		if err := s.deps.PodGroupStatus.SetPodGroupScheduled(ctx, ns, name, cond); err != nil {
+			klog.FromContext(ctx).V(2).Info("PodGroup condition not written", "podGroup", key, "err", err)
+			s.mu.Lock()
+			if s.podGroupSaid[key] == said {
+				delete(s.podGroupSaid, key) // the next cycle tries again
+			}
+			s.mu.Unlock()
+		}
+	})
+}
+
+// forgetPodGroups forgets the conditions written for PodGroups that are no
+// workload of this cycle any more (bound, or gone): one that comes back is
+// told again (the writer reads the group and changes nothing that holds).
+func (s *Scheduler) forgetPodGroups(ws []*workload) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.podGroupSaid) == 0 {
+		return
+	}
+	live := map[string]bool{}
+	for _, w := range ws {
+		if name := podGroupOf(w); name != "" {
+			live[w.pods[0].pod.Namespace+"/"+name] = true
+		}
+	}
+	for key := range s.podGroupSaid {
+		if !live[key] {
+			delete(s.podGroupSaid, key)
+		}
+	}
+}
+
+// podGroupStatusKey prefixes the writer's keys of PodGroup conditions.
+const podGroupStatusKey = "podgroup-status/"
