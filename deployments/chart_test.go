@@ -401,6 +401,45 @@ func TestChartNodeEventRBAC(t *testing.T) {
 	}
 }
 
+// TestChartAuditFirst: tenantValidationActions reaches the four policies on
+// tenants' workloads and no other; empty, they follow validationActions.
+func TestChartAuditFirst(t *testing.T) {
+	tenant := map[string]bool{"gpufrac-visible-devices": true, "gpufrac-tenant-priority": true,
+		"gpufrac-tenant-gpu-scheduler": true, "gpufrac-tenant-gpu-access": true}
+	dir, err := cluster.ChartDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name         string
+		files        []string
+		tenant, rest []string
+	}{
+		{"default", nil, []string{"Deny"}, []string{"Deny"}},
+		{"audit-first", []string{filepath.Join(dir, "ci", "audit-first-values.yaml")}, []string{"Warn", "Audit"}, []string{"Deny"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := map[string]bool{}
+			for _, o := range render(t, helmPath(t, cluster.Helm3), tc.files...) {
+				if o.GetKind() != "ValidatingAdmissionPolicyBinding" {
+					continue
+				}
+				actions, _, _ := unstructured.NestedStringSlice(o.Object, "spec", "validationActions")
+				want := tc.rest
+				if tenant[o.GetName()] {
+					want, seen[o.GetName()] = tc.tenant, true
+				}
+				if diff := cmp.Diff(want, actions); diff != "" {
+					t.Errorf("binding %s validationActions (-want +got):\n%s", o.GetName(), diff)
+				}
+			}
+			if len(seen) != len(tenant) {
+				t.Errorf("tenant bindings rendered: %v, want all of %v", seen, tenant)
+			}
+		})
+	}
+}
+
 // TestChartSchemaPolicies: the schema's placement policies are the
 // coordinator's.
 func TestChartSchemaPolicies(t *testing.T) {

@@ -4,6 +4,7 @@
 //	kubectl gpufrac [nodes] [--node NAME] [-o json]   every GPU node, its GPUs and the pods holding them
 //	kubectl gpufrac -n NS [--node NAME] [-o json]     one namespace's GPU pods and their queues
 //	kubectl gpufrac queues [-n NS] [-o json]          each Queue: quota, limit, used, pending by reason
+//	kubectl gpufrac policy-check [-n NS] [-o json]    the workloads gpufrac's admission policies refuse or would refuse
 //
 // The node view needs cluster-wide reads; when they are forbidden it falls
 // back to the namespace view of the kubeconfig's namespace, which needs only
@@ -27,6 +28,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/plugin"
+	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/policycheck"
 )
 
 func main() {
@@ -45,9 +47,11 @@ func main() {
 	fs.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls")
 	printVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: kubectl gpufrac [nodes|queues] [flags]\n\n"+
+		fmt.Fprintln(fs.Output(), "Usage: kubectl gpufrac [nodes|queues|policy-check] [flags]\n\n"+
 			"nodes (default): every GPU node, its GPUs and the pods holding them; with -n, one namespace's GPU pods.\n"+
-			"queues: each Queue with its GPU quota, limit, use and pending pods by reason.")
+			"queues: each Queue with its GPU quota, limit, use and pending pods by reason.\n"+
+			"policy-check: the workloads gpufrac's admission policies refuse, or would refuse once they deny: a copy of\n"+
+			"one pod per workload is created with a server-side dry run (needs create pods where it looks; stores nothing).")
 		fs.PrintDefaults()
 	}
 	// The command may come before or after the flags.
@@ -93,5 +97,9 @@ func run(cfg plugin.Config, kubeconfig, kubecontext string, timeout time.Duratio
 	if err != nil {
 		return fmt.Errorf("creating dynamic API client: %w", err)
 	}
-	return plugin.Run(ctx, plugin.Clients{Kube: kube, Dynamic: dyn}, cfg, os.Stdout, os.Stderr)
+	dry, err := policycheck.NewDryRun(rc)
+	if err != nil {
+		return err
+	}
+	return plugin.Run(ctx, plugin.Clients{Kube: kube, Dynamic: dyn, DryRun: dry}, cfg, os.Stdout, os.Stderr)
 }

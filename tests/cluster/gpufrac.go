@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -194,6 +195,12 @@ func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, policyReadyTimeout)
 	defer cancel()
 	for _, p := range probes {
+		// A binding that only warns (audit-first: admission policies'
+		// tenantValidationActions [Warn, Audit]) refuses nothing to wait for.
+		if b, err := c.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, p.policy, metav1.GetOptions{}); err == nil &&
+			!slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny) {
+			continue
+		}
 		var last error
 		err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			last = p.run(ctx)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/policycheck"
 	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/queueview"
 	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/tenantview"
 	"github.com/gpufrac/gpufrac/cmd/kubectl-gpufrac/internal/view"
@@ -20,8 +21,9 @@ import (
 
 // The commands.
 const (
-	CommandNodes  = "nodes"
-	CommandQueues = "queues"
+	CommandNodes       = "nodes"
+	CommandQueues      = "queues"
+	CommandPolicyCheck = "policy-check"
 )
 
 // The output formats.
@@ -54,6 +56,8 @@ type Config struct {
 type Clients struct {
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
+	// DryRun creates a pod with a server-side dry run (policy-check).
+	DryRun policycheck.DryRun
 }
 
 // NamespaceDoc is the JSON shape of the namespace view: its pods and the
@@ -98,8 +102,20 @@ func Run(ctx context.Context, c Clients, cfg Config, stdout, stderr io.Writer) e
 			return view.WriteJSON(stdout, v)
 		}
 		return v.Render(stdout)
+	case CommandPolicyCheck:
+		if c.DryRun == nil {
+			return fmt.Errorf("%w: policy-check needs a dry-run client", ErrUsage)
+		}
+		r, err := policycheck.Check(ctx, c.Kube, cfg.Namespace, c.DryRun)
+		if err != nil {
+			return err
+		}
+		if cfg.Output == OutputJSON {
+			return view.WriteJSON(stdout, r)
+		}
+		return r.Render(stdout)
 	}
-	return fmt.Errorf("%w: unknown command %q: want %s or %s", ErrUsage, cfg.Command, CommandNodes, CommandQueues)
+	return fmt.Errorf("%w: unknown command %q: want %s, %s or %s", ErrUsage, cfg.Command, CommandNodes, CommandQueues, CommandPolicyCheck)
 }
 
 // fallback prints the one-line hint and names the namespace to show

@@ -83,3 +83,15 @@ Whether the cluster serves DRA's resource.k8s.io/v1 (GA in Kubernetes 1.34):
 {{- else -}}{{ fail (printf "%q is not a duration of whole seconds, minutes or hours" $d) }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The validationActions of the policies that hold tenants' workloads:
+admissionPolicies.tenantValidationActions, else validationActions.
+*/}}
+{{- define "gpufrac.tenantValidationActions" -}}
+{{- $a := .Values.admissionPolicies.tenantValidationActions | default .Values.admissionPolicies.validationActions -}}
+{{- if and (has "Deny" $a) (has "Warn" $a) -}}
+{{- fail "admissionPolicies.tenantValidationActions: Deny and Warn cannot be combined (the API server refuses such a binding): use [Deny] or [Warn, Audit]" -}}
+{{- end -}}
+{{- toJson $a -}}
+{{- end }}
