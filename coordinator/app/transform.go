@@ -54,23 +54,27 @@ func trimObject(obj any) (any, error) {
 func changed(old, cur any) bool {
 	switch c := cur.(type) {
 	case *corev1.Pod:
-		o, ok := old.(*corev1.Pod)
-		if !ok {
-			return true
-		}
-		a, b := *o, *c
-		a.ResourceVersion, b.ResourceVersion = "", ""
-		return !equality.Semantic.DeepEqual(&a, &b)
+		return changedBeyondVersion(old, c)
 	case *corev1.Node:
-		o, ok := old.(*corev1.Node)
-		if !ok {
-			return true
-		}
-		a, b := *o, *c
-		a.ResourceVersion, b.ResourceVersion = "", ""
-		return !equality.Semantic.DeepEqual(&a, &b)
+		return changedBeyondVersion(old, c)
 	}
 	return true
+}
+
+// changedBeyondVersion compares cur with old (of cur's type, else changed)
+// without their resourceVersions.
+func changedBeyondVersion[T any, P interface {
+	*T
+	metav1.Object
+}](old any, cur P) bool {
+	o, ok := old.(P)
+	if !ok {
+		return true
+	}
+	a, b := *o, *cur // shallow copies: only their resourceVersion is set
+	P(&a).SetResourceVersion("")
+	P(&b).SetResourceVersion("")
+	return !equality.Semantic.DeepEqual(&a, &b)
 }
 
 // trimPod drops what the coordinator never reads of a pod. Kept: metadata;

@@ -10,8 +10,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -20,27 +18,6 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
-
-// podGroups returns a PodGroupLookup over the given PodGroups.
-func podGroups(pgs ...*schedulingv1alpha2.PodGroup) func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
-	return func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
-		for _, pg := range pgs {
-			if pg.Namespace == ns && pg.Name == name {
-				return pg, true
-			}
-		}
-		return nil, false
-	}
-}
-
-// gangGroup is a PodGroup in namespace ns with the gang policy.
-func gangGroup(name string, minCount int32) *schedulingv1alpha2.PodGroup {
-	return &schedulingv1alpha2.PodGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"},
-		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
-			Gang: &schedulingv1alpha2.GangSchedulingPolicy{MinCount: minCount}}},
-	}
-}
 
 // jobs returns a JobLookup over the given Jobs.
 func jobs(js ...*batchv1.Job) func(ns, name string) (*batchv1.Job, bool) {
@@ -199,7 +176,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "gang of a PodGroup with the gang policy",
 			pod:  pod("p").GPUs(1).SchedulingGroup("trainer-pg").OwnedByJob(trainer).Obj(),
-			opts: podrequest.Options{PodGroupLookup: podGroups(gangGroup("trainer-pg", 8)), JobLookup: jobs(trainer)},
+			opts: podrequest.Options{PodGroupLookup: builders.PodGroupLookup(builders.MakePodGroup("trainer-pg", "ns").Gang(8).Obj()), JobLookup: jobs(trainer)},
 			want: podrequest.Parsed{
 				Request: placement.Request{GPUs: 1}, Queue: "team-a",
 				Gang: &podrequest.Gang{Namespace: "ns", Name: "podgroup/trainer-pg", MinMember: 8, PodGroup: "trainer-pg"},
@@ -208,7 +185,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "a PodGroup not created yet: the pod waits for it",
 			pod:  pod("p").GPUs(1).SchedulingGroup("later").Obj(),
-			opts: podrequest.Options{PodGroupLookup: podGroups()},
+			opts: podrequest.Options{PodGroupLookup: builders.PodGroupLookup()},
 			want: podrequest.Parsed{
 				Request: placement.Request{GPUs: 1}, Queue: "team-a",
 				Gang: &podrequest.Gang{Namespace: "ns", Name: "podgroup/later", PodGroup: "later", Missing: true},
@@ -217,20 +194,13 @@ func TestParse(t *testing.T) {
 		{
 			name: "a PodGroup with the basic policy: each pod alone",
 			pod:  pod("p").GPUs(1).SchedulingGroup("basic").Obj(),
-			opts: podrequest.Options{PodGroupLookup: podGroups(&schedulingv1alpha2.PodGroup{
-				ObjectMeta: metav1.ObjectMeta{Name: "basic", Namespace: "ns"},
-				Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
-					Basic: &schedulingv1alpha2.BasicSchedulingPolicy{}}}})},
+			opts: podrequest.Options{PodGroupLookup: builders.PodGroupLookup(builders.MakePodGroup("basic", "ns").Obj())},
 			want: podrequest.Parsed{Request: placement.Request{GPUs: 1}, Queue: "team-a"},
 		},
 		{
 			name: "a PodGroup of another namespace is not the pod's",
 			pod:  pod("p").GPUs(1).SchedulingGroup("trainer-pg").Obj(),
-			opts: podrequest.Options{PodGroupLookup: podGroups(func() *schedulingv1alpha2.PodGroup {
-				pg := gangGroup("trainer-pg", 8)
-				pg.Namespace = "other"
-				return pg
-			}())},
+			opts: podrequest.Options{PodGroupLookup: builders.PodGroupLookup(builders.MakePodGroup("trainer-pg", "other").Gang(8).Obj())},
 			want: podrequest.Parsed{
 				Request: placement.Request{GPUs: 1}, Queue: "team-a",
 				Gang: &podrequest.Gang{Namespace: "ns", Name: "podgroup/trainer-pg", PodGroup: "trainer-pg", Missing: true},
@@ -346,14 +316,14 @@ func TestParseInvalid(t *testing.T) {
 		{
 			name: "a PodGroup and the pod-group label",
 			pod:  builders.MakePod("p", "ns").Queue("q").GPUs(1).SchedulingGroup("pg").PodGroup("g").MinMember(2).Obj(),
-			opts: podrequest.Options{PodGroupLookup: podGroups(gangGroup("pg", 2))},
+			opts: podrequest.Options{PodGroupLookup: builders.PodGroupLookup(builders.MakePodGroup("pg", "ns").Gang(2).Obj())},
 			want: []podrequest.Problem{{Field: "spec.schedulingGroup.podGroupName",
 				Message: `the pod is in PodGroup "pg" and names a gang with label gpufrac.io/pod-group too: use one`}},
 		},
 		{
 			name: "a PodGroup and the min-member annotation",
 			pod:  builders.MakePod("p", "ns").Queue("q").GPUs(1).SchedulingGroup("pg").MinMember(2).Obj(),
-			opts: podrequest.Options{PodGroupLookup: podGroups(gangGroup("pg", 2))},
+			opts: podrequest.Options{PodGroupLookup: builders.PodGroupLookup(builders.MakePodGroup("pg", "ns").Gang(2).Obj())},
 			want: []podrequest.Problem{{Field: "spec.schedulingGroup.podGroupName",
 				Message: `the pod is in PodGroup "pg", whose policy says how many pods start together, and sets annotation gpufrac.io/min-member too: use one`}},
 		},

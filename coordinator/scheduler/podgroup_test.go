@@ -23,26 +23,6 @@ import (
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
-// podGroupsOf is a Deps.PodGroups over the given PodGroups.
-func podGroupsOf(pgs ...*schedulingv1alpha2.PodGroup) func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
-	return func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
-		for _, pg := range pgs {
-			if pg.Namespace == ns && pg.Name == name {
-				return pg, true
-			}
-		}
-		return nil, false
-	}
-}
-
-func gangPodGroup(name string, minCount int32) *schedulingv1alpha2.PodGroup {
-	return &schedulingv1alpha2.PodGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
-			Gang: &schedulingv1alpha2.GangSchedulingPolicy{MinCount: minCount}}},
-	}
-}
-
 func podGroupMembers(group string, n int) []*corev1.Pod {
 	var pods []*corev1.Pod
 	for i := range n {
@@ -65,12 +45,12 @@ func TestPodGroupIsAGang(t *testing.T) {
 		reason     string // of the pods left pending
 		message    string // in their message
 	}{
-		{name: "fits whole", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 4)}, members: 4, gpus: 8, wantBound: 4},
-		{name: "too few members", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 4)}, members: 3, gpus: 8,
+		{name: "fits whole", groups: []*schedulingv1alpha2.PodGroup{builders.MakePodGroup("train", "default").Gang(4).Obj()}, members: 4, gpus: 8, wantBound: 4},
+		{name: "too few members", groups: []*schedulingv1alpha2.PodGroup{builders.MakePodGroup("train", "default").Gang(4).Obj()}, members: 3, gpus: 8,
 			reason: api.ReasonGangIncomplete, message: "has 3 of its 4 members"},
-		{name: "does not fit whole: none bound (Karpenter asked for it)", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 8)}, members: 8, gpus: 4,
+		{name: "does not fit whole: none bound (Karpenter asked for it)", groups: []*schedulingv1alpha2.PodGroup{builders.MakePodGroup("train", "default").Gang(8).Obj()}, members: 8, gpus: 4,
 			reason: api.ReasonNoCapacity, message: "gang default/podgroup/train (8 pods) does not fit"},
-		{name: "larger than any pool can grow", groups: []*schedulingv1alpha2.PodGroup{gangPodGroup("train", 8)}, members: 8, gpus: 4, fixedPools: true,
+		{name: "larger than any pool can grow", groups: []*schedulingv1alpha2.PodGroup{builders.MakePodGroup("train", "default").Gang(8).Obj()}, members: 8, gpus: 4, fixedPools: true,
 			reason: api.ReasonInvalidRequest, message: "needs 8 GPUs but the largest node pool has 4"},
 		{name: "its PodGroup not created yet", members: 2, gpus: 8,
 			reason: api.ReasonGangIncomplete, message: "waiting for PodGroup default/train"},
@@ -78,7 +58,7 @@ func TestPodGroupIsAGang(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pods := podGroupMembers("train", tc.members)
 			c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", tc.gpus)}, []*v1alpha1.Queue{queueOf("q", "16")}, pods...)
-			c.s.deps.PodGroups = podGroupsOf(tc.groups...)
+			c.s.deps.PodGroups = builders.PodGroupLookup(tc.groups...)
 			told := &recordingPodGroups{}
 			c.s.deps.PodGroupStatus = told
 			c.s.opts.ElasticPools = !tc.fixedPools
@@ -132,14 +112,10 @@ func (r *recordingPodGroups) said() []string {
 
 // TestPodGroupBasicPolicyPlacesEachPodAlone: the basic policy is no gang.
 func TestPodGroupBasicPolicyPlacesEachPodAlone(t *testing.T) {
-	basic := &schedulingv1alpha2.PodGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: "serve", Namespace: "default"},
-		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
-			Basic: &schedulingv1alpha2.BasicSchedulingPolicy{}}},
-	}
+	basic := builders.MakePodGroup("serve", "default").Obj()
 	pods := podGroupMembers("serve", 3)
 	c := newCluster(t, "", []*corev1.Node{h100Node("n1", "a", 2)}, []*v1alpha1.Queue{queueOf("q", "16")}, pods...)
-	c.s.deps.PodGroups = podGroupsOf(basic)
+	c.s.deps.PodGroups = builders.PodGroupLookup(basic)
 	c.cycle()
 	bound := 0
 	for _, p := range pods {
@@ -159,7 +135,7 @@ func TestClientPodGroupStatus(t *testing.T) {
 	scheduled := metav1.Condition{Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionTrue, Reason: "Scheduled", Message: "bound"}
 	unschedulable := metav1.Condition{Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionFalse,
 		Reason: schedulingv1alpha2.PodGroupReasonUnschedulable, Message: "NoCapacity: no room"}
-	cs := fake.NewClientset(gangPodGroup("train", 4))
+	cs := fake.NewClientset(builders.MakePodGroup("train", "default").Gang(4).Obj())
 	w := ClientPodGroupStatus{Client: cs}
 	read := func() *metav1.Condition {
 		pg, err := cs.SchedulingV1alpha2().PodGroups("default").Get(ctx, "train", metav1.GetOptions{})
@@ -186,7 +162,7 @@ func TestClientPodGroupStatus(t *testing.T) {
 	cs.PrependReactor("update", "podgroups", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewConflict(schedulingv1alpha2.Resource("podgroups"), "train", errors.New("changed"))
 	})
-	other := gangPodGroup("other", 2)
+	other := builders.MakePodGroup("other", "default").Gang(2).Obj()
 	if _, err := cs.SchedulingV1alpha2().PodGroups("default").Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -394,4 +395,39 @@ func (w *PodWrapper) PendingFor(reason, message string) *PodWrapper {
 	w.pod.Status.Phase = corev1.PodPending
 	w.pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: reason, Message: message}}
 	return w
+}
+
+// PodGroupWrapper builds a PodGroup (scheduling.k8s.io/v1alpha2).
+type PodGroupWrapper struct{ pg schedulingv1alpha2.PodGroup }
+
+// MakePodGroup is a PodGroup with the basic policy (each pod on its own).
+func MakePodGroup(name, namespace string) *PodGroupWrapper {
+	return &PodGroupWrapper{pg: schedulingv1alpha2.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
+			Basic: &schedulingv1alpha2.BasicSchedulingPolicy{}}},
+	}}
+}
+
+// Gang gives the group the gang policy: minCount pods start together.
+func (w *PodGroupWrapper) Gang(minCount int32) *PodGroupWrapper {
+	w.pg.Spec.SchedulingPolicy = schedulingv1alpha2.PodGroupSchedulingPolicy{
+		Gang: &schedulingv1alpha2.GangSchedulingPolicy{MinCount: minCount}}
+	return w
+}
+
+// Obj returns a copy of the PodGroup.
+func (w *PodGroupWrapper) Obj() *schedulingv1alpha2.PodGroup { return w.pg.DeepCopy() }
+
+// PodGroupLookup finds the given PodGroups by namespace and name, as the
+// coordinator's informer does.
+func PodGroupLookup(pgs ...*schedulingv1alpha2.PodGroup) func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool) {
+	return func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool) {
+		for _, pg := range pgs {
+			if pg.Namespace == namespace && pg.Name == name {
+				return pg, true
+			}
+		}
+		return nil, false
+	}
 }

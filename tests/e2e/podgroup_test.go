@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
@@ -92,11 +93,7 @@ func TestPodGroupGangs(t *testing.T) {
 	// holds 2 of the 8, whether or not the Job's pods completed): none binds.
 	create(t, c, pod("filler", "train").GPUs(2).Obj())
 	running(t, c, 60*time.Second, "filler")
-	big := &schedulingv1alpha2.PodGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: "default"},
-		Spec: schedulingv1alpha2.PodGroupSpec{SchedulingPolicy: schedulingv1alpha2.PodGroupSchedulingPolicy{
-			Gang: &schedulingv1alpha2.GangSchedulingPolicy{MinCount: 8}}},
-	}
+	big := builders.MakePodGroup("big", "default").Gang(8).Obj()
 	if _, err := c.Client.SchedulingV1alpha2().PodGroups("default").Create(ctx, big, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
