@@ -77,6 +77,12 @@ const (
 	// author may change after admission. A protocol annotation of the
 	// coordinator.
 	AnnotationAdmittedPreemptible = Domain + "/admitted-preemptible"
+	// AnnotationAdmittedGang records, on the binding, the gang the
+	// coordinator admitted a pod in ("" for a pod on its own): reclaim and
+	// the rollback of a gang bound in part group bound pods by it, not by
+	// the gpufrac.io/pod-group label, which the pod's author may change
+	// after admission. A protocol annotation of the coordinator.
+	AnnotationAdmittedGang = Domain + "/admitted-gang"
 	// AnnotationAllocatedGPU is the GPU UUID the node agent actually gave a
 	// pod. A protocol annotation of the node agent.
 	AnnotationAllocatedGPU = Domain + "/allocated-gpu"
@@ -177,6 +183,7 @@ func ProtocolAnnotations() []ProtocolAnnotation {
 		{Key: AnnotationGPU, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAdmittedQueue, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAdmittedPreemptible, Owner: CoordinatorServiceAccount},
+		{Key: AnnotationAdmittedGang, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAllocatedGPU, Owner: NodeServiceAccount},
 		{Key: AnnotationReservedGPU, Owner: NodeServiceAccount},
 	}

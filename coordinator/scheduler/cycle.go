@@ -214,6 +214,7 @@ func (s *Scheduler) takeAssumed(logger klog.Logger, now time.Time) map[types.UID
 func (c *cycle) collect() {
 	s := c.s
 	s.forgetSaid()
+	s.pruneReclaims(c.pods, c.start)
 	c.liveGroups = map[string]bool{}
 	c.asking = map[string]bool{}
 	for _, p := range c.pods {
@@ -500,7 +501,8 @@ func (c *cycle) report() {
 		}
 	}
 	s.writeQueueStatus(c.ctx, c.books, waiting, c.queues, c.badQueues)
-	s.forgetPodGroups(c.workloads)
+	s.tellBoundPodGroups(c.ctx, c.gangs.census)
+	s.forgetPodGroups(c.workloads, c.gangs.census)
 	s.metrics.cycle(c.start, s.clock.Since(c.start), c.res)
 	s.metrics.queues(c.queueFigures(), c.res)
 }

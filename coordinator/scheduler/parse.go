@@ -90,22 +90,28 @@ func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi pod
 	}
 	pi.pod = p
 	if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
-		// Its PodGroup's gang (the spec field cannot change); its size read
-		// from the PodGroup now, which is why the parse is not kept.
-		pi.group = podrequest.PodGroupGangPrefix + *sg.PodGroupName
+		// A member of its PodGroup's gang when the group has the gang
+		// policy (the pod's field cannot change, nor can the group's
+		// policy); else a pod on its own, whatever its labels say. Read
+		// once and kept with the parse: a group deleted later leaves its
+		// bound members counted as they were bound.
 		if s.deps.PodGroups != nil {
-			if readClaims != nil {
-				*readClaims = true
-			}
 			if pg, ok := s.deps.PodGroups(p.Namespace, *sg.PodGroupName); ok && pg.Spec.SchedulingPolicy.Gang != nil {
-				pi.minMember = int(pg.Spec.SchedulingPolicy.Gang.MinCount)
+				pi.group = podrequest.PodGroupGangPrefix + *sg.PodGroupName
+				pi.minMember = max(int(pg.Spec.SchedulingPolicy.Gang.MinCount), 1)
 			}
 		}
 		return s.admittedPreemptible(p, pi), true, nil
 	}
-	pi.group = p.Labels[api.LabelPodGroup]
-	if ref := metav1.GetControllerOf(p); pi.group == "" && ref != nil && ref.Kind == "Job" {
-		pi.group = ref.Name
+	if g, ok := p.Annotations[api.AnnotationAdmittedGang]; ok {
+		pi.group = g // as its binding recorded: a label changed since counts for nothing
+	} else {
+		// Bound by a coordinator that did not record the gang: as the pod
+		// says now.
+		pi.group = p.Labels[api.LabelPodGroup]
+		if ref := metav1.GetControllerOf(p); pi.group == "" && ref != nil && ref.Kind == "Job" {
+			pi.group = ref.Name
+		}
 	}
 	// The gang's size counts its bound members for the rollback of a gang
 	// bound in part (checkGangBinds). Read leniently: a value edited after

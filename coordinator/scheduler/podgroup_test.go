@@ -68,6 +68,9 @@ func TestPodGroupIsAGang(t *testing.T) {
 			for _, p := range pods {
 				if c.boundTo(p.Name) != "" {
 					bound++
+					if g, ok := c.b.Annotations[p.Name][api.AnnotationAdmittedGang]; !ok || g != "podgroup/train" {
+						t.Errorf("%s bound with %s %q (set: %v), want podgroup/train", p.Name, api.AnnotationAdmittedGang, g, ok)
+					}
 					continue
 				}
 				if r, m := c.reason(p.Name), c.b.Messages[p.Name]; r != tc.reason || !strings.Contains(m, tc.message) {
@@ -121,6 +124,9 @@ func TestPodGroupBasicPolicyPlacesEachPodAlone(t *testing.T) {
 	for _, p := range pods {
 		if c.boundTo(p.Name) != "" {
 			bound++
+			if g, ok := c.b.Annotations[p.Name][api.AnnotationAdmittedGang]; !ok || g != "" {
+				t.Errorf("%s bound with %s %q (set: %v), want \"\": a pod on its own", p.Name, api.AnnotationAdmittedGang, g, ok)
+			}
 		}
 	}
 	if bound != 2 {

@@ -61,28 +61,48 @@ func podGroupOf(w *workload) string {
 	return name
 }
 
-// tellPodGroup writes, for a workload that is a PodGroup's gang, the
-// PodGroupScheduled condition its outcome says: True once bound, False with
-// reason Unschedulable and the pods' reason and message while a reason is
-// written on them, except GangIncomplete (the group is not complete yet:
-// kube-scheduler, too, says nothing until it is). A condition is written
-// again only when its status or the pods' reason changed, as their own
-// reasons are.
+// tellPodGroup writes, for a workload that is a PodGroup's gang and was
+// left pending with a reason written on its pods, PodGroupScheduled=False
+// (reason Unschedulable, the pods' reason and message), except for
+// GangIncomplete: the group is not complete yet, and kube-scheduler, too,
+// says nothing until it is. True is written from what the informer shows
+// bound (tellBoundPodGroups), not when bindings are sent.
 func (s *Scheduler) tellPodGroup(ctx context.Context, w *workload, o outcome) {
 	name := podGroupOf(w)
-	bound := o.bound
-	if name == "" || s.deps.PodGroupStatus == nil || (!bound && (!o.write || o.reason == api.ReasonGangIncomplete)) {
+	if name == "" || !o.write || o.reason == api.ReasonGangIncomplete {
 		return
 	}
-	cond := metav1.Condition{Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionTrue, Reason: "Scheduled",
-		Message: fmt.Sprintf("gpufrac-coordinator bound its %d pods", len(w.pods))}
-	if !bound {
-		cond.Status, cond.Reason = metav1.ConditionFalse, schedulingv1alpha2.PodGroupReasonUnschedulable
-		cond.Message = o.reason + ": " + o.msg
+	s.setPodGroupScheduled(ctx, w.pods[0].pod.Namespace, name, o.reason, metav1.Condition{
+		Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionFalse,
+		Reason: schedulingv1alpha2.PodGroupReasonUnschedulable, Message: o.reason + ": " + o.msg})
+}
+
+// tellBoundPodGroups writes PodGroupScheduled=True for the PodGroup gangs
+// whose members the informer shows bound (or ended after they ran), at
+// least min-member of them: a gang whose bindings failed, or that is rolled
+// back, is never said to be scheduled.
+func (s *Scheduler) tellBoundPodGroups(ctx context.Context, census map[string]*gangCensus) {
+	for _, c := range census {
+		ns, group, _ := strings.Cut(c.name, "/")
+		name, ok := strings.CutPrefix(group, podrequest.PodGroupGangPrefix)
+		if !ok || c.min == 0 || c.held-c.inflight+c.ran < c.min {
+			continue
+		}
+		s.setPodGroupScheduled(ctx, ns, name, "", metav1.Condition{
+			Type: schedulingv1alpha2.PodGroupScheduled, Status: metav1.ConditionTrue, Reason: "Scheduled",
+			Message: fmt.Sprintf("gpufrac-coordinator bound %d of its pods (min-member %d)", c.held-c.inflight+c.ran, c.min)})
 	}
-	ns := w.pods[0].pod.Namespace
-	key := ns + "/" + name
-	said := string(cond.Status) + "\x00" + o.reason
+}
+
+// setPodGroupScheduled writes cond on PodGroup namespace/name unless the
+// same status for the same pods' reason was written (or queued) already; a
+// failed write is tried again by the next cycle.
+func (s *Scheduler) setPodGroupScheduled(ctx context.Context, namespace, name, reason string, cond metav1.Condition) {
+	if s.deps.PodGroupStatus == nil {
+		return
+	}
+	key := namespace + "/" + name
+	said := string(cond.Status) + "\x00" + reason
 	s.mu.Lock()
 	same := s.podGroupSaid[key] == said
 	s.podGroupSaid[key] = said
@@ -91,7 +111,7 @@ func (s *Scheduler) tellPodGroup(ctx context.Context, w *workload, o outcome) {
 		return
 	}
 	s.writes.do(ctx, podGroupStatusKey+key, func(ctx context.Context) {
-		if err := s.deps.PodGroupStatus.SetPodGroupScheduled(ctx, ns, name, cond); err != nil {
+		if err := s.deps.PodGroupStatus.SetPodGroupScheduled(ctx, namespace, name, cond); err != nil {
 			klog.FromContext(ctx).V(2).Info("PodGroup condition not written", "podGroup", key, "err", err)
 			s.mu.Lock()
 			if s.podGroupSaid[key] == said {
@@ -102,10 +122,10 @@ func (s *Scheduler) tellPodGroup(ctx context.Context, w *workload, o outcome) {
 	})
 }
 
-// forgetPodGroups forgets the conditions written for PodGroups that are no
-// workload of this cycle any more (bound, or gone): one that comes back is
-// told again (the writer reads the group and changes nothing that holds).
-func (s *Scheduler) forgetPodGroups(ws []*workload) {
+// forgetPodGroups forgets the conditions written for PodGroups that are
+// neither a workload of this cycle nor bound any more: one that comes back
+// is told again (the writer reads the group and changes nothing that holds).
+func (s *Scheduler) forgetPodGroups(ws []*workload, census map[string]*gangCensus) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.podGroupSaid) == 0 {
@@ -115,6 +135,12 @@ func (s *Scheduler) forgetPodGroups(ws []*workload) {
 	for _, w := range ws {
 		if name := podGroupOf(w); name != "" {
 			live[w.pods[0].pod.Namespace+"/"+name] = true
+		}
+	}
+	for _, c := range census {
+		ns, group, _ := strings.Cut(c.name, "/")
+		if name, ok := strings.CutPrefix(group, podrequest.PodGroupGangPrefix); ok {
+			live[ns+"/"+name] = true
 		}
 	}
 	for key := range s.podGroupSaid {

@@ -353,3 +353,37 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope) int {
 	}
 	return sc.going
 }
+
+// pruneReclaims forgets the reclaim victims that are gone or shown
+// terminating (the API says they are going from then on) and the refused
+// evictions whose wait is over or whose pod is gone. reclaim does so for the
+// queue it serves; a queue that got its room back never calls it again, and
+// what it left would keep the idle skip off (cycle.quiet).
+func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.reclaiming) == 0 && len(s.refused) == 0 {
+		return
+	}
+	running := make(map[types.UID]bool, len(pods)) // holds resources -> not terminating
+	for _, p := range pods {
+		if !predicates.Terminal(p) {
+			running[p.UID] = p.DeletionTimestamp == nil
+		}
+	}
+	for q, victims := range s.reclaiming {
+		for uid := range victims {
+			if !running[uid] {
+				delete(victims, uid)
+			}
+		}
+		if len(victims) == 0 {
+			delete(s.reclaiming, q)
+		}
+	}
+	for uid, until := range s.refused {
+		if _, holds := running[uid]; !holds || !now.Before(until) {
+			delete(s.refused, uid)
+		}
+	}
+}

@@ -1009,6 +1009,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		// gpufrac.io/preemptible says later. A gang is admitted as one.
 		ann[api.AnnotationAdmittedQueue] = w.queue
 		ann[api.AnnotationAdmittedPreemptible] = strconv.FormatBool(!w.nonPreemptible)
+		ann[api.AnnotationAdmittedGang] = p.group
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
 		gang := w.id()
 		select {

@@ -141,7 +141,7 @@ func Copy(p *corev1.Pod) *corev1.Pod {
 // written are the annotations gpufrac's components write on a pod after its
 // creation (its binding, the node agent's write-back): not the author's.
 var written = map[string]bool{
-	api.AnnotationGPU: true, api.AnnotationAdmittedQueue: true, api.AnnotationAdmittedPreemptible: true,
+	api.AnnotationGPU: true, api.AnnotationAdmittedQueue: true, api.AnnotationAdmittedPreemptible: true, api.AnnotationAdmittedGang: true,
 	api.AnnotationAllocatedGPU: true, api.AnnotationReservedGPU: true, api.AnnotationDoNotDisrupt: true,
 }
 
