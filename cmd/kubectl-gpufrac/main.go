@@ -44,7 +44,7 @@ func main() {
 	fs.StringVar(&cfg.Output, "output", "", "output format: json (default: text)")
 	fs.StringVar(&cfg.Output, "o", "", "short for --output")
 	fs.BoolVar(&cfg.Wide, "wide", false, "print full GPU UUIDs and reservation pod names")
-	fs.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls")
+	fs.DurationVar(&timeout, "request-timeout", 30*time.Second, "bound on the API calls (policy-check: on each)")
 	printVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: kubectl gpufrac [nodes|queues|policy-check] [flags]\n\n"+
@@ -76,8 +76,12 @@ func main() {
 func run(cfg plugin.Config, kubeconfig, kubecontext string, timeout time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	if cfg.Command != plugin.CommandPolicyCheck {
+		// policy-check makes a request per pod shape: each is bounded instead.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubecontext})
@@ -97,7 +101,7 @@ func run(cfg plugin.Config, kubeconfig, kubecontext string, timeout time.Duratio
 	if err != nil {
 		return fmt.Errorf("creating dynamic API client: %w", err)
 	}
-	dry, err := policycheck.NewDryRun(rc)
+	dry, err := policycheck.NewDryRun(rc, timeout)
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,10 @@ const (
 // ErrUsage reports a command line Run cannot act on.
 var ErrUsage = errors.New("usage")
 
+// ErrRefused reports that policy-check found workloads gpufrac's admission
+// policies refuse or would refuse (the command exits 1, for scripts).
+var ErrRefused = errors.New("gpufrac's admission policies refuse or would refuse workloads")
+
 // Config is what the command line asked.
 type Config struct {
 	// Command is CommandNodes (also for "") or CommandQueues.
@@ -106,14 +110,19 @@ func Run(ctx context.Context, c Clients, cfg Config, stdout, stderr io.Writer) e
 		if c.DryRun == nil {
 			return fmt.Errorf("%w: policy-check needs a dry-run client", ErrUsage)
 		}
-		r, err := policycheck.Check(ctx, c.Kube, cfg.Namespace, c.DryRun)
+		r, err := policycheck.Check(ctx, c.Kube, policycheck.Options{Namespace: cfg.Namespace}, c.DryRun)
 		if err != nil {
 			return err
 		}
 		if cfg.Output == OutputJSON {
-			return view.WriteJSON(stdout, r)
+			err = view.WriteJSON(stdout, r)
+		} else {
+			err = r.Render(stdout)
 		}
-		return r.Render(stdout)
+		if err == nil && len(r.Findings) > 0 {
+			err = fmt.Errorf("%w: %d of them", ErrRefused, len(r.Findings))
+		}
+		return err
 	}
 	return fmt.Errorf("%w: unknown command %q: want %s, %s or %s", ErrUsage, cfg.Command, CommandNodes, CommandQueues, CommandPolicyCheck)
 }

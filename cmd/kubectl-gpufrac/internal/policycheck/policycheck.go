@@ -17,7 +17,10 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,10 +37,11 @@ type DryRun func(ctx context.Context, p *corev1.Pod) (warnings []string, err err
 // Finding is one workload a policy refuses (or would refuse).
 type Finding struct {
 	Namespace string `json:"namespace"`
-	// Workload is the pod's controller ("Deployment/vllm", "Job/train"), or
-	// "Pod/<name>" for a bare pod.
+	// Workload is the pod's controller ("Deployment/vllm", "CronJob/nightly",
+	// "RayCluster/rc"), or "Pod/<name>" for a bare pod.
 	Workload string `json:"workload"`
-	// Pod is the pod checked (the first of the workload's).
+	// Pod is the pod checked, or "template" when the workload has no pod
+	// now and its pod template was checked.
 	Pod    string `json:"pod"`
 	Policy string `json:"policy"`
 	// Denied: the policy denies now ([Deny]); else it only warns.
@@ -47,62 +51,227 @@ type Finding struct {
 
 // Report is what Check found.
 type Report struct {
+	// Checked counts the pods (and templates) the API server judged.
 	Checked  int       `json:"checked"`
 	Findings []Finding `json:"findings"`
-	// Notes are pods that could not be checked, and why.
+	// Notes say what could not be checked, and why.
 	Notes []string `json:"notes,omitempty"`
+}
+
+// Options say what Check looks at.
+type Options struct {
+	// Namespace to check ("" for all).
+	Namespace string
+	// ReservationNamespace holds gpufrac's own pods, which are not checked
+	// (default api.ReservationNamespace).
+	ReservationNamespace string
 }
 
 // copyName prefixes the dry-run copies' generated names.
 const copyName = "gpufrac-policy-check-"
 
-// Check creates a dry-run copy of every running or pending pod in namespace
-// ("" for all), one per workload, and reports what gpufrac's policies
-// (gpufrac-*) said of it.
-func Check(ctx context.Context, cs kubernetes.Interface, namespace string, dry DryRun) (*Report, error) {
-	pods, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+// Check judges one pod per distinct pod shape of each workload (its
+// controller, a ReplicaSet's Deployment, a Job's CronJob) and, for the
+// workloads that have no pod now (a CronJob between runs, a Deployment
+// scaled to zero), their pod templates: each as a server-side dry-run copy,
+// reporting what gpufrac's policies (gpufrac-*) said. What the API server
+// refuses for another reason is a note, not an error: only listing fails
+// the check.
+func Check(ctx context.Context, cs kubernetes.Interface, o Options, dry DryRun) (*Report, error) {
+	if o.ReservationNamespace == "" {
+		o.ReservationNamespace = api.ReservationNamespace
+	}
+	r := &Report{Findings: []Finding{}}
+	r.Notes = append(r.Notes, bindingNotes(ctx, cs)...)
+	pods, err := cs.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	r := &Report{Findings: []Finding{}}
 	owners := newOwners(cs)
-	seen := map[string]bool{} // namespace/workload checked
+	seen := map[string]bool{}    // namespace/workload/shape judged
+	hasPods := map[string]bool{} // namespace/workload with a pod now
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.DeletionTimestamp != nil ||
-			p.Namespace == api.ReservationNamespace {
+		if p.Namespace == o.ReservationNamespace {
 			continue
 		}
 		workload := owners.workload(ctx, p)
-		if seen[p.Namespace+"/"+workload] {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.DeletionTimestamp != nil {
+			continue // its controller's template is checked below, unless a live pod is
+		}
+		hasPods[p.Namespace+"/"+workload] = true
+		if n := len(p.Spec.EphemeralContainers); n > 0 {
+			r.Notes = append(r.Notes, fmt.Sprintf("%s/%s (%s) has %d ephemeral container(s), added by update: a created copy cannot carry them, so they are not checked", p.Namespace, p.Name, workload, n))
+		}
+		key := p.Namespace + "/" + workload + "/" + shape(&p.Spec)
+		if seen[key] {
 			continue
 		}
-		seen[p.Namespace+"/"+workload] = true
-		r.Checked++
-		warnings, err := dry(ctx, Copy(p))
-		for _, w := range warnings {
-			if policy, msg, ok := parseWarning(w); ok {
-				r.Findings = append(r.Findings, Finding{Namespace: p.Namespace, Workload: workload, Pod: p.Name, Policy: policy, Message: msg})
-			}
-		}
-		if err == nil {
+		seen[key] = true
+		r.judge(ctx, dry, Copy(p), p.Namespace, workload, p.Name)
+	}
+	for _, t := range templates(ctx, cs, o.Namespace, r) {
+		if t.pod.Namespace == o.ReservationNamespace || hasPods[t.pod.Namespace+"/"+t.workload] {
 			continue
 		}
-		if policy, msg, ok := parseDenial(err); ok {
-			r.Findings = append(r.Findings, Finding{Namespace: p.Namespace, Workload: workload, Pod: p.Name, Policy: policy, Denied: true, Message: msg})
-			continue
-		}
-		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
-			// Another admission plugin (Pod Security, a quota) or RBAC.
-			r.Notes = append(r.Notes, fmt.Sprintf("%s/%s (%s) not checked: %v", p.Namespace, p.Name, workload, err))
-			continue
-		}
-		return nil, fmt.Errorf("dry-run create of a copy of pod %s/%s: %w", p.Namespace, p.Name, err)
+		r.judge(ctx, dry, t.pod, t.pod.Namespace, t.workload, "template")
 	}
 	slices.SortStableFunc(r.Findings, func(a, b Finding) int {
 		return strings.Compare(a.Namespace+"/"+a.Workload+"/"+a.Policy, b.Namespace+"/"+b.Workload+"/"+b.Policy)
 	})
 	return r, nil
+}
+
+// judge dry-runs the creation of p and records what gpufrac's policies said.
+func (r *Report) judge(ctx context.Context, dry DryRun, p *corev1.Pod, namespace, workload, pod string) {
+	warnings, err := dry(ctx, p)
+	if err != nil {
+		if policy, msg, ok := parseDenial(err); ok {
+			r.Checked++
+			r.Findings = append(r.Findings, Finding{Namespace: namespace, Workload: workload, Pod: pod, Policy: policy, Denied: true, Message: msg})
+			return
+		}
+		r.Notes = append(r.Notes, fmt.Sprintf("%s/%s (%s) not checked: %v", namespace, pod, workload, err))
+		return
+	}
+	r.Checked++
+	for _, w := range warnings {
+		if policy, msg, ok := parseWarning(w); ok {
+			r.Findings = append(r.Findings, Finding{Namespace: namespace, Workload: workload, Pod: pod, Policy: policy, Message: msg})
+		}
+	}
+}
+
+// shape is what the policies read of a pod that may differ between the pods
+// of one workload (a RayCluster's head and workers, a Deployment's two
+// ReplicaSets mid-rollout): pods of one shape are judged once.
+func shape(s *corev1.PodSpec) string {
+	var b strings.Builder
+	containers := func(cs []corev1.Container) {
+		for _, c := range cs {
+			fmt.Fprintf(&b, "c:%s:%s:", c.Name, c.Image)
+			for _, e := range c.Env {
+				b.WriteString(e.Name + ",")
+			}
+			for k := range c.Resources.Limits {
+				b.WriteString(string(k) + ",")
+			}
+			if c.SecurityContext != nil {
+				b.WriteString(c.SecurityContext.String())
+			}
+			b.WriteString(";")
+		}
+	}
+	containers(s.InitContainers)
+	containers(s.Containers)
+	for _, v := range s.Volumes {
+		if v.Projected == nil && v.Secret == nil && v.ConfigMap == nil && v.EmptyDir == nil {
+			fmt.Fprintf(&b, "v:%s:%s;", v.Name, v.VolumeSource.String())
+		}
+	}
+	fmt.Fprintf(&b, "h:%v%v%v;p:%s;s:%s", s.HostNetwork, s.HostPID, s.HostIPC, s.PriorityClassName, s.SchedulerName)
+	if s.SecurityContext != nil {
+		b.WriteString(s.SecurityContext.String())
+	}
+	return b.String()
+}
+
+// template is a workload's pod as its controller would create it.
+type template struct {
+	workload string
+	pod      *corev1.Pod
+}
+
+// templates are the pod templates of the namespace's Deployments,
+// StatefulSets, DaemonSets, CronJobs and unfinished Jobs not made by a
+// CronJob. A kind that cannot be listed is a note.
+func templates(ctx context.Context, cs kubernetes.Interface, namespace string, r *Report) []template {
+	var out []template
+	add := func(kind string, meta metav1.ObjectMeta, t corev1.PodTemplateSpec) {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: copyName, Namespace: meta.Namespace, Labels: t.Labels, Annotations: t.Annotations,
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: kind, Name: meta.Name, UID: meta.UID, Controller: ptrTo(true)}}},
+			Spec: *t.Spec.DeepCopy(),
+		}
+		out = append(out, template{workload: kind + "/" + meta.Name, pod: p})
+	}
+	note := func(kind string, err error) {
+		r.Notes = append(r.Notes, fmt.Sprintf("%s not listed (%v): workloads of that kind without a pod now are not checked", kind, err))
+	}
+	if l, err := cs.AppsV1().Deployments(namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		note("Deployments", err)
+	} else {
+		for _, d := range l.Items {
+			add("Deployment", d.ObjectMeta, d.Spec.Template)
+		}
+	}
+	if l, err := cs.AppsV1().StatefulSets(namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		note("StatefulSets", err)
+	} else {
+		for _, d := range l.Items {
+			add("StatefulSet", d.ObjectMeta, d.Spec.Template)
+		}
+	}
+	if l, err := cs.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		note("DaemonSets", err)
+	} else {
+		for _, d := range l.Items {
+			add("DaemonSet", d.ObjectMeta, d.Spec.Template)
+		}
+	}
+	if l, err := cs.BatchV1().CronJobs(namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		note("CronJobs", err)
+	} else {
+		for _, d := range l.Items {
+			add("CronJob", d.ObjectMeta, d.Spec.JobTemplate.Spec.Template)
+		}
+	}
+	if l, err := cs.BatchV1().Jobs(namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		note("Jobs", err)
+	} else {
+		for _, j := range l.Items {
+			if ref := metav1.GetControllerOf(&j); ref != nil && ref.Kind == "CronJob" || jobFinished(&j) {
+				continue
+			}
+			add("Job", j.ObjectMeta, j.Spec.Template)
+		}
+	}
+	return out
+}
+
+// jobFinished tells whether a Job makes no more pods.
+func jobFinished(j *batchv1.Job) bool {
+	for _, c := range j.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// bindingNotes says what the check cannot see: gpufrac's policies not
+// installed, or bindings that only audit (their verdicts go to the audit
+// log, not to the client).
+func bindingNotes(ctx context.Context, cs kubernetes.Interface) []string {
+	l, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return []string{fmt.Sprintf("admission policy bindings not listed (%v): whether gpufrac's policies are installed is not known", err)}
+	}
+	var notes []string
+	n := 0
+	for _, b := range l.Items {
+		if !strings.HasPrefix(b.Spec.PolicyName, "gpufrac-") {
+			continue
+		}
+		n++
+		if !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny) && !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Warn) {
+			notes = append(notes, fmt.Sprintf("binding %s only audits (%v): its verdicts go to the audit log, not to this check; set [Warn, Audit] to see them here", b.Name, b.Spec.ValidationActions))
+		}
+	}
+	if n == 0 {
+		notes = append(notes, "no gpufrac admission policy is bound (admissionPolicies.enabled=false?): nothing can refuse a workload, and this check finds nothing")
+	}
+	return notes
 }
 
 // Copy is what p's controller (or its author) would create today: p's
@@ -175,7 +344,8 @@ func parseDenial(err error) (policy, msg string, ok bool) {
 	return m[1], m[2], true
 }
 
-// owners names pods' workloads, reading a ReplicaSet's Deployment once.
+// owners names pods' workloads, reading a ReplicaSet's Deployment and a
+// Job's CronJob once each.
 type owners struct {
 	cs    kubernetes.Interface
 	owner map[string]string // namespace/ReplicaSet -> its workload
@@ -183,25 +353,35 @@ type owners struct {
 
 func newOwners(cs kubernetes.Interface) *owners { return &owners{cs: cs, owner: map[string]string{}} }
 
-// workload is p's controller, a ReplicaSet's own controller in its place.
+// workload is p's controller, a ReplicaSet's Deployment or a Job's CronJob
+// in its place.
 func (o *owners) workload(ctx context.Context, p *corev1.Pod) string {
 	ref := metav1.GetControllerOf(p)
 	if ref == nil {
 		return "Pod/" + p.Name
 	}
 	name := ref.Kind + "/" + ref.Name
-	if ref.Kind != "ReplicaSet" {
+	if ref.Kind != "ReplicaSet" && ref.Kind != "Job" {
 		return name
 	}
-	key := p.Namespace + "/" + ref.Name
+	key := p.Namespace + "/" + name
 	if w, ok := o.owner[key]; ok {
 		return w
 	}
 	w := name
-	if rs, err := o.cs.AppsV1().ReplicaSets(p.Namespace).Get(ctx, ref.Name, metav1.GetOptions{}); err == nil {
-		if up := metav1.GetControllerOf(rs); up != nil {
-			w = up.Kind + "/" + up.Name
+	var up *metav1.OwnerReference
+	switch ref.Kind {
+	case "ReplicaSet":
+		if rs, err := o.cs.AppsV1().ReplicaSets(p.Namespace).Get(ctx, ref.Name, metav1.GetOptions{}); err == nil {
+			up = metav1.GetControllerOf(rs)
 		}
+	case "Job":
+		if j, err := o.cs.BatchV1().Jobs(p.Namespace).Get(ctx, ref.Name, metav1.GetOptions{}); err == nil {
+			up = metav1.GetControllerOf(j)
+		}
+	}
+	if up != nil && (up.Kind == "Deployment" || up.Kind == "CronJob") {
+		w = up.Kind + "/" + up.Name
 	}
 	o.owner[key] = w
 	return w
@@ -210,7 +390,7 @@ func (o *owners) workload(ctx context.Context, p *corev1.Pod) string {
 // Render prints the report as a table.
 func (r *Report) Render(w io.Writer) error {
 	if len(r.Findings) == 0 {
-		fmt.Fprintf(w, "%d workloads checked: gpufrac's admission policies refuse none of them.\n", r.Checked)
+		fmt.Fprintf(w, "%d pods and templates checked: gpufrac's admission policies refuse none of them.\n", r.Checked)
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAMESPACE\tWORKLOAD\tPOLICY\tNOW\tWHY")
@@ -224,7 +404,7 @@ func (r *Report) Render(w io.Writer) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "\n%d workloads checked, %d refused by a policy (a policy that denies names only itself: fix it and check again).\n",
+		fmt.Fprintf(w, "\n%d pods and templates checked, %d workloads refused by a policy (a policy that denies names only itself: fix it and check again).\n",
 			r.Checked, countWorkloads(r.Findings))
 	}
 	for _, n := range r.Notes {
@@ -242,11 +422,15 @@ func countWorkloads(fs []Finding) int {
 }
 
 // NewDryRun returns a DryRun over a client of cfg that gives each call the
-// warnings of its own response (calls are made one at a time).
-func NewDryRun(cfg *rest.Config) (DryRun, error) {
+// warnings of its own response (calls are made one at a time), each bounded
+// by perRequest (0: not bounded).
+func NewDryRun(cfg *rest.Config, perRequest time.Duration) (DryRun, error) {
 	col := &collector{}
 	c := rest.CopyConfig(cfg)
 	c.WarningHandler, c.WarningHandlerWithContext = nil, col
+	// One dry run per pod shape: more than client-go's default 5/s, still
+	// far below what an API server takes.
+	c.QPS, c.Burst = 50, 100
 	cs, err := kubernetes.NewForConfig(c)
 	if err != nil {
 		return nil, fmt.Errorf("creating the dry-run client: %w", err)
@@ -256,6 +440,11 @@ func NewDryRun(cfg *rest.Config) (DryRun, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		col.take()
+		if perRequest > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, perRequest)
+			defer cancel()
+		}
 		_, err := cs.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "kubectl-gpufrac-policy-check"})
 		return col.take(), err
 	}, nil
