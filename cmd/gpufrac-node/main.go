@@ -17,8 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -27,7 +29,6 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/dra"
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -56,8 +57,8 @@ func main() {
 	flag.DurationVar(&cfg.CDICheckInterval, "cdi-check-interval", cdi.DefaultInterval, "with --device-list-strategy=cdi: how often the CDI specs are checked (they are also watched)")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	printVersion := flag.Bool("version", false, "print the version and exit")
-	flag.StringVar(&cfg.DRA.RegistryDir, "kubelet-registry-dir", draplugin.KubeletRegistryDir, "mode dra: the kubelet's plugin registration directory")
-	flag.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", filepath.Join(draplugin.KubeletPluginsDir, api.DRADriver), "mode dra: the driver's directory (its DRA socket)")
+	flag.StringVar(&cfg.DRA.RegistryDir, "kubelet-registry-dir", kubeletplugin.KubeletRegistryDir, "mode dra: the kubelet's plugin registration directory")
+	flag.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, api.DRADriver), "mode dra: the driver's directory (its DRA socket)")
 	flag.StringVar(&cfg.DRA.StateDir, "dra-state-dir", "", "mode dra: where the record of prepared claims is kept across restarts (default --dra-plugin-dir)")
 	flag.StringVar(&cfg.DRA.CDIDir, "cdi-dir", dra.DefaultCDIDir, "mode dra: where per-claim CDI specs are written for the container runtime")
 	flag.Parse()
@@ -128,9 +129,10 @@ func run(o options) error {
 		return err
 	}
 	if rc != nil {
-		// Mode dra reads claims and publishes ResourceSlices through a
-		// resource.k8s.io/v1 REST client (not a clientset: see newClient).
-		if cfg.DRA.API, err = draplugin.NewClient(rc); err != nil {
+		// Mode dra reads claims and publishes ResourceSlices through the
+		// kubeletplugin and resourceslice helpers, which take client-go's
+		// typed clientset.
+		if cfg.DRA.Client, err = newClientset(rc); err != nil {
 			return fmt.Errorf("building API client: %w", err)
 		}
 	}
@@ -179,9 +181,7 @@ func newLib(ctx context.Context, flagValue, stateDir, nodeName string, gpus int)
 }
 
 // newClient returns nil (standalone) when there is no way to reach the API.
-// It is pods.NewClient, not client-go's clientset: the clientset links every
-// API group and makes the binary's resident image twice the size
-// (deps_test.go keeps it out).
+// It is pods.NewClient, over the core/v1 and policy/v1 types only.
 func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, *rest.Config, error) {
 	var rc *rest.Config
 	var err error
@@ -203,4 +203,22 @@ func newClient(kubeconfig string, standaloneOK bool) (*pods.RESTClient, *rest.Co
 		return nil, nil, fmt.Errorf("building API client: %w", err)
 	}
 	return c, rc, nil
+}
+
+// newClientset is the typed clientset mode dra's helpers use (they reach
+// resource.k8s.io for slices and claims and core/v1 for the Node's UID).
+// Its requests share one token bucket: client-go's default 5 QPS with
+// bursts of 10 unless rc sets QPS, as the driver's own REST client had
+// before issue 27.
+func newClientset(rc *rest.Config) (kubernetes.Interface, error) {
+	c := rest.CopyConfig(rc)
+	if c.RateLimiter == nil {
+		if c.QPS == 0 {
+			c.QPS = rest.DefaultQPS
+		}
+		if c.Burst <= 0 {
+			c.Burst = rest.DefaultBurst
+		}
+	}
+	return kubernetes.NewForConfig(c)
 }
