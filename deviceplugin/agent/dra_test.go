@@ -23,6 +23,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 )
@@ -272,5 +273,52 @@ func TestDRASliceOwnerFollowsNodeUID(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{api.DRADriver}, e.agent.Resources()); diff != "" {
 		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+}
+
+// TestDRADroppedTaintsLeaveUnhealthyGPUsOut: an API server without
+// DRADeviceTaints stores the slice of an unhealthy GPU without its taint;
+// the resourceslice controller reports the dropped fields, and the agent
+// publishes again without the unhealthy GPU (left out, as the device
+// plugins withdraw it) instead of offering it untainted.
+func TestDRADroppedTaintsLeaveUnhealthyGPUsOut(t *testing.T) {
+	var stripped atomic.Int32
+	dropTaints := func(action clienttesting.Action) (bool, runtime.Object, error) {
+		var obj runtime.Object
+		switch a := action.(type) {
+		case clienttesting.CreateAction:
+			obj = a.GetObject()
+		case clienttesting.UpdateAction:
+			obj = a.GetObject()
+		}
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+			for i := range s.Spec.Devices {
+				if len(s.Spec.Devices[i].Taints) > 0 {
+					s.Spec.Devices[i].Taints = nil
+					stripped.Add(1)
+				}
+			}
+		}
+		return false, nil, nil
+	}
+	e := startAgentWith(t, draFractions, withNodeUID("uid-1", func(c *fake.Clientset) {
+		c.PrependReactor("create", "resourceslices", dropTaints)
+		c.PrependReactor("update", "resourceslices", dropTaints)
+	}))
+	e.waitPublished("every GPU's views published", e.wantDevices(), len(e.gpus), "uid-1")
+	sick := e.gpus[1]
+	if err := e.lib.(*nvidia.Mock).InjectXid(sick.UUID, 79); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.DeleteFunc(e.wantDevices(), func(d string) bool {
+		return d == api.DRADeviceName(sick.Minor, api.DRAViewWhole) || d == api.DRADeviceName(sick.Minor, api.DRAViewShares) ||
+			d == api.DRADeviceName(sick.Minor, api.DRAViewMemory)
+	})
+	e.waitPublished("the unhealthy GPU left out", want, len(e.gpus)-1, "uid-1")
+	if stripped.Load() == 0 {
+		t.Error("no taint was ever published (and dropped)")
+	}
+	if !e.agent.dra.driver.TaintsDropped() {
+		t.Error("the driver did not learn that the API server drops taints")
 	}
 }
