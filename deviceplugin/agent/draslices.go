@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -25,8 +26,11 @@ const (
 	DefaultSliceSyncDelay = 5 * time.Second
 	// DefaultNodeCheckInterval is how often the Node's UID is read again.
 	DefaultNodeCheckInterval = 30 * time.Second
-	// sliceRetryMax bounds the wait before starting the controller again
-	// after a failure (reading the Node, syncing its informer).
+	// sliceRetryMin and sliceRetryMax bound the wait before a failed sync
+	// of the slices is tried again (doubled from one to the other; the
+	// controller's default goes up to 1000 s, too long after an API server
+	// outage), and before starting the controller again after a failure.
+	sliceRetryMin = 500 * time.Millisecond
 	sliceRetryMax = time.Minute
 )
 
@@ -44,7 +48,9 @@ const (
 //     deleted and registered again (a new UID) the controller is started
 //     again, owned by the new Node: with the old UID the garbage collector
 //     would delete the slices, and the controller create them again, forever;
-//   - the sync delay is DRAConfig.SliceSyncDelay (5 s by default);
+//   - the sync delay is DRAConfig.SliceSyncDelay (5 s by default), and failed
+//     syncs are retried after 0.5 s doubling up to 1 min (the controller's
+//     default queue doubles from 5 ms up to 1000 s);
 //   - Publish never blocks: starting a controller waits until its informer
 //     has listed the slices, which, with the API server away, is a long
 //     time, and publishDRA runs under the agent's config lock.
@@ -173,6 +179,10 @@ func (p *slicePublisher) start(ctx context.Context) (*resourceslice.Controller, 
 		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: p.node, UID: uid},
 		Resources:  p.current(),
 		SyncDelay:  &p.syncDelay,
+		// A queue per controller: a stopped controller shuts its queue down.
+		Queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](sliceRetryMin, sliceRetryMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "node_resource_slices"}),
 		ErrorHandler: func(ctx context.Context, err error, msg string) {
 			p.onError(ctx, recoverable{err}, msg)
 		},
