@@ -30,6 +30,9 @@ type DRAConfig struct {
 	// with: client-go's typed clientset, as the kubeletplugin and
 	// resourceslice helpers take it. Nil: mode dra cannot be served.
 	Client kubernetes.Interface
+	// NewClient builds Client when it is nil, once the node serves DRA
+	// (gpufrac-node builds no clientset in device-plugin mode).
+	NewClient func() (kubernetes.Interface, error)
 	// RegistryDir is the kubelet's plugin registration directory
 	// ("" is kubeletplugin.KubeletRegistryDir).
 	RegistryDir string
@@ -77,6 +80,12 @@ type draServing struct {
 // Slices are published by publishDRA.
 func (a *Agent) startDRA(ctx context.Context) error {
 	c := a.cfg.DRA
+	if c.Client == nil && c.NewClient != nil && a.client != nil {
+		var err error
+		if c.Client, err = c.NewClient(); err != nil {
+			return fmt.Errorf("starting the DRA driver: building its API client: %w", err)
+		}
+	}
 	if c.Client == nil || a.client == nil || a.cfg.NodeName == "" {
 		return errors.New("mode dra needs API access (a kubeconfig or the in-cluster config) and --node-name")
 	}
