@@ -233,29 +233,35 @@ func TestDRAPublishingRetriesFailedWrites(t *testing.T) {
 
 // TestDRASliceOwnerFollowsNodeUID: the Node deleted and registered again
 // (a new UID): the garbage collector deletes the slices owned by the old
-// one; they come back owned by the new one (with the old UID they would be
-// deleted again and again).
+// one; nothing is published while the Node is gone, and the slices come
+// back owned by the new one (with the old UID they would be deleted again
+// and again).
 func TestDRASliceOwnerFollowsNodeUID(t *testing.T) {
-	e := startAgentFull(t, draFractions, withNodeUID("uid-1"), func(c *Config) { c.DRA.NodeCheckInterval = 100 * time.Millisecond })
+	var writes atomic.Int32
+	count := func(clienttesting.Action) (bool, runtime.Object, error) {
+		writes.Add(1)
+		return false, nil, nil
+	}
+	e := startAgentFull(t, draFractions, withNodeUID("uid-1", func(c *fake.Clientset) {
+		c.PrependReactor("create", "resourceslices", count)
+		c.PrependReactor("update", "resourceslices", count)
+	}), func(c *Config) { c.DRA.NodeCheckInterval = 100 * time.Millisecond })
 	e.waitPublished("published owned by the Node", e.wantDevices(), len(e.gpus), "uid-1")
 
-	nodes := corev1.SchemeGroupVersion.WithResource("nodes")
-	if err := e.client.Tracker().Delete(nodes, "", nodeName); err != nil {
-		t.Fatal(err)
-	}
-	renewed := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "uid-2", Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
-	if err := e.client.Tracker().Add(renewed); err != nil {
-		t.Fatal(err)
-	}
 	// The garbage collector: slices whose owner is not the Node go.
+	nodes := corev1.SchemeGroupVersion.WithResource("nodes")
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	go func() {
 		for ctx.Err() == nil {
+			var uid types.UID
+			if n, err := e.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}); err == nil {
+				uid = n.UID
+			}
 			list, err := e.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 			if err == nil {
 				for _, s := range list.Items {
-					if o := s.OwnerReferences; len(o) != 1 || o[0].UID != renewed.UID {
+					if o := s.OwnerReferences; len(o) != 1 || o[0].UID != uid {
 						_ = e.client.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{})
 					}
 				}
@@ -266,9 +272,27 @@ func TestDRASliceOwnerFollowsNodeUID(t *testing.T) {
 			}
 		}
 	}()
-	e.waitPublished("published again owned by the renewed Node", e.wantDevices(), len(e.gpus), "uid-2")
+
+	if err := e.client.Tracker().Delete(nodes, "", nodeName); err != nil {
+		t.Fatal(err)
+	}
+	// While the Node is gone nothing is written, not even a config edit
+	// (the controller's cache, which keeps slices it created for a minute,
+	// would otherwise write them).
+	time.Sleep(500 * time.Millisecond) // the agent notices
+	before := writes.Load()
+	e.writeConfig(draGPU7Exclusive)
+	time.Sleep(time.Second)
+	if n := writes.Load() - before; n != 0 {
+		t.Errorf("%d slice writes in a second while the Node was gone", n)
+	}
+	renewed := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "uid-2", Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	if err := e.client.Tracker().Add(renewed); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPublished("the edit published owned by the renewed Node", e.wantDevices(7), len(e.gpus)-1, "uid-2")
 	time.Sleep(time.Second) // they stay
-	if p := e.draPublished(); !slices.Equal(p.devices, e.wantDevices()) || slices.ContainsFunc(p.owners, func(o types.UID) bool { return o != "uid-2" }) {
+	if p := e.draPublished(); !slices.Equal(p.devices, e.wantDevices(7)) || slices.ContainsFunc(p.owners, func(o types.UID) bool { return o != "uid-2" }) {
 		t.Errorf("a second after: devices %v, owners %v", p.devices, p.owners)
 	}
 	if diff := cmp.Diff([]string{api.DRADriver}, e.agent.Resources()); diff != "" {

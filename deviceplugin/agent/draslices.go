@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -48,6 +49,7 @@ const (
 //     deleted and registered again (a new UID) the controller is started
 //     again, owned by the new Node: with the old UID the garbage collector
 //     would delete the slices, and the controller create them again, forever;
+//     while the Node is gone, nothing is published;
 //   - the sync delay is DRAConfig.SliceSyncDelay (5 s by default), and failed
 //     syncs are retried after 0.5 s doubling up to 1 min (the controller's
 //     default queue doubles from 5 ms up to 1000 s);
@@ -154,6 +156,14 @@ func (p *slicePublisher) Run(ctx context.Context) {
 			// a UID a moment late is fine.
 			uid, err := p.nodeUID(ctx, "0")
 			switch {
+			case apierrors.IsNotFound(err):
+				// The garbage collector deletes the slices, and the
+				// controller would create them again every sync delay,
+				// owned by a Node that is not there. Start again (and
+				// fail, with backoff) until it is registered again.
+				logger.Info("The Node is gone: not publishing its ResourceSlices until it is registered again", "node", p.node, "oldUID", owner)
+				ctrl.Stop()
+				ctrl = nil
 			case err != nil:
 				logger.V(2).Info("Reading the Node for the owner of its ResourceSlices failed; will retry", "node", p.node, "err", err)
 			case uid != owner:
