@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -28,7 +29,6 @@ import (
 	"github.com/gpufrac/gpufrac/deviceplugin/agent"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/dra"
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
@@ -57,8 +57,8 @@ func main() {
 	flag.DurationVar(&cfg.CDICheckInterval, "cdi-check-interval", cdi.DefaultInterval, "with --device-list-strategy=cdi: how often the CDI specs are checked (they are also watched)")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	printVersion := flag.Bool("version", false, "print the version and exit")
-	flag.StringVar(&cfg.DRA.RegistryDir, "kubelet-registry-dir", draplugin.KubeletRegistryDir, "mode dra: the kubelet's plugin registration directory")
-	flag.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", filepath.Join(draplugin.KubeletPluginsDir, api.DRADriver), "mode dra: the driver's directory (its DRA socket)")
+	flag.StringVar(&cfg.DRA.RegistryDir, "kubelet-registry-dir", kubeletplugin.KubeletRegistryDir, "mode dra: the kubelet's plugin registration directory")
+	flag.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, api.DRADriver), "mode dra: the driver's directory (its DRA socket)")
 	flag.StringVar(&cfg.DRA.StateDir, "dra-state-dir", "", "mode dra: where the record of prepared claims is kept across restarts (default --dra-plugin-dir)")
 	flag.StringVar(&cfg.DRA.CDIDir, "cdi-dir", dra.DefaultCDIDir, "mode dra: where per-claim CDI specs are written for the container runtime")
 	flag.Parse()
@@ -129,12 +129,10 @@ func run(o options) error {
 		return err
 	}
 	if rc != nil {
-		// Mode dra reads claims and publishes ResourceSlices through a
-		// resource.k8s.io/v1 REST client sharing the clientset's rate
-		// limiter (rc is pods.WithDefaults').
-		if cfg.DRA.API, err = draplugin.NewClient(rc); err != nil {
-			return fmt.Errorf("building API client: %w", err)
-		}
+		// Mode dra reads claims and publishes ResourceSlices through the
+		// kubeletplugin and resourceslice helpers, with the agent's own
+		// clientset (one token bucket for all its requests).
+		cfg.DRA.NewClient = func() (kubernetes.Interface, error) { return client, nil }
 	}
 	var a *agent.Agent
 	switch {

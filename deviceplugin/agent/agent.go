@@ -83,7 +83,7 @@ const DefaultNodeResyncInterval = 30 * time.Second
 type Agent struct {
 	cfg    Config
 	lib    nvidia.Lib
-	client *apiClient // nil: standalone, no API access
+	client kubernetes.Interface // nil: standalone, no API access
 	reg    *prometheus.Registry
 
 	manager  *plugin.Manager // nil in mode dra
@@ -126,17 +126,6 @@ type Agent struct {
 	modes          []config.Mode // per-GPU modes in force, by index
 }
 
-// apiClient is the agent's clientset. GetNode reads the agent's Node for
-// the DRA driver (dra.go).
-type apiClient struct {
-	kubernetes.Interface
-}
-
-// GetNode reads a Node.
-func (c *apiClient) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
-	return c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-}
-
 // New returns an agent on lib; client may be nil (standalone mode).
 func New(cfg Config, lib nvidia.Lib, client kubernetes.Interface) *Agent {
 	if cfg.HealthQuietPeriod <= 0 {
@@ -147,7 +136,7 @@ func New(cfg Config, lib nvidia.Lib, client kubernetes.Interface) *Agent {
 	}
 	a := &Agent{cfg: cfg, lib: lib, reg: prometheus.NewRegistry()}
 	if client != nil {
-		a.client = &apiClient{Interface: client}
+		a.client = client
 	}
 	return a
 }
@@ -233,7 +222,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	// 1. Kubernetes side: events on the Node, node labels, pod hints.
 	if a.client != nil {
-		if a.events, a.recorder, err = startEvents(ctx, a.client.Interface); err != nil {
+		if a.events, a.recorder, err = startEvents(ctx, a.client); err != nil {
 			return err
 		}
 	}
@@ -251,7 +240,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs, fractions and replicas")
 	}
 	if a.client != nil {
-		a.hint = pods.NewHint(a.client.Interface, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
+		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
 		goRun("pod-hints", a.hint.Run)
 	}
 
@@ -679,7 +668,7 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 		return enforcement.New(o)
 	}
 	o.Evictor, o.Recorder = enforcement.NewEvictor(a.client.PolicyV1()), a.recorder
-	if inf, err := enforcement.NewPodInformer(a.client.Interface, a.cfg.NodeName); err != nil {
+	if inf, err := enforcement.NewPodInformer(a.client, a.cfg.NodeName); err != nil {
 		klog.FromContext(ctx).Error(err, "GPU memory watchdog cannot watch pods; it only reports")
 	} else {
 		o.Pods = inf

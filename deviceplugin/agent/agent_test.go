@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -41,6 +44,8 @@ type env struct {
 	agent   *Agent
 	lib     nvidia.Lib   // the agent's mock
 	gpus    []nvidia.GPU // the mock's GPUs, in index order
+	// stop ends the agent's Run and waits for it (once; cleanup calls it).
+	stop func()
 }
 
 // mockGPUs lists the GPUs a dgxh100 mock seeded with the node name has;
@@ -87,7 +92,7 @@ func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	for _, d := range []string{"dp", "cfg"} {
+	for _, d := range []string{"dp", "cfg", "reg"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -95,19 +100,23 @@ func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod
 	e := &env{t: t, ctx: ctx, dir: dir, cfgPath: filepath.Join(dir, "cfg", "config.yaml"), gpus: mockGPUs(t)}
 	e.writeConfig(config)
 
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	e.client = fake.NewClientset(append([]runtime.Object{node}, objs...)...)
+	generateNames(e.client)
+	if prep != nil {
+		prep(e.client)
+	}
+
+	// The simulator's DRA side (a plugin registry, claims read from the
+	// fake API server) serves agents whose config says mode dra.
 	e.kubelet = kubeletsim.New(kubeletsim.Options{
 		NodeName: nodeName, Dir: filepath.Join(dir, "dp"), PodResourcesSocket: filepath.Join(dir, "pr.sock"), Strict: true,
+		PluginRegistryDir: filepath.Join(dir, "reg"), Claims: fakeClaims{e.client},
 	})
 	if err := e.kubelet.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.kubelet.Stop)
-
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
-	e.client = fake.NewClientset(append([]runtime.Object{node}, objs...)...)
-	if prep != nil {
-		prep(e.client)
-	}
 	lib, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed(nodeName))
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +129,8 @@ func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod
 		HealthProbeInterval: 100 * time.Millisecond,
 		ProcRoot:            filepath.Join(dir, "proc"), // empty: the watchdog maps no process
 		Version:             "test",
+		DRA: DRAConfig{Client: e.client, RegistryDir: filepath.Join(dir, "reg"), PluginDir: filepath.Join(dir, "dra"),
+			CDIDir: filepath.Join(dir, "cdi"), SliceSyncDelay: 200 * time.Millisecond},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -129,7 +140,7 @@ func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- e.agent.Run(runCtx) }()
-	t.Cleanup(func() {
+	e.stop = sync.OnceFunc(func() {
 		stop()
 		select {
 		case err := <-done:
@@ -140,7 +151,31 @@ func startAgentFull(t *testing.T, config string, prep func(*fake.Clientset), mod
 			t.Error("agent Run did not return after its context ended")
 		}
 	})
+	t.Cleanup(e.stop)
 	return e
+}
+
+// generateNames makes the fake API server name created ResourceSlices from their
+// metadata.generateName and give them a UID, as the API server does (the
+// resourceslice controller creates slices by generateName).
+func generateNames(c *fake.Clientset) {
+	var n atomic.Int64
+	c.PrependReactor("create", "resourceslices", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		ca, ok := action.(clienttesting.CreateAction)
+		if !ok {
+			return false, nil, nil
+		}
+		obj, ok := ca.GetObject().(metav1.Object)
+		if !ok || obj.GetName() != "" || obj.GetGenerateName() == "" {
+			return false, nil, nil
+		}
+		i := n.Add(1)
+		obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), i))
+		if obj.GetUID() == "" {
+			obj.SetUID(types.UID(fmt.Sprintf("uid-%s%05d", obj.GetGenerateName(), i)))
+		}
+		return false, nil, nil
+	})
 }
 
 // writeConfig replaces the config file atomically, as a ConfigMap update does.

@@ -6,15 +6,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"time"
 
-	"k8s.io/apimachinery/pkg/types"
+	"google.golang.org/grpc"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/cdi"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/dra"
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/mig"
 )
@@ -22,19 +26,30 @@ import (
 // DRAConfig is where gpufrac-node meets the kubelet as a DRA driver (nodes
 // in mode dra).
 type DRAConfig struct {
-	// API is what the driver reads claims and publishes ResourceSlices
-	// with (draplugin.NewClient). Nil: mode dra cannot be served.
-	API draplugin.API
+	// Client is what the driver reads claims and publishes ResourceSlices
+	// with: client-go's typed clientset, as the kubeletplugin and
+	// resourceslice helpers take it. Nil: mode dra cannot be served.
+	Client kubernetes.Interface
+	// NewClient builds Client when it is nil, once the node serves DRA
+	// (gpufrac-node builds no clientset in device-plugin mode).
+	NewClient func() (kubernetes.Interface, error)
 	// RegistryDir is the kubelet's plugin registration directory
-	// ("" is draplugin.KubeletRegistryDir).
+	// ("" is kubeletplugin.KubeletRegistryDir).
 	RegistryDir string
 	// PluginDir is the driver's own directory, where the DRA socket lives
-	// ("" is <draplugin.KubeletPluginsDir>/gpu.gpufrac.io).
+	// ("" is <kubeletplugin.KubeletPluginsDir>/gpu.gpufrac.io).
 	PluginDir string
 	// StateDir holds the prepared-claims record ("" is PluginDir).
 	StateDir string
 	// CDIDir is where per-claim CDI specs are written ("" is dra.DefaultCDIDir).
 	CDIDir string
+	// SliceSyncDelay is how long after someone else changed or deleted the
+	// node's slices they are checked again (0: DefaultSliceSyncDelay).
+	SliceSyncDelay time.Duration
+	// NodeCheckInterval is how often the Node's UID is read again, so the
+	// slices' owner follows a Node deleted and registered again
+	// (0: DefaultNodeCheckInterval).
+	NodeCheckInterval time.Duration
 }
 
 // ErrServingChanged rejects a config that moves the node between device
@@ -45,10 +60,14 @@ var ErrServingChanged = errors.New("switching a node between device plugins (mod
 // draServing is the running DRA driver of a node in mode dra.
 type draServing struct {
 	driver *dra.Driver
-	server *draplugin.Server
+	// helper is the kubeletplugin helper: plugin registration and the DRA
+	// gRPC service, calling driver.
+	helper *kubeletplugin.Helper
+	// registration is the kubelet's last word on the registration.
+	registration *registrationStatus
 	// publisher publishes the node's ResourceSlices; stopPublisher ends it
 	// and waits.
-	publisher     *draplugin.Publisher
+	publisher     *slicePublisher
 	stopPublisher func()
 	// fatal receives the driver's first fatal background error: Run
 	// returns it, and gpufrac-node exits to be restarted.
@@ -56,16 +75,27 @@ type draServing struct {
 }
 
 // startDRA starts the DRA driver: the prepared-claims record, the kubelet
-// plugin registration and DRA service, and the ResourceSlice publisher
-// (package draplugin). Slices are published by publishDRA.
+// plugin registration and DRA service (kubeletplugin.Start), and the
+// ResourceSlice publisher (a resourceslice controller, see slicePublisher).
+// Slices are published by publishDRA.
 func (a *Agent) startDRA(ctx context.Context) error {
 	c := a.cfg.DRA
-	if c.API == nil || a.client == nil || a.cfg.NodeName == "" {
+	if c.Client == nil && c.NewClient != nil && a.client != nil {
+		var err error
+		if c.Client, err = c.NewClient(); err != nil {
+			return fmt.Errorf("starting the DRA driver: building its API client: %w", err)
+		}
+	}
+	if c.Client == nil || a.client == nil || a.cfg.NodeName == "" {
 		return errors.New("mode dra needs API access (a kubeconfig or the in-cluster config) and --node-name")
+	}
+	registryDir := c.RegistryDir
+	if registryDir == "" {
+		registryDir = kubeletplugin.KubeletRegistryDir
 	}
 	pluginDir := c.PluginDir
 	if pluginDir == "" {
-		pluginDir = filepath.Join(draplugin.KubeletPluginsDir, api.DRADriver)
+		pluginDir = filepath.Join(kubeletplugin.KubeletPluginsDir, api.DRADriver)
 	}
 	stateDir := c.StateDir
 	if stateDir == "" {
@@ -83,32 +113,27 @@ func (a *Agent) startDRA(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting the DRA driver: %w", err)
 	}
-	pub, err := draplugin.NewPublisher(draplugin.PublisherOptions{
-		Driver: api.DRADriver, Node: a.cfg.NodeName, API: c.API, OnError: driver.HandleError,
-		NodeUID: func(ctx context.Context) (types.UID, error) {
-			n, err := a.client.GetNode(ctx, a.cfg.NodeName)
-			if err != nil {
-				return "", err
-			}
-			return n.UID, nil
-		},
-	})
+	logger := klog.FromContext(ctx)
+	reg := &registrationStatus{logger: logger}
+	helper, err := kubeletplugin.Start(klog.NewContext(ctx, klog.LoggerWithName(logger, "kubeletplugin")), driver,
+		kubeletplugin.DriverName(api.DRADriver),
+		kubeletplugin.KubeClient(c.Client),
+		kubeletplugin.NodeName(a.cfg.NodeName),
+		kubeletplugin.RegistrarDirectoryPath(registryDir),
+		kubeletplugin.PluginDataDirectoryPath(pluginDir),
+		kubeletplugin.GRPCInterceptor(reg.intercept),
+	)
 	if err != nil {
 		return fmt.Errorf("starting the DRA driver %s: %w", api.DRADriver, err)
 	}
-	server, err := draplugin.StartServer(ctx, driver, draplugin.ServerOptions{
-		Driver: api.DRADriver, RegistryDir: c.RegistryDir, PluginDir: pluginDir, Claims: c.API,
-	})
-	if err != nil {
-		return fmt.Errorf("starting the DRA driver %s: %w", api.DRADriver, err)
-	}
+	pub := newSlicePublisher(c, a.cfg.NodeName, driver.HandleError)
 	pubCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pub.Run(klog.NewContext(pubCtx, klog.LoggerWithName(klog.FromContext(ctx), "resourceslices")))
+		pub.Run(klog.NewContext(pubCtx, klog.LoggerWithName(logger, "resourceslices")))
 	}()
-	a.dra = &draServing{driver: driver, server: server, publisher: pub, fatal: make(chan error, 1),
+	a.dra = &draServing{driver: driver, helper: helper, registration: reg, publisher: pub, fatal: make(chan error, 1),
 		stopPublisher: func() { cancel(); <-done }}
 	driver.OnFatal(func(err error) {
 		select {
@@ -121,7 +146,7 @@ func (a *Agent) startDRA(ctx context.Context) error {
 			klog.FromContext(ctx).Error(err, "Republishing DRA devices without taints")
 		}
 	})
-	klog.FromContext(ctx).Info("Serving GPUs through DRA", "driver", api.DRADriver, "pluginDir", pluginDir, "stateDir", stateDir, "preparedClaims", len(driver.Prepared()))
+	logger.Info("Serving GPUs through DRA", "driver", api.DRADriver, "registryDir", registryDir, "pluginDir", pluginDir, "stateDir", stateDir, "preparedClaims", len(driver.Prepared()))
 	return nil
 }
 
@@ -130,9 +155,42 @@ func (a *Agent) startDRA(ctx context.Context) error {
 // plugin is gone for good.
 func (a *Agent) stopDRA() {
 	if a.dra != nil {
-		a.dra.server.Stop()
+		a.dra.helper.Stop()
 		a.dra.stopPublisher()
 	}
+}
+
+// registrationStatus keeps the kubelet's NotifyRegistrationStatus, seen by
+// a gRPC interceptor of the helper's servers: the helper's own
+// RegistrationStatus reads a field its gRPC handler writes without a lock
+// (a data race with /readyz, which asks at any time).
+type registrationStatus struct {
+	logger klog.Logger
+	mu     sync.Mutex
+	st     *registerapi.RegistrationStatus // nil before the kubelet said anything
+}
+
+// intercept is a grpc.UnaryServerInterceptor that records each
+// RegistrationStatus the kubelet sends before the helper handles it.
+func (r *registrationStatus) intercept(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if st, ok := req.(*registerapi.RegistrationStatus); ok {
+		r.mu.Lock()
+		r.st = &registerapi.RegistrationStatus{PluginRegistered: st.GetPluginRegistered(), Error: st.GetError()}
+		r.mu.Unlock()
+		if st.GetPluginRegistered() {
+			r.logger.V(2).Info("Registered with the kubelet", "driver", api.DRADriver)
+		} else {
+			r.logger.Error(nil, "The kubelet refused the DRA driver's registration", "driver", api.DRADriver, "reason", st.GetError())
+		}
+	}
+	return handler(ctx, req)
+}
+
+// registered tells whether the kubelet's last word accepted the driver.
+func (r *registrationStatus) registered() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.st != nil && r.st.PluginRegistered
 }
 
 // draGPUs is what the driver publishes for a resolved policy: each GPU's
@@ -207,8 +265,7 @@ func (a *Agent) publishDRA(ctx context.Context, np config.NodePolicy) error {
 
 // draRegistered tells whether the kubelet accepted the driver's registration.
 func (a *Agent) draRegistered() bool {
-	st := a.dra.server.RegistrationStatus()
-	return st != nil && st.PluginRegistered
+	return a.dra.registration.registered()
 }
 
 // draAllocations lists what prepared claims hold, for the MIG layout

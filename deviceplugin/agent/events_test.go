@@ -71,7 +71,7 @@ func recordingAgent(t *testing.T, prep func(*fake.Clientset)) (*Agent, *fake.Cli
 	}
 	a := New(Config{NodeName: nodeName}, nil, c)
 	var err error
-	if a.events, a.recorder, err = startEvents(ctx, a.client.Interface); err != nil {
+	if a.events, a.recorder, err = startEvents(ctx, a.client); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); a.events.Shutdown() })

@@ -11,12 +11,13 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpufrac/gpufrac/api"
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
@@ -65,9 +66,9 @@ type Options struct {
 	Unresolved func(names []string) []string
 }
 
-// Driver is the draplugin.Plugin behind draplugin.Server: it prepares and unprepares
-// claims against the devices last published and the record of claims
-// prepared before. Methods are safe for concurrent use.
+// Driver is the kubeletplugin.DRAPlugin behind the kubeletplugin helper: it
+// prepares and unprepares claims against the devices last published and the
+// record of claims prepared before. Methods are safe for concurrent use.
 type Driver struct {
 	o Options
 
@@ -93,7 +94,7 @@ type Driver struct {
 }
 
 var (
-	_ draplugin.Plugin        = (*Driver)(nil)
+	_ kubeletplugin.DRAPlugin = (*Driver)(nil)
 	_ enforcement.ClaimSource = (*Driver)(nil)
 )
 
@@ -142,25 +143,25 @@ func (d *Driver) Prepared() []PreparedClaim {
 	return out
 }
 
-// PrepareResourceClaims implements draplugin.Plugin. Each claim is
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin. Each claim is
 // prepared on its own: checked against the claims prepared before it (and
 // earlier in the same call), answered with CDI device IDs, its CDI spec
 // written and the record saved before the answer. A claim prepared before
 // gets the same answer again.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]draplugin.PrepareResult, error) {
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make(map[types.UID]draplugin.PrepareResult, len(claims))
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		pc, err := d.prepareLocked(claim)
 		if err != nil {
 			logger.Error(err, "Refusing to prepare claim", "claim", klog.KObj(claim), "claimUID", claim.UID)
-			out[claim.UID] = draplugin.PrepareResult{Err: err}
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
 		logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "claimUID", claim.UID, "devices", len(pc.Devices))
-		out[claim.UID] = draplugin.PrepareResult{Devices: resultDevices(pc)}
+		out[claim.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
 	return out, nil
 }
@@ -373,10 +374,10 @@ func consumed(r resourceapi.DeviceRequestAllocationResult, name string, def int6
 }
 
 // resultDevices is the kubelet's answer for a prepared claim.
-func resultDevices(pc PreparedClaim) []draplugin.Device {
-	out := make([]draplugin.Device, 0, len(pc.Devices))
+func resultDevices(pc PreparedClaim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
 	for _, pd := range pc.Devices {
-		dev := draplugin.Device{
+		dev := kubeletplugin.Device{
 			Requests: slices.Clone(pd.Requests), PoolName: pd.Pool, DeviceName: pd.Device,
 			CDIDeviceIDs: slices.Clone(pd.CDIDeviceIDs),
 		}
@@ -389,10 +390,10 @@ func resultDevices(pc PreparedClaim) []draplugin.Device {
 	return out
 }
 
-// UnprepareResourceClaims implements draplugin.Plugin: it forgets the
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin: it forgets the
 // claims and removes their CDI specs. Unknown claims are already
 // unprepared.
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []draplugin.NamespacedObject) (map[types.UID]error, error) {
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	logger := klog.FromContext(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -426,17 +427,18 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []draplugin
 	return out, nil
 }
 
-// HandleError implements draplugin.Plugin: background errors are
-// logged. Recoverable ones (publishing slices) are retried by the publisher; a
-// slice whose device taints the API server dropped (DRADeviceTaints off)
+// HandleError implements kubeletplugin.DRAPlugin: background errors are
+// logged. Recoverable ones (publishing slices, reported by the resourceslice
+// controller wrapped so that errors.Is(err, kubeletplugin.ErrRecoverable))
+// are retried by the controller; a slice whose device taints the API server dropped (DRADeviceTaints off)
 // switches the driver to leaving unhealthy GPUs out (see OnTaintsDropped).
 // A fatal one (the DRA or registration gRPC server failed: the
 // kubelet can prepare no claim on this node any more) goes to OnFatal, so
 // gpufrac-node stops and is restarted instead of running on deaf.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
-	recoverable := errors.Is(err, draplugin.ErrRecoverable)
+	recoverable := errors.Is(err, kubeletplugin.ErrRecoverable)
 	klog.FromContext(ctx).Error(err, msg, "recoverable", recoverable)
-	var dropped *draplugin.DroppedFieldsError
+	var dropped *resourceslice.DroppedFieldsError
 	taints := errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRADeviceTaints")
 	d.mu.Lock()
 	hook := d.errorHook

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	resourceapi "k8s.io/api/resource/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -97,7 +97,7 @@ func (f *fixture) restart(t *testing.T, strategy resource.DeviceListStrategy) *D
 	return d
 }
 
-func (f *fixture) prepare(t *testing.T, claims ...*resourceapi.ResourceClaim) map[types.UID]draplugin.PrepareResult {
+func (f *fixture) prepare(t *testing.T, claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	out, err := f.d.PrepareResourceClaims(ctx, claims)
@@ -113,9 +113,9 @@ func (f *fixture) prepare(t *testing.T, claims ...*resourceapi.ResourceClaim) ma
 func (f *fixture) unprepare(t *testing.T, names ...string) {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
-	var objs []draplugin.NamespacedObject
+	var objs []kubeletplugin.NamespacedObject
 	for _, n := range names {
-		objs = append(objs, draplugin.NamespacedObject{UID: types.UID("uid-" + n), NamespacedName: types.NamespacedName{Namespace: "team", Name: n}})
+		objs = append(objs, kubeletplugin.NamespacedObject{UID: types.UID("uid-" + n), NamespacedName: types.NamespacedName{Namespace: "team", Name: n}})
 	}
 	out, err := f.d.UnprepareResourceClaims(ctx, objs)
 	if err != nil {
@@ -130,7 +130,7 @@ func (f *fixture) unprepare(t *testing.T, names ...string) {
 
 // env is what a container given the devices of a prepared claim sees from
 // gpufrac's CDI specs.
-func (f *fixture) env(t *testing.T, r draplugin.PrepareResult) map[string]string {
+func (f *fixture) env(t *testing.T, r kubeletplugin.PrepareResult) map[string]string {
 	t.Helper()
 	var ids []string
 	for _, d := range r.Devices {
@@ -434,7 +434,7 @@ func TestPrepareRefusesMIGOnAGPUHeldAnotherWay(t *testing.T) {
 	}
 }
 
-// TestFatalBackgroundErrorsStopTheDriver: draplugin.Server reports
+// TestFatalBackgroundErrorsStopTheDriver: the kubeletplugin helper reports
 // the failure of its DRA or registration gRPC server to HandleError as a
 // fatal error (not ErrRecoverable): the kubelet can no longer prepare any
 // claim on the node, so the driver must not just log it and run on (every
@@ -445,7 +445,7 @@ func TestFatalBackgroundErrorsStopTheDriver(t *testing.T) {
 	fatal := make(chan error, 4)
 	f.d.OnFatal(func(err error) { fatal <- err })
 	_, ctx := ktesting.NewTestContext(t)
-	f.d.HandleError(ctx, fmt.Errorf("%w: the API server refused a slice", draplugin.ErrRecoverable), "publishing slices")
+	f.d.HandleError(ctx, fmt.Errorf("%w: the API server refused a slice", kubeletplugin.ErrRecoverable), "publishing slices")
 	f.d.HandleError(ctx, errors.New("accept unix /var/lib/kubelet/plugins/gpu.gpufrac.io/dra.sock: use of closed network connection"), "DRA gRPC server failed")
 	f.d.HandleError(ctx, errors.New("again"), "registrar gRPC server failed")
 	select {

@@ -5,10 +5,11 @@
 // the kubelet asks for, answering with CDI device IDs whose CDI specs carry
 // the same limits a gpufrac.io/gpu-fraction container is told.
 //
-// The kubelet side (registration, the DRA gRPC service) and slice
-// publishing are package draplugin; this package is the draplugin.Plugin
-// behind them, the pure device builder (Build) and the record of prepared
-// claims that survives restarts.
+// The kubelet side (registration, the DRA gRPC service) is
+// k8s.io/dynamic-resource-allocation's kubeletplugin helper and slice
+// publishing its resourceslice controller (wired in package agent); this
+// package is the kubeletplugin.DRAPlugin behind them, the pure device
+// builder (Build) and the record of prepared claims that survives restarts.
 package dra
 
 import (
@@ -17,11 +18,11 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	k8sresource "k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 	"github.com/gpufrac/gpufrac/mig"
 )
@@ -62,7 +63,7 @@ type Target struct {
 // Published is what Build made: the pool to publish and what each device
 // name stands for.
 type Published struct {
-	Resources draplugin.DriverResources
+	Resources resourceslice.DriverResources
 	// Targets: device name -> what it stands for.
 	Targets map[string]Target
 }
@@ -119,14 +120,14 @@ func Build(node string, gpus []GPU) (Published, error) {
 			return Published{}, fmt.Errorf("publishing GPU %d: mode %q is not served through DRA (want exclusive, fraction or mig)", g.Index, g.Mode)
 		}
 	}
-	pool := draplugin.Pool{}
+	pool := resourceslice.Pool{}
 	for chunk := range slices.Chunk(sets, maxCounterSetsPerSlice) {
-		pool.Slices = append(pool.Slices, draplugin.Slice{SharedCounters: chunk})
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: chunk})
 	}
 	for chunk := range slices.Chunk(devs, maxDevicesPerSlice) {
-		pool.Slices = append(pool.Slices, draplugin.Slice{Devices: chunk})
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: chunk})
 	}
-	out.Resources = draplugin.DriverResources{Pools: map[string]draplugin.Pool{node: pool}}
+	out.Resources = resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: pool}}
 	return out, nil
 }
 

@@ -6,19 +6,21 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpufrac/gpufrac/deviceplugin/draplugin"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim/kubeletsimtest"
 )
@@ -227,20 +229,32 @@ func TestDRADriverRestartRegistersAgain(t *testing.T) {
 	}
 }
 
-// nopDriver is a draplugin.Plugin that prepares nothing: enough to
-// register (draplugin.Server's RegistrationStatus is safe to poll, the
-// kubeletplugin helper's is not).
+// nopDriver is a kubeletplugin.DRAPlugin that prepares nothing: enough to
+// register.
 type nopDriver struct{}
 
-func (nopDriver) PrepareResourceClaims(context.Context, []*resourceapi.ResourceClaim) (map[types.UID]draplugin.PrepareResult, error) {
+func (nopDriver) PrepareResourceClaims(context.Context, []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	return nil, errors.New("not implemented")
 }
 
-func (nopDriver) UnprepareResourceClaims(context.Context, []draplugin.NamespacedObject) (map[types.UID]error, error) {
+func (nopDriver) UnprepareResourceClaims(context.Context, []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	return nil, errors.New("not implemented")
 }
 
 func (nopDriver) HandleError(context.Context, error, string) {}
+
+// notified records whether the kubelet told a helper instance it is
+// registered, through a gRPC interceptor: the helper's RegistrationStatus
+// reads a field its handler writes without a lock, not safe to poll under
+// the race detector.
+type notified struct{ registered atomic.Bool }
+
+func (n *notified) intercept(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if st, ok := req.(*registerapi.RegistrationStatus); ok {
+		n.registered.Store(st.GetPluginRegistered())
+	}
+	return handler(ctx, req)
+}
 
 // TestDRADriverReplacedSocketRegistersAgain: a restarted driver replaces its
 // registration socket at the same path, faster than the simulator scans;
@@ -250,22 +264,24 @@ func (nopDriver) HandleError(context.Context, error, string) {}
 func TestDRADriverReplacedSocketRegistersAgain(t *testing.T) {
 	ctx := testContext(t)
 	regDir := shortDir(t)
+	cs := fake.NewClientset()
 	k, _ := startKubelet(t, ctx, func(o *kubeletsim.Options) {
 		o.PluginRegistryDir = regDir
-		o.Claims = fakeClaims{fake.NewClientset()}
+		o.Claims = fakeClaims{cs}
 	})
 	pluginDir := shortDir(t)
-	start := func() *draplugin.Server {
-		s, err := draplugin.StartServer(ctx, nopDriver{}, draplugin.ServerOptions{Driver: testDriver, RegistryDir: regDir, PluginDir: pluginDir, Claims: nopClaims{}})
+	start := func() *notified {
+		n := &notified{}
+		h, err := kubeletplugin.Start(ctx, nopDriver{}, kubeletplugin.DriverName(testDriver), kubeletplugin.KubeClient(cs),
+			kubeletplugin.NodeName("node-a"), kubeletplugin.RegistrarDirectoryPath(regDir), kubeletplugin.PluginDataDirectoryPath(pluginDir),
+			kubeletplugin.GRPCInterceptor(n.intercept))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(s.Stop)
-		return s
+		t.Cleanup(h.Stop)
+		return n
 	}
-	registered := func(s *draplugin.Server) func() bool {
-		return func() bool { st := s.RegistrationStatus(); return st != nil && st.PluginRegistered }
-	}
+	registered := func(n *notified) func() bool { return n.registered.Load }
 	first := start()
 	eventually(t, ctx, registered(first), func() string { return "the driver was never told it is registered" })
 	if err := k.WaitForDRADriver(waitContext(t, ctx), testDriver); err != nil {
@@ -274,11 +290,4 @@ func TestDRADriverReplacedSocketRegistersAgain(t *testing.T) {
 	// The new instance removes the old one's socket and listens at once.
 	second := start()
 	eventually(t, ctx, registered(second), func() string { return "the driver's new instance was never told it is registered" })
-}
-
-// nopClaims reads no claim.
-type nopClaims struct{}
-
-func (nopClaims) GetResourceClaim(context.Context, string, string) (*resourceapi.ResourceClaim, error) {
-	return nil, errors.New("no claims here")
 }

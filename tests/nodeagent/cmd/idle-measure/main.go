@@ -16,6 +16,10 @@
 // disk may be kept in large folios that are mapped whole, which makes the
 // executable's share of VmRSS depend on the kernel and the filesystem;
 // tmpfs (without huge pages) maps 4 KiB pages.
+// -dra (with -cluster or -kubeconfig) serves the node in mode dra instead
+// (config "mode: dra", every GPU in the fraction views): the simulator's
+// plugin registry takes the DRA driver gpu.gpufrac.io, and the idle window
+// starts once the kubelet accepted it and its ResourceSlices are published.
 package main
 
 import (
@@ -39,6 +43,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -61,6 +68,7 @@ type options struct {
 	tmpfs      bool
 	env        []string
 	keepLog    bool
+	dra        bool
 }
 
 func main() {
@@ -76,6 +84,7 @@ func main() {
 	flag.BoolVar(&o.tmpfs, "tmpfs", false, "run a copy of the binary from /dev/shm (4 KiB page-cache pages)")
 	flag.StringVar(&env, "env", "", "comma-separated KEY=VALUE pairs added to the agent's environment (GODEBUG values use ';' for ',')")
 	flag.BoolVar(&o.keepLog, "print-log", false, "print the agent's log at the end")
+	flag.BoolVar(&o.dra, "dra", false, "serve the node in mode dra (needs -cluster or -kubeconfig)")
 	flag.Parse()
 	for _, kv := range strings.Split(env, ",") {
 		if kv != "" {
@@ -135,8 +144,15 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		o.kubeconfig = c.KubeconfigPath
 		fmt.Fprintf(out, "local control plane up in %s\n", time.Since(began).Round(time.Millisecond))
 	}
+	if o.dra && o.kubeconfig == "" {
+		return errors.New("-dra needs API access: -cluster or -kubeconfig")
+	}
 	dpDir := filepath.Join(dir, "dp")
-	k := kubeletsim.New(kubeletsim.Options{NodeName: o.node, Dir: dpDir, PodResourcesSocket: filepath.Join(dir, "pr.sock")})
+	ko := kubeletsim.Options{NodeName: o.node, Dir: dpDir, PodResourcesSocket: filepath.Join(dir, "pr.sock")}
+	if o.dra {
+		ko.PluginRegistryDir = filepath.Join(dir, "reg")
+	}
+	k := kubeletsim.New(ko)
 	if err := k.Start(ctx); err != nil {
 		return fmt.Errorf("starting kubelet simulator: %w", err)
 	}
@@ -158,6 +174,14 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "mock"), 0o755); err != nil {
 		return fmt.Errorf("creating mock state dir: %w", err)
+	}
+	if o.dra {
+		cfg := filepath.Join(dir, "config.yaml")
+		if err := os.WriteFile(cfg, []byte("version: v1\ndefault:\n  mode: dra\n"), 0o644); err != nil {
+			return err
+		}
+		args = append(args, "--config="+cfg, "--kubelet-registry-dir="+ko.PluginRegistryDir,
+			"--dra-plugin-dir="+filepath.Join(dir, "dra"), "--cdi-dir="+filepath.Join(dir, "cdi"))
 	}
 	var log bytes.Buffer
 	cmd := exec.Command(bin, args...)
@@ -184,12 +208,17 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}()
 	pid := cmd.Process.Pid
 
-	// 1. Wait until both resources are registered with all devices healthy.
+	// 1. Wait until both resources are registered with all devices healthy
+	// (in mode dra: the driver registered and its slices published).
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	err = k.Wait(wctx, func(res map[string]kubeletsim.ResourceState) bool {
-		g, f := res[api.ResourceGPU], res[api.ResourceFraction]
-		return g.Connected && f.Connected && g.Allocatable > 0 && f.Allocatable == g.Allocatable*api.UnitsPerGPU
-	})
+	if o.dra {
+		err = waitDRA(wctx, k, o)
+	} else {
+		err = k.Wait(wctx, func(res map[string]kubeletsim.ResourceState) bool {
+			g, f := res[api.ResourceGPU], res[api.ResourceFraction]
+			return g.Connected && f.Connected && g.Allocatable > 0 && f.Allocatable == g.Allocatable*api.UnitsPerGPU
+		})
+	}
 	cancel()
 	if err != nil {
 		return fmt.Errorf("waiting for registration: %w\nlog:\n%s", err, log.String())
@@ -255,6 +284,9 @@ loop:
 	if o.tmpfs {
 		mode += ", binary on tmpfs"
 	}
+	if o.dra {
+		mode += ", mode dra"
+	}
 	fmt.Fprintf(out, "gpufrac-node idle measurement (%s, mock:%s, %s idle, scrape every %s)\n", mode, o.model, o.idle, o.scrape)
 	fmt.Fprintf(out, "env                    %s\n", strings.Join(o.env, " "))
 	fmt.Fprintf(out, "registered after       %s\n", registered.Round(time.Millisecond))
@@ -287,6 +319,40 @@ loop:
 }
 
 func mib(kib int64) float64 { return float64(kib) / 1024 }
+
+// waitDRA waits until the kubelet simulator registered the DRA driver and
+// the node's ResourceSlices of it carry devices.
+func waitDRA(ctx context.Context, k *kubeletsim.Kubelet, o options) error {
+	if err := k.WaitForDRADriver(ctx, api.DRADriver); err != nil {
+		return err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	sel := metav1.ListOptions{FieldSelector: "spec.nodeName=" + o.node + ",spec.driver=" + api.DRADriver}
+	for {
+		list, err := cs.ResourceV1().ResourceSlices().List(ctx, sel)
+		if err == nil {
+			devices := 0
+			for _, s := range list.Items {
+				devices += len(s.Spec.Devices)
+			}
+			if devices > 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the node's ResourceSlices: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
 
 // scrape GETs /metrics once.
 func scrape(ctx context.Context, c *http.Client, addr string) (string, time.Duration, error) {
