@@ -5,11 +5,14 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 )
 
 // eventController is the reporting controller of gpufrac-node's events.
@@ -17,8 +20,11 @@ const eventController = "gpufrac-node"
 
 // The actions of the agent's events on its Node (events.k8s.io/v1
 // requires one). Repeats of an event with the same reason and action on the
-// same object within six minutes are counted on the first one (its series),
-// keeping its note: tools/events does not compare notes.
+// same object within minutes are counted on the first one (its series),
+// keeping its note: tools/events does not compare notes. nodeEvent appends a
+// hash of the note to the action (enforcement.NoteAction), so that only
+// repeats of the same note fold: a second GPU's Xid, another bad config
+// edit, another GPU's MIG layout each get their own event.
 const (
 	actionCheckHealth = "CheckGPUHealth"  // GPUXid
 	actionCheckCDI    = "CheckCDISpecs"   // CDISpecResolved, CDISpecMissing
@@ -40,7 +46,21 @@ func startEvents(ctx context.Context, client kubernetes.Interface) (events.Event
 		b.Shutdown()
 		return nil, nil, fmt.Errorf("starting the event recorder: %w", err)
 	}
-	return b, b.NewRecorder(scheme.Scheme, eventController).WithLogger(klog.FromContext(ctx)), nil
+	return b, truncatingRecorder{b.NewRecorder(scheme.Scheme, eventController).WithLogger(klog.FromContext(ctx))}, nil
+}
+
+// truncatingRecorder cuts notes to the 1024 bytes the API server takes for
+// events.k8s.io/v1 events (enforcement.TruncateNote): a longer note (a
+// config with many problems, many CDI spec errors) would be refused, and the
+// event lost.
+type truncatingRecorder struct{ events.EventRecorderLogger }
+
+func (r truncatingRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	r.EventRecorderLogger.Eventf(regarding, related, eventtype, reason, action, "%s", enforcement.TruncateNote(fmt.Sprintf(note, args...)))
+}
+
+func (r truncatingRecorder) WithLogger(logger klog.Logger) events.EventRecorderLogger {
+	return truncatingRecorder{r.EventRecorderLogger.WithLogger(logger)}
 }
 
 // nodeRef names this node in its events as the kubelet does: the node
@@ -54,5 +74,6 @@ func (a *Agent) nodeEvent(typ, reason, action, format string, args ...any) {
 	if a.recorder == nil || a.cfg.NodeName == "" {
 		return
 	}
-	a.recorder.Eventf(nodeRef(a.cfg.NodeName), nil, typ, reason, action, format, args...)
+	note := fmt.Sprintf(format, args...)
+	a.recorder.Eventf(nodeRef(a.cfg.NodeName), nil, typ, reason, enforcement.NoteAction(action, note), "%s", note)
 }

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpufrac/gpufrac/deviceplugin/enforcement"
 )
 
 var eventPod = &corev1.Pod{TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
@@ -96,11 +98,14 @@ func waitEvents(t *testing.T, ctx context.Context, c *fake.Clientset, what strin
 
 // The agent's events go through client-go's tools/events to
 // events.k8s.io/v1: a Node's name the node (in default, the node name as
-// UID, as the kubelet's), a pod's name the pod in its namespace; a repeat
-// (same object, type, reason and action) is counted on the first event's
-// series.
+// UID, as the kubelet's), a pod's name the pod in its namespace. A node
+// event's action carries a hash of its note: a repeat of the same note is
+// counted on the first event's series, another note is another event (a
+// second GPU's Xid is not folded into the first's); notes longer than the
+// API server takes are cut.
 func TestEvents(t *testing.T) {
 	a, c, ctx := recordingAgent(t, nil)
+	xid1 := enforcement.NoteAction(actionCheckHealth, "GPU GPU-1 reported critical Xid 79")
 	a.nodeEvent(corev1.EventTypeWarning, "GPUXid", actionCheckHealth, "GPU %s reported critical Xid %d", "GPU-1", 79)
 	a.recorder.Eventf(eventPod, nil, corev1.EventTypeWarning, "GPUMemoryPodEvicted", "EvictPod", "Evicted: container %s", "main")
 	got := waitEvents(t, ctx, c, "two events", func(e []storedEvent) bool { return len(e) == 2 })
@@ -108,22 +113,35 @@ func TestEvents(t *testing.T) {
 	want := []storedEvent{
 		{Namespace: "team-a", Regarding: "Pod team-a/hog uid-hog v1 rv=42", Type: "Warning", Reason: "GPUMemoryPodEvicted", Action: "EvictPod",
 			Note: "Evicted: container main", Count: 1, ReportingController: "gpufrac-node", ReportingInstance: "gpufrac-node-" + host},
-		{Namespace: "default", Regarding: "Node /node-a node-a  rv=", Type: "Warning", Reason: "GPUXid", Action: actionCheckHealth,
+		{Namespace: "default", Regarding: "Node /node-a node-a  rv=", Type: "Warning", Reason: "GPUXid", Action: xid1,
 			Note: "GPU GPU-1 reported critical Xid 79", Count: 1, ReportingController: "gpufrac-node", ReportingInstance: "gpufrac-node-" + host},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 
-	// A repeat, even with another note, counts on the first event.
+	// The same note again counts on the first event; another GPU's Xid is
+	// its own event.
+	a.nodeEvent(corev1.EventTypeWarning, "GPUXid", actionCheckHealth, "GPU %s reported critical Xid %d", "GPU-1", 79)
 	a.nodeEvent(corev1.EventTypeWarning, "GPUXid", actionCheckHealth, "GPU %s reported critical Xid %d", "GPU-2", 48)
-	waitEvents(t, ctx, c, "the repeat counted on the first GPUXid event", func(e []storedEvent) bool {
-		return len(e) == 2 && e[1].Reason == "GPUXid" && e[1].Count == 2 && e[1].Note == "GPU GPU-1 reported critical Xid 79"
+	waitEvents(t, ctx, c, "the repeat counted on the first GPUXid event, GPU-2's its own", func(e []storedEvent) bool {
+		var first, second bool
+		for _, ev := range e {
+			first = first || ev.Action == xid1 && ev.Count == 2
+			second = second || ev.Note == "GPU GPU-2 reported critical Xid 48" && ev.Count == 1
+		}
+		return len(e) == 3 && first && second
 	})
-	// Another action or type is another event.
-	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", actionLoadConfig, "kept its last good config: %s", "turbo")
-	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", actionFailClosed, "fails closed: %s", "turbo")
-	waitEvents(t, ctx, c, "one GPUConfigRejected event per action", func(e []storedEvent) bool { return len(e) == 4 })
+	// A note longer than the API server takes is cut, not lost.
+	a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", actionLoadConfig, "kept its last good config: %s", strings.Repeat("problem; ", 200))
+	waitEvents(t, ctx, c, "the long note cut to 1024 bytes", func(e []storedEvent) bool {
+		for _, ev := range e {
+			if ev.Reason == "GPUConfigRejected" {
+				return len(ev.Note) <= 1024 && strings.HasSuffix(ev.Note, " ...")
+			}
+		}
+		return false
+	})
 
 	// An unsupported type is not recorded; nor is anything standalone.
 	a.nodeEvent("Critical", "GPUXid", actionCheckHealth, "no")

@@ -740,7 +740,7 @@ func (w *Watchdog) check(ctx context.Context, pol Policy, k episodeKey, u *usage
 	w.metrics.violations.With(sk.labels()).Inc()
 	w.metrics.nodeViolation.WithLabelValues(string(pol.Enforcement)).Inc()
 	logger.Info("GPU memory limit violated", "usedBytes", u.used, "limitBytes", u.allowance.LimitBytes, "tolerancePercent", pol.TolerancePercent, "samples", ep.over, "action", pol.Enforcement)
-	w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryLimitExceeded", actionCheckMemory,
+	w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryLimitExceeded", EventAction(actionCheckMemory, u.key.Container, u.gpu.UUID),
 		"Container %s uses %s of GPU memory on %s, over its limit of %s (tolerance %d%%) for %d consecutive samples; action: %s",
 		u.key.Container, mib(u.used), u.gpu.UUID, mib(u.allowance.LimitBytes), pol.TolerancePercent, ep.over, pol.Enforcement)
 
@@ -782,7 +782,7 @@ func (w *Watchdog) kill(ctx context.Context, u *usage, threshold uint64, st *Sta
 			st.Kills++
 			w.countAction(u, config.EnforcementKill, resultSuccess)
 			logger.Info("Killed a process over its container's GPU memory limit", "pid", p.pid, "usedBytes", p.used, "limitBytes", u.allowance.LimitBytes)
-			w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryProcessKilled", actionKill,
+			w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryProcessKilled", EventAction(actionKill, u.key.Container, fmt.Sprintf("pid-%d", p.pid)),
 				"Killed process %d of container %s: it held %s of GPU memory on %s; the container uses %s, its limit is %s",
 				p.pid, u.key.Container, mib(p.used), u.gpu.UUID, mib(u.used), mib(u.allowance.LimitBytes))
 		case errors.Is(err, ErrProcessChanged):
@@ -790,14 +790,14 @@ func (w *Watchdog) kill(ctx context.Context, u *usage, threshold uint64, st *Sta
 			st.Skipped++
 			w.countAction(u, config.EnforcementKill, resultSkipped)
 			logger.Info("Did not kill a process: it exited or its PID was reused since the sample", "pid", p.pid, "err", err.Error())
-			w.recorder.Eventf(u.pod, nil, corev1.EventTypeNormal, "GPUMemoryKillSkipped", actionKill,
+			w.recorder.Eventf(u.pod, nil, corev1.EventTypeNormal, "GPUMemoryKillSkipped", EventAction(actionKill, u.key.Container, fmt.Sprintf("pid-%d", p.pid)),
 				"Did not kill process %d of container %s (%s of GPU memory on %s): it exited or its PID now belongs to another process",
 				p.pid, u.key.Container, mib(p.used), u.gpu.UUID)
 		default:
 			st.Failed++
 			w.countAction(u, config.EnforcementKill, resultFailed)
 			logger.Error(err, "Killing a process over its container's GPU memory limit failed", "pid", p.pid)
-			w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryActionFailed", actionKill,
+			w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryActionFailed", EventAction(actionKill, u.key.Container, fmt.Sprintf("pid-%d", p.pid)),
 				"Could not kill process %d of container %s (%s of GPU memory on %s, limit %s): %v",
 				p.pid, u.key.Container, mib(p.used), u.gpu.UUID, mib(u.allowance.LimitBytes), err)
 		}
@@ -818,7 +818,7 @@ func (w *Watchdog) evict(ctx context.Context, u *usage, st *Stats) bool {
 		st.Failed++
 		w.countAction(u, config.EnforcementEvict, resultFailed)
 		logger.Error(err, "Evicting a pod over its GPU memory limit failed; retrying after another run of samples")
-		w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryActionFailed", actionEvict,
+		w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryActionFailed", EventAction(actionEvict, u.key.Container),
 			"Could not evict the pod: container %s uses %s of GPU memory on %s, limit %s: %v",
 			u.key.Container, mib(u.used), u.gpu.UUID, mib(u.allowance.LimitBytes), err)
 		return false
@@ -826,7 +826,7 @@ func (w *Watchdog) evict(ctx context.Context, u *usage, st *Stats) bool {
 	st.Evictions++
 	w.countAction(u, config.EnforcementEvict, resultSuccess)
 	logger.Info("Evicted a pod over its GPU memory limit", "usedBytes", u.used, "limitBytes", u.allowance.LimitBytes)
-	w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryPodEvicted", actionEvict,
+	w.recorder.Eventf(u.pod, nil, corev1.EventTypeWarning, "GPUMemoryPodEvicted", EventAction(actionEvict, u.key.Container),
 		"Evicted: container %s uses %s of GPU memory on %s, over its limit of %s",
 		u.key.Container, mib(u.used), u.gpu.UUID, mib(u.allowance.LimitBytes))
 	return true
