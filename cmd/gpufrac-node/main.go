@@ -130,9 +130,14 @@ func run(o options) error {
 	}
 	if rc != nil {
 		// Mode dra reads claims and publishes ResourceSlices through the
-		// kubeletplugin and resourceslice helpers, with the agent's own
-		// clientset (one token bucket for all its requests).
-		cfg.DRA.NewClient = func() (kubernetes.Interface, error) { return client, nil }
+		// kubeletplugin and resourceslice helpers, on a clientset with its
+		// own token bucket: a claim the kubelet waits for does not queue
+		// behind the agent's events and pod patches.
+		cfg.DRA.NewClient = func() (kubernetes.Interface, error) {
+			c := rest.CopyConfig(rc)
+			c.RateLimiter = nil
+			return kubernetes.NewForConfig(pods.WithDefaults(c))
+		}
 	}
 	var a *agent.Agent
 	switch {

@@ -538,7 +538,7 @@ func (a *Agent) applyDRALocked(ctx context.Context, f *config.File) error {
 }
 
 // readLabels reads this node's labels, which choose its config group,
-// trying a few times (startLabelsBackoff: five reads within about two
+// trying a few times (startLabelsBackoff: six reads within about three
 // seconds). Without API access there are none to read. It returns why they
 // could not be read; awaitLabels keeps trying.
 func (a *Agent) readLabels(ctx context.Context) error {
@@ -596,9 +596,9 @@ const maxLabelsBackoff = 30 * time.Second
 // The waits between reads of the node's labels are up to 10 % longer at
 // random, so a rollout's agents do not retry in step.
 var (
-	// startLabelsBackoff: readLabels reads five times, 200, 300, 450 and
-	// 675 ms apart (the start of the agent waits for them).
-	startLabelsBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.5, Jitter: 0.1, Steps: 5}
+	// startLabelsBackoff: readLabels reads six times, 200, 320, 510, 820
+	// and 1310 ms apart (the start of the agent waits for them).
+	startLabelsBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 1.6, Jitter: 0.1, Steps: 6}
 	// labelsBackoff: awaitLabels waits 1 s, doubling up to
 	// maxLabelsBackoff, then steady until ctx ends.
 	labelsBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: maxLabelsBackoff}

@@ -31,7 +31,8 @@ type DRAConfig struct {
 	// resourceslice helpers take it. Nil: mode dra cannot be served.
 	Client kubernetes.Interface
 	// NewClient builds Client when it is nil, once the node serves DRA
-	// (gpufrac-node builds no clientset in device-plugin mode).
+	// (gpufrac-node builds it with its own token bucket, so that claims the
+	// kubelet waits for do not queue behind the agent's other requests).
 	NewClient func() (kubernetes.Interface, error)
 	// RegistryDir is the kubelet's plugin registration directory
 	// ("" is kubeletplugin.KubeletRegistryDir).

@@ -3,12 +3,14 @@ package agent
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -121,7 +123,10 @@ func (p *slicePublisher) Run(ctx context.Context) {
 	defer func() { ctrl.Stop() }() // nil-safe
 	check := time.NewTicker(p.checkEvery)
 	defer check.Stop()
-	var backoff time.Duration
+	// Restarts after a failed start back off 1 s doubling to sliceRetryMax,
+	// jittered.
+	retry := wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: sliceRetryMax}
+	backoff := retry.DelayFunc()
 	for {
 		if ctrl == nil && p.current() != nil {
 			var err error
@@ -130,16 +135,15 @@ func (p *slicePublisher) Run(ctx context.Context) {
 				return
 			}
 			if err != nil {
-				backoff = min(max(2*backoff, time.Second), sliceRetryMax)
 				p.onError(ctx, recoverable{err}, "publishing ResourceSlices")
 				select {
 				case <-ctx.Done():
 					return
-				case <-time.After(backoff):
+				case <-time.After(backoff()):
 				}
 				continue
 			}
-			backoff = 0
+			backoff = retry.DelayFunc()
 		}
 		select {
 		case <-ctx.Done():

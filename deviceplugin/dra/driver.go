@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -436,6 +437,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 // kubelet can prepare no claim on this node any more) goes to OnFatal, so
 // gpufrac-node stops and is restarted instead of running on deaf.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return // the helper stopped its server before it served: shutting down
+	}
 	recoverable := errors.Is(err, kubeletplugin.ErrRecoverable)
 	klog.FromContext(ctx).Error(err, msg, "recoverable", recoverable)
 	var dropped *resourceslice.DroppedFieldsError
