@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os/exec"
 	"slices"
 	"testing"
@@ -77,8 +78,10 @@ func TestAuditFirstPoliciesAndPolicyCheck(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, plugin, "--kubeconfig="+c.KubeconfigPath, "policy-check", "-o", "json")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kubectl gpufrac policy-check: %v\n%s", err, stderr.String())
+	// Exit status 1: it found workloads the policies refuse or would refuse.
+	var exit *exec.ExitError
+	if err := cmd.Run(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("kubectl gpufrac policy-check: %v, want exit status 1 (findings)\n%s", err, stderr.String())
 	}
 	// The JSON shape of policy-check -o json (README, kubectl gpufrac).
 	var r struct {
