@@ -91,7 +91,7 @@ func Testbed(ctx context.Context, repoRoot, outDir, version string) ([]Built, er
 // BuildStatic builds the Go main package pkg of the repository at repoRoot
 // into out, without cgo (a static binary, nothing else in its image).
 func BuildStatic(ctx context.Context, repoRoot, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags=-s -w", "-o", out, pkg)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -40,17 +40,24 @@ HELM4_LDFLAGS := -s -w -X helm.sh/helm/v4/internal/version.version=$(HELM4_VERSI
 # Stage definitions kwok needs (it exits with "no stages found" without them).
 KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 
-# The chart must work with Helm 3 and Helm 4: bin/helm is Helm 3, bin/helm4 Helm 4.
-# Its monitoring objects are dry-run against the Prometheus Operator's CRDs, and
-# its alert and dashboard queries are parsed with Prometheus' own PromQL parser.
-CHART_TOOLS := $(BIN)/helm $(BIN)/helm4 $(BIN)/prometheus-operator-crds $(BIN)/promql-metrics
-
-# The harness's real node (tests/cluster, StartRealNode): the kubelet, containerd with its
-# runc shim and ctr (to import images), plus runc and the CNI plugins from the distribution.
-NODE_TOOLS := $(BIN)/kubelet $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
-
-TOOLS := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager \
-	$(BIN)/kwok $(BIN)/kwok-stages $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(CHART_TOOLS) $(NODE_TOOLS)
+# The tools:
+# - the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager), kwok
+#   and the Karpenter kwok provider with its CRDs;
+# - for the chart: Helm 3 (bin/helm) and Helm 4 (bin/helm4), as the chart must work with
+#   both; the Prometheus Operator's CRDs to dry-run its monitoring objects against, and
+#   Prometheus' own PromQL parser for its alert and dashboard queries;
+# - for the harness's real node (tests/cluster, StartRealNode): the kubelet, containerd with
+#   its runc shim and ctr (to import images), plus runc and the CNI plugins from the
+#   distribution (node-deps).
+# Listed in the order `make -j2 tools` starts them: the Kubernetes build (the longest)
+# first, the others one after another beside it. Tools on the same Kubernetes libraries
+# build apart in time, so that the later one finds the shared packages compiled (their
+# versions are aligned for that: tests/tools/align_test.go): Helm 3, Helm 4 and
+# containerd (1.37 libraries) in a row, kwok (1.36, as the Kubernetes build) last.
+TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet \
+	$(BIN)/helm $(BIN)/helm4 $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr \
+	$(BIN)/etcd $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(BIN)/promql-metrics $(BIN)/prometheus-operator-crds \
+	$(BIN)/kwok $(BIN)/kwok-stages
 
 .PHONY: tools tools-build tools-clean node-deps FORCE
 ## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)

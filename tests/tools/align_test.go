@@ -1,0 +1,155 @@
+// Package tools_test checks the tool wrapper modules of tests/tools against the
+// project's own go.mod.
+package tools_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/mod/semver"
+)
+
+// A build is what one `go build` of tools.mk (or the project's vet and tests) compiles.
+type build struct {
+	name  string
+	dir   string // relative to the repository root
+	args  []string
+	group string // the Kubernetes libraries it shares; "" for none
+}
+
+// The builds of tools.mk and the project. Go compiles a dependency once for all of
+// them (the build cache) only when the package and everything under it are the same
+// module versions: aligned versions let a cold CI run compile golang.org/x/sys,
+// gRPC, protobuf, client-go and the rest once instead of once per tool.
+var builds = []build{
+	{"project", ".", []string{"-test", "./..."}, "k8s-1.36"},
+	{"kubernetes", "tests/tools/kubernetes", []string{"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler",
+		"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kubelet"}, "k8s-1.36"},
+	{"kwok", "tests/tools/kwok", []string{"sigs.k8s.io/kwok/cmd/kwok"}, "k8s-1.36"},
+	{"helm3", "tests/tools/helm3", []string{"helm.sh/helm/v3/cmd/helm"}, "k8s-1.37"},
+	{"helm4", "tests/tools/helm4", []string{"helm.sh/helm/v4/cmd/helm"}, "k8s-1.37"},
+	{"containerd", "tests/tools/containerd", []string{"-tags", "no_btrfs", "github.com/containerd/containerd/v2/cmd/containerd",
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/ctr"}, "k8s-1.37"},
+	// Karpenter v1.14 is built on the Kubernetes 1.35 libraries and its own controller-runtime.
+	{"karpenter", "tests/tools/karpenter", []string{"github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra"}, "karpenter"},
+	{"etcd", "tests/tools/etcd", []string{"go.etcd.io/etcd/server/v3"}, ""},
+	{"promql", "tests/tools/promql", []string{"."}, ""},
+}
+
+// kubernetesTied are the modules whose version goes with the Kubernetes libraries' own:
+// they must agree only among builds on the same Kubernetes libraries.
+func kubernetesTied(module string) bool {
+	for _, p := range []string{"k8s.io/", "sigs.k8s.io/", "github.com/go-openapi/", "github.com/google/gnostic-models",
+		"github.com/emicklei/go-restful"} {
+		if strings.HasPrefix(module, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// modulesOf lists the module versions of the packages a build compiles.
+func modulesOf(t *testing.T, root string, b build) map[string]string {
+	args := append([]string{"list", "-deps", "-f", "{{with .Module}}{{.Path}} {{.Version}}{{end}}"}, b.args...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = filepath.Join(root, b.dir)
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Errorf("%s: go %s: %v\n%s", b.name, strings.Join(args, " "), err, stderr.String())
+		return nil
+	}
+	mods := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		path, version, ok := strings.Cut(line, " ")
+		// v0.0.0 is a Kubernetes staging module the wrapper replaces; the main module has no version.
+		if !ok || version == "" || version == "v0.0.0" {
+			continue
+		}
+		mods[path] = version
+	}
+	return mods
+}
+
+// TestToolModulesShareDependencyVersions fails when a tool wrapper or the project
+// resolves a shared dependency to another version than the rest: that dependency,
+// and every package above it, would then compile again in each cold CI run
+// (docs/benchmarks.md, cold CI). The fix it prints is a `go get` in the modules behind.
+func TestToolModulesShareDependencyVersions(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Fatalf("the go command is needed: %v", err)
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lists := make([]map[string]string, len(builds))
+	var wg sync.WaitGroup
+	for i, b := range builds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lists[i] = modulesOf(t, root, b)
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// module -> the scope it must agree in -> build -> version
+	seen := map[string]map[string]map[string]string{}
+	for i, b := range builds {
+		for m, v := range lists[i] {
+			scope := "all"
+			if kubernetesTied(m) {
+				if b.group == "" {
+					continue
+				}
+				scope = b.group
+			}
+			if seen[m] == nil {
+				seen[m] = map[string]map[string]string{}
+			}
+			if seen[m][scope] == nil {
+				seen[m][scope] = map[string]string{}
+			}
+			seen[m][scope][b.name] = v
+		}
+	}
+	var problems []string
+	for m, scopes := range seen {
+		for _, byBuild := range scopes {
+			newest := ""
+			for _, v := range byBuild {
+				if newest == "" || semver.Compare(v, newest) > 0 {
+					newest = v
+				}
+			}
+			var behind []string
+			for name, v := range byBuild {
+				if v != newest {
+					behind = append(behind, fmt.Sprintf("%s (%s)", name, v))
+				}
+			}
+			if len(behind) > 0 {
+				sort.Strings(behind)
+				problems = append(problems, fmt.Sprintf("%s: %s in the newest; go get %s@%s in %s",
+					m, newest, m, newest, strings.Join(behind, ", ")))
+			}
+		}
+	}
+	sort.Strings(problems)
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
