@@ -150,11 +150,15 @@ type App struct {
 	client kubernetes.Interface
 	// events records events through a client of its own, as kube-scheduler
 	// does: its rate limiter is not the one bindings wait on.
-	events  kubernetes.Interface
-	dynamic dynamic.Interface
-	reg     *prometheus.Registry
-	leading atomic.Bool
-	synced  atomic.Bool
+	events kubernetes.Interface
+	// election renews the lease through a client of its own, as kube-scheduler's
+	// does: behind a burst of bindings in the shared client's rate limiter a
+	// renewal would miss its deadline and the replica would lose the lease.
+	election kubernetes.Interface
+	dynamic  dynamic.Interface
+	reg      *prometheus.Registry
+	leading  atomic.Bool
+	synced   atomic.Bool
 	// leadFn is the work done while leading: lead, or a test's stand-in.
 	leadFn func(ctx context.Context) error
 }
@@ -184,6 +188,12 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building event client: %w", err)
 	}
+	erc := rest.CopyConfig(rc)
+	erc.UserAgent = "gpufrac-coordinator/leader-election"
+	election, err := kubernetes.NewForConfig(erc)
+	if err != nil {
+		return nil, fmt.Errorf("building leader-election client: %w", err)
+	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("building dynamic client: %w", err)
@@ -192,7 +202,8 @@ func New(cfg Config, rc *rest.Config) (*App, error) {
 		host, _ := os.Hostname()
 		cfg.Identity = fmt.Sprintf("%s_%d", host, os.Getpid())
 	}
-	a := &App{cfg: cfg, rest: rc, client: client, events: events, dynamic: dyn, reg: prometheus.NewRegistry()}
+	a := &App{cfg: cfg, rest: rc, client: client, events: events, election: election, dynamic: dyn,
+		reg: prometheus.NewRegistry()}
 	a.leadFn = a.lead
 	if err := a.registerMetrics(); err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
@@ -234,7 +245,7 @@ func (a *App) Run(ctx context.Context) error {
 		return a.leadFn(ctx)
 	}
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, a.cfg.LeaseNamespace, a.cfg.LeaseName,
-		a.client.CoreV1(), a.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: a.cfg.Identity})
+		a.election.CoreV1(), a.election.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: a.cfg.Identity})
 	if err != nil {
 		return fmt.Errorf("creating lease lock: %w", err)
 	}

@@ -23,7 +23,7 @@ func testApp(t *testing.T, work func(ctx context.Context) error) (*App, *fake.Cl
 	a := &App{
 		cfg: Config{LeaderElect: true, LeaseNamespace: "gpufrac-system", LeaseName: "coord", Identity: "me",
 			LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond},
-		client: client, reg: prometheus.NewRegistry(), leadFn: work,
+		client: client, election: client, reg: prometheus.NewRegistry(), leadFn: work,
 	}
 	return a, client
 }
