@@ -64,9 +64,7 @@ $(foreach p,$(SLOW_PKGS),$(if $(wildcard $(p)/*.go),,$(error SLOW_PKGS: $(p) has
 # -vet=off: go test would vet each package again (a subset of go vet's checks, and on a
 # cold cache the analysis facts of every dependency, once more under -race); make lint
 # runs the whole of go vet over every package, and CI runs make lint first.
-# -ldflags=-w: test binaries without DWARF (only debuggers read it; stack traces and
-# race reports do not) link in about half the time.
-TEST_FLAGS := -count=1 -vet=off -ldflags=-w
+TEST_FLAGS := -count=1 -vet=off
 test: build tools
 	@set -e; slow=$$($(GO) list $(SLOW_PKGS)); others=$$($(GO) list $(RACE_PKGS) $(SLOW_PKGS)); all=$$($(GO) list $(PKGS)); \
 	[ -n "$$slow" ] && [ -n "$$others" ] && [ -n "$$all" ] || { echo "make test: a package list is empty"; exit 1; }; \

@@ -4,6 +4,7 @@ package tools_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/mod/modfile"
 	"golang.org/x/mod/semver"
 )
 
@@ -28,10 +30,10 @@ type build struct {
 // them (the build cache) only when the package and everything under it are the same
 // module versions: aligned versions let a cold CI run compile golang.org/x/sys,
 // gRPC, protobuf, client-go and the rest once instead of once per tool.
+// The Kubernetes build is not among them: it is the system under test and keeps
+// exactly the versions k8s.io/kubernetes pins (TestKubernetesIsBuiltAsReleased).
 var builds = []build{
 	{"project", ".", []string{"-test", "./..."}, "k8s-1.36"},
-	{"kubernetes", "tests/tools/kubernetes", []string{"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler",
-		"k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kubelet"}, "k8s-1.36"},
 	{"kwok", "tests/tools/kwok", []string{"sigs.k8s.io/kwok/cmd/kwok"}, "k8s-1.36"},
 	{"helm3", "tests/tools/helm3", []string{"helm.sh/helm/v3/cmd/helm"}, "k8s-1.37"},
 	{"helm4", "tests/tools/helm4", []string{"helm.sh/helm/v4/cmd/helm"}, "k8s-1.37"},
@@ -42,6 +44,14 @@ var builds = []build{
 	{"etcd", "tests/tools/etcd", []string{"go.etcd.io/etcd/server/v3"}, ""},
 	{"promql", "tests/tools/promql", []string{"."}, ""},
 }
+
+// kubernetesBuild is the control plane and kubelet of the test bed.
+var kubernetesBuild = build{"kubernetes", "tests/tools/kubernetes", []string{"k8s.io/kubernetes/cmd/kube-apiserver",
+	"k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kubelet"}, ""}
+
+// ownPins are modules each tool keeps at its own release's version: etcd's
+// storage engine is part of what etcd's release was tested with.
+var ownPins = map[string]bool{"go.etcd.io/bbolt": true}
 
 // kubernetesTied are the modules whose version goes with the Kubernetes libraries' own:
 // they must agree only among builds on the same Kubernetes libraries.
@@ -57,10 +67,12 @@ func kubernetesTied(module string) bool {
 
 // modulesOf lists the module versions of the packages a build compiles.
 func modulesOf(t *testing.T, root string, b build) map[string]string {
-	args := append([]string{"list", "-deps", "-f", "{{with .Module}}{{.Path}} {{.Version}}{{end}}"}, b.args...)
+	// The version built: a replace's, when the module is replaced.
+	args := append([]string{"list", "-deps", "-f",
+		"{{with .Module}}{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}{{end}}"}, b.args...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = filepath.Join(root, b.dir)
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local", "GOWORK=off")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -71,8 +83,8 @@ func modulesOf(t *testing.T, root string, b build) map[string]string {
 	mods := map[string]string{}
 	for _, line := range strings.Split(string(out), "\n") {
 		path, version, ok := strings.Cut(line, " ")
-		// v0.0.0 is a Kubernetes staging module the wrapper replaces; the main module has no version.
-		if !ok || version == "" || version == "v0.0.0" {
+		// The main module has no version.
+		if !ok || version == "" {
 			continue
 		}
 		mods[path] = version
@@ -85,6 +97,9 @@ func modulesOf(t *testing.T, root string, b build) map[string]string {
 // and every package above it, would then compile again in each cold CI run
 // (docs/benchmarks.md, cold CI). The fix it prints is a `go get` in the modules behind.
 func TestToolModulesShareDependencyVersions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("lists every tool's build (downloads their modules on a cold cache)")
+	}
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("the go command is needed: %v", err)
 	}
@@ -110,6 +125,9 @@ func TestToolModulesShareDependencyVersions(t *testing.T) {
 	seen := map[string]map[string]map[string]string{}
 	for i, b := range builds {
 		for m, v := range lists[i] {
+			if ownPins[m] {
+				continue
+			}
 			scope := "all"
 			if kubernetesTied(m) {
 				if b.group == "" {
@@ -151,5 +169,58 @@ func TestToolModulesShareDependencyVersions(t *testing.T) {
 	sort.Strings(problems)
 	for _, p := range problems {
 		t.Error(p)
+	}
+}
+
+// TestKubernetesIsBuiltAsReleased: the test bed's kube-apiserver, scheduler,
+// controller manager and kubelet are built from exactly the module versions
+// k8s.io/kubernetes pins, as its release is, never from versions raised for the
+// build cache's sake (a newer go-openapi, say, changes CRD validation).
+func TestKubernetesIsBuiltAsReleased(t *testing.T) {
+	if testing.Short() {
+		t.Skip("lists the Kubernetes build (downloads its modules on a cold cache)")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := modulesOf(t, root, kubernetesBuild)
+	k8sVersion := built["k8s.io/kubernetes"]
+	if t.Failed() || k8sVersion == "" {
+		t.Fatalf("the Kubernetes build does not list k8s.io/kubernetes: %v", built)
+	}
+	cmd := exec.Command("go", "mod", "download", "-json", "k8s.io/kubernetes@"+k8sVersion)
+	cmd.Dir = filepath.Join(root, kubernetesBuild.dir)
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local", "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go mod download k8s.io/kubernetes@%s: %v", k8sVersion, err)
+	}
+	var dl struct{ GoMod string }
+	if err := json.Unmarshal(out, &dl); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(dl.GoMod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.ParseLax(dl.GoMod, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, r := range f.Require {
+		v, ok := built[r.Mod.Path]
+		// v0.0.0: a staging module, which the wrapper replaces with its release of the same tag.
+		if !ok || r.Mod.Version == "v0.0.0" {
+			continue
+		}
+		checked++
+		if v != r.Mod.Version {
+			t.Errorf("%s: built at %s, k8s.io/kubernetes %s pins %s (tests/tools/kubernetes/go.mod)", r.Mod.Path, v, k8sVersion, r.Mod.Version)
+		}
+	}
+	if checked < 50 {
+		t.Errorf("only %d of the modules k8s.io/kubernetes pins are in its build: the listing is wrong", checked)
 	}
 }

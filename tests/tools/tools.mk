@@ -50,10 +50,13 @@ KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 #   its runc shim and ctr (to import images), plus runc and the CNI plugins from the
 #   distribution (node-deps).
 # Listed in the order `make -j2 tools` starts them: the Kubernetes build (the longest)
-# first, the others one after another beside it. Tools on the same Kubernetes libraries
-# build apart in time, so that the later one finds the shared packages compiled (their
-# versions are aligned for that: tests/tools/align_test.go): Helm 3, Helm 4 and
-# containerd (1.37 libraries) in a row, kwok (1.36, as the Kubernetes build) last.
+# first, the others one after another beside it. The other tools and the project
+# resolve shared dependencies to one version each, so that Go's build cache compiles
+# them once (tests/tools/align_test.go); the Kubernetes build keeps exactly the
+# versions its release pins. Tools on the same Kubernetes libraries build apart in
+# time, so that the later one finds the shared packages compiled: Helm 3, Helm 4 and
+# containerd (1.37 libraries) in a row; kwok (1.36) last, before go vet compiles the
+# project on the same libraries.
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet \
 	$(BIN)/helm $(BIN)/helm4 $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr \
 	$(BIN)/etcd $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(BIN)/promql-metrics $(BIN)/prometheus-operator-crds \

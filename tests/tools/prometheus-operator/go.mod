@@ -5,5 +5,3 @@
 module github.com/gpufrac/gpufrac/tests/tools/prometheus-operator
 
 go 1.26.0
-
-require github.com/prometheus-operator/prometheus-operator v0.85.0
