@@ -98,6 +98,11 @@ lint:
 chart-check: tools
 	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 
+## docs: docs/values.md, the chart's values reference, from its values.schema.json and values.yaml (a test fails when it is stale)
+.PHONY: docs
+docs:
+	$(GO) run ./deployments/cmd/valuesdoc -out docs/values.md
+
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 

@@ -617,8 +617,10 @@ func TestChartKubeVersionIsTheREADMEs(t *testing.T) {
 }
 
 // TestChartNonPreemptiblePriorityIsTheBinarysDefault: the chart's
-// coordinator.nonPreemptiblePriority, the flag's default and the README agree
-// (issue 29: they were 1000000, 100 and 100).
+// coordinator.nonPreemptiblePriority, the flag's default and the docs agree
+// (issue 29: they were 1000000, 100 and 100): the flags in
+// docs/how-it-works.md, the queues in docs/operations.md and the values
+// reference, docs/values.md.
 func TestChartNonPreemptiblePriorityIsTheBinarysDefault(t *testing.T) {
 	want := fmt.Sprint(podrequest.DefaultNonPreemptiblePriority)
 	for _, h := range helms {
@@ -630,13 +632,17 @@ func TestChartNonPreemptiblePriorityIsTheBinarysDefault(t *testing.T) {
 			t.Errorf("%s: the chart passes --non-preemptible-priority=%s, the binary's default is %s", h, got, want)
 		}
 	}
-	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{"[--non-preemptible-priority " + want + "]", "`--non-preemptible-priority`, default " + want, "| `coordinator.nonPreemptiblePriority` | `" + want + "` |"} {
-		if !strings.Contains(string(readme), s) {
-			t.Errorf("README does not say %q", s)
+	for _, d := range []struct{ file, says string }{
+		{"docs/how-it-works.md", "[--non-preemptible-priority " + want + "]"},
+		{"docs/operations.md", "`--non-preemptible-priority`, default " + want},
+		{"docs/values.md", "| `coordinator.nonPreemptiblePriority` | `" + want + "` |"},
+	} {
+		doc, err := os.ReadFile(filepath.Join(repoRoot(t), filepath.FromSlash(d.file)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(doc), d.says) {
+			t.Errorf("%s does not say %q", d.file, d.says)
 		}
 	}
 }

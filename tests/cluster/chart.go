@@ -38,7 +38,7 @@ const (
 	Helm4 = "helm4"
 	// ChartRelease and ChartNamespace are the release and namespace the test
 	// bed installs the chart as: the components' namespace the code and the
-	// README name (api.ComponentNamespace).
+	// docs name (api.ComponentNamespace).
 	ChartRelease   = "gpufrac"
 	ChartNamespace = api.ComponentNamespace
 )

@@ -169,7 +169,8 @@ func startCluster(ctx context.Context, cfg config, p progress) (*cluster.Cluster
 	return c, nil
 }
 
-// linkState puts the admin kubeconfig and the logs where the README says.
+// linkState puts the admin kubeconfig and the logs where the README and
+// docs/install/test-bed.md say.
 func linkState(cfg config, c *cluster.Cluster) error {
 	data, err := os.ReadFile(c.KubeconfigPath)
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 )
 
 // Document is the JSON shape of the node view (kubectl gpufrac -o json).
-// Fields are only added, never renamed or removed; README.md documents them.
+// Fields are only added, never renamed or removed; docs/kubectl-gpufrac.md documents them.
 type Document struct {
 	// Nodes are the GPU nodes by name.
 	Nodes []NodeDoc `json:"nodes"`
