@@ -65,7 +65,7 @@ func benchPreferredWithHint(b *testing.B, fresh bool) {
 	h := NewHint(c, node, n.podRes)
 	infCtx, stopInformer := context.WithCancel(ctx)
 	infDone := make(chan struct{})
-	go func() { defer close(infDone); h.informer.RunWithContext(infCtx) }()
+	go func() { defer close(infDone); h.pods.informer.RunWithContext(infCtx) }()
 	defer func() { stopInformer(); <-infDone }()
 	if !cache.WaitForCacheSync(ctx.Done(), h.HasSynced) {
 		b.Fatal("informer did not sync")

@@ -212,7 +212,7 @@ func startInformer(t *testing.T, ctx context.Context, h *Hint, c *fakeClient) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); h.informer.RunWithContext(ctx) }()
+	go func() { defer close(done); h.pods.informer.RunWithContext(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	if !cache.WaitForCacheSync(ctx.Done(), h.HasSynced) {
 		t.Fatal("pod informer did not sync")

@@ -256,7 +256,7 @@ func TestGPUForFollowsPodChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, "the running pod in the cache", func() bool {
-		got, err := h.lister.Pods("default").Get("p")
+		got, err := h.pods.lister.Pods("default").Get("p")
 		return err == nil && got.Status.Phase == corev1.PodRunning
 	})
 	p2 := makePod("default", "p2").fraction("main", 30).gpu(gpuA).obj()
@@ -348,7 +348,7 @@ func TestGPUForWaitsForTheInformer(t *testing.T) {
 					t.Fatal(err)
 				}
 				eventually(t, ctx, "the late pod in the informer", func() bool {
-					_, err := h.lister.Pods(tt.late.Namespace).Get(tt.late.Name)
+					_, err := h.pods.lister.Pods(tt.late.Namespace).Get(tt.late.Name)
 					return err == nil
 				})
 			}

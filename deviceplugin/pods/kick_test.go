@@ -161,7 +161,7 @@ func TestKickedWriteBackRetriesShortly(t *testing.T) {
 			eventually(t, ctx, "the loop's first pass", func() bool {
 				h.mu.Lock()
 				defer h.mu.Unlock()
-				return h.listing != nil && clk.Waiters() == 1
+				return h.ledger.listing.fractions != nil && clk.Waiters() == 1
 			})
 
 			if tt.listFails {
@@ -240,7 +240,7 @@ func TestWriteBackDoesNotRepeatWhileTheInformerLags(t *testing.T) {
 	h := NewHint(c, node, pr)
 	// No informer runs: its cache is what the test puts there, so it lags
 	// behind every patch.
-	if err := h.informer.GetIndexer().Add(pod.DeepCopy()); err != nil {
+	if err := h.pods.informer.GetIndexer().Add(pod.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {
@@ -265,7 +265,7 @@ func TestWriteBackDoesNotRepeatWhileTheInformerLags(t *testing.T) {
 		if st.cached != nil {
 			p := pod.DeepCopy()
 			st.cached(p)
-			if err := h.informer.GetIndexer().Update(p); err != nil {
+			if err := h.pods.informer.GetIndexer().Update(p); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -32,24 +32,12 @@ func startHint(t *testing.T, podRes *PodResources, pods ...*corev1.Pod) *Hint {
 	return h
 }
 
-// slotView is what a test sees of one fraction container's record.
-type slotView struct {
-	State string
-	GPU   string
-}
-
 // slots returns the record of every fraction container, by "pod/container".
 func (h *Hint) slots() map[string]slotView {
 	h.reconcile()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := map[string]slotView{}
-	for _, r := range h.order {
-		for _, s := range r.slots {
-			out[r.pod.Name+"/"+s.container] = slotView{State: [...]string{"waiting", "answered", "admitted"}[s.state], GPU: s.gpu}
-		}
-	}
-	return out
+	return h.ledger.slotViews()
 }
 
 // TestHintTrustsOnlyTheCoordinatorsPods: gpufrac.io/gpu is read only from
@@ -273,7 +261,7 @@ func TestRecordsAreKeyedByUID(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, "the new incarnation in the informer", func() bool {
-		got, err := h.lister.Pods("default").Get("p")
+		got, err := h.pods.lister.Pods("default").Get("p")
 		return err == nil && got.UID == p2.UID
 	})
 	// The old incarnation's answer went with its record (the kubelet
@@ -288,7 +276,7 @@ func TestRecordsAreKeyedByUID(t *testing.T) {
 		t.Errorf("GPUFor(10) = %q, %t; want %s for the new incarnation", gpu, ok, gpuA)
 	}
 	h.mu.Lock()
-	_, oldKept := h.records[p.UID]
+	_, oldKept := h.ledger.records[p.UID]
 	h.mu.Unlock()
 	if oldKept {
 		t.Error("the deleted pod's record is kept")

@@ -179,10 +179,10 @@ func TestWriteBack(t *testing.T) {
 
 	// Once the cache shows the annotations, another pass patches nothing.
 	eventually(t, ctx, "the annotations in the informer cache", func() bool {
-		p, err := h.lister.Pods("default").Get("frac")
-		r, err2 := h.lister.Pods(api.ReservationNamespace).Get(api.ReservationNamePrefix + "one")
-		w, err3 := h.lister.Pods("default").Get("trainer")
-		i, err4 := h.lister.Pods("default").Get(api.ReservationNamePrefix + "imposter")
+		p, err := h.pods.lister.Pods("default").Get("frac")
+		r, err2 := h.pods.lister.Pods(api.ReservationNamespace).Get(api.ReservationNamePrefix + "one")
+		w, err3 := h.pods.lister.Pods("default").Get("trainer")
+		i, err4 := h.pods.lister.Pods("default").Get(api.ReservationNamePrefix + "imposter")
 		return err == nil && err2 == nil && err3 == nil && err4 == nil &&
 			p.Annotations[api.AnnotationAllocatedGPU] == gpuB && r.Annotations[api.AnnotationReservedGPU] == wholeUUID(1) &&
 			w.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(0) && i.Annotations[api.AnnotationAllocatedGPU] == wholeUUID(2)
@@ -273,7 +273,7 @@ func TestAdmissionOrderDoesNotMatter(t *testing.T) {
 				got[name] = gpu
 				if tt.settle && i == 0 {
 					eventually(t, ctx, "the first pod's write-back in the cache", func() bool {
-						p, err := h.lister.Pods("default").Get(name)
+						p, err := h.pods.lister.Pods("default").Get(name)
 						return err == nil && p.Annotations[api.AnnotationAllocatedGPU] != ""
 					})
 				}
