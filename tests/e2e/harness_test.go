@@ -253,6 +253,9 @@ func waitFor(t testing.TB, limit time.Duration, what string, cond func(ctx conte
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, cond); err != nil {
+		if ctx.Err() == nil { // cond failed before the limit
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
 		t.Fatalf("timed out after %s waiting for %s: %v", limit, what, err)
 	}
 }

@@ -421,7 +421,7 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 	first, lastCreated := w.create(t, fast, wl, schedulerName)
 	res.creation = lastCreated.Sub(first)
 	limit := max(5*time.Minute, time.Duration(len(wl.pods))*time.Second/20)
-	lastBound := w.waitBound(t, len(wl.pods), limit)
+	lastBound := w.waitBound(t, len(wl.pods), limit, pid)
 	res.requests = proxy.take() // the scheduler's requests until every pod was bound
 	res.makespan = lastBound.Sub(first)
 	res.p50, res.p99 = w.latencies(t)
@@ -614,7 +614,14 @@ func startScaleCoordinator(t *testing.T, c *cluster.Cluster, cfg scaleConfig, na
 	}
 	proxy := startCountingProxy(t, kubeconfig)
 	// The last --kubeconfig wins: the coordinator's own, through the proxy.
-	args := []string{"--metrics-addr=" + metrics, fmt.Sprintf("--kube-api-qps=%d", cfg.qps), fmt.Sprintf("--kube-api-burst=%d", cfg.burst), "--kubeconfig=" + proxy.kubeconfig}
+	// Leader election as the chart runs it (the binary's defaults), not the
+	// 3 s renew deadline the other tests use to fail over quickly: with the
+	// suite's other clusters on the same 2 cores, a renewal during the
+	// burst can take longer than 3 s, and a coordinator that loses its
+	// lease stops scheduling (CI, 2026-11-29: TestScale timed out with
+	// pods unbound).
+	args := []string{"--metrics-addr=" + metrics, fmt.Sprintf("--kube-api-qps=%d", cfg.qps), fmt.Sprintf("--kube-api-burst=%d", cfg.burst), "--kubeconfig=" + proxy.kubeconfig,
+		"--lease-duration=15s", "--renew-deadline=10s", "--retry-period=2s"}
 	var prof *scaleProfile
 	if cfg.pprofDir != "" {
 		prof = &scaleProfile{dir: cfg.pprofDir, name: name, addr: freeAddr(t), seconds: cfg.pprofSeconds}
@@ -814,7 +821,10 @@ func (w *scaleWatch) create(t *testing.T, client kubernetes.Interface, wl *scale
 }
 
 // waitBound waits until n pods are bound and returns when the last one was.
-func (w *scaleWatch) waitBound(t *testing.T, n int, limit time.Duration) time.Time {
+// The scheduler's process (pid) must live until then: one that exits (a
+// coordinator that lost its lease stops) fails the wait at once, with how
+// many pods it left unbound.
+func (w *scaleWatch) waitBound(t *testing.T, n int, limit time.Duration, pid int) time.Time {
 	t.Helper()
 	began := time.Now()
 	lastLog := began
@@ -822,6 +832,9 @@ func (w *scaleWatch) waitBound(t *testing.T, n int, limit time.Duration) time.Ti
 		w.mu.Lock()
 		bound := len(w.bound)
 		w.mu.Unlock()
+		if bound < n && processGone(pid) {
+			return false, fmt.Errorf("the scheduler (pid %d) exited after %s with %d of %d pods bound (its log is below)", pid, time.Since(began).Round(time.Second), bound, n)
+		}
 		if time.Since(lastLog) > 30*time.Second {
 			lastLog = time.Now()
 			t.Logf("%d of %d pods bound after %s", bound, n, time.Since(began).Round(time.Second))
@@ -1046,6 +1059,18 @@ func procRSS(t *testing.T, pid int) (now, peak int64) {
 		}
 	}
 	return now, peak
+}
+
+// processGone tells whether process pid has exited: it is gone, or a
+// zombie its parent has not waited for.
+func processGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// The state follows the command name in parentheses, which may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z'
 }
 
 // loadAverage is the machine's 1-minute load average (uptime's first figure).
