@@ -159,6 +159,11 @@ const (
 	// give the same GPU away twice, so the coordinator waits for
 	// kube-scheduler's claims to show.
 	ReasonWaitingForKubeScheduler = "WaitingForKubeScheduler"
+	// ReasonNotAdmittedByKueue is the pod-condition reason of a pod of a
+	// queue whose quota Kueue keeps (Queue spec.admission: Kueue) that no
+	// Workload Kueue admitted covers. Never "Unschedulable", so Karpenter
+	// buys nothing for it.
+	ReasonNotAdmittedByKueue = "NotAdmittedByKueue"
 	// ReasonBindingFailed is the pod-condition reason of a pod the
 	// coordinator placed whose binding the API server refused or failed; it
 	// is placed and bound again after a back-off.

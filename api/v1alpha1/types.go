@@ -95,7 +95,19 @@ type QueueSpec struct {
 	// inherited. The admission policies refuse a pod outside the list, and
 	// the coordinator refuses it too (InvalidRequest) where they are absent.
 	Namespaces []string `json:"namespaces,omitempty"`
+	// Admission says who admits the queue's work against quota: empty for
+	// gpufrac (the queue's resources), AdmissionKueue for Kueue. A Kueue
+	// queue has no resources and no parent: Kueue keeps the quota, and the
+	// coordinator places only the pods of Workloads Kueue admitted
+	// (docs/integrations/kueue.md).
+	Admission QueueAdmission `json:"admission,omitempty"`
 }
+
+// QueueAdmission names who admits a queue's work against quota.
+type QueueAdmission string
+
+// AdmissionKueue in QueueSpec.Admission: Kueue keeps the queue's quota.
+const AdmissionKueue QueueAdmission = "Kueue"
 
 // AllNamespaces in QueueSpec.Namespaces lets pods of every namespace use the queue.
 const AllNamespaces = "*"

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -45,6 +46,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/consolidation"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
+	"github.com/gpufrac/gpufrac/coordinator/kueue"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
@@ -123,6 +125,10 @@ type Config struct {
 	// the cheapest instance types it lists; consolidation drains the node
 	// whose removal saves the most.
 	Prices *pricing.Table
+	// Kueue turns on reading Kueue's Workloads (kueue.x-k8s.io/v1beta2) for
+	// the queues whose quota Kueue keeps; the chart grants the right with
+	// it (kueue.enabled).
+	Kueue bool
 	// Version is reported in gpufrac_build_info.
 	Version string
 	// Faults pauses the coordinator at a fault point: set only by binaries
@@ -414,6 +420,25 @@ func (a *App) lead(ctx context.Context) error {
 		podGroupStatus = scheduler.ClientPodGroupStatus{Client: a.client}
 	}
 
+	// Kueue's Workloads, for the queues whose quota Kueue keeps.
+	var kueueLookup kueue.Lookup
+	var kueueInf cache.SharedIndexInformer
+	if a.cfg.Kueue {
+		servesKueue, err := servesGroupVersion(ctx, a.client.Discovery(), kueue.WorkloadResource.GroupVersion().String())
+		if err != nil {
+			return err
+		}
+		if servesKueue {
+			kueueInf = dynFactory.ForResource(kueue.WorkloadResource).Informer()
+			if err := kueueInf.AddIndexers(cache.Indexers{kueue.OwnerIndex: kueue.OwnerIndexFunc}); err != nil {
+				return fmt.Errorf("indexing Kueue Workloads by owner: %w", err)
+			}
+			kueueLookup = kueueWorkloads(logger, kueueInf.GetIndexer())
+		} else {
+			logger.Info("Kueue's API (kueue.x-k8s.io/v1beta2) is not served: the pods of queues whose quota Kueue keeps wait until it is and the coordinator restarts")
+		}
+	}
+
 	// Resource claims (resource.k8s.io/v1, served since Kubernetes 1.34):
 	// the coordinator allocates its pods' claims on nodes in mode dra.
 	var draDeps *scheduler.DRADeps
@@ -470,6 +495,7 @@ func (a *App) lead(ctx context.Context) error {
 		},
 		PodGroups:      podGroups,
 		PodGroupStatus: podGroupStatus,
+		Kueue:          kueueLookup,
 		Queues:         scheduler.QueuesFromLister(queueInf.Lister()),
 		Binder:         bnd,
 		Evictor:        bnd,
@@ -604,6 +630,13 @@ func (a *App) lead(ctx context.Context) error {
 	if podGroupInf != nil {
 		synced = append(synced, podGroupInf.HasSynced)
 	}
+	if kueueInf != nil {
+		// An admission lets pods of a Kueue queue be placed.
+		if _, err := kueueInf.AddEventHandler(wake); err != nil {
+			return fmt.Errorf("watching Kueue Workloads: %w", err)
+		}
+		synced = append(synced, kueueInf.HasSynced)
+	}
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}
@@ -649,4 +682,30 @@ func (a *App) consolidator(recorder record.EventRecorder, pods corelisters.PodLi
 		return c, nil
 	}
 	return consolidation.New(o, read, consolidation.APIWriter{Client: a.client}, recorder, clock.RealClock{}, a.reg)
+}
+
+// kueueWorkloads answers the Workloads an owner has, from the informer's
+// owner index. One that does not read (a schema Kueue changed) is logged
+// and left out: its pods wait.
+func kueueWorkloads(logger klog.Logger, idx cache.Indexer) kueue.Lookup {
+	return func(namespace string, owner types.UID) []*kueue.Workload {
+		objs, err := idx.ByIndex(kueue.OwnerIndex, string(owner))
+		if err != nil {
+			return nil
+		}
+		var ws []*kueue.Workload
+		for _, o := range objs {
+			u, ok := o.(*unstructured.Unstructured)
+			if !ok || u.GetNamespace() != namespace {
+				continue
+			}
+			w, err := kueue.FromUnstructured(u)
+			if err != nil {
+				logger.Error(err, "Skipping a Kueue Workload")
+				continue
+			}
+			ws = append(ws, w)
+		}
+		return ws
+	}
 }

@@ -102,6 +102,18 @@ func SpecFromAPI(q *v1alpha1.Queue) (Spec, error) {
 			s.Weights.Memory = w
 		}
 	}
+	switch q.Spec.Admission {
+	case "":
+	case v1alpha1.AdmissionKueue:
+		// Kueue keeps the quota: a second one here would hold back what
+		// Kueue admitted (the CRD refuses it too).
+		r := q.Spec.Resources
+		if r.GPU != nil || r.CPU != nil || r.Memory != nil || q.Spec.Parent != "" {
+			errs = append(errs, fmt.Errorf("admission %s: the queue has resources or a parent, and Kueue keeps its quota", q.Spec.Admission))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("admission %q: want %q or none", q.Spec.Admission, v1alpha1.AdmissionKueue))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return s, fmt.Errorf("converting queue %q: %w", q.Name, err)
 	}

@@ -86,6 +86,27 @@ func TestSpecFromAPI(t *testing.T) {
 			wantErr: `converting queue "q": gpu quota: -1 is negative`,
 		},
 		{
+			name:  "quota kept by Kueue: nothing managed",
+			queue: v1alpha1.QueueSpec{Admission: v1alpha1.AdmissionKueue, Namespaces: []string{"ml"}},
+			want: queue.Spec{Name: "q",
+				Quota: queue.UnlimitedResources(), Limit: queue.UnlimitedResources(), Weights: queue.DefaultWeights()},
+		},
+		{
+			name:    "Kueue and a quota of its own",
+			queue:   v1alpha1.QueueSpec{Admission: v1alpha1.AdmissionKueue, Resources: v1alpha1.QueueResources{GPU: &v1alpha1.ResourceQuota{Quota: qty("1")}}},
+			wantErr: `converting queue "q": admission Kueue: the queue has resources or a parent, and Kueue keeps its quota`,
+		},
+		{
+			name:    "Kueue under a parent",
+			queue:   v1alpha1.QueueSpec{Admission: v1alpha1.AdmissionKueue, Parent: "org"},
+			wantErr: `converting queue "q": admission Kueue: the queue has resources or a parent, and Kueue keeps its quota`,
+		},
+		{
+			name:    "unknown admission",
+			queue:   v1alpha1.QueueSpec{Admission: "kueue"},
+			wantErr: `converting queue "q": admission "kueue": want "Kueue" or none`,
+		},
+		{
 			name:    "too large",
 			queue:   v1alpha1.QueueSpec{Resources: v1alpha1.QueueResources{Memory: &v1alpha1.ResourceQuota{Limit: qty("2Ei")}}},
 			wantErr: `converting queue "q": memory limit: 2Ei is too large`,

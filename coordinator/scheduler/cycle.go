@@ -258,6 +258,7 @@ func (c *cycle) collect() {
 		}
 		return rolling
 	})
+	workloads = c.holdForKueue(workloads)
 	// Workloads whose binding failed a moment ago wait out their back-off.
 	c.workloads = s.holdBackedOff(c.ctx, workloads, c.start, &c.res)
 	c.books.demand(c.workloads)

@@ -37,6 +37,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
+	"github.com/gpufrac/gpufrac/coordinator/kueue"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/predicates"
@@ -145,8 +146,12 @@ type Deps struct {
 	// PodGroupStatus writes the PodGroups' PodGroupScheduled condition; nil
 	// writes none.
 	PodGroupStatus PodGroupStatusWriter
-	Queues         QueueSource
-	Binder         Binder
+	// Kueue answers the Workloads Kueue keeps, for the queues whose quota
+	// Kueue keeps (spec.admission: Kueue); nil when the coordinator does
+	// not read them, and the pods of those queues wait.
+	Kueue  kueue.Lookup
+	Queues QueueSource
+	Binder Binder
 	// Reserver creates and removes reservation pods; nil binds fractions
 	// without reservations (only safe when nothing else uses the GPUs).
 	Reserver Reserver

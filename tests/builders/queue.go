@@ -93,3 +93,10 @@ func (w *QueueWrapper) Namespaces(ns ...string) *QueueWrapper {
 	w.queue.Spec.Namespaces = append([]string{}, ns...)
 	return w
 }
+
+// Admission sets spec.admission: who admits the queue's work against quota
+// (v1alpha1.AdmissionKueue: Kueue).
+func (w *QueueWrapper) Admission(a v1alpha1.QueueAdmission) *QueueWrapper {
+	w.queue.Spec.Admission = a
+	return w
+}
