@@ -423,6 +423,7 @@ func (a *App) lead(ctx context.Context) error {
 	// Kueue's Workloads, for the queues whose quota Kueue keeps.
 	var kueueLookup kueue.Lookup
 	var kueueInf cache.SharedIndexInformer
+	var kueueSynced func() bool
 	if a.cfg.Kueue {
 		servesKueue, err := servesGroupVersion(ctx, a.client.Discovery(), kueue.WorkloadResource.GroupVersion().String())
 		if err != nil {
@@ -434,6 +435,7 @@ func (a *App) lead(ctx context.Context) error {
 				return fmt.Errorf("indexing Kueue Workloads by owner: %w", err)
 			}
 			kueueLookup = kueueWorkloads(logger, kueueInf.GetIndexer())
+			kueueSynced = kueueInf.HasSynced
 		} else {
 			logger.Info("Kueue's API (kueue.x-k8s.io/v1beta2) is not served: the pods of queues whose quota Kueue keeps wait until it is and the coordinator restarts")
 		}
@@ -496,6 +498,7 @@ func (a *App) lead(ctx context.Context) error {
 		PodGroups:      podGroups,
 		PodGroupStatus: podGroupStatus,
 		Kueue:          kueueLookup,
+		KueueSynced:    kueueSynced,
 		Queues:         scheduler.QueuesFromLister(queueInf.Lister()),
 		Binder:         bnd,
 		Evictor:        bnd,
@@ -631,11 +634,13 @@ func (a *App) lead(ctx context.Context) error {
 		synced = append(synced, podGroupInf.HasSynced)
 	}
 	if kueueInf != nil {
-		// An admission lets pods of a Kueue queue be placed.
+		// An admission lets pods of a Kueue queue be placed. Not waited
+		// for with the others: a coordinator that may not list Workloads
+		// (the right comes with the chart's kueue.enabled) still schedules
+		// every other queue, and the pods of Kueue queues say why they wait.
 		if _, err := kueueInf.AddEventHandler(wake); err != nil {
 			return fmt.Errorf("watching Kueue Workloads: %w", err)
 		}
-		synced = append(synced, kueueInf.HasSynced)
 	}
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())

@@ -29,9 +29,12 @@ func (c *cycle) holdForKueue(ws []*workload) []*workload {
 			return false
 		}
 		why := ""
-		if s.deps.Kueue == nil {
+		switch {
+		case s.deps.Kueue == nil:
 			why = "its queue's quota is kept by Kueue, and this coordinator does not read Kueue's Workloads (the chart's kueue.enabled, the coordinator's --kueue, or Kueue's API is not served)"
-		} else {
+		case s.deps.KueueSynced != nil && !s.deps.KueueSynced():
+			why = "its queue's quota is kept by Kueue, and the coordinator has not read Kueue's Workloads yet (if this lasts, check that it may list workloads.kueue.x-k8s.io: the chart's kueue.enabled)"
+		default:
 			if gate == nil {
 				gate = kueue.NewGate(s.deps.Kueue, c.livePods())
 			}

@@ -70,6 +70,7 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 		busy      bool // n1's GPU is taken: what is admitted has no room
 		workloads []*kueue.Workload
 		noKueue   bool // the coordinator does not read Workloads
+		unsynced  bool // it has not read them yet
 		wantBound []string
 		wantWait  map[string]string // pod -> a part of its NotAdmittedByKueue message
 		wantAsk   bool              // a placeholder asks Karpenter for capacity
@@ -98,6 +99,9 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 		{name: "Workloads not read: waits", pods: []*corev1.Pod{half("p0", t0, job)}, noKueue: true,
 			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
 			wantWait:  map[string]string{"p0": "does not read Kueue's Workloads"}},
+		{name: "Workloads not read yet: waits", pods: []*corev1.Pod{half("p0", t0, job)}, unsynced: true,
+			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
+			wantWait:  map[string]string{"p0": "has not read Kueue's Workloads yet"}},
 		{name: "admitted without room: Karpenter is asked", pods: []*corev1.Pod{half("p0", t0, job)}, busy: true,
 			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)}, wantAsk: true},
 		{name: "not admitted without room: Karpenter is not asked", pods: []*corev1.Pod{half("p0", t0, job)}, busy: true,
@@ -120,6 +124,7 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 			if !tc.noKueue {
 				c.s.deps.Kueue = staticWorkloads(tc.workloads...)
 			}
+			c.s.deps.KueueSynced = func() bool { return !tc.unsynced }
 			ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
 			c.s.deps.Placeholders = ph
 			c.s.opts.ElasticPools = true

@@ -149,9 +149,13 @@ type Deps struct {
 	// Kueue answers the Workloads Kueue keeps, for the queues whose quota
 	// Kueue keeps (spec.admission: Kueue); nil when the coordinator does
 	// not read them, and the pods of those queues wait.
-	Kueue  kueue.Lookup
-	Queues QueueSource
-	Binder Binder
+	Kueue kueue.Lookup
+	// KueueSynced tells whether Kueue's Workloads have been read (nil:
+	// always): until then the pods of those queues wait, and nothing else
+	// does (a coordinator that may not list Workloads still schedules).
+	KueueSynced func() bool
+	Queues      QueueSource
+	Binder      Binder
 	// Reserver creates and removes reservation pods; nil binds fractions
 	// without reservations (only safe when nothing else uses the GPUs).
 	Reserver Reserver
