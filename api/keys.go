@@ -83,6 +83,12 @@ const (
 	// the gpufrac.io/pod-group label, which the pod's author may change
 	// after admission. A protocol annotation of the coordinator.
 	AnnotationAdmittedGang = Domain + "/admitted-gang"
+	// AnnotationAdmittedOwner records, on the binding of a pod of a queue
+	// whose quota Kueue keeps, the UID of the controller whose admitted
+	// Workload let it in: the pod holds one of that Workload's slots until
+	// it ends, whatever its owner references say later (the pod's author
+	// may change them). A protocol annotation of the coordinator.
+	AnnotationAdmittedOwner = Domain + "/admitted-owner"
 	// AnnotationAllocatedGPU is the GPU UUID the node agent actually gave a
 	// pod. A protocol annotation of the node agent.
 	AnnotationAllocatedGPU = Domain + "/allocated-gpu"
@@ -189,6 +195,7 @@ func ProtocolAnnotations() []ProtocolAnnotation {
 		{Key: AnnotationAdmittedQueue, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAdmittedPreemptible, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAdmittedGang, Owner: CoordinatorServiceAccount},
+		{Key: AnnotationAdmittedOwner, Owner: CoordinatorServiceAccount},
 		{Key: AnnotationAllocatedGPU, Owner: NodeServiceAccount},
 		{Key: AnnotationReservedGPU, Owner: NodeServiceAccount},
 	}

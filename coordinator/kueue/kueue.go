@@ -13,7 +13,6 @@ package kueue
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +30,14 @@ var WorkloadResource = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Vers
 // ConditionAdmitted is the Workload condition Kueue sets once the workload
 // has its quota and every admission check passed.
 const ConditionAdmitted = "Admitted"
+
+// ConditionFinished and ConditionEvicted are the Workload conditions of a
+// workload that no longer holds its quota, though Admitted may still say
+// true.
+const (
+	ConditionFinished = "Finished"
+	ConditionEvicted  = "Evicted"
+)
 
 // OwnerIndex names the informer index of Workloads by their controller's
 // UID (OwnerIndexFunc).
@@ -55,6 +62,7 @@ type Workload struct {
 type wire struct {
 	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
+		Active  *bool `json:"active"`
 		PodSets []struct {
 			Name     string                 `json:"name"`
 			Count    int32                  `json:"count"`
@@ -82,7 +90,13 @@ func FromUnstructured(u *unstructured.Unstructured) (*Workload, error) {
 	if ref := metav1.GetControllerOf(&w.ObjectMeta); ref != nil {
 		out.Owner = ref.UID
 	}
-	out.Admitted = conditionTrue(w.Status.Conditions, ConditionAdmitted)
+	// Admitted and still holding its quota: Kueue v0.17 leaves Admitted
+	// true on a Workload that finished (its quota released) and on one it
+	// is evicting, and a Workload deactivated (spec.active false) is
+	// evicted.
+	out.Admitted = conditionTrue(w.Status.Conditions, ConditionAdmitted) &&
+		!conditionTrue(w.Status.Conditions, ConditionFinished) && !conditionTrue(w.Status.Conditions, ConditionEvicted) &&
+		(w.Spec.Active == nil || *w.Spec.Active)
 	specCount := map[string]int32{}
 	for _, ps := range w.Spec.PodSets {
 		specCount[ps.Name] = ps.Count
@@ -127,24 +141,38 @@ func OwnerIndexFunc(obj any) ([]string, error) {
 // Lookup answers the Workloads a controller (by UID) owns in a namespace.
 type Lookup func(namespace string, owner types.UID) []*Workload
 
+// OwnerOf is the controller a pod counts for: for a bound pod the one the
+// coordinator recorded at binding (api.AnnotationAdmittedOwner; the pod's
+// owner references are its author's to change afterwards), else its
+// controller reference. "" for none.
+type OwnerOf func(p *corev1.Pod) types.UID
+
 // Gate decides, for the pods of queues whose quota Kueue keeps, which may
-// be placed. Build one per scheduling cycle with every live pod of those
-// queues (NewGate), then ask Admits for each pending one.
+// be placed. Build one per scheduling cycle (NewGate), then ask Admits for
+// each pending pod.
 type Gate struct {
 	lookup Lookup
-	// slots holds, per controller UID, the live pods in the order they
-	// take the Workload's admitted slots: bound ones first, then by age.
-	slots map[types.UID][]*corev1.Pod
+	// slots holds, per namespace and controller UID, the live pods in the
+	// order they take the Workload's admitted slots: bound ones first,
+	// then by age; pos is each pod's place there.
+	slots map[slotKey][]*corev1.Pod
+	pos   map[types.UID]int
 }
 
-// NewGate indexes the live pods (not terminal, not being deleted) of the
-// queues Kueue keeps by their controller. A pod without a controller is
-// left out: Admits refuses it.
-func NewGate(lookup Lookup, live []*corev1.Pod) *Gate {
-	g := &Gate{lookup: lookup, slots: map[types.UID][]*corev1.Pod{}}
+type slotKey struct {
+	namespace string
+	owner     types.UID
+}
+
+// NewGate indexes the live pods (those that hold or may take a GPU: bound
+// pods until they are terminal, pending pods not being deleted) of the
+// controllers in wanted, by namespace and the controller owner says.
+func NewGate(lookup Lookup, live []*corev1.Pod, owner OwnerOf, wanted map[types.UID]bool) *Gate {
+	g := &Gate{lookup: lookup, slots: map[slotKey][]*corev1.Pod{}, pos: map[types.UID]int{}}
 	for _, p := range live {
-		if ref := metav1.GetControllerOf(p); ref != nil {
-			g.slots[ref.UID] = append(g.slots[ref.UID], p)
+		if uid := owner(p); uid != "" && wanted[uid] {
+			k := slotKey{p.Namespace, uid}
+			g.slots[k] = append(g.slots[k], p)
 		}
 	}
 	for _, ps := range g.slots {
@@ -158,37 +186,49 @@ func NewGate(lookup Lookup, live []*corev1.Pod) *Gate {
 			}
 			return a.Name < b.Name
 		})
+		for i, p := range ps {
+			g.pos[p.UID] = i
+		}
 	}
 	return g
 }
 
 // Admits tells whether pending pod p may be placed: its controller owns a
-// Workload Kueue admitted, p is among the first Count live pods of that
-// controller, and fits(template) holds for one of the Workload's pod
-// templates (the caller checks that p asks no more GPU than the template
-// Kueue counted). When not, why says so, for the pod's condition.
-func (g *Gate) Admits(p *corev1.Pod, fits func(corev1.PodTemplateSpec) bool) (ok bool, why string) {
+// Workload Kueue admitted (with one pod set: several, each with its own
+// count, are not read yet), p is among the first Count live pods of that
+// controller in p's namespace, and fits(template) says "" for the
+// Workload's pod template (the caller checks that p asks no more than the
+// template Kueue counted, and within its node selection). When not, why
+// says so, for the pod's condition.
+func (g *Gate) Admits(p *corev1.Pod, fits func(corev1.PodTemplateSpec) string) (ok bool, why string) {
 	ref := metav1.GetControllerOf(p)
 	if ref == nil {
-		return false, "its queue's quota is kept by Kueue, and the pod has no controller: create it through a Job (or another workload) Kueue admits"
+		return false, "its queue's quota is kept by Kueue, and the pod has no controller: create it through a Job Kueue admits"
 	}
-	var admitted *Workload
+	var admitted []*Workload
 	for _, w := range g.lookup(p.Namespace, ref.UID) {
 		if w.Admitted {
-			admitted = w
-			break
+			admitted = append(admitted, w)
 		}
 	}
-	if admitted == nil {
+	if len(admitted) == 0 {
 		return false, fmt.Sprintf("its queue's quota is kept by Kueue, which has not admitted a Workload of %s %s (yet)", ref.Kind, ref.Name)
 	}
-	if !slices.ContainsFunc(admitted.Templates, fits) {
-		return false, fmt.Sprintf("the pod asks for more GPU than the pod template of Kueue Workload %s that Kueue admitted", admitted.Name)
+	sort.Slice(admitted, func(i, j int) bool { return admitted[i].Name < admitted[j].Name })
+	w := admitted[0]
+	if len(admitted) > 1 {
+		return false, fmt.Sprintf("%s %s owns %d Workloads Kueue admitted (%s, %s...): the coordinator places the pods of one", ref.Kind, ref.Name, len(admitted), admitted[0].Name, admitted[1].Name)
 	}
-	ps := g.slots[ref.UID]
-	i := slices.IndexFunc(ps, func(q *corev1.Pod) bool { return q.UID == p.UID })
-	if i < 0 || i >= admitted.Count {
-		return false, fmt.Sprintf("Kueue admitted %d pods of Workload %s and %s %s has %d live: this one is beyond them", admitted.Count, admitted.Name, ref.Kind, ref.Name, len(ps))
+	if len(w.Templates) != 1 {
+		return false, fmt.Sprintf("Kueue Workload %s has %d pod sets: the coordinator places the pods of Workloads with one (a batch/v1 Job's)", w.Name, len(w.Templates))
+	}
+	if why := fits(w.Templates[0]); why != "" {
+		return false, fmt.Sprintf("the pod does not match the pod template of Kueue Workload %s that Kueue admitted: %s", w.Name, why)
+	}
+	k := slotKey{p.Namespace, ref.UID}
+	i, ok := g.pos[p.UID]
+	if !ok || i >= w.Count {
+		return false, fmt.Sprintf("Kueue admitted %d pods of Workload %s and %s %s has %d live: this one is beyond them", w.Count, w.Name, ref.Kind, ref.Name, len(g.slots[k]))
 	}
 	return true, ""
 }

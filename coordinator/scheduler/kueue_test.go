@@ -63,6 +63,26 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 		return b.Obj()
 	}
 	tmpl := half("template", t0, nil)
+	flavored := builders.MakeJob("flavored", "default").Obj()
+	flavored.Spec.Template.Spec.NodeSelector = map[string]string{"flavor": "t4"}
+	twoSets := func(w *kueue.Workload) *kueue.Workload {
+		w.Templates = append(w.Templates, w.Templates[0])
+		return w
+	}
+	boundFor := func(p *corev1.Pod, owner *batchv1.Job) *corev1.Pod {
+		p = admitted(p, "n1")
+		p.Annotations[api.AnnotationAdmittedOwner] = string(owner.UID)
+		return p
+	}
+	deleting := func(p *corev1.Pod) *corev1.Pod {
+		now := metav1.NewTime(t0.Add(time.Minute))
+		p.DeletionTimestamp = &now
+		return p
+	}
+	inNamespace := func(p *corev1.Pod, ns string) *corev1.Pod {
+		p.Namespace = ns
+		return p
+	}
 	for _, tc := range []struct {
 		name      string
 		queue     *v1alpha1.Queue
@@ -95,7 +115,37 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 		{name: "more GPU than the template Kueue counted: waits",
 			pods:      []*corev1.Pod{builders.MakePod("big", "default").Queue("kq").GPUs(1).CPU("1").UID("big").OwnedByJob(job).Obj()},
 			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
-			wantWait:  map[string]string{"big": "more GPU than the pod template"}},
+			wantWait:  map[string]string{"big": "it asks 1 whole GPUs, the template 0"}},
+		{name: "a whole GPU where Kueue counted a share: waits",
+			pods:      []*corev1.Pod{builders.MakePod("whole", "default").Queue("kq").GPUs(1).CPU("1").UID("whole").OwnedByJob(job).Obj()},
+			workloads: []*kueue.Workload{workloadOf(job, true, 1, builders.MakePod("t", "default").Fraction(100).Obj())},
+			wantWait:  map[string]string{"whole": "it asks 1 whole GPUs, the template 0"}},
+		{name: "MIG devices where Kueue counted a share: waits",
+			pods:      []*corev1.Pod{builders.MakePod("mig", "default").Queue("kq").Resource("nvidia.com/mig-1g.10gb", "4").CPU("1").UID("mig").OwnedByJob(job).Obj()},
+			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
+			wantWait:  map[string]string{"mig": "of nvidia.com/mig-1g.10gb, the template 0"}},
+		{name: "without the node selector of its Job's template (Kueue's flavor): waits",
+			pods:      []*corev1.Pod{half("p0", t0, flavored)},
+			workloads: []*kueue.Workload{workloadOf(flavored, true, 1, tmpl)},
+			wantWait:  map[string]string{"p0": "lacks the node selector flavor=t4"}},
+		{name: "a Workload with two pod sets: waits", pods: []*corev1.Pod{half("p0", t0, job)},
+			workloads: []*kueue.Workload{twoSets(workloadOf(job, true, 2, tmpl))},
+			wantWait:  map[string]string{"p0": "has 2 pod sets"}},
+		{name: "a finished or evicted Workload admits nothing", pods: []*corev1.Pod{half("p0", t0, job)},
+			workloads: []*kueue.Workload{workloadOf(job, false, 1, tmpl)},
+			wantWait:  map[string]string{"p0": "has not admitted"}},
+		{name: "a bound pod keeps its slot when its owner references change",
+			pods:      []*corev1.Pod{boundFor(half("p0", t0, nil), job), half("p1", metav1.NewTime(t0.Add(time.Second)), job)},
+			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
+			wantWait:  map[string]string{"p1": "Kueue admitted 1 pods of Workload job-train"}},
+		{name: "a bound pod being deleted keeps its slot",
+			pods:      []*corev1.Pod{deleting(boundFor(half("p0", t0, job), job)), half("p1", metav1.NewTime(t0.Add(time.Second)), job)},
+			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
+			wantWait:  map[string]string{"p1": "Kueue admitted 1 pods of Workload job-train"}},
+		{name: "a pod of another namespace takes no slot",
+			pods:      []*corev1.Pod{inNamespace(boundFor(half("forged", t0, job), job), "evil"), half("p0", metav1.NewTime(t0.Add(time.Second)), job)},
+			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
+			wantBound: []string{"p0"}},
 		{name: "Workloads not read: waits", pods: []*corev1.Pod{half("p0", t0, job)}, noKueue: true,
 			workloads: []*kueue.Workload{workloadOf(job, true, 1, tmpl)},
 			wantWait:  map[string]string{"p0": "does not read Kueue's Workloads"}},
@@ -125,6 +175,14 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 				c.s.deps.Kueue = staticWorkloads(tc.workloads...)
 			}
 			c.s.deps.KueueSynced = func() bool { return !tc.unsynced }
+			c.s.deps.Jobs = func(ns, name string) (*batchv1.Job, bool) {
+				for _, j := range []*batchv1.Job{job, other, flavored} {
+					if j.Namespace == ns && j.Name == name {
+						return j, true
+					}
+				}
+				return nil, false
+			}
 			ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
 			c.s.deps.Placeholders = ph
 			c.s.opts.ElasticPools = true
@@ -132,6 +190,12 @@ func TestKueueKeepsTheQuota(t *testing.T) {
 			for _, name := range tc.wantBound {
 				if c.boundTo(name) == "" {
 					t.Errorf("%s pending %s %q, want it bound", name, c.reason(name), c.b.Messages[name])
+				}
+				if q != nil && q.Spec.Admission == v1alpha1.AdmissionKueue {
+					// The slot it takes, recorded for later cycles.
+					if got := c.b.Annotations[name][api.AnnotationAdmittedOwner]; got != string(job.UID) {
+						t.Errorf("%s bound with %s %q, want %q", name, api.AnnotationAdmittedOwner, got, job.UID)
+					}
 				}
 			}
 			for name, msg := range tc.wantWait {

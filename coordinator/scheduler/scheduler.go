@@ -27,6 +27,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1alpha2 "k8s.io/api/scheduling/v1alpha2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -1019,6 +1020,10 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		ann[api.AnnotationAdmittedQueue] = w.queue
 		ann[api.AnnotationAdmittedPreemptible] = strconv.FormatBool(!w.nonPreemptible)
 		ann[api.AnnotationAdmittedGang] = p.group
+		if ref := metav1.GetControllerOf(p.pod); ref != nil && w.kueue {
+			// The Kueue Workload's slot it takes (holdForKueue checked it).
+			ann[api.AnnotationAdmittedOwner] = string(ref.UID)
+		}
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
 		gang := w.id()
 		select {

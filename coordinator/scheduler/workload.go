@@ -53,6 +53,9 @@ type workload struct {
 	pinned bool
 	// incomplete explains why a gang waits for members ("" when complete).
 	incomplete string
+	// kueue says Kueue keeps the queue's quota and admitted the pods
+	// (holdForKueue): their bindings record the Workload's owner.
+	kueue bool
 }
 
 // claimsGPU tells whether a pod of w gets its GPUs through claims.
