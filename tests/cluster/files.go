@@ -54,19 +54,23 @@ func declaresModule(gomod []byte, path string) bool {
 	return false
 }
 
-// toolFiles lists what `make tools` puts in the bin dir that a cluster needs.
-func toolFiles(withKarpenter bool) []string {
+// toolFiles lists what `make tools` puts in the bin dir that a cluster with opts needs.
+func toolFiles(opts Options) []string {
 	files := []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kwok-stages"}
-	if withKarpenter {
+	if opts.Karpenter != nil {
 		files = append(files, "karpenter-kwok", "karpenter-crds")
+	}
+	if opts.Kueue != nil {
+		files = append(files, "kueue", "kueue-manifests")
 	}
 	return files
 }
 
-// checkTools fails with ErrToolsMissing when a needed binary or directory is missing.
-func checkTools(binDir string, withKarpenter bool) error {
+// checkTools fails with ErrToolsMissing when a binary or directory a cluster
+// with opts needs is missing.
+func checkTools(binDir string, opts Options) error {
 	var missing []string
-	for _, f := range toolFiles(withKarpenter) {
+	for _, f := range toolFiles(opts) {
 		if _, err := os.Stat(filepath.Join(binDir, f)); err != nil {
 			missing = append(missing, f)
 		}

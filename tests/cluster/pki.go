@@ -55,6 +55,7 @@ func identities() map[string]identity {
 		"kube-controller-manager": {user: "system:kube-controller-manager", groups: []string{"system:masters"}},
 		"kwok":                    {user: "kwok", groups: []string{"system:masters"}},
 		"karpenter":               {user: "karpenter", groups: []string{"system:masters"}},
+		"kueue":                   {user: "kueue", groups: []string{"system:masters"}},
 	}
 }
 
@@ -245,6 +246,41 @@ func (p *pki) clientCert(user string, groups []string) (certPEM, keyPEM []byte, 
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		return nil, nil, fmt.Errorf("encoding client key of %s: %w", user, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// loopbackServingCert signs a serving certificate for 127.0.0.1 and localhost
+// with the cluster CA, so the API server, which trusts that CA (caPEM as a
+// webhook's caBundle), can call a server on the loopback address, and
+// returns it and its key in PEM.
+func (p *pki) loopbackServingCert(cn string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating serving key of %s: %w", cn, err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     p.caCert.NotAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     []string{"localhost"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing serving certificate of %s: %w", cn, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding serving key of %s: %w", cn, err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil

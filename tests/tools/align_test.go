@@ -41,6 +41,8 @@ var builds = []build{
 		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/ctr"}, "k8s-1.37"},
 	// Karpenter v1.14 is built on the Kubernetes 1.35 libraries and its own controller-runtime.
 	{"karpenter", "tests/tools/karpenter", []string{"github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra"}, "karpenter"},
+	// Kueue v0.17 too, with a controller-runtime of its own.
+	{"kueue", "tests/tools/kueue", []string{"sigs.k8s.io/kueue/cmd/kueue"}, "kueue"},
 	{"etcd", "tests/tools/etcd", []string{"go.etcd.io/etcd/server/v3"}, ""},
 	{"promql", "tests/tools/promql", []string{"."}, ""},
 }
