@@ -76,6 +76,24 @@ status:
     clusterQueue: gpus
     podSetAssignments: [{name: main}]
 `, wantAdmitted: true, wantCount: 3},
+		{name: "finished: Kueue leaves Admitted true, the quota is released", status: `
+status:
+  conditions:
+  - {type: Admitted, status: "True", reason: Admitted, message: "", lastTransitionTime: "2026-11-29T08:00:00Z"}
+  - {type: Finished, status: "True", reason: Succeeded, message: "", lastTransitionTime: "2026-11-29T08:00:00Z"}
+  admission:
+    clusterQueue: gpus
+    podSetAssignments: [{name: main, count: 3}]
+`},
+		{name: "being evicted: Admitted still true", status: `
+status:
+  conditions:
+  - {type: Admitted, status: "True", reason: Admitted, message: "", lastTransitionTime: "2026-11-29T08:00:00Z"}
+  - {type: Evicted, status: "True", reason: Preempted, message: "", lastTransitionTime: "2026-11-29T08:00:00Z"}
+  admission:
+    clusterQueue: gpus
+    podSetAssignments: [{name: main, count: 3}]
+`},
 		{name: "evicted: no longer admitted", status: `
 status:
   conditions:
