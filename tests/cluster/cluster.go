@@ -1,9 +1,9 @@
 // Package cluster runs a real, local Kubernetes control plane for gpufrac's
 // integration and end-to-end tests: etcd, kube-apiserver, kube-scheduler,
 // kube-controller-manager and kwok (fake nodes and pod lifecycle), optionally with
-// Karpenter's kwok provider and Kueue, all on 127.0.0.1 with free ports and one
-// temporary directory per cluster, so several test packages can each run their own
-// cluster side by side.
+// Karpenter's kwok provider, Kueue and the KubeRay operator, all on 127.0.0.1 with
+// free ports and one temporary directory per cluster, so several test packages can
+// each run their own cluster side by side.
 //
 // kwok runs a pod only once the harness has admitted it (annotation
 // AnnotationAdmitted, a condition the cluster adds to kwok's pod-ready stage), as a
@@ -88,6 +88,9 @@ type Options struct {
 	// The manager needs a metrics certificate under /etc/kueue, which the
 	// harness writes when it is missing (as root; see ensureKueueMetricsCert).
 	Kueue *KueueOptions
+	// KubeRay, when not nil, also installs KubeRay's CRDs (RayCluster, RayJob,
+	// RayService) and runs its operator (see KubeRayOptions).
+	KubeRay *KubeRayOptions
 	// OnNode, when not nil, is called once for every kwok node (annotation
 	// kwok.x-k8s.io/node=fake) labelled gpufrac.io/gpu-node=true, including nodes
 	// Karpenter creates, as seen by a node informer. It runs in its own goroutine; its
@@ -150,6 +153,7 @@ type Cluster struct {
 	karpenterMu   sync.Mutex                       // serializes SetInstanceTypes
 	kueue         *running                         // Kueue's manager
 	kueueWebhooks string                           // the name of Kueue's webhook configurations; "" before they are made
+	kuberay       *running                         // the KubeRay operator
 	instanceTypes string                           // the provider's instance-types file
 	install       *Install                         // what InstallChart last installed
 	configMount   *configMount                     // the node agents' ConfigMap volume; nil with NodeAgentOptions.Config
@@ -176,8 +180,9 @@ type Cluster struct {
 // kube-scheduler, kube-controller-manager and kwok answering their health checks,
 // gpufrac's cluster objects installed and its admission policies in force (unless
 // Options say otherwise), and, with Karpenter, its CRDs established, its objects
-// created and its /readyz OK, and, with Kueue, its CRDs established, its
-// /readyz OK and its webhooks admitting through the API server.
+// created and its /readyz OK, with Kueue, its CRDs established, its /readyz OK
+// and its webhooks admitting through the API server, and, with KubeRay, its
+// CRDs established and its operator's /readyz OK.
 //
 // ctx bounds the life of the cluster: when it is cancelled the cluster stops (call
 // Stop anyway to wait for that). Startup itself is bounded by Options.StartTimeout.
@@ -494,7 +499,14 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 	}
 
-	// 9. The OnNode hook and the node agents, last, so they only ever see a ready
+	// 9. KubeRay.
+	if c.opts.KubeRay != nil {
+		if err := c.startKubeRay(ctx); err != nil {
+			return err
+		}
+	}
+
+	// 10. The OnNode hook and the node agents, last, so they only ever see a ready
 	// cluster; then pod admission, which needs to know the GPU nodes.
 	if na := c.opts.NodeAgents; na != nil && na.Config == "" && c.Installed() != nil && c.Installed().NodeConfig != "" {
 		m, err := newConfigMount(c.ctx, c.Client, c.Installed().Namespace, NodeConfigMap, na.ConfigMapSyncDelay)
@@ -657,9 +669,9 @@ func waitReady(ctx context.Context, p *process, ready func(ctx context.Context) 
 }
 
 // Stop stops everything the cluster started: the OnNode calls, then Karpenter, Kueue
-// (its webhook configurations removed first), kwok, kube-controller-manager and
-// kube-scheduler (SIGTERM to each process group, SIGKILL after a grace period),
-// then the API server, then etcd. It waits until every process has exited,
+// (its webhook configurations removed first), the KubeRay operator, kwok,
+// kube-controller-manager and kube-scheduler (SIGTERM to each process group,
+// SIGKILL after a grace period), then the API server, then etcd. It waits until every process has exited,
 // removes etcd's data and keeps the logs. It is safe to call
 // more than once and from several goroutines; later calls wait for the first and
 // return its result.
@@ -697,7 +709,7 @@ func (c *Cluster) stop() error {
 	// Clients of the API server first, all at once (node agents normally stopped
 	// with their node's hook already); then the API server; then etcd.
 	tiers := [][]string{
-		{"karpenter", "kueue", "kwok", "kube-controller-manager", "kube-scheduler"},
+		{"karpenter", "kueue", kuberayOperator, "kwok", "kube-controller-manager", "kube-scheduler"},
 		{"kube-apiserver"},
 		{"etcd"},
 	}

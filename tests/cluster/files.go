@@ -63,6 +63,9 @@ func toolFiles(opts Options) []string {
 	if opts.Kueue != nil {
 		files = append(files, "kueue", "kueue-manifests")
 	}
+	if opts.KubeRay != nil {
+		files = append(files, kuberayOperator, "kuberay-crds")
+	}
 	return files
 }
 

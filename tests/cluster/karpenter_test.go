@@ -217,6 +217,7 @@ func TestStartWithoutTools(t *testing.T) {
 		{name: "control plane", opts: cluster.Options{}, wantNames: []string{"etcd", "kube-apiserver", "kwok-stages"}},
 		{name: "with Karpenter", opts: cluster.Options{Karpenter: &cluster.KarpenterOptions{}}, wantNames: []string{"karpenter-kwok", "karpenter-crds"}},
 		{name: "with Kueue", opts: cluster.Options{Kueue: &cluster.KueueOptions{}}, wantNames: []string{"kueue", "kueue-manifests"}},
+		{name: "with KubeRay", opts: cluster.Options{KubeRay: &cluster.KubeRayOptions{}}, wantNames: []string{"kuberay-operator", "kuberay-crds"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -56,6 +56,7 @@ func identities() map[string]identity {
 		"kwok":                    {user: "kwok", groups: []string{"system:masters"}},
 		"karpenter":               {user: "karpenter", groups: []string{"system:masters"}},
 		"kueue":                   {user: "kueue", groups: []string{"system:masters"}},
+		"kuberay-operator":        {user: "kuberay-operator", groups: []string{"system:masters"}},
 	}
 }
 

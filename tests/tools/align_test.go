@@ -43,6 +43,8 @@ var builds = []build{
 	{"karpenter", "tests/tools/karpenter", []string{"github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra"}, "karpenter"},
 	// Kueue v0.17 too, with a controller-runtime of its own.
 	{"kueue", "tests/tools/kueue", []string{"sigs.k8s.io/kueue/cmd/kueue"}, "kueue"},
+	// The KubeRay operator v1.5 is on the Kubernetes 1.34 libraries and controller-runtime v0.22.
+	{"kuberay", "tests/tools/kuberay", []string{"github.com/ray-project/kuberay/ray-operator"}, "kuberay"},
 	{"etcd", "tests/tools/etcd", []string{"go.etcd.io/etcd/server/v3"}, ""},
 	{"promql", "tests/tools/promql", []string{"."}, ""},
 }
@@ -52,8 +54,10 @@ var kubernetesBuild = build{"kubernetes", "tests/tools/kubernetes", []string{"k8
 	"k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kubelet"}, ""}
 
 // ownPins are modules each tool keeps at its own release's version: etcd's
-// storage engine is part of what etcd's release was tested with.
-var ownPins = map[string]bool{"go.etcd.io/bbolt": true}
+// storage engine is part of what etcd's release was tested with, and the
+// KubeRay operator is the release tools.mk pins (KUBERAY_VERSION), whatever
+// version of KubeRay's API types Kueue's release compiles.
+var ownPins = map[string]bool{"go.etcd.io/bbolt": true, "github.com/ray-project/kuberay/ray-operator": true}
 
 // kubernetesTied are the modules whose version goes with the Kubernetes libraries' own:
 // they must agree only among builds on the same Kubernetes libraries.

@@ -4,9 +4,10 @@
 # so the project's go.mod never gains their dependencies. A tool is built once and reused while
 # it is the version below: the cache key is the version itself. For a binary it is the module
 # version Go embedded in it (`go version -m`, so a binary copied or linked into bin/ is judged
-# by what it is, not by its name or date); for the copied kwok stages, Karpenter CRDs and Kueue
-# manifests it is a .version file inside the directory. Bumping a version here rebuilds that tool on the next
-# `make tools`; an old binary is never reused silently. `make tools-clean` forces a rebuild.
+# by what it is, not by its name or date); for the copied kwok stages, Karpenter CRDs, Kueue
+# manifests and KubeRay CRDs it is a .version file inside the directory. Bumping a version
+# here rebuilds that tool on the next `make tools`; an old binary is never reused silently.
+# `make tools-clean` forces a rebuild.
 
 TOOLS_DIR := $(CURDIR)/tests/tools
 # GOFLAGS is set here, not inherited: the environment may carry other flags (e.g. -buildvcs=false).
@@ -21,6 +22,7 @@ HELM3_VERSION := v3.22.0
 HELM4_VERSION := v4.3.1
 PROMETHEUS_OPERATOR_VERSION := v0.85.0
 KUEUE_VERSION := v0.17.0
+KUBERAY_VERSION := v1.5.0
 PROMETHEUS_VERSION := v0.316.0
 CONTAINERD_VERSION := v2.4.2
 
@@ -45,6 +47,7 @@ KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 # - the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager), kwok
 #   and the Karpenter kwok provider with its CRDs;
 # - Kueue's manager with its CRDs and webhook manifests (tests/cluster, Options.Kueue);
+# - the KubeRay operator with its CRDs (tests/cluster, Options.KubeRay);
 # - for the chart: Helm 3 (bin/helm) and Helm 4 (bin/helm4), as the chart must work with
 #   both; the Prometheus Operator's CRDs to dry-run its monitoring objects against, and
 #   Prometheus' own PromQL parser for its alert and dashboard queries;
@@ -58,17 +61,18 @@ KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 # versions its release pins. Tools on the same Kubernetes libraries build apart in
 # time, so that the later one finds the shared packages compiled: Kueue first beside
 # the Kubernetes build (its 1.35 libraries and controller-runtime are its alone, and a
-# build of several minutes must not come last); Helm 3, Helm 4 and containerd (1.37
+# build of several minutes must not come last), then KubeRay (the 1.34 libraries and
+# controller-runtime v0.22, its alone too); Helm 3, Helm 4 and containerd (1.37
 # libraries) in a row; kwok (1.36) last, before go vet compiles the project on the same
 # libraries.
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet \
-	$(BIN)/kueue $(BIN)/kueue-manifests \
+	$(BIN)/kueue $(BIN)/kueue-manifests $(BIN)/kuberay-operator $(BIN)/kuberay-crds \
 	$(BIN)/helm $(BIN)/helm4 $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr \
 	$(BIN)/etcd $(BIN)/karpenter-kwok $(BIN)/karpenter-crds $(BIN)/promql-metrics $(BIN)/prometheus-operator-crds \
 	$(BIN)/kwok $(BIN)/kwok-stages
 
 .PHONY: tools tools-build tools-clean node-deps FORCE
-## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, kueue, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)
+## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, kueue, kuberay-operator, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)
 # The tools build TOOLS_JOBS at a time: a Go build leaves a core idle while it links
 # or waits on one large package, which another build fills (docs/benchmarks.md,
 # cold CI). Two builds at once peak near 5 GB of memory (the Kubernetes link
@@ -221,6 +225,23 @@ $(BIN)/kueue-manifests: FORCE
 	install -m 0644 $$dir/config/components/crd/bases/*.yaml $@.tmp/crds/; \
 	install -m 0644 $$dir/config/components/webhook/manifests.yaml $@.tmp/; \
 	echo '$(KUEUE_VERSION)' > $@.tmp/.version; \
+	rm -rf $@; mv $@.tmp $@
+
+# The KubeRay operator, as released: the main package at the root of its module.
+KUBERAY_MODULE := github.com/ray-project/kuberay/ray-operator
+$(BIN)/kuberay-operator: FORCE
+	$(call build_tool,kuberay-operator,$(KUBERAY_VERSION),kuberay,$(KUBERAY_MODULE),-s -w,$(KUBERAY_MODULE),$(KUBERAY_MODULE))
+
+# The CRDs (RayCluster, RayJob, RayService) of the same KubeRay module the binary
+# was built from: tests/cluster applies them before it starts the operator.
+$(BIN)/kuberay-crds: FORCE
+	@if $(call dir_is,$@,$(KUBERAY_VERSION)); then exit 0; fi; \
+	echo "copying kuberay $(KUBERAY_VERSION) CRDs"; \
+	set -e; dir=$$(cd $(TOOLS_DIR)/kuberay && $(TOOLS_GO) mod download $(KUBERAY_MODULE) && \
+		$(TOOLS_GO) list -m -f '{{.Dir}}' $(KUBERAY_MODULE)); \
+	rm -rf $@.tmp; mkdir -p $@.tmp; \
+	install -m 0644 $$dir/config/crd/bases/*.yaml $@.tmp/; \
+	echo '$(KUBERAY_VERSION)' > $@.tmp/.version; \
 	rm -rf $@; mv $@.tmp $@
 
 # Prometheus' PromQL parser behind a small command (tests/tools/promql).
