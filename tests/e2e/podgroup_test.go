@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/tests/builders"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -158,4 +159,75 @@ func scheduledMessage(p *corev1.Pod) string {
 		}
 	}
 	return ""
+}
+
+// TestPodGroupGangAsksKarpenterForTheWholeGroup (issue 30): a PodGroup of
+// eight 1-GPU pods on a cluster with no GPU node waits whole while
+// placeholders ask Karpenter for capacity for all eight, and binds all
+// eight, in one node pool, once the nodes come. No member is bound alone
+// meanwhile.
+func TestPodGroupGangAsksKarpenterForTheWholeGroup(t *testing.T) {
+	t.Parallel()
+	types := cluster.DefaultInstanceTypes()
+	c := startCluster(t, cluster.Options{
+		Karpenter:  &cluster.KarpenterOptions{InstanceTypes: types, NodePools: cluster.DefaultNodePools(types)},
+		NodeAgents: &cluster.NodeAgentOptions{StopGracePeriod: 5 * time.Second},
+		ExtraArgs:  workloadGates,
+	})
+	buildBinary(t, "gpufrac-coordinator")
+	applyYAML(t, c, queuesYAML(map[string]string{"train": "16"}))
+	startCoordinator(t, c, "c1", "--leader-elect=false")
+	ctx := t.Context()
+	if _, err := c.Client.SchedulingV1alpha2().PodGroups("default").Create(ctx, builders.MakePodGroup("wide", "default").Gang(8).Obj(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var members []string
+	for i := range 8 {
+		n := fmt.Sprintf("wide-%d", i)
+		members = append(members, n)
+		create(t, c, pod(n, "train").GPUs(1).SchedulingGroup("wide").Obj())
+	}
+	asked := false // a placeholder named the gang's workload
+	waitFor(t, 4*time.Minute, "the PodGroup's 8 pods running", func(ctx context.Context) (bool, error) {
+		for _, ph := range systemPods(t, c, api.RolePlaceholder) {
+			if strings.Contains(ph.Annotations[placeholder.AnnotationWorkloads], "podgroup/wide") {
+				asked = true
+			}
+		}
+		bound, runningPods := 0, 0
+		for _, n := range members {
+			p, err := c.Client.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			if p.Spec.NodeName != "" {
+				bound++
+			}
+			if p.Status.Phase == corev1.PodRunning {
+				runningPods++
+			}
+		}
+		if bound > 0 && !asked {
+			return false, fmt.Errorf("%d members bound before any placeholder asked Karpenter for the group", bound)
+		}
+		return runningPods == len(members), nil
+	})
+	pools := map[string]bool{}
+	for _, n := range members {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools[node.Labels["karpenter.sh/nodepool"]] = true
+	}
+	if len(pools) != 1 || pools[""] {
+		t.Errorf("the PodGroup's pods are in node pools %v, want one of Karpenter's", pools)
+	}
+	t.Logf("PodGroup wide: 8 members bound on %d NodeClaims after placeholders asked for the group", nodeClaims(t, c))
+	podGroupCondition(t, c, "wide", metav1.ConditionTrue, "Scheduled")
+	checkInvariants(t, c)
 }
