@@ -223,33 +223,11 @@ func randomToken() (string, error) {
 // PEM. A real node's kubelet uses one: nodes can join a running cluster, while
 // the token file is read once at the API server's start.
 func (p *pki) clientCert(user string, groups []string) (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generating client key of %s: %w", user, err)
-	}
-	serial, err := randomSerial()
-	if err != nil {
-		return nil, nil, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: user, Organization: groups},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     p.caCert.NotAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("signing client certificate of %s: %w", user, err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("encoding client key of %s: %w", user, err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+	return signCert(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		NotAfter:    p.caCert.NotAfter,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, p.caCert, p.caKey)
 }
 
 // loopbackServingCert signs a serving certificate for 127.0.0.1 and localhost
@@ -257,31 +235,45 @@ func (p *pki) clientCert(user string, groups []string) (certPEM, keyPEM []byte, 
 // webhook's caBundle), can call a server on the loopback address, and
 // returns it and its key in PEM.
 func (p *pki) loopbackServingCert(cn string) (certPEM, keyPEM []byte, err error) {
+	return signCert(loopbackServing(cn, p.caCert.NotAfter), p.caCert, p.caKey)
+}
+
+// loopbackServing is the template of a serving certificate for 127.0.0.1
+// and localhost.
+func loopbackServing(cn string, notAfter time.Time) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn},
+		NotAfter:    notAfter,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+}
+
+// signCert makes a P-256 key and a certificate of tmpl (its subject, end,
+// usage and names; serial, start and key usage are filled here) signed by
+// parent's key, or self-signed when parent is nil, and returns both in PEM.
+func signCert(tmpl *x509.Certificate, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (certPEM, keyPEM []byte, err error) {
+	cn := tmpl.Subject.CommonName
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, fmt.Errorf("generating serving key of %s: %w", cn, err)
+		return nil, nil, fmt.Errorf("generating key of %s: %w", cn, err)
 	}
-	serial, err := randomSerial()
-	if err != nil {
+	if tmpl.SerialNumber, err = randomSerial(); err != nil {
 		return nil, nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     p.caCert.NotAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+	if parent == nil {
+		parent, parentKey = tmpl, key
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
-		return nil, nil, fmt.Errorf("signing serving certificate of %s: %w", cn, err)
+		return nil, nil, fmt.Errorf("signing certificate of %s: %w", cn, err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("encoding serving key of %s: %w", cn, err)
+		return nil, nil, fmt.Errorf("encoding key of %s: %w", cn, err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil

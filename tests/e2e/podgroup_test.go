@@ -187,13 +187,17 @@ func TestPodGroupGangAsksKarpenterForTheWholeGroup(t *testing.T) {
 		members = append(members, n)
 		create(t, c, pod(n, "train").GPUs(1).SchedulingGroup("wide").Obj())
 	}
-	asked := false // a placeholder named the gang's workload
+	// Capacity was asked for: a placeholder named the gang's workload, or
+	// (a placeholder lives about a second, which a loaded machine's poll
+	// can miss) a NodeClaim exists; the cluster had no GPU node before.
+	asked := false
 	waitFor(t, 4*time.Minute, "the PodGroup's 8 pods running", func(ctx context.Context) (bool, error) {
 		for _, ph := range systemPods(t, c, api.RolePlaceholder) {
 			if strings.Contains(ph.Annotations[placeholder.AnnotationWorkloads], "podgroup/wide") {
 				asked = true
 			}
 		}
+		asked = asked || nodeClaims(t, c) > 0
 		bound, runningPods := 0, 0
 		for _, n := range members {
 			p, err := c.Client.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{})
