@@ -1,0 +1,546 @@
+// Package kubecheck makes the coordinator check what kube-scheduler checks
+// beyond GPUs, CPU, memory, node selectors, node affinity and taints (which
+// coordinator/placement checks itself): a pod's volumes (VolumeBinding,
+// VolumeRestrictions, VolumeZone, NodeVolumeLimits), its topology spread
+// constraints (PodTopologySpread), inter-pod affinity and anti-affinity
+// (InterPodAffinity) and host ports (NodePorts). It runs kube-scheduler's own
+// plugins in kube-scheduler's own framework, on kube-scheduler's own cache
+// (pkg/scheduler/backend/cache) fed by the coordinator's informers, so what
+// these checks mean is exactly what kube-scheduler v1.36 says they mean.
+//
+// A cycle pays for it only when a pending pod uses one of these features, or
+// when a bound pod has a required anti-affinity that could reject any pod
+// (Needs): then Begin brings the framework's snapshot up to date, only the
+// nodes whose generation moved since the last cycle, as kube-scheduler does.
+// Check runs the PreFilter plugins for one pod; plugins with nothing to
+// check skip themselves, and a pod none of them checks costs nothing more.
+// The per-node Filter runs only for the nodes placement asks about
+// (PodCheck.Allows).
+//
+// Pods placed during a cycle are assumed into the snapshot (Assume), so the
+// next pod's spread and anti-affinity see them; End forgets them. Volumes are
+// reserved (PodCheck.Reserve: kube-scheduler's assume cache of PVs and PVCs)
+// when a pod is placed and bound (PodCheck.PreBind) before the pod, as
+// kube-scheduler's VolumeBinding does; Unreserve rolls a reservation back.
+package kubecheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/scheduler/apis/config"
+	"k8s.io/kubernetes/pkg/scheduler/apis/config/latest"
+	internalcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/names"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/nodevolumelimits"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
+)
+
+// FilterPlugins are the kube-scheduler plugins the coordinator runs, in
+// kube-scheduler's default order. Each also has a PreFilter; VolumeBinding
+// also reserves and pre-binds.
+var FilterPlugins = []string{
+	names.NodePorts,
+	names.VolumeRestrictions,
+	names.NodeVolumeLimits,
+	names.VolumeBinding,
+	names.VolumeZone,
+	names.PodTopologySpread,
+	names.InterPodAffinity,
+}
+
+// Options configure a Checker.
+type Options struct {
+	// Factory is the informer factory the plugins take their listers from
+	// (PVs, PVCs, StorageClasses, CSINodes, CSIDrivers,
+	// CSIStorageCapacities, VolumeAttachments, namespaces, and the pods and
+	// nodes VolumeBinding reads). Start it (again) after New: the plugins
+	// register their informers in it.
+	Factory informers.SharedInformerFactory
+	// Client writes volume bindings (VolumeBinding's PreBind).
+	Client kubernetes.Interface
+	// BindTimeout bounds PreBind's wait for the PV controller to finish a
+	// binding; 0 takes kube-scheduler's default (600 s).
+	BindTimeoutSeconds int64
+}
+
+// Checker runs kube-scheduler's filter plugins for the coordinator. The
+// event handlers (PodHandler, NodeHandler) may run on any goroutine; Begin,
+// Check, Assume, Forget and End on the cycle's goroutine only; a PodCheck's
+// Reserve, Unreserve and PreBind on any.
+type Checker struct {
+	fw    framework.Framework
+	cache internalcache.Cache
+	snap  *internalcache.Snapshot
+
+	// antiAffinity counts the bound pods with a required pod anti-affinity
+	// the cache holds: while there is one, any pod may be rejected by it.
+	antiAffinity atomic.Int64
+
+	mu      sync.Mutex // guards assumed (Assume may race nothing, but End and Forget share it)
+	assumed map[string]*corev1.Pod
+	began   bool
+}
+
+// New builds the framework with the plugins of FilterPlugins, configured
+// with kube-scheduler's defaults (PodTopologySpread without default
+// constraints: they only ever score), and kube-scheduler's cache.
+func New(ctx context.Context, opts Options) (*Checker, error) {
+	if opts.Factory == nil {
+		return nil, errors.New("kubecheck: an informer factory is required")
+	}
+	// The framework counts into kube-scheduler's metrics, which must be
+	// made first (once per process; they live in component-base's legacy
+	// registry, which the coordinator does not serve).
+	schedmetrics.Register()
+	cfg, err := latest.Default()
+	if err != nil {
+		return nil, fmt.Errorf("kube-scheduler's default configuration: %w", err)
+	}
+	if len(cfg.Profiles) == 0 {
+		return nil, errors.New("kube-scheduler's default configuration has no profile")
+	}
+	profile := cfg.Profiles[0]
+	profile.SchedulerName = "gpufrac-kubecheck"
+	for i := range profile.PluginConfig {
+		switch args := profile.PluginConfig[i].Args.(type) {
+		case *config.PodTopologySpreadArgs:
+			// System default constraints are ScheduleAnyway: they score and
+			// never filter, and would make the plugin watch Services,
+			// ReplicaSets, StatefulSets and ReplicationControllers.
+			args.DefaultingType = config.ListDefaulting
+			args.DefaultConstraints = nil
+		case *config.VolumeBindingArgs:
+			if opts.BindTimeoutSeconds > 0 {
+				args.BindTimeoutSeconds = opts.BindTimeoutSeconds
+			}
+		}
+	}
+	set := func(names ...string) config.PluginSet {
+		var ps config.PluginSet
+		for _, n := range names {
+			ps.Enabled = append(ps.Enabled, config.Plugin{Name: n})
+		}
+		return ps
+	}
+	profile.Plugins = &config.Plugins{
+		// The framework requires a queue sort and a bind plugin; neither runs.
+		QueueSort: set(names.PrioritySort),
+		PreFilter: set(FilterPlugins...),
+		Filter:    set(FilterPlugins...),
+		Reserve:   set(names.VolumeBinding),
+		PreBind:   set(names.VolumeBinding),
+		Bind:      set(names.DefaultBinder),
+	}
+	c := &Checker{
+		cache:   internalcache.New(ctx, nil, false),
+		snap:    internalcache.NewEmptySnapshot(),
+		assumed: map[string]*corev1.Pod{},
+	}
+	csiNodes := opts.Factory.Storage().V1().CSINodes().Lister()
+	fw, err := frameworkruntime.NewFramework(ctx, plugins.NewInTreeRegistry(), &profile,
+		frameworkruntime.WithClientSet(opts.Client),
+		frameworkruntime.WithInformerFactory(opts.Factory),
+		frameworkruntime.WithSnapshotSharedLister(c.snap),
+		frameworkruntime.WithSharedCSIManager(nodevolumelimits.NewCSIManager(csiNodes)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("kube-scheduler's framework: %w", err)
+	}
+	c.fw = fw
+	return c, nil
+}
+
+// Synced are the informers the plugins read, for the caller to wait on.
+func Synced(f informers.SharedInformerFactory) []toolscache.InformerSynced {
+	return []toolscache.InformerSynced{
+		f.Core().V1().PersistentVolumes().Informer().HasSynced,
+		f.Core().V1().PersistentVolumeClaims().Informer().HasSynced,
+		f.Storage().V1().StorageClasses().Informer().HasSynced,
+		f.Storage().V1().CSINodes().Informer().HasSynced,
+		f.Storage().V1().CSIDrivers().Informer().HasSynced,
+		f.Storage().V1().CSIStorageCapacities().Informer().HasSynced,
+		f.Storage().V1().VolumeAttachments().Informer().HasSynced,
+	}
+}
+
+// Needs tells whether one of the plugins may reject pod on some node: it
+// has host ports, volumes kube-scheduler checks, hard spread constraints
+// or a required inter-pod (anti-)affinity, or some bound pod has a
+// required anti-affinity. A pod that needs nothing is not checked.
+func (c *Checker) Needs(pod *corev1.Pod) bool {
+	return c.antiAffinity.Load() > 0 || PodNeeds(pod)
+}
+
+// PodNeeds is Needs without the cluster's anti-affinity: what the pod
+// itself asks that the plugins check.
+func PodNeeds(pod *corev1.Pod) bool {
+	for i := range pod.Spec.TopologySpreadConstraints {
+		if pod.Spec.TopologySpreadConstraints[i].WhenUnsatisfiable == corev1.DoNotSchedule {
+			return true
+		}
+	}
+	if a := pod.Spec.Affinity; a != nil {
+		if a.PodAffinity != nil && len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return true
+		}
+		if a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return true
+		}
+	}
+	for i := range pod.Spec.Volumes {
+		if CheckedVolume(&pod.Spec.Volumes[i]) {
+			return true
+		}
+	}
+	hostPort := func(cs []corev1.Container) bool {
+		for i := range cs {
+			for _, p := range cs[i].Ports {
+				if p.HostPort > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return hostPort(pod.Spec.Containers) || hostPort(pod.Spec.InitContainers)
+}
+
+// CheckedVolume tells whether kube-scheduler's volume plugins read v:
+// claims (persistent and ephemeral) and the volume sources that attach a
+// disk to the node. Config maps, secrets, projected and downward API
+// volumes, empty dirs and host paths place nothing.
+func CheckedVolume(v *corev1.Volume) bool {
+	s := &v.VolumeSource
+	return s.PersistentVolumeClaim != nil || s.Ephemeral != nil || s.CSI != nil ||
+		s.GCEPersistentDisk != nil || s.AWSElasticBlockStore != nil || s.RBD != nil ||
+		s.ISCSI != nil || s.AzureDisk != nil || s.Cinder != nil
+}
+
+// hasRequiredAntiAffinity tells whether pod has a required pod anti-affinity.
+func hasRequiredAntiAffinity(pod *corev1.Pod) bool {
+	a := pod.Spec.Affinity
+	return a != nil && a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0
+}
+
+// counted is what the cache is fed: pods bound to a node and not finished,
+// as kube-scheduler's own event handlers feed its cache.
+func counted(obj any) bool {
+	p, ok := obj.(*corev1.Pod)
+	return ok && p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// PodHandler feeds the cache from a pod informer.
+func (c *Checker) PodHandler(logger klog.Logger) toolscache.ResourceEventHandler {
+	return toolscache.FilteringResourceEventHandler{
+		FilterFunc: func(obj any) bool {
+			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			return counted(obj)
+		},
+		Handler: toolscache.ResourceEventHandlerFuncs{
+			AddFunc: func(obj any) {
+				p := obj.(*corev1.Pod)
+				if err := c.cache.AddPod(logger, p); err != nil {
+					logger.Error(err, "kubecheck: adding a pod to kube-scheduler's cache", "pod", klog.KObj(p))
+					return
+				}
+				if hasRequiredAntiAffinity(p) {
+					c.antiAffinity.Add(1)
+				}
+			},
+			UpdateFunc: func(oldObj, newObj any) {
+				o, n := oldObj.(*corev1.Pod), newObj.(*corev1.Pod)
+				if err := c.cache.UpdatePod(logger, o, n); err != nil {
+					logger.Error(err, "kubecheck: updating a pod in kube-scheduler's cache", "pod", klog.KObj(n))
+					return
+				}
+				if a, b := hasRequiredAntiAffinity(o), hasRequiredAntiAffinity(n); a != b {
+					if b {
+						c.antiAffinity.Add(1)
+					} else {
+						c.antiAffinity.Add(-1)
+					}
+				}
+			},
+			DeleteFunc: func(obj any) {
+				if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+					obj = d.Obj
+				}
+				p, ok := obj.(*corev1.Pod)
+				if !ok {
+					return
+				}
+				if err := c.cache.RemovePod(logger, p); err != nil {
+					logger.Error(err, "kubecheck: removing a pod from kube-scheduler's cache", "pod", klog.KObj(p))
+					return
+				}
+				if hasRequiredAntiAffinity(p) {
+					c.antiAffinity.Add(-1)
+				}
+			},
+		},
+	}
+}
+
+// NodeHandler feeds the cache from a node informer.
+func (c *Checker) NodeHandler(logger klog.Logger) toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if n, ok := obj.(*corev1.Node); ok {
+				c.cache.AddNode(logger, n)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if ok1 && ok2 {
+				c.cache.UpdateNode(logger, o, n)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if n, ok := obj.(*corev1.Node); ok {
+				if err := c.cache.RemoveNode(logger, n); err != nil {
+					logger.Error(err, "kubecheck: removing a node from kube-scheduler's cache", "node", klog.KObj(n))
+				}
+			}
+		},
+	}
+}
+
+// Begin starts a cycle's checks: the snapshot takes the nodes that changed
+// since the last one, and the pods being bound (placed in earlier cycles,
+// not yet shown bound by the informer; each with the node it goes to) are
+// assumed into it.
+func (c *Checker) Begin(logger klog.Logger, inFlight map[*corev1.Pod]string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetAllLocked(logger)
+	if err := c.cache.UpdateSnapshot(logger, c.snap); err != nil {
+		return fmt.Errorf("updating kube-scheduler's snapshot: %w", err)
+	}
+	c.began = true
+	for p, node := range inFlight {
+		if err := c.assumeLocked(p, node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Began tells whether Begin ran since the last End.
+func (c *Checker) Began() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.began
+}
+
+// End forgets the pods assumed in this cycle.
+func (c *Checker) End(logger klog.Logger) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetAllLocked(logger)
+	c.began = false
+}
+
+func (c *Checker) forgetAllLocked(logger klog.Logger) {
+	for key, p := range c.assumed {
+		if err := c.snap.ForgetPod(logger, p); err != nil {
+			logger.V(2).Info("kubecheck: forgetting an assumed pod", "pod", klog.KObj(p), "err", err)
+		}
+		delete(c.assumed, key)
+	}
+}
+
+// Assume puts pod on node in this cycle's snapshot: the checks of the pods
+// placed after it see it (spread, anti-affinity, ports, volumes in use).
+func (c *Checker) Assume(pod *corev1.Pod, node string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.assumeLocked(pod, node)
+}
+
+func (c *Checker) assumeLocked(pod *corev1.Pod, node string) error {
+	key := string(pod.UID)
+	if _, ok := c.assumed[key]; ok {
+		return nil
+	}
+	p := pod.DeepCopy()
+	p.Spec.NodeName = node
+	info, err := framework.NewPodInfo(p)
+	if err != nil {
+		return fmt.Errorf("kubecheck: reading pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if err := c.snap.AssumePod(info); err != nil {
+		return fmt.Errorf("kubecheck: assuming pod %s/%s on %s: %w", pod.Namespace, pod.Name, node, err)
+	}
+	c.assumed[key] = p
+	return nil
+}
+
+// Forget takes back an Assume (a gang member of a placement rolled back).
+func (c *Checker) Forget(logger klog.Logger, pod *corev1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := string(pod.UID)
+	p, ok := c.assumed[key]
+	if !ok {
+		return
+	}
+	delete(c.assumed, key)
+	if err := c.snap.ForgetPod(logger, p); err != nil {
+		logger.V(2).Info("kubecheck: forgetting an assumed pod", "pod", klog.KObj(p), "err", err)
+	}
+}
+
+// PodCheck is one pod's checks in one cycle, after its PreFilter.
+type PodCheck struct {
+	c     *Checker
+	pod   *corev1.Pod
+	state *framework.CycleState
+	// only: the nodes PreFilter narrowed the pod to (nil: all).
+	only sets.Set[string]
+	// narrowedBy: the plugins that narrowed it.
+	narrowedBy sets.Set[string]
+	// rejected: PreFilter found the pod unschedulable on every node, for
+	// these reasons.
+	rejected []string
+	memo     map[string][]string // node -> reasons it was rejected (nil: allowed)
+}
+
+// Check runs the PreFilter plugins for pod against the cycle's snapshot
+// (Begin must have run). It returns nil when no plugin has anything to check
+// for pod: every node is allowed. An error means a plugin failed (not a
+// rejection): the pod cannot be checked this cycle.
+func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error) {
+	state := framework.NewCycleState()
+	res, st, narrowedBy := c.fw.RunPreFilterPlugins(ctx, state, pod)
+	pc := &PodCheck{c: c, pod: pod, state: state, memo: map[string][]string{}}
+	switch {
+	case st.IsSuccess():
+	case st.IsRejected():
+		pc.rejected = st.Reasons()
+		if len(pc.rejected) == 0 {
+			pc.rejected = []string{fmt.Sprintf("rejected by %s", st.Plugin())}
+		}
+		return pc, nil
+	default:
+		return nil, fmt.Errorf("kube-scheduler's PreFilter for pod %s/%s: %w", pod.Namespace, pod.Name, st.AsError())
+	}
+	if !res.AllNodes() {
+		pc.only, pc.narrowedBy = res.NodeNames, narrowedBy
+		return pc, nil
+	}
+	if state.GetSkipFilterPlugins().Len() >= len(FilterPlugins) {
+		return nil, nil
+	}
+	return pc, nil
+}
+
+// Allows runs the Filter plugins for the pod on node. When the node is
+// rejected, reasons say why in kube-scheduler's words.
+func (pc *PodCheck) Allows(ctx context.Context, node string) (bool, []string) {
+	if pc == nil {
+		return true, nil
+	}
+	if pc.rejected != nil {
+		return false, pc.rejected
+	}
+	if r, ok := pc.memo[node]; ok {
+		return r == nil, r
+	}
+	r := pc.filter(ctx, node)
+	pc.memo[node] = r
+	return r == nil, r
+}
+
+func (pc *PodCheck) filter(ctx context.Context, node string) []string {
+	if pc.only != nil && !pc.only.Has(node) {
+		return []string{fmt.Sprintf("node(s) didn't satisfy plugin(s) %v", sets.List(pc.narrowedBy))}
+	}
+	info, err := pc.c.snap.NodeInfos().Get(node)
+	if err != nil || info.Node() == nil {
+		// A node the informer showed the coordinator before it reached
+		// kube-scheduler's cache: checked in the next cycle.
+		return []string{"node(s) were not yet known to the scheduler's cache"}
+	}
+	st := pc.c.fw.RunFilterPlugins(ctx, pc.state, pc.pod, info)
+	if st.IsSuccess() {
+		return nil
+	}
+	reasons := st.Reasons()
+	if len(reasons) == 0 {
+		reasons = []string{fmt.Sprintf("node(s) were rejected by %s", st.Plugin())}
+	}
+	return reasons
+}
+
+// Reserve reserves the pod's volumes on node (kube-scheduler's assume cache
+// of PVs and PVCs), so later pods' checks see them taken.
+func (pc *PodCheck) Reserve(ctx context.Context, node string) error {
+	if pc == nil {
+		return nil
+	}
+	if st := pc.c.fw.RunReservePluginsReserve(ctx, pc.state, pc.pod, node); !st.IsSuccess() {
+		return fmt.Errorf("reserving the volumes of pod %s/%s on %s: %w", pc.pod.Namespace, pc.pod.Name, node, st.AsError())
+	}
+	return nil
+}
+
+// Unreserve takes a Reserve back.
+func (pc *PodCheck) Unreserve(ctx context.Context, node string) {
+	if pc == nil {
+		return
+	}
+	pc.c.fw.RunReservePluginsUnreserve(ctx, pc.state, pc.pod, node)
+}
+
+// NeedsPreBind tells whether PreBind has volumes to bind (after Reserve).
+func (pc *PodCheck) NeedsPreBind(ctx context.Context, node string) bool {
+	if pc == nil {
+		return false
+	}
+	st := pc.c.fw.RunPreBindPreFlights(ctx, pc.state, pc.pod, node)
+	return st.IsSuccess()
+}
+
+// PreBind binds the pod's volumes reserved on node and waits until the PV
+// controller has finished: the pod is bound only after.
+func (pc *PodCheck) PreBind(ctx context.Context, node string) error {
+	if pc == nil {
+		return nil
+	}
+	if st := pc.c.fw.RunPreBindPlugins(ctx, pc.state, pc.pod, node); !st.IsSuccess() {
+		return fmt.Errorf("binding the volumes of pod %s/%s on %s: %w", pc.pod.Namespace, pc.pod.Name, node, st.AsError())
+	}
+	return nil
+}
+
+// Histogram renders reasons counted by node as kube-scheduler's FitError
+// does ("2 node(s) didn't match pod topology spread constraints, 1 ...").
+func Histogram(counts map[string]int) string {
+	parts := make([]string, 0, len(counts))
+	for r, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, r))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}

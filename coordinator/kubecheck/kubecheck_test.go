@@ -1,0 +1,99 @@
+package kubecheck
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+func node(name, zone string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		corev1.LabelHostname: name, corev1.LabelTopologyZone: zone}}}
+}
+
+func pod(name, nodeName string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(name), Labels: labels},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c"}}}}
+}
+
+func newChecker(t *testing.T, objs ...any) *Checker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	client := fake.NewClientset()
+	factory := informers.NewSharedInformerFactory(client, 0)
+	c, err := New(ctx, Options{Factory: factory, Client: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), Synced(factory)...) {
+		t.Fatal("not synced")
+	}
+	logger := klog.Background()
+	ph, nh := c.PodHandler(logger), c.NodeHandler(logger)
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *corev1.Node:
+			nh.OnAdd(o, false)
+		case *corev1.Pod:
+			ph.OnAdd(o, false)
+		}
+	}
+	_ = time.Second
+	return c
+}
+
+func TestSpreadAndAntiAffinity(t *testing.T) {
+	app := map[string]string{"app": "a"}
+	c := newChecker(t, node("n1", "z1"), node("n2", "z2"), pod("p1", "n1", app))
+	p := pod("new", "", app)
+	p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone,
+		WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: app}}}
+	if !c.Needs(p) {
+		t.Fatal("spread pod needs no check")
+	}
+	ctx := context.Background()
+	if err := c.Begin(klog.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := c.Check(ctx, p)
+	if err != nil || pc == nil {
+		t.Fatalf("check: %v %v", pc, err)
+	}
+	if ok, why := pc.Allows(ctx, "n1"); ok {
+		t.Errorf("n1 allowed: would skew zone z1")
+	} else {
+		t.Logf("n1: %v", why)
+	}
+	if ok, why := pc.Allows(ctx, "n2"); !ok {
+		t.Errorf("n2 rejected: %v", why)
+	}
+	// Assume a pod on n2: now both zones have one, either is fine.
+	if err := c.Assume(pod("p2", "", app), "n2"); err != nil {
+		t.Fatal(err)
+	}
+	pc, _ = c.Check(ctx, p)
+	if ok, why := pc.Allows(ctx, "n1"); !ok {
+		t.Errorf("n1 rejected after assume: %v", why)
+	}
+	c.End(klog.Background())
+	plain := pod("plain", "", nil)
+	if c.Needs(plain) {
+		t.Error("plain pod needs a check")
+	}
+	if err := c.Begin(klog.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if pc, err := c.Check(ctx, plain); pc != nil || err != nil {
+		t.Errorf("plain pod: %v %v", pc, err)
+	}
+}
