@@ -46,6 +46,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/consolidation"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
+	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
 	"github.com/gpufrac/gpufrac/coordinator/kueue"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/pricing"
@@ -129,6 +130,12 @@ type Config struct {
 	// the queues whose quota Kueue keeps; the chart grants the right with
 	// it (kueue.enabled).
 	Kueue bool
+	// KubeChecks runs kube-scheduler's filter plugins (volumes, topology
+	// spread, inter-pod affinity, host ports) for the pods that use them,
+	// and binds their volumes before them (coordinator/kubecheck). The chart
+	// grants the reads of PVs, PVCs, StorageClasses and CSI objects and the
+	// volume binding writes it needs.
+	KubeChecks bool
 	// Version is reported in gpufrac_build_info.
 	Version string
 	// Faults pauses the coordinator at a fault point: set only by binaries
@@ -487,6 +494,20 @@ func (a *App) lead(ctx context.Context) error {
 		// Deletions decided under the lease end before it is released.
 		defer rm.Wait()
 	}
+	var kube *kubecheck.Checker
+	if a.cfg.KubeChecks {
+		// Before Start: its plugins register their informers (PVs, PVCs,
+		// StorageClasses, CSI objects) in the factory.
+		if kube, err = kubecheck.New(ctx, kubecheck.Options{Factory: factory, Client: a.client}); err != nil {
+			return err
+		}
+		if _, err := podInf.Informer().AddEventHandler(kube.PodHandler(logger)); err != nil {
+			return fmt.Errorf("feeding kube-scheduler's cache pods: %w", err)
+		}
+		if _, err := nodeInf.Informer().AddEventHandler(kube.NodeHandler(logger)); err != nil {
+			return fmt.Errorf("feeding kube-scheduler's cache nodes: %w", err)
+		}
+	}
 	sched, err := scheduler.New(a.cfg.Scheduler, scheduler.Deps{
 		Pods:       podInf.Lister(),
 		Nodes:      nodeInf.Lister(),
@@ -548,6 +569,7 @@ func (a *App) lead(ctx context.Context) error {
 		Faults:   a.cfg.Faults,
 		Registry: a.reg,
 		DRA:      draDeps,
+		Kube:     kube,
 	})
 	if err != nil {
 		return err
@@ -600,6 +622,15 @@ func (a *App) lead(ctx context.Context) error {
 		}
 	}
 	synced := []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced}
+	if kube != nil {
+		synced = append(synced, kubecheck.Synced(factory)...)
+		if _, err := factory.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(wake); err != nil {
+			return fmt.Errorf("watching claims: %w", err)
+		}
+		if _, err := factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(wake); err != nil {
+			return fmt.Errorf("watching volumes: %w", err)
+		}
+	}
 	var consolidator *consolidation.Controller
 	if a.cfg.Consolidation {
 		pdbInf := factory.Policy().V1().PodDisruptionBudgets()

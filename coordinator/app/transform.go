@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
 )
 
 // trimObject is the informers' transform: it drops what the coordinator
@@ -78,7 +80,9 @@ func changedBeyondVersion[T any, P interface {
 }
 
 // trimPod drops what the coordinator never reads of a pod. Kept: metadata;
-// of the spec everything but volumes, the pod's security context, DNS
+// of the spec everything but the volumes kube-scheduler's plugins never read
+// (kubecheck.CheckedVolume: config maps, secrets, projected and downward API
+// volumes, empty dirs, host paths), the pod's security context, DNS
 // config, host aliases, image pull secrets, readiness gates and what runs
 // each container; of each container its name, resources, restart policy
 // (sidecars), env names (a container that sets NVIDIA_VISIBLE_DEVICES is
@@ -90,7 +94,7 @@ func changedBeyondVersion[T any, P interface {
 // placeholder, consolidation, reservation and dra (node name, phase,
 // the PodScheduled condition, claim statuses, gates, owner references).
 func trimPod(p *corev1.Pod) {
-	p.Spec.Volumes = nil
+	p.Spec.Volumes = checkedVolumes(p.Spec.Volumes)
 	p.Spec.SecurityContext, p.Spec.DNSConfig, p.Spec.HostAliases = nil, nil, nil
 	p.Spec.ImagePullSecrets, p.Spec.ReadinessGates = nil, nil
 	for i := range p.Spec.InitContainers {
@@ -112,6 +116,30 @@ func trimPod(p *corev1.Pod) {
 	p.Status.HostIPs, p.Status.HostIP = nil, ""
 	p.Status.StartTime = nil
 	p.Status.Conditions = scheduledOnly(p.Status.Conditions)
+}
+
+// checkedVolumes keeps the volumes kube-scheduler's volume plugins read
+// (claims and attached disks), nil when there are none.
+func checkedVolumes(vs []corev1.Volume) []corev1.Volume {
+	n := 0
+	for i := range vs {
+		if kubecheck.CheckedVolume(&vs[i]) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(vs):
+		return vs
+	}
+	out := make([]corev1.Volume, 0, n)
+	for i := range vs {
+		if kubecheck.CheckedVolume(&vs[i]) {
+			out = append(out, vs[i])
+		}
+	}
+	return out
 }
 
 // scheduledOnly keeps a pod's PodScheduled condition, the one the

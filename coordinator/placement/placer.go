@@ -135,16 +135,38 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		elig = s.withScalars(elig, q.scal)
 	}
 	if elig != nil && !elig.any {
-		return Decision{}, p.explain(s, &q, elig)
+		return Decision{}, p.explain(s, &q, elig, nil)
 	}
 	p.prepare(s)
+	var filtered map[int][]string // node -> the Filter's reasons against it
+	allowed := func(i int) bool {
+		if r.Filter == nil {
+			return true
+		}
+		if why, seen := filtered[i]; seen {
+			return why == nil
+		}
+		ok, why := r.Filter.Allows(s.nodes[i].meta.Name)
+		if filtered == nil {
+			filtered = map[int][]string{}
+		}
+		if ok {
+			filtered[i] = nil
+		} else {
+			if len(why) == 0 {
+				why = []string{"node(s) " + ReasonFilter.describe()}
+			}
+			filtered[i] = why
+		}
+		return ok
+	}
 
 	best, bestGPU := -1, -1
 	bestScore := math.Inf(-1)
 	if _, random := p.policy.(randomPolicy); random {
 		seen := 0
 		for i := range s.nodes {
-			if elig.ok(i) && s.fits(i, &q) {
+			if elig.ok(i) && s.fits(i, &q) && allowed(i) {
 				seen++
 				if p.rng.IntN(seen) == 0 {
 					best = i
@@ -177,13 +199,13 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 			if ch != nil {
 				sc -= ch.at(s, i, &q, g)
 			}
-			if sc > bestScore {
+			if sc > bestScore && allowed(i) {
 				best, bestGPU, bestScore = i, g, sc
 			}
 		}
 	}
 	if best < 0 {
-		return Decision{}, p.explain(s, &q, elig)
+		return Decision{}, p.explain(s, &q, elig, filtered)
 	}
 	return s.decision(best, bestGPU, bestScore, &q), nil
 }
@@ -306,9 +328,10 @@ func (p *Placer) randomGPU(s *Snapshot, i int, q *req) int {
 	return pick
 }
 
-// explain builds the error for a request no node can host. It is off the
-// hot path: it runs only when nothing fits.
-func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
+// explain builds the error for a request no node can host, with the reasons
+// the request's Filter gave against the nodes that passed every other check
+// (filtered). It is off the hot path: it runs only when nothing fits.
+func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility, filtered map[int][]string) error {
 	e := &UnschedulableError{Nodes: len(s.nodes), Counts: map[Reason]int{}}
 	lacking := map[string]int{} // scalar resource -> nodes it rejected
 	for i := range s.nodes {
@@ -332,6 +355,14 @@ func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility) error {
 			why = ReasonCPU
 		case st.memFree < q.mem:
 			why = ReasonMemory
+		case filtered[i] != nil:
+			why = ReasonFilter
+			if e.Filtered == nil {
+				e.Filtered = map[string]int{}
+			}
+			for _, r := range filtered[i] {
+				e.Filtered[r]++
+			}
 		default:
 			continue // fits; cannot happen when called after a failed search
 		}

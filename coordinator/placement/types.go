@@ -141,6 +141,21 @@ type Request struct {
 	Models []string
 	// Constraints restrict the nodes further (nil: none).
 	Constraints *Constraints
+	// Filter, when set, is the caller's further check of single nodes (the
+	// coordinator runs kube-scheduler's filter plugins through it: volumes,
+	// topology spread, inter-pod affinity, host ports). Place asks it only
+	// about nodes that pass every other check and would be chosen, best
+	// first, so a filter that allows the best node costs one call. It must
+	// answer the same for a node every time within one Place.
+	Filter NodeFilter
+}
+
+// NodeFilter is a further check of single nodes (Request.Filter).
+type NodeFilter interface {
+	// Allows tells whether the named node may take the request; when not,
+	// reasons say why, in words that count by node as kube-scheduler's
+	// ("node(s) didn't match pod topology spread constraints").
+	Allows(node string) (ok bool, reasons []string)
 }
 
 // GPUMilli is the request's total GPU demand in milli-GPU.
@@ -213,11 +228,14 @@ const (
 	ReasonScalar      Reason = "Scalar"
 	ReasonCPU         Reason = "CPU"
 	ReasonMemory      Reason = "Memory"
+	// ReasonFilter: the request's Filter rejected the node
+	// (UnschedulableError.Filtered says why).
+	ReasonFilter Reason = "Filter"
 )
 
 // reasonOrder is the check order, also the order of Error's message parts.
-func reasonOrder() [6]Reason {
-	return [6]Reason{ReasonConstraints, ReasonModel, ReasonGPU, ReasonScalar, ReasonCPU, ReasonMemory}
+func reasonOrder() [7]Reason {
+	return [7]Reason{ReasonConstraints, ReasonModel, ReasonGPU, ReasonScalar, ReasonCPU, ReasonMemory, ReasonFilter}
 }
 
 func (r Reason) describe() string {
@@ -234,6 +252,8 @@ func (r Reason) describe() string {
 		return "had insufficient CPU"
 	case ReasonMemory:
 		return "had insufficient memory"
+	case ReasonFilter:
+		return "were rejected by the request's filter"
 	}
 	return string(r)
 }
@@ -256,6 +276,10 @@ type UnschedulableError struct {
 	// most nodes under ReasonScalar, the first by name on a tie; "" when no
 	// node was rejected for one.
 	Resource string
+	// Filtered counts the nodes under ReasonFilter by the reasons the
+	// filter gave (a node with two reasons counts under both, as in
+	// kube-scheduler's message).
+	Filtered map[string]int
 }
 
 // Error reads like the kube-scheduler's message, for pod conditions.
@@ -264,6 +288,13 @@ func (e *UnschedulableError) Error() string {
 	fmt.Fprintf(&b, "0/%d nodes are available", e.Nodes)
 	sep := ": "
 	for _, r := range reasonOrder() {
+		if n := e.Counts[r]; n > 0 && r == ReasonFilter && len(e.Filtered) > 0 {
+			for _, part := range histogram(e.Filtered) {
+				fmt.Fprintf(&b, "%s%s", sep, part)
+				sep = ", "
+			}
+			continue
+		}
 		if n := e.Counts[r]; n > 0 {
 			what := r.describe()
 			if r == ReasonScalar && e.Resource != "" {
@@ -278,3 +309,14 @@ func (e *UnschedulableError) Error() string {
 
 // Is makes errors.Is(err, ErrUnschedulable) true.
 func (e *UnschedulableError) Is(target error) bool { return target == ErrUnschedulable }
+
+// histogram renders reasons counted by node, sorted, as kube-scheduler's
+// FitError does ("2 node(s) didn't match pod topology spread constraints").
+func histogram(counts map[string]int) []string {
+	parts := make([]string, 0, len(counts))
+	for r, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, r))
+	}
+	sort.Strings(parts)
+	return parts
+}

@@ -66,6 +66,7 @@ type cycle struct {
 	full      bool                   // the bind queue has no room for the next workload
 	budget    *placeBudget
 	hinted    bool // some placeholder group has landed nodes or nominated NodeClaims
+	kube      *kubeChecks // kube-scheduler's filter plugins, begun on the first pod that needs them
 }
 
 // Cycle runs one scheduling cycle, phase by phase: snapshot (read the world),
@@ -90,6 +91,7 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 		if c.parsing {
 			s.sweepParses()
 		}
+		c.kube.end()
 	}()
 	if err := c.snapshot(); err != nil {
 		return c, err
@@ -316,6 +318,7 @@ func (c *cycle) placeWorkloads() {
 	c.withdrawn = map[types.UID]bool{}
 	c.reclaimIn = newReclaimScope(c.inputs, c.start)
 	c.budget = s.placeBudget()
+	c.kube = s.newKubeChecks(c)
 	s.mu.Lock()
 	c.hinted = len(s.preferred) > 0 || len(s.nominatedClaims) > 0
 	s.mu.Unlock()
@@ -387,9 +390,16 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		c.liveGroups[placeholder.GroupOf(items[0])] = true
 	}
 	decisions := s.keepPlans(c.snap, w)
+	if decisions != nil {
+		// Its nodes still pass kube-scheduler's checks, or it is placed again.
+		if moved, err := c.kube.keep(w, decisions); err != nil || moved != "" {
+			c.logger.V(2).Info("Plan dropped: kube-scheduler's checks", "workload", w.key, "why", moved, "err", err)
+			decisions = nil
+		}
+	}
 	var placeErr error
 	if decisions == nil {
-		decisions, placeErr = s.placePreferring(c.snap, w, s.preferredNodes(items))
+		decisions, placeErr = s.placePreferring(c.snap, w, s.preferredNodes(items), c.kube)
 	}
 	if placeErr != nil {
 		return c.noRoom(w, verdict, items, placeErr)
@@ -423,11 +433,16 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
 		return counted(ReasonWaitingToBind)
 	}
+	volumes, volErr := c.kube.reserve(w, decisions)
+	if volErr != nil {
+		return wait(binder.ReasonNoCapacity, "volumes could not be reserved on the node placement chose: "+volErr.Error())
+	}
 	claims, allocErr := s.allocateClaims(c.ctx, w, decisions, c.snap.DRANodes)
 	if allocErr != nil {
+		volumes.unreserveAll(c.ctx)
 		return wait(binder.ReasonNoCapacity, "resource claims do not fit the node placement chose: "+allocErr.Error())
 	}
-	s.bind(c.ctx, w, decisions, c.snap, claims)
+	s.bind(c.ctx, w, decisions, c.snap, claims, volumes)
 	c.res.Bound += len(w.pods)
 	c.budget.placed()
 	return outcome{bound: true}

@@ -160,7 +160,7 @@ func (s *Scheduler) fits(snap *state.Snapshot, w *workload) bool {
 		return false
 	}
 	cp := snap.Checkpoint()
-	_, err := s.place(snap, w)
+	_, err := s.place(snap, w, nil)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
 		return false
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
+	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
 	"github.com/gpufrac/gpufrac/coordinator/kueue"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
@@ -186,6 +187,10 @@ type Deps struct {
 	// DRA reads slices and claims and writes allocations, for nodes in
 	// mode dra; nil: the coordinator allocates no claims.
 	DRA *DRADeps
+	// Kube runs kube-scheduler's filter plugins (volumes, topology spread,
+	// inter-pod affinity, host ports) for the pods that need them, and
+	// binds their volumes before them; nil checks none of it.
+	Kube *kubecheck.Checker
 }
 
 // Scheduler runs scheduling cycles. Wake, OnPod and OnPodDelete are safe
@@ -300,6 +305,9 @@ type bindTask struct {
 	workload    string // the pod's workload (its gang, or itself)
 	// claims are written before the binding (pods on nodes in mode dra).
 	claims []dra.Planned
+	// volumes binds the volumes of the pod's workload before the binding
+	// (nil: none to bind).
+	volumes *volumeGate
 }
 
 // New returns a scheduler.
@@ -518,8 +526,8 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 	s.unsay(t.pod)
 	s.fault(ctx, FaultBind)
 	start := s.clock.Now()
-	var err error
-	if len(t.claims) > 0 {
+	err := t.volumes.pass(ctx)
+	if len(t.claims) > 0 && err == nil {
 		// Claims first, as kube-scheduler does: the kubelet prepares them
 		// once the pod is bound.
 		if err = s.writeClaims(ctx, t.pod, t.claims); err != nil {
@@ -550,6 +558,9 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 	}
 	if err != nil {
 		unknown := errors.Is(err, binder.ErrBindingUnknown)
+		if !unknown {
+			t.volumes.unreserve(ctx, t.pod.UID)
+		}
 		if unknown {
 			klog.FromContext(ctx).Error(err, "Binding outcome unknown; the pod stays assumed until the informer shows it", "pod", klog.KObj(t.pod), "node", t.node, "hold", bindUnknownHold)
 		} else {
@@ -899,7 +910,7 @@ func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 // placePreferring places w on the preferred nodes (where its placeholders
 // landed) when it fits there whole, else anywhere: a preference, never a
 // requirement.
-func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer map[string]bool) ([]placement.Decision, error) {
+func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer map[string]bool, kc *kubeChecks) ([]placement.Decision, error) {
 	if len(prefer) > 0 {
 		pinned := *w
 		pinned.pods = make([]podInfo, len(w.pods))
@@ -907,17 +918,18 @@ func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer ma
 			p.req = *withOnlyNodes(&p.req, prefer)
 			pinned.pods[i] = p
 		}
-		if ds, err := s.place(snap, &pinned); err == nil {
+		if ds, err := s.place(snap, &pinned, kc); err == nil {
 			return ds, nil
 		}
 	}
-	return s.place(snap, w)
+	return s.place(snap, w, kc)
 }
 
 // place puts every pending pod of w on snap, all or nothing. A gang stays in
 // one node pool: the pool of its members already bound, else the first pool
-// (by name) where it fits whole.
-func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decision, error) {
+// (by name) where it fits whole. With kc, each pod also passes
+// kube-scheduler's filter plugins, and is assumed into their snapshot.
+func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]placement.Decision, error) {
 	pools := []string{""}
 	if w.gang {
 		pools = w.candidatePools(snap)
@@ -925,13 +937,15 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decisi
 	var lastErr error
 	for _, pool := range pools {
 		cp := snap.Checkpoint()
-		ds, err := s.placeAll(snap, w, pool)
+		m := kc.mark()
+		ds, err := s.placeAll(snap, w, pool, kc)
 		if err == nil {
 			if err := snap.Commit(cp); err != nil {
 				return nil, err
 			}
 			return ds, nil
 		}
+		kc.rollback(m)
 		if rbErr := snap.Rollback(cp); rbErr != nil {
 			return nil, rbErr
 		}
@@ -943,12 +957,19 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload) ([]placement.Decisi
 	return nil, lastErr
 }
 
-func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]placement.Decision, error) {
+func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc *kubeChecks) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
 		r := w.pods[i].req
 		if w.gang {
 			r = placement.InPool(r, pool)
+		}
+		pc, err := kc.check(w.pods[i].pod)
+		if err != nil {
+			return nil, fmt.Errorf("checking pod %s as kube-scheduler does: %w", w.pods[i].pod.Name, err)
+		}
+		if pc != nil {
+			r.Filter = podFilter{ctx: kc.ctx, pc: pc}
 		}
 		d, err := s.placeOne(snap, &r)
 		if err != nil {
@@ -960,6 +981,7 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string) ([]
 		if err := snap.Assume(&r, d); err != nil {
 			return nil, err
 		}
+		kc.placed(w.pods[i].pod, d.Node, pc)
 		ds = append(ds, d)
 	}
 	return ds, nil
@@ -991,7 +1013,7 @@ func inPool(pool string) string {
 
 // bind records the assumption and queues the bindings (each with the claims
 // to write before it, by pod index).
-func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot, claims map[int][]dra.Planned) {
+func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decision, snap *state.Snapshot, claims map[int][]dra.Planned, volumes *volumeGate) {
 	now := s.clock.Now()
 	s.mu.Lock()
 	for i, d := range ds {
@@ -1027,7 +1049,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
 		gang := w.id()
 		select {
-		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key, claims: claims[i]}:
+		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key, claims: claims[i], volumes: volumes}:
 		case <-ctx.Done():
 			// Run is ending and its bind workers with it: forget what was not sent.
 			s.mu.Lock()

@@ -1,0 +1,263 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+)
+
+// kubeChecks is one cycle's use of kube-scheduler's filter plugins
+// (Deps.Kube, coordinator/kubecheck): begun on the first pod that needs
+// them, so a cycle with no such pod pays nothing. Every pod placed after it
+// began is assumed into its snapshot (a pod without spread constraints may
+// still count in another's), and taken back when its workload's placement
+// is rolled back. A nil *kubeChecks checks nothing.
+type kubeChecks struct {
+	k      *kubecheck.Checker
+	ctx    context.Context
+	logger klog.Logger
+	// inFlight gives the pods placed in earlier cycles (or earlier in this
+	// one) and not yet shown bound, with their nodes, at Begin.
+	inFlight func() map[*corev1.Pod]string
+	began    bool
+	err      error // Begin failed: pods that need checks wait
+	// placedPods are the pods assumed, in order (see mark, rollback).
+	placedPods []*corev1.Pod
+	// checks are the checks of the pods placed, kept for Reserve.
+	checks map[types.UID]*kubecheck.PodCheck
+}
+
+func (s *Scheduler) newKubeChecks(c *cycle) *kubeChecks {
+	if s.deps.Kube == nil {
+		return nil
+	}
+	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, checks: map[types.UID]*kubecheck.PodCheck{},
+		inFlight: func() map[*corev1.Pod]string { return c.inFlight() }}
+}
+
+// inFlight are the cycle's pods that are placed and not shown bound: being
+// bound (assumed) or planned, in earlier cycles or this one.
+func (c *cycle) inFlight() map[*corev1.Pod]string {
+	s := c.s
+	s.mu.Lock()
+	assumed := make(map[types.UID]string, len(s.assumed))
+	for uid, a := range s.assumed {
+		assumed[uid] = a.Node
+	}
+	s.mu.Unlock()
+	out := map[*corev1.Pod]string{}
+	for _, p := range c.pods {
+		if p.Spec.NodeName != "" {
+			continue
+		}
+		if node, ok := assumed[p.UID]; ok && node != "" {
+			out[p] = node
+		} else if pl, ok := c.plans[p.UID]; ok {
+			out[p] = pl.Node
+		}
+	}
+	return out
+}
+
+// check returns pod's checks, nil when it needs none.
+func (k *kubeChecks) check(pod *corev1.Pod) (*kubecheck.PodCheck, error) {
+	if k == nil || !k.k.Needs(pod) {
+		return nil, nil
+	}
+	if !k.began {
+		k.began = true
+		k.err = k.k.Begin(k.logger, k.inFlight())
+	}
+	if k.err != nil {
+		return nil, k.err
+	}
+	return k.k.Check(k.ctx, pod)
+}
+
+// placed assumes pod on node in the checks' snapshot (once begun) and keeps
+// its checks.
+func (k *kubeChecks) placed(pod *corev1.Pod, node string, pc *kubecheck.PodCheck) {
+	if k == nil {
+		return
+	}
+	if pc != nil {
+		k.checks[pod.UID] = pc
+	}
+	if !k.began || k.err != nil {
+		return
+	}
+	if err := k.k.Assume(pod, node); err != nil {
+		k.logger.Error(err, "kube-scheduler's checks: assuming a placed pod", "pod", klog.KObj(pod), "node", node)
+		return
+	}
+	k.placedPods = append(k.placedPods, pod)
+}
+
+// mark is where a workload's placement attempt begins, for rollback.
+func (k *kubeChecks) mark() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.placedPods)
+}
+
+// rollback forgets the pods placed since m.
+func (k *kubeChecks) rollback(m int) {
+	if k == nil {
+		return
+	}
+	for _, p := range k.placedPods[m:] {
+		k.k.Forget(k.logger, p)
+		delete(k.checks, p.UID)
+	}
+	k.placedPods = k.placedPods[:m]
+}
+
+// end forgets what the cycle assumed.
+func (k *kubeChecks) end() {
+	if k == nil || !k.began {
+		return
+	}
+	k.k.End(k.logger)
+}
+
+// keep checks the pods of w placed in an earlier cycle (its kept plans) on
+// their nodes, and assumes them. It returns the reasons of the first pod
+// whose node no longer passes, "" when every one does.
+func (k *kubeChecks) keep(w *workload, ds []placement.Decision) (string, error) {
+	if k == nil {
+		return "", nil
+	}
+	m := k.mark()
+	for i, d := range ds {
+		p := w.pods[i].pod
+		pc, err := k.check(p)
+		if err != nil {
+			k.rollback(m)
+			return "", err
+		}
+		if ok, why := pc.Allows(k.ctx, d.Node); !ok {
+			k.rollback(m)
+			return fmt.Sprintf("pod %s no longer fits node %s: %v", p.Name, d.Node, why), nil
+		}
+		k.placed(p, d.Node, pc)
+	}
+	return "", nil
+}
+
+// reserve reserves the volumes of w's pods on their nodes (kube-scheduler's
+// VolumeBinding Reserve), all or nothing, and returns the gate their
+// bindings pass (nil when none has volumes to bind).
+func (k *kubeChecks) reserve(w *workload, ds []placement.Decision) (*volumeGate, error) {
+	if k == nil {
+		return nil, nil
+	}
+	var done []int
+	for i, d := range ds {
+		pc := k.checks[w.pods[i].pod.UID]
+		if pc == nil {
+			continue
+		}
+		if err := pc.Reserve(k.ctx, d.Node); err != nil {
+			for _, j := range done {
+				k.checks[w.pods[j].pod.UID].Unreserve(k.ctx, ds[j].Node)
+			}
+			return nil, err
+		}
+		done = append(done, i)
+	}
+	var g *volumeGate
+	for _, i := range done {
+		pc, node := k.checks[w.pods[i].pod.UID], ds[i].Node
+		if g == nil {
+			g = &volumeGate{}
+		}
+		g.pods = append(g.pods, gatedPod{uid: w.pods[i].pod.UID, check: pc, node: node, preBind: pc.NeedsPreBind(k.ctx, node)})
+	}
+	return g, nil
+}
+
+// volumeGate binds the volumes of one workload's pods before any of them is
+// bound: the first binding of the workload to reach it runs every pod's
+// PreBind (kube-scheduler's VolumeBinding: write the PV and PVC bindings,
+// wait for the PV controller), the others wait for it; when one fails, the
+// reservations are all taken back and every pod of the workload goes back
+// to pending. A gang's volumes are thus bound only once all its pods are
+// placed, and before any of them runs.
+type volumeGate struct {
+	once sync.Once
+	err  error
+	pods []gatedPod
+}
+
+type gatedPod struct {
+	uid     types.UID
+	check   *kubecheck.PodCheck
+	node    string
+	preBind bool
+}
+
+// pass runs the gate once and returns its outcome.
+func (g *volumeGate) pass(ctx context.Context) error {
+	if g == nil {
+		return nil
+	}
+	g.once.Do(func() {
+		var errs []error
+		for _, p := range g.pods {
+			if !p.preBind {
+				continue
+			}
+			if err := p.check.PreBind(ctx, p.node); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+		if g.err = errors.Join(errs...); g.err != nil {
+			for _, p := range g.pods {
+				p.check.Unreserve(ctx, p.node)
+			}
+		}
+	})
+	return g.err
+}
+
+// unreserveAll takes back every reservation of the gate before any
+// binding was sent.
+func (g *volumeGate) unreserveAll(ctx context.Context) {
+	if g == nil {
+		return
+	}
+	for _, p := range g.pods {
+		p.check.Unreserve(ctx, p.node)
+	}
+}
+
+// unreserve takes back the reservation of one pod whose binding failed
+// after the gate passed.
+func (g *volumeGate) unreserve(ctx context.Context, uid types.UID) {
+	if g == nil || g.err != nil {
+		return // nothing passed, or all were taken back already
+	}
+	for _, p := range g.pods {
+		if p.uid == uid {
+			p.check.Unreserve(ctx, p.node)
+		}
+	}
+}
+
+// podFilter is a pod's checks as placement's node filter.
+type podFilter struct {
+	ctx context.Context
+	pc  *kubecheck.PodCheck
+}
+
+func (f podFilter) Allows(node string) (bool, []string) { return f.pc.Allows(f.ctx, node) }
