@@ -65,7 +65,7 @@ type cycle struct {
 	reclaimIn *reclaimScope          // what reclaim reads, built once for the cycle
 	full      bool                   // the bind queue has no room for the next workload
 	budget    *placeBudget
-	hinted    bool // some placeholder group has landed nodes or nominated NodeClaims
+	hinted    bool        // some placeholder group has landed nodes or nominated NodeClaims
 	kube      *kubeChecks // kube-scheduler's filter plugins, begun on the first pod that needs them
 }
 
