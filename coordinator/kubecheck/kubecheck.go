@@ -37,6 +37,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config"
@@ -90,6 +92,10 @@ type Checker struct {
 	// antiAffinity counts the bound pods with a required pod anti-affinity
 	// the cache holds: while there is one, any pod may be rejected by it.
 	antiAffinity atomic.Int64
+
+	pvs     corelisters.PersistentVolumeLister
+	pvcs    corelisters.PersistentVolumeClaimLister
+	classes storagelisters.StorageClassLister
 
 	mu      sync.Mutex // guards assumed (Assume may race nothing, but End and Forget share it)
 	assumed map[string]*corev1.Pod
@@ -147,6 +153,9 @@ func New(ctx context.Context, opts Options) (*Checker, error) {
 		Bind:      set(names.DefaultBinder),
 	}
 	c := &Checker{
+		pvs:     opts.Factory.Core().V1().PersistentVolumes().Lister(),
+		pvcs:    opts.Factory.Core().V1().PersistentVolumeClaims().Lister(),
+		classes: opts.Factory.Storage().V1().StorageClasses().Lister(),
 		cache:   internalcache.New(ctx, nil, false),
 		snap:    internalcache.NewEmptySnapshot(),
 		assumed: map[string]*corev1.Pod{},

@@ -2,6 +2,7 @@ package kubecheck
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -95,5 +96,60 @@ func TestSpreadAndAntiAffinity(t *testing.T) {
 	}
 	if pc, err := c.Check(ctx, plain); pc != nil || err != nil {
 		t.Errorf("plain pod: %v %v", pc, err)
+	}
+}
+
+func TestTopologyForPlaceholders(t *testing.T) {
+	app := map[string]string{"app": "a"}
+	c := newChecker(t, node("n1", "z1"), node("n2", "z1"), node("n3", "z2"),
+		pod("p1", "n1", app), pod("p2", "n2", app), pod("other", "n3", map[string]string{"app": "b"}))
+	if err := c.Begin(klog.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	defer c.End(klog.Background())
+	sel := &metav1.LabelSelector{MatchLabels: app}
+	cases := []struct {
+		name string
+		edit func(p *corev1.Pod)
+		want string
+	}{
+		{"nothing", func(*corev1.Pod) {}, ""},
+		{"zone spread, skew 1: z1 holds 2, z2 none", func(p *corev1.Pod) {
+			p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone,
+				WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: sel}}
+		}, "topology.kubernetes.io/zone NotIn [z1]"},
+		{"zone spread, skew 3 allows both", func(p *corev1.Pod) {
+			p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 3, TopologyKey: corev1.LabelTopologyZone,
+				WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: sel}}
+		}, ""},
+		{"hostname spread never restricts a new node", func(p *corev1.Pod) {
+			p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
+				WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: sel}}
+		}, ""},
+		{"zone anti-affinity", func(p *corev1.Pod) {
+			p.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{
+				{LabelSelector: sel, TopologyKey: corev1.LabelTopologyZone}}}}
+		}, "topology.kubernetes.io/zone NotIn [z1]"},
+		{"zone affinity", func(p *corev1.Pod) {
+			p.Spec.Affinity = &corev1.Affinity{PodAffinity: &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{
+				{LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "b"}}, TopologyKey: corev1.LabelTopologyZone}}}}
+		}, "topology.kubernetes.io/zone In [z2]"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pod("new", "", app)
+			tc.edit(p)
+			got := ""
+			for _, ns := range c.Topology(p) {
+				for _, term := range ns.NodeSelectorTerms {
+					for _, e := range term.MatchExpressions {
+						got += fmt.Sprintf("%s %s %v", e.Key, e.Operator, e.Values)
+					}
+				}
+			}
+			if got != tc.want {
+				t.Errorf("topology %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

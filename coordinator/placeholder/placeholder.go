@@ -126,6 +126,12 @@ type Item struct {
 	// initialized). Karpenter must run with --ignore-dra-requests=false and
 	// know the devices of the instance types (ResourceSliceTemplates).
 	DRA bool
+	// Topology is where a node must be for the pod to run on it beyond its
+	// own node affinity (kubecheck.Checker.Topology: its volumes' zones,
+	// the domains its spread constraints and pod (anti-)affinity allow):
+	// selectors that all must match, ANDed into the placeholder's required
+	// node affinity.
+	Topology []corev1.NodeSelector
 }
 
 // Plan turns the demand of admitted, unplaceable pods into placeholder pods.
@@ -335,7 +341,11 @@ func groupKey(it Item) string {
 	sort.Strings(tol)
 	models := append([]string(nil), it.Models...)
 	sort.Strings(models)
-	return fmt.Sprintf("%s|%s|sel=%v|aff=%s|tol=%v|models=%v|pool=%s", kind, p.Namespace, sel, aff, tol, models, it.Pool)
+	key := fmt.Sprintf("%s|%s|sel=%v|aff=%s|tol=%v|models=%v|pool=%s", kind, p.Namespace, sel, aff, tol, models, it.Pool)
+	for i := range it.Topology {
+		key += "|topo=" + it.Topology[i].String()
+	}
+	return key
 }
 
 // scalarKind is the group kind of MIG devices ("mig") or replicas
@@ -364,6 +374,28 @@ func requiredAffinity(p *corev1.Pod) *corev1.NodeSelector {
 	return p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 }
 
+// and is the node selector matching both a and b: the cross product of
+// their terms, each the union of the two. An empty selector requires nothing.
+func and(a, b *corev1.NodeSelector) *corev1.NodeSelector {
+	switch {
+	case len(a.NodeSelectorTerms) == 0:
+		return b.DeepCopy()
+	case len(b.NodeSelectorTerms) == 0:
+		return a
+	}
+	out := &corev1.NodeSelector{}
+	for _, x := range a.NodeSelectorTerms {
+		for _, y := range b.NodeSelectorTerms {
+			t := *x.DeepCopy()
+			y := y.DeepCopy()
+			t.MatchExpressions = append(t.MatchExpressions, y.MatchExpressions...)
+			t.MatchFields = append(t.MatchFields, y.MatchFields...)
+			out.NodeSelectorTerms = append(out.NodeSelectorTerms, t)
+		}
+	}
+	return out
+}
+
 // podFor builds the placeholder pod of bin i of a group.
 func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 	src := first.Pod
@@ -383,10 +415,13 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 		sel[o.PoolLabel] = first.Pool
 	}
 	var aff *corev1.Affinity
-	if ra := requiredAffinity(src); ra != nil || len(first.Models) > 0 {
+	if ra := requiredAffinity(src); ra != nil || len(first.Models) > 0 || len(first.Topology) > 0 {
 		ns := &corev1.NodeSelector{}
 		if ra != nil {
 			ns = ra.DeepCopy()
+		}
+		for i := range first.Topology {
+			ns = and(ns, &first.Topology[i])
 		}
 		if len(first.Models) > 0 {
 			req := corev1.NodeSelectorRequirement{Key: api.LabelGPUProduct, Operator: corev1.NodeSelectorOpIn, Values: first.Models}

@@ -261,3 +261,41 @@ func TestPlanAsksClaimsForDRAPools(t *testing.T) {
 		t.Error("a device-plugin placeholder has a claim template")
 	}
 }
+
+// TestPlanCarriesTopology: a pod's topology (its volumes' zones, the domains
+// its spread allows) is ANDed into its placeholders' required affinity, and
+// pods with different topologies ask in different groups.
+func TestPlanCarriesTopology(t *testing.T) {
+	zone := func(op corev1.NodeSelectorOperator, zs ...string) corev1.NodeSelector {
+		return corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: corev1.LabelTopologyZone, Operator: op, Values: zs}}}}}
+	}
+	pod := builders.MakePod("p", "team").RequiredNodeAffinity(api.LabelNodePool, corev1.NodeSelectorOpIn, "gpu-a", "gpu-b").Obj()
+	a := Item{Workload: "team/a", Pod: pod, GPUs: 1, Topology: []corev1.NodeSelector{zone(corev1.NodeSelectorOpIn, "z1", "z2"), zone(corev1.NodeSelectorOpNotIn, "z1")}}
+	b := Item{Workload: "team/b", Pod: pod, GPUs: 1}
+	pods := Plan([]Item{a, b}, DefaultOptions())
+	if len(pods) != 2 {
+		t.Fatalf("%d placeholders, want 2 (one per topology)", len(pods))
+	}
+	var with *corev1.Pod
+	for _, p := range pods {
+		if p.Annotations[AnnotationWorkloads] == "team/a" {
+			with = p
+		}
+	}
+	if with == nil {
+		t.Fatal("no placeholder for team/a")
+	}
+	terms := with.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 {
+		t.Fatalf("terms %+v, want one", terms)
+	}
+	var got []string
+	for _, e := range terms[0].MatchExpressions {
+		got = append(got, fmt.Sprintf("%s %s %v", e.Key, e.Operator, e.Values))
+	}
+	want := []string{api.LabelNodePool + " In [gpu-a gpu-b]", "topology.kubernetes.io/zone In [z1 z2]", "topology.kubernetes.io/zone NotIn [z1]"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("requirements (-want +got):\n%s", diff)
+	}
+}

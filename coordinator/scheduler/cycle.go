@@ -343,7 +343,7 @@ func (c *cycle) keepAsking(w *workload) {
 	if !c.asking[w.key] && !c.hinted {
 		return
 	}
-	items := c.s.items(w, c.snap, c.existing)
+	items := c.s.items(w, c.snap, c.existing, c.kube)
 	if len(items) > 0 {
 		c.liveGroups[placeholder.GroupOf(items[0])] = true
 	}
@@ -385,7 +385,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	if !verdict.allowed {
 		return wait(verdict.reason, verdict.message)
 	}
-	items := s.items(w, c.snap, c.existing)
+	items := s.items(w, c.snap, c.existing, c.kube)
 	if len(items) > 0 {
 		c.liveGroups[placeholder.GroupOf(items[0])] = true
 	}

@@ -72,14 +72,19 @@ func (k *kubeChecks) check(pod *corev1.Pod) (*kubecheck.PodCheck, error) {
 	if k == nil || !k.k.Needs(pod) {
 		return nil, nil
 	}
+	if err := k.begin(); err != nil {
+		return nil, err
+	}
+	return k.k.Check(k.ctx, pod)
+}
+
+// begin brings the checks' snapshot up to date, once per cycle.
+func (k *kubeChecks) begin() error {
 	if !k.began {
 		k.began = true
 		k.err = k.k.Begin(k.logger, k.inFlight())
 	}
-	if k.err != nil {
-		return nil, k.err
-	}
-	return k.k.Check(k.ctx, pod)
+	return k.err
 }
 
 // placed assumes pod on node in the checks' snapshot (once begun) and keeps
@@ -252,6 +257,15 @@ func (g *volumeGate) unreserve(ctx context.Context, uid types.UID) {
 			p.check.Unreserve(ctx, p.node)
 		}
 	}
+}
+
+// topology is where a new node must be for pod (kubecheck.Checker.Topology),
+// for its placeholders; nil for a pod that needs no checks.
+func (k *kubeChecks) topology(pod *corev1.Pod) []corev1.NodeSelector {
+	if k == nil || !kubecheck.PodNeeds(pod) || k.begin() != nil {
+		return nil
+	}
+	return k.k.Topology(pod)
 }
 
 // podFilter is a pod's checks as placement's node filter.

@@ -37,7 +37,7 @@ const releaseCooldown = 10 * time.Second
 
 // items lists a workload's pending pods as placeholder demand. A gang's
 // items carry its one pool.
-func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.Pod) []placeholder.Item {
+func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.Pod, kc *kubeChecks) []placeholder.Item {
 	pool := ""
 	if w.gang {
 		pool = s.gangPool(w, snap, existing)
@@ -47,7 +47,7 @@ func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.
 		it := placeholder.Item{
 			Workload: w.key, Pod: p.pod, GPUs: p.req.GPUs, FractionPercent: p.req.ShareMilli / 10,
 			CPUMilli: p.req.CPUMilli, MemoryBytes: p.req.MemoryBytes, Models: p.req.Models, Pool: pool,
-			Gang: w.gang, DRA: p.claimsGPU,
+			Gang: w.gang, DRA: p.claimsGPU, Topology: kc.topology(p.pod),
 		}
 		if len(p.req.Scalars) > 0 {
 			// A MIG or replica pod's queue charge is its scalars' worth.
