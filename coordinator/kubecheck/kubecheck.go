@@ -100,6 +100,9 @@ type Checker struct {
 	mu      sync.Mutex // guards assumed (Assume may race nothing, but End and Forget share it)
 	assumed map[string]*corev1.Pod
 	began   bool
+	// counts: domain counts of this cycle (DomainTopology), until End.
+	counts map[string]map[string]int
+	index  *labelIndex
 }
 
 // New builds the framework with the plugins of FilterPlugins, configured
@@ -343,6 +346,7 @@ func (c *Checker) Begin(logger klog.Logger, inFlight map[*corev1.Pod]string) err
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forgetAllLocked(logger)
+	c.counts, c.index = nil, nil
 	if err := c.cache.UpdateSnapshot(logger, c.snap); err != nil {
 		return fmt.Errorf("updating kube-scheduler's snapshot: %w", err)
 	}
@@ -368,6 +372,7 @@ func (c *Checker) End(logger klog.Logger) {
 	defer c.mu.Unlock()
 	c.forgetAllLocked(logger)
 	c.began = false
+	c.counts, c.index = nil, nil
 }
 
 func (c *Checker) forgetAllLocked(logger klog.Logger) {
@@ -427,8 +432,8 @@ type PodCheck struct {
 	state *framework.CycleState
 	// only: the nodes PreFilter narrowed the pod to (nil: all).
 	only sets.Set[string]
-	// narrowedBy: the plugins that narrowed it.
-	narrowedBy sets.Set[string]
+	// notNarrowed: why a node outside only is rejected.
+	notNarrowed []string
 	// rejected: PreFilter found the pod unschedulable on every node, for
 	// these reasons.
 	rejected []string
@@ -455,7 +460,8 @@ func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error)
 		return nil, fmt.Errorf("kube-scheduler's PreFilter for pod %s/%s: %w", pod.Namespace, pod.Name, st.AsError())
 	}
 	if !res.AllNodes() {
-		pc.only, pc.narrowedBy = res.NodeNames, narrowedBy
+		pc.only = res.NodeNames
+		pc.notNarrowed = []string{fmt.Sprintf("node(s) didn't satisfy plugin(s) %v", sets.List(narrowedBy))}
 		return pc, nil
 	}
 	if state.GetSkipFilterPlugins().Len() >= len(FilterPlugins) {
@@ -473,6 +479,9 @@ func (pc *PodCheck) Allows(ctx context.Context, node string) (bool, []string) {
 	if pc.rejected != nil {
 		return false, pc.rejected
 	}
+	if pc.only != nil && !pc.only.Has(node) {
+		return false, pc.notNarrowed
+	}
 	if r, ok := pc.memo[node]; ok {
 		return r == nil, r
 	}
@@ -483,7 +492,7 @@ func (pc *PodCheck) Allows(ctx context.Context, node string) (bool, []string) {
 
 func (pc *PodCheck) filter(ctx context.Context, node string) []string {
 	if pc.only != nil && !pc.only.Has(node) {
-		return []string{fmt.Sprintf("node(s) didn't satisfy plugin(s) %v", sets.List(pc.narrowedBy))}
+		return pc.notNarrowed
 	}
 	info, err := pc.c.snap.NodeInfos().Get(node)
 	if err != nil || info.Node() == nil {

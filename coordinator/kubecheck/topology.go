@@ -2,11 +2,14 @@ package kubecheck
 
 import (
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	fwk "k8s.io/kube-scheduler/framework"
 )
 
 // Topology is where a new node must be for pod to run on it, as node
@@ -29,6 +32,12 @@ import (
 // restrict it. Bound pods are read from the snapshot of the last Begin.
 // Claims or volumes not found are skipped (the pod waits on them anyway).
 func (c *Checker) Topology(pod *corev1.Pod) []corev1.NodeSelector {
+	return append(c.VolumeTopology(pod), c.DomainTopology(pod)...)
+}
+
+// VolumeTopology is the part of Topology the pod's volumes give: it changes
+// only when its claims are bound, and costs two lister reads per claim.
+func (c *Checker) VolumeTopology(pod *corev1.Pod) []corev1.NodeSelector {
 	var out []corev1.NodeSelector
 	for i := range pod.Spec.Volumes {
 		v := &pod.Spec.Volumes[i]
@@ -60,7 +69,6 @@ func (c *Checker) Topology(pod *corev1.Pod) []corev1.NodeSelector {
 			}
 		}
 	}
-	out = append(out, c.podTopology(pod)...)
 	return out
 }
 
@@ -81,9 +89,12 @@ func allowedTopologies(sc *storagev1.StorageClass) *corev1.NodeSelector {
 	return ns
 }
 
-// podTopology is the part of Topology that spread constraints and
-// inter-pod affinity give, counted on the snapshot.
-func (c *Checker) podTopology(pod *corev1.Pod) []corev1.NodeSelector {
+// DomainTopology is the part of Topology that spread constraints and
+// inter-pod affinity give, counted on the snapshot. Counts are kept for the
+// rest of the cycle (until End) by topology key, namespaces and selector:
+// a cycle counts each app's pods once, however many of its pods ask for
+// capacity, and later placements in the cycle do not move them.
+func (c *Checker) DomainTopology(pod *corev1.Pod) []corev1.NodeSelector {
 	var out []corev1.NodeSelector
 	for _, tsc := range pod.Spec.TopologySpreadConstraints {
 		if tsc.WhenUnsatisfiable != corev1.DoNotSchedule || tsc.TopologyKey == corev1.LabelHostname {
@@ -155,32 +166,142 @@ func (c *Checker) podTopology(pod *corev1.Pod) []corev1.NodeSelector {
 // namespaces (nil: all) that sel matches; every node's domain is present,
 // with 0 when no pod matches there.
 func (c *Checker) countByDomain(key string, namespaces []string, sel labels.Selector) map[string]int {
-	infos, err := c.snap.NodeInfos().List()
-	if err != nil {
-		return nil
+	memo := key + "\x00" + strings.Join(namespaces, ",") + "\x00" + sel.String()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if counts, ok := c.counts[memo]; ok {
+		return counts
 	}
+	counts := c.countLocked(key, namespaces, sel)
+	if c.counts == nil {
+		c.counts = map[string]map[string]int{}
+	}
+	c.counts[memo] = counts
+	return counts
+}
+
+func (c *Checker) countLocked(key string, namespaces []string, sel labels.Selector) map[string]int {
+	if c.index == nil {
+		c.index = newLabelIndex(c.snap)
+	}
+	x := c.index
 	counts := map[string]int{}
+	for _, d := range x.domainsOf(key) {
+		counts[d] = 0
+	}
+	count := func(i int32) {
+		ip := &x.pods[i]
+		if len(namespaces) > 0 && !contains(namespaces, ip.pod.Namespace) {
+			return
+		}
+		d, ok := ip.node.Labels[key]
+		if ok && sel.Matches(labels.Set(ip.pod.Labels)) {
+			counts[d]++
+		}
+	}
+	if list, ok := x.candidates(sel); ok {
+		for _, i := range list {
+			count(i)
+		}
+		return counts
+	}
+	for i := range x.pods {
+		count(int32(i))
+	}
+	return counts
+}
+
+// labelIndex is the snapshot's bound pods with their nodes, indexed by label
+// (key and value) for the equality selectors spread constraints and pod
+// affinity terms usually have: counting an app's pods walks its pods, not
+// the cluster's. Built once per cycle, when the first count is asked.
+type labelIndex struct {
+	nodes   []*corev1.Node
+	pods    []indexedPod
+	byLabel map[labelKV][]int32 // label -> positions in pods
+	domains map[string][]string // node label key -> its values
+}
+
+type labelKV struct{ key, value string }
+
+// domainsOf is the values of the node label key, each once.
+func (x *labelIndex) domainsOf(key string) []string {
+	if ds, ok := x.domains[key]; ok {
+		return ds
+	}
+	seen := map[string]bool{}
+	var ds []string
+	for _, n := range x.nodes {
+		if d, ok := n.Labels[key]; ok && !seen[d] {
+			seen[d] = true
+			ds = append(ds, d)
+		}
+	}
+	if x.domains == nil {
+		x.domains = map[string][]string{}
+	}
+	x.domains[key] = ds
+	return ds
+}
+
+type indexedPod struct {
+	pod  *corev1.Pod
+	node *corev1.Node
+}
+
+func newLabelIndex(snap interface {
+	NodeInfos() fwk.NodeInfoLister
+}) *labelIndex {
+	x := &labelIndex{byLabel: map[labelKV][]int32{}}
+	infos, err := snap.NodeInfos().List()
+	if err != nil {
+		return x
+	}
 	for _, ni := range infos {
 		n := ni.Node()
 		if n == nil {
 			continue
 		}
-		d, ok := n.Labels[key]
-		if !ok {
-			continue
-		}
-		counts[d] += 0
+		x.nodes = append(x.nodes, n)
 		for _, pi := range ni.GetPods() {
 			p := pi.GetPod()
-			if len(namespaces) > 0 && !contains(namespaces, p.Namespace) {
-				continue
-			}
-			if sel.Matches(labels.Set(p.Labels)) {
-				counts[d]++
+			pos := int32(len(x.pods))
+			x.pods = append(x.pods, indexedPod{pod: p, node: n})
+			for k, v := range p.Labels {
+				kv := labelKV{k, v}
+				x.byLabel[kv] = append(x.byLabel[kv], pos)
 			}
 		}
 	}
-	return counts
+	return x
+}
+
+// candidates is the shortest list of pods carrying one label the selector
+// requires by equality; false when it requires none that way (every pod is
+// a candidate).
+func (x *labelIndex) candidates(sel labels.Selector) ([]int32, bool) {
+	reqs, selectable := sel.Requirements()
+	if !selectable {
+		return nil, true // matches nothing
+	}
+	var best []int32
+	found := false
+	for _, r := range reqs {
+		switch r.Operator() {
+		case selection.Equals, selection.DoubleEquals, selection.In:
+		default:
+			continue
+		}
+		vals := r.Values().UnsortedList()
+		if len(vals) != 1 {
+			continue
+		}
+		list := x.byLabel[labelKV{r.Key(), vals[0]}]
+		if !found || len(list) < len(best) {
+			best, found = list, true
+		}
+	}
+	return best, found
 }
 
 func contains(xs []string, x string) bool {

@@ -126,12 +126,19 @@ type Item struct {
 	// initialized). Karpenter must run with --ignore-dra-requests=false and
 	// know the devices of the instance types (ResourceSliceTemplates).
 	DRA bool
-	// Topology is where a node must be for the pod to run on it beyond its
-	// own node affinity (kubecheck.Checker.Topology: its volumes' zones,
-	// the domains its spread constraints and pod (anti-)affinity allow):
-	// selectors that all must match, ANDed into the placeholder's required
-	// node affinity.
+	// Topology is where a node must be for the pod's volumes
+	// (kubecheck.Checker.VolumeTopology: the zones of its bound PVs, the
+	// allowed topologies of its claims' classes): selectors that all must
+	// match, ANDed into the placeholder's required node affinity. Part of the
+	// group: it changes only when the claims are bound.
 	Topology []corev1.NodeSelector
+	// Domains is where its spread constraints and required pod
+	// (anti-)affinity let it go (kubecheck.Checker.DomainTopology), ANDed
+	// likewise. Not part of the group: it moves as pods land, and a group
+	// whose name moved would drop its placeholders and Karpenter's
+	// nomination with them. A group's placeholders carry the domains of its
+	// first item when they are made.
+	Domains []corev1.NodeSelector
 }
 
 // Plan turns the demand of admitted, unplaceable pods into placeholder pods.
@@ -415,13 +422,16 @@ func podFor(group string, i int, b bin, first Item, o Options) *corev1.Pod {
 		sel[o.PoolLabel] = first.Pool
 	}
 	var aff *corev1.Affinity
-	if ra := requiredAffinity(src); ra != nil || len(first.Models) > 0 || len(first.Topology) > 0 {
+	if ra := requiredAffinity(src); ra != nil || len(first.Models) > 0 || len(first.Topology) > 0 || len(first.Domains) > 0 {
 		ns := &corev1.NodeSelector{}
 		if ra != nil {
 			ns = ra.DeepCopy()
 		}
 		for i := range first.Topology {
 			ns = and(ns, &first.Topology[i])
+		}
+		for i := range first.Domains {
+			ns = and(ns, &first.Domains[i])
 		}
 		if len(first.Models) > 0 {
 			req := corev1.NodeSelectorRequirement{Key: api.LabelGPUProduct, Operator: corev1.NodeSelectorOpIn, Values: first.Models}

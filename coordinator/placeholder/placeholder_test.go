@@ -299,3 +299,23 @@ func TestPlanCarriesTopology(t *testing.T) {
 		t.Errorf("requirements (-want +got):\n%s", diff)
 	}
 }
+
+// TestPlanKeepsDomainsOutOfTheGroup: the domains a pod's spread allows move
+// as pods land; a group named by them would drop its placeholders (and
+// Karpenter's nomination) each time they moved.
+func TestPlanKeepsDomainsOutOfTheGroup(t *testing.T) {
+	pod := builders.MakePod("p", "team").Obj()
+	zone := func(z string) []corev1.NodeSelector {
+		return []corev1.NodeSelector{{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpNotIn, Values: []string{z}}}}}}}
+	}
+	a := Plan([]Item{{Workload: "team/p", Pod: pod, GPUs: 1, Domains: zone("z1")}}, DefaultOptions())
+	b := Plan([]Item{{Workload: "team/p", Pod: pod, GPUs: 1, Domains: zone("z2")}}, DefaultOptions())
+	if len(a) != 1 || len(b) != 1 || a[0].Name != b[0].Name {
+		t.Fatalf("placeholders %v and %v, want one of the same name", a, b)
+	}
+	e := a[0].Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0]
+	if e.Key != corev1.LabelTopologyZone || e.Operator != corev1.NodeSelectorOpNotIn || e.Values[0] != "z1" {
+		t.Errorf("placeholder requires %+v, want zone NotIn [z1]", e)
+	}
+}

@@ -138,23 +138,23 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		return Decision{}, p.explain(s, &q, elig, nil)
 	}
 	p.prepare(s)
-	var filtered map[int][]string // node -> the Filter's reasons against it
+	// filtered: node -> the Filter's reasons against it (nil: allowed or
+	// not asked), allocated on the first rejection.
+	var filtered [][]string
 	allowed := func(i int) bool {
 		if r.Filter == nil {
 			return true
 		}
-		if why, seen := filtered[i]; seen {
-			return why == nil
+		if filtered != nil && filtered[i] != nil {
+			return false
 		}
 		ok, why := r.Filter.Allows(s.nodes[i].meta.Name)
-		if filtered == nil {
-			filtered = map[int][]string{}
-		}
-		if ok {
-			filtered[i] = nil
-		} else {
+		if !ok {
 			if len(why) == 0 {
 				why = []string{"node(s) " + ReasonFilter.describe()}
+			}
+			if filtered == nil {
+				filtered = make([][]string, len(s.nodes))
 			}
 			filtered[i] = why
 		}
@@ -331,7 +331,7 @@ func (p *Placer) randomGPU(s *Snapshot, i int, q *req) int {
 // explain builds the error for a request no node can host, with the reasons
 // the request's Filter gave against the nodes that passed every other check
 // (filtered). It is off the hot path: it runs only when nothing fits.
-func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility, filtered map[int][]string) error {
+func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility, filtered [][]string) error {
 	e := &UnschedulableError{Nodes: len(s.nodes), Counts: map[Reason]int{}}
 	lacking := map[string]int{} // scalar resource -> nodes it rejected
 	for i := range s.nodes {
@@ -355,7 +355,7 @@ func (p *Placer) explain(s *Snapshot, q *req, elig *eligibility, filtered map[in
 			why = ReasonCPU
 		case st.memFree < q.mem:
 			why = ReasonMemory
-		case filtered[i] != nil:
+		case filtered != nil && filtered[i] != nil:
 			why = ReasonFilter
 			if e.Filtered == nil {
 				e.Filtered = map[string]int{}

@@ -348,7 +348,7 @@ func (c *cycle) keepAsking(w *workload) {
 		c.liveGroups[placeholder.GroupOf(items[0])] = true
 	}
 	if c.asking[w.key] {
-		c.demand = append(c.demand, items...)
+		c.demand = append(c.demand, c.kube.withDomains(items)...)
 	}
 }
 
@@ -469,7 +469,7 @@ func (c *cycle) noRoom(w *workload, verdict verdict, items []placeholder.Item, p
 	if m := c.s.reclaim(c.ctx, w, c.books, c.reclaimIn); m != "" {
 		return wait(binder.ReasonNoCapacity, m)
 	}
-	c.demand = append(c.demand, items...)
+	c.demand = append(c.demand, c.kube.withDomains(items)...)
 	return wait(binder.ReasonNoCapacity, placeErr.Error())
 }
 

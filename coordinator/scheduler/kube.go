@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 )
 
@@ -259,13 +260,28 @@ func (g *volumeGate) unreserve(ctx context.Context, uid types.UID) {
 	}
 }
 
-// topology is where a new node must be for pod (kubecheck.Checker.Topology),
-// for its placeholders; nil for a pod that needs no checks.
-func (k *kubeChecks) topology(pod *corev1.Pod) []corev1.NodeSelector {
-	if k == nil || !kubecheck.PodNeeds(pod) || k.begin() != nil {
+// volumeTopology is where a new node must be for pod's volumes
+// (kubecheck.Checker.VolumeTopology), for its placeholders.
+func (k *kubeChecks) volumeTopology(pod *corev1.Pod) []corev1.NodeSelector {
+	if k == nil || !kubecheck.PodNeeds(pod) {
 		return nil
 	}
-	return k.k.Topology(pod)
+	return k.k.VolumeTopology(pod)
+}
+
+// withDomains fills the domains of items that ask for capacity
+// (kubecheck.Checker.DomainTopology): only those, since it counts pods.
+func (k *kubeChecks) withDomains(items []placeholder.Item) []placeholder.Item {
+	if k == nil {
+		return items
+	}
+	for i := range items {
+		if !kubecheck.PodNeeds(items[i].Pod) || k.begin() != nil {
+			continue
+		}
+		items[i].Domains = k.k.DomainTopology(items[i].Pod)
+	}
+	return items
 }
 
 // podFilter is a pod's checks as placement's node filter.

@@ -47,7 +47,7 @@ func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.
 		it := placeholder.Item{
 			Workload: w.key, Pod: p.pod, GPUs: p.req.GPUs, FractionPercent: p.req.ShareMilli / 10,
 			CPUMilli: p.req.CPUMilli, MemoryBytes: p.req.MemoryBytes, Models: p.req.Models, Pool: pool,
-			Gang: w.gang, DRA: p.claimsGPU, Topology: kc.topology(p.pod),
+			Gang: w.gang, DRA: p.claimsGPU, Topology: kc.volumeTopology(p.pod),
 		}
 		if len(p.req.Scalars) > 0 {
 			// A MIG or replica pod's queue charge is its scalars' worth.
