@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 )
 
 // trimObject is the informers' transform: it drops what the coordinator
@@ -81,7 +81,7 @@ func changedBeyondVersion[T any, P interface {
 
 // trimPod drops what the coordinator never reads of a pod. Kept: metadata;
 // of the spec everything but the volumes kube-scheduler's plugins never read
-// (kubecheck.CheckedVolume: config maps, secrets, projected and downward API
+// (predicates.CheckedVolume: config maps, secrets, projected and downward API
 // volumes, empty dirs, host paths), the pod's security context, DNS
 // config, host aliases, image pull secrets, readiness gates and what runs
 // each container; of each container its name, resources, restart policy
@@ -123,7 +123,7 @@ func trimPod(p *corev1.Pod) {
 func checkedVolumes(vs []corev1.Volume) []corev1.Volume {
 	n := 0
 	for i := range vs {
-		if kubecheck.CheckedVolume(&vs[i]) {
+		if predicates.CheckedVolume(&vs[i]) {
 			n++
 		}
 	}
@@ -135,7 +135,7 @@ func checkedVolumes(vs []corev1.Volume) []corev1.Volume {
 	}
 	out := make([]corev1.Volume, 0, n)
 	for i := range vs {
-		if kubecheck.CheckedVolume(&vs[i]) {
+		if predicates.CheckedVolume(&vs[i]) {
 			out = append(out, vs[i])
 		}
 	}

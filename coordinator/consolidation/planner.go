@@ -391,6 +391,11 @@ func (p *Planner) unmovable(v *view, pod *corev1.Pod) string {
 		return fmt.Sprintf("pod %s/%s was admitted non-preemptible", pod.Namespace, pod.Name)
 	case !p.opts.MoveBarePods && metav1.GetControllerOf(pod) == nil:
 		return fmt.Sprintf("pod %s/%s has no controller to re-create it", pod.Namespace, pod.Name)
+	case predicates.UsesKubeChecks(pod):
+		// Where it could land again depends on kube-scheduler's checks
+		// (a local volume, spread, anti-affinity, a host port), which the
+		// planner's simulation does not make.
+		return fmt.Sprintf("pod %s/%s has volumes, topology spread, pod (anti-)affinity or host ports, which consolidation does not check where it would land", pod.Namespace, pod.Name)
 	}
 	return ""
 }

@@ -178,6 +178,17 @@ func TestCandidatesPrefersTheLargestSaving(t *testing.T) {
 			verdicts: map[string]Verdict{"big": VerdictProtected},
 		},
 		{
+			name: "a pod on a local volume cannot land elsewhere: protected",
+			cluster: func() Cluster {
+				c := dayTail()
+				c.Pods[0].Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}
+				return c
+			}(),
+			wantNode: "one-a", wantPods: []string{"a1"}, wantSaving: 14.19,
+			verdicts: map[string]Verdict{"big": VerdictProtected},
+		},
+		{
 			name: "bare pods move when the admin allows it",
 			cluster: func() Cluster {
 				c := dayTail()

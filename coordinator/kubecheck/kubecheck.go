@@ -50,6 +50,8 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/nodevolumelimits"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
+
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 )
 
 // FilterPlugins are the kube-scheduler plugins the coordinator runs, in
@@ -199,49 +201,12 @@ func (c *Checker) Needs(pod *corev1.Pod) bool {
 }
 
 // PodNeeds is Needs without the cluster's anti-affinity: what the pod
-// itself asks that the plugins check.
-func PodNeeds(pod *corev1.Pod) bool {
-	for i := range pod.Spec.TopologySpreadConstraints {
-		if pod.Spec.TopologySpreadConstraints[i].WhenUnsatisfiable == corev1.DoNotSchedule {
-			return true
-		}
-	}
-	if a := pod.Spec.Affinity; a != nil {
-		if a.PodAffinity != nil && len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
-			return true
-		}
-		if a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
-			return true
-		}
-	}
-	for i := range pod.Spec.Volumes {
-		if CheckedVolume(&pod.Spec.Volumes[i]) {
-			return true
-		}
-	}
-	hostPort := func(cs []corev1.Container) bool {
-		for i := range cs {
-			for _, p := range cs[i].Ports {
-				if p.HostPort > 0 {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	return hostPort(pod.Spec.Containers) || hostPort(pod.Spec.InitContainers)
-}
+// itself asks that the plugins check (predicates.UsesKubeChecks).
+func PodNeeds(pod *corev1.Pod) bool { return predicates.UsesKubeChecks(pod) }
 
-// CheckedVolume tells whether kube-scheduler's volume plugins read v:
-// claims (persistent and ephemeral) and the volume sources that attach a
-// disk to the node. Config maps, secrets, projected and downward API
-// volumes, empty dirs and host paths place nothing.
-func CheckedVolume(v *corev1.Volume) bool {
-	s := &v.VolumeSource
-	return s.PersistentVolumeClaim != nil || s.Ephemeral != nil || s.CSI != nil ||
-		s.GCEPersistentDisk != nil || s.AWSElasticBlockStore != nil || s.RBD != nil ||
-		s.ISCSI != nil || s.AzureDisk != nil || s.Cinder != nil
-}
+// CheckedVolume tells whether kube-scheduler's volume plugins read v
+// (predicates.CheckedVolume).
+func CheckedVolume(v *corev1.Volume) bool { return predicates.CheckedVolume(v) }
 
 // hasRequiredAntiAffinity tells whether pod has a required pod anti-affinity.
 func hasRequiredAntiAffinity(pod *corev1.Pod) bool {

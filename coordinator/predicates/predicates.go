@@ -91,3 +91,51 @@ func FractionGPU(p *corev1.Pod) string {
 func IsReservation(p *corev1.Pod) bool {
 	return p.Namespace == api.ReservationNamespace && p.Labels[api.LabelRole] == api.RoleReservation
 }
+
+// UsesKubeChecks tells whether the pod asks for something that
+// kube-scheduler's plugins check and placement does not
+// (coordinator/kubecheck): a hard
+// topology spread constraint, a required pod (anti-)affinity, a volume
+// CheckedVolume reads, or a host port.
+func UsesKubeChecks(pod *corev1.Pod) bool {
+	for i := range pod.Spec.TopologySpreadConstraints {
+		if pod.Spec.TopologySpreadConstraints[i].WhenUnsatisfiable == corev1.DoNotSchedule {
+			return true
+		}
+	}
+	if a := pod.Spec.Affinity; a != nil {
+		if a.PodAffinity != nil && len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return true
+		}
+		if a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return true
+		}
+	}
+	for i := range pod.Spec.Volumes {
+		if CheckedVolume(&pod.Spec.Volumes[i]) {
+			return true
+		}
+	}
+	hostPort := func(cs []corev1.Container) bool {
+		for i := range cs {
+			for _, p := range cs[i].Ports {
+				if p.HostPort > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return hostPort(pod.Spec.Containers) || hostPort(pod.Spec.InitContainers)
+}
+
+// CheckedVolume tells whether kube-scheduler's volume plugins read v:
+// claims (persistent and ephemeral) and the volume sources that attach a
+// disk to the node. Config maps, secrets, projected and downward API
+// volumes, empty dirs and host paths place nothing.
+func CheckedVolume(v *corev1.Volume) bool {
+	s := &v.VolumeSource
+	return s.PersistentVolumeClaim != nil || s.Ephemeral != nil || s.CSI != nil ||
+		s.GCEPersistentDisk != nil || s.AWSElasticBlockStore != nil || s.RBD != nil ||
+		s.ISCSI != nil || s.AzureDisk != nil || s.Cinder != nil
+}
