@@ -403,6 +403,9 @@ type PodCheck struct {
 	// these reasons.
 	rejected []string
 	memo     map[string][]string // node -> reasons it was rejected (nil: allowed)
+
+	assumedMu sync.Mutex
+	assumed   *corev1.Pod // the pod on the node it was reserved on (on)
 }
 
 // Check runs the PreFilter plugins for pod against the cycle's snapshot
@@ -477,15 +480,29 @@ func (pc *PodCheck) filter(ctx context.Context, node string) []string {
 }
 
 // Reserve reserves the pod's volumes on node (kube-scheduler's assume cache
-// of PVs and PVCs), so later pods' checks see them taken.
+// of PVs and PVCs), so later pods' checks see them taken. As in
+// kube-scheduler, Reserve and what follows it see the pod assumed on the
+// node (spec.nodeName set): VolumeBinding's PreBind reads the node by it.
 func (pc *PodCheck) Reserve(ctx context.Context, node string) error {
 	if pc == nil {
 		return nil
 	}
-	if st := pc.c.fw.RunReservePluginsReserve(ctx, pc.state, pc.pod, node); !st.IsSuccess() {
+	if st := pc.c.fw.RunReservePluginsReserve(ctx, pc.state, pc.on(node), node); !st.IsSuccess() {
 		return fmt.Errorf("reserving the volumes of pod %s/%s on %s: %w", pc.pod.Namespace, pc.pod.Name, node, st.AsError())
 	}
 	return nil
+}
+
+// on is the pod assumed on node, made once per node.
+func (pc *PodCheck) on(node string) *corev1.Pod {
+	pc.assumedMu.Lock()
+	defer pc.assumedMu.Unlock()
+	if pc.assumed == nil || pc.assumed.Spec.NodeName != node {
+		p := pc.pod.DeepCopy()
+		p.Spec.NodeName = node
+		pc.assumed = p
+	}
+	return pc.assumed
 }
 
 // Unreserve takes a Reserve back.
@@ -493,7 +510,7 @@ func (pc *PodCheck) Unreserve(ctx context.Context, node string) {
 	if pc == nil {
 		return
 	}
-	pc.c.fw.RunReservePluginsUnreserve(ctx, pc.state, pc.pod, node)
+	pc.c.fw.RunReservePluginsUnreserve(ctx, pc.state, pc.on(node), node)
 }
 
 // NeedsPreBind tells whether PreBind has volumes to bind (after Reserve).
@@ -501,7 +518,7 @@ func (pc *PodCheck) NeedsPreBind(ctx context.Context, node string) bool {
 	if pc == nil {
 		return false
 	}
-	st := pc.c.fw.RunPreBindPreFlights(ctx, pc.state, pc.pod, node)
+	st := pc.c.fw.RunPreBindPreFlights(ctx, pc.state, pc.on(node), node)
 	return st.IsSuccess()
 }
 
@@ -511,7 +528,7 @@ func (pc *PodCheck) PreBind(ctx context.Context, node string) error {
 	if pc == nil {
 		return nil
 	}
-	if st := pc.c.fw.RunPreBindPlugins(ctx, pc.state, pc.pod, node); !st.IsSuccess() {
+	if st := pc.c.fw.RunPreBindPlugins(ctx, pc.state, pc.on(node), node); !st.IsSuccess() {
 		return fmt.Errorf("binding the volumes of pod %s/%s on %s: %w", pc.pod.Namespace, pc.pod.Name, node, st.AsError())
 	}
 	return nil

@@ -433,10 +433,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
 		return counted(ReasonWaitingToBind)
 	}
-	volumes, volErr := c.kube.reserve(w, decisions)
-	if volErr != nil {
-		return wait(binder.ReasonNoCapacity, "volumes could not be reserved on the node placement chose: "+volErr.Error())
-	}
+	volumes := c.kube.gate(w)
 	claims, allocErr := s.allocateClaims(c.ctx, w, decisions, c.snap.DRANodes)
 	if allocErr != nil {
 		volumes.unreserveAll(c.ctx)

@@ -30,17 +30,28 @@ type kubeChecks struct {
 	inFlight func() map[*corev1.Pod]string
 	began    bool
 	err      error // Begin failed: pods that need checks wait
-	// placedPods are the pods assumed, in order (see mark, rollback).
-	placedPods []*corev1.Pod
-	// checks are the checks of the pods placed, kept for Reserve.
-	checks map[types.UID]*kubecheck.PodCheck
+	// placedPods are the pods placed, in order (see mark, rollback).
+	placedPods []placedPod
+	// reserved are the pods whose volumes are reserved and not yet handed to
+	// a binding (gate); end takes back what is left.
+	reserved map[types.UID]placedPod
+}
+
+// placedPod is a pod placed in this cycle: assumed into the checks'
+// snapshot, its volumes reserved when it has checks.
+type placedPod struct {
+	pod      *corev1.Pod
+	node     string
+	pc       *kubecheck.PodCheck
+	assumed  bool
+	reserved bool
 }
 
 func (s *Scheduler) newKubeChecks(c *cycle) *kubeChecks {
 	if s.deps.Kube == nil {
 		return nil
 	}
-	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, checks: map[types.UID]*kubecheck.PodCheck{},
+	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, reserved: map[types.UID]placedPod{},
 		inFlight: func() map[*corev1.Pod]string { return c.inFlight() }}
 }
 
@@ -88,23 +99,32 @@ func (k *kubeChecks) begin() error {
 	return k.err
 }
 
-// placed assumes pod on node in the checks' snapshot (once begun) and keeps
-// its checks.
-func (k *kubeChecks) placed(pod *corev1.Pod, node string, pc *kubecheck.PodCheck) {
+// placed records pod placed on node: its volumes are reserved there (its
+// checks' VolumeBinding Reserve), so the next pod placed, a member of the
+// same gang included, does not pick the same volume, and it is assumed into
+// the checks' snapshot (once begun). A reservation that fails fails the
+// placement.
+func (k *kubeChecks) placed(pod *corev1.Pod, node string, pc *kubecheck.PodCheck) error {
 	if k == nil {
-		return
+		return nil
 	}
+	pp := placedPod{pod: pod, node: node, pc: pc}
 	if pc != nil {
-		k.checks[pod.UID] = pc
+		if err := pc.Reserve(k.ctx, node); err != nil {
+			return err
+		}
+		pp.reserved = true
+		k.reserved[pod.UID] = pp
 	}
-	if !k.began || k.err != nil {
-		return
+	if k.began && k.err == nil {
+		if err := k.k.Assume(pod, node); err != nil {
+			k.logger.Error(err, "kube-scheduler's checks: assuming a placed pod", "pod", klog.KObj(pod), "node", node)
+		} else {
+			pp.assumed = true
+		}
 	}
-	if err := k.k.Assume(pod, node); err != nil {
-		k.logger.Error(err, "kube-scheduler's checks: assuming a placed pod", "pod", klog.KObj(pod), "node", node)
-		return
-	}
-	k.placedPods = append(k.placedPods, pod)
+	k.placedPods = append(k.placedPods, pp)
+	return nil
 }
 
 // mark is where a workload's placement attempt begins, for rollback.
@@ -115,24 +135,41 @@ func (k *kubeChecks) mark() int {
 	return len(k.placedPods)
 }
 
-// rollback forgets the pods placed since m.
+// rollback takes back the pods placed since m: their reservations and
+// their place in the snapshot.
 func (k *kubeChecks) rollback(m int) {
 	if k == nil {
 		return
 	}
-	for _, p := range k.placedPods[m:] {
-		k.k.Forget(k.logger, p)
-		delete(k.checks, p.UID)
+	for _, pp := range k.placedPods[m:] {
+		if pp.reserved {
+			if _, ok := k.reserved[pp.pod.UID]; ok {
+				pp.pc.Unreserve(k.ctx, pp.node)
+				delete(k.reserved, pp.pod.UID)
+			}
+		}
+		if pp.assumed {
+			k.k.Forget(k.logger, pp.pod)
+		}
 	}
 	k.placedPods = k.placedPods[:m]
 }
 
 // end forgets what the cycle assumed.
 func (k *kubeChecks) end() {
-	if k == nil || !k.began {
+	if k == nil {
 		return
 	}
-	k.k.End(k.logger)
+	// Placed and not sent to binding (waiting for reservations, a node
+	// that settles, the bind queue): their volumes are reserved again when
+	// they are placed in a later cycle.
+	for uid, pp := range k.reserved {
+		pp.pc.Unreserve(k.ctx, pp.node)
+		delete(k.reserved, uid)
+	}
+	if k.began {
+		k.k.End(k.logger)
+	}
 }
 
 // keep checks the pods of w placed in an earlier cycle (its kept plans) on
@@ -154,41 +191,33 @@ func (k *kubeChecks) keep(w *workload, ds []placement.Decision) (string, error) 
 			k.rollback(m)
 			return fmt.Sprintf("pod %s no longer fits node %s: %v", p.Name, d.Node, why), nil
 		}
-		k.placed(p, d.Node, pc)
+		if err := k.placed(p, d.Node, pc); err != nil {
+			k.rollback(m)
+			return fmt.Sprintf("pod %s: %v", p.Name, err), nil
+		}
 	}
 	return "", nil
 }
 
-// reserve reserves the volumes of w's pods on their nodes (kube-scheduler's
-// VolumeBinding Reserve), all or nothing, and returns the gate their
-// bindings pass (nil when none has volumes to bind).
-func (k *kubeChecks) reserve(w *workload, ds []placement.Decision) (*volumeGate, error) {
+// gate hands the volume reservations of w's pods (made as they were
+// placed) to the gate their bindings pass; nil when none has volumes.
+func (k *kubeChecks) gate(w *workload) *volumeGate {
 	if k == nil {
-		return nil, nil
-	}
-	var done []int
-	for i, d := range ds {
-		pc := k.checks[w.pods[i].pod.UID]
-		if pc == nil {
-			continue
-		}
-		if err := pc.Reserve(k.ctx, d.Node); err != nil {
-			for _, j := range done {
-				k.checks[w.pods[j].pod.UID].Unreserve(k.ctx, ds[j].Node)
-			}
-			return nil, err
-		}
-		done = append(done, i)
+		return nil
 	}
 	var g *volumeGate
-	for _, i := range done {
-		pc, node := k.checks[w.pods[i].pod.UID], ds[i].Node
+	for _, p := range w.pods {
+		pp, ok := k.reserved[p.pod.UID]
+		if !ok {
+			continue
+		}
+		delete(k.reserved, p.pod.UID)
 		if g == nil {
 			g = &volumeGate{}
 		}
-		g.pods = append(g.pods, gatedPod{uid: w.pods[i].pod.UID, check: pc, node: node, preBind: pc.NeedsPreBind(k.ctx, node)})
+		g.pods = append(g.pods, gatedPod{uid: p.pod.UID, check: pp.pc, node: pp.node, preBind: pp.pc.NeedsPreBind(k.ctx, pp.node)})
 	}
-	return g, nil
+	return g
 }
 
 // volumeGate binds the volumes of one workload's pods before any of them is
@@ -217,16 +246,17 @@ func (g *volumeGate) pass(ctx context.Context) error {
 		return nil
 	}
 	g.once.Do(func() {
-		var errs []error
-		for _, p := range g.pods {
+		// In parallel, as kube-scheduler's binding goroutines run them:
+		// each waits for the PV controller.
+		errs := make([]error, len(g.pods))
+		var wg sync.WaitGroup
+		for i, p := range g.pods {
 			if !p.preBind {
 				continue
 			}
-			if err := p.check.PreBind(ctx, p.node); err != nil {
-				errs = append(errs, err)
-				break
-			}
+			wg.Go(func() { errs[i] = p.check.PreBind(ctx, p.node) })
 		}
+		wg.Wait()
 		if g.err = errors.Join(errs...); g.err != nil {
 			for _, p := range g.pods {
 				p.check.Unreserve(ctx, p.node)

@@ -981,7 +981,9 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc 
 		if err := snap.Assume(&r, d); err != nil {
 			return nil, err
 		}
-		kc.placed(w.pods[i].pod, d.Node, pc)
+		if err := kc.placed(w.pods[i].pod, d.Node, pc); err != nil {
+			return nil, fmt.Errorf("pod %s: %w", w.pods[i].pod.Name, err)
+		}
 		ds = append(ds, d)
 	}
 	return ds, nil
