@@ -17,8 +17,9 @@
 // The per-node Filter runs only for the nodes placement asks about
 // (PodCheck.Allows).
 //
-// Pods placed during a cycle are assumed into the snapshot (Assume), so the
-// next pod's spread and anti-affinity see them; End forgets them. Volumes are
+// Pods placed are assumed into the cache (Assume, kube-scheduler's
+// AssumePod), so the next pod's spread and anti-affinity see them, until the
+// informer shows them bound or Forget takes them back. Volumes are
 // reserved (PodCheck.Reserve: kube-scheduler's assume cache of PVs and PVCs)
 // when a pod is placed and bound (PodCheck.PreBind) before the pod, as
 // kube-scheduler's VolumeBinding does; Unreserve rolls a reservation back.
@@ -34,6 +35,7 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -99,9 +101,15 @@ type Checker struct {
 	pvcs    corelisters.PersistentVolumeClaimLister
 	classes storagelisters.StorageClassLister
 
-	mu      sync.Mutex // guards assumed (Assume may race nothing, but End and Forget share it)
-	assumed map[string]*corev1.Pod
-	began   bool
+	mu sync.Mutex // guards what follows
+	// assumed: pods placed and assumed in the cache (kube-scheduler's
+	// AssumePod), until the informer shows them bound (AddPod confirms
+	// them) or Forget; each as assumed, on its node.
+	assumed map[types.UID]*corev1.Pod
+	// dirty: the cache changed by an Assume or Forget since the snapshot
+	// was last brought up to date.
+	dirty bool
+	began bool
 	// counts: domain counts of this cycle (DomainTopology), until End.
 	counts map[string]map[string]int
 	index  *labelIndex
@@ -163,7 +171,7 @@ func New(ctx context.Context, opts Options) (*Checker, error) {
 		classes: opts.Factory.Storage().V1().StorageClasses().Lister(),
 		cache:   internalcache.New(ctx, nil, false),
 		snap:    internalcache.NewEmptySnapshot(),
-		assumed: map[string]*corev1.Pod{},
+		assumed: map[types.UID]*corev1.Pod{},
 	}
 	csiNodes := opts.Factory.Storage().V1().CSINodes().Lister()
 	fw, err := frameworkruntime.NewFramework(ctx, plugins.NewInTreeRegistry(), &profile,
@@ -194,8 +202,8 @@ func Synced(f informers.SharedInformerFactory) []toolscache.InformerSynced {
 
 // Needs tells whether one of the plugins may reject pod on some node: it
 // has host ports, volumes kube-scheduler checks, hard spread constraints
-// or a required inter-pod (anti-)affinity, or some bound pod has a
-// required anti-affinity. A pod that needs nothing is not checked.
+// or a required inter-pod (anti-)affinity, or some pod bound or assumed has
+// a required anti-affinity. A pod that needs nothing is not checked.
 func (c *Checker) Needs(pod *corev1.Pod) bool {
 	return c.antiAffinity.Load() > 0 || PodNeeds(pod)
 }
@@ -221,28 +229,27 @@ func counted(obj any) bool {
 	return ok && p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
-// PodHandler feeds the cache from a pod informer.
+// PodHandler feeds the cache from a pod informer, as kube-scheduler's own
+// event handlers feed its cache: pods bound to a node and not finished. A
+// pod assumed (Assume) is confirmed when the informer shows it bound; one
+// deleted or finished before it was shown bound is forgotten.
 func (c *Checker) PodHandler(logger klog.Logger) toolscache.ResourceEventHandler {
-	return toolscache.FilteringResourceEventHandler{
-		FilterFunc: func(obj any) bool {
-			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*corev1.Pod); ok && counted(p) {
+				c.addPod(logger, p)
 			}
-			return counted(obj)
 		},
-		Handler: toolscache.ResourceEventHandlerFuncs{
-			AddFunc: func(obj any) {
-				p := obj.(*corev1.Pod)
-				if err := c.cache.AddPod(logger, p); err != nil {
-					logger.Error(err, "kubecheck: adding a pod to kube-scheduler's cache", "pod", klog.KObj(p))
-					return
-				}
-				if hasRequiredAntiAffinity(p) {
-					c.antiAffinity.Add(1)
-				}
-			},
-			UpdateFunc: func(oldObj, newObj any) {
-				o, n := oldObj.(*corev1.Pod), newObj.(*corev1.Pod)
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Pod)
+			n, ok2 := newObj.(*corev1.Pod)
+			if !ok1 || !ok2 {
+				return
+			}
+			switch oc, nc := counted(o), counted(n); {
+			case !oc && nc:
+				c.addPod(logger, n)
+			case oc && nc:
 				if err := c.cache.UpdatePod(logger, o, n); err != nil {
 					logger.Error(err, "kubecheck: updating a pod in kube-scheduler's cache", "pod", klog.KObj(n))
 					return
@@ -254,24 +261,63 @@ func (c *Checker) PodHandler(logger klog.Logger) toolscache.ResourceEventHandler
 						c.antiAffinity.Add(-1)
 					}
 				}
-			},
-			DeleteFunc: func(obj any) {
-				if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-					obj = d.Obj
+			case oc && !nc:
+				c.removePod(logger, o)
+			default:
+				if n.Status.Phase == corev1.PodSucceeded || n.Status.Phase == corev1.PodFailed {
+					c.Forget(logger, n)
 				}
-				p, ok := obj.(*corev1.Pod)
-				if !ok {
-					return
-				}
-				if err := c.cache.RemovePod(logger, p); err != nil {
-					logger.Error(err, "kubecheck: removing a pod from kube-scheduler's cache", "pod", klog.KObj(p))
-					return
-				}
-				if hasRequiredAntiAffinity(p) {
-					c.antiAffinity.Add(-1)
-				}
-			},
+			}
 		},
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			p, ok := obj.(*corev1.Pod)
+			if !ok {
+				return
+			}
+			if counted(p) {
+				c.removePod(logger, p)
+				return
+			}
+			c.Forget(logger, p)
+		},
+	}
+}
+
+// addPod adds a pod the informer shows bound, confirming it if assumed.
+func (c *Checker) addPod(logger klog.Logger, p *corev1.Pod) {
+	c.mu.Lock()
+	a, wasAssumed := c.assumed[p.UID]
+	delete(c.assumed, p.UID)
+	c.mu.Unlock()
+	if wasAssumed && a.Spec.NodeName != p.Spec.NodeName {
+		// Bound elsewhere than assumed (by someone else): the assumption
+		// goes, the pod comes where it is.
+		if err := c.cache.ForgetPod(logger, a); err != nil {
+			logger.V(2).Info("kubecheck: forgetting an assumed pod", "pod", klog.KObj(p), "err", err)
+		}
+	}
+	if err := c.cache.AddPod(logger, p); err != nil {
+		logger.Error(err, "kubecheck: adding a pod to kube-scheduler's cache", "pod", klog.KObj(p))
+		return
+	}
+	if wasAssumed && hasRequiredAntiAffinity(a) {
+		c.antiAffinity.Add(-1) // counted by Assume
+	}
+	if hasRequiredAntiAffinity(p) {
+		c.antiAffinity.Add(1)
+	}
+}
+
+func (c *Checker) removePod(logger klog.Logger, p *corev1.Pod) {
+	if err := c.cache.RemovePod(logger, p); err != nil {
+		logger.Error(err, "kubecheck: removing a pod from kube-scheduler's cache", "pod", klog.KObj(p))
+		return
+	}
+	if hasRequiredAntiAffinity(p) {
+		c.antiAffinity.Add(-1)
 	}
 }
 
@@ -304,23 +350,21 @@ func (c *Checker) NodeHandler(logger klog.Logger) toolscache.ResourceEventHandle
 }
 
 // Begin starts a cycle's checks: the snapshot takes the nodes that changed
-// since the last one, and the pods being bound (placed in earlier cycles,
-// not yet shown bound by the informer; each with the node it goes to) are
-// assumed into it.
-func (c *Checker) Begin(logger klog.Logger, inFlight map[*corev1.Pod]string) error {
+// since the last one (pods assumed included), as kube-scheduler's
+// UpdateSnapshot does at the start of its cycles.
+func (c *Checker) Begin(logger klog.Logger) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.forgetAllLocked(logger)
 	c.counts, c.index = nil, nil
+	c.began = true
+	return c.updateLocked(logger)
+}
+
+func (c *Checker) updateLocked(logger klog.Logger) error {
 	if err := c.cache.UpdateSnapshot(logger, c.snap); err != nil {
 		return fmt.Errorf("updating kube-scheduler's snapshot: %w", err)
 	}
-	c.began = true
-	for p, node := range inFlight {
-		if err := c.assumeLocked(p, node); err != nil {
-			return err
-		}
-	}
+	c.dirty = false
 	return nil
 }
 
@@ -331,62 +375,59 @@ func (c *Checker) Began() bool {
 	return c.began
 }
 
-// End forgets the pods assumed in this cycle.
-func (c *Checker) End(logger klog.Logger) {
+// End ends the cycle's checks (what was counted for placeholders).
+func (c *Checker) End(klog.Logger) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.forgetAllLocked(logger)
 	c.began = false
 	c.counts, c.index = nil, nil
 }
 
-func (c *Checker) forgetAllLocked(logger klog.Logger) {
-	for key, p := range c.assumed {
-		if err := c.snap.ForgetPod(logger, p); err != nil {
-			logger.V(2).Info("kubecheck: forgetting an assumed pod", "pod", klog.KObj(p), "err", err)
-		}
-		delete(c.assumed, key)
-	}
-}
-
-// Assume puts pod on node in this cycle's snapshot: the checks of the pods
-// placed after it see it (spread, anti-affinity, ports, volumes in use).
-func (c *Checker) Assume(pod *corev1.Pod, node string) error {
+// Assume puts pod on node in kube-scheduler's cache (its AssumePod): the
+// checks of the pods placed after it see it (spread, anti-affinity, ports,
+// volumes in use), in this cycle and the next ones, until the informer
+// shows it bound or Forget takes it back (its binding failed, or it was not
+// sent to binding).
+func (c *Checker) Assume(logger klog.Logger, pod *corev1.Pod, node string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.assumeLocked(pod, node)
-}
-
-func (c *Checker) assumeLocked(pod *corev1.Pod, node string) error {
-	key := string(pod.UID)
-	if _, ok := c.assumed[key]; ok {
-		return nil
+	if a, ok := c.assumed[pod.UID]; ok {
+		if a.Spec.NodeName == node {
+			return nil
+		}
+		c.forgetLocked(logger, a)
 	}
 	p := pod.DeepCopy()
 	p.Spec.NodeName = node
-	info, err := framework.NewPodInfo(p)
-	if err != nil {
-		return fmt.Errorf("kubecheck: reading pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	if err := c.snap.AssumePod(info); err != nil {
+	if err := c.cache.AssumePod(logger, p); err != nil {
 		return fmt.Errorf("kubecheck: assuming pod %s/%s on %s: %w", pod.Namespace, pod.Name, node, err)
 	}
-	c.assumed[key] = p
+	c.assumed[p.UID] = p
+	c.dirty = true
+	if hasRequiredAntiAffinity(p) {
+		c.antiAffinity.Add(1)
+	}
 	return nil
 }
 
-// Forget takes back an Assume (a gang member of a placement rolled back).
+// Forget takes an Assume back (a rolled-back placement, a pod not sent to
+// binding, a binding that failed); a pod not assumed is left alone.
 func (c *Checker) Forget(logger klog.Logger, pod *corev1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	key := string(pod.UID)
-	p, ok := c.assumed[key]
-	if !ok {
-		return
+	if a, ok := c.assumed[pod.UID]; ok {
+		c.forgetLocked(logger, a)
 	}
-	delete(c.assumed, key)
-	if err := c.snap.ForgetPod(logger, p); err != nil {
-		logger.V(2).Info("kubecheck: forgetting an assumed pod", "pod", klog.KObj(p), "err", err)
+}
+
+func (c *Checker) forgetLocked(logger klog.Logger, a *corev1.Pod) {
+	delete(c.assumed, a.UID)
+	if err := c.cache.ForgetPod(logger, a); err != nil {
+		logger.V(2).Info("kubecheck: forgetting an assumed pod", "pod", klog.KObj(a), "err", err)
+	}
+	c.dirty = true
+	if hasRequiredAntiAffinity(a) {
+		c.antiAffinity.Add(-1)
 	}
 }
 
@@ -409,10 +450,18 @@ type PodCheck struct {
 }
 
 // Check runs the PreFilter plugins for pod against the cycle's snapshot
-// (Begin must have run). It returns nil when no plugin has anything to check
+// (Begin must have run), brought up to date with what was assumed since. It returns nil when no plugin has anything to check
 // for pod: every node is allowed. An error means a plugin failed (not a
 // rejection): the pod cannot be checked this cycle.
 func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error) {
+	c.mu.Lock()
+	if c.dirty {
+		if err := c.updateLocked(klog.FromContext(ctx)); err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
+	}
+	c.mu.Unlock()
 	state := framework.NewCycleState()
 	res, st, narrowedBy := c.fw.RunPreFilterPlugins(ctx, state, pod)
 	pc := &PodCheck{c: c, pod: pod, state: state, memo: map[string][]string{}}

@@ -63,7 +63,7 @@ func TestSpreadAndAntiAffinity(t *testing.T) {
 		t.Fatal("spread pod needs no check")
 	}
 	ctx := context.Background()
-	if err := c.Begin(klog.Background(), nil); err != nil {
+	if err := c.Begin(klog.Background()); err != nil {
 		t.Fatal(err)
 	}
 	pc, err := c.Check(ctx, p)
@@ -79,7 +79,7 @@ func TestSpreadAndAntiAffinity(t *testing.T) {
 		t.Errorf("n2 rejected: %v", why)
 	}
 	// Assume a pod on n2: now both zones have one, either is fine.
-	if err := c.Assume(pod("p2", "", app), "n2"); err != nil {
+	if err := c.Assume(klog.Background(), pod("p2", "", app), "n2"); err != nil {
 		t.Fatal(err)
 	}
 	pc, _ = c.Check(ctx, p)
@@ -91,7 +91,7 @@ func TestSpreadAndAntiAffinity(t *testing.T) {
 	if c.Needs(plain) {
 		t.Error("plain pod needs a check")
 	}
-	if err := c.Begin(klog.Background(), nil); err != nil {
+	if err := c.Begin(klog.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if pc, err := c.Check(ctx, plain); pc != nil || err != nil {
@@ -103,7 +103,7 @@ func TestTopologyForPlaceholders(t *testing.T) {
 	app := map[string]string{"app": "a"}
 	c := newChecker(t, node("n1", "z1"), node("n2", "z1"), node("n3", "z2"),
 		pod("p1", "n1", app), pod("p2", "n2", app), pod("other", "n3", map[string]string{"app": "b"}))
-	if err := c.Begin(klog.Background(), nil); err != nil {
+	if err := c.Begin(klog.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer c.End(klog.Background())

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sort"
 )
 
 // Options configure a Placer.
@@ -180,6 +181,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	} else {
 		row := p.cacheRow(s, &q)
 		ch := p.chargesFor(s, &q)
+		var cands []candidate // with a Filter: every node that fits, scored
 		for i := range s.nodes {
 			if !elig.ok(i) || !s.fits(i, &q) {
 				continue
@@ -199,8 +201,23 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 			if ch != nil {
 				sc -= ch.at(s, i, &q, g)
 			}
-			if sc > bestScore && allowed(i) {
+			if r.Filter != nil {
+				cands = append(cands, candidate{i: i, gpu: g, score: sc})
+				continue
+			}
+			if sc > bestScore {
 				best, bestGPU, bestScore = i, g, sc
+			}
+		}
+		if r.Filter != nil {
+			// Best first (the first in the snapshot on a tie, as above): a
+			// filter that allows the best node is asked once.
+			sort.SliceStable(cands, func(a, b int) bool { return cands[a].score > cands[b].score })
+			for _, c := range cands {
+				if allowed(c.i) {
+					best, bestGPU, bestScore = c.i, c.gpu, c.score
+					break
+				}
 			}
 		}
 	}
@@ -208,6 +225,12 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		return Decision{}, p.explain(s, &q, elig, filtered)
 	}
 	return s.decision(best, bestGPU, bestScore, &q), nil
+}
+
+// candidate is a node that fits a request, with its score and GPU.
+type candidate struct {
+	i, gpu int
+	score  float64
 }
 
 // charger is a policy that charges a request, on top of its cached per-node

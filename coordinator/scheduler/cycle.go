@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -202,6 +203,9 @@ func (s *Scheduler) takeAssumed(logger klog.Logger, now time.Time) map[types.UID
 		if a.unknown && now.Sub(a.since) >= bindUnknownHold {
 			logger.V(2).Info("Binding outcome still unknown and the pod not shown bound; it is placed again", "podUID", uid, "node", a.Node)
 			delete(s.assumed, uid)
+			if s.deps.Kube != nil {
+				s.deps.Kube.Forget(logger, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}})
+			}
 			continue
 		}
 		assumed[uid] = a.Assumed
@@ -463,7 +467,7 @@ func (c *cycle) noRoom(w *workload, verdict verdict, items []placeholder.Item, p
 	if verdict.overQuota {
 		return wait(binder.ReasonOverQuota, fmt.Sprintf("queue %s is over its deserved quota and the cluster has no free capacity for this pod: %s", w.queue, placeErr))
 	}
-	if m := c.s.reclaim(c.ctx, w, c.books, c.reclaimIn); m != "" {
+	if m := c.s.reclaim(c.ctx, w, c.books, c.reclaimIn, c.kube); m != "" {
 		return wait(binder.ReasonNoCapacity, m)
 	}
 	c.demand = append(c.demand, c.kube.withDomains(items)...)

@@ -17,24 +17,25 @@ import (
 
 // kubeChecks is one cycle's use of kube-scheduler's filter plugins
 // (Deps.Kube, coordinator/kubecheck): begun on the first pod that needs
-// them, so a cycle with no such pod pays nothing. Every pod placed after it
-// began is assumed into its snapshot (a pod without spread constraints may
-// still count in another's), and taken back when its workload's placement
-// is rolled back. A nil *kubeChecks checks nothing.
+// them, so a cycle with no such pod pays for no snapshot. Every pod placed
+// is assumed into kube-scheduler's cache (a pod without spread constraints
+// may still count in another's), taken back when its workload's placement
+// is rolled back or it is not sent to binding; a pod sent to binding stays
+// assumed until the informer shows it bound or its binding fails. A nil
+// *kubeChecks checks nothing.
 type kubeChecks struct {
 	k      *kubecheck.Checker
 	ctx    context.Context
 	logger klog.Logger
-	// inFlight gives the pods placed in earlier cycles (or earlier in this
-	// one) and not yet shown bound, with their nodes, at Begin.
-	inFlight func() map[*corev1.Pod]string
-	began    bool
+	began bool
 	err      error // Begin failed: pods that need checks wait
 	// placedPods are the pods placed, in order (see mark, rollback).
 	placedPods []placedPod
 	// reserved are the pods whose volumes are reserved and not yet handed to
 	// a binding (gate); end takes back what is left.
 	reserved map[types.UID]placedPod
+	// sent are the pods sent to binding (sent): they stay assumed.
+	sent map[types.UID]bool
 }
 
 // placedPod is a pod placed in this cycle: assumed into the checks'
@@ -51,32 +52,7 @@ func (s *Scheduler) newKubeChecks(c *cycle) *kubeChecks {
 	if s.deps.Kube == nil {
 		return nil
 	}
-	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, reserved: map[types.UID]placedPod{},
-		inFlight: func() map[*corev1.Pod]string { return c.inFlight() }}
-}
-
-// inFlight are the cycle's pods that are placed and not shown bound: being
-// bound (assumed) or planned, in earlier cycles or this one.
-func (c *cycle) inFlight() map[*corev1.Pod]string {
-	s := c.s
-	s.mu.Lock()
-	assumed := make(map[types.UID]string, len(s.assumed))
-	for uid, a := range s.assumed {
-		assumed[uid] = a.Node
-	}
-	s.mu.Unlock()
-	out := map[*corev1.Pod]string{}
-	for _, p := range c.pods {
-		if p.Spec.NodeName != "" {
-			continue
-		}
-		if node, ok := assumed[p.UID]; ok && node != "" {
-			out[p] = node
-		} else if pl, ok := c.plans[p.UID]; ok {
-			out[p] = pl.Node
-		}
-	}
-	return out
+	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, reserved: map[types.UID]placedPod{}, sent: map[types.UID]bool{}}
 }
 
 // check returns pod's checks, nil when it needs none.
@@ -94,7 +70,7 @@ func (k *kubeChecks) check(pod *corev1.Pod) (*kubecheck.PodCheck, error) {
 func (k *kubeChecks) begin() error {
 	if !k.began {
 		k.began = true
-		k.err = k.k.Begin(k.logger, k.inFlight())
+		k.err = k.k.Begin(k.logger)
 	}
 	return k.err
 }
@@ -116,12 +92,10 @@ func (k *kubeChecks) placed(pod *corev1.Pod, node string, pc *kubecheck.PodCheck
 		pp.reserved = true
 		k.reserved[pod.UID] = pp
 	}
-	if k.began && k.err == nil {
-		if err := k.k.Assume(pod, node); err != nil {
-			k.logger.Error(err, "kube-scheduler's checks: assuming a placed pod", "pod", klog.KObj(pod), "node", node)
-		} else {
-			pp.assumed = true
-		}
+	if err := k.k.Assume(k.logger, pod, node); err != nil {
+		k.logger.Error(err, "kube-scheduler's checks: assuming a placed pod", "pod", klog.KObj(pod), "node", node)
+	} else {
+		pp.assumed = true
 	}
 	k.placedPods = append(k.placedPods, pp)
 	return nil
@@ -161,11 +135,16 @@ func (k *kubeChecks) end() {
 		return
 	}
 	// Placed and not sent to binding (waiting for reservations, a node
-	// that settles, the bind queue): their volumes are reserved again when
-	// they are placed in a later cycle.
+	// that settles, the bind queue): their volumes are reserved and they
+	// are assumed again when they are placed in a later cycle.
 	for uid, pp := range k.reserved {
 		pp.pc.Unreserve(k.ctx, pp.node)
 		delete(k.reserved, uid)
+	}
+	for _, pp := range k.placedPods {
+		if pp.assumed && !k.sent[pp.pod.UID] {
+			k.k.Forget(k.logger, pp.pod)
+		}
 	}
 	if k.began {
 		k.k.End(k.logger)
@@ -199,14 +178,16 @@ func (k *kubeChecks) keep(w *workload, ds []placement.Decision) (string, error) 
 	return "", nil
 }
 
-// gate hands the volume reservations of w's pods (made as they were
-// placed) to the gate their bindings pass; nil when none has volumes.
+// gate records w's pods as sent to binding (they stay assumed) and hands
+// their volume reservations (made as they were placed) to the gate their
+// bindings pass; nil when none has volumes.
 func (k *kubeChecks) gate(w *workload) *volumeGate {
 	if k == nil {
 		return nil
 	}
 	var g *volumeGate
 	for _, p := range w.pods {
+		k.sent[p.pod.UID] = true
 		pp, ok := k.reserved[p.pod.UID]
 		if !ok {
 			continue
@@ -312,6 +293,14 @@ func (k *kubeChecks) withDomains(items []placeholder.Item) []placeholder.Item {
 		items[i].Domains = k.k.DomainTopology(items[i].Pod)
 	}
 	return items
+}
+
+// forgetKube takes back pod's assumption in kube-scheduler's cache (its
+// binding failed or was never sent).
+func (s *Scheduler) forgetKube(ctx context.Context, pod *corev1.Pod) {
+	if s.deps.Kube != nil {
+		s.deps.Kube.Forget(klog.FromContext(ctx), pod)
+	}
 }
 
 // podFilter is a pod's checks as placement's node filter.

@@ -154,13 +154,18 @@ func (sc *reclaimScope) waitsFor(p *corev1.Pod) bool {
 // holds finds a pod that still holds resources (not terminal) by UID.
 func (sc *reclaimScope) holds(uid types.UID) *corev1.Pod { return sc.byUID[uid] }
 
-// fits tells whether w fits on snap, leaving snap as it was.
-func (s *Scheduler) fits(snap *state.Snapshot, w *workload) bool {
+// fits tells whether w fits on snap, leaving snap as it was. With kc, its
+// pods must also pass kube-scheduler's checks; these still count the
+// victims (kube-scheduler's snapshot holds the cluster as it is), so reclaim
+// never evicts for a pod that a check rejects.
+func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks) bool {
 	if snap == nil {
 		return false
 	}
 	cp := snap.Checkpoint()
-	_, err := s.place(snap, w, nil)
+	m := kc.mark()
+	_, err := s.place(snap, w, kc)
+	kc.rollback(m)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
 		return false
 	}
@@ -192,7 +197,7 @@ func (sc *reclaimScope) without(gone func(*corev1.Pod) bool) *state.Snapshot {
 // the moment until the informer shows them terminating: from then on the
 // API itself says they are going, so a restarted coordinator waits for
 // them as its predecessor did, instead of evicting more.
-func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *reclaimScope) string {
+func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *reclaimScope, kc *kubeChecks) string {
 	if s.deps.Evictor == nil {
 		return ""
 	}
@@ -225,7 +230,7 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	if waiting > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d reclaimed pods of other queues to end", w.queue, waiting)
 	}
-	if n := s.fitsWithoutTerminating(w, sc); n > 0 {
+	if n := s.fitsWithoutTerminating(w, sc, kc); n > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d terminating pods to end", w.queue, n)
 	}
 
@@ -254,7 +259,7 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	// reclaim could ever make for this queue (built once per cycle and
 	// queue), which is enough to turn most hopeless workloads away; then on
 	// the cluster without these victims.
-	if !s.fits(sc.roomyFor(w.queue), w) {
+	if !s.fits(sc.roomyFor(w.queue), w, kc) {
 		return ""
 	}
 	gone := map[types.UID]bool{}
@@ -265,7 +270,7 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 			evict = append(evict, p)
 		}
 	}
-	if !s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w) {
+	if !s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w, kc) {
 		return ""
 	}
 
@@ -338,7 +343,7 @@ func (sc *reclaimScope) roomyFor(q string) *state.Snapshot {
 // waits for (deleted or evicted, still holding their resources, ending
 // within terminatingWait) when w would fit once they are gone; 0 when none
 // are or w would not fit even then.
-func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope) int {
+func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *kubeChecks) int {
 	if sc.going == 0 {
 		return 0
 	}
@@ -348,7 +353,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope) int {
 			return p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !predicates.Terminal(p) && sc.waitsFor(p)
 		})
 	}
-	if !s.fits(sc.withoutGoing, w) {
+	if !s.fits(sc.withoutGoing, w, kc) {
 		return 0
 	}
 	return sc.going

@@ -560,6 +560,7 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		unknown := errors.Is(err, binder.ErrBindingUnknown)
 		if !unknown {
 			t.volumes.unreserve(ctx, t.pod.UID)
+			s.forgetKube(ctx, t.pod)
 		}
 		if unknown {
 			klog.FromContext(ctx).Error(err, "Binding outcome unknown; the pod stays assumed until the informer shows it", "pod", klog.KObj(t.pod), "node", t.node, "hold", bindUnknownHold)
@@ -1059,6 +1060,9 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 				delete(s.assumed, q.pod.UID)
 			}
 			s.mu.Unlock()
+			for _, q := range w.pods[i:] {
+				s.forgetKube(ctx, q.pod)
+			}
 			return
 		}
 	}
