@@ -203,15 +203,16 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 			}
 			if r.Filter != nil {
 				cands = append(cands, candidate{i: i, gpu: g, score: sc})
-				continue
 			}
 			if sc > bestScore {
 				best, bestGPU, bestScore = i, g, sc
 			}
 		}
-		if r.Filter != nil {
-			// Best first (the first in the snapshot on a tie, as above): a
-			// filter that allows the best node is asked once.
+		if r.Filter != nil && best >= 0 && !allowed(best) {
+			// The rest best first (the first in the snapshot on a tie, as
+			// above): a filter that allows the best node is asked once, and
+			// the list is sorted only when it does not.
+			best, bestGPU, bestScore = -1, -1, math.Inf(-1)
 			sort.SliceStable(cands, func(a, b int) bool { return cands[a].score > cands[b].score })
 			for _, c := range cands {
 				if allowed(c.i) {

@@ -27,8 +27,8 @@ type kubeChecks struct {
 	k      *kubecheck.Checker
 	ctx    context.Context
 	logger klog.Logger
-	began bool
-	err      error // Begin failed: pods that need checks wait
+	began  bool
+	err    error // Begin failed: pods that need checks wait
 	// placedPods are the pods placed, in order (see mark, rollback).
 	placedPods []placedPod
 	// reserved are the pods whose volumes are reserved and not yet handed to

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
@@ -64,12 +65,24 @@ func BenchmarkCycleKubeChecks(b *testing.B) {
 				s.deps.Kube = benchChecker(b, s, pvs)
 			}
 			ctx := b.Context()
+			if testing.Verbose() {
+				ctx = klog.NewContext(ctx, ktesting.NewLogger(b, ktesting.NewConfig(ktesting.Verbosity(2))))
+			}
 			forget := func() {
 				drainBinds(s)
 				s.mu.Lock()
 				clear(s.assumed)
 				s.mu.Unlock()
 				s.plans = nil
+				if s.deps.Kube != nil {
+					// The bindings never happen: kube-scheduler's cache
+					// forgets them too.
+					for _, p := range pods {
+						if p.Spec.NodeName == "" {
+							s.deps.Kube.Forget(klog.Background(), p)
+						}
+					}
+				}
 			}
 			cold := time.Now()
 			if _, err := s.Cycle(ctx); err != nil {
