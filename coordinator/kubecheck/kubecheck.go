@@ -58,8 +58,13 @@ import (
 
 // FilterPlugins are the kube-scheduler plugins the coordinator runs, in
 // kube-scheduler's default order. Each also has a PreFilter; VolumeBinding
-// also reserves and pre-binds.
+// also reserves and pre-binds. NodeResourcesFit ignores the GPU resources
+// (groups nvidia.com and gpufrac.io: placement counts GPUs, shares, MIG
+// devices and replicas itself) and checks the rest: ephemeral storage,
+// huge pages, other extended resources, the node's pod count, and CPU and
+// memory again.
 var FilterPlugins = []string{
+	names.NodeResourcesFit,
 	names.NodePorts,
 	names.VolumeRestrictions,
 	names.NodeVolumeLimits,
@@ -143,6 +148,8 @@ func New(ctx context.Context, opts Options) (*Checker, error) {
 			// ReplicaSets, StatefulSets and ReplicationControllers.
 			args.DefaultingType = config.ListDefaulting
 			args.DefaultConstraints = nil
+		case *config.NodeResourcesFitArgs:
+			args.IgnoredResourceGroups = append(args.IgnoredResourceGroups, "nvidia.com", "gpufrac.io")
 		case *config.VolumeBindingArgs:
 			if opts.BindTimeoutSeconds > 0 {
 				args.BindTimeoutSeconds = opts.BindTimeoutSeconds
@@ -205,7 +212,32 @@ func Synced(f informers.SharedInformerFactory) []toolscache.InformerSynced {
 // or a required inter-pod (anti-)affinity, or some pod bound or assumed has
 // a required anti-affinity. A pod that needs nothing is not checked.
 func (c *Checker) Needs(pod *corev1.Pod) bool {
-	return c.antiAffinity.Load() > 0 || PodNeeds(pod)
+	return c.antiAffinity.Load() > 0 || PodNeeds(pod) || asksOtherResources(pod)
+}
+
+// asksOtherResources tells whether pod asks for a resource placement does
+// not count: not CPU or memory, nor in the GPU groups NodeResourcesFit
+// ignores (ephemeral storage, huge pages, other extended resources).
+func asksOtherResources(pod *corev1.Pod) bool {
+	other := func(rl corev1.ResourceList) bool {
+		for name := range rl {
+			switch {
+			case name == corev1.ResourceCPU || name == corev1.ResourceMemory:
+			case strings.HasPrefix(string(name), "nvidia.com/") || strings.HasPrefix(string(name), "gpufrac.io/"):
+			default:
+				return true
+			}
+		}
+		return false
+	}
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			if other(cs[i].Resources.Requests) || other(cs[i].Resources.Limits) {
+				return true
+			}
+		}
+	}
+	return other(pod.Spec.Overhead) || (pod.Spec.Resources != nil && other(pod.Spec.Resources.Requests))
 }
 
 // PodNeeds is Needs without the cluster's anti-affinity: what the pod
@@ -481,7 +513,10 @@ func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error)
 		pc.notNarrowed = []string{fmt.Sprintf("node(s) didn't satisfy plugin(s) %v", sets.List(narrowedBy))}
 		return pc, nil
 	}
-	if state.GetSkipFilterPlugins().Len() >= len(FilterPlugins) {
+	// NodeResourcesFit never skips itself: with nothing else to check and
+	// no resource placement does not count, there is nothing to check.
+	skipped := state.GetSkipFilterPlugins()
+	if skipped.Len() >= len(FilterPlugins) || (skipped.Len() == len(FilterPlugins)-1 && !skipped.Has(names.NodeResourcesFit) && !asksOtherResources(pod)) {
 		return nil, nil
 	}
 	return pc, nil

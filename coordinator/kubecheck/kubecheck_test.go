@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -16,8 +17,11 @@ import (
 )
 
 func node(name, zone string) *corev1.Node {
+	alloc := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("8"),
+		corev1.ResourceMemory: resource.MustParse("32Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("100Gi")}
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-		corev1.LabelHostname: name, corev1.LabelTopologyZone: zone}}}
+		corev1.LabelHostname: name, corev1.LabelTopologyZone: zone}},
+		Status: corev1.NodeStatus{Allocatable: alloc, Capacity: alloc}}
 }
 
 func pod(name, nodeName string, labels map[string]string) *corev1.Pod {
@@ -151,5 +155,46 @@ func TestTopologyForPlaceholders(t *testing.T) {
 				t.Errorf("topology %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestOtherResources: a pod asking ephemeral storage is checked by
+// NodeResourcesFit (placement counts CPU, memory and GPUs only); GPU
+// resources are left to placement.
+func TestOtherResources(t *testing.T) {
+	c := newChecker(t, node("n1", "z1"))
+	ctx := context.Background()
+	if err := c.Begin(klog.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.End(klog.Background())
+	ask := func(rl corev1.ResourceList) *corev1.Pod {
+		p := pod("p", "", nil)
+		p.Spec.Containers[0].Resources.Requests = rl
+		return p
+	}
+	gpus := ask(corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("16"), "gpufrac.io/gpu-fraction": resource.MustParse("30"),
+		corev1.ResourceCPU: resource.MustParse("1")})
+	if c.Needs(gpus) {
+		t.Error("a pod asking GPUs and CPU needs kube-scheduler's checks")
+	}
+	if pc, err := c.Check(ctx, gpus); pc != nil || err != nil {
+		t.Errorf("GPU pod: check %v, %v; want none", pc, err)
+	}
+	big := ask(corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("200Gi")})
+	if !c.Needs(big) {
+		t.Fatal("a pod asking ephemeral storage needs no check")
+	}
+	pc, err := c.Check(ctx, big)
+	if err != nil || pc == nil {
+		t.Fatalf("check %v, %v", pc, err)
+	}
+	if ok, why := pc.Allows(ctx, "n1"); ok || len(why) == 0 || why[0] != "Insufficient ephemeral-storage" {
+		t.Errorf("200Gi of ephemeral storage on a 100Gi node: allowed %v, %v", ok, why)
+	}
+	small := ask(corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("1Gi"), "nvidia.com/gpu": resource.MustParse("16")})
+	pc, _ = c.Check(ctx, small)
+	if ok, why := pc.Allows(ctx, "n1"); !ok {
+		t.Errorf("1Gi of ephemeral storage (and GPUs, placement's to count): rejected %v", why)
 	}
 }
