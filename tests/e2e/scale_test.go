@@ -61,7 +61,11 @@ import (
 // runs per scheduler (default 2 at full size: coordinator, kube-scheduler,
 // coordinator, kube-scheduler); GPUFRAC_SCALE_QPS the client budget of both
 // (default 200 QPS, burst twice that: the coordinator's default);
-// GPUFRAC_SCALE_SCHEDULERS a comma-separated subset of
+// GPUFRAC_SCALE_SPREAD=1 gives every tenth pod that is not a gang member an
+// app label and a hard zone spread constraint over it (100 apps, nodes in
+// 5 zones), which kube-scheduler's checks (coordinator/kubecheck) and
+// kube-scheduler itself then enforce; GPUFRAC_SCALE_SCHEDULERS a
+// comma-separated subset of
 // coordinator,kube-scheduler; GPUFRAC_SCALE_PPROF a directory for the
 // coordinator's CPU profile (its first GPUFRAC_SCALE_PPROF_SECONDS, default
 // 60, after the pods start to arrive), heap profile (once all are bound) and
@@ -190,6 +194,10 @@ func TestScale(t *testing.T) {
 	}
 	buildBinary(t, "gpufrac-coordinator")
 	wl := newScaleWorkload(cfg.nodes, cfg.pods)
+	if os.Getenv("GPUFRAC_SCALE_SPREAD") != "" {
+		spreadEveryTenth(wl)
+		t.Logf("%d pods with a hard zone spread constraint over %d apps (GPUFRAC_SCALE_SPREAD)", wl.spread, scaleSpreadApps)
+	}
 	t.Logf("scale: %d nodes x %d GPUs in %d pools, %d pods: %d fractions, %d whole-GPU pods, %d gangs (%d members); %.0f of %d GPUs asked for; client budget %d QPS, burst %d",
 		cfg.nodes, scaleGPUsPerNode, wl.pools, len(wl.pods), wl.fractions, wl.whole, wl.gangs, wl.members, wl.gpus, cfg.nodes*scaleGPUsPerNode, cfg.qps, cfg.burst)
 
@@ -225,10 +233,37 @@ type scalePod struct {
 	gpus, percent int
 	gang          string
 	minMember     int
+	// app, when set, is the pod's app label, and the pod carries a hard
+	// zone spread constraint over it (GPUFRAC_SCALE_SPREAD).
+	app string
+}
+
+// scaleZones is the number of zones the nodes are labelled with, in turn.
+const scaleZones = 5
+
+// scaleSpreadApps is the number of apps the spread pods belong to.
+const scaleSpreadApps = 100
+
+// spreadEveryTenth gives every tenth whole-GPU and fraction pod an app and
+// its zone spread constraint (issue 28: "a tenth of them with PVCs or
+// spread"): those pods go through kube-scheduler's checks.
+func spreadEveryTenth(w *scaleWorkload) {
+	k := 0
+	for i := range w.pods {
+		if w.pods[i].gang != "" {
+			continue
+		}
+		if k%10 == 0 {
+			w.pods[i].app = fmt.Sprintf("spread-%02d", (k/10)%scaleSpreadApps)
+			w.spread++
+		}
+		k++
+	}
 }
 
 // scaleWorkload is the pods of a run, in creation order, and what they ask for.
 type scaleWorkload struct {
+	spread                           int // pods with a zone spread constraint
 	pods                             []scalePod
 	pools                            int
 	fractions, whole, gangs, members int
@@ -317,7 +352,13 @@ func (p scalePod) obj(schedulerName string) *corev1.Pod {
 	if p.gang != "" {
 		b = b.PodGroup(p.gang).MinMember(p.minMember)
 	}
-	return b.Obj()
+	pod := b.Obj()
+	if p.app != "" {
+		pod.Labels["app"] = p.app
+		pod.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone,
+			WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": p.app}}}}
+	}
+	return pod
 }
 
 // scaleResult is one run's figures.
@@ -470,9 +511,61 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 			name, n, p50.Round(time.Millisecond), longest.Round(time.Millisecond), res.cycles.busy, res.cycles.p50, res.cycles.p99, res.cycles.max, res.cycles.idle, res.cycles.idleP50)
 		invariants.Eventually(t, c.Client, c.Dynamic, invariants.Options{AllowIdleReservations: true, NoWriteBack: true}, max(2*time.Minute, limit/4))
 	}
+	if wl.spread > 0 {
+		checkZoneSpread(t, c, name)
+	}
 	proc.stop(syscall.SIGTERM)
 	res.loadAfter = loadAverage(t)
 	return res
+}
+
+// checkZoneSpread fails when an app's pods (GPUFRAC_SCALE_SPREAD) are
+// spread over the zones with a skew above 1, which their hard spread
+// constraint forbids at every placement.
+func checkZoneSpread(t *testing.T, c *cluster.Cluster, name string) {
+	t.Helper()
+	pods, err := c.Client.CoreV1().Pods(benchNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app"})
+	if err != nil {
+		t.Errorf("%s: listing the spread pods: %v", name, err)
+		return
+	}
+	nodes, err := c.Client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("%s: listing nodes: %v", name, err)
+		return
+	}
+	zoneOf := map[string]string{}
+	for _, n := range nodes.Items {
+		zoneOf[n.Name] = n.Labels[corev1.LabelTopologyZone]
+	}
+	counts := map[string]map[string]int{} // app -> zone -> pods
+	for _, p := range pods.Items {
+		app := p.Labels["app"]
+		if counts[app] == nil {
+			counts[app] = map[string]int{}
+			for z := range scaleZones {
+				counts[app][fmt.Sprintf("zone-%d", z)] = 0
+			}
+		}
+		if p.Spec.NodeName != "" {
+			counts[app][zoneOf[p.Spec.NodeName]]++
+		}
+	}
+	worst := 0
+	for app, zones := range counts {
+		lo, hi := -1, 0
+		for _, n := range zones {
+			if lo < 0 || n < lo {
+				lo = n
+			}
+			hi = max(hi, n)
+		}
+		worst = max(worst, hi-lo)
+		if hi-lo > 1 {
+			t.Errorf("%s: app %s is spread %v over the zones: skew %d, its constraint allows 1", name, app, zones, hi-lo)
+		}
+	}
+	t.Logf("%s: %d spread pods of %d apps, largest zone skew %d", name, len(pods.Items), len(counts), worst)
 }
 
 // auditPolicy logs the metadata of the two schedulers' requests, once per
@@ -541,7 +634,8 @@ func addScaleNodes(t *testing.T, c *cluster.Cluster, client kubernetes.Interface
 			return err
 		}
 		node := cluster.NewNode(cluster.NodeSpec{Name: name, Capacity: capacity,
-			Labels:      map[string]string{api.LabelGPUProduct: cluster.H100Product, api.LabelNodePool: fmt.Sprintf("pool-%d", i/perPool)},
+			Labels: map[string]string{api.LabelGPUProduct: cluster.H100Product, api.LabelNodePool: fmt.Sprintf("pool-%d", i/perPool),
+				corev1.LabelTopologyZone: fmt.Sprintf("zone-%d", i%scaleZones), corev1.LabelHostname: name},
 			Annotations: map[string]string{api.AnnotationGPUInventory: inv}})
 		if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("creating node %s: %w", name, err)
