@@ -105,6 +105,8 @@ type Checker struct {
 	pvs     corelisters.PersistentVolumeLister
 	pvcs    corelisters.PersistentVolumeClaimLister
 	classes storagelisters.StorageClassLister
+	// namespaces resolves affinity terms' namespace selectors (Topology).
+	namespaces corelisters.NamespaceLister
 
 	mu sync.Mutex // guards what follows
 	// assumed: pods placed and assumed in the cache (kube-scheduler's
@@ -173,12 +175,13 @@ func New(ctx context.Context, opts Options) (*Checker, error) {
 		Bind:      set(names.DefaultBinder),
 	}
 	c := &Checker{
-		pvs:     opts.Factory.Core().V1().PersistentVolumes().Lister(),
-		pvcs:    opts.Factory.Core().V1().PersistentVolumeClaims().Lister(),
-		classes: opts.Factory.Storage().V1().StorageClasses().Lister(),
-		cache:   internalcache.New(ctx, nil, false),
-		snap:    internalcache.NewEmptySnapshot(),
-		assumed: map[types.UID]*corev1.Pod{},
+		pvs:        opts.Factory.Core().V1().PersistentVolumes().Lister(),
+		pvcs:       opts.Factory.Core().V1().PersistentVolumeClaims().Lister(),
+		classes:    opts.Factory.Storage().V1().StorageClasses().Lister(),
+		namespaces: opts.Factory.Core().V1().Namespaces().Lister(),
+		cache:      internalcache.New(ctx, nil, false),
+		snap:       internalcache.NewEmptySnapshot(),
+		assumed:    map[types.UID]*corev1.Pod{},
 	}
 	csiNodes := opts.Factory.Storage().V1().CSINodes().Lister()
 	fw, err := frameworkruntime.NewFramework(ctx, plugins.NewInTreeRegistry(), &profile,

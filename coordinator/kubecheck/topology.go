@@ -35,6 +35,43 @@ func (c *Checker) Topology(pod *corev1.Pod) []corev1.NodeSelector {
 	return append(c.VolumeTopology(pod), c.DomainTopology(pod)...)
 }
 
+// MaxTopologyTerms bounds what Topology may make a placeholder's required
+// affinity: the product of the selectors' terms (ANDed, each an OR of its
+// terms). Past it the volumes' topology is left out and Karpenter's own
+// reading of the pod's volumes would be the only guide: two-zone classes
+// (or regional PVs) on k claims would otherwise give 2^k terms.
+const MaxTopologyTerms = 64
+
+// bounded drops repeated selectors and, when the product of their terms
+// passes MaxTopologyTerms, all but the one-term selectors.
+func bounded(nss []corev1.NodeSelector) []corev1.NodeSelector {
+	seen := map[string]bool{}
+	out := nss[:0:0]
+	product := 1
+	for _, ns := range nss {
+		k := ns.String()
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, ns)
+		product *= max(1, len(ns.NodeSelectorTerms))
+		if product > MaxTopologyTerms {
+			product = MaxTopologyTerms + 1
+		}
+	}
+	if product <= MaxTopologyTerms {
+		return out
+	}
+	single := out[:0:0]
+	for _, ns := range out {
+		if len(ns.NodeSelectorTerms) <= 1 {
+			single = append(single, ns)
+		}
+	}
+	return single
+}
+
 // VolumeTopology is the part of Topology the pod's volumes give: it changes
 // only when its claims are bound, and costs two lister reads per claim.
 func (c *Checker) VolumeTopology(pod *corev1.Pod) []corev1.NodeSelector {
@@ -69,7 +106,7 @@ func (c *Checker) VolumeTopology(pod *corev1.Pod) []corev1.NodeSelector {
 			}
 		}
 	}
-	return out
+	return bounded(out)
 }
 
 // allowedTopologies is a class's allowed topologies as a node selector.
@@ -124,6 +161,7 @@ func (c *Checker) DomainTopology(pod *corev1.Pod) []corev1.NodeSelector {
 			out = append(out, *ns)
 		}
 	}
+	out = append(out, c.existingAntiAffinity(pod)...)
 	a := pod.Spec.Affinity
 	if a == nil {
 		return out
@@ -137,9 +175,9 @@ func (c *Checker) DomainTopology(pod *corev1.Pod) []corev1.NodeSelector {
 			if err != nil {
 				continue
 			}
-			nss := t.Namespaces
-			if len(nss) == 0 && t.NamespaceSelector == nil {
-				nss = []string{pod.Namespace}
+			nss, selects := c.termNamespaces(pod, t)
+			if !selects {
+				continue // the term selects no namespace: it counts nothing
 			}
 			counts := c.countByDomain(t.TopologyKey, nss, sel)
 			var with []string
@@ -158,6 +196,87 @@ func (c *Checker) DomainTopology(pod *corev1.Pod) []corev1.NodeSelector {
 	}
 	if a.PodAffinity != nil {
 		terms(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution, corev1.NodeSelectorOpIn)
+	}
+	return out
+}
+
+// termNamespaces are the namespaces an affinity term counts pods in: its
+// list and those its namespace selector matches (an empty selector: all,
+// returned as nil), else the pod's own; selects is false when it selects none.
+func (c *Checker) termNamespaces(pod *corev1.Pod, t corev1.PodAffinityTerm) (nss []string, selects bool) {
+	if len(t.Namespaces) == 0 && t.NamespaceSelector == nil {
+		return []string{pod.Namespace}, true
+	}
+	nss = append(nss, t.Namespaces...)
+	if t.NamespaceSelector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(t.NamespaceSelector)
+		if err != nil {
+			return nss, len(nss) > 0
+		}
+		if sel.Empty() {
+			return nil, true
+		}
+		if c.namespaces != nil {
+			list, err := c.namespaces.List(sel)
+			if err == nil {
+				for _, ns := range list {
+					nss = append(nss, ns.Name)
+				}
+			}
+		}
+	}
+	sort.Strings(nss)
+	return nss, len(nss) > 0
+}
+
+// existingAntiAffinity is where bound pods' required anti-affinity on a key
+// other than the hostname keeps pod out: per key, the domains of the nodes
+// of such pods whose term matches pod.
+func (c *Checker) existingAntiAffinity(pod *corev1.Pod) []corev1.NodeSelector {
+	infos, err := c.snap.NodeInfos().HavePodsWithRequiredAntiAffinityList()
+	if err != nil || len(infos) == 0 {
+		return nil
+	}
+	var nsLabels labels.Set
+	if c.namespaces != nil {
+		if ns, err := c.namespaces.Get(pod.Namespace); err == nil {
+			nsLabels = ns.Labels
+		}
+	}
+	blocked := map[string]map[string]bool{} // key -> domains
+	for _, ni := range infos {
+		n := ni.Node()
+		if n == nil {
+			continue
+		}
+		for _, pi := range ni.GetPodsWithRequiredAntiAffinity() {
+			for _, term := range pi.GetRequiredAntiAffinityTerms() {
+				if term.TopologyKey == corev1.LabelHostname || term.TopologyKey == "" || !term.Matches(pod, nsLabels) {
+					continue
+				}
+				if d, ok := n.Labels[term.TopologyKey]; ok {
+					if blocked[term.TopologyKey] == nil {
+						blocked[term.TopologyKey] = map[string]bool{}
+					}
+					blocked[term.TopologyKey][d] = true
+				}
+			}
+		}
+	}
+	keys := make([]string, 0, len(blocked))
+	for k := range blocked {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var out []corev1.NodeSelector
+	for _, k := range keys {
+		ds := make([]string, 0, len(blocked[k]))
+		for d := range blocked[k] {
+			ds = append(ds, d)
+		}
+		if ns := requirement(k, corev1.NodeSelectorOpNotIn, ds); ns != nil {
+			out = append(out, *ns)
+		}
 	}
 	return out
 }

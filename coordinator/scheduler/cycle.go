@@ -443,6 +443,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		volumes.unreserveAll(c.ctx)
 		return wait(binder.ReasonNoCapacity, "resource claims do not fit the node placement chose: "+allocErr.Error())
 	}
+	c.kube.sending(w)
 	s.bind(c.ctx, w, decisions, c.snap, claims, volumes)
 	c.res.Bound += len(w.pods)
 	c.budget.placed()

@@ -178,16 +178,14 @@ func (k *kubeChecks) keep(w *workload, ds []placement.Decision) (string, error) 
 	return "", nil
 }
 
-// gate records w's pods as sent to binding (they stay assumed) and hands
-// their volume reservations (made as they were placed) to the gate their
-// bindings pass; nil when none has volumes.
+// gate hands the volume reservations of w's pods (made as they were
+// placed) to the gate their bindings pass; nil when none has volumes.
 func (k *kubeChecks) gate(w *workload) *volumeGate {
 	if k == nil {
 		return nil
 	}
 	var g *volumeGate
 	for _, p := range w.pods {
-		k.sent[p.pod.UID] = true
 		pp, ok := k.reserved[p.pod.UID]
 		if !ok {
 			continue
@@ -199,6 +197,18 @@ func (k *kubeChecks) gate(w *workload) *volumeGate {
 		g.pods = append(g.pods, gatedPod{uid: p.pod.UID, check: pp.pc, node: pp.node, preBind: pp.pc.NeedsPreBind(k.ctx, pp.node)})
 	}
 	return g
+}
+
+// sending records w's pods as sent to binding: they stay assumed in
+// kube-scheduler's cache after the cycle, until the informer shows them
+// bound or their binding fails.
+func (k *kubeChecks) sending(w *workload) {
+	if k == nil {
+		return
+	}
+	for _, p := range w.pods {
+		k.sent[p.pod.UID] = true
+	}
 }
 
 // volumeGate binds the volumes of one workload's pods before any of them is

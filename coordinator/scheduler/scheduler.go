@@ -568,7 +568,8 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 			klog.FromContext(ctx).Error(err, "Binding failed; the pod goes back to pending", "pod", klog.KObj(t.pod), "node", t.node)
 		}
 		s.mu.Lock()
-		if a, ok := s.assumed[t.pod.UID]; ok && unknown {
+		a, held := s.assumed[t.pod.UID]
+		if held && unknown {
 			// Not re-added when the informer already showed it bound or gone.
 			a.unknown, a.since = true, s.clock.Now()
 			s.assumed[t.pod.UID] = a
@@ -580,6 +581,11 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		}
 		s.backOffLocked(t, err)
 		s.mu.Unlock()
+		if unknown && !held {
+			// Shown bound (kube-scheduler's cache confirmed it) or gone
+			// already: an assumption left would outlive the pod.
+			s.forgetKube(ctx, t.pod)
+		}
 		s.Wake()
 	}
 	return err
