@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -195,6 +196,11 @@ func (k *kubeChecks) gate(w *workload) *volumeGate {
 			g = &volumeGate{}
 		}
 		g.pods = append(g.pods, gatedPod{uid: p.pod.UID, check: pp.pc, node: pp.node, preBind: pp.pc.NeedsPreBind(k.ctx, pp.node)})
+	}
+	if g == nil || !slices.ContainsFunc(g.pods, func(p gatedPod) bool { return p.preBind }) {
+		// Nothing to bind first: the reservations (of volumes all bound
+		// already, if any) need no gate, and taking them back is a no-op.
+		return nil
 	}
 	return g
 }

@@ -124,6 +124,9 @@ func (c *kubeCluster) kubeCycle() []string {
 
 func (c *kubeCluster) kubeApplyBinds() []string {
 	c.t.Helper()
+	// Workloads with volumes queue their bindings once their volume gate
+	// passed (Scheduler.bind).
+	c.s.gates.Wait()
 	var bound []string
 	for {
 		select {

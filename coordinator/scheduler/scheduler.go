@@ -203,6 +203,9 @@ type Scheduler struct {
 	metrics *metrics
 	wake    chan struct{}
 	binds   chan bindTask
+	// gates run the volume gates of workloads before their bindings are
+	// queued (bind); Run waits for them.
+	gates sync.WaitGroup
 	// events counts what may change a cycle's outcome: wake-ups (every
 	// informer event), bindings and API writes done.
 	events atomic.Uint64
@@ -479,6 +482,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 		}()
 	}
 	defer wg.Wait()
+	defer s.gates.Wait()
 	t := time.NewTicker(s.opts.Interval)
 	defer t.Stop()
 	for {
@@ -1033,6 +1037,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		s.assumed[w.pods[i].pod.UID] = assumedPod{Assumed: state.Assumed{Node: d.Node, GPU: gpu}, since: now}
 	}
 	s.mu.Unlock()
+	tasks := make([]bindTask, 0, len(ds))
 	for i, d := range ds {
 		p := w.pods[i]
 		ann := map[string]string{}
@@ -1056,17 +1061,37 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 			ann[api.AnnotationAdmittedOwner] = string(ref.UID)
 		}
 		klog.FromContext(ctx).V(4).Info("Placed pod", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs, "queue", w.queue, "claims", describeClaims(claims[i]))
-		gang := w.id()
+		tasks = append(tasks, bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: w.id(), workload: w.key, claims: claims[i], volumes: volumes})
+	}
+	if volumes == nil {
+		s.queueBinds(ctx, tasks)
+		return
+	}
+	// The volumes are bound first, off the bind workers: VolumeBinding's
+	// PreBind waits for the PV controller (a provisioner can take minutes),
+	// and a tenant's claims that are never provisioned must not hold the
+	// workers every other pod is bound by. The bindings are queued once the
+	// gate passed; when it failed, each fails at once in runBind.
+	s.gates.Go(func() {
+		_ = volumes.pass(ctx)
+		s.queueBinds(ctx, tasks)
+	})
+}
+
+// queueBinds hands tasks to the bind workers; when Run ends first, what was
+// not sent is forgotten.
+func (s *Scheduler) queueBinds(ctx context.Context, tasks []bindTask) {
+	for i, t := range tasks {
 		select {
-		case s.binds <- bindTask{pod: p.pod, node: d.Node, annotations: ann, gang: gang, workload: w.key, claims: claims[i], volumes: volumes}:
+		case s.binds <- t:
 		case <-ctx.Done():
 			// Run is ending and its bind workers with it: forget what was not sent.
 			s.mu.Lock()
-			for _, q := range w.pods[i:] {
+			for _, q := range tasks[i:] {
 				delete(s.assumed, q.pod.UID)
 			}
 			s.mu.Unlock()
-			for _, q := range w.pods[i:] {
+			for _, q := range tasks[i:] {
 				s.forgetKube(ctx, q.pod)
 			}
 			return
