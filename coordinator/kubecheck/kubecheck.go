@@ -479,16 +479,22 @@ type PodCheck struct {
 	// these reasons.
 	rejected []string
 	memo     map[string][]string // node -> reasons it was rejected (nil: allowed)
+	// pre: PreFilter ran (prefilter); none: it left nothing to check.
+	pre, none bool
 
 	assumedMu sync.Mutex
 	assumed   *corev1.Pod // the pod on the node it was reserved on (on)
 }
 
-// Check runs the PreFilter plugins for pod against the cycle's snapshot
-// (Begin must have run), brought up to date with what was assumed since. It returns nil when no plugin has anything to check
+// Check prepares pod's checks against the cycle's snapshot (Begin must have
+// run), brought up to date with what was assumed since; the PreFilter
+// plugins run on the first node asked about (Allows). It returns nil when no plugin has anything to check
 // for pod: every node is allowed. An error means a plugin failed (not a
 // rejection): the pod cannot be checked this cycle.
 func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error) {
+	if !c.Needs(pod) {
+		return nil, nil
+	}
 	c.mu.Lock()
 	if c.dirty {
 		if err := c.updateLocked(klog.FromContext(ctx)); err != nil {
@@ -497,9 +503,19 @@ func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error)
 		}
 	}
 	c.mu.Unlock()
-	state := framework.NewCycleState()
-	res, st, narrowedBy := c.fw.RunPreFilterPlugins(ctx, state, pod)
-	pc := &PodCheck{c: c, pod: pod, state: state, memo: map[string][]string{}}
+	return &PodCheck{c: c, pod: pod, memo: map[string][]string{}}, nil
+}
+
+// prefilter runs the PreFilter plugins, once, on the first node asked about:
+// a pod that waits for GPUs (no node has room for it) never pays them, and
+// pays them again in each cycle only when a node could take it.
+func (pc *PodCheck) prefilter(ctx context.Context) {
+	if pc.pre {
+		return
+	}
+	pc.pre = true
+	pc.state = framework.NewCycleState()
+	res, st, narrowedBy := pc.c.fw.RunPreFilterPlugins(ctx, pc.state, pc.pod)
 	switch {
 	case st.IsSuccess():
 	case st.IsRejected():
@@ -507,28 +523,36 @@ func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error)
 		if len(pc.rejected) == 0 {
 			pc.rejected = []string{fmt.Sprintf("rejected by %s", st.Plugin())}
 		}
-		return pc, nil
+		return
 	default:
-		return nil, fmt.Errorf("kube-scheduler's PreFilter for pod %s/%s: %w", pod.Namespace, pod.Name, st.AsError())
+		pc.rejected = []string{fmt.Sprintf("kube-scheduler's PreFilter failed (%v)", st.AsError())}
+		return
 	}
 	if !res.AllNodes() {
 		pc.only = res.NodeNames
 		pc.notNarrowed = []string{fmt.Sprintf("node(s) didn't satisfy plugin(s) %v", sets.List(narrowedBy))}
-		return pc, nil
+		return
 	}
 	// NodeResourcesFit never skips itself: with nothing else to check and
 	// no resource placement does not count, there is nothing to check.
-	skipped := state.GetSkipFilterPlugins()
-	if skipped.Len() >= len(FilterPlugins) || (skipped.Len() == len(FilterPlugins)-1 && !skipped.Has(names.NodeResourcesFit) && !asksOtherResources(pod)) {
-		return nil, nil
-	}
-	return pc, nil
+	skipped := pc.state.GetSkipFilterPlugins()
+	pc.none = skipped.Len() >= len(FilterPlugins) || (skipped.Len() == len(FilterPlugins)-1 && !skipped.Has(names.NodeResourcesFit) && !asksOtherResources(pc.pod))
+}
+
+// active tells whether the pod's PreFilter ran and left something to do
+// for Reserve and PreBind.
+func (pc *PodCheck) active() bool {
+	return pc != nil && pc.pre && pc.state != nil && !pc.none && pc.rejected == nil
 }
 
 // Allows runs the Filter plugins for the pod on node. When the node is
 // rejected, reasons say why in kube-scheduler's words.
 func (pc *PodCheck) Allows(ctx context.Context, node string) (bool, []string) {
 	if pc == nil {
+		return true, nil
+	}
+	pc.prefilter(ctx)
+	if pc.none {
 		return true, nil
 	}
 	if pc.rejected != nil {
@@ -571,7 +595,7 @@ func (pc *PodCheck) filter(ctx context.Context, node string) []string {
 // kube-scheduler, Reserve and what follows it see the pod assumed on the
 // node (spec.nodeName set): VolumeBinding's PreBind reads the node by it.
 func (pc *PodCheck) Reserve(ctx context.Context, node string) error {
-	if pc == nil {
+	if !pc.active() {
 		return nil
 	}
 	if st := pc.c.fw.RunReservePluginsReserve(ctx, pc.state, pc.on(node), node); !st.IsSuccess() {
@@ -594,7 +618,7 @@ func (pc *PodCheck) on(node string) *corev1.Pod {
 
 // Unreserve takes a Reserve back.
 func (pc *PodCheck) Unreserve(ctx context.Context, node string) {
-	if pc == nil {
+	if !pc.active() {
 		return
 	}
 	pc.c.fw.RunReservePluginsUnreserve(ctx, pc.state, pc.on(node), node)
@@ -602,7 +626,7 @@ func (pc *PodCheck) Unreserve(ctx context.Context, node string) {
 
 // NeedsPreBind tells whether PreBind has volumes to bind (after Reserve).
 func (pc *PodCheck) NeedsPreBind(ctx context.Context, node string) bool {
-	if pc == nil {
+	if !pc.active() {
 		return false
 	}
 	st := pc.c.fw.RunPreBindPreFlights(ctx, pc.state, pc.on(node), node)
@@ -612,7 +636,7 @@ func (pc *PodCheck) NeedsPreBind(ctx context.Context, node string) bool {
 // PreBind binds the pod's volumes reserved on node and waits until the PV
 // controller has finished: the pod is bound only after.
 func (pc *PodCheck) PreBind(ctx context.Context, node string) error {
-	if pc == nil {
+	if !pc.active() {
 		return nil
 	}
 	if st := pc.c.fw.RunPreBindPlugins(ctx, pc.state, pc.on(node), node); !st.IsSuccess() {
