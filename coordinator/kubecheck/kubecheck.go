@@ -43,6 +43,7 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/latest"
 	internalcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
@@ -481,6 +482,10 @@ type PodCheck struct {
 	memo     map[string][]string // node -> reasons it was rejected (nil: allowed)
 	// pre: PreFilter ran (prefilter); none: it left nothing to check.
 	pre, none bool
+	// gone: pods taken as gone (Without), by node: the PreFilter state is
+	// told of each removal and the node's info is checked without them, as
+	// kube-scheduler's preemption checks a node without its victims.
+	gone map[string][]*corev1.Pod
 
 	assumedMu sync.Mutex
 	assumed   *corev1.Pod // the pod on the node it was reserved on (on)
@@ -506,6 +511,22 @@ func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error)
 	return &PodCheck{c: c, pod: pod, memo: map[string][]string{}}, nil
 }
 
+// Without is pc as if the pods victims (bound) were gone: what reclaim asks
+// before it evicts them. The result only answers Allows; nothing is
+// reserved with it.
+func (pc *PodCheck) Without(victims []*corev1.Pod) *PodCheck {
+	if pc == nil || len(victims) == 0 {
+		return pc
+	}
+	out := &PodCheck{c: pc.c, pod: pc.pod, memo: map[string][]string{}, gone: map[string][]*corev1.Pod{}}
+	for _, v := range victims {
+		if v.Spec.NodeName != "" {
+			out.gone[v.Spec.NodeName] = append(out.gone[v.Spec.NodeName], v)
+		}
+	}
+	return out
+}
+
 // prefilter runs the PreFilter plugins, once, on the first node asked about:
 // a pod that waits for GPUs (no node has room for it) never pays them, and
 // pays them again in each cycle only when a node could take it.
@@ -516,6 +537,9 @@ func (pc *PodCheck) prefilter(ctx context.Context) {
 	pc.pre = true
 	pc.state = framework.NewCycleState()
 	res, st, narrowedBy := pc.c.fw.RunPreFilterPlugins(ctx, pc.state, pc.pod)
+	if st.IsSuccess() {
+		st = pc.removeGone(ctx)
+	}
 	switch {
 	case st.IsSuccess():
 	case st.IsRejected():
@@ -537,6 +561,27 @@ func (pc *PodCheck) prefilter(ctx context.Context) {
 	// no resource placement does not count, there is nothing to check.
 	skipped := pc.state.GetSkipFilterPlugins()
 	pc.none = skipped.Len() >= len(FilterPlugins) || (skipped.Len() == len(FilterPlugins)-1 && !skipped.Has(names.NodeResourcesFit) && !asksOtherResources(pc.pod))
+}
+
+// removeGone tells the PreFilter state of each pod taken as gone
+// (PreFilterExtensions.RemovePod: spread counts, anti-affinity terms).
+func (pc *PodCheck) removeGone(ctx context.Context) *fwk.Status {
+	for node, pods := range pc.gone {
+		ni, err := pc.c.snap.NodeInfos().Get(node)
+		if err != nil {
+			continue
+		}
+		for _, v := range pods {
+			pi, err := framework.NewPodInfo(v)
+			if err != nil {
+				return fwk.AsStatus(err)
+			}
+			if st := pc.c.fw.RunPreFilterExtensionRemovePod(ctx, pc.state, pc.pod, pi, ni); !st.IsSuccess() {
+				return st
+			}
+		}
+	}
+	return nil
 }
 
 // active tells whether the pod's PreFilter ran and left something to do
@@ -578,6 +623,15 @@ func (pc *PodCheck) filter(ctx context.Context, node string) []string {
 		// A node the informer showed the coordinator before it reached
 		// kube-scheduler's cache: checked in the next cycle.
 		return []string{"node(s) were not yet known to the scheduler's cache"}
+	}
+	if gone := pc.gone[node]; len(gone) > 0 {
+		clone := info.Snapshot()
+		if ni, ok := clone.(*framework.NodeInfo); ok {
+			for _, v := range gone {
+				_ = ni.RemovePod(klog.FromContext(ctx), v)
+			}
+		}
+		info = clone
 	}
 	st := pc.c.fw.RunFilterPlugins(ctx, pc.state, pc.pod, info)
 	if st.IsSuccess() {

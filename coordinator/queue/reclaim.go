@@ -37,6 +37,20 @@ type Workload struct {
 // whole; the answer is the first set that frees need. The caller must still
 // verify placement on a snapshot with the victims removed.
 func (t *Tree) ReclaimVictims(starved string, need Resources, candidates []Workload) ([]Workload, bool) {
+	return t.reclaimVictims(starved, need, candidates, 0)
+}
+
+// ReclaimVictimsUpTo is ReclaimVictims going on past the first set that
+// frees need, taking more candidates under the same rules, up to limit
+// victims in all: the room a pod needs may be more than its resources when
+// other victims' pods keep it out (kube-scheduler's checks: anti-affinity,
+// ports, spread), as kube-scheduler's preemption takes every lower-priority
+// pod in the way. It still answers nil, false when need cannot be freed.
+func (t *Tree) ReclaimVictimsUpTo(starved string, need Resources, candidates []Workload, limit int) ([]Workload, bool) {
+	return t.reclaimVictims(starved, need, candidates, limit)
+}
+
+func (t *Tree) reclaimVictims(starved string, need Resources, candidates []Workload, limit int) ([]Workload, bool) {
 	s, err := t.leaf(starved)
 	if err != nil {
 		return nil, false
@@ -77,7 +91,7 @@ func (t *Tree) ReclaimVictims(starved string, need Resources, candidates []Workl
 		}
 		helps := false
 		for _, d := range dims {
-			if w.Resources.get(d) > 0 && freed.get(d) < need.get(d) {
+			if w.Resources.get(d) > 0 && (freed.get(d) < need.get(d) || limit > 0) {
 				helps = true
 			}
 		}
@@ -95,9 +109,17 @@ func (t *Tree) ReclaimVictims(starved string, need Resources, candidates []Workl
 				enough = false
 			}
 		}
-		if enough {
+		if enough && (limit == 0 || len(victims) >= limit) {
 			return victims, true
 		}
+	}
+	if limit > 0 && len(victims) > 0 {
+		for _, d := range dims {
+			if freed.get(d) < need.get(d) {
+				return nil, false
+			}
+		}
+		return victims, true // every candidate the rules allow
 	}
 	return nil, false
 }

@@ -204,3 +204,41 @@ func TestReclaimVictims(t *testing.T) {
 		})
 	}
 }
+
+// TestReclaimVictimsUpTo: past the first set that frees need, more victims
+// are taken under the same rules (their queue stays at or above its
+// deserved quota), up to the limit; non-preemptible work never.
+func TestReclaimVictimsUpTo(t *testing.T) {
+	b1 := wl("team-b", "b1", gpus("2"), 1)
+	b2 := wl("team-b", "b2", gpus("2"), 2)
+	b3 := wl("team-b", "b3", gpus("2"), 3)
+	b4 := nonPreemptible(wl("team-b", "b4", gpus("2"), 4))
+	teamB := []queue.Workload{b1, b2, b3, b4}
+	var used []usage
+	for _, w := range teamB {
+		used = append(used, charge(w)...)
+	}
+	for _, tc := range []struct {
+		name  string
+		limit int
+		want  int
+		ok    bool
+	}{
+		{"one frees need", 1, 1, true},
+		{"two asked, two over quota", 2, 2, true},
+		{"four asked: team-b's deserved 4 keeps two", 4, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tree := newTree(t, orgTree(), used...)
+			got, ok := tree.ReclaimVictimsUpTo("team-a", gpus("1"), teamB, tc.limit)
+			if ok != tc.ok || len(got) != tc.want {
+				t.Errorf("ReclaimVictimsUpTo(limit %d) = %d victims, %v; want %d, %v", tc.limit, len(got), ok, tc.want, tc.ok)
+			}
+			for _, v := range got {
+				if v.Key == b4.Key {
+					t.Errorf("non-preemptible %s taken", v.Key)
+				}
+			}
+		})
+	}
+}

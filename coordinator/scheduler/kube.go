@@ -37,6 +37,9 @@ type kubeChecks struct {
 	reserved map[types.UID]placedPod
 	// sent are the pods sent to binding (sent): they stay assumed.
 	sent map[types.UID]bool
+	// without, while reclaim asks whether a workload fits, are the pods
+	// its checks take as gone (its victims).
+	without []*corev1.Pod
 }
 
 // placedPod is a pod placed in this cycle: assumed into the checks'
@@ -64,7 +67,11 @@ func (k *kubeChecks) check(pod *corev1.Pod) (*kubecheck.PodCheck, error) {
 	if err := k.begin(); err != nil {
 		return nil, err
 	}
-	return k.k.Check(k.ctx, pod)
+	pc, err := k.k.Check(k.ctx, pod)
+	if err != nil || len(k.without) == 0 {
+		return pc, err
+	}
+	return pc.Without(k.without), nil
 }
 
 // begin brings the checks' snapshot up to date, once per cycle.

@@ -60,6 +60,7 @@ type reclaimScope struct {
 	// when it could not be built).
 	going        int
 	withoutGoing *state.Snapshot
+	goingPods    []*corev1.Pod // the pods withoutGoing leaves out
 	goingBuilt   bool
 
 	// roomy: queue -> the cluster without the preemptible running workloads
@@ -155,15 +156,20 @@ func (sc *reclaimScope) waitsFor(p *corev1.Pod) bool {
 func (sc *reclaimScope) holds(uid types.UID) *corev1.Pod { return sc.byUID[uid] }
 
 // fits tells whether w fits on snap, leaving snap as it was. With kc, its
-// pods must also pass kube-scheduler's checks; these still count the
-// victims (kube-scheduler's snapshot holds the cluster as it is), so reclaim
-// never evicts for a pod that a check rejects.
-func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks) bool {
+// pods must also pass kube-scheduler's checks with the pods gone taken out,
+// as kube-scheduler's preemption checks a node without its victims: reclaim
+// never evicts for a pod that a check would still reject, and victims'
+// own anti-affinity does not keep them.
+func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks, gone []*corev1.Pod) bool {
 	if snap == nil {
 		return false
 	}
 	cp := snap.Checkpoint()
 	m := kc.mark()
+	if kc != nil {
+		kc.without = gone
+		defer func() { kc.without = nil }()
+	}
 	_, err := s.place(snap, w, kc)
 	kc.rollback(m)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
@@ -259,18 +265,11 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	// reclaim could ever make for this queue (built once per cycle and
 	// queue), which is enough to turn most hopeless workloads away; then on
 	// the cluster without these victims.
-	if !s.fits(sc.roomyFor(w.queue), w, kc) {
+	if !s.fits(sc.roomyFor(w.queue), w, kc, sc.roomyGone(w.queue)) {
 		return ""
 	}
-	gone := map[types.UID]bool{}
-	var evict []*corev1.Pod
-	for _, v := range victims {
-		for _, p := range sc.groups[v.Key].pods {
-			gone[p.UID] = true
-			evict = append(evict, p)
-		}
-	}
-	if !s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w, kc) {
+	evict, ok := s.victimsThatMakeRoom(w, b, sc, kc, asked.need, list, victims)
+	if !ok {
 		return ""
 	}
 
@@ -305,6 +304,43 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	return msg
 }
 
+// reclaimEscalations bounds how many times victimsThatMakeRoom doubles the
+// victims (up to 8 times what the GPUs need).
+const reclaimEscalations = 3
+
+// victimsThatMakeRoom returns the pods of victims when w fits without them.
+// When it does not only because kube-scheduler's checks still reject it
+// (other pods of an over-quota queue hold the anti-affinity, ports or
+// spread that keep it out), it asks the queue tree for twice, four and
+// eight times the victims, within the same fairness rules (each victim's
+// queue stays at or above its deserved quota), as kube-scheduler's
+// preemption takes every lower-priority pod that stands in the way.
+func (s *Scheduler) victimsThatMakeRoom(w *workload, b *books, sc *reclaimScope, kc *kubeChecks, need queue.Resources, list []queue.Workload, victims []queue.Workload) ([]*corev1.Pod, bool) {
+	for step := 0; ; step++ {
+		gone := map[types.UID]bool{}
+		var evict []*corev1.Pod
+		for _, v := range victims {
+			for _, p := range sc.groups[v.Key].pods {
+				gone[p.UID] = true
+				evict = append(evict, p)
+			}
+		}
+		if s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w, kc, evict) {
+			return evict, true
+		}
+		if kc == nil || step == reclaimEscalations || !s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w, nil, nil) {
+			// Without kube-scheduler's checks it does not fit either: more
+			// victims than the GPUs need are not the answer.
+			return nil, false
+		}
+		more, ok := b.tree.ReclaimVictimsUpTo(w.queue, need, list, 2*len(victims))
+		if !ok || len(more) <= len(victims) {
+			return nil, false
+		}
+		victims = more
+	}
+}
+
 // refused tells whether the eviction of one of g's pods was refused lately.
 func (g *victimGroup) refused(refused map[types.UID]bool) bool {
 	if len(refused) == 0 {
@@ -316,6 +352,19 @@ func (g *victimGroup) refused(refused map[types.UID]bool) bool {
 		}
 	}
 	return false
+}
+
+// roomyGone are the pods roomyFor(q) leaves out.
+func (sc *reclaimScope) roomyGone(q string) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, key := range sc.order {
+		g := sc.groups[key]
+		if g.w.Queue == q || !g.w.Preemptible {
+			continue
+		}
+		out = append(out, g.pods...)
+	}
+	return out
 }
 
 // roomyFor is the cluster without the preemptible running workloads of
@@ -350,10 +399,14 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 	if !sc.goingBuilt {
 		sc.goingBuilt = true
 		sc.withoutGoing = sc.without(func(p *corev1.Pod) bool {
-			return p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !predicates.Terminal(p) && sc.waitsFor(p)
+			if p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !predicates.Terminal(p) && sc.waitsFor(p) {
+				sc.goingPods = append(sc.goingPods, p)
+				return true
+			}
+			return false
 		})
 	}
-	if !s.fits(sc.withoutGoing, w, kc) {
+	if !s.fits(sc.withoutGoing, w, kc, sc.goingPods) {
 		return 0
 	}
 	return sc.going
