@@ -170,6 +170,12 @@ const (
 	// Workload Kueue admitted covers. Never "Unschedulable", so Karpenter
 	// buys nothing for it.
 	ReasonNotAdmittedByKueue = "NotAdmittedByKueue"
+	// ReasonKubeChecksNotReady is the pod-condition reason of a pod that
+	// needs kube-scheduler's checks (volumes, topology spread, inter-pod
+	// affinity, host ports) while the objects they read (PVs, PVCs,
+	// StorageClasses, CSI objects) have not been read yet: the informers
+	// did not sync, usually for want of RBAC. Never "Unschedulable".
+	ReasonKubeChecksNotReady = "KubeChecksNotReady"
 	// ReasonBindingFailed is the pod-condition reason of a pod the
 	// coordinator placed whose binding the API server refused or failed; it
 	// is placed and bound again after a back-off.

@@ -623,7 +623,9 @@ func (a *App) lead(ctx context.Context) error {
 	}
 	synced := []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, jobInf.Informer().HasSynced, queueInf.Informer().HasSynced, eventInf.HasSynced, claimSynced}
 	if kube != nil {
-		synced = append(synced, kubecheck.Synced(factory)...)
+		// Not waited for: pods that need the checks wait for them
+		// (KubeChecksNotReady) and the rest is scheduled, should RBAC keep
+		// them from syncing.
 		if _, err := factory.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(wake); err != nil {
 			return fmt.Errorf("watching claims: %w", err)
 		}

@@ -256,7 +256,7 @@ func activelyPending(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
 			switch c.Reason {
-			case api.ReasonInvalidRequest, api.ReasonOverQuota, api.ReasonOverLimit, api.ReasonGangIncomplete, api.ReasonNotAdmittedByKueue:
+			case api.ReasonInvalidRequest, api.ReasonOverQuota, api.ReasonOverLimit, api.ReasonGangIncomplete, api.ReasonNotAdmittedByKueue, api.ReasonKubeChecksNotReady:
 				return false
 			}
 		}

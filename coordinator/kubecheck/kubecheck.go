@@ -116,8 +116,9 @@ type Checker struct {
 	assumed map[types.UID]*corev1.Pod
 	// dirty: the cache changed by an Assume or Forget since the snapshot
 	// was last brought up to date.
-	dirty bool
-	began bool
+	dirty  bool
+	began  bool
+	synced []toolscache.InformerSynced // the plugins' informers (Ready)
 	// counts: domain counts of this cycle (DomainTopology), until End.
 	counts map[string]map[string]int
 	index  *labelIndex
@@ -195,10 +196,27 @@ func New(ctx context.Context, opts Options) (*Checker, error) {
 		return nil, fmt.Errorf("kube-scheduler's framework: %w", err)
 	}
 	c.fw = fw
+	c.synced = Synced(opts.Factory)
 	return c, nil
 }
 
-// Synced are the informers the plugins read, for the caller to wait on.
+// ErrNotReady is returned by Check while the informers the plugins read
+// have not synced.
+var ErrNotReady = errors.New("kube-scheduler's checks are not ready")
+
+// Ready tells whether the informers the plugins read have synced. The
+// coordinator does not wait for them before it schedules: pods that need no
+// check go on while RBAC or the API keeps them from syncing.
+func (c *Checker) Ready() bool {
+	for _, synced := range c.synced {
+		if !synced() {
+			return false
+		}
+	}
+	return true
+}
+
+// Synced are the informers the plugins read.
 func Synced(f informers.SharedInformerFactory) []toolscache.InformerSynced {
 	return []toolscache.InformerSynced{
 		f.Core().V1().PersistentVolumes().Informer().HasSynced,
@@ -499,6 +517,9 @@ type PodCheck struct {
 func (c *Checker) Check(ctx context.Context, pod *corev1.Pod) (*PodCheck, error) {
 	if !c.Needs(pod) {
 		return nil, nil
+	}
+	if !c.Ready() {
+		return nil, fmt.Errorf("%w: PersistentVolumes, PersistentVolumeClaims, StorageClasses and CSI objects are not read yet (can the coordinator list and watch them?)", ErrNotReady)
 	}
 	c.mu.Lock()
 	if c.dirty {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -17,6 +18,7 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/binder"
+	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/predicates"
@@ -404,6 +406,10 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	var placeErr error
 	if decisions == nil {
 		decisions, placeErr = s.placePreferring(c.snap, w, s.preferredNodes(items), c.kube)
+	}
+	if errors.Is(placeErr, kubecheck.ErrNotReady) {
+		// Not a lack of capacity: no reclaim, no placeholder.
+		return wait(api.ReasonKubeChecksNotReady, placeErr.Error())
 	}
 	if placeErr != nil {
 		return c.noRoom(w, verdict, items, placeErr)
