@@ -2,6 +2,7 @@ package kubecheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -196,5 +197,28 @@ func TestOtherResources(t *testing.T) {
 	pc, _ = c.Check(ctx, small)
 	if ok, why := pc.Allows(ctx, "n1"); !ok {
 		t.Errorf("1Gi of ephemeral storage (and GPUs, placement's to count): rejected %v", why)
+	}
+}
+
+// TestNotReadyUntilSynced: while the plugins' informers have not synced
+// (the factory not started here; RBAC in a cluster), a pod that needs the
+// checks gets ErrNotReady and one that does not is not held.
+func TestNotReadyUntilSynced(t *testing.T) {
+	client := fake.NewClientset()
+	factory := informers.NewSharedInformerFactory(client, 0)
+	c, err := New(t.Context(), Options{Factory: factory, Client: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Ready() {
+		t.Fatal("ready before the informers synced")
+	}
+	p := pod("p", "", nil)
+	p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 80, HostPort: 80}}
+	if _, err := c.Check(t.Context(), p); !errors.Is(err, ErrNotReady) {
+		t.Errorf("check of a pod with a host port: %v, want ErrNotReady", err)
+	}
+	if pc, err := c.Check(t.Context(), pod("plain", "", nil)); pc != nil || err != nil {
+		t.Errorf("check of a plain pod: %v, %v; want none", pc, err)
 	}
 }
