@@ -325,10 +325,11 @@ func (s *Scheduler) victimsThatMakeRoom(w *workload, b *books, sc *reclaimScope,
 				evict = append(evict, p)
 			}
 		}
-		if s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w, kc, evict) {
+		snap := sc.without(func(p *corev1.Pod) bool { return gone[p.UID] })
+		if s.fits(snap, w, kc, evict) {
 			return evict, true
 		}
-		if kc == nil || step == reclaimEscalations || !s.fits(sc.without(func(p *corev1.Pod) bool { return gone[p.UID] }), w, nil, nil) {
+		if kc == nil || step == reclaimEscalations || !s.fits(snap, w, nil, nil) {
 			// Without kube-scheduler's checks it does not fit either: more
 			// victims than the GPUs need are not the answer.
 			return nil, false
