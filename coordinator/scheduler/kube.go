@@ -14,6 +14,7 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 )
 
 // kubeChecks is one cycle's use of kube-scheduler's filter plugins
@@ -159,8 +160,9 @@ func (k *kubeChecks) end() {
 	}
 }
 
-// keep checks the pods of w placed in an earlier cycle (its kept plans) on
-// their nodes, and assumes them. It returns the reasons of the first pod
+// keep assumes the pods of w placed in an earlier cycle (its kept plans) on
+// their nodes; those with volumes are checked there again (their volumes
+// are reserved again, which needs the check). It returns the reasons of the first pod
 // whose node no longer passes, "" when every one does.
 func (k *kubeChecks) keep(w *workload, ds []placement.Decision) (string, error) {
 	if k == nil {
@@ -169,6 +171,17 @@ func (k *kubeChecks) keep(w *workload, ds []placement.Decision) (string, error) 
 	m := k.mark()
 	for i, d := range ds {
 		p := w.pods[i].pod
+		if !hasCheckedVolume(p) {
+			// Checked when it was placed, and every pod placed since was
+			// checked against it (it stays assumed): checked again it
+			// would pay PodTopologySpread's PreFilter, a walk of every node,
+			// in every cycle it waits for its reservations.
+			if err := k.placed(p, d.Node, nil); err != nil {
+				k.rollback(m)
+				return fmt.Sprintf("pod %s: %v", p.Name, err), nil
+			}
+			continue
+		}
 		pc, err := k.check(p)
 		if err != nil {
 			k.rollback(m)
@@ -324,6 +337,17 @@ func (s *Scheduler) forgetKube(ctx context.Context, pod *corev1.Pod) {
 	if s.deps.Kube != nil {
 		s.deps.Kube.Forget(klog.FromContext(ctx), pod)
 	}
+}
+
+// hasCheckedVolume tells whether p has a volume kube-scheduler's volume
+// plugins read.
+func hasCheckedVolume(p *corev1.Pod) bool {
+	for i := range p.Spec.Volumes {
+		if predicates.CheckedVolume(&p.Spec.Volumes[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // podFilter is a pod's checks as placement's node filter.
