@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -103,12 +104,18 @@ func fractionDeployment(t *testing.T, c *cluster.Cluster, name, queue string, re
 
 func scaleDeployment(t *testing.T, c *cluster.Cluster, name string, replicas int32) {
 	t.Helper()
-	s, err := c.Client.AppsV1().Deployments("default").GetScale(t.Context(), name, metav1.GetOptions{})
+	// The Deployment controller writes the object too: a conflict is read
+	// again and retried.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := c.Client.AppsV1().Deployments("default").GetScale(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Spec.Replicas = replicas
+		_, err = c.Client.AppsV1().Deployments("default").UpdateScale(t.Context(), name, s, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	s.Spec.Replicas = replicas
-	if _, err := c.Client.AppsV1().Deployments("default").UpdateScale(t.Context(), name, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
