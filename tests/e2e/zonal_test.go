@@ -613,7 +613,7 @@ func TestZonalVolumeBuysANodeInItsZone(t *testing.T) {
 		waitFor(t, 30*time.Second, "no placeholder left", func(ctx context.Context) (bool, error) {
 			return len(systemPods(t, c, api.RolePlaceholder)) == 0, nil
 		})
-		volumesBoundFirstTry(t, co)
+		volumesBoundWithoutRetries(t, co, 1)
 		checkInvariants(t, c)
 	})
 }
