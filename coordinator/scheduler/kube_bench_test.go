@@ -3,7 +3,6 @@ package scheduler
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -84,27 +83,7 @@ func BenchmarkCycleKubeChecks(b *testing.B) {
 					}
 				}
 			}
-			cold := time.Now()
-			if _, err := s.Cycle(ctx); err != nil {
-				b.Fatal(err)
-			}
-			first := time.Since(cold)
-			forget()
-			b.ResetTimer()
-			for b.Loop() {
-				res, err := s.Cycle(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				b.ReportMetric(float64(res.Bound), "bound/op")
-				if testing.Verbose() {
-					b.Logf("bound %d, pending %v", res.Bound, res.Pending)
-				}
-				forget()
-				b.StartTimer()
-			}
-			b.ReportMetric(first.Seconds(), "s-first-cycle")
+			timeCycles(b, s, ctx, forget)
 		})
 	}
 }
