@@ -377,17 +377,7 @@ func spreadDeployment(t *testing.T, c *cluster.Cluster, name, queue string, repl
 		RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{LabelSelector: own, TopologyKey: corev1.LabelHostname}},
 	}}
 	tmpl.Spec.TerminationGracePeriodSeconds = ptr.To[int64](0)
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: own,
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec},
-		},
-	}
-	if _, err := c.Client.AppsV1().Deployments("default").Create(t.Context(), d, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating deployment %s: %v", name, err)
-	}
+	createDeployment(t, c, name, replicas, own, tmpl)
 }
 
 // spreadOf checks that the running pods are at most one per node and
@@ -657,4 +647,21 @@ func TestGangWithVolumesBindsThemOnlyWhenWhole(t *testing.T) {
 	}
 	volumesBoundWithoutRetries(t, co, len(list))
 	checkInvariants(t, c)
+}
+
+// createDeployment creates a Deployment in default of replicas pods like
+// tmpl, selected by own.
+func createDeployment(t *testing.T, c *cluster.Cluster, name string, replicas int32, own *metav1.LabelSelector, tmpl *corev1.Pod) {
+	t.Helper()
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: own,
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec},
+		},
+	}
+	if _, err := c.Client.AppsV1().Deployments("default").Create(t.Context(), d, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating deployment %s: %v", name, err)
+	}
 }

@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -629,17 +628,7 @@ func spreadGPUDeployment(t *testing.T, c *cluster.Cluster, name, queue string, r
 	}}
 	tmpl.Spec.TerminationGracePeriodSeconds = ptr.To[int64](0)
 	tmpl.Spec.SchedulerName = api.SchedulerName
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: own,
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec},
-		},
-	}
-	if _, err := c.Client.AppsV1().Deployments("default").Create(t.Context(), d, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating deployment %s: %v", name, err)
-	}
+	createDeployment(t, c, name, replicas, own, tmpl)
 }
 
 // TestSpreadPlaceholdersAskTheZoneTheSpreadNeeds: a Deployment of three
