@@ -38,13 +38,18 @@ func (s *Snapshot) Allows(r *Request, i int) bool {
 	return i >= 0 && i < len(s.nodes) && s.eligibilityFor(r).ok(i)
 }
 
+// eligKey is a request class: its GPU models and its constraints' key. A
+// struct, not their concatenation: a sealed key (Constraints.Sealed) and one
+// model are then looked up without making a string.
+type eligKey struct{ models, constraints string }
+
 // eligibilityFor returns the eligibility of the request's class, nil when
 // every node is eligible (no models, no constraints, no node tainted).
 func (s *Snapshot) eligibilityFor(r *Request) *eligibility {
 	if len(r.Models) == 0 && r.Constraints == nil && !s.tainted {
 		return nil
 	}
-	key := strings.Join(r.Models, "|") + "\x00" + r.Constraints.key()
+	key := eligKey{models: strings.Join(r.Models, "|"), constraints: r.Constraints.key()}
 	s.eligMu.Lock()
 	defer s.eligMu.Unlock()
 	if e, ok := s.elig[key]; ok {

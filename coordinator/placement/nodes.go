@@ -2,6 +2,7 @@ package placement
 
 import (
 	"sort"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -22,6 +23,7 @@ func WithNodes(r *Request, set map[string]bool, op corev1.NodeSelectorOperator) 
 	c := Constraints{}
 	if r.Constraints != nil {
 		c = *r.Constraints
+		c.sealed = unique.Handle[string]{} // changed below
 	}
 	terms := []corev1.NodeSelectorTerm{{}}
 	if c.Affinity != nil && len(c.Affinity.NodeSelectorTerms) > 0 {
@@ -59,6 +61,7 @@ func InPool(r Request, pool string) Request {
 	c := Constraints{}
 	if r.Constraints != nil {
 		c = *r.Constraints
+		c.sealed = unique.Handle[string]{} // changed below
 	}
 	c.Pool, c.Unpooled = pool, pool == ""
 	r.Constraints = &c

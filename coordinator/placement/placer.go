@@ -37,6 +37,11 @@ type Placer struct {
 	scratch []int32 // GPU free values of a node being scored
 	// charges is the charger's scratch for the request being placed.
 	charges charges
+	// cands and filtered are Place's scratch for a request with a Filter
+	// (every node that fits, and the Filter's reasons by node): kept, since
+	// a cycle places thousands of such requests over thousands of nodes.
+	cands    []candidate
+	filtered [][]string
 }
 
 type cacheEntry struct {
@@ -155,7 +160,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 				why = []string{"node(s) " + ReasonFilter.describe()}
 			}
 			if filtered == nil {
-				filtered = make([][]string, len(s.nodes))
+				filtered = p.filteredFor(len(s.nodes))
 			}
 			filtered[i] = why
 		}
@@ -181,7 +186,8 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 	} else {
 		row := p.cacheRow(s, &q)
 		ch := p.chargesFor(s, &q)
-		var cands []candidate // with a Filter: every node that fits, scored
+		cands := p.cands[:0] // with a Filter: every node that fits, scored
+		defer func() { p.cands = cands[:0] }()
 		for i := range s.nodes {
 			if !elig.ok(i) || !s.fits(i, &q) {
 				continue
@@ -226,6 +232,16 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		return Decision{}, p.explain(s, &q, elig, filtered)
 	}
 	return s.decision(best, bestGPU, bestScore, &q), nil
+}
+
+// filteredFor is Place's filtered scratch for n nodes, every entry nil.
+func (p *Placer) filteredFor(n int) [][]string {
+	if cap(p.filtered) < n {
+		p.filtered = make([][]string, n)
+	}
+	f := p.filtered[:n]
+	clear(f)
+	return f
 }
 
 // candidate is a node that fits a request, with its score and GPU.

@@ -81,7 +81,7 @@ type Snapshot struct {
 
 	// elig caches per-node eligibility by request class key -> eligibility.
 	eligMu sync.Mutex
-	elig   map[string]*eligibility
+	elig   map[eligKey]*eligibility
 
 	// htypes are the node types (model, GPU count, allocatable CPU and
 	// memory) of the nodes with GPUs and a model, to tell which models can
@@ -103,7 +103,7 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 		nodes:  make([]nodeState, len(nodes)),
 		byName: make(map[string]int, len(nodes)),
 		src:    &genSource{},
-		elig:   map[string]*eligibility{},
+		elig:   map[eligKey]*eligibility{},
 	}
 	nGPU := 0
 	for i := range nodes {
@@ -270,7 +270,7 @@ func (s *Snapshot) Clone() *Snapshot {
 		models:   s.models,   // never written after NewSnapshot
 		src:      s.src,
 		tainted:  s.tainted,
-		elig:     map[string]*eligibility{},
+		elig:     map[eligKey]*eligibility{},
 
 		scalarNames: s.scalarNames, // never written after NewSnapshot
 		scalarIdx:   s.scalarIdx,   // never written after NewSnapshot

@@ -429,25 +429,28 @@ func MatchModels(patterns, products []string) []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
-// constraints copies the pod's node constraints; nil when it has none.
+// constraints are the pod's node constraints; nil when it has none. They
+// are the pod's own selector, affinity and tolerations, not copies: an
+// informer's objects never change (it replaces them), placement only reads
+// constraints and derives new ones by copying (placement.WithNodes,
+// InPool), and each bound pod is parsed twice (as admitted and as it is):
+// at 50,000 pods the copies were 7 % of the coordinator's heap
+// (docs/benchmarks.md, "kube-scheduler's checks at scale").
 func constraints(pod *corev1.Pod) *placement.Constraints {
 	var c placement.Constraints
 	if len(pod.Spec.NodeSelector) > 0 {
-		c.NodeSelector = maps.Clone(pod.Spec.NodeSelector)
+		c.NodeSelector = pod.Spec.NodeSelector
 	}
 	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-		c.Affinity = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.DeepCopy()
+		c.Affinity = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 	}
 	if len(pod.Spec.Tolerations) > 0 {
-		c.Tolerations = make([]corev1.Toleration, len(pod.Spec.Tolerations))
-		for i := range pod.Spec.Tolerations {
-			pod.Spec.Tolerations[i].DeepCopyInto(&c.Tolerations[i])
-		}
+		c.Tolerations = pod.Spec.Tolerations
 	}
 	if c.NodeSelector == nil && c.Affinity == nil && c.Tolerations == nil {
 		return nil
 	}
-	return &c
+	return c.Sealed() // kept with the parse, placed in every cycle
 }
 
 // preemptible returns the preemptible annotation lower-cased ("true",
