@@ -1,0 +1,158 @@
+package deployments_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/gpufrac/gpufrac/tests/cluster"
+)
+
+// mount is one volumeMount of gpufrac-node's container.
+type mount struct {
+	Name, Path string
+	ReadOnly   bool
+}
+
+// nodeMounts reads gpufrac-node's volumeMounts and the host paths of its
+// hostPath volumes.
+func nodeMounts(t *testing.T, objs cluster.Objects) ([]mount, []string) {
+	t.Helper()
+	ds := objs.Find("DaemonSet", "gpufrac-node")
+	if ds == nil {
+		t.Fatal("no DaemonSet gpufrac-node")
+	}
+	cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	ms, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "volumeMounts")
+	var out []mount
+	for _, m := range ms {
+		m := m.(map[string]any)
+		ro, _ := m["readOnly"].(bool)
+		out = append(out, mount{Name: m["name"].(string), Path: m["mountPath"].(string), ReadOnly: ro})
+	}
+	vs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	var host []string
+	for _, v := range vs {
+		if p, ok, _ := unstructured.NestedString(v.(map[string]any), "hostPath", "path"); ok {
+			host = append(host, p)
+		}
+	}
+	return out, host
+}
+
+// resourceRules lists "kind/name: resources" of every RBAC rule on
+// resource.k8s.io the chart renders.
+func resourceRules(objs cluster.Objects) []string {
+	var out []string
+	for _, r := range objs.OfKind("ClusterRole", "Role") {
+		rules, _, _ := unstructured.NestedSlice(r.Object, "rules")
+		for _, rule := range rules {
+			groups, _, _ := unstructured.NestedStringSlice(rule.(map[string]any), "apiGroups")
+			if slices.Contains(groups, "resource.k8s.io") || slices.Contains(groups, "*") {
+				res, _, _ := unstructured.NestedStringSlice(rule.(map[string]any), "resources")
+				out = append(out, r.GetKind()+"/"+r.GetName()+": "+strings.Join(res, ","))
+			}
+		}
+	}
+	return out
+}
+
+// TestChartHostAccessPerMode (issue 29): gpufrac-node's host mounts are what
+// its mode needs, read-only where it only reads. The NVIDIA toolkit's CDI
+// specs are only read (the CDI cache); with dra.enabled the kubelet's plugin
+// registry, the driver's directory and dra.cdiDir are read-write (the driver
+// creates sockets, its record of prepared claims and per-claim CDI specs
+// there); with dra.enabled: false none of them is mounted, both binaries run
+// with --dra=false, and neither DeviceClasses nor RBAC on resource.k8s.io
+// are rendered.
+func TestChartHostAccessPerMode(t *testing.T) {
+	base := []mount{
+		{Name: "device-plugins", Path: "/var/lib/kubelet/device-plugins"},
+		{Name: "pod-resources", Path: "/var/lib/kubelet/pod-resources", ReadOnly: true},
+		{Name: "config", Path: "/etc/gpufrac", ReadOnly: true},
+		{Name: "nvidia-all-gpus", Path: "/var/run/nvidia-container-devices/all", ReadOnly: true},
+	}
+	draDirs := []mount{
+		{Name: "plugins-registry", Path: "/var/lib/kubelet/plugins_registry"},
+		{Name: "dra-plugin", Path: "/var/lib/kubelet/plugins/gpu.gpufrac.io"},
+	}
+	draFlags := []string{"kubelet-registry-dir", "dra-plugin-dir", "cdi-dir"}
+	cases := []struct {
+		name   string
+		set    []string
+		mounts []mount
+		dra    bool
+	}{
+		{name: "default: cdi, DRA on", dra: true,
+			mounts: slices.Concat(base, []mount{
+				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
+				{Name: "cdi-1", Path: "/var/run/cdi"}, // dra.cdiDir: per-claim specs
+			}, draDirs)},
+		{name: "cdi, DRA off", set: []string{"dra.enabled=false"},
+			mounts: slices.Concat(base, []mount{
+				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
+				{Name: "cdi-1", Path: "/var/run/cdi", ReadOnly: true},
+			})},
+		{name: "cdi, DRA on, its CDI dir apart", set: []string{"dra.cdiDir=/run/gpufrac-cdi"}, dra: true,
+			mounts: slices.Concat(base, []mount{
+				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
+				{Name: "cdi-1", Path: "/var/run/cdi", ReadOnly: true},
+			}, draDirs, []mount{{Name: "dra-cdi", Path: "/run/gpufrac-cdi"}})},
+		{name: "device-specs, DRA on", set: []string{"node.deviceListStrategy=device-specs"}, dra: true,
+			mounts: slices.Concat(base, draDirs, []mount{{Name: "dra-cdi", Path: "/var/run/cdi"}})},
+		{name: "device-specs, DRA off", set: []string{"node.deviceListStrategy=device-specs", "dra.enabled=false"},
+			mounts: base},
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range cases {
+			t.Run(h+"/"+tc.name, func(t *testing.T) {
+				objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: tc.set, KubeVersion: "1.36.0"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, host := nodeMounts(t, objs)
+				if diff := cmp.Diff(tc.mounts, got); diff != "" {
+					t.Errorf("gpufrac-node's mounts (-want +got):\n%s", diff)
+				}
+				for _, m := range tc.mounts {
+					if m.Name != "config" && !slices.Contains(host, m.Path) && m.Name != "nvidia-all-gpus" {
+						t.Errorf("mount %s: no hostPath volume %s (%v)", m.Name, m.Path, host)
+					}
+				}
+				if len(host) != len(tc.mounts)-1 { // config is a ConfigMap
+					t.Errorf("hostPath volumes %v, want one per mount but config", host)
+				}
+				node, err := objs.WorkloadContainer("DaemonSet", "gpufrac-node")
+				if err != nil {
+					t.Fatal(err)
+				}
+				coord, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, f := range draFlags {
+					if _, ok := cluster.Flag(node.Args, f); ok != tc.dra {
+						t.Errorf("gpufrac-node --%s given: %v, want %v", f, ok, tc.dra)
+					}
+				}
+				for name, args := range map[string][]string{"gpufrac-node": node.Args, "gpufrac-coordinator": coord.Args} {
+					v, ok := cluster.Flag(args, "dra")
+					if tc.dra && ok || !tc.dra && v != "false" {
+						t.Errorf("%s --dra=%q (given: %v) with DRA on: %v", name, v, ok, tc.dra)
+					}
+				}
+				rules := resourceRules(objs)
+				if tc.dra && len(rules) < 3 || !tc.dra && len(rules) != 0 {
+					t.Errorf("RBAC on resource.k8s.io with DRA on %v: %q", tc.dra, rules)
+				}
+				if n := len(objs.OfKind("DeviceClass")); tc.dra && n == 0 || !tc.dra && n != 0 {
+					t.Errorf("%d DeviceClasses with DRA on: %v", n, tc.dra)
+				}
+			})
+		}
+	}
+}
