@@ -156,3 +156,32 @@ func TestChartHostAccessPerMode(t *testing.T) {
 		}
 	}
 }
+
+// TestChartReservationNamespaceOutlivesUninstall (issue 29): helm uninstall
+// keeps the reservation namespace (helm.sh/resource-policy: keep), so
+// reservations of fractions still running are not deleted with the release;
+// reservationNamespace.keepOnUninstall: false lets Helm delete it.
+func TestChartReservationNamespaceOutlivesUninstall(t *testing.T) {
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range []struct {
+			set  []string
+			want string
+		}{
+			{want: "keep"},
+			{set: []string{"reservationNamespace.keepOnUninstall=false"}, want: ""},
+		} {
+			objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: tc.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns := objs.Find("Namespace", "gpufrac-reservations")
+			if ns == nil {
+				t.Fatalf("%s %v: no reservation namespace", h, tc.set)
+			}
+			if got := ns.GetAnnotations()["helm.sh/resource-policy"]; got != tc.want {
+				t.Errorf("%s %v: helm.sh/resource-policy %q, want %q", h, tc.set, got, tc.want)
+			}
+		}
+	}
+}
