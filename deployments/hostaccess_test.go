@@ -1,6 +1,7 @@
 package deployments_test
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -181,6 +182,98 @@ func TestChartReservationNamespaceOutlivesUninstall(t *testing.T) {
 			}
 			if got := ns.GetAnnotations()["helm.sh/resource-policy"]; got != tc.want {
 				t.Errorf("%s %v: helm.sh/resource-policy %q, want %q", h, tc.set, got, tc.want)
+			}
+		}
+	}
+}
+
+// securityContexts reads a workload's pod and first container's
+// securityContext.
+func securityContexts(t *testing.T, objs cluster.Objects, kind, name string) (pod, container map[string]any) {
+	t.Helper()
+	w := objs.Find(kind, name)
+	if w == nil {
+		t.Fatalf("no %s %s", kind, name)
+	}
+	pod, _, _ = unstructured.NestedMap(w.Object, "spec", "template", "spec", "securityContext")
+	cs, _, _ := unstructured.NestedSlice(w.Object, "spec", "template", "spec", "containers")
+	container, _, _ = unstructured.NestedMap(cs[0].(map[string]any), "securityContext")
+	return pod, container
+}
+
+// jsonValue is v through JSON (every number a float64), so that maps decoded
+// by different paths compare.
+func jsonValue(t *testing.T, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestChartSecurityContextOverrides (issue 29): node.podSecurityContext,
+// node.securityContext and the coordinator's are merged over the chart's
+// defaults key by key (as NVIDIA's and Kueue's charts let admins add
+// seLinuxOptions or another UID); without them the defaults are exactly what
+// the chart always rendered.
+func TestChartSecurityContextOverrides(t *testing.T) {
+	nodePod := map[string]any{"runAsUser": int64(0), "runAsNonRoot": false, "seccompProfile": map[string]any{"type": "RuntimeDefault"}}
+	nodeCtr := map[string]any{"privileged": false, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"KILL"}}}
+	coordPod := map[string]any{"runAsNonRoot": true, "runAsUser": int64(65532), "runAsGroup": int64(65532), "seccompProfile": map[string]any{"type": "RuntimeDefault"}}
+	coordCtr := map[string]any{"runAsNonRoot": true, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}}}
+	with := func(m map[string]any, k string, v any) map[string]any {
+		out := map[string]any{}
+		for kk, vv := range m {
+			out[kk] = vv
+		}
+		out[k] = v
+		return out
+	}
+	selinux := map[string]any{"type": "spc_t"}
+	cases := []struct {
+		name                                 string
+		setJSON                              []string
+		nodePod, nodeCtr, coordPod, coordCtr map[string]any
+	}{
+		{name: "defaults", nodePod: nodePod, nodeCtr: nodeCtr, coordPod: coordPod, coordCtr: coordCtr},
+		{name: "overrides", setJSON: []string{
+			`node.podSecurityContext={"seLinuxOptions":{"type":"spc_t"},"seccompProfile":{"type":"Localhost","localhostProfile":"gpufrac.json"}}`,
+			`node.securityContext={"readOnlyRootFilesystem":false}`,
+			`coordinator.podSecurityContext={"runAsUser":1000700000,"runAsGroup":1000700000}`,
+			`coordinator.securityContext={"seLinuxOptions":{"type":"spc_t"}}`,
+		},
+			nodePod:  with(with(nodePod, "seLinuxOptions", selinux), "seccompProfile", map[string]any{"type": "Localhost", "localhostProfile": "gpufrac.json"}),
+			nodeCtr:  with(nodeCtr, "readOnlyRootFilesystem", false),
+			coordPod: with(with(coordPod, "runAsUser", int64(1000700000)), "runAsGroup", int64(1000700000)),
+			coordCtr: with(coordCtr, "seLinuxOptions", selinux)},
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range cases {
+			objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, SetJSON: tc.setJSON})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod, ctr := securityContexts(t, objs, "DaemonSet", "gpufrac-node")
+			if diff := cmp.Diff(jsonValue(t, tc.nodePod), jsonValue(t, pod)); diff != "" {
+				t.Errorf("%s %s: gpufrac-node pod securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+			if diff := cmp.Diff(jsonValue(t, tc.nodeCtr), jsonValue(t, ctr)); diff != "" {
+				t.Errorf("%s %s: gpufrac-node container securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+			pod, ctr = securityContexts(t, objs, "Deployment", "gpufrac-coordinator")
+			if diff := cmp.Diff(jsonValue(t, tc.coordPod), jsonValue(t, pod)); diff != "" {
+				t.Errorf("%s %s: gpufrac-coordinator pod securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+			if diff := cmp.Diff(jsonValue(t, tc.coordCtr), jsonValue(t, ctr)); diff != "" {
+				t.Errorf("%s %s: gpufrac-coordinator container securityContext (-want +got):\n%s", h, tc.name, diff)
 			}
 		}
 	}
