@@ -278,3 +278,52 @@ func TestChartSecurityContextOverrides(t *testing.T) {
 		}
 	}
 }
+
+// TestChartExistingConfigMap (issue 29): node.existingConfigMap mounts the
+// admin's ConfigMap instead of rendering gpufrac-node-config (gpufrac-node
+// reads the config only through the mount, never by name), and the chart's
+// checks of node.config, which it cannot see then, do not refuse the
+// install; gpufrac-node checks the config itself.
+func TestChartExistingConfigMap(t *testing.T) {
+	configVolume := func(objs cluster.Objects) string {
+		ds := objs.Find("DaemonSet", "gpufrac-node")
+		vs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		for _, v := range vs {
+			if v.(map[string]any)["name"] == "config" {
+				name, _, _ := unstructured.NestedString(v.(map[string]any), "configMap", "name")
+				return name
+			}
+		}
+		return ""
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := configVolume(objs); got != "gpufrac-node-config" || objs.Find("ConfigMap", "gpufrac-node-config") == nil {
+			t.Errorf("%s: default config volume %q, want the chart's ConfigMap gpufrac-node-config, rendered", h, got)
+		}
+		// The default node.config kills, which needs KILL: not checked
+		// against a ConfigMap the chart does not render.
+		objs, err = cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: []string{"node.existingConfigMap=gitops-gpu-config"},
+			SetJSON: []string{"node.capabilities=[]"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := configVolume(objs); got != "gitops-gpu-config" {
+			t.Errorf("%s: config volume %q, want gitops-gpu-config", h, got)
+		}
+		if cm := objs.Find("ConfigMap", "gpufrac-node-config"); cm != nil {
+			t.Errorf("%s: gpufrac-node-config rendered beside node.existingConfigMap", h)
+		}
+		c, err := objs.WorkloadContainer("DaemonSet", "gpufrac-node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := cluster.Flag(c.Args, "config"); v != "/etc/gpufrac/config.yaml" {
+			t.Errorf("%s: --config=%s", h, v)
+		}
+	}
+}
