@@ -76,9 +76,11 @@ func main() {
 	flag.StringVar(&s.Placeholder.GPUCountLabel, "gpu-count-label", s.Placeholder.GPUCountLabel, "node label with a node's GPU count that the autoscaler's instance types carry (karpenter.k8s.aws/instance-gpu-count on AWS): without a price table for their types, placeholders prefer the smallest nodes that hold them, so Karpenter buys the cheapest such type instead of one large node for all; empty: Karpenter's own packing")
 	flag.BoolVar(&cfg.KubeChecks, "kube-checks", true, "check what kube-scheduler checks beyond GPUs, CPU, memory, node affinity and taints (volumes and their binding, topology spread, inter-pod affinity, host ports) with kube-scheduler's own plugins, for the pods that use them; needs read access to PVs, PVCs, StorageClasses and CSI objects and the right to bind volumes")
 	flag.BoolVar(&cfg.Kueue, "kueue", false, "read Kueue's Workloads (kueue.x-k8s.io/v1beta2), for the queues whose quota Kueue keeps (spec.admission: Kueue): their pods are placed once Kueue admitted them; off, those pods wait")
+	draOn := flag.Bool("dra", true, "read ResourceSlices, ResourceClaims and DeviceClasses (resource.k8s.io/v1, where served) and allocate the claims of its pods on nodes in mode dra; false leaves resource claims to other schedulers and needs no RBAC on resource.k8s.io")
 	priceTable := costFlags(&cfg)
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	cfg.NoDRA = !*draOn
 	if *printVersion {
 		fmt.Println("gpufrac-coordinator", version.Get())
 		return

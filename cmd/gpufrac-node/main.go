@@ -57,11 +57,13 @@ func main() {
 	flag.DurationVar(&cfg.CDICheckInterval, "cdi-check-interval", cdi.DefaultInterval, "with --device-list-strategy=cdi: how often the CDI specs are checked (they are also watched)")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	printVersion := flag.Bool("version", false, "print the version and exit")
+	draOn := flag.Bool("dra", true, "serve nodes whose config says mode dra as the DRA driver "+api.DRADriver+"; false refuses such a config (the node fails closed or keeps its last good config), for a pod without the kubelet's plugin directories or RBAC on resource.k8s.io")
 	flag.StringVar(&cfg.DRA.RegistryDir, "kubelet-registry-dir", kubeletplugin.KubeletRegistryDir, "mode dra: the kubelet's plugin registration directory")
 	flag.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, api.DRADriver), "mode dra: the driver's directory (its DRA socket)")
 	flag.StringVar(&cfg.DRA.StateDir, "dra-state-dir", "", "mode dra: where the record of prepared claims is kept across restarts (default --dra-plugin-dir)")
 	flag.StringVar(&cfg.DRA.CDIDir, "cdi-dir", dra.DefaultCDIDir, "mode dra: where per-claim CDI specs are written for the container runtime")
 	flag.Parse()
+	cfg.DRA.Disabled = !*draOn
 	if *printVersion {
 		fmt.Println("gpufrac-node", version.Get())
 		return

@@ -130,6 +130,11 @@ type Config struct {
 	// the queues whose quota Kueue keeps; the chart grants the right with
 	// it (kueue.enabled).
 	Kueue bool
+	// NoDRA leaves resource.k8s.io alone, as on a cluster that does not
+	// serve it: no informers on ResourceSlices, ResourceClaims and
+	// DeviceClasses, pods' claims left to other schedulers. The chart sets
+	// it with dra.enabled: false, which grants no RBAC there.
+	NoDRA bool
 	// KubeChecks runs kube-scheduler's filter plugins (volumes, topology
 	// spread, inter-pod affinity, host ports) for the pods that use them,
 	// and binds their volumes before them (coordinator/kubecheck). The chart
@@ -452,9 +457,11 @@ func (a *App) lead(ctx context.Context) error {
 	// the coordinator allocates its pods' claims on nodes in mode dra.
 	var draDeps *scheduler.DRADeps
 	var draSynced []cache.InformerSynced
-	servesDRA, err := servesGroupVersion(ctx, a.client.Discovery(), resourceapi.SchemeGroupVersion.String())
-	if err != nil {
-		return err
+	servesDRA := false
+	if !a.cfg.NoDRA {
+		if servesDRA, err = servesGroupVersion(ctx, a.client.Discovery(), resourceapi.SchemeGroupVersion.String()); err != nil {
+			return err
+		}
 	}
 	if servesDRA {
 		sliceInf := factory.Resource().V1().ResourceSlices()
@@ -471,6 +478,8 @@ func (a *App) lead(ctx context.Context) error {
 			Writer:  dra.NewWriter(a.client),
 		}
 		draSynced = []cache.InformerSynced{sliceInf.Informer().HasSynced, claimInf.Informer().HasSynced, classInf.Informer().HasSynced}
+	} else if a.cfg.NoDRA {
+		logger.Info("DRA is turned off (--dra=false): resource.k8s.io is not read, resource claims are left to other schedulers")
 	} else {
 		logger.Info("The API server serves no resource.k8s.io/v1: resource claims are left to other schedulers")
 	}

@@ -345,7 +345,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// 5. The serving path, chosen once from the config at start: device
 	// plugins, or the DRA driver for a node in mode dra.
-	if np, err := initial.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA {
+	if np, err := initial.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA && !a.cfg.DRA.Disabled {
 		if err := a.startDRA(ctx); err != nil {
 			return err
 		}
@@ -400,6 +400,9 @@ func (a *Agent) check(ctx context.Context, f *config.File, deps resource.Deps) e
 	if err != nil {
 		return err
 	}
+	if np.DRA && a.cfg.DRA.Disabled {
+		return ErrDRADisabled
+	}
 	if a.servingChosen.Load() && np.DRA != (a.dra != nil) {
 		return ErrServingChanged
 	}
@@ -451,7 +454,11 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	// needs a restart, and the node fails closed until then.
 	if f != a.failClosed && a.servingChosen.Load() {
 		if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA != (a.dra != nil) {
-			a.reportFailClosed(ctx, fmt.Errorf("the node's labels, read after start, choose its config group: %w", ErrServingChanged))
+			why := ErrServingChanged
+			if np.DRA && a.cfg.DRA.Disabled {
+				why = ErrDRADisabled
+			}
+			a.reportFailClosed(ctx, fmt.Errorf("the node's labels, read after start, choose its config group: %w", why))
 			f = a.failClosed
 		}
 	}

@@ -26,6 +26,11 @@ import (
 // DRAConfig is where gpufrac-node meets the kubelet as a DRA driver (nodes
 // in mode dra).
 type DRAConfig struct {
+	// Disabled turns mode dra off: a config that puts this node in mode dra
+	// is refused as invalid (ErrDRADisabled), as the chart's dra.enabled:
+	// false has the pod without the kubelet's plugin directories and
+	// without RBAC on resource.k8s.io.
+	Disabled bool
 	// Client is what the driver reads claims and publishes ResourceSlices
 	// with: client-go's typed clientset, as the kubeletplugin and
 	// resourceslice helpers take it. Nil: mode dra cannot be served.
@@ -57,6 +62,10 @@ type DRAConfig struct {
 // plugins and DRA: the kubelet would see the same GPUs offered twice, so
 // gpufrac-node changes its serving path only when it restarts.
 var ErrServingChanged = errors.New("switching a node between device plugins (modes exclusive, fraction, timeslice, mig) and DRA (mode dra) needs a restart of gpufrac-node")
+
+// ErrDRADisabled rejects a config that puts the node in mode dra when DRA
+// is turned off (DRAConfig.Disabled).
+var ErrDRADisabled = errors.New("mode dra is turned off for gpufrac-node (--dra=false, the chart's dra.enabled: false): it has no access to the kubelet's plugin registry nor RBAC on resource.k8s.io; turn dra.enabled on or choose another mode")
 
 // draServing is the running DRA driver of a node in mode dra.
 type draServing struct {

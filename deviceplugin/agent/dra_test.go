@@ -198,6 +198,47 @@ func TestDRAServesThroughTheUpstreamHelpers(t *testing.T) {
 	}
 }
 
+// TestDRADisabledRefusesModeDRA: with DRA turned off (--dra=false, the
+// chart's dra.enabled: false, whose pod lacks the kubelet's plugin
+// directories) a config in mode dra at start fails closed through device
+// plugins, saying why; a valid config brings the fractions; an edit back to
+// mode dra is rejected, and the node keeps its last good config. Nothing
+// is registered as a DRA driver and no slice is published.
+func TestDRADisabledRefusesModeDRA(t *testing.T) {
+	e := startAgentFull(t, draFractions, withNodeUID("uid-1"), func(c *Config) { c.DRA.Disabled = true })
+	e.waitServed("whole GPUs only", map[string]served{
+		api.ResourceGPU: {Healthy: 8, Connected: true, Registrations: 1},
+	})
+	e.poll("the fail-closed event naming dra.enabled", func() bool {
+		for _, ev := range e.nodeEvents() {
+			if strings.HasPrefix(ev, "Warning GPUConfigRejected: gpufrac-node fails closed") && strings.Contains(ev, "dra.enabled: false") {
+				return true
+			}
+		}
+		return false
+	})
+	e.checkGauge("gpufrac_config_fail_closed", 1)
+
+	e.writeConfig(fractionConfig)
+	e.waitServed("the fraction config", map[string]served{
+		api.ResourceGPU:      {Healthy: 8, Connected: true, Registrations: 1},
+		api.ResourceFraction: {Healthy: 800, Connected: true, Registrations: 1},
+	})
+	e.checkGauge("gpufrac_config_fail_closed", 0)
+
+	e.writeConfig(draFractions)
+	e.poll("the edit to mode dra rejected", func() bool { return rejectedReloads(t, e) == 1 })
+	if got := e.served(); got[api.ResourceFraction].Healthy != 800 {
+		t.Errorf("served after the rejected edit: %v, want the fractions kept", got)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "reg", api.DRADriver+"-reg.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a DRA registration socket with DRA off: %v", err)
+	}
+	if p := e.draPublished(); len(p.devices) != 0 {
+		t.Errorf("slices published with DRA off: %v", p.devices)
+	}
+}
+
 // TestDRAPublishingRetriesFailedWrites: an API server that refuses slice
 // creates and updates for a while costs retries, not the agent: the slices
 // are published once it accepts them, and a config edit after.

@@ -1,0 +1,329 @@
+package deployments_test
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/gpufrac/gpufrac/tests/cluster"
+)
+
+// mount is one volumeMount of gpufrac-node's container.
+type mount struct {
+	Name, Path string
+	ReadOnly   bool
+}
+
+// nodeMounts reads gpufrac-node's volumeMounts and the host paths of its
+// hostPath volumes.
+func nodeMounts(t *testing.T, objs cluster.Objects) ([]mount, []string) {
+	t.Helper()
+	ds := objs.Find("DaemonSet", "gpufrac-node")
+	if ds == nil {
+		t.Fatal("no DaemonSet gpufrac-node")
+	}
+	cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	ms, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "volumeMounts")
+	var out []mount
+	for _, m := range ms {
+		m := m.(map[string]any)
+		ro, _ := m["readOnly"].(bool)
+		out = append(out, mount{Name: m["name"].(string), Path: m["mountPath"].(string), ReadOnly: ro})
+	}
+	vs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	var host []string
+	for _, v := range vs {
+		if p, ok, _ := unstructured.NestedString(v.(map[string]any), "hostPath", "path"); ok {
+			host = append(host, p)
+		}
+	}
+	return out, host
+}
+
+// resourceRules lists "kind/name: resources" of every RBAC rule on
+// resource.k8s.io the chart renders.
+func resourceRules(objs cluster.Objects) []string {
+	var out []string
+	for _, r := range objs.OfKind("ClusterRole", "Role") {
+		rules, _, _ := unstructured.NestedSlice(r.Object, "rules")
+		for _, rule := range rules {
+			groups, _, _ := unstructured.NestedStringSlice(rule.(map[string]any), "apiGroups")
+			if slices.Contains(groups, "resource.k8s.io") || slices.Contains(groups, "*") {
+				res, _, _ := unstructured.NestedStringSlice(rule.(map[string]any), "resources")
+				out = append(out, r.GetKind()+"/"+r.GetName()+": "+strings.Join(res, ","))
+			}
+		}
+	}
+	return out
+}
+
+// TestChartHostAccessPerMode (issue 29): gpufrac-node's host mounts are what
+// its mode needs, read-only where it only reads. The NVIDIA toolkit's CDI
+// specs are only read (the CDI cache); with dra.enabled the kubelet's plugin
+// registry, the driver's directory and dra.cdiDir are read-write (the driver
+// creates sockets, its record of prepared claims and per-claim CDI specs
+// there); with dra.enabled: false none of them is mounted, both binaries run
+// with --dra=false, and neither DeviceClasses nor RBAC on resource.k8s.io
+// are rendered.
+func TestChartHostAccessPerMode(t *testing.T) {
+	base := []mount{
+		{Name: "device-plugins", Path: "/var/lib/kubelet/device-plugins"},
+		{Name: "pod-resources", Path: "/var/lib/kubelet/pod-resources", ReadOnly: true},
+		{Name: "config", Path: "/etc/gpufrac", ReadOnly: true},
+		{Name: "nvidia-all-gpus", Path: "/var/run/nvidia-container-devices/all", ReadOnly: true},
+	}
+	draDirs := []mount{
+		{Name: "plugins-registry", Path: "/var/lib/kubelet/plugins_registry"},
+		{Name: "dra-plugin", Path: "/var/lib/kubelet/plugins/gpu.gpufrac.io"},
+	}
+	draFlags := []string{"kubelet-registry-dir", "dra-plugin-dir", "cdi-dir"}
+	cases := []struct {
+		name   string
+		set    []string
+		mounts []mount
+		dra    bool
+	}{
+		{name: "default: cdi, DRA on", dra: true,
+			mounts: slices.Concat(base, []mount{
+				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
+				{Name: "cdi-1", Path: "/var/run/cdi"}, // dra.cdiDir: per-claim specs
+			}, draDirs)},
+		{name: "cdi, DRA off", set: []string{"dra.enabled=false"},
+			mounts: slices.Concat(base, []mount{
+				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
+				{Name: "cdi-1", Path: "/var/run/cdi", ReadOnly: true},
+			})},
+		{name: "cdi, DRA on, its CDI dir apart", set: []string{"dra.cdiDir=/run/gpufrac-cdi"}, dra: true,
+			mounts: slices.Concat(base, []mount{
+				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
+				{Name: "cdi-1", Path: "/var/run/cdi", ReadOnly: true},
+			}, draDirs, []mount{{Name: "dra-cdi", Path: "/run/gpufrac-cdi"}})},
+		{name: "device-specs, DRA on", set: []string{"node.deviceListStrategy=device-specs"}, dra: true,
+			mounts: slices.Concat(base, draDirs, []mount{{Name: "dra-cdi", Path: "/var/run/cdi"}})},
+		{name: "device-specs, DRA off", set: []string{"node.deviceListStrategy=device-specs", "dra.enabled=false"},
+			mounts: base},
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range cases {
+			t.Run(h+"/"+tc.name, func(t *testing.T) {
+				objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: tc.set, KubeVersion: "1.36.0"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, host := nodeMounts(t, objs)
+				if diff := cmp.Diff(tc.mounts, got); diff != "" {
+					t.Errorf("gpufrac-node's mounts (-want +got):\n%s", diff)
+				}
+				for _, m := range tc.mounts {
+					if m.Name != "config" && !slices.Contains(host, m.Path) && m.Name != "nvidia-all-gpus" {
+						t.Errorf("mount %s: no hostPath volume %s (%v)", m.Name, m.Path, host)
+					}
+				}
+				if len(host) != len(tc.mounts)-1 { // config is a ConfigMap
+					t.Errorf("hostPath volumes %v, want one per mount but config", host)
+				}
+				node, err := objs.WorkloadContainer("DaemonSet", "gpufrac-node")
+				if err != nil {
+					t.Fatal(err)
+				}
+				coord, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, f := range draFlags {
+					if _, ok := cluster.Flag(node.Args, f); ok != tc.dra {
+						t.Errorf("gpufrac-node --%s given: %v, want %v", f, ok, tc.dra)
+					}
+				}
+				for name, args := range map[string][]string{"gpufrac-node": node.Args, "gpufrac-coordinator": coord.Args} {
+					v, ok := cluster.Flag(args, "dra")
+					if tc.dra && ok || !tc.dra && v != "false" {
+						t.Errorf("%s --dra=%q (given: %v) with DRA on: %v", name, v, ok, tc.dra)
+					}
+				}
+				rules := resourceRules(objs)
+				if tc.dra && len(rules) < 3 || !tc.dra && len(rules) != 0 {
+					t.Errorf("RBAC on resource.k8s.io with DRA on %v: %q", tc.dra, rules)
+				}
+				if n := len(objs.OfKind("DeviceClass")); tc.dra && n == 0 || !tc.dra && n != 0 {
+					t.Errorf("%d DeviceClasses with DRA on: %v", n, tc.dra)
+				}
+			})
+		}
+	}
+}
+
+// TestChartReservationNamespaceOutlivesUninstall (issue 29): helm uninstall
+// keeps the reservation namespace (helm.sh/resource-policy: keep), so
+// reservations of fractions still running are not deleted with the release;
+// reservationNamespace.keepOnUninstall: false lets Helm delete it.
+func TestChartReservationNamespaceOutlivesUninstall(t *testing.T) {
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range []struct {
+			set  []string
+			want string
+		}{
+			{want: "keep"},
+			{set: []string{"reservationNamespace.keepOnUninstall=false"}, want: ""},
+		} {
+			objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: tc.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns := objs.Find("Namespace", "gpufrac-reservations")
+			if ns == nil {
+				t.Fatalf("%s %v: no reservation namespace", h, tc.set)
+			}
+			if got := ns.GetAnnotations()["helm.sh/resource-policy"]; got != tc.want {
+				t.Errorf("%s %v: helm.sh/resource-policy %q, want %q", h, tc.set, got, tc.want)
+			}
+		}
+	}
+}
+
+// securityContexts reads a workload's pod and first container's
+// securityContext.
+func securityContexts(t *testing.T, objs cluster.Objects, kind, name string) (pod, container map[string]any) {
+	t.Helper()
+	w := objs.Find(kind, name)
+	if w == nil {
+		t.Fatalf("no %s %s", kind, name)
+	}
+	pod, _, _ = unstructured.NestedMap(w.Object, "spec", "template", "spec", "securityContext")
+	cs, _, _ := unstructured.NestedSlice(w.Object, "spec", "template", "spec", "containers")
+	container, _, _ = unstructured.NestedMap(cs[0].(map[string]any), "securityContext")
+	return pod, container
+}
+
+// jsonValue is v through JSON (every number a float64), so that maps decoded
+// by different paths compare.
+func jsonValue(t *testing.T, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestChartSecurityContextOverrides (issue 29): node.podSecurityContext,
+// node.securityContext and the coordinator's are merged over the chart's
+// defaults key by key (as NVIDIA's and Kueue's charts let admins add
+// seLinuxOptions or another UID); without them the defaults are exactly what
+// the chart always rendered.
+func TestChartSecurityContextOverrides(t *testing.T) {
+	nodePod := map[string]any{"runAsUser": int64(0), "runAsNonRoot": false, "seccompProfile": map[string]any{"type": "RuntimeDefault"}}
+	nodeCtr := map[string]any{"privileged": false, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}, "add": []any{"KILL"}}}
+	coordPod := map[string]any{"runAsNonRoot": true, "runAsUser": int64(65532), "runAsGroup": int64(65532), "seccompProfile": map[string]any{"type": "RuntimeDefault"}}
+	coordCtr := map[string]any{"runAsNonRoot": true, "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+		"capabilities": map[string]any{"drop": []any{"ALL"}}}
+	with := func(m map[string]any, k string, v any) map[string]any {
+		out := map[string]any{}
+		for kk, vv := range m {
+			out[kk] = vv
+		}
+		out[k] = v
+		return out
+	}
+	selinux := map[string]any{"type": "spc_t"}
+	cases := []struct {
+		name                                 string
+		setJSON                              []string
+		nodePod, nodeCtr, coordPod, coordCtr map[string]any
+	}{
+		{name: "defaults", nodePod: nodePod, nodeCtr: nodeCtr, coordPod: coordPod, coordCtr: coordCtr},
+		{name: "overrides", setJSON: []string{
+			`node.podSecurityContext={"seLinuxOptions":{"type":"spc_t"},"seccompProfile":{"type":"Localhost","localhostProfile":"gpufrac.json"}}`,
+			`node.securityContext={"readOnlyRootFilesystem":false}`,
+			`coordinator.podSecurityContext={"runAsUser":1000700000,"runAsGroup":1000700000}`,
+			`coordinator.securityContext={"seLinuxOptions":{"type":"spc_t"}}`,
+		},
+			nodePod:  with(with(nodePod, "seLinuxOptions", selinux), "seccompProfile", map[string]any{"type": "Localhost", "localhostProfile": "gpufrac.json"}),
+			nodeCtr:  with(nodeCtr, "readOnlyRootFilesystem", false),
+			coordPod: with(with(coordPod, "runAsUser", int64(1000700000)), "runAsGroup", int64(1000700000)),
+			coordCtr: with(coordCtr, "seLinuxOptions", selinux)},
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range cases {
+			objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, SetJSON: tc.setJSON})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod, ctr := securityContexts(t, objs, "DaemonSet", "gpufrac-node")
+			if diff := cmp.Diff(jsonValue(t, tc.nodePod), jsonValue(t, pod)); diff != "" {
+				t.Errorf("%s %s: gpufrac-node pod securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+			if diff := cmp.Diff(jsonValue(t, tc.nodeCtr), jsonValue(t, ctr)); diff != "" {
+				t.Errorf("%s %s: gpufrac-node container securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+			pod, ctr = securityContexts(t, objs, "Deployment", "gpufrac-coordinator")
+			if diff := cmp.Diff(jsonValue(t, tc.coordPod), jsonValue(t, pod)); diff != "" {
+				t.Errorf("%s %s: gpufrac-coordinator pod securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+			if diff := cmp.Diff(jsonValue(t, tc.coordCtr), jsonValue(t, ctr)); diff != "" {
+				t.Errorf("%s %s: gpufrac-coordinator container securityContext (-want +got):\n%s", h, tc.name, diff)
+			}
+		}
+	}
+}
+
+// TestChartExistingConfigMap (issue 29): node.existingConfigMap mounts the
+// admin's ConfigMap instead of rendering gpufrac-node-config (gpufrac-node
+// reads the config only through the mount, never by name), and the chart's
+// checks of node.config, which it cannot see then, do not refuse the
+// install; gpufrac-node checks the config itself.
+func TestChartExistingConfigMap(t *testing.T) {
+	configVolume := func(objs cluster.Objects) string {
+		ds := objs.Find("DaemonSet", "gpufrac-node")
+		vs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		for _, v := range vs {
+			if v.(map[string]any)["name"] == "config" {
+				name, _, _ := unstructured.NestedString(v.(map[string]any), "configMap", "name")
+				return name
+			}
+		}
+		return ""
+	}
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := configVolume(objs); got != "gpufrac-node-config" || objs.Find("ConfigMap", "gpufrac-node-config") == nil {
+			t.Errorf("%s: default config volume %q, want the chart's ConfigMap gpufrac-node-config, rendered", h, got)
+		}
+		// The default node.config kills, which needs KILL: not checked
+		// against a ConfigMap the chart does not render.
+		objs, err = cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: []string{"node.existingConfigMap=gitops-gpu-config"},
+			SetJSON: []string{"node.capabilities=[]"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := configVolume(objs); got != "gitops-gpu-config" {
+			t.Errorf("%s: config volume %q, want gitops-gpu-config", h, got)
+		}
+		if cm := objs.Find("ConfigMap", "gpufrac-node-config"); cm != nil {
+			t.Errorf("%s: gpufrac-node-config rendered beside node.existingConfigMap", h)
+		}
+		c, err := objs.WorkloadContainer("DaemonSet", "gpufrac-node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := cluster.Flag(c.Args, "config"); v != "/etc/gpufrac/config.yaml" {
+			t.Errorf("%s: --config=%s", h, v)
+		}
+	}
+}
