@@ -39,11 +39,13 @@ var builds = []build{
 	{"helm4", "tests/tools/helm4", []string{"helm.sh/helm/v4/cmd/helm"}, "k8s-1.37"},
 	{"containerd", "tests/tools/containerd", []string{"-tags", "no_btrfs", "github.com/containerd/containerd/v2/cmd/containerd",
 		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/ctr"}, "k8s-1.37"},
-	// Karpenter v1.14 is built on the Kubernetes 1.35 libraries and its own controller-runtime.
-	{"karpenter", "tests/tools/karpenter", []string{"github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra"}, "karpenter"},
-	// Kueue v0.17 too, with a controller-runtime of its own.
-	{"kueue", "tests/tools/kueue", []string{"sigs.k8s.io/kueue/cmd/kueue"}, "kueue"},
-	// The KubeRay operator v1.5 is on the Kubernetes 1.34 libraries and controller-runtime v0.22.
+	// Karpenter v1.14 and Kueue v0.17 are both on the Kubernetes 1.35 libraries and
+	// controller-runtime v0.23: Karpenter's wrapper takes Kueue's patch releases, so
+	// that Karpenter, built after Kueue, finds nearly all of its packages compiled.
+	{"karpenter", "tests/tools/karpenter", []string{"github.com/gpufrac/gpufrac/tests/tools/karpenter/kwokdra"}, "k8s-1.35"},
+	{"kueue", "tests/tools/kueue", []string{"sigs.k8s.io/kueue/cmd/kueue"}, "k8s-1.35"},
+	// The KubeRay operator v1.5 is on the Kubernetes 1.34 libraries and controller-runtime v0.22
+	// (it does not compile with v0.23's webhook builder, and v1.5.0 is its latest release).
 	{"kuberay", "tests/tools/kuberay", []string{"github.com/ray-project/kuberay/ray-operator"}, "kuberay"},
 	{"etcd", "tests/tools/etcd", []string{"go.etcd.io/etcd/server/v3"}, ""},
 	{"promql", "tests/tools/promql", []string{"."}, ""},

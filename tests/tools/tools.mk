@@ -60,9 +60,10 @@ KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 # them once (tests/tools/align_test.go); the Kubernetes build keeps exactly the
 # versions its release pins. Tools on the same Kubernetes libraries build apart in
 # time, so that the later one finds the shared packages compiled: Kueue first beside
-# the Kubernetes build (its 1.35 libraries and controller-runtime are its alone, and a
-# build of several minutes must not come last), then KubeRay (the 1.34 libraries and
-# controller-runtime v0.22, its alone too); Helm 3, Helm 4 and containerd (1.37
+# the Kubernetes build (a build of several minutes must not come last), Karpenter's kwok
+# provider well after it on the same 1.35 libraries and controller-runtime (it then
+# compiles little more than its own code), KubeRay (the 1.34 libraries and
+# controller-runtime v0.22, its alone); Helm 3, Helm 4 and containerd (1.37
 # libraries) in a row; kwok (1.36) last, before go vet compiles the project on the same
 # libraries.
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet \
