@@ -333,15 +333,34 @@ func (c *Checker) countLocked(key string, namespaces []string, sel labels.Select
 // labelIndex is the snapshot's bound pods with their nodes, indexed by label
 // (key and value) for the equality selectors spread constraints and pod
 // affinity terms usually have: counting an app's pods walks its pods, not
-// the cluster's. Built once per cycle, when the first count is asked.
+// the cluster's. Built once per cycle, when the first count is asked, and
+// indexed by a label key only when a selector asks for it (an app's
+// selectors name one or two keys; indexing every label of every pod made
+// it a busy cycle's largest allocation at 5,000 nodes).
 type labelIndex struct {
 	nodes   []*corev1.Node
 	pods    []indexedPod
-	byLabel map[labelKV][]int32 // label -> positions in pods
-	domains map[string][]string // node label key -> its values
+	byKey   map[string]map[string][]int32 // label key -> value -> positions in pods
+	domains map[string][]string           // node label key -> its values
 }
 
-type labelKV struct{ key, value string }
+// byValue is the pods carrying label key, by its value.
+func (x *labelIndex) byValue(key string) map[string][]int32 {
+	if m, ok := x.byKey[key]; ok {
+		return m
+	}
+	m := map[string][]int32{}
+	for i := range x.pods {
+		if v, ok := x.pods[i].pod.Labels[key]; ok {
+			m[v] = append(m[v], int32(i))
+		}
+	}
+	if x.byKey == nil {
+		x.byKey = map[string]map[string][]int32{}
+	}
+	x.byKey[key] = m
+	return m
+}
 
 // domainsOf is the values of the node label key, each once.
 func (x *labelIndex) domainsOf(key string) []string {
@@ -371,11 +390,17 @@ type indexedPod struct {
 func newLabelIndex(snap interface {
 	NodeInfos() fwk.NodeInfoLister
 }) *labelIndex {
-	x := &labelIndex{byLabel: map[labelKV][]int32{}}
+	x := &labelIndex{}
 	infos, err := snap.NodeInfos().List()
 	if err != nil {
 		return x
 	}
+	pods := 0
+	for _, ni := range infos {
+		pods += len(ni.GetPods())
+	}
+	x.nodes = make([]*corev1.Node, 0, len(infos))
+	x.pods = make([]indexedPod, 0, pods)
 	for _, ni := range infos {
 		n := ni.Node()
 		if n == nil {
@@ -383,13 +408,7 @@ func newLabelIndex(snap interface {
 		}
 		x.nodes = append(x.nodes, n)
 		for _, pi := range ni.GetPods() {
-			p := pi.GetPod()
-			pos := int32(len(x.pods))
-			x.pods = append(x.pods, indexedPod{pod: p, node: n})
-			for k, v := range p.Labels {
-				kv := labelKV{k, v}
-				x.byLabel[kv] = append(x.byLabel[kv], pos)
-			}
+			x.pods = append(x.pods, indexedPod{pod: pi.GetPod(), node: n})
 		}
 	}
 	return x
@@ -415,7 +434,7 @@ func (x *labelIndex) candidates(sel labels.Selector) ([]int32, bool) {
 		if len(vals) != 1 {
 			continue
 		}
-		list := x.byLabel[labelKV{r.Key(), vals[0]}]
+		list := x.byValue(r.Key())[vals[0]]
 		if !found || len(list) < len(best) {
 			best, found = list, true
 		}

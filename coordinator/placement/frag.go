@@ -280,7 +280,7 @@ func (f fgdPolicy) nodeCost(s *Snapshot, i int) float64 {
 
 func (f fgdPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, int) {
 	st := &s.nodes[i]
-	before := p.nodeCost(s, i, f)
+	before := p.nodeCost(s, i)
 	gpus := append(p.scratch[:0], s.gpus(i)...)
 	score := func() float64 {
 		after := f.fm.nodeFrag(st.model, st.cpuFree-q.cpu, gpus)

@@ -217,7 +217,7 @@ func (g gpufracPolicy) score(p *Placer, s *Snapshot, i int, q *req) (float64, in
 	if q.k == 0 {
 		rho, mu = g.allCPUPerMilli, g.allMemPerMilli
 	}
-	before := p.nodeCost(s, i, g) + strand(st.totalFree, st.cpuFree, st.memFree, rho, mu)
+	before := p.nodeCost(s, i) + strand(st.totalFree, st.cpuFree, st.memFree, rho, mu)
 	idle := st.totalFree - q.k*q.m
 	gpus := append(p.scratch[:0], s.gpus(i)...)
 	score := func() float64 {

@@ -318,11 +318,14 @@ func (p *Placer) cacheRow(s *Snapshot, q *req) []cacheEntry {
 	return p.cache[len(p.cache)-1]
 }
 
-// nodeCost is c's cost of node i as it is now, cached by generation.
-func (p *Placer) nodeCost(s *Snapshot, i int, c nodeCoster) float64 {
+// nodeCost is the policy's (a nodeCoster) cost of node i as it is now,
+// cached by generation.
+func (p *Placer) nodeCost(s *Snapshot, i int) float64 {
 	e := &p.costCache[i]
 	if e.gen != s.nodes[i].gen {
-		*e = costEntry{gen: s.nodes[i].gen, cost: c.nodeCost(s, i)}
+		// The policy as held: passing a policy value as a nodeCoster would
+		// box a copy on every call (a busy cycle scores thousands of nodes).
+		*e = costEntry{gen: s.nodes[i].gen, cost: p.policy.(nodeCoster).nodeCost(s, i)}
 	}
 	return e.cost
 }
