@@ -356,7 +356,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err := a.manager.Start(ctx); err != nil {
 			return fmt.Errorf("starting device plugins: %w", err)
 		}
-		defer a.manager.Wait()
+		// The device plugins stop with ctx: cancel it first, or a Run that
+		// fails from here on waits for them forever.
+		defer func() {
+			cancel()
+			a.manager.Wait()
+		}()
 		a.registered.Store(a.manager)
 	}
 	a.servingChosen.Store(true)
