@@ -174,9 +174,10 @@ func (a *Agent) Resources() []string {
 
 // Run starts everything and blocks until ctx ends. It fails only when the
 // node cannot be served at all (NVML does not start, no kubelet directory),
-// or when the DRA driver can no longer serve the kubelet. Whatever the
-// steps started is stopped before it returns: the components, then the
-// event broadcaster once nothing records, then NVML.
+// or when the DRA driver can no longer serve the kubelet. What the steps
+// started is stopped before it returns, in reverse: the serving path,
+// PodResources, the components, the event broadcaster (once nothing
+// records), NVML.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.startNVML(); err != nil {
 		return err
