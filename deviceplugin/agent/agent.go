@@ -173,17 +173,80 @@ func (a *Agent) Resources() []string {
 }
 
 // Run starts everything and blocks until ctx ends. It fails only when the
-// node cannot be served at all (NVML does not start, no kubelet directory).
+// node cannot be served at all (NVML does not start, no kubelet directory),
+// or when the DRA driver can no longer serve the kubelet. What the steps
+// started is stopped before it returns, in reverse: the serving path,
+// PodResources, the components, the event broadcaster (once nothing
+// records), NVML.
 func (a *Agent) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
+	if err := a.startNVML(); err != nil {
+		return err
+	}
+	defer a.stopNVML(ctx)
+	if err := a.discoverGPUs(ctx); err != nil {
+		return err
+	}
+	parts := startComponents(ctx)
+	defer a.stopComponents(parts)
+	ctx = parts.ctx
+
+	// 1. Kubernetes side: events on the Node, node labels, pod hints.
+	if err := a.recordEvents(ctx); err != nil {
+		return err
+	}
+	labelsErr := a.readLabels(ctx)
+	if a.openPodResources(ctx) {
+		defer a.podRes.Close()
+	}
+	a.startHints(parts)
+	// 2. Metrics and health.
+	a.startHealth(ctx, parts)
+	// 3. The CDI check.
+	if err := a.startCDI(parts); err != nil {
+		return err
+	}
+	// 4. The admin's config: MIG layouts, then the config at start.
+	deps := a.startPartitioning(ctx, parts)
+	start, err := a.loadConfig(ctx, parts, deps)
+	if err != nil {
+		return err
+	}
+	// 5. The serving path, chosen once from the config at start.
+	if err := a.startServing(ctx, start.file); err != nil {
+		return err
+	}
+	defer a.stopServing(parts)
+	// 6. The config at start served. The watchdog comes first: it reads
+	// the DRA driver's claims, and apply sets its policy.
+	a.watchdog = a.newWatchdog(ctx, parts)
+	if err := a.apply(ctx, start.file, deps); err != nil {
+		return fmt.Errorf("applying config: %w", err)
+	}
+	a.reportFailingClosed(ctx, parts, deps, start.err, labelsErr)
+	// 7. The Node's annotations kept written, the watchdog run.
+	a.startNodeResync(parts)
+	parts.Go("memory-watchdog", a.watchdog.Run)
+	return a.serve(ctx)
+}
+
+// startNVML starts NVML; stopNVML shuts it down.
+func (a *Agent) startNVML() error {
 	if err := a.lib.Init(); err != nil {
 		return fmt.Errorf("starting NVML: %w", err)
 	}
-	defer func() {
-		if err := a.lib.Shutdown(); err != nil {
-			logger.Error(err, "Shutting down NVML")
-		}
-	}()
+	return nil
+}
+
+func (a *Agent) stopNVML(ctx context.Context) {
+	if err := a.lib.Shutdown(); err != nil {
+		klog.FromContext(ctx).Error(err, "Shutting down NVML")
+	}
+}
+
+// discoverGPUs lists the GPUs and their topology. Without the topology
+// whole GPUs are allocated in index order.
+func (a *Agent) discoverGPUs(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
 	gpus, err := a.lib.GPUs()
 	if err != nil {
 		return fmt.Errorf("listing GPUs: %w", err)
@@ -192,62 +255,114 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.topology, err = nvidia.AllocatorDevices(a.lib); err != nil {
 		logger.Error(err, "GPU topology unavailable; whole GPUs are allocated in index order")
 	}
-	uuids := make([]string, len(gpus))
-	for i, g := range gpus {
-		uuids[i] = g.UUID
-	}
 	logger.Info("Discovered GPUs", "count", len(gpus), "node", a.cfg.NodeName)
+	return nil
+}
 
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	// Cancel before waiting: a Run that fails half-way must stop the
-	// components it started, or it waits for them forever. The event
-	// broadcaster goes last, once nothing records.
-	defer func() {
-		cancel()
-		wg.Wait()
-		if a.events != nil {
-			a.events.Shutdown()
+// components runs the agent's long-lived parts, each in a goroutine on one
+// context, and stops them together.
+type components struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	logger klog.Logger
+	wg     sync.WaitGroup
+}
+
+// startComponents returns components on a context that ends with ctx or
+// with stop.
+func startComponents(ctx context.Context) *components {
+	c := &components{logger: klog.FromContext(ctx)}
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	return c
+}
+
+// Go runs fn until the components' context ends. An error it returns
+// before then is logged; the others run on.
+func (c *components) Go(name string, fn func(context.Context) error) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err := fn(c.ctx); err != nil && c.ctx.Err() == nil {
+			c.logger.Error(err, "Component stopped", "component", name)
 		}
 	}()
-	goRun := func(name string, fn func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(ctx); err != nil && ctx.Err() == nil {
-				logger.Error(err, "Component stopped", "component", name)
-			}
-		}()
-	}
+}
 
-	// 1. Kubernetes side: events on the Node, node labels, pod hints.
-	if a.client != nil {
-		if a.events, a.recorder, err = startEvents(ctx, a.client); err != nil {
-			return err
-		}
+// stop cancels the components' context and waits for every one to return.
+func (c *components) stop() {
+	c.cancel()
+	c.wg.Wait()
+}
+
+// stopComponents stops the components, then the event broadcaster: a Run
+// that fails half-way stops what it started (cancel before waiting, or it
+// waits for them forever), and nothing records once the broadcaster goes.
+func (a *Agent) stopComponents(parts *components) {
+	parts.stop()
+	if a.events != nil {
+		a.events.Shutdown()
 	}
-	labelsErr := a.readLabels(ctx)
+}
+
+// recordEvents starts the event broadcaster (events on the Node and on
+// pods) with API access; without, events are dropped.
+func (a *Agent) recordEvents(ctx context.Context) error {
+	if a.client == nil {
+		return nil
+	}
+	var err error
+	a.events, a.recorder, err = startEvents(ctx, a.client)
+	return err
+}
+
+// openPodResources opens the kubelet's PodResources socket and tells
+// whether it did (then Run closes it). Without it gpufrac-node cannot tell
+// which GPUs are held, and refuses what would need it.
+func (a *Agent) openPodResources(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
 	if a.cfg.PodResourcesSocket != "" {
 		pr, err := pods.NewPodResources(a.cfg.PodResourcesSocket, 100*time.Millisecond, nil)
 		if err != nil {
 			logger.Error(err, "PodResources unavailable; placement ignores existing allocations")
 		} else {
 			a.podRes = pr
-			defer pr.Close()
 		}
 	}
 	if a.podRes == nil {
 		logger.Info("Without the kubelet's PodResources gpufrac-node cannot tell which GPUs are held whole or shared: it refuses whole GPUs, fractions and replicas")
+		return false
 	}
-	if a.client != nil {
-		a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
-		goRun("pod-hints", a.hint.Run)
-	}
+	return true
+}
 
-	// 2. Metrics, health and the endpoints.
-	var usage resource.UsageSource
-	if a.podRes != nil {
-		usage = a.podRes
+// startHints starts the pod hint (which pod an allocation is for, from the
+// node's pods) with API access. It starts before the serving path, so its
+// informer syncs while the device plugins register.
+func (a *Agent) startHints(parts *components) {
+	if a.client == nil {
+		return
+	}
+	a.hint = pods.NewHint(a.client, a.cfg.NodeName, a.podRes, pods.WithSchedulerName(a.cfg.SchedulerName))
+	parts.Go("pod-hints", a.hint.Run)
+}
+
+// usage is what the kubelet has allocated, from PodResources (nil without).
+func (a *Agent) usage() resource.UsageSource {
+	if a.podRes == nil {
+		return nil
+	}
+	return a.podRes
+}
+
+// startHealth starts the GPU health checker and registers the metrics.
+// A health change updates the device plugins (or republishes the DRA
+// devices, tainted or not) and the inventory; a critical Xid is an event
+// on the Node.
+func (a *Agent) startHealth(ctx context.Context, parts *components) {
+	logger := klog.FromContext(ctx)
+	uuids := make([]string, len(a.gpus))
+	for i, g := range a.gpus {
+		uuids[i] = g.UUID
 	}
 	a.checker = health.NewChecker(a.lib, uuids, health.Options{
 		IgnoredXids:   a.cfg.IgnoredXids,
@@ -275,95 +390,134 @@ func (a *Agent) Run(ctx context.Context) error {
 		},
 	})
 	a.metrics = metrics.New(a.reg, metrics.Sources{
-		Lib: a.lib, GPUs: func() []nvidia.GPU { return a.gpus }, Healthy: a.checker.Healthy, Usage: usage,
+		Lib: a.lib, GPUs: func() []nvidia.GPU { return a.gpus }, Healthy: a.checker.Healthy, Usage: a.usage(),
 	}, a.cfg.Version)
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	goRun("health", a.checker.Run)
+	parts.Go("health", a.checker.Run)
+}
 
-	// 3. With CDI, every device name handed out must resolve in the node's
-	// CDI specs (written by the NVIDIA container toolkit): checked now, on
-	// spec changes and after every config or MIG layout change.
-	if a.cfg.DeviceListStrategy == resource.StrategyCDI {
-		c, err := cdi.New(cdi.Options{
-			SpecDirs: a.cfg.CDISpecDirs, Interval: a.cfg.CDICheckInterval, Registerer: a.reg,
-			OnChange: func(st cdi.Status) {
-				if st.OK() {
-					a.nodeEvent(corev1.EventTypeNormal, "CDISpecResolved", actionCheckCDI, "every GPU and MIG device served resolves in the node's CDI specs")
-					return
-				}
-				a.nodeEvent(corev1.EventTypeWarning, "CDISpecMissing", actionCheckCDI, "%s", a.cdi.Describe(st))
-			},
-		})
-		if err != nil {
-			return err
-		}
-		a.cdi = c
-		a.cdiChecker.Store(c)
-		goRun("cdi", c.Run)
+// startCDI starts the CDI check with the cdi device-list strategy: every
+// device name handed out must resolve in the node's CDI specs (written by
+// the NVIDIA container toolkit), checked now, on spec changes and after
+// every config or MIG layout change.
+func (a *Agent) startCDI(parts *components) error {
+	if a.cfg.DeviceListStrategy != resource.StrategyCDI {
+		return nil
 	}
+	c, err := cdi.New(cdi.Options{
+		SpecDirs: a.cfg.CDISpecDirs, Interval: a.cfg.CDICheckInterval, Registerer: a.reg,
+		OnChange: func(st cdi.Status) {
+			if st.OK() {
+				a.nodeEvent(corev1.EventTypeNormal, "CDISpecResolved", actionCheckCDI, "every GPU and MIG device served resolves in the node's CDI specs")
+				return
+			}
+			a.nodeEvent(corev1.EventTypeWarning, "CDISpecMissing", actionCheckCDI, "%s", a.cdi.Describe(st))
+		},
+	})
+	if err != nil {
+		return err
+	}
+	a.cdi = c
+	a.cdiChecker.Store(c)
+	parts.Go("cdi", c.Run)
+	return nil
+}
 
-	// 4. The admin's config: apply now, then on every valid change.
-	deps := resource.Deps{Topology: a.topology, Health: a.checker.Healthy, Usage: usage, Strategy: a.cfg.DeviceListStrategy}
-	if a.hint != nil {
-		deps.Hint = a.hint
-	}
-	a.startPartitioning(ctx, &deps, goRun)
-	a.deps = deps
+// configAtStart is the config at start, and why the node fails closed
+// instead (nil: it does not).
+type configAtStart struct {
+	file *config.File
+	err  error
+}
+
+// loadConfig reads the admin's config and starts watching it: a valid
+// change is applied, a rejected one keeps the last good config and is an
+// event on the Node. A config at start that does not load or check gives
+// failClosed (whole GPUs only) and the reason. Without a config file the
+// built-in defaults are served.
+func (a *Agent) loadConfig(ctx context.Context, parts *components, deps resource.Deps) (configAtStart, error) {
+	logger := klog.FromContext(ctx)
 	check := func(f *config.File) error { return a.check(ctx, f, deps) }
-	initial := &config.File{Version: config.Version}
-	a.builtin = initial
+	a.builtin = &config.File{Version: config.Version}
 	a.failClosed = &config.File{Version: config.Version, Default: config.Policy{Mode: config.ModeExclusive}}
-	var startErr error // why the config at start is unusable
-	if a.cfg.ConfigFile != "" {
-		w, err := config.NewWatcher(a.cfg.ConfigFile,
-			config.WithRegisterer(a.reg),
-			config.WithCheck(check),
-			config.WithOnChange(func(_, f *config.File) {
-				logger.Info("Config changed; applying")
-				if err := a.apply(ctx, f, deps); err != nil {
-					logger.Error(err, "Applying new config")
-				}
-			}),
-			config.WithOnReject(func(err error) {
-				logger.Error(err, "Config rejected; keeping the last good config")
-				a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", actionLoadConfig, "gpufrac-node kept its last good config: %v", err)
-			}))
-		if err != nil {
-			return fmt.Errorf("watching config: %w", err)
-		}
-		f, err := w.Load(ctx)
-		if err == nil {
-			err = check(f)
-		}
-		if err != nil {
-			startErr = err
-			initial = a.failClosed
-		} else {
-			initial = f
-		}
-		goRun("config", w.Run)
+	start := configAtStart{file: a.builtin}
+	if a.cfg.ConfigFile == "" {
+		return start, nil
 	}
-	// 5. The serving path, chosen once from the config at start: device
-	// plugins, or the DRA driver for a node in mode dra.
-	if np, err := initial.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA && !a.cfg.DRA.Disabled {
+	w, err := config.NewWatcher(a.cfg.ConfigFile,
+		config.WithRegisterer(a.reg),
+		config.WithCheck(check),
+		config.WithOnChange(func(_, f *config.File) {
+			logger.Info("Config changed; applying")
+			if err := a.apply(ctx, f, deps); err != nil {
+				logger.Error(err, "Applying new config")
+			}
+		}),
+		config.WithOnReject(func(err error) {
+			logger.Error(err, "Config rejected; keeping the last good config")
+			a.nodeEvent(corev1.EventTypeWarning, "GPUConfigRejected", actionLoadConfig, "gpufrac-node kept its last good config: %v", err)
+		}))
+	if err != nil {
+		return start, fmt.Errorf("watching config: %w", err)
+	}
+	f, err := w.Load(ctx)
+	if err == nil {
+		err = check(f)
+	}
+	if err != nil {
+		start = configAtStart{file: a.failClosed, err: err}
+	} else {
+		start.file = f
+	}
+	parts.Go("config", w.Run)
+	return start, nil
+}
+
+// startServing starts the serving path, chosen once from the config at
+// start: the DRA driver for a node in mode dra, device plugins otherwise
+// (a config that does not resolve, for want of the node's labels say,
+// serves device plugins). Until it is chosen, check accepts either path;
+// from then on a config that moves the node to the other path is refused.
+// The device plugins register again when the kubelet restarts, and tell
+// PodResources (allocObserver.KubeletRestarted).
+func (a *Agent) startServing(ctx context.Context, f *config.File) error {
+	if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && np.DRA && !a.cfg.DRA.Disabled {
 		if err := a.startDRA(ctx); err != nil {
 			return err
 		}
-		defer a.stopDRA()
 		a.draReady.Store(a.dra)
 	} else {
 		a.manager = plugin.NewManager(a.cfg.KubeletDir, allocObserver{a})
 		if err := a.manager.Start(ctx); err != nil {
 			return fmt.Errorf("starting device plugins: %w", err)
 		}
-		defer a.manager.Wait()
 		a.registered.Store(a.manager)
 	}
 	a.servingChosen.Store(true)
-	a.watchdog = a.newWatchdog(ctx, goRun)
-	if err := a.apply(ctx, initial, deps); err != nil {
-		return fmt.Errorf("applying config: %w", err)
+	return nil
+}
+
+// stopServing stops the serving path: the DRA driver's servers and slice
+// publishing, or the device plugins. Those stop with the components'
+// context, which it ends first: a Run that failed after they started
+// would otherwise wait for them forever.
+func (a *Agent) stopServing(parts *components) {
+	if a.dra != nil {
+		a.stopDRA()
+		return
 	}
+	parts.cancel()
+	a.manager.Wait()
+}
+
+// reportFailingClosed reports the node failing closed (an event and the
+// Node's config-error annotation) when the config at start is unusable
+// (startErr), or when a config with node groups waits for the node's
+// labels, which could not be read at start (labelsErr). Those are then
+// read until they can be, and the config that waited is applied
+// (awaitLabels). Whether a config waits is read before that starts, as
+// awaitLabels applies it.
+func (a *Agent) reportFailingClosed(ctx context.Context, parts *components, deps resource.Deps, startErr, labelsErr error) {
 	if labelsErr != nil {
 		a.applyMu.Lock()
 		awaiting := a.awaiting != nil
@@ -371,15 +525,25 @@ func (a *Agent) Run(ctx context.Context) error {
 		if startErr == nil && awaiting {
 			startErr = fmt.Errorf("the node's labels, which choose its config group, cannot be read: %w", labelsErr)
 		}
-		goRun("node-labels", func(ctx context.Context) error { return a.awaitLabels(ctx, deps) })
+		parts.Go("node-labels", func(ctx context.Context) error { return a.awaitLabels(ctx, deps) })
 	}
 	if startErr != nil {
 		a.reportFailClosed(ctx, startErr)
 	}
+}
+
+// startNodeResync starts retrying failed writes of the Node's annotations
+// (the GPU inventory, the config error), with API access and a node name.
+func (a *Agent) startNodeResync(parts *components) {
 	if a.client != nil && a.cfg.NodeName != "" {
-		goRun("node-annotations", a.resyncNode)
+		parts.Go("node-annotations", a.resyncNode)
 	}
-	goRun("memory-watchdog", a.watchdog.Run)
+}
+
+// serve blocks until ctx ends (nil) or the DRA driver reports a fatal
+// error (returned: gpufrac-node exits to be restarted rather than stay
+// deaf to the kubelet).
+func (a *Agent) serve(ctx context.Context) error {
 	var draFatal chan error // nil without DRA: never ready
 	if a.dra != nil {
 		draFatal = a.dra.fatal
@@ -659,7 +823,7 @@ func (o allocObserver) KubeletRestarted() {
 // newWatchdog builds the GPU memory watchdog. Without API access it cannot
 // map processes to pods, so it only reports; without PodResources no
 // container has a known limit. Its policy is set by apply.
-func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context.Context) error)) *enforcement.Watchdog {
+func (a *Agent) newWatchdog(ctx context.Context, parts *components) *enforcement.Watchdog {
 	o := enforcement.Options{
 		GPUs: a.gpus, Processes: a.lib, Resolver: enforcement.ProcFS{Root: a.cfg.ProcRoot},
 		Killer: enforcement.NewKiller(a.cfg.ProcRoot), Registerer: a.reg,
@@ -679,43 +843,48 @@ func (a *Agent) newWatchdog(ctx context.Context, goRun func(string, func(context
 		klog.FromContext(ctx).Error(err, "GPU memory watchdog cannot watch pods; it only reports")
 	} else {
 		o.Pods = inf
-		goRun("memory-watchdog-pods", inf.Run)
+		parts.Go("memory-watchdog-pods", inf.Run)
 	}
 	return enforcement.New(o)
 }
 
 // startPartitioning starts the MIG layout manager (when the NVML backend
-// supports MIG) and the time-slicing metrics, and gives Build the MIG
-// inventory. Pending MIG changes are retried by applying the current config
-// again.
-func (a *Agent) startPartitioning(ctx context.Context, deps *resource.Deps, goRun func(string, func(context.Context) error)) {
+// supports MIG) and the time-slicing metrics, and returns what Build reads
+// (also kept as a.deps): the topology, health, PodResources, pod hints and
+// the MIG inventory. Pending MIG changes are retried by applying the
+// current config again.
+func (a *Agent) startPartitioning(ctx context.Context, parts *components) resource.Deps {
+	deps := &resource.Deps{Topology: a.topology, Health: a.checker.Healthy, Usage: a.usage(), Strategy: a.cfg.DeviceListStrategy}
+	if a.hint != nil {
+		deps.Hint = a.hint
+	}
 	var allocs miglayout.AllocationsFunc
 	if a.podRes != nil {
 		allocs = a.allocations
 	}
 	metrics.NewTimesliceCollector(a.reg, metrics.TimesliceSources{Offer: a.timesliceOffer, Allocations: allocs})
-	lib, ok := a.lib.(nvidia.MIGLib)
-	if !ok {
-		return
+	if lib, ok := a.lib.(nvidia.MIGLib); ok {
+		deps.MIG = lib
+		a.migLayout = miglayout.NewManager(lib, a.gpus, miglayout.Options{
+			Allocations: allocs,
+			Registerer:  a.reg,
+			Event: func(warning bool, reason, message string) {
+				typ := corev1.EventTypeNormal
+				if warning {
+					typ = corev1.EventTypeWarning
+				}
+				a.nodeEvent(typ, reason, actionReshapeMIG, "%s", message)
+			},
+			Retry: func(ctx context.Context) {
+				if err := a.apply(ctx, nil, *deps); err != nil {
+					klog.FromContext(ctx).Error(err, "Applying config after a pending MIG change")
+				}
+			},
+		})
+		parts.Go("mig-layout", a.migLayout.Run)
 	}
-	deps.MIG = lib
-	a.migLayout = miglayout.NewManager(lib, a.gpus, miglayout.Options{
-		Allocations: allocs,
-		Registerer:  a.reg,
-		Event: func(warning bool, reason, message string) {
-			typ := corev1.EventTypeNormal
-			if warning {
-				typ = corev1.EventTypeWarning
-			}
-			a.nodeEvent(typ, reason, actionReshapeMIG, "%s", message)
-		},
-		Retry: func(ctx context.Context) {
-			if err := a.apply(ctx, nil, *deps); err != nil {
-				klog.FromContext(ctx).Error(err, "Applying config after a pending MIG change")
-			}
-		},
-	})
-	goRun("mig-layout", a.migLayout.Run)
+	a.deps = *deps
+	return *deps
 }
 
 // allocations lists the device IDs the kubelet has allocated, by resource.

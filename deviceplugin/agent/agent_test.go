@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
+	"github.com/gpufrac/gpufrac/deviceplugin/plugin"
 	"github.com/gpufrac/gpufrac/deviceplugin/pods"
 	"github.com/gpufrac/gpufrac/deviceplugin/resource"
 	"github.com/gpufrac/gpufrac/tests/kubeletsim"
@@ -471,4 +472,32 @@ func TestFractionFollowsCoordinator(t *testing.T) {
 		}
 		return cmp.Equal(want, annotations)
 	})
+}
+
+// TestRunReturnsWhenTheConfigAtStartCannotBeServed: the device plugins
+// start, then serving the config at start fails (an endpoint's socket path
+// is taken by a directory): Run stops what it started and returns the
+// error instead of waiting for the device plugins, which stop only with
+// its context, forever.
+func TestRunReturnsWhenTheConfigAtStartCannotBeServed(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, plugin.EndpointName(api.ResourceGPU), "taken"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := nvidia.NewMock("dgxh100", nvidia.WithUUIDSeed(nodeName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := New(Config{KubeletDir: dir, ProcRoot: filepath.Join(dir, "proc")}, lib, nil)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "applying config") {
+			t.Errorf("Run = %v, want the error applying the config", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return within 15 s of failing to serve the config at start")
+	}
 }

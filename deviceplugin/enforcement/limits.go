@@ -146,13 +146,49 @@ func allowanceOn(byGPU map[string]Allowance, gpu string) (Allowance, bool) {
 	return wild, held
 }
 
+// ContainerGPU is one container on one GPU (a UUID).
+type ContainerGPU struct {
+	Container ContainerKey
+	GPU       string
+}
+
+// Grants are the limited devices containers hold through DRA claims, with
+// the limit of each (ClaimGrants).
+type Grants map[ContainerGPU]DeviceLimits // container on a GPU -> its claim devices there
+
+// DeviceLimits are claim devices on one GPU with their limits.
+type DeviceLimits map[pods.ClaimDevice]uint64 // claim device -> its limit in bytes
+
+// On returns the claim devices container c holds on gpu (nil: none).
+func (g Grants) On(c ContainerKey, gpu string) DeviceLimits {
+	return g[ContainerGPU{Container: c, GPU: gpu}]
+}
+
+// add records that container c holds device d on gpu, limited to limit.
+func (g Grants) add(c ContainerKey, gpu string, d pods.ClaimDevice, limit uint64) {
+	k := ContainerGPU{Container: c, GPU: gpu}
+	if g[k] == nil {
+		g[k] = DeviceLimits{}
+	}
+	g[k][d] = limit
+}
+
+// Total is the sum of the devices' limits.
+func (l DeviceLimits) Total() uint64 {
+	var n uint64
+	for _, limit := range l {
+		n += limit
+	}
+	return n
+}
+
 // ClaimGrants lists, per container and GPU, the limited devices it holds
 // through DRA claims and the limit of each (unlimited devices, MIG devices
 // and devices on GPUs not in gpus are left out). A claim's device may be
 // held by several containers, of one pod or of several (a ResourceClaim is
 // shared by reference): its limit is theirs together (see pooled).
-func ClaimGrants(as []pods.Assignment, gpus map[string]nvidia.GPU, claims ClaimSource) map[ContainerKey]map[string]map[pods.ClaimDevice]uint64 {
-	out := map[ContainerKey]map[string]map[pods.ClaimDevice]uint64{}
+func ClaimGrants(as []pods.Assignment, gpus map[string]nvidia.GPU, claims ClaimSource) Grants {
+	out := Grants{}
 	if claims == nil {
 		return out
 	}
@@ -169,13 +205,7 @@ func ClaimGrants(as []pods.Assignment, gpus map[string]nvidia.GPU, claims ClaimS
 			if _, known := gpus[gpu]; !known {
 				continue
 			}
-			if out[k] == nil {
-				out[k] = map[string]map[pods.ClaimDevice]uint64{}
-			}
-			if out[k][gpu] == nil {
-				out[k][gpu] = map[pods.ClaimDevice]uint64{}
-			}
-			out[k][gpu][d] = al.LimitBytes
+			out.add(k, gpu, d, al.LimitBytes)
 		}
 	}
 	return out

@@ -215,3 +215,122 @@ func TestAllowancesWithClaims(t *testing.T) {
 		t.Errorf("Allowances without claims (-want +got):\n%s", diff)
 	}
 }
+
+func TestClaimGrants(t *testing.T) {
+	claims := fakeClaims{
+		"ns/c30/gpu-0-shares": {"GPU-h100", Allowance{LimitBytes: 30 << 30}},
+		"ns/m20/gpu-0-memory": {"GPU-a100", Allowance{LimitBytes: 20 << 30}},
+		"ns/m10/gpu-0-memory": {"GPU-a100", Allowance{LimitBytes: 10 << 30}},
+		"ns/w/gpu-1":          {"GPU-h100", Allowance{Unlimited: true}},
+		"ns/mig/gpu-2-mig-x":  {"", Allowance{LimitBytes: 10 << 30}},
+		"ns/gone/gpu-0":       {"GPU-gone", Allowance{LimitBytes: 10 << 30}},
+	}
+	claim := func(name, device string) pods.ClaimDevice {
+		return pods.ClaimDevice{ClaimNamespace: "ns", ClaimName: name, Pool: "node-a", Device: device}
+	}
+	dra := func(pod, container string, ds ...pods.ClaimDevice) pods.Assignment {
+		return pods.Assignment{Namespace: "ns", Pod: pod, Container: container, Resource: api.DRADriver, Claims: ds}
+	}
+	key := func(pod, container string) ContainerKey {
+		return ContainerKey{Namespace: "ns", Pod: pod, Container: container}
+	}
+	tests := []struct {
+		name     string
+		as       []pods.Assignment
+		noSource bool // ClaimGrants gets no claim source
+		want     Grants
+	}{
+		{
+			name: "one container, one limited device",
+			as:   []pods.Assignment{dra("p", "main", claim("c30", "gpu-0-shares"))},
+			want: Grants{{key("p", "main"), "GPU-h100"}: {claim("c30", "gpu-0-shares"): 30 << 30}},
+		},
+		{
+			name: "two devices on one GPU, one on another",
+			as:   []pods.Assignment{dra("p", "main", claim("m20", "gpu-0-memory"), claim("m10", "gpu-0-memory"), claim("c30", "gpu-0-shares"))},
+			want: Grants{
+				{key("p", "main"), "GPU-a100"}: {claim("m20", "gpu-0-memory"): 20 << 30, claim("m10", "gpu-0-memory"): 10 << 30},
+				{key("p", "main"), "GPU-h100"}: {claim("c30", "gpu-0-shares"): 30 << 30},
+			},
+		},
+		{
+			name: "a claim shared by two containers and a pod: each holds it",
+			as: []pods.Assignment{
+				dra("p", "a", claim("c30", "gpu-0-shares")),
+				dra("p", "b", claim("c30", "gpu-0-shares")),
+				dra("q", "main", claim("c30", "gpu-0-shares")),
+			},
+			want: Grants{
+				{key("p", "a"), "GPU-h100"}:    {claim("c30", "gpu-0-shares"): 30 << 30},
+				{key("p", "b"), "GPU-h100"}:    {claim("c30", "gpu-0-shares"): 30 << 30},
+				{key("q", "main"), "GPU-h100"}: {claim("c30", "gpu-0-shares"): 30 << 30},
+			},
+		},
+		{
+			name: "unlimited, MIG, unknown and other GPUs' devices left out",
+			as: []pods.Assignment{dra("p", "main", claim("w", "gpu-1"), claim("mig", "gpu-2-mig-x"),
+				claim("gone", "gpu-0"), claim("unknown", "gpu-3"))},
+			want: Grants{},
+		},
+		{
+			name: "other resources left out",
+			as:   []pods.Assignment{assignment("p", "main", api.ResourceFraction, unitIDs("GPU-h100", 10)...)},
+			want: Grants{},
+		},
+		{
+			name:     "no claim source",
+			as:       []pods.Assignment{dra("p", "main", claim("c30", "gpu-0-shares"))},
+			noSource: true,
+			want:     Grants{},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var src ClaimSource = claims
+			if tt.noSource {
+				src = nil
+			}
+			got := ClaimGrants(tt.as, testGPUs(), src)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("ClaimGrants (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestGrantsOn(t *testing.T) {
+	d := func(name string) pods.ClaimDevice {
+		return pods.ClaimDevice{ClaimNamespace: "ns", ClaimName: name, Device: "gpu-0"}
+	}
+	p := ContainerKey{Namespace: "ns", Pod: "p", Container: "main"}
+	q := ContainerKey{Namespace: "ns", Pod: "q", Container: "main"}
+	g := Grants{}
+	g.add(p, "GPU-h100", d("a"), 10)
+	g.add(p, "GPU-h100", d("b"), 20)
+	g.add(p, "GPU-a100", d("c"), 30)
+	g.add(q, "GPU-h100", d("a"), 10)
+	tests := []struct {
+		name      string
+		container ContainerKey
+		gpu       string
+		want      DeviceLimits
+		wantTotal uint64
+	}{
+		{name: "two devices on a GPU", container: p, gpu: "GPU-h100", want: DeviceLimits{d("a"): 10, d("b"): 20}, wantTotal: 30},
+		{name: "the container's other GPU", container: p, gpu: "GPU-a100", want: DeviceLimits{d("c"): 30}, wantTotal: 30},
+		{name: "another container on the GPU", container: q, gpu: "GPU-h100", want: DeviceLimits{d("a"): 10}, wantTotal: 10},
+		{name: "a GPU the container holds nothing on", container: q, gpu: "GPU-a100", want: nil, wantTotal: 0},
+		{name: "an unknown container", container: ContainerKey{Namespace: "ns", Pod: "r"}, gpu: "GPU-h100", want: nil, wantTotal: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := g.On(tt.container, tt.gpu)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("On (-want +got):\n%s", diff)
+			}
+			if total := got.Total(); total != tt.wantTotal {
+				t.Errorf("Total = %d, want %d", total, tt.wantTotal)
+			}
+		})
+	}
+}

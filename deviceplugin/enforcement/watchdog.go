@@ -421,7 +421,7 @@ func (w *Watchdog) Poll(ctx context.Context) Stats {
 
 	// 1. Allowances.
 	var allow map[ContainerKey]map[string]Allowance
-	var grants map[ContainerKey]map[string]map[pods.ClaimDevice]uint64
+	var grants Grants
 	if w.devices != nil {
 		as, err := w.devices.List(ctx)
 		if err != nil {
@@ -526,7 +526,7 @@ func compareEpisodeKeys(a, b episodeKey) int {
 // first member (episodes stay put while it does) and named after its
 // largest user (events, eviction: all hold claims of one namespace). Usages
 // that share nothing are returned as they are.
-func pooled(usages map[episodeKey]*usage, grants map[ContainerKey]map[string]map[pods.ClaimDevice]uint64) map[episodeKey]*usage {
+func pooled(usages map[episodeKey]*usage, grants Grants) map[episodeKey]*usage {
 	if len(grants) == 0 {
 		return usages
 	}
@@ -548,7 +548,7 @@ func pooled(usages map[episodeKey]*usage, grants map[ContainerKey]map[string]map
 	first := map[held]episodeKey{}
 	keys := slices.SortedFunc(maps.Keys(usages), compareEpisodeKeys)
 	for _, k := range keys {
-		for d := range grants[usages[k].key][k.gpu] {
+		for d := range grants.On(usages[k].key, k.gpu) {
 			h := held{k.gpu, d}
 			o, seen := first[h]
 			if !seen {
@@ -575,7 +575,7 @@ func pooled(usages map[episodeKey]*usage, grants map[ContainerKey]map[string]map
 			continue
 		}
 		pool := &usage{gpu: usages[root].gpu}
-		distinct := map[pods.ClaimDevice]uint64{}
+		distinct := DeviceLimits{}
 		var own uint64
 		var largest *usage
 		for _, k := range ks {
@@ -583,21 +583,15 @@ func pooled(usages map[episodeKey]*usage, grants map[ContainerKey]map[string]map
 			pool.used += u.used
 			pool.procs = append(pool.procs, u.procs...)
 			pool.allowance.Unlimited = pool.allowance.Unlimited || u.allowance.Unlimited
-			var claimed uint64
-			for d, limit := range grants[u.key][k.gpu] {
-				claimed += limit
-				distinct[d] = limit
-			}
-			own += u.allowance.LimitBytes - min(claimed, u.allowance.LimitBytes)
+			held := grants.On(u.key, k.gpu)
+			maps.Copy(distinct, held)
+			own += u.allowance.LimitBytes - min(held.Total(), u.allowance.LimitBytes)
 			if largest == nil || u.used > largest.used {
 				largest = u
 			}
 		}
 		pool.key, pool.pod = largest.key, largest.pod
-		pool.allowance.LimitBytes = own
-		for _, limit := range distinct {
-			pool.allowance.LimitBytes += limit
-		}
+		pool.allowance.LimitBytes = own + distinct.Total()
 		out[root] = pool
 	}
 	return out
