@@ -279,10 +279,14 @@ func TestNamespaceView(t *testing.T) {
 			if tt.wantNote != "" && !strings.Contains(strings.Join(got.Notes, "\n"), tt.wantNote) {
 				t.Errorf("notes %q do not say %q", got.Notes, tt.wantNote)
 			}
-			// -n reads team-a only: its pods, and its claims when allowed
-			// (the tenant cases forbid them and everything else).
+			// -n reads team-a only: its pods, its claims when allowed (the
+			// tenant cases forbid them and everything else) and the
+			// namespace itself (its default queue).
 			for _, a := range kube.Actions() {
 				if r := a.GetResource().Resource; (r == "pods" || r == "resourceclaims") && a.GetNamespace() == "team-a" {
+					continue
+				}
+				if g, ok := a.(k8stesting.GetAction); ok && a.GetResource().Resource == "namespaces" && g.GetName() == "team-a" {
 					continue
 				}
 				if tt.rbac == clusterReader {

@@ -116,7 +116,14 @@ func Load(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfac
 	if l, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{}); err == nil {
 		claims = l.Items
 	}
-	v := Build(queues, pods.Items, claims)
+	// A pending pod without a queue label is its namespace's default
+	// queue's (the namespace's gpufrac.io/default-queue label), as the
+	// coordinator charges it; namespaces that cannot be read leave a note.
+	defaults, err := defaultQueues(ctx, client, ns)
+	if err != nil {
+		notes = append(notes, err.Error())
+	}
+	v := Build(queues, pods.Items, claims, defaults)
 	v.Namespace = ns
 	v.Notes = append(notes, v.Notes...)
 	if ns != "" {
@@ -125,9 +132,36 @@ func Load(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfac
 	return v, nil
 }
 
-// Build makes the view from queues, pods and the pods' resource claims:
-// pure, for tests.
-func Build(queues []v1alpha1.Queue, pods []corev1.Pod, claims []resourceapi.ResourceClaim) *View {
+// defaultQueues is each namespace's default queue (its gpufrac.io/default-queue
+// label): of namespace ns, or of every namespace when ns is empty.
+func defaultQueues(ctx context.Context, client kubernetes.Interface, ns string) (map[string]string, error) {
+	const why = "pending pods without a %s label are not counted under their namespace's default queue: %v"
+	out := map[string]string{}
+	if ns != "" {
+		n, err := client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			return out, fmt.Errorf(why, api.LabelQueue, err)
+		}
+		if q := n.Labels[api.LabelDefaultQueue]; q != "" {
+			out[ns] = q
+		}
+		return out, nil
+	}
+	l, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return out, fmt.Errorf(why, api.LabelQueue, err)
+	}
+	for i := range l.Items {
+		if q := l.Items[i].Labels[api.LabelDefaultQueue]; q != "" {
+			out[l.Items[i].Name] = q
+		}
+	}
+	return out, nil
+}
+
+// Build makes the view from queues, pods, the pods' resource claims and
+// each namespace's default queue (nil: none known): pure, for tests.
+func Build(queues []v1alpha1.Queue, pods []corev1.Pod, claims []resourceapi.ResourceClaim, defaults map[string]string) *View {
 	v := &View{Queues: []Queue{}}
 	claimOf := map[[2]string]*resourceapi.ResourceClaim{} // namespace, name -> claim
 	for i := range claims {
@@ -181,7 +215,13 @@ func Build(queues []v1alpha1.Queue, pods []corev1.Pod, claims []resourceapi.Reso
 			continue
 		}
 		if p.Spec.NodeName == "" {
-			if name := p.Labels[api.LabelQueue]; name != "" && isGPUPod(p) {
+			name := p.Labels[api.LabelQueue]
+			if name == "" && p.Spec.SchedulerName == api.SchedulerName {
+				// The coordinator charges its label-less pods to their
+				// namespace's default queue.
+				name = defaults[p.Namespace]
+			}
+			if name != "" && isGPUPod(p) {
 				row(name).Pending[PendingReason(p)]++
 			}
 			continue

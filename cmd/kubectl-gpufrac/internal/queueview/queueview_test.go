@@ -22,6 +22,8 @@ func TestBuild(t *testing.T) {
 		queues []*v1alpha1.Queue
 		pods   []*corev1.Pod
 		claims []resourceapi.ResourceClaim
+		// defaults is namespace -> its default queue.
+		defaults map[string]string
 		// want is queue -> used milli-GPU, running pods.
 		want map[string][2]int64
 		// wantPending is queue -> reason -> pods.
@@ -75,6 +77,18 @@ func TestBuild(t *testing.T) {
 			want:        map[string][2]int64{"ghost": {100, 1}},
 			wantPending: map[string]map[string]int{"ghost": {ReasonWaiting: 1, api.ReasonOverLimit: 1}},
 		},
+		{
+			name:     "a pending pod without a queue label counts under its namespace's default queue, as the coordinator charges it; another scheduler's does not",
+			queues:   []*v1alpha1.Queue{builders.MakeQueue("team").Obj()},
+			defaults: map[string]string{"ns": "team"},
+			pods: []*corev1.Pod{
+				builders.MakePod("plain", "ns").Fraction(10).PendingFor(api.ReasonOverQuota, "quota").Obj(),
+				builders.MakePod("elsewhere", "other").Fraction(10).Obj(),
+				builders.MakePod("kube", "ns").SchedulerName("default-scheduler").GPUs(1).Obj(),
+			},
+			want:        map[string][2]int64{"team": {0, 0}},
+			wantPending: map[string]map[string]int{"team": {api.ReasonOverQuota: 1}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,7 +100,7 @@ func TestBuild(t *testing.T) {
 			for _, p := range tt.pods {
 				pods = append(pods, *p)
 			}
-			v := Build(queues, pods, tt.claims)
+			v := Build(queues, pods, tt.claims, tt.defaults)
 			got := map[string][2]int64{}
 			gotPending := map[string]map[string]int{}
 			for _, q := range v.Queues {
