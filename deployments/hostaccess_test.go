@@ -327,3 +327,52 @@ func TestChartExistingConfigMap(t *testing.T) {
 		}
 	}
 }
+
+// TestChartTenantReader: the ClusterRole tenants need for `kubectl gpufrac
+// queues` reads Queues and nothing else; it is bound only to the groups
+// named, and not made when turned off.
+func TestChartTenantReader(t *testing.T) {
+	for _, h := range helms {
+		helm := helmPath(t, h)
+		for _, tc := range []struct {
+			set     []string
+			role    bool
+			subject []string
+		}{
+			{role: true},
+			{set: []string{"tenantReader.groups={team-a,team-b}"}, role: true, subject: []string{"team-a", "team-b"}},
+			{set: []string{"tenantReader.create=false", "tenantReader.groups={team-a}"}},
+		} {
+			objs, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: tc.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			role := objs.Find("ClusterRole", "gpufrac-tenant-reader")
+			if (role != nil) != tc.role {
+				t.Fatalf("%s %v: ClusterRole made %v, want %v", h, tc.set, role != nil, tc.role)
+			}
+			if role != nil {
+				rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+				want := []any{map[string]any{"apiGroups": []any{"gpufrac.io"}, "resources": []any{"queues"}, "verbs": []any{"get", "list", "watch"}}}
+				if diff := cmp.Diff(want, rules); diff != "" {
+					t.Errorf("%s %v: rules (-want +got):\n%s", h, tc.set, diff)
+				}
+			}
+			binding := objs.Find("ClusterRoleBinding", "gpufrac-tenant-reader")
+			var got []string
+			if binding != nil {
+				subjects, _, _ := unstructured.NestedSlice(binding.Object, "subjects")
+				for _, s := range subjects {
+					m := s.(map[string]any)
+					if m["kind"] != "Group" {
+						t.Errorf("%s %v: subject %v, want groups only", h, tc.set, m)
+					}
+					got = append(got, m["name"].(string))
+				}
+			}
+			if diff := cmp.Diff(tc.subject, got); diff != "" {
+				t.Errorf("%s %v: bound groups (-want +got):\n%s", h, tc.set, diff)
+			}
+		}
+	}
+}
