@@ -98,6 +98,11 @@ lint:
 chart-check: tools
 	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 
+## release-dry-run: everything a release publishes, under bin/release/, without a daemon, a registry or the network: gpufrac-node and gpufrac-coordinator as OCI image layouts (amd64; arm64 where it builds here), their SPDX SBOMs, the chart packaged with the images' digests (.tgz and OCI layout), kubectl-gpufrac's krew archives and the filled krew manifest, release.json and SHA256SUMS; then checks them (docs/release.md)
+.PHONY: release-dry-run
+release-dry-run: $(BIN)/helm
+	$(GO) run ./deployments/cmd/release -version $(VERSION) -out $(BIN)/release -helm $(BIN)/helm
+
 ## docs: docs/values.md, the chart's values reference, from its values.schema.json and values.yaml (a test fails when it is stale)
 .PHONY: docs
 docs:

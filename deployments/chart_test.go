@@ -143,6 +143,36 @@ func TestChartImagesAreTheAppVersion(t *testing.T) {
 	}
 }
 
+// TestChartImageDigest: node.image.digest and coordinator.image.digest pin
+// each image as repository@digest (the tag is then ignored, and
+// global.imageRegistry still applies); without them the tag is used.
+func TestChartImageDigest(t *testing.T) {
+	nodeDigest := "sha256:" + strings.Repeat("a", 64)
+	coordDigest := "sha256:" + strings.Repeat("b", 64)
+	values := filepath.Join(t.TempDir(), "digests.yaml")
+	if err := os.WriteFile(values, []byte("global: {imageRegistry: mirror.example.com}\n"+
+		"node: {image: {tag: \"9.9.9\", digest: \""+nodeDigest+"\"}}\n"+
+		"coordinator: {image: {digest: \""+coordDigest+"\"}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range helms {
+		objs := render(t, helmPath(t, h), values)
+		for kind, want := range map[string]string{
+			"DaemonSet/gpufrac-node":         "mirror.example.com/gpufrac/gpufrac-node@" + nodeDigest,
+			"Deployment/gpufrac-coordinator": "mirror.example.com/gpufrac/gpufrac-coordinator@" + coordDigest,
+		} {
+			k, name, _ := strings.Cut(kind, "/")
+			c, err := objs.WorkloadContainer(k, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Image != want {
+				t.Errorf("%s: %s image %s, want %s", h, name, c.Image, want)
+			}
+		}
+	}
+}
+
 // binaries builds gpufrac-node and gpufrac-coordinator once per test binary.
 var binaries = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "gpufrac-chart-bin-")

@@ -59,6 +59,9 @@ type Spec struct {
 	Layers [][]File
 	// Config is the image's run configuration (Entrypoint, Env, User, Labels...).
 	Config v1.Config
+	// Arch is the image's architecture (linux/<Arch>); empty is this
+	// machine's. The layers' binaries must be built for it.
+	Arch string
 }
 
 // Write builds spec's image and writes it to tarPath as an image tarball
@@ -108,6 +111,9 @@ func Build(spec Spec) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.Architecture = runtime.GOARCH
+	if spec.Arch != "" {
+		cf.Architecture = spec.Arch
+	}
 	cf.OS = "linux"
 	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
 	cf.Config = spec.Config

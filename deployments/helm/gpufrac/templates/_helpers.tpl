@@ -22,7 +22,11 @@ let two nodes run two versions under one release.
 {{- if eq $tag "latest" -}}
 {{- fail (printf "%s: the tag \"latest\" is not allowed; leave tag empty for the chart's appVersion (%s) or name a release" .image.repository .root.Chart.AppVersion) -}}
 {{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" (include "gpufrac.registry" (dict "ref" .image.repository "root" .root)) .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" (include "gpufrac.registry" (dict "ref" .image.repository "root" .root)) $tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

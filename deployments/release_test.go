@@ -1,0 +1,246 @@
+package deployments_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gpufrac/gpufrac/deployments/internal/release"
+	"github.com/gpufrac/gpufrac/tests/cluster"
+)
+
+// TestReleaseDryRun runs make release-dry-run's core (release.Run) for the
+// platforms cheap to build here (linux/amd64 images, the linux/amd64 krew
+// archive; gpufrac-node's linux/arm64 is asked for and must be reported as
+// not buildable), checks the output with release.Verify, then breaks the
+// output one way at a time and checks Verify names each break. The full set
+// of platforms (the coordinator's linux/arm64, four krew archives) is what
+// make release-dry-run builds; GPUFRAC_RELEASE_ARM64=1 adds the coordinator's
+// linux/arm64 here (a cross compile of its dependencies on a cold cache takes
+// minutes).
+func TestReleaseDryRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the images, the chart and a krew archive")
+	}
+	// About a minute, mostly builds: beside the test bed's dry run, which waits.
+	t.Parallel()
+	root := repoRoot(t)
+	version := chartAppVersion(t, root)
+	coordPlatforms := []string{"linux/amd64"}
+	if os.Getenv("GPUFRAC_RELEASE_ARM64") == "1" {
+		coordPlatforms = append(coordPlatforms, "linux/arm64")
+	}
+	out := t.TempDir()
+	m, err := release.Run(release.Config{
+		Root: root, Version: version, Out: out, Helm: helmPath(t, cluster.Helm3), Registry: "ghcr.io/gpufrac",
+		Images: []release.Image{
+			{Name: "gpufrac-node", Platforms: []string{"linux/amd64", "linux/arm64"}},
+			{Name: "gpufrac-coordinator", Platforms: coordPlatforms},
+		},
+		KrewPlatforms: []string{"linux/amd64"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := release.Verify(out); err != nil {
+		t.Fatalf("the dry run's output does not verify:\n%v", err)
+	}
+	if len(m.NotBuilt) != 1 || !strings.Contains(m.NotBuilt[0], "gpufrac-node linux/arm64") {
+		t.Errorf("not built: %q, want gpufrac-node linux/arm64 named", m.NotBuilt)
+	}
+	images := map[string]release.ImageResult{}
+	for _, im := range m.Images {
+		images[im.Name] = im
+	}
+	node, coord := images["gpufrac-node"], images["gpufrac-coordinator"]
+	if len(node.Platforms) != 1 || len(coord.Platforms) != len(coordPlatforms) {
+		t.Fatalf("platforms built: node %v, coordinator %v", node.Platforms, coord.Platforms)
+	}
+	if node.Tag != version || coord.Tag != version {
+		t.Errorf("layout tags %s, %s, want %s", node.Tag, coord.Tag, version)
+	}
+
+	// Each break below must be caught by Verify with the message given.
+	breaks := []struct {
+		name, file, want string
+		edit             func(t *testing.T, data []byte) []byte
+	}{
+		{"a platform claimed but not in the index", "release.json", "release.json claims [linux/amd64 linux/s390x]",
+			func(t *testing.T, data []byte) []byte {
+				var mm release.Manifest
+				if err := json.Unmarshal(data, &mm); err != nil {
+					t.Fatal(err)
+				}
+				for i := range mm.Images {
+					if mm.Images[i].Name == "gpufrac-node" {
+						mm.Images[i].Platforms = append(mm.Images[i].Platforms, release.PlatformResult{Platform: "linux/s390x"})
+					}
+				}
+				out, _ := json.Marshal(mm)
+				return out
+			}},
+		{"a digest file that is not the index's", node.DigestFile, "digest file " + node.DigestFile,
+			func(t *testing.T, data []byte) []byte { return []byte("sha256:" + strings.Repeat("0", 64) + "\n") }},
+		{"a layer blob changed", largestBlob(t, filepath.Join(out, coord.Layout)), "does not validate",
+			func(t *testing.T, data []byte) []byte {
+				data = slices.Clone(data)
+				data[len(data)/2] ^= 0xff
+				return data
+			}},
+		{"the chart's node.image.digest not the node image's", m.Chart.Package, "values node.image.digest is \"" + coord.Digest + "\"",
+			func(t *testing.T, data []byte) []byte {
+				return rewriteTgz(t, data, "gpufrac/values.yaml", func(v []byte) []byte {
+					if !bytes.Contains(v, []byte(node.Digest)) {
+						t.Fatalf("the packaged values.yaml does not hold %s", node.Digest)
+					}
+					return bytes.Replace(v, []byte(node.Digest), []byte(coord.Digest), 1)
+				})
+			}},
+		{"an SBOM without one of the binary's modules", node.Platforms[0].SBOM, "does not name module",
+			func(t *testing.T, data []byte) []byte {
+				var doc release.SPDX
+				if err := json.Unmarshal(data, &doc); err != nil {
+					t.Fatal(err)
+				}
+				i := slices.IndexFunc(doc.Packages, func(p release.SPDXPackage) bool { return strings.HasPrefix(p.Comment, "go.sum ") })
+				if i < 0 {
+					t.Fatal("the SBOM names no module with a go.sum hash")
+				}
+				doc.Packages = slices.Delete(doc.Packages, i, i+1)
+				out, _ := json.Marshal(doc)
+				return out
+			}},
+		{"an SBOM without the base layer's C library", node.Platforms[0].SBOM, "does not list the image's file /lib/",
+			func(t *testing.T, data []byte) []byte {
+				var doc release.SPDX
+				if err := json.Unmarshal(data, &doc); err != nil {
+					t.Fatal(err)
+				}
+				i := slices.IndexFunc(doc.Files, func(f release.SPDXFile) bool { return strings.HasPrefix(f.FileName, "/lib/") })
+				if i < 0 {
+					t.Fatal("the node image's SBOM lists no C library file")
+				}
+				doc.Files = slices.Delete(doc.Files, i, i+1)
+				out, _ := json.Marshal(doc)
+				return out
+			}},
+		{"a krew sha256 that is not the archive's", m.Krew.Manifest, "manifest sha256 " + strings.Repeat("f", 64),
+			func(t *testing.T, data []byte) []byte {
+				return bytes.Replace(data, []byte(m.Krew.Archives[0].SHA256), []byte(strings.Repeat("f", 64)), 1)
+			}},
+	}
+	for _, b := range breaks {
+		t.Run(b.name, func(t *testing.T) {
+			p := b.file
+			if !filepath.IsAbs(p) {
+				p = filepath.Join(out, p)
+			}
+			orig, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := os.WriteFile(p, orig, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				os.Chmod(p, st.Mode().Perm())
+			}()
+			if err := os.WriteFile(p, b.edit(t, orig), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err = release.Verify(out)
+			if err == nil {
+				t.Fatal("Verify accepted it")
+			}
+			if !strings.Contains(err.Error(), b.want) {
+				t.Errorf("Verify's error does not say %q:\n%v", b.want, err)
+			}
+		})
+	}
+	// Restored, the output verifies again.
+	if err := release.Verify(out); err != nil {
+		t.Errorf("after the breaks were undone: %v", err)
+	}
+}
+
+// largestBlob is the largest blob of an OCI layout (a layer).
+func largestBlob(t *testing.T, dir string) string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(dir, "blobs", "sha256"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var best string
+	var size int64 = -1
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Size() > size {
+			best, size = filepath.Join(dir, "blobs", "sha256", e.Name()), info.Size()
+		}
+	}
+	return best
+}
+
+// rewriteTgz returns the gzipped tar tgz with name's content edited.
+func rewriteTgz(t *testing.T, tgz []byte, name string, edit func([]byte) []byte) []byte {
+	t.Helper()
+	gz, err := gzip.NewReader(bytes.NewReader(tgz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	found := false
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == name {
+			data, found = edit(data), true
+			h.Size = int64(len(data))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !found {
+		t.Fatalf("%s is not in the archive", name)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
