@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
@@ -103,19 +104,23 @@ func TestDriftedNodeReservationsEndWithTheirFractions(t *testing.T) {
 	res.Annotations[api.AnnotationReservedGPU] = gpu
 	f := admitted(fracPod("f", "q", 30), "n1")
 	f.Annotations[api.AnnotationGPU] = gpu
+	binding := fracPod("binding", "q", 30) // being bound: the informer does not show it bound yet
 	for _, tc := range []struct {
 		name      string
 		drifted   map[string]bool
 		pods      []*corev1.Pod
+		assumed   map[types.UID]state.Assumed
 		orphaned  bool
 		fractions int
 	}{
+		{name: "drifted while a fraction is being bound there", drifted: map[string]bool{"n1": true}, pods: []*corev1.Pod{res, binding},
+			assumed: map[types.UID]state.Assumed{binding.UID: {Node: "n1", GPU: gpu}}, orphaned: true, fractions: 1},
 		{name: "drifted, a fraction runs", drifted: map[string]bool{"n1": true}, pods: []*corev1.Pod{res, f}, orphaned: true, fractions: 1},
 		{name: "drifted, no fraction", drifted: map[string]bool{"n1": true}, pods: []*corev1.Pod{res}, orphaned: true},
 		{name: "not drifted", pods: []*corev1.Pod{res, f}, fractions: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			snap, err := state.Build(state.Inputs{Nodes: []*corev1.Node{node}, Pods: tc.pods, Drifted: tc.drifted})
+			snap, err := state.Build(state.Inputs{Nodes: []*corev1.Node{node}, Pods: tc.pods, Assumed: tc.assumed, Drifted: tc.drifted})
 			if err != nil {
 				t.Fatal(err)
 			}

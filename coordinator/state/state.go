@@ -769,8 +769,10 @@ func Build(in Inputs) (*Snapshot, error) {
 			switch {
 			case f.reservation:
 				trackOffNode(reservations, p, nodeName, left[nodeName], in.Now, in.Drifted[nodeName])
-			case p.Spec.NodeName != "" && f.d.FractionPercent > 0:
-				offFracs[NodeGPU{nodeName, f.fractionGPU()}]++
+			case f.d.FractionPercent > 0 && (p.Spec.NodeName != "" || assumedGPU != ""):
+				// One being bound counts on its GPU too: its reservation
+				// stays until the binding is shown or forgotten.
+				offFracs[NodeGPU{nodeName, cmp.Or(assumedGPU, f.fractionGPU())}]++
 			}
 			continue
 		}
