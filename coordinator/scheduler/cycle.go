@@ -74,9 +74,6 @@ type cycle struct {
 	// once driftBuilt.
 	driftSnap  *state.Snapshot
 	driftBuilt bool
-	// notDrifted keeps placeholders off the drifted nodes (avoidDrifted),
-	// made once.
-	notDrifted *corev1.NodeSelector
 }
 
 // Cycle runs one scheduling cycle, phase by phase: snapshot (read the world),
@@ -485,7 +482,7 @@ func (c *cycle) noRoom(w *workload, verdict verdict, items []placeholder.Item, p
 	if m := c.s.reclaim(c.ctx, w, c.books, c.reclaimIn, c.kube); m != "" {
 		return wait(binder.ReasonNoCapacity, m)
 	}
-	c.demand = append(c.demand, c.avoidDrifted(c.kube.withDomains(items))...)
+	c.demand = append(c.demand, c.kube.withDomains(items)...)
 	if nodes, ok := c.fitsOnlyDrifted(w); ok {
 		return wait(api.ReasonDriftedNodesOnly, driftedMessage(nodes, placeErr))
 	}

@@ -1,14 +1,12 @@
 package scheduler
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
@@ -87,33 +85,6 @@ func (c *cycle) fitsOnlyDrifted(w *workload) (string, bool) {
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", "), true
-}
-
-// avoidDrifted keeps the placeholders of items off the drifted nodes: a
-// required node affinity on kubernetes.io/hostname NotIn their hostnames,
-// ANDed like Domains. Karpenter counts a drifted node as capacity until it
-// disrupts it, so a placeholder that fits there would be nominated to it
-// and buy nothing, while the coordinator places nothing there.
-func (c *cycle) avoidDrifted(items []placeholder.Item) []placeholder.Item {
-	if len(c.inputs.Drifted) == 0 {
-		return items
-	}
-	if c.notDrifted == nil {
-		var hosts []string
-		for _, n := range c.nodes {
-			if c.inputs.Drifted[n.Name] {
-				hosts = append(hosts, cmp.Or(n.Labels[corev1.LabelHostname], n.Name))
-			}
-		}
-		slices.Sort(hosts)
-		c.notDrifted = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
-			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: slices.Compact(hosts)},
-		}}}}
-	}
-	for i := range items {
-		items[i].Domains = append(slices.Clip(items[i].Domains), *c.notDrifted)
-	}
-	return items
 }
 
 // driftedMessage is the pending message of a workload that fits only on

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"slices"
 	"strings"
 	"testing"
 
@@ -138,42 +137,5 @@ func TestDriftedNodeReservationsEndWithTheirFractions(t *testing.T) {
 				t.Errorf("n1 in the snapshot: %v, want %v", in, tc.drifted == nil)
 			}
 		})
-	}
-}
-
-// Karpenter counts a drifted node as capacity until it disrupts it: a
-// placeholder that fits there would be nominated to it and buy nothing. The
-// placeholders of work waiting for room keep off the drifted nodes by their
-// hostname.
-func TestPlaceholdersKeepOffDriftedNodes(t *testing.T) {
-	drifted := h100Node("n1", "a", 2)
-	drifted.Labels[corev1.LabelHostname] = "host-n1"
-	c := newClusterWith(t, Options{BindWorkers: 1, AvoidDriftedNodes: true},
-		Deps{Queues: staticQueues([]*v1alpha1.Queue{queueOf("q", "8")}), NodeDrifted: driftedSet("n1")},
-		[]*corev1.Node{drifted, h100Node("n2", "a", 2)}, admitted(gpuPod("full", "q", 2), "n2"), gpuPod("w", "q", 1))
-	ph := &clusterPlaceholders{c: c, deleted: map[string]string{}}
-	c.s.deps.Placeholders = ph
-	c.cycle()
-	if r := c.reason("w"); r != api.ReasonDriftedNodesOnly {
-		t.Fatalf("w reason %q (%s), want %s", r, c.b.Messages["w"], api.ReasonDriftedNodesOnly)
-	}
-	p := ph.only(t)
-	var ns *corev1.NodeSelector
-	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil {
-		ns = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
-	}
-	if ns == nil || len(ns.NodeSelectorTerms) == 0 {
-		t.Fatalf("placeholder %s has no required node affinity", p.Name)
-	}
-	for _, term := range ns.NodeSelectorTerms {
-		found := false
-		for _, r := range term.MatchExpressions {
-			if r.Key == corev1.LabelHostname && r.Operator == corev1.NodeSelectorOpNotIn && slices.Equal(r.Values, []string{"host-n1"}) {
-				found = true
-			}
-		}
-		if !found {
-			t.Errorf("placeholder term %+v does not keep off the drifted node's hostname host-n1", term)
-		}
 	}
 }
