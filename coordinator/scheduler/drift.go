@@ -11,15 +11,31 @@ import (
 )
 
 // driftedNodes are the nodes whose Karpenter NodeClaim is Drifted
-// (Deps.NodeDrifted), nil when none is or Options.AvoidDriftedNodes is off.
+// (Deps.NodeDrifted), but for those Karpenter nominated for placeholders;
+// nil when none is or Options.AvoidDriftedNodes is off.
 // The snapshot leaves them out like cordoned nodes (state.Inputs.Drifted).
 func (s *Scheduler) driftedNodes(nodes []*corev1.Node) map[string]bool {
 	if !s.opts.AvoidDriftedNodes || s.deps.NodeDrifted == nil {
 		return nil
 	}
+	// A drifted node Karpenter nominated for waiting placeholders, or where
+	// one landed, stays usable: Karpenter buys nothing while it sees room
+	// there, so the pods that asked would wait until the node is replaced,
+	// which a fraction running there (do-not-disrupt) can put off forever.
+	s.mu.Lock()
+	var nominated map[string]bool
+	for _, ns := range s.preferred {
+		for _, n := range ns {
+			if nominated == nil {
+				nominated = map[string]bool{}
+			}
+			nominated[n] = true
+		}
+	}
+	s.mu.Unlock()
 	var out map[string]bool
 	for _, n := range nodes {
-		if s.deps.NodeDrifted(n.Name) {
+		if !nominated[n.Name] && s.deps.NodeDrifted(n.Name) {
 			if out == nil {
 				out = map[string]bool{}
 			}

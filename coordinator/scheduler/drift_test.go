@@ -93,6 +93,37 @@ func TestDriftedNodesTakeNoNewPods(t *testing.T) {
 	}
 }
 
+// TestDriftedNodeNominatedByKarpenterIsUsed: a pod that fits only on a
+// drifted node waits, and its placeholder asks Karpenter for capacity; when
+// Karpenter nominates the drifted node for it (it sees room there and buys
+// nothing), the pod is placed there instead of waiting for a node that a
+// fraction running there may keep from ever being replaced.
+func TestDriftedNodeNominatedByKarpenterIsUsed(t *testing.T) {
+	phs := &fakePlaceholders{}
+	pods := []*corev1.Pod{admitted(gpuPod("old", "q", 1), "n1"), admitted(gpuPod("full-n2", "q", 2), "n2"), gpuPod("new", "q", 1)}
+	c := newClusterWith(t, Options{Policy: "binpack", BindWorkers: 1, AvoidDriftedNodes: true},
+		Deps{Queues: staticQueues([]*v1alpha1.Queue{queueOf("q", "8")}), NodeDrifted: driftedSet("n1"), Placeholders: phs},
+		[]*corev1.Node{h100Node("n1", "a", 2), h100Node("n2", "a", 2)}, pods...)
+	c.cycle()
+	if got := c.reason("new"); got != api.ReasonDriftedNodesOnly {
+		t.Fatalf("reason %q (%s), want %q", got, c.b.Messages["new"], api.ReasonDriftedNodesOnly)
+	}
+	if len(phs.created) == 0 {
+		t.Fatal("no placeholder asked Karpenter for capacity")
+	}
+	c.s.OnEvent(&corev1.Event{
+		Reason:         karpenterNominated,
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: api.ReservationNamespace, Name: phs.created[0]},
+		Message:        "Pod should schedule on: node/n1",
+	})
+	for range 2 {
+		c.cycle()
+	}
+	if got := c.boundTo("new"); got != "n1" {
+		t.Errorf("new pod bound to %q, want n1, the drifted node Karpenter nominated (reason %q: %s)", got, c.reason("new"), c.b.Messages["new"])
+	}
+}
+
 // A drifted node's reservations are orphaned: they take no new fraction,
 // stay while a fraction runs on their GPU (Fractions counts it), and the
 // reservation manager removes them once none does.
