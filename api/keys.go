@@ -180,6 +180,12 @@ const (
 	// coordinator placed whose binding the API server refused or failed; it
 	// is placed and bound again after a back-off.
 	ReasonBindingFailed = "BindingFailed"
+	// ReasonDriftedNodesOnly is the pod-condition reason of admitted work
+	// with no room but on nodes whose Karpenter NodeClaim is Drifted, where
+	// the coordinator places nothing new (coordinator --avoid-drifted-nodes)
+	// so that Karpenter can replace them. Like NoCapacity, it asks
+	// Karpenter for capacity through placeholders. Never "Unschedulable".
+	ReasonDriftedNodesOnly = "DriftedNodesOnly"
 )
 
 // ProtocolAnnotation is a pod annotation gpufrac's components write for each

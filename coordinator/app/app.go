@@ -70,6 +70,21 @@ func nodeClaimRegistered(u *unstructured.Unstructured) time.Time {
 	return at
 }
 
+// nodeClaimDrifted tells whether a NodeClaim has the condition Drifted=True
+// (Karpenter v1's ConditionTypeDrifted): Karpenter means to replace its
+// node. NodeClaims are Karpenter's to write, tenants cannot; read without
+// copying, once per Karpenter node and cycle.
+func nodeClaimDrifted(u *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedFieldNoCopy(u.Object, "status", "conditions")
+	list, _ := conds.([]any)
+	for _, c := range list {
+		if m, ok := c.(map[string]any); ok && m["type"] == "Drifted" && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
 // Config is the coordinator's configuration, filled from flags by main.
 type Config struct {
 	// LeaderElect turns on leader election on a Lease.

@@ -337,6 +337,7 @@ func (l *leader) newScheduler() error {
 		Reserver:       l.reserver,
 		NodeClaims:     l.nodeOfClaim,
 		NodeRegistered: l.nodeRegistered,
+		NodeDrifted:    l.nodeDrifted,
 		Placeholders:   placeholders,
 		Status:         scheduler.DynamicStatusWriter{Client: a.dynamic},
 		Recorder:       l.recorder,
@@ -389,6 +390,24 @@ func (l *leader) nodeRegistered(node string) time.Time {
 		}
 	}
 	return at
+}
+
+// nodeDrifted tells whether a NodeClaim of node is Drifted (false without
+// Karpenter's CRD, or when none names the node).
+func (l *leader) nodeDrifted(node string) bool {
+	if l.claimIndex == nil {
+		return false
+	}
+	objs, err := l.claimIndex.ByIndex(nodeClaimByNode, node)
+	if err != nil {
+		return false
+	}
+	for _, obj := range objs {
+		if u, ok := obj.(*unstructured.Unstructured); ok && nodeClaimDrifted(u) {
+			return true
+		}
+	}
+	return false
 }
 
 // watch adds the scheduler's event handlers, before the informers start:
@@ -486,7 +505,7 @@ func (l *leader) newConsolidator() error {
 		return nil
 	}
 	pdbInf := l.factory.Policy().V1().PodDisruptionBudgets()
-	c, err := l.app.consolidator(l.recorder, l.pods.Lister(), l.nodes.Lister(), pdbInf.Lister(), l.jobLister)
+	c, err := l.app.consolidator(l.recorder, l.pods.Lister(), l.nodes.Lister(), pdbInf.Lister(), l.jobLister, l.nodeDrifted)
 	if err != nil {
 		return err
 	}
@@ -545,7 +564,7 @@ func (l *leader) schedule(ctx context.Context) {
 
 // consolidator builds the consolidation controller on the informers' listers.
 func (a *App) consolidator(recorder record.EventRecorder, pods corelisters.PodLister, nodes corelisters.NodeLister,
-	pdbs policylisters.PodDisruptionBudgetLister, jobs batchlisters.JobLister) (*consolidation.Controller, error) {
+	pdbs policylisters.PodDisruptionBudgetLister, jobs batchlisters.JobLister, drifted scheduler.NodeDrift) (*consolidation.Controller, error) {
 	o := a.cfg.ConsolidationOptions
 	s := a.cfg.Scheduler
 	o.Planner.SchedulerName, o.Planner.PoolLabel, o.Planner.Policy, o.Planner.Seed = s.SchedulerName, s.PoolLabel, s.Policy, s.Seed
@@ -566,6 +585,16 @@ func (a *App) consolidator(recorder record.EventRecorder, pods corelisters.PodLi
 		}
 		if c.PDBs, err = pdbs.List(labels.Everything()); err != nil {
 			return c, fmt.Errorf("listing PodDisruptionBudgets: %w", err)
+		}
+		if s.AvoidDriftedNodes && drifted != nil {
+			for _, n := range c.Nodes {
+				if drifted(n.Name) {
+					if c.Drifted == nil {
+						c.Drifted = map[string]bool{}
+					}
+					c.Drifted[n.Name] = true
+				}
+			}
 		}
 		return c, nil
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
 )
 
 func TestNodeClaimRegistered(t *testing.T) {
@@ -55,5 +56,38 @@ func TestNodeClaimRegistered(t *testing.T) {
 				t.Errorf("index keys (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A node is drifted when a NodeClaim naming it (status.nodeName) has
+// Drifted=True, Karpenter v1's condition; nothing else counts, and without
+// Karpenter's CRD (no index) no node is.
+func TestNodeDrifted(t *testing.T) {
+	claim := func(name, node string, conds ...any) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+			"metadata": map[string]any{"name": name, "annotations": map[string]any{"drifted": "true"}}}}
+		u.Object["status"] = map[string]any{"nodeName": node, "conditions": conds}
+		return u
+	}
+	cond := func(typ, status string) any { return map[string]any{"type": typ, "status": status} }
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{nodeClaimByNode: nodeClaimNode})
+	for _, c := range []*unstructured.Unstructured{
+		claim("a", "drifted", cond("Initialized", "True"), cond("Drifted", "True")),
+		claim("b", "not-yet", cond("Drifted", "Unknown")),
+		claim("c", "false", cond("Drifted", "False")),
+		claim("d", "other", cond("Consolidatable", "True"), "Drifted"),
+	} {
+		if err := idx.Add(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := &leader{claimIndex: idx}
+	for node, want := range map[string]bool{"drifted": true, "not-yet": false, "false": false, "other": false, "unknown": false} {
+		if got := l.nodeDrifted(node); got != want {
+			t.Errorf("nodeDrifted(%q) = %v, want %v", node, got, want)
+		}
+	}
+	if (&leader{}).nodeDrifted("drifted") {
+		t.Error("without Karpenter's CRD a node is drifted")
 	}
 }

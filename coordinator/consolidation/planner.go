@@ -83,6 +83,11 @@ type Cluster struct {
 	Nodes []*corev1.Node
 	Pods  []*corev1.Pod
 	PDBs  []*policyv1.PodDisruptionBudget
+	// Drifted names the nodes whose Karpenter NodeClaim is Drifted, where
+	// the scheduler places nothing new (scheduler.Options.AvoidDriftedNodes):
+	// no move goes there, and they give no room to pods waiting. They may
+	// still be drained.
+	Drifted map[string]bool
 }
 
 // Verdict is what the planner thinks of one node.
@@ -623,7 +628,7 @@ func (p *Planner) Remaining(c Cluster, node string) (Plan, error) {
 }
 
 // Starved counts the coordinator's pods that wait for capacity (reason
-// NoCapacity: placeholders ask Karpenter for more) and that the draining
+// NoCapacity or DriftedNodesOnly: placeholders ask Karpenter for more) and that the draining
 // nodes, given back, could hold. While any do, a node kept out of placement
 // by a drain is capacity bought twice. A pod no node could hold either way
 // (a tenant's node selector that matches nothing) is not counted: giving
@@ -633,7 +638,8 @@ func (p *Planner) Starved(c Cluster) int {
 	n := 0
 	for _, pod := range v.pending {
 		for _, cond := range pod.Status.Conditions {
-			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == api.ReasonNoCapacity && p.wantsRoom(v, pod) {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse &&
+				(cond.Reason == api.ReasonNoCapacity || cond.Reason == api.ReasonDriftedNodesOnly) && p.wantsRoom(v, pod) {
 				n++
 				break
 			}
@@ -698,6 +704,9 @@ func (p *Planner) wantsRoom(v *view, pod *corev1.Pod) bool {
 		v.undrainedBuilt = true
 		nodes := make([]*corev1.Node, 0, len(v.c.Nodes))
 		for _, n := range v.c.Nodes {
+			if v.c.Drifted[n.Name] {
+				continue // nothing is placed there
+			}
 			if v.draining[n.Name] {
 				n = n.DeepCopy()
 				n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == api.TaintDraining })

@@ -227,6 +227,18 @@ func TestCandidatesPrefersTheLargestSaving(t *testing.T) {
 			verdicts: map[string]Verdict{"static": VerdictNotRemovable},
 		},
 		{
+			// The scheduler places nothing new on drifted nodes: the 8x's
+			// fractions have nowhere to go, and a 1x's move to the 8x.
+			name: "drifted nodes are no destination",
+			cluster: func() Cluster {
+				c := dayTail()
+				c.Drifted = map[string]bool{"one-a": true, "one-b": true}
+				return c
+			}(),
+			wantNode: "one-a", wantPods: []string{"a1"}, wantSaving: 14.19,
+			verdicts: map[string]Verdict{"big": VerdictDoesNotFit, "one-a": VerdictCandidate, "one-b": VerdictCandidate},
+		},
+		{
 			// one-a runs nothing but an idle reservation: Karpenter removes
 			// it, so b1 goes to one-c, not there.
 			name: "an empty node is Karpenter's own business, and no destination",

@@ -29,7 +29,8 @@ func (w *movingWorkload) milli() int64 {
 }
 
 // fits simulates the scheduler placing the moved pods on the cluster
-// without the excluded nodes (the node to drain, the nodes draining), with
+// without the excluded nodes (the node to drain, the nodes draining, the
+// drifted nodes: Cluster.Drifted), with
 // the same placement policy: the coordinator's pods waiting for room first
 // (they come first in its queue order and may take the room; failures are
 // theirs), then the moved workloads, gangs first and larger first, gangs
@@ -42,7 +43,7 @@ func (p *Planner) fits(v *view, exclude map[string]bool, moves []*corev1.Pod) er
 	}
 	nodes := make([]*corev1.Node, 0, len(v.c.Nodes))
 	for _, n := range v.c.Nodes {
-		if !exclude[n.Name] && !v.draining[n.Name] {
+		if !exclude[n.Name] && !v.draining[n.Name] && !v.c.Drifted[n.Name] {
 			nodes = append(nodes, n)
 		}
 	}

@@ -70,6 +70,10 @@ type cycle struct {
 	budget    *placeBudget
 	hinted    bool        // some placeholder group has landed nodes or nominated NodeClaims
 	kube      *kubeChecks // kube-scheduler's filter plugins, begun on the first pod that needs them
+	// driftSnap is the drifted nodes' snapshot (driftedSnapshot), built
+	// once driftBuilt.
+	driftSnap  *state.Snapshot
+	driftBuilt bool
 }
 
 // Cycle runs one scheduling cycle, phase by phase: snapshot (read the world),
@@ -149,6 +153,7 @@ func (c *cycle) snapshot() error {
 	if s.opts.NewNodeSettle > 0 {
 		c.inputs.Settling, c.held = s.settlingNodes(c.nodes, c.start)
 	}
+	c.inputs.Drifted = s.driftedNodes(c.nodes)
 	// The snapshot is built while the pods bound or being bound are
 	// charged to their queues (readBound): two passes over every pod, on
 	// two goroutines. The parses use the last cycle's GPU models, scalar
@@ -478,6 +483,9 @@ func (c *cycle) noRoom(w *workload, verdict verdict, items []placeholder.Item, p
 		return wait(binder.ReasonNoCapacity, m)
 	}
 	c.demand = append(c.demand, c.kube.withDomains(items)...)
+	if nodes, ok := c.fitsOnlyDrifted(w); ok {
+		return wait(api.ReasonDriftedNodesOnly, driftedMessage(nodes, placeErr))
+	}
 	return wait(binder.ReasonNoCapacity, placeErr.Error())
 }
 

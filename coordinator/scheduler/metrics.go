@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpufrac_pending_pods",
-			Help: "Pods left pending by the last cycle, by reason: OverQuota, OverLimit, GangIncomplete, NotAdmittedByKueue, NoCapacity, InvalidRequest, ReservationPending, BindingFailed, WaitingToBind (admitted, not placed yet because the bind queue was full), NextCycle (not placed yet because the cycle spent its place budget) or NodeSettling (placed on a node that settles after it lost a NoExecute taint, bound once it has); the last three are never written on a pod.",
+			Help: "Pods left pending by the last cycle, by reason: OverQuota, OverLimit, GangIncomplete, NotAdmittedByKueue, NoCapacity, DriftedNodesOnly (room only on nodes Karpenter marked Drifted), InvalidRequest, ReservationPending, BindingFailed, WaitingToBind (admitted, not placed yet because the bind queue was full), NextCycle (not placed yet because the cycle spent its place budget) or NodeSettling (placed on a node that settles after it lost a NoExecute taint, bound once it has); the last three are never written on a pod.",
 		}, []string{"reason"}),
 		pendingAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpufrac_pending_pods_oldest_age_seconds",

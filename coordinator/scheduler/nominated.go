@@ -24,6 +24,11 @@ type NodeClaimNodes func(nodeClaim string) string
 // conditions, zero when no NodeClaim names the node or neither is True.
 type NodeRegistrations func(node string) time.Time
 
+// NodeDrift tells whether a Karpenter NodeClaim of a node has the condition
+// Drifted=True. NodeClaims are Karpenter's to write: tenants cannot mark a
+// node drifted.
+type NodeDrift func(node string) bool
+
 // OnEvent is the event informer's handler: Karpenter's Nominated events on
 // placeholder pods name the node (or NodeClaim) it plans for them; those
 // nodes become a preference for the placeholders' group.

@@ -95,6 +95,13 @@ type Options struct {
 	// ElasticPools says node pools can grow (Karpenter is installed): a gang
 	// larger than every pool then waits for capacity instead of being refused.
 	ElasticPools bool
+	// AvoidDriftedNodes places nothing new on nodes whose Karpenter
+	// NodeClaim is Drifted (Deps.NodeDrifted), as on cordoned ones: their
+	// reservations end with their fractions and Karpenter can replace
+	// them. Pods already there stay. Pods that would fit only there wait
+	// with the reason api.ReasonDriftedNodesOnly (and ask Karpenter for
+	// capacity like NoCapacity). False places there as on any node.
+	AvoidDriftedNodes bool
 	// GangBindTimeout bounds how long a gang may hold GPUs bound in part
 	// (fewer than min-member members bound, say because a binding failed):
 	// past it the bound members are evicted and the gang is placed again
@@ -169,6 +176,9 @@ type Deps struct {
 	// NodeRegistered tells when Karpenter registered a node (nil: never
 	// known); settlingNodes reads it for nodes it has not seen before.
 	NodeRegistered NodeRegistrations
+	// NodeDrifted tells which nodes Karpenter marked Drifted (nil: none),
+	// read with Options.AvoidDriftedNodes.
+	NodeDrifted NodeDrift
 	// Status writes Queue status; nil disables it.
 	Status StatusWriter
 	// Evictor evicts pods to reclaim quota; nil disables reclaim.

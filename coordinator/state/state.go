@@ -74,6 +74,12 @@ type Inputs struct {
 	// Settling names more nodes left out as if they were young (node name ->
 	// true): nodes consolidation just gave back (scheduler.returnedNodes).
 	Settling map[string]bool
+	// Drifted names nodes left out like cordoned ones (node name -> true):
+	// nodes whose Karpenter NodeClaim is Drifted, which Karpenter replaces
+	// once nothing protected runs there. Nothing new is placed on them, and
+	// their reservations are orphaned: removed as their fractions end. The
+	// caller reads it from NodeClaims, never from what tenants can write.
+	Drifted map[string]bool
 	// Cache, when not nil, keeps what Build read of each pod and node for
 	// the next Build (see Cache); nil reads every object afresh.
 	Cache *Cache
@@ -698,7 +704,7 @@ func Build(in Inputs) (*Snapshot, error) {
 	for _, n := range in.Nodes {
 		f := c.node(n, in.TimesliceResource)
 		models = addModel(models, f.product)
-		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] {
+		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] || in.Drifted[n.Name] {
 			left[n.Name] = n
 			continue
 		}
@@ -762,9 +768,11 @@ func Build(in Inputs) (*Snapshot, error) {
 			// fractions on their GPUs matter, so they can be removed.
 			switch {
 			case f.reservation:
-				trackOffNode(reservations, p, nodeName, left[nodeName], in.Now)
-			case p.Spec.NodeName != "" && f.d.FractionPercent > 0:
-				offFracs[NodeGPU{nodeName, f.fractionGPU()}]++
+				trackOffNode(reservations, p, nodeName, left[nodeName], in.Now, in.Drifted[nodeName])
+			case f.d.FractionPercent > 0 && (p.Spec.NodeName != "" || assumedGPU != ""):
+				// One being bound counts on its GPU too: its reservation
+				// stays until the binding is shown or forgotten.
+				offFracs[NodeGPU{nodeName, cmp.Or(assumedGPU, f.fractionGPU())}]++
 			}
 			continue
 		}
@@ -1172,9 +1180,10 @@ func (acc *nodeAcc) orphaned(node, g string) string {
 }
 
 // trackOffNode records a reservation pod on a node left out of the
-// snapshot (n) or gone (n nil) as orphaned. Nodes left out only because they
-// are young (notBefore) are skipped: they are about to take fractions.
-func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *corev1.Node, now time.Time) {
+// snapshot (n) or gone (n nil) as orphaned, drifted ones (Inputs.Drifted)
+// included. Nodes left out only because they are young (notBefore) are
+// skipped: they are about to take fractions.
+func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *corev1.Node, now time.Time, drifted bool) {
 	var why string
 	switch {
 	case n == nil:
@@ -1187,6 +1196,8 @@ func trackOffNode(rs map[NodeGPU]*Reservation, p *corev1.Pod, node string, n *co
 		why = fmt.Sprintf("node %s is drained for consolidation", node)
 	case !nodeReadyAt(n, now):
 		why = fmt.Sprintf("node %s is not Ready", node)
+	case drifted:
+		why = fmt.Sprintf("node %s is drifted (its Karpenter NodeClaim is Drifted)", node)
 	default:
 		return // young (NotBefore) or settling: about to take fractions
 	}

@@ -170,6 +170,8 @@ func unsettled(p *corev1.Pod) string {
 		return ""
 	case reason == api.ReasonNoCapacity:
 		return "NoCapacity: placeholders ask Karpenter for capacity"
+	case reason == api.ReasonDriftedNodesOnly:
+		return "DriftedNodesOnly: room only on drifted nodes; placeholders ask Karpenter for capacity"
 	case reason == corev1.PodReasonUnschedulable:
 		return "Unschedulable"
 	case reason != "":

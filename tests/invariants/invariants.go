@@ -20,7 +20,7 @@
 //     mode, with a fraction on that GPU (unless Options.AllowIdleReservations),
 //     one per GPU, none terminating.
 //  3. placeholder: every placeholder pod serves pending work the queues
-//     admitted (its pods wait with NoCapacity or ReservationPending), and the
+//     admitted (its pods wait with NoCapacity, DriftedNodesOnly or ReservationPending), and the
 //     placeholders ask no more GPUs in all than that work could use (each
 //     waiting pod its whole GPUs, one GPU per fraction, one per MIG device or
 //     replica).
@@ -440,7 +440,7 @@ func (w *world) placeholders() {
 		if !w.waiting(p) {
 			continue
 		}
-		if r := scheduledReason(p); r != api.ReasonNoCapacity && r != api.ReasonReservationPending {
+		if r := scheduledReason(p); r != api.ReasonNoCapacity && r != api.ReasonDriftedNodesOnly && r != api.ReasonReservationPending {
 			continue
 		}
 		admitted[key(p)] = true
