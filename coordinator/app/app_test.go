@@ -73,14 +73,7 @@ func TestWorkStopsBeforeTheLeaseIsReleased(t *testing.T) {
 		t.Fatalf("lease holder %q while leading, want me", h)
 	}
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run after cancel = %v, want nil", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after cancel")
-	}
+	waitRunReturnsNil(t, done)
 	if <-releasedWhileWorking {
 		t.Error("the lease was released while the work under it was still stopping")
 	}
@@ -147,5 +140,19 @@ func TestLosingTheLeaseStopsTheWorkAndFails(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run still running 10 s after another replica took the lease")
+	}
+}
+
+// waitRunReturnsNil waits for Run, whose context was just cancelled, to
+// return nil on done within 10 s.
+func waitRunReturnsNil(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10 s of its context ending")
 	}
 }

@@ -121,14 +121,7 @@ func TestLeadSchedulesOnceSyncedAndStopsWithItsContext(t *testing.T) {
 				t.Errorf("read resource.k8s.io: %v, want %v", readDRA, want)
 			}
 			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run after cancel = %v, want nil", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("Run did not return within 10 s of its context ending")
-			}
+			waitRunReturnsNil(t, done)
 		})
 	}
 }
