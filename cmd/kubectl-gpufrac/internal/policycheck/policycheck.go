@@ -135,10 +135,20 @@ func (r *Report) judge(ctx context.Context, dry DryRun, p *corev1.Pod, namespace
 		return
 	}
 	r.Checked++
+	// A policy warns once per rule the pod breaks: one finding per policy,
+	// its messages joined.
+	at := map[string]int{} // policy -> index in r.Findings
 	for _, w := range warnings {
-		if policy, msg, ok := parseWarning(w); ok {
-			r.Findings = append(r.Findings, Finding{Namespace: namespace, Workload: workload, Pod: pod, Policy: policy, Message: msg})
+		policy, msg, ok := parseWarning(w)
+		if !ok {
+			continue
 		}
+		if i, dup := at[policy]; dup {
+			r.Findings[i].Message += "; " + msg
+			continue
+		}
+		at[policy] = len(r.Findings)
+		r.Findings = append(r.Findings, Finding{Namespace: namespace, Workload: workload, Pod: pod, Policy: policy, Message: msg})
 	}
 }
 

@@ -65,6 +65,9 @@ func TestCheck(t *testing.T) {
 		warnVisible = "Validation failed for ValidatingAdmissionPolicy 'gpufrac-visible-devices' with binding 'gpufrac-visible-devices': " +
 			"container \"main\" sets NVIDIA_VISIBLE_DEVICES"
 		warnOther = "Validation failed for ValidatingAdmissionPolicy 'someone-elses' with binding 'x': not ours"
+		// One policy, two of its rules broken: the API server warns twice.
+		warnClass   = "Validation failed for ValidatingAdmissionPolicy 'gpufrac-tenant-priority' with binding 'gpufrac-tenant-priority': system-* class"
+		warnPreempt = "Validation failed for ValidatingAdmissionPolicy 'gpufrac-tenant-priority' with binding 'gpufrac-tenant-priority': preempts"
 	)
 	deny := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "gpufrac-policy-check-x",
 		errors.New("ValidatingAdmissionPolicy 'gpufrac-tenant-gpu-access' with binding 'gpufrac-tenant-gpu-access' denied request: hostPath volumes are not allowed"))
@@ -81,6 +84,7 @@ func TestCheck(t *testing.T) {
 		builders.MakePod("notebook", "team-b").Obj(),
 		builders.MakePod("fine", "team-b").Obj(),
 		builders.MakePod("privileged", "team-c").Obj(),
+		builders.MakePod("validator", "gpu-operator").Obj(),
 		done,
 		builders.MakePod("reservation", api.ReservationNamespace).Obj(),
 	)
@@ -95,6 +99,8 @@ func TestCheck(t *testing.T) {
 			return nil, deny
 		case "privileged":
 			return nil, podSecurity
+		case "validator":
+			return []string{warnClass, warnPreempt}, nil
 		}
 		return nil, nil
 	}
@@ -103,14 +109,15 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Finding{
+		{Namespace: "gpu-operator", Workload: "Pod/validator", Pod: "validator", Policy: "gpufrac-tenant-priority", Message: "system-* class; preempts"},
 		{Namespace: "team-a", Workload: "Deployment/vllm", Pod: "vllm-1", Policy: "gpufrac-visible-devices", Message: `container "main" sets NVIDIA_VISIBLE_DEVICES`},
 		{Namespace: "team-b", Workload: "Pod/notebook", Pod: "notebook", Policy: "gpufrac-tenant-gpu-access", Denied: true, Message: "hostPath volumes are not allowed"},
 	}
 	if diff := cmp.Diff(want, r.Findings); diff != "" {
 		t.Errorf("findings (-want +got):\n%s", diff)
 	}
-	if r.Checked != 3 || len(dried) != 4 {
-		t.Errorf("judged %d of %d dry runs, want 3 of 4 (one per workload and shape; no completed pod, no reservation; the PodSecurity refusal is a note): %v", r.Checked, len(dried), dried)
+	if r.Checked != 4 || len(dried) != 5 {
+		t.Errorf("judged %d of %d dry runs, want 4 of 5 (one per workload and shape; no completed pod, no reservation; the PodSecurity refusal is a note): %v", r.Checked, len(dried), dried)
 	}
 	notes := strings.Join(r.Notes, "\n")
 	for _, want := range []string{"team-c/privileged", "PodSecurity", "no gpufrac admission policy is bound"} {
@@ -122,7 +129,7 @@ func TestCheck(t *testing.T) {
 	if err := r.Render(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"Deployment/vllm", "gpufrac-visible-devices", "warns", "Pod/notebook", "denies", "3 pods and templates checked, 2 workloads refused"} {
+	for _, s := range []string{"Deployment/vllm", "gpufrac-visible-devices", "warns", "Pod/notebook", "denies", "4 pods and templates checked, 3 workloads refused"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("report does not say %q:\n%s", s, out.String())
 		}
