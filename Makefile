@@ -45,7 +45,7 @@ build-static:
 # The coordinator's and the node agent's packages run under the race detector
 # (RACE_PKGS); the rest without it, at the same time. The cluster tests run four at a time
 # (-parallel 4): each has its own control plane and mostly waits, so on
-# 2 cores four overlap well (docs/benchmarks.md).
+# 2 cores four overlap well (docs/benchmarks-history.md).
 RACE_PKGS := ./coordinator/... ./deviceplugin/... ./mig/... ./timeslice/... ./cmd/gpufrac-coordinator/... ./cmd/gpufrac-node/...
 # go test starts packages in the order it is given them, two at a time on 2 cores
 # (-p): the longest suites go first, so that the end-to-end suite (the longest by

@@ -71,7 +71,7 @@ func main() {
 
 	// The agent's live heap is 3-4 MB and grows slowly at idle; at the
 	// default GOGC=100 it doubles before each collection, which shows as
-	// about 2 MiB of resident memory (docs/benchmarks.md, gpufrac-node).
+	// about 2 MiB of resident memory (docs/benchmarks-history.md, gpufrac-node).
 	// GC runs stay rare at 50. GOGC in the environment wins.
 	if _, ok := os.LookupEnv("GOGC"); !ok {
 		debug.SetGCPercent(50)

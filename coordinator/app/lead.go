@@ -257,7 +257,7 @@ func (l *leader) recordEvents(ctx context.Context) (stop func()) {
 
 // newReserver makes the reservation manager when Config.Reservations. Its
 // removals run in the background, so as not to hold the scheduling cycle
-// (docs/benchmarks.md, "Scale"); waitForRemovals waits for them.
+// (docs/benchmarks-history.md, "Scale"); waitForRemovals waits for them.
 func (l *leader) newReserver() error {
 	if !l.app.cfg.Reservations {
 		return nil

@@ -29,7 +29,7 @@ const memoryLimitShare = 0.9
 // with the default GOGC the runtime lets the heap grow to twice the live
 // heap before it collects - at 50,000 pods more than the chart's 512 MiB
 // limit, so the container would be OOM-killed while half its memory is
-// garbage (docs/benchmarks.md, "Scale"). A soft limit makes the collector
+// garbage (docs/benchmarks-history.md, "Scale"). A soft limit makes the collector
 // run earlier as the heap nears it, at some CPU; it cannot shrink the live
 // heap, so a limit below it means collections back to back (the runtime
 // caps them at about half the CPU) rather than an OOM kill.

@@ -18,7 +18,7 @@ import (
 // trimObject is the informers' transform: it drops what the coordinator
 // never reads from the objects it caches, before they are stored. At 5,000
 // nodes and 50,000 pods the informers' decoded pods were two thirds of the
-// heap (docs/benchmarks.md, "Scale"); kube-controller-manager drops managed
+// heap (docs/benchmarks-history.md, "Scale"); kube-controller-manager drops managed
 // fields the same way.
 //
 // Every object loses its managed fields. Pods also lose what runs the

@@ -48,7 +48,7 @@ const (
 	// ramp limits what that costs after the knee. CPU-only pods ask 0.23–0.27
 	// of the CPU on the default trace and the other families (0.15–0.34 of
 	// what was seen so far, during a run), 0.45 (0.42–0.48) on cpuonly=0.3
-	// and 0.65 on cpuonly=0.5; docs/benchmarks.md, "Fourth pass".
+	// and 0.65 on cpuonly=0.5; docs/benchmarks-history.md, "Fourth pass".
 	gpufracSlotPressureFromCPU = 0.1
 	gpufracSlotPressureFullCPU = 2.0
 	gpufracCPUOnlyShareFrom    = 0.35
@@ -70,7 +70,7 @@ const (
 	// have (onlyModelCPU): on openb only the 39 128-core G3 nodes host an
 	// 8-GPU pod asking 97–128 cores, and on cpuonly=0.5 one asking 120
 	// found no such G3 slot left at x = 46.9 where FGD placed it, the one
-	// pod that kept gpufrac below FGD there (docs/benchmarks.md, "Fifth
+	// pod that kept gpufrac below FGD there (docs/benchmarks-history.md, "Fifth
 	// pass").
 	gpufracSlotPrior = 0.002
 	// gpufracGPUPrior is the same prior for one-GPU pods (a share or one
@@ -84,7 +84,7 @@ const (
 	// cores, not the 107 with 16, and the first one came at x = 4–16, when
 	// flexible pods had taken them all. With this prior and the one above
 	// at 0.0004, seven scarce-model workloads stayed below FGD early in the
-	// curve (docs/benchmarks.md, "Third pass").
+	// curve (docs/benchmarks-history.md, "Third pass").
 	gpufracGPUPrior = 0.0005
 	// gpufracCPUOnlyTie is what a CPU-only request's score loses per fully
 	// free GPU on the node: well under the score grain, so it only breaks
@@ -92,7 +92,7 @@ const (
 	// cpuonly workloads it is worth 0.3–0.9 points against no tie-break;
 	// the opposite one, spreading CPU-only pods over lightly used nodes,
 	// narrows the gap to FGD at the knee by 0.06–0.12 and gives up 0.4–0.9
-	// points after it (docs/benchmarks.md).
+	// points after it (docs/benchmarks-history.md).
 	gpufracCPUOnlyTie = 0.001
 )
 

@@ -435,7 +435,7 @@ func MatchModels(patterns, products []string) []string {
 // constraints and derives new ones by copying (placement.WithNodes,
 // InPool), and each bound pod is parsed twice (as admitted and as it is):
 // at 50,000 pods the copies were 7 % of the coordinator's heap
-// (docs/benchmarks.md, "kube-scheduler's checks at scale").
+// (docs/benchmarks-history.md, "kube-scheduler's checks at scale").
 func constraints(pod *corev1.Pod) *placement.Constraints {
 	var c placement.Constraints
 	if len(pod.Spec.NodeSelector) > 0 {

@@ -152,7 +152,7 @@ type Manager struct {
 // waiting for the API server. At 5,000 nodes a cycle removed a thousand idle
 // reservations one request at a time, behind the bindings on the same client
 // budget: the scheduling cycle waited minutes in Reconcile
-// (docs/benchmarks.md, "Scale"). A reservation handed to a deletion is in
+// (docs/benchmarks-history.md, "Scale"). A reservation handed to a deletion is in
 // Removing at once, so no fraction is placed on its GPU meanwhile; one whose
 // deletion fails leaves Removing and is decided again by the next Reconcile.
 // Call it before the first Reconcile.

@@ -168,7 +168,7 @@ func (s *Scheduler) defaultQueue(namespace string) string {
 // A cycle reads every pod of the cluster, several times (the snapshot,
 // gangs' bound members, the queues' usage, the demand the policy weighs),
 // and parsing them was most of a cycle's work at 50,000 pods
-// (docs/benchmarks.md, "Scale"). So parses are kept from one cycle to the
+// (docs/benchmarks-history.md, "Scale"). So parses are kept from one cycle to the
 // next, by pod object: the informer never changes an object it handed
 // out, it replaces it with a new one (and the coordinator changes none), so
 // the same pointer is the same pod. Keying by pointer spares a cycle

@@ -128,7 +128,7 @@ const reservationStuckFactor = 12
 // bindings on the client's rate limit) the pods are being served, as
 // WaitingToBind pods are, and nothing is written: at 50,000 pods these
 // writes were 30,057 of the 108,282 requests, on the budget the
-// reservations and bindings they waited for needed (docs/benchmarks.md,
+// reservations and bindings they waited for needed (docs/benchmarks-history.md,
 // "Scale"). A pod still waiting after reservationStuckFactor times the
 // delay is told all the same (a create that keeps failing). Every pod
 // counts in the cycle's result either way.
@@ -169,7 +169,7 @@ func (s *Scheduler) reservationsLate(w *workload, plans map[types.UID]plan, snap
 // longer one costs nothing while the informer keeps up, and the API server
 // accepted the create, so the pod exists unless something deleted it; a
 // loaded control plane at 50,000 pods lagged by more (a re-list took a
-// minute, docs/benchmarks.md, "Scale").
+// minute, docs/benchmarks-history.md, "Scale").
 const reservationEcho = 30 * time.Second
 
 // reserveKey prefixes the writer's key of a reservation's creation.

@@ -817,7 +817,7 @@ const DefaultNewNodeSettle = 100 * time.Millisecond
 // one request at a time, so the workers bind at most BindWorkers per
 // request latency: at 50,000 pods on a loaded API server 16 workers bound
 // 62 pods/s while the coordinator's 200 QPS budget went half used (85,440
-// requests in 800 s; docs/benchmarks.md, "Scale"), which is 0.26 s a
+// requests in 800 s; docs/benchmarks-history.md, "Scale"), which is 0.26 s a
 // binding. With 64 the client's rate limit is the bound again.
 const DefaultBindWorkers = 64
 
@@ -855,7 +855,7 @@ const ReasonNextCycle = "NextCycle"
 // DefaultPlaceBudget is Options.PlaceBudget's default. At 5,000 nodes a
 // cycle that placed all it could placed a bind queue's worth (4,096 pods)
 // at once, and took 4 to 7 s on a loaded control-plane node while the
-// cycles around it took 0.4 s (docs/benchmarks.md, "Scale"); the bind
+// cycles around it took 0.4 s (docs/benchmarks-history.md, "Scale"); the bind
 // workers take a hundred or two a second, so a quarter of a second of
 // placing per cycle keeps them fed.
 const DefaultPlaceBudget = 250 * time.Millisecond

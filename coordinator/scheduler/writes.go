@@ -17,7 +17,7 @@ import (
 // reasons, reservation pods, queue status - used to be made inside it, one
 // by one. They share the client's rate limit with the bindings, so at
 // 50,000 pods a cycle waited for thousands of them and took up to a minute
-// (docs/benchmarks.md, "Scale"), while new pods waited for the next cycle.
+// (docs/benchmarks-history.md, "Scale"), while new pods waited for the next cycle.
 // Now Run hands them to writer goroutines, as it hands bindings to the bind
 // workers: the cycle only queues them. A cycle run on its own (tests, and
 // anything else that drives cycles itself) still writes inline, so what it

@@ -98,7 +98,7 @@ type Inputs struct {
 // changed in place) are read every time. What a Build did not see is
 // forgotten at its end. At 50,000 pods reading every pod was much of a
 // cycle, and looking up each pod's annotations and each node's allocatable
-// again most of the rest (docs/benchmarks.md, "Scale").
+// again most of the rest (docs/benchmarks-history.md, "Scale").
 //
 // It also keeps each node's part of the last snapshot (nodeSlot): a node
 // whose object and pods are the ones of the last Build, with nothing else

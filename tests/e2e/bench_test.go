@@ -843,7 +843,7 @@ func newResAgent(tb testing.TB, client kubernetes.Interface, afterAdmission bool
 	// The agent stands in for every node's gpufrac-node at once. With 4
 	// workers it admitted the scale benchmark's reservations 37 s (p50) and
 	// up to 76 s after their creation (5,000 nodes, 7,588 reservations,
-	// docs/benchmarks.md "Scale"), where a node agent takes a second or two.
+	// docs/benchmarks-history.md "Scale"), where a node agent takes a second or two.
 	for range resAgentWorkers {
 		wg.Go(func() {
 			for {

@@ -19,7 +19,8 @@ package e2e
 //
 //	go test ./tests/e2e -run 'TestKarpenterFigures' -v -count=1 -timeout 40m 2>&1 | grep -A70 'FIGURES'
 //
-// The figures and their analysis are in docs/benchmarks.md, "Karpenter interworking".
+// The latest figures are in docs/benchmarks.md, "Karpenter interworking"; every run
+// and the analysis in docs/benchmarks-history.md, same section.
 
 import (
 	"context"

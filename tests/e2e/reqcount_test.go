@@ -24,7 +24,7 @@ import (
 // when it starts), by "verb resource[/subresource]". The scale benchmark
 // counted requests from the API server's audit log until the full-size run
 // of 2026-11-24 found only 6,088 of kube-scheduler's 50,000 bindings there
-// (docs/benchmarks.md, "Scale"); a count on the wire does not depend on the
+// (docs/benchmarks-history.md, "Scale"); a count on the wire does not depend on the
 // API server keeping up with its log. Plain HTTP on loopback to the
 // scheduler, TLS to the API server. client-go sends no bearer token over
 // plain HTTP, so the proxy adds the scheduler's own (from its kubeconfig):

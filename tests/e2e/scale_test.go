@@ -418,7 +418,7 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 			// waits 20 min for one. Its client gets more than the default
 			// 20 QPS: it removes the not-ready taint of every new node, a
 			// request or two each, and at 5,000 nodes that took longer
-			// than the 10 min addScaleNodes waits (docs/benchmarks.md).
+			// than the 10 min addScaleNodes waits (docs/benchmarks-history.md).
 			"kwok":                    {"--node-lease-duration-seconds=600"},
 			"kube-controller-manager": {"--node-monitor-grace-period=20m", "--kube-api-qps=500", "--kube-api-burst=1000"},
 		},
@@ -480,7 +480,7 @@ func runScale(t *testing.T, cfg scaleConfig, wl *scaleWorkload, sched, name stri
 		t.Errorf("%s: %s made %d bindings for %d bound pods (counted on the wire)", name, sched, res.requests.bindings, len(wl.pods))
 	}
 	// The audit log, for comparison: at full size it lost events
-	// (docs/benchmarks.md, "Scale").
+	// (docs/benchmarks-history.md, "Scale").
 	audited := countRequests(t, auditLog, user, lastBound)
 	t.Logf("%s: the audit log holds %d requests (%d bindings) by %s, the proxy counted %d (%d bindings): %s",
 		name, audited.total, audited.bindings, user, res.requests.total, res.requests.bindings, res.requests)

@@ -103,7 +103,7 @@ func modulesOf(t *testing.T, root string, b build) map[string]string {
 // TestToolModulesShareDependencyVersions fails when a tool wrapper or the project
 // resolves a shared dependency to another version than the rest: that dependency,
 // and every package above it, would then compile again in each cold CI run
-// (docs/benchmarks.md, cold CI). The fix it prints is a `go get` in the modules behind.
+// (docs/benchmarks-history.md, cold CI). The fix it prints is a `go get` in the modules behind.
 func TestToolModulesShareDependencyVersions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("lists every tool's build (downloads their modules on a cold cache)")

@@ -75,7 +75,7 @@ TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-mana
 .PHONY: tools tools-build tools-clean node-deps FORCE
 ## tools: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, karpenter-kwok, kueue, kuberay-operator, helm (3), helm4, the chart's checkers, the kubelet and containerd into bin/ (and, as root, runc and the CNI plugins: node-deps)
 # The tools build TOOLS_JOBS at a time: a Go build leaves a core idle while it links
-# or waits on one large package, which another build fills (docs/benchmarks.md,
+# or waits on one large package, which another build fills (docs/benchmarks-history.md,
 # cold CI). Two builds at once peak near 5 GB of memory (the Kubernetes link
 # beside another tool's build); TOOLS_JOBS=1 builds one at a time.
 TOOLS_JOBS ?= 2

@@ -157,7 +157,7 @@ func TestRunInvariantsOnSubsample(t *testing.T) {
 // Constraints concentrated on the scarce model (T4, 14 % of the GPUs): a
 // fifth of the GPU pods may only use T4. gpufrac once lost 8 points to FGD
 // here at x = 100 (flexible pods filled T4 first, the T4-only pods failed
-// later; docs/benchmarks.md). On a subsample (every 4th node and pod, three
+// later; docs/benchmarks-history.md). On a subsample (every 4th node and pod, three
 // seeds, about a second) gpufrac must not fall below FGD in the middle of
 // the curve, where that loss showed.
 func TestScarceModelGuardOnSubsample(t *testing.T) {
@@ -217,7 +217,7 @@ func seeds() []uint64 {
 }
 
 // The workloads the third, fourth and fifth passes closed
-// (docs/benchmarks.md, "Third pass", "Fourth pass", "Fifth pass"): at full
+// (docs/benchmarks-history.md, "Third pass", "Fourth pass", "Fifth pass"): at full
 // size, mean of seeds 42..51, gpufrac is at or above FGD at every x from 10
 // to 130. Before the third pass (the priors at 0.0004 and none), each of its
 // seven was below FGD somewhere: scarce 0.1/0.75 by up to 0.057 at x =
