@@ -170,6 +170,9 @@ type Cluster struct {
 	controllers sync.WaitGroup // the admission controller's goroutines
 
 	realHostMu sync.Mutex // serializes making realHost (it may wait for a machine-wide lock)
+	// dirLock is the flock that says Dir's owner lives (stale.go); nil for
+	// a directory the caller chose.
+	dirLock *os.File
 
 	stopOnce sync.Once
 	stopErr  error
@@ -213,9 +216,18 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("node agents need gpufrac-node (run make build): %w", err)
 		}
 	}
+	if opts.Dir == "" {
+		reapStaleClusterDirs(logger, os.TempDir(), staleClusterDirAge, time.Now())
+	}
 	dir, err := clusterDir(opts.Dir)
 	if err != nil {
 		return nil, err
+	}
+	var dirLock *os.File
+	if opts.Dir == "" {
+		if dirLock, err = lockClusterDir(dir); err != nil {
+			return nil, err
+		}
 	}
 	for _, sub := range []string{"logs", "home"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
@@ -226,6 +238,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	lifeCtx, cancel := context.WithCancel(ctx)
 	c := &Cluster{
 		Dir:           dir,
+		dirLock:       dirLock,
 		opts:          opts,
 		logger:        logger,
 		binDir:        binDir,

@@ -25,6 +25,13 @@ const (
 	// realNodeLockPath is the machine-wide lock: one cluster with real nodes
 	// at a time (they share the service address and its dummy link).
 	realNodeLockPath = "/run/gpufrac-realnode.lock"
+	// ipForwardPath is the kernel's IPv4 forwarding switch, which the CNI
+	// bridge plugin turns on for a gateway bridge; ipForwardSavedPath keeps
+	// the value found before the first real node, until the last holder of
+	// the real-node lock puts it back (a holder that crashed leaves it for
+	// the next one).
+	ipForwardPath      = "/proc/sys/net/ipv4/ip_forward"
+	ipForwardSavedPath = "/run/gpufrac-realnode.ip_forward"
 	// serviceLink is the dummy link that carries the kubernetes Service's address.
 	serviceLink = "gpufrac-svc"
 	// kubernetesServiceIP is the kubernetes Service's ClusterIP in the
@@ -104,6 +111,9 @@ func newRealNodeHost(ctx context.Context, apiURL string) (*realNodeHost, error) 
 		logger.Info("Waited for the machine-wide real-node lock", "duration", waited.Round(time.Millisecond))
 	}
 	h := &realNodeHost{lock: lock, open: map[net.Conn]struct{}{}}
+	if err := saveIPForward(ipForwardPath, ipForwardSavedPath); err != nil {
+		return nil, errors.Join(err, h.close())
+	}
 	// A crashed earlier holder may have left its link behind.
 	_ = exec.Command("ip", "link", "del", serviceLink).Run()
 	// A kernel without the dummy driver (this Firecracker VM's) gets an
@@ -239,9 +249,48 @@ func (h *realNodeHost) close() error {
 		errs = append(errs, fmt.Errorf("deleting the dummy link %s: %w: %s", serviceLink, err, out))
 	}
 	if h.lock != nil {
+		errs = append(errs, restoreIPForward(ipForwardPath, ipForwardSavedPath))
 		errs = append(errs, h.lock.Close()) // releases the flock
 	}
 	return errors.Join(errs...)
+}
+
+// saveIPForward keeps the forwarding switch's value in saved, unless saved
+// already holds one (a holder before this one crashed after the bridge
+// plugin turned forwarding on: its saved value is the machine's own).
+func saveIPForward(proc, saved string) error {
+	if _, err := os.Stat(saved); err == nil {
+		return nil
+	}
+	v, err := os.ReadFile(proc)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", proc, err)
+	}
+	if err := os.WriteFile(saved, v, 0o644); err != nil {
+		return fmt.Errorf("saving %s: %w", proc, err)
+	}
+	return nil
+}
+
+// restoreIPForward puts the saved value back and forgets it.
+func restoreIPForward(proc, saved string) error {
+	v, err := os.ReadFile(saved)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", saved, err)
+	}
+	now, err := os.ReadFile(proc)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", proc, err)
+	}
+	if strings.TrimSpace(string(now)) != strings.TrimSpace(string(v)) {
+		if err := os.WriteFile(proc, v, 0o644); err != nil {
+			return fmt.Errorf("restoring %s to %s: %w", proc, strings.TrimSpace(string(v)), err)
+		}
+	}
+	return os.Remove(saved)
 }
 
 // bridgeName is the CNI bridge of the cluster's real node number i (at most 15 bytes).
