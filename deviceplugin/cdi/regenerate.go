@@ -98,7 +98,7 @@ func NewRegenerator(o RegenerateOptions) (*Regenerator, error) {
 	r := &Regenerator{opts: o, trigger: make(chan struct{}, 1),
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpufrac_cdi_regenerations_total",
-			Help: "Runs of the admin's CDI spec regeneration command (nvidia-ctk cdi generate) after MIG layout changes gpufrac-node made, by result (success, failure); a failure is retried with backoff.",
+			Help: "Runs of the admin's CDI spec regeneration command (nvidia-ctk cdi generate) after MIG layout changes gpufrac-node made, or at start when devices served were in no spec, by result (success, failure); a failure is retried with backoff.",
 		}, []string{"result"}),
 	}
 	for _, res := range []string{"success", "failure"} {
