@@ -12,19 +12,28 @@ import (
 	"github.com/gpufrac/gpufrac/tests/cluster"
 )
 
-// mount is one volumeMount of gpufrac-node's container.
+// mount is one volumeMount of gpufrac-node's container, with the host path
+// of its volume (Host: "" for a ConfigMap or emptyDir).
 type mount struct {
-	Name, Path string
-	ReadOnly   bool
+	Name, Path, Host  string
+	ReadOnly          bool
+	RecursiveReadOnly string
 }
 
-// nodeMounts reads gpufrac-node's volumeMounts and the host paths of its
-// hostPath volumes.
-func nodeMounts(t *testing.T, objs cluster.Objects) ([]mount, []string) {
+// nodeMounts reads gpufrac-node's volumeMounts, with the host paths of
+// their hostPath volumes, and counts its hostPath volumes.
+func nodeMounts(t *testing.T, objs cluster.Objects) ([]mount, int) {
 	t.Helper()
 	ds := objs.Find("DaemonSet", "gpufrac-node")
 	if ds == nil {
 		t.Fatal("no DaemonSet gpufrac-node")
+	}
+	vs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	host := map[string]string{}
+	for _, v := range vs {
+		if p, ok, _ := unstructured.NestedString(v.(map[string]any), "hostPath", "path"); ok {
+			host[v.(map[string]any)["name"].(string)] = p
+		}
 	}
 	cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
 	ms, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "volumeMounts")
@@ -32,16 +41,16 @@ func nodeMounts(t *testing.T, objs cluster.Objects) ([]mount, []string) {
 	for _, m := range ms {
 		m := m.(map[string]any)
 		ro, _ := m["readOnly"].(bool)
-		out = append(out, mount{Name: m["name"].(string), Path: m["mountPath"].(string), ReadOnly: ro})
+		rro, _ := m["recursiveReadOnly"].(string)
+		name := m["name"].(string)
+		out = append(out, mount{Name: name, Path: m["mountPath"].(string), Host: host[name], ReadOnly: ro, RecursiveReadOnly: rro})
 	}
-	vs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
-	var host []string
-	for _, v := range vs {
-		if p, ok, _ := unstructured.NestedString(v.(map[string]any), "hostPath", "path"); ok {
-			host = append(host, p)
-		}
-	}
-	return out, host
+	return out, len(host)
+}
+
+// same is a mount of a host path at the same path.
+func same(name, path string, ro bool) mount {
+	return mount{Name: name, Path: path, Host: path, ReadOnly: ro}
 }
 
 // resourceRules lists "kind/name: resources" of every RBAC rule on
@@ -68,44 +77,77 @@ func resourceRules(objs cluster.Objects) []string {
 // creates sockets, its record of prepared claims and per-claim CDI specs
 // there); with dra.enabled: false none of them is mounted, both binaries run
 // with --dra=false, and neither DeviceClasses nor RBAC on resource.k8s.io
-// are rendered.
+// are rendered. With node.cdiRegeneration the directory of its output is
+// read-write (nvidia-ctk writes the spec there), the host's nvidia-ctk and
+// the driver root are read-only (the driver root's submounts too), and
+// gpufrac-node is given the two nvidia-ctk steps; without it, neither.
 func TestChartHostAccessPerMode(t *testing.T) {
 	base := []mount{
-		{Name: "device-plugins", Path: "/var/lib/kubelet/device-plugins"},
-		{Name: "pod-resources", Path: "/var/lib/kubelet/pod-resources", ReadOnly: true},
+		same("device-plugins", "/var/lib/kubelet/device-plugins", false),
+		same("pod-resources", "/var/lib/kubelet/pod-resources", true),
 		{Name: "config", Path: "/etc/gpufrac", ReadOnly: true},
-		{Name: "nvidia-all-gpus", Path: "/var/run/nvidia-container-devices/all", ReadOnly: true},
+		{Name: "nvidia-all-gpus", Path: "/var/run/nvidia-container-devices/all", Host: "/dev/null", ReadOnly: true},
 	}
 	draDirs := []mount{
-		{Name: "plugins-registry", Path: "/var/lib/kubelet/plugins_registry"},
-		{Name: "dra-plugin", Path: "/var/lib/kubelet/plugins/gpu.gpufrac.io"},
+		same("plugins-registry", "/var/lib/kubelet/plugins_registry", false),
+		same("dra-plugin", "/var/lib/kubelet/plugins/gpu.gpufrac.io", false),
 	}
+	regen := func(ctk, root, rro string) []mount {
+		return []mount{
+			same("cdi-regen-ctk", ctk, true),
+			{Name: "cdi-regen-driver-root", Path: "/driver-root", Host: root, ReadOnly: true, RecursiveReadOnly: rro},
+			{Name: "cdi-regen-staging", Path: "/run/gpufrac-cdi"},
+		}
+	}
+	const (
+		operatorGenerate  = "/usr/local/nvidia/toolkit/nvidia-ctk.real cdi generate --device-name-strategy=uuid --driver-root=/driver-root --nvidia-ctk-path=/usr/local/nvidia/toolkit/nvidia-ctk --output=/run/gpufrac-cdi/nvidia.yaml"
+		operatorTransform = "/usr/local/nvidia/toolkit/nvidia-ctk.real cdi transform root --from=/driver-root --to=/run/nvidia/driver --input=/run/gpufrac-cdi/nvidia.yaml --output=/var/run/cdi/nvidia.yaml"
+		hostGenerate      = "/usr/bin/nvidia-ctk cdi generate --device-name-strategy=uuid --driver-root=/driver-root --nvidia-ctk-path=/usr/bin/nvidia-ctk --output=/run/gpufrac-cdi/nvidia.yaml --dev-root=/driver-root"
+		hostTransform     = "/usr/bin/nvidia-ctk cdi transform root --from=/driver-root --to=/ --input=/run/gpufrac-cdi/nvidia.yaml --output=/etc/cdi/nvidia.yaml"
+	)
 	draFlags := []string{"kubelet-registry-dir", "dra-plugin-dir", "cdi-dir"}
 	cases := []struct {
-		name   string
-		set    []string
-		mounts []mount
-		dra    bool
+		name    string
+		set     []string
+		mounts  []mount
+		dra     bool
+		regen   []string // --cdi-regenerate-command steps
+		timeout string
 	}{
 		{name: "default: cdi, DRA on", dra: true,
 			mounts: slices.Concat(base, []mount{
-				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
-				{Name: "cdi-1", Path: "/var/run/cdi"}, // dra.cdiDir: per-claim specs
+				same("cdi-0", "/etc/cdi", true),
+				same("cdi-1", "/var/run/cdi", false), // dra.cdiDir: per-claim specs
 			}, draDirs)},
 		{name: "cdi, DRA off", set: []string{"dra.enabled=false"},
 			mounts: slices.Concat(base, []mount{
-				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
-				{Name: "cdi-1", Path: "/var/run/cdi", ReadOnly: true},
+				same("cdi-0", "/etc/cdi", true),
+				same("cdi-1", "/var/run/cdi", true),
 			})},
 		{name: "cdi, DRA on, its CDI dir apart", set: []string{"dra.cdiDir=/run/gpufrac-cdi"}, dra: true,
 			mounts: slices.Concat(base, []mount{
-				{Name: "cdi-0", Path: "/etc/cdi", ReadOnly: true},
-				{Name: "cdi-1", Path: "/var/run/cdi", ReadOnly: true},
-			}, draDirs, []mount{{Name: "dra-cdi", Path: "/run/gpufrac-cdi"}})},
+				same("cdi-0", "/etc/cdi", true),
+				same("cdi-1", "/var/run/cdi", true),
+			}, draDirs, []mount{same("dra-cdi", "/run/gpufrac-cdi", false)})},
 		{name: "device-specs, DRA on", set: []string{"node.deviceListStrategy=device-specs"}, dra: true,
-			mounts: slices.Concat(base, draDirs, []mount{{Name: "dra-cdi", Path: "/var/run/cdi"}})},
+			mounts: slices.Concat(base, draDirs, []mount{same("dra-cdi", "/var/run/cdi", false)})},
 		{name: "device-specs, DRA off", set: []string{"node.deviceListStrategy=device-specs", "dra.enabled=false"},
 			mounts: base},
+		{name: "cdi, DRA off, regeneration with the GPU Operator", set: []string{"dra.enabled=false", "node.cdiRegeneration.enabled=true"},
+			mounts: slices.Concat(base, []mount{
+				same("cdi-0", "/etc/cdi", true),
+				same("cdi-1", "/var/run/cdi", false), // nvidia-ctk writes nvidia.yaml
+			}, regen("/usr/local/nvidia/toolkit/nvidia-ctk.real", "/run/nvidia/driver", "Enabled")),
+			regen: []string{operatorGenerate, operatorTransform}, timeout: "2m"},
+		{name: "cdi, DRA on, regeneration of a package install into /etc/cdi", dra: true, set: []string{
+			"node.cdiRegeneration.enabled=true", "node.cdiRegeneration.toolkit=host", "node.cdiRegeneration.output=/etc/cdi/nvidia.yaml",
+			"node.cdiRegeneration.driverRootRecursiveReadOnly=IfPossible", "node.cdiRegeneration.extraArgs={--dev-root=/driver-root}",
+			"node.cdiRegeneration.timeout=5m"},
+			mounts: slices.Concat(base, []mount{
+				same("cdi-0", "/etc/cdi", false), // nvidia-ctk writes nvidia.yaml
+				same("cdi-1", "/var/run/cdi", false),
+			}, regen("/usr/bin/nvidia-ctk", "/", "IfPossible"), draDirs),
+			regen: []string{hostGenerate, hostTransform}, timeout: "5m"},
 	}
 	for _, h := range helms {
 		helm := helmPath(t, h)
@@ -115,21 +157,34 @@ func TestChartHostAccessPerMode(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, host := nodeMounts(t, objs)
+				got, hostPaths := nodeMounts(t, objs)
 				if diff := cmp.Diff(tc.mounts, got); diff != "" {
 					t.Errorf("gpufrac-node's mounts (-want +got):\n%s", diff)
 				}
+				want := 0
 				for _, m := range tc.mounts {
-					if m.Name != "config" && !slices.Contains(host, m.Path) && m.Name != "nvidia-all-gpus" {
-						t.Errorf("mount %s: no hostPath volume %s (%v)", m.Name, m.Path, host)
+					if m.Host != "" {
+						want++
 					}
 				}
-				if len(host) != len(tc.mounts)-1 { // config is a ConfigMap
-					t.Errorf("hostPath volumes %v, want one per mount but config", host)
+				if hostPaths != want {
+					t.Errorf("%d hostPath volumes, want %d, one per mount of a host path", hostPaths, want)
 				}
 				node, err := objs.WorkloadContainer("DaemonSet", "gpufrac-node")
 				if err != nil {
 					t.Fatal(err)
+				}
+				var steps []string
+				for _, a := range node.Args {
+					if v, ok := strings.CutPrefix(a, "--cdi-regenerate-command="); ok {
+						steps = append(steps, v)
+					}
+				}
+				if diff := cmp.Diff(tc.regen, steps); diff != "" {
+					t.Errorf("--cdi-regenerate-command steps (-want +got):\n%s", diff)
+				}
+				if v, _ := cluster.Flag(node.Args, "cdi-regenerate-timeout"); v != tc.timeout {
+					t.Errorf("--cdi-regenerate-timeout=%q, want %q", v, tc.timeout)
 				}
 				coord, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
 				if err != nil {

@@ -55,6 +55,15 @@ func main() {
 	flag.StringVar(&cfg.SchedulerName, "scheduler-name", api.SchedulerName, "the coordinator's scheduler name: the gpufrac.io/gpu placement hint is read only from pods with this spec.schedulerName")
 	flag.StringVar(&o.cdiSpecDirs, "cdi-spec-dirs", strings.Join(cdi.DefaultSpecDirs, ","), "with --device-list-strategy=cdi: comma-separated CDI spec directories every device handed out must resolve in")
 	flag.DurationVar(&cfg.CDICheckInterval, "cdi-check-interval", cdi.DefaultInterval, "with --device-list-strategy=cdi: how often the CDI specs are checked (they are also watched)")
+	flag.Func("cdi-regenerate-command", "a step of the admin's command that writes the node's CDI spec anew (nvidia-ctk cdi generate ...), run after every MIG layout change gpufrac-node makes and once at start if devices served are missing from the specs: the program's absolute path and its arguments, separated by spaces (no shell, no quoting); repeat the flag for more steps, run in order. Unset: never run", func(v string) error {
+		argv := strings.Fields(v)
+		if len(argv) == 0 {
+			return errors.New("empty command")
+		}
+		o.regenSteps = append(o.regenSteps, argv)
+		return cdi.ParseSteps(o.regenSteps)
+	})
+	flag.DurationVar(&o.regenTimeout, "cdi-regenerate-timeout", cdi.DefaultRegenerateTimeout, "with --cdi-regenerate-command: how long each step may run before it is killed (and retried with backoff)")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	draOn := flag.Bool("dra", true, "serve nodes whose config says mode dra as the DRA driver "+api.DRADriver+"; false refuses such a config (the node fails closed or keeps its last good config), for a pod without the kubelet's plugin directories or RBAC on resource.k8s.io")
@@ -94,6 +103,8 @@ type options struct {
 	strategy     string
 	ignoredXids  string
 	cdiSpecDirs  string
+	regenSteps   [][]string
+	regenTimeout time.Duration
 	standaloneOK bool
 }
 
@@ -112,6 +123,12 @@ func run(o options) error {
 		if d = strings.TrimSpace(d); d != "" {
 			cfg.CDISpecDirs = append(cfg.CDISpecDirs, d)
 		}
+	}
+	if len(o.regenSteps) > 0 {
+		if o.regenTimeout <= 0 {
+			return fmt.Errorf("--cdi-regenerate-timeout=%s: want a positive duration", o.regenTimeout)
+		}
+		cfg.CDIRegenerate = &agent.CDIRegenerateConfig{Steps: o.regenSteps, Timeout: o.regenTimeout}
 	}
 	if o.ignoredXids != "" {
 		for _, s := range strings.Split(o.ignoredXids, ",") {

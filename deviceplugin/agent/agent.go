@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +68,10 @@ type Config struct {
 	CDISpecDirs []string
 	// CDICheckInterval is how often the CDI specs are checked (0: cdi.DefaultInterval).
 	CDICheckInterval time.Duration
+	// CDIRegenerate is the admin's command that writes the node's CDI spec
+	// anew (nvidia-ctk cdi generate), run after every MIG layout change
+	// gpufrac-node makes; nil: never run (the admin regenerates the spec).
+	CDIRegenerate *CDIRegenerateConfig
 	// DRA is how the node meets the kubelet when its config puts it in mode
 	// dra.
 	DRA DRAConfig
@@ -73,6 +79,16 @@ type Config struct {
 	// (the GPU inventory, the config error) that failed are tried again
 	// (0: DefaultNodeResyncInterval).
 	NodeResyncInterval time.Duration
+}
+
+// CDIRegenerateConfig is the CDI spec regeneration command (cdi.Regenerator).
+type CDIRegenerateConfig struct {
+	// Steps are run in order, each an argv whose program is an absolute path.
+	Steps [][]string
+	// Timeout bounds each step (0: cdi.DefaultRegenerateTimeout).
+	Timeout time.Duration
+	// Backoff spaces retries of a failed run (zero: cdi.DefaultRegenerateBackoff).
+	Backoff wait.Backoff
 }
 
 // DefaultNodeResyncInterval is how often failed writes of the Node's
@@ -95,6 +111,7 @@ type Agent struct {
 	watchdog *enforcement.Watchdog
 	metrics  *metrics.Metrics
 	cdi      *cdi.Checker               // nil unless the device-list strategy is cdi
+	regen    *cdi.Regenerator           // nil unless Config.CDIRegenerate is set
 	events   events.EventBroadcaster    // nil: standalone
 	recorder events.EventRecorderLogger // nil: standalone, events are dropped
 	gpus     []nvidia.GPU
@@ -201,7 +218,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.startHints(parts)
 	// 2. Metrics and health.
 	a.startHealth(ctx, parts)
-	// 3. The CDI check.
+	// 3. The CDI check, and the regeneration of the CDI spec.
+	if err := a.startCDIRegeneration(parts); err != nil {
+		return err
+	}
 	if err := a.startCDI(parts); err != nil {
 		return err
 	}
@@ -404,6 +424,7 @@ func (a *Agent) startCDI(parts *components) error {
 	if a.cfg.DeviceListStrategy != resource.StrategyCDI {
 		return nil
 	}
+	var startTriggered bool // only Run's goroutine calls OnChange
 	c, err := cdi.New(cdi.Options{
 		SpecDirs: a.cfg.CDISpecDirs, Interval: a.cfg.CDICheckInterval, Registerer: a.reg,
 		OnChange: func(st cdi.Status) {
@@ -412,6 +433,13 @@ func (a *Agent) startCDI(parts *components) error {
 				return
 			}
 			a.nodeEvent(corev1.EventTypeWarning, "CDISpecMissing", actionCheckCDI, "%s", a.cdi.Describe(st))
+			// Once at start, unless a MIG layout change already ran it: a
+			// spec generated before this node's MIG layout was (re)made,
+			// or none at all.
+			if a.regen != nil && !startTriggered && !a.regen.Triggered() {
+				startTriggered = true
+				a.regen.Trigger("devices served were missing from the CDI specs at start")
+			}
 		},
 	})
 	if err != nil {
@@ -420,6 +448,34 @@ func (a *Agent) startCDI(parts *components) error {
 	a.cdi = c
 	a.cdiChecker.Store(c)
 	parts.Go("cdi", c.Run)
+	return nil
+}
+
+// startCDIRegeneration starts the admin's CDI spec regeneration command,
+// when configured: run after every MIG layout change gpufrac-node makes
+// (apply) and once at start if the CDI check finds devices missing; a
+// failure is a Warning event and retried with backoff, never fatal.
+func (a *Agent) startCDIRegeneration(parts *components) error {
+	rc := a.cfg.CDIRegenerate
+	if rc == nil {
+		return nil
+	}
+	r, err := cdi.NewRegenerator(cdi.RegenerateOptions{
+		Steps: rc.Steps, Timeout: rc.Timeout, Backoff: rc.Backoff, Registerer: a.reg,
+		OnResult: func(why string, err error) {
+			if err != nil {
+				a.nodeEvent(corev1.EventTypeWarning, "CDISpecRegenerationFailed", actionRegenerateCDI,
+					"the CDI spec regeneration command failed (run because %s): %v; retried with backoff, and the devices it would add stay out of the CDI specs until it succeeds (gpufrac-node's log has its output)", why, err)
+				return
+			}
+			a.nodeEvent(corev1.EventTypeNormal, "CDISpecRegenerated", actionRegenerateCDI, "the CDI spec regeneration command succeeded (run because %s)", why)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	a.regen = r
+	parts.Go("cdi-regenerate", r.Run)
 	return nil
 }
 
@@ -629,7 +685,7 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	// Reshape MIG before Build reads it; only an admin's config does, so a
 	// missing or broken config file never destroys a MIG layout.
 	if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
-		a.migLayout.Apply(ctx, np)
+		a.regenerateAfter(a.migLayout.Apply(ctx, np))
 	}
 	if a.dra != nil {
 		if err := a.applyDRALocked(ctx, f); err != nil {
@@ -647,6 +703,23 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 		a.reportReopened(ctx)
 	}
 	return nil
+}
+
+// regenerateAfter triggers the CDI spec regeneration when the MIG layout
+// manager changed a GPU: its new MIG devices are in no spec yet.
+func (a *Agent) regenerateAfter(statuses []miglayout.Status) {
+	if a.regen == nil {
+		return
+	}
+	var changed []string
+	for _, s := range statuses {
+		if s.Changed {
+			changed = append(changed, strconv.Itoa(s.Index))
+		}
+	}
+	if len(changed) > 0 {
+		a.regen.Trigger("gpufrac-node changed the MIG layout of GPU " + strings.Join(changed, ", "))
+	}
 }
 
 // applyPluginsLocked serves the device-plugin resources of f (applyMu held).

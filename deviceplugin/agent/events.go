@@ -32,6 +32,9 @@ const (
 	actionFailClosed  = "FailClosed"      // GPUConfigRejected at start, GPUConfigApplied after it
 	actionServingPath = "KeepServingPath" // GPUConfigRejected: the config moves the node between device plugins and DRA
 	actionReshapeMIG  = "ReshapeMIG"      // the MIG layout manager's events
+	// CDISpecRegenerated, CDISpecRegenerationFailed: the admin's command
+	// that writes the CDI spec anew after a MIG layout change.
+	actionRegenerateCDI = "RegenerateCDISpecs"
 )
 
 // startEvents starts client-go's events.k8s.io/v1 broadcaster writing to

@@ -1,0 +1,243 @@
+package cdi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+)
+
+// DefaultRegenerateTimeout bounds one step of the regeneration command.
+const DefaultRegenerateTimeout = 2 * time.Minute
+
+// DefaultRegenerateBackoff is how a failed regeneration is retried: 5 s,
+// doubling up to 5 minutes, each wait up to 10 % longer at random (so a
+// rollout's nodes do not retry in step), until it succeeds or is
+// triggered anew.
+var DefaultRegenerateBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 5 * time.Minute}
+
+// maxOutput is how much of a step's output is kept for the log (its end).
+const maxOutput = 4096
+
+// RegenerateOptions configure a Regenerator.
+type RegenerateOptions struct {
+	// Steps are the admin's command, run in order, each an argv whose
+	// first element is an absolute path (no shell, no PATH lookup): e.g.
+	// nvidia-ctk cdi generate, then nvidia-ctk cdi transform root. A step
+	// that fails (non-zero exit, or past Timeout) fails the run; the
+	// remaining steps are not run.
+	Steps [][]string
+	// Timeout bounds each step; zero is DefaultRegenerateTimeout.
+	Timeout time.Duration
+	// Backoff spaces the retries of a failed run; zero is
+	// DefaultRegenerateBackoff.
+	Backoff wait.Backoff
+	// OnResult is called (from Run's goroutine) after every run with why it
+	// ran and its error (nil: every step succeeded).
+	OnResult func(why string, err error)
+	// Registerer receives gpufrac_cdi_regenerations_total (nil: not exported).
+	Registerer prometheus.Registerer
+}
+
+// ParseSteps checks an admin's regeneration steps: each non-empty, its
+// program an absolute path.
+func ParseSteps(steps [][]string) error {
+	if len(steps) == 0 {
+		return errors.New("no command")
+	}
+	for i, s := range steps {
+		if len(s) == 0 {
+			return fmt.Errorf("step %d is empty", i+1)
+		}
+		if !filepath.IsAbs(s[0]) {
+			return fmt.Errorf("step %d: %q is not an absolute path (the command runs without a shell or PATH)", i+1, s[0])
+		}
+	}
+	return nil
+}
+
+// Regenerator runs the admin's CDI spec regeneration command (normally the
+// NVIDIA container toolkit's nvidia-ctk cdi generate) when triggered, after
+// gpufrac-node changed a MIG layout: the toolkit's spec names GPUs and MIG
+// devices by UUID, and MIG devices created since are in no spec until it is
+// generated anew. A failed run is retried with backoff until it succeeds
+// or is triggered anew; it never stops the agent. The Checker sees the new
+// spec through its watch.
+type Regenerator struct {
+	opts    RegenerateOptions
+	trigger chan struct{}
+	runs    *prometheus.CounterVec
+
+	mu        sync.Mutex
+	why       []string // reasons of the triggers not run yet
+	triggered bool     // Trigger was called
+}
+
+// NewRegenerator returns a Regenerator for the steps (ParseSteps).
+func NewRegenerator(o RegenerateOptions) (*Regenerator, error) {
+	if err := ParseSteps(o.Steps); err != nil {
+		return nil, fmt.Errorf("CDI spec regeneration command: %w", err)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultRegenerateTimeout
+	}
+	if o.Backoff.Duration <= 0 {
+		o.Backoff = DefaultRegenerateBackoff
+	}
+	r := &Regenerator{opts: o, trigger: make(chan struct{}, 1),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpufrac_cdi_regenerations_total",
+			Help: "Runs of the admin's CDI spec regeneration command (nvidia-ctk cdi generate) after MIG layout changes gpufrac-node made, or at start when devices served were in no spec, by result (success, failure); a failure is retried with backoff.",
+		}, []string{"result"}),
+	}
+	for _, res := range []string{"success", "failure"} {
+		r.runs.WithLabelValues(res)
+	}
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(r.runs); err != nil {
+			return nil, fmt.Errorf("registering CDI regeneration metrics: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// Trigger asks Run to regenerate the spec (soon, once for any number of
+// triggers); why says what changed, for the log and the event.
+func (r *Regenerator) Trigger(why string) {
+	r.mu.Lock()
+	if !slices.Contains(r.why, why) {
+		r.why = append(r.why, why)
+	}
+	r.triggered = true
+	r.mu.Unlock()
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Triggered tells whether Trigger was ever called.
+func (r *Regenerator) Triggered() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.triggered
+}
+
+// takeWhy returns and clears the reasons of the pending triggers.
+func (r *Regenerator) takeWhy() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	why := strings.Join(r.why, "; ")
+	r.why = nil
+	return why
+}
+
+// Run regenerates the spec on every trigger until ctx ends, retrying a
+// failed run with backoff (a new trigger runs at once and restarts the
+// backoff).
+func (r *Regenerator) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("cdi-regenerate")
+	var retry <-chan time.Time // nil: nothing to retry
+	var backoff wait.Backoff
+	why := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.trigger:
+			why = r.takeWhy()
+			backoff = r.opts.Backoff
+		case <-retry:
+		}
+		err := r.runOnce(ctx, logger, why)
+		if ctx.Err() != nil {
+			return nil
+		}
+		result := "success"
+		if err != nil {
+			result = "failure"
+		}
+		r.runs.WithLabelValues(result).Inc()
+		if r.opts.OnResult != nil {
+			r.opts.OnResult(why, err)
+		}
+		if err == nil {
+			retry = nil
+			continue
+		}
+		d := backoff.Step()
+		logger.Error(err, "Regenerating the CDI spec failed; retrying", "why", why, "retryIn", d)
+		retry = time.After(d)
+	}
+}
+
+// runOnce runs the steps in order.
+func (r *Regenerator) runOnce(ctx context.Context, logger klog.Logger, why string) error {
+	start := time.Now()
+	for i, argv := range r.opts.Steps {
+		out, err := r.runStep(ctx, argv)
+		logger.Info("Ran a CDI spec regeneration step", "why", why, "step", i+1, "command", argv, "err", err, "output", out)
+		if err != nil {
+			return fmt.Errorf("step %d (%s): %w", i+1, filepath.Base(argv[0]), err)
+		}
+	}
+	logger.Info("Regenerated the CDI spec", "why", why, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// runStep runs one step under the timeout, returning the end of its
+// output (stdout and stderr).
+func (r *Regenerator) runStep(ctx context.Context, argv []string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	var out tailBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// A killed step's children may hold the output pipes open: stop
+	// waiting for them shortly after.
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	if ctx.Err() == context.DeadlineExceeded {
+		err = fmt.Errorf("timed out after %s: %w", r.opts.Timeout, err)
+	}
+	return strings.TrimSpace(out.String()), err
+}
+
+// tailBuffer keeps the last maxOutput bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	cut bool
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(p)
+	b.buf.Write(p)
+	if over := b.buf.Len() - maxOutput; over > 0 {
+		b.buf.Next(over)
+		b.cut = true
+	}
+	return n, nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cut {
+		return "…" + b.buf.String()
+	}
+	return b.buf.String()
+}

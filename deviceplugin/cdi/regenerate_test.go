@@ -1,0 +1,155 @@
+package cdi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2/ktesting"
+)
+
+// TestParseSteps: the admin's command is refused when a step is empty or
+// its program is not an absolute path (it runs without a shell or PATH).
+func TestParseSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps [][]string
+		err   string
+	}{
+		{name: "none", err: "no command"},
+		{name: "empty step", steps: [][]string{{"/usr/bin/nvidia-ctk", "cdi", "generate"}, {}}, err: "step 2 is empty"},
+		{name: "relative", steps: [][]string{{"nvidia-ctk", "cdi", "generate"}}, err: `step 1: "nvidia-ctk" is not an absolute path`},
+		{name: "good", steps: [][]string{{"/usr/bin/nvidia-ctk", "cdi", "generate"}, {"/usr/bin/nvidia-ctk", "cdi", "transform", "root"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ParseSteps(tc.steps)
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("ParseSteps = %v, want %q", err, tc.err)
+			}
+			if _, err := NewRegenerator(RegenerateOptions{Steps: tc.steps}); (err == nil) != (tc.err == "") {
+				t.Errorf("NewRegenerator = %v, want an error: %v", err, tc.err != "")
+			}
+		})
+	}
+}
+
+type result struct {
+	why string
+	err error
+}
+
+// startRegenerator runs a Regenerator on steps until the test ends,
+// reporting every run's result.
+func startRegenerator(t *testing.T, steps [][]string, timeout time.Duration) (*Regenerator, *prometheus.Registry, chan result) {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	results := make(chan result, 100)
+	reg := prometheus.NewRegistry()
+	r, err := NewRegenerator(RegenerateOptions{Steps: steps, Timeout: timeout, Registerer: reg,
+		Backoff:  wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 50 * time.Millisecond},
+		OnResult: func(why string, err error) { results <- result{why, err} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return r, reg, results
+}
+
+func next(t *testing.T, results chan result) result {
+	t.Helper()
+	select {
+	case r := <-results:
+		return r
+	case <-time.After(20 * time.Second):
+		t.Fatal("no run")
+		return result{}
+	}
+}
+
+// TestRegeneratorRunsStepsInOrder: the steps run in order on a trigger
+// (triggers coalesce, their reasons joined), a failing step stops the run
+// and is retried with backoff without a new trigger, the metric counts
+// runs by result.
+func TestRegeneratorRunsStepsInOrder(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	gate := filepath.Join(dir, "gate")
+	steps := [][]string{
+		{"/bin/sh", "-c", "echo one >> " + log},
+		{"/bin/sh", "-c", "test ! -e " + gate + " || { echo 'NVML: not ready' >&2; exit 3; }"},
+		{"/bin/sh", "-c", "echo three >> " + log},
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, reg, results := startRegenerator(t, steps, time.Minute)
+	r.Trigger("a")
+	r.Trigger("b")
+	r.Trigger("a")
+	got := next(t, results)
+	if got.why != "a; b" || got.err == nil || !strings.Contains(got.err.Error(), "step 2 (sh): exit status 3") {
+		t.Errorf("first run %+v, want why a; b and step 2's exit status 3", got)
+	}
+	if got := next(t, results); got.err == nil || got.why != "a; b" {
+		t.Errorf("retry %+v, want the same failure", got)
+	}
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	for got = next(t, results); got.err != nil; got = next(t, results) {
+	}
+	b, _ := os.ReadFile(log)
+	lines := strings.Fields(string(b))
+	if len(lines) < 3 || lines[len(lines)-1] != "three" || lines[len(lines)-2] != "one" || strings.Count(string(b), "three") != 1 {
+		t.Errorf("steps ran %q, want one per run and three only once step 2 passed", lines)
+	}
+	if v := testutil.ToFloat64(r.runs.WithLabelValues("success")); v != 1 {
+		t.Errorf("success runs %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(r.runs.WithLabelValues("failure")); v < 2 {
+		t.Errorf("failure runs %v, want 2 or more", v)
+	}
+	if n, err := testutil.GatherAndCount(reg, "gpufrac_cdi_regenerations_total"); err != nil || n != 2 {
+		t.Errorf("gpufrac_cdi_regenerations_total series %d (%v), want 2", n, err)
+	}
+	// No more runs without a trigger.
+	select {
+	case got := <-results:
+		t.Errorf("a run without a trigger: %+v", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestRegeneratorTimesOut: a step that outlives the timeout is killed and
+// the run fails, saying so.
+func TestRegeneratorTimesOut(t *testing.T) {
+	r, _, results := startRegenerator(t, [][]string{{"/bin/sleep", "30"}}, 100*time.Millisecond)
+	start := time.Now()
+	r.Trigger("MIG layout changed")
+	got := next(t, results)
+	if got.err == nil || !strings.Contains(got.err.Error(), "timed out after 100ms") {
+		t.Errorf("run %+v, want a timeout", got)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the timed-out step took %s", d)
+	}
+}
+
+// TestTailBuffer keeps the end of long output.
+func TestTailBuffer(t *testing.T) {
+	var b tailBuffer
+	b.Write([]byte(strings.Repeat("a", maxOutput)))
+	b.Write([]byte("end"))
+	if s := b.String(); !strings.HasPrefix(s, "…a") || !strings.HasSuffix(s, "aend") || len(s) != len("…")+maxOutput {
+		t.Errorf("tail of %d bytes, ends %q", len(s), s[len(s)-8:])
+	}
+}
