@@ -85,9 +85,10 @@ test: build tools
 unit:
 	$(GO) test -count=1 -short -timeout 10m $(PKGS)
 
-## lint: gofmt, go vet and helm lint of the chart (Helm 3 and 4). The chart's server-side dry run on the test bed and the Dockerfile checks are tests (./deployments, in make test; alone: make chart-check)
+## lint: gofmt, go vet, helm lint of the chart (Helm 3 and 4) and actionlint of .github/workflows. The chart's server-side dry run on the test bed and the Dockerfile checks are tests (./deployments, in make test; alone: make chart-check)
 lint:
-	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) $(BIN)/helm $(BIN)/helm4
+	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) $(BIN)/helm $(BIN)/helm4 $(BIN)/actionlint
+	$(BIN)/actionlint $(wildcard .github/workflows/*.yml)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \
