@@ -3,6 +3,9 @@ package release
 import (
 	"bytes"
 	"debug/elf"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -115,5 +118,54 @@ func TestCheckBinary(t *testing.T) {
 				t.Errorf("error %q does not say %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestVerifyPlatformImageChecksTheBinary checks that Verify's check of one
+// platform's image runs checkBinary: an arm64 image whose entrypoint is this
+// amd64 test binary (a Go binary with build information, so that the SBOM
+// checks pass) is refused for its machine.
+func TestVerifyPlatformImageChecksTheBinary(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skipf("the test binary must be an amd64 ELF; this is %s", runtime.GOARCH)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const version = "9.9.9"
+	spec := images.Spec{Ref: "example.test/gpufrac-node:" + version, Arch: "arm64",
+		Layers: [][]images.File{{{Dst: "/usr/bin/gpufrac-node", Data: bin, Mode: 0o755}}},
+		Config: v1.Config{Entrypoint: []string{"/usr/bin/gpufrac-node"}, Labels: map[string]string{"org.opencontainers.image.version": version}}}
+	img, err := images.Build(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	p := PlatformResult{Platform: "linux/arm64", Digest: d.String(), SBOM: "sbom/node.spdx.json"}
+	doc, err := SBOM(spec, "gpufrac-node", version, p.Platform, p.Digest, "1970-01-01T00:00:00Z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeJSON(filepath.Join(out, p.SBOM), doc); err != nil {
+		t.Fatal(err)
+	}
+	err = verifyPlatformImage(out, version, p, img)
+	if err == nil {
+		t.Fatal("an arm64 image with an amd64 binary verified")
+	}
+	if want := "is a EM_X86_64 binary, not linux/arm64's EM_AARCH64"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
+	}
+	if strings.Contains(err.Error(), "SBOM") {
+		t.Errorf("the SBOM should verify, so that only the binary is refused: %v", err)
 	}
 }
