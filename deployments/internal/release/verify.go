@@ -30,7 +30,9 @@ import (
 // each image layout reads back with go-containerregistry, every blob matches
 // its digest, its index is tagged with the version and holds exactly the
 // platforms release.json claims, and its digest is the one in the digest
-// file; each SBOM describes its image's digest, lists every file of the
+// file; each image's entrypoint is an ELF of its platform whose loader and
+// shared libraries are in the image, of the same machine (checkBinary);
+// each SBOM describes its image's digest, lists every file of the
 // image with its sha256 and, for the Go binary, every module the binary's
 // build information names; the packaged chart's node.image.digest and
 // coordinator.image.digest are the images' digests and its OCI layout holds
