@@ -85,9 +85,10 @@ test: build tools
 unit:
 	$(GO) test -count=1 -short -timeout 10m $(PKGS)
 
-## lint: gofmt, go vet and helm lint of the chart (Helm 3 and 4). The chart's server-side dry run on the test bed and the Dockerfile checks are tests (./deployments, in make test; alone: make chart-check)
+## lint: gofmt, go vet, helm lint of the chart (Helm 3 and 4) and actionlint of .github/workflows. The chart's server-side dry run on the test bed and the Dockerfile checks are tests (./deployments, in make test; alone: make chart-check)
 lint:
-	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) $(BIN)/helm $(BIN)/helm4
+	@$(MAKE) --no-print-directory -j$(TOOLS_JOBS) $(BIN)/helm $(BIN)/helm4 $(BIN)/actionlint
+	$(BIN)/actionlint $(wildcard .github/workflows/*.yml)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@set -e; for h in helm helm4; do for f in $(CHART)/ci/*.yaml; do \
@@ -98,10 +99,24 @@ lint:
 chart-check: tools
 	$(GO) test -count=1 -timeout 10m -run 'TestChart(Lint|RefusesBadValues|DryRunOnTestBed)|TestDockerfiles' ./deployments/
 
-## release-dry-run: everything a release publishes, under bin/release/, without a daemon, a registry or the network: gpufrac-node and gpufrac-coordinator as OCI image layouts (amd64; arm64 where it builds here), their SPDX SBOMs, the chart packaged with the images' digests (.tgz and OCI layout), kubectl-gpufrac's krew archives and the filled krew manifest, release.json and SHA256SUMS; then checks them (docs/release.md)
-.PHONY: release-dry-run
-release-dry-run: $(BIN)/helm
-	$(GO) run ./deployments/cmd/release -version $(VERSION) -out $(BIN)/release -helm $(BIN)/helm
+## release-dry-run: everything a release publishes, under bin/release/, without a daemon, a registry or the network: gpufrac-node and gpufrac-coordinator as OCI image layouts (amd64 and arm64; gpufrac-node's arm64 needs Debian's aarch64 cross packages, installed as root when missing), their SPDX SBOMs, the chart packaged with the images' digests (.tgz and OCI layout), kubectl-gpufrac's krew archives and the filled krew manifest, release.json and SHA256SUMS; then checks them (docs/release.md)
+.PHONY: release-dry-run release-deps
+release-dry-run: $(BIN)/helm release-deps
+	$(GO) run ./deployments/cmd/release -version $(VERSION) -out $(BIN)/release -helm $(BIN)/helm -cc arm64=aarch64-linux-gnu-gcc
+
+# gpufrac-node links glibc through cgo: its linux/arm64 image needs an aarch64 C
+# cross compiler and arm64's glibc for the base layer, from Debian's cross
+# packages. Installed with apt-get when missing and running as root; else the
+# dry run leaves gpufrac-node linux/arm64 out and says so ("not built:").
+RELEASE_PACKAGES := gcc-aarch64-linux-gnu libc6-dev-arm64-cross libc6-arm64-cross
+release-deps:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && [ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "release-deps: not root or no apt-get: install $(RELEASE_PACKAGES) yourself for gpufrac-node's linux/arm64 image (left out without them)"; exit 0; fi; \
+	echo "installing $(RELEASE_PACKAGES)"; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(RELEASE_PACKAGES) || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(RELEASE_PACKAGES); } || \
+		echo "release-deps: could not install $(RELEASE_PACKAGES): gpufrac-node's linux/arm64 image is left out"
 
 ## docs: docs/values.md, the chart's values reference, from its values.schema.json and values.yaml (a test fails when it is stale)
 .PHONY: docs

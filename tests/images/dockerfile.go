@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -175,10 +176,19 @@ func keyValues(s string) ([][2]string, error) {
 	return out, nil
 }
 
-// FromDockerfile is the Spec of a component image: the base files its
-// Dockerfile's BASE_IMAGE would give the binaries (BaseFiles), then the
-// binaries from binDir at the Dockerfile's paths, with its run configuration.
+// FromDockerfile is the Spec of a component image for this machine's
+// architecture: the base files its Dockerfile's BASE_IMAGE would give the
+// binaries (BaseFiles), then the binaries from binDir at the Dockerfile's
+// paths, with its run configuration.
 func FromDockerfile(dockerfile, binDir, ref string, buildArgs map[string]string) (Spec, error) {
+	return FromDockerfileFor(dockerfile, binDir, ref, buildArgs, runtime.GOARCH)
+}
+
+// FromDockerfileFor is FromDockerfile for linux/<arch>: the binaries in
+// binDir are built for arch, and for another architecture than this
+// machine's the base layer's C library comes from its cross packages
+// (CrossBaseFiles).
+func FromDockerfileFor(dockerfile, binDir, ref string, buildArgs map[string]string, arch string) (Spec, error) {
 	d, err := ParseDockerfile(dockerfile, buildArgs)
 	if err != nil {
 		return Spec{}, err
@@ -191,11 +201,28 @@ func FromDockerfile(dockerfile, binDir, ref string, buildArgs map[string]string)
 		bins = append(bins, p)
 	}
 	sort.Slice(app, func(i, j int) bool { return app[i].Dst < app[j].Dst })
-	base, err := BaseFiles(d.BaseImage, bins)
+	var base []File
+	if arch == runtime.GOARCH {
+		base, err = BaseFiles(d.BaseImage, bins)
+	} else {
+		base, err = CrossBaseFiles(d.BaseImage, bins, arch)
+	}
 	if err != nil {
 		return Spec{}, fmt.Errorf("%s: %w", dockerfile, err)
 	}
-	return Spec{Ref: ref, Layers: [][]File{base, app}, Config: d.Config}, nil
+	return Spec{Ref: ref, Layers: [][]File{base, app}, Config: d.Config, Arch: arch}, nil
+}
+
+// baseUsers are the users and groups of a distroless base image.
+func baseUsers() []File {
+	return []File{
+		{Dst: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
+		{Dst: "/etc/group", Data: []byte("root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n")},
+	}
+}
+
+func hasLibc(baseImage string) bool {
+	return strings.Contains(baseImage, "base-debian") || strings.Contains(baseImage, "cc-debian")
 }
 
 // BaseFiles is the part of a distroless base image the binaries need: its
@@ -204,17 +231,14 @@ func FromDockerfile(dockerfile, binDir, ref string, buildArgs map[string]string)
 // loader ldd names, copied from this machine (Debian 12, the glibc of
 // base-debian12). A static binary needs nothing more (static-debian12).
 func BaseFiles(baseImage string, binaries []string) ([]File, error) {
-	files := []File{
-		{Dst: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-		{Dst: "/etc/group", Data: []byte("root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n")},
-	}
+	files := baseUsers()
 	libs := map[string]bool{}
 	for _, b := range binaries {
 		deps, err := sharedLibraries(b)
 		if err != nil {
 			return nil, err
 		}
-		if len(deps) > 0 && !strings.Contains(baseImage, "base-debian") && !strings.Contains(baseImage, "cc-debian") {
+		if len(deps) > 0 && !hasLibc(baseImage) {
 			return nil, fmt.Errorf("%s links %v but the base image %s has no C library", b, deps, baseImage)
 		}
 		for _, d := range deps {

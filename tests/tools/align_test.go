@@ -49,6 +49,7 @@ var builds = []build{
 	{"kuberay", "tests/tools/kuberay", []string{"github.com/ray-project/kuberay/ray-operator"}, "kuberay"},
 	{"etcd", "tests/tools/etcd", []string{"go.etcd.io/etcd/server/v3"}, ""},
 	{"promql", "tests/tools/promql", []string{"."}, ""},
+	{"actionlint", "tests/tools/actionlint", []string{"github.com/rhysd/actionlint/cmd/actionlint"}, ""},
 }
 
 // kubernetesBuild is the control plane and kubelet of the test bed.

@@ -25,6 +25,7 @@ KUEUE_VERSION := v0.17.0
 KUBERAY_VERSION := v1.5.0
 PROMETHEUS_VERSION := v0.316.0
 CONTAINERD_VERSION := v2.4.2
+ACTIONLINT_VERSION := v1.7.12
 
 # kubectl version and Helm refuse unversioned binaries; stamp both version packages.
 K8S_VERSION_PKGS := k8s.io/component-base/version k8s.io/client-go/pkg/version
@@ -85,7 +86,7 @@ tools-build: $(TOOLS) node-deps
 
 ## tools-clean: remove the tool binaries so the next `make tools` rebuilds them
 tools-clean:
-	rm -rf $(TOOLS) $(BIN)/.build-*.* $(BIN)/.*.tmp
+	rm -rf $(TOOLS) $(BIN)/actionlint $(BIN)/.build-*.* $(BIN)/.*.tmp
 
 # Every tool target depends on FORCE: its recipe runs each time and first checks the version.
 FORCE:
@@ -244,6 +245,11 @@ $(BIN)/kuberay-crds: FORCE
 	install -m 0644 $$dir/config/crd/bases/*.yaml $@.tmp/; \
 	echo '$(KUBERAY_VERSION)' > $@.tmp/.version; \
 	rm -rf $@; mv $@.tmp $@
+
+# actionlint, the GitHub Actions workflow checker: built by make lint, which runs
+# it on .github/workflows (not by make tools: no test needs it).
+$(BIN)/actionlint: FORCE
+	$(call build_tool,actionlint,$(ACTIONLINT_VERSION),actionlint,github.com/rhysd/actionlint/cmd/actionlint,-s -w,github.com/rhysd/actionlint)
 
 # Prometheus' PromQL parser behind a small command (tests/tools/promql).
 $(BIN)/promql-metrics: FORCE

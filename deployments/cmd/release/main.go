@@ -22,10 +22,20 @@ func main() {
 	registry := flag.String("registry", "ghcr.io/gpufrac", "where the images will be pushed (names them in release.json)")
 	nodePlatforms := flag.String("node-platforms", "linux/amd64,linux/arm64", "gpufrac-node's platforms (one that cannot be built here is reported and left out)")
 	coordPlatforms := flag.String("coordinator-platforms", "linux/amd64,linux/arm64", "gpufrac-coordinator's platforms")
+	cc := flag.String("cc", "arm64=aarch64-linux-gnu-gcc", "C cross compilers, <arch>=<cc>[,...], for gpufrac-node (cgo) on another architecture; one missing here leaves that platform out, reported")
 	krew := flag.String("krew-platforms", "linux/amd64,linux/arm64,darwin/amd64,darwin/arm64", "kubectl-gpufrac's archives")
 	verifyOnly := flag.Bool("verify", false, "only check an existing output directory")
 	flag.Parse()
-	if err := run(*version, *out, *helm, *registry, *nodePlatforms, *coordPlatforms, *krew, *verifyOnly); err != nil {
+	ccs := map[string]string{}
+	for _, kv := range split(*cc) {
+		arch, c, ok := strings.Cut(kv, "=")
+		if !ok || arch == "" || c == "" {
+			fmt.Fprintf(os.Stderr, "release-dry-run: -cc %q: want <arch>=<compiler>\n", kv)
+			os.Exit(2)
+		}
+		ccs[arch] = c
+	}
+	if err := run(*version, *out, *helm, *registry, *nodePlatforms, *coordPlatforms, *krew, ccs, *verifyOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "release-dry-run:", err)
 		os.Exit(1)
 	}
@@ -39,7 +49,7 @@ func split(s string) []string {
 	return out
 }
 
-func run(version, out, helm, registry, node, coord, krew string, verifyOnly bool) error {
+func run(version, out, helm, registry, node, coord, krew string, ccs map[string]string, verifyOnly bool) error {
 	if !verifyOnly {
 		if version == "" {
 			return fmt.Errorf("-version is required")
@@ -63,6 +73,7 @@ func run(version, out, helm, registry, node, coord, krew string, verifyOnly bool
 				{Name: "gpufrac-node", Platforms: split(node)},
 				{Name: "gpufrac-coordinator", Platforms: split(coord)},
 			},
+			CrossCC:       ccs,
 			KrewPlatforms: split(krew),
 			Log:           os.Stdout,
 		}); err != nil {

@@ -9,7 +9,8 @@
 //     tests/images from the components' Dockerfiles (their final stage's
 //     COPY, ENV, LABEL, USER, ENTRYPOINT), the binaries built with the make
 //     target each Dockerfile's build stage runs, the base layer from this
-//     machine's files (tests/images.BaseFiles).
+//     machine's files (tests/images.BaseFiles; for another architecture,
+//     its cross packages' files: tests/images.CrossBaseFiles).
 //   - sbom/<component>_<os>_<arch>.spdx.json: an SPDX 2.3 SBOM per image,
 //     generated from the binary's Go build information (modules, versions,
 //     go.sum hashes) and the Debian packages (dpkg) that own the base layer's
@@ -86,6 +87,13 @@ type Config struct {
 	Registry string
 	// Images are the component images and their platforms.
 	Images []Image
+	// CrossCC are the C cross compilers by architecture (arm64:
+	// aarch64-linux-gnu-gcc), for a cgo binary on a C library base
+	// (gpufrac-node) built for another architecture than this machine's; its
+	// base layer then takes that architecture's glibc from the cross
+	// packages (tests/images.CrossBaseFiles). Such a platform without a
+	// compiler here, or without the glibc files, is reported as not built.
+	CrossCC map[string]string
 	// KrewPlatforms are kubectl-gpufrac's archives' "<os>/<arch>".
 	KrewPlatforms []string
 	// Log gets progress lines; nil is io.Discard.
@@ -320,12 +328,17 @@ func buildImage(cfg Config, m *Manifest, im Image) (*ImageResult, []string, erro
 		if !ok || goos != "linux" {
 			return nil, nil, fmt.Errorf("platform %q: want linux/<arch>", p)
 		}
+		env := []string{"GOOS=" + goos, "GOARCH=" + arch}
 		// A binary on a C library base (gpufrac-node: cgo for NVML) needs a C
 		// cross compiler for another architecture, and the base layer that
-		// architecture's glibc, neither of which this machine has.
+		// architecture's glibc.
 		if arch != runtime.GOARCH && usesLibc(df.BaseImage) {
-			notBuilt = append(notBuilt, fmt.Sprintf("%s %s: the binary links glibc through cgo (base %s); building it for %s needs a C cross compiler and %s's glibc for the base layer, which this machine does not have", im.Name, p, df.BaseImage, arch, arch))
-			continue
+			cc, missing := crossCC(cfg.CrossCC, arch)
+			if missing != "" {
+				notBuilt = append(notBuilt, fmt.Sprintf("%s %s: the binary links glibc through cgo (base %s); %s", im.Name, p, df.BaseImage, missing))
+				continue
+			}
+			env = append(env, "CC="+cc)
 		}
 		binDir := filepath.Join(cfg.Out, "build", im.Name, goos+"_"+arch)
 		args, err := makeArgs(dockerfile, binDir, cfg.Version)
@@ -333,16 +346,15 @@ func buildImage(cfg Config, m *Manifest, im Image) (*ImageResult, []string, erro
 			return nil, nil, err
 		}
 		cmd := exec.Command("make", append([]string{"-s", "-C", cfg.Root}, args...)...)
-		cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+arch)
-		fmt.Fprintf(cfg.Log, "GOOS=%s GOARCH=%s make %s\n", goos, arch, strings.Join(args, " "))
+		cmd.Env = append(os.Environ(), env...)
+		fmt.Fprintf(cfg.Log, "%s make %s\n", strings.Join(env, " "), strings.Join(args, " "))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, nil, fmt.Errorf("make %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		spec, err := images.FromDockerfile(dockerfile, binDir, repo+":"+cfg.Version, map[string]string{"VERSION": cfg.Version})
+		spec, err := images.FromDockerfileFor(dockerfile, binDir, repo+":"+cfg.Version, map[string]string{"VERSION": cfg.Version}, arch)
 		if err != nil {
 			return nil, nil, err
 		}
-		spec.Arch = arch
 		img, err := images.Build(spec)
 		if err != nil {
 			return nil, nil, err
@@ -401,6 +413,28 @@ func buildImage(cfg Config, m *Manifest, im Image) (*ImageResult, []string, erro
 // v1AnnotationRefName names a manifest in an OCI layout's index.json (skopeo's
 // oci:<dir>:<name>, crane's and oras's --oci-layout tags).
 const v1AnnotationRefName = "org.opencontainers.image.ref.name"
+
+// crossCC is the C cross compiler for arch, or why there is none here: not
+// configured, not on PATH, or arch's glibc (its cross package) missing.
+func crossCC(ccs map[string]string, arch string) (cc, missing string) {
+	triplet, err := images.Triplet(arch)
+	if err != nil {
+		return "", err.Error()
+	}
+	pkgs := fmt.Sprintf("Debian's gcc-%s, libc6-dev-%s-cross and libc6-%s-cross", triplet, arch, arch)
+	cc = ccs[arch]
+	if cc == "" {
+		return "", fmt.Sprintf("no C cross compiler for %s was given (make release-dry-run gives %s-gcc: %s)", arch, triplet, pkgs)
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		return "", fmt.Sprintf("the C cross compiler %s is not on PATH (%s; make release-dry-run installs them as root)", cc, pkgs)
+	}
+	libc := filepath.Join(images.CrossLibDir(arch), "libc.so.6")
+	if _, err := os.Stat(libc); err != nil {
+		return "", fmt.Sprintf("%s's glibc for the base layer is not at %s (libc6-%s-cross)", arch, libc, arch)
+	}
+	return cc, ""
+}
 
 func usesLibc(base string) bool {
 	return strings.Contains(base, "base-debian") || strings.Contains(base, "cc-debian")

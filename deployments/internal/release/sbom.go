@@ -221,21 +221,32 @@ func debianPackage(file, distro string) (SPDXPackage, error) {
 	if !ok || strings.Contains(pkg, ",") {
 		return SPDXPackage{}, fmt.Errorf("dpkg -S %s: %q names no single package", file, first)
 	}
-	v, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", pkg).Output()
+	q, err := exec.Command("dpkg-query", "-W", "-f", "${Version} ${Architecture}", pkg).Output()
 	if err != nil {
 		return SPDXPackage{}, fmt.Errorf("dpkg-query %s: %v", pkg, err)
 	}
+	v, pkgArch, _ := strings.Cut(strings.TrimSpace(string(q)), " ")
 	name, arch, _ := strings.Cut(pkg, ":")
-	purl := fmt.Sprintf("pkg:deb/debian/%s@%s", name, string(v))
+	if arch == "" {
+		arch = pkgArch // a package of one architecture only, e.g. libc6-arm64-cross: all
+	}
+	purl := fmt.Sprintf("pkg:deb/debian/%s@%s", name, v)
 	if arch != "" {
 		purl += "?arch=" + arch
 		if distro != "" {
 			purl += "&distro=" + distro
 		}
 	}
-	return SPDXPackage{SPDXID: spdxID("Deb", pkg+"-"+string(v)), Name: name, VersionInfo: string(v),
+	comment := "Debian package " + pkg + " of the build machine"
+	if strings.HasSuffix(name, "-cross") {
+		// dpkg-cross's packages hold another architecture's files under
+		// /usr/<triplet>; the image has them where that architecture's
+		// Debian does (tests/images.CrossBaseFiles).
+		comment += ": another architecture's Debian package repackaged by dpkg-cross for cross compiling (files under /usr/<triplet>/), its files placed in the image at that architecture's paths"
+	}
+	return SPDXPackage{SPDXID: spdxID("Deb", pkg+"-"+v), Name: name, VersionInfo: v,
 		DownloadLocation: noAssertion, LicenseConcluded: noAssertion, LicenseDeclared: noAssertion, CopyrightText: noAssertion,
-		ExternalRefs: []SPDXRef{{"PACKAGE-MANAGER", "purl", purl}}, Comment: "Debian package " + pkg + " of the build machine"}, nil
+		ExternalRefs: []SPDXRef{{"PACKAGE-MANAGER", "purl", purl}}, Comment: comment}, nil
 }
 
 // debianRelease is "debian-<VERSION_ID>" from /etc/os-release, or empty.

@@ -22,13 +22,17 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpufrac/gpufrac/tests/images"
 )
 
 // Verify reads a dry run's output back (release.json first) and checks it:
 // each image layout reads back with go-containerregistry, every blob matches
 // its digest, its index is tagged with the version and holds exactly the
 // platforms release.json claims, and its digest is the one in the digest
-// file; each SBOM describes its image's digest, lists every file of the
+// file; each image's entrypoint is an ELF of its platform whose loader and
+// shared libraries are in the image, of the same machine (checkBinary);
+// each SBOM describes its image's digest, lists every file of the
 // image with its sha256 and, for the Go binary, every module the binary's
 // build information names; the packaged chart's node.image.digest and
 // coordinator.image.digest are the images' digests and its OCI layout holds
@@ -192,7 +196,84 @@ func verifyPlatformImage(out, version string, p PlatformResult, img v1.Image) er
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return fmt.Errorf("SBOM %s: %w", p.SBOM, err)
 	}
-	return checkSBOM(&doc, p, files, cf.Config.Entrypoint[0])
+	return errors.Join(checkBinary(files, cf.Config.Entrypoint[0], p.Platform), checkSBOM(&doc, p, files, cf.Config.Entrypoint[0]))
+}
+
+// checkBinary checks that the image's entrypoint can start on its platform:
+// it is an ELF of the platform's machine (an arm64 image does not carry an
+// amd64 binary) and, when it is dynamic, its interpreter (the loader) is in
+// the image, and every shared object it and they need is in a directory the
+// loader searches (images.LibDirs), each an ELF of the same machine (not
+// the build machine's glibc). files holds the image's regular files: the dry
+// run writes no symlinks.
+func checkBinary(files map[string][]byte, entrypoint, platform string) error {
+	_, arch, _ := strings.Cut(platform, "/")
+	machine, err := images.ELFMachine(arch)
+	if err != nil {
+		return err
+	}
+	bin, ok := files[entrypoint]
+	if !ok {
+		return fmt.Errorf("the image has no entrypoint %s", entrypoint)
+	}
+	d, err := images.ReadELF(bytes.NewReader(bin))
+	if err != nil {
+		return fmt.Errorf("entrypoint %s is not an ELF binary: %w", entrypoint, err)
+	}
+	if d.Machine != machine {
+		return fmt.Errorf("entrypoint %s is a %s binary, not %s's %s", entrypoint, d.Machine, platform, machine)
+	}
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if d.Interp == "" {
+		if len(d.Needed) > 0 {
+			fail("entrypoint %s needs %v but names no interpreter", entrypoint, d.Needed)
+		}
+		return errors.Join(errs...)
+	}
+	sameMachine := func(what, p string, data []byte) *images.Dynamic {
+		dd, err := images.ReadELF(bytes.NewReader(data))
+		if err != nil {
+			fail("%s %s is not an ELF file: %v", what, p, err)
+			return nil
+		}
+		if dd.Machine != machine {
+			fail("%s %s is a %s ELF, not %s's %s", what, p, dd.Machine, platform, machine)
+			return nil
+		}
+		return &dd
+	}
+	interp, ok := files[d.Interp]
+	if !ok {
+		fail("entrypoint %s's interpreter %s is not in the image", entrypoint, d.Interp)
+	} else {
+		sameMachine("interpreter", d.Interp, interp)
+	}
+	seen := map[string]bool{path.Base(d.Interp): true} // a library that needs the loader has it loaded
+	queue := slices.Clone(d.Needed)
+	for len(queue) > 0 {
+		name := queue[0]
+		queue = queue[1:]
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		found := ""
+		for _, dir := range images.LibDirs(arch) {
+			if _, ok := files[path.Join(dir, name)]; ok {
+				found = path.Join(dir, name)
+				break
+			}
+		}
+		if found == "" {
+			fail("%s needs %s, which is in none of %v in the image", entrypoint, name, images.LibDirs(arch))
+			continue
+		}
+		if dd := sameMachine("shared object", found, files[found]); dd != nil {
+			queue = append(queue, dd.Needed...)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // checkSBOM checks an SBOM against the image's files (path to content).
