@@ -377,12 +377,20 @@ func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placem
 			}
 			s.mu.Unlock()
 			res, err := s.allocator.Allocate(ctx, world, node, pending, d.GPUs)
+			moved := false
 			if errors.Is(err, dra.ErrNoFit) && len(d.GPUs) > 0 {
 				klog.FromContext(ctx).V(4).Info("Claims do not fit the GPUs placement chose; trying the node's others", "pod", klog.KObj(p.pod), "node", d.Node, "gpus", d.GPUs)
 				res, err = s.allocator.Allocate(ctx, world, node, pending, nil)
+				moved = true
 			}
 			if err != nil {
 				return fail(fmt.Errorf("pod %s/%s: %w", p.pod.Namespace, p.pod.Name, err))
+			}
+			if gpus := s.gpusOf(res); moved && len(gpus) > 0 {
+				// The pod's GPU is where its claims went: the binding's
+				// gpufrac.io/gpu and the assumption name that GPU, not the
+				// one placement chose.
+				ds[i].GPUs = gpus
 			}
 			f := inflight{since: time.Now()}
 			for j, c := range pending {
@@ -400,6 +408,22 @@ func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placem
 		}
 	}
 	return out, nil
+}
+
+// gpusOf lists the GPUs (UUIDs, sorted) that allocation results hold
+// devices of, as the published slices name them; results of other drivers
+// or devices not published are left out.
+func (s *Scheduler) gpusOf(res []resourceapi.AllocationResult) []string {
+	var out []string
+	for _, a := range res {
+		for _, r := range a.Devices.Results {
+			if d, ok := s.draNow.devs[dra.DeviceKey{Pool: r.Pool, Device: r.Device}]; ok && d.GPU != "" && !slices.Contains(out, d.GPU) {
+				out = append(out, d.GPU)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // writeClaims persists a pod's planned claims before its binding; the

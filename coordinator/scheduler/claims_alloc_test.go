@@ -25,12 +25,23 @@ import (
 // the ResourceSlices its gpufrac-node publishes.
 func draNode(t *testing.T, name string) (*corev1.Node, []*resourceapi.ResourceSlice) {
 	t.Helper()
-	node := h100Node(name, "a", 1)
-	inv := []api.GPUInfo{{UUID: "GPU-" + name + "-0", Index: 0, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Mode: "fraction", Healthy: true, Driver: api.DRADriver}}
+	return draNodeGPUs(t, name, 1)
+}
+
+// draNodeGPUs is draNode with n H100s (GPU-<name>-<i>).
+func draNodeGPUs(t *testing.T, name string, n int) (*corev1.Node, []*resourceapi.ResourceSlice) {
+	t.Helper()
+	node := h100Node(name, "a", n)
+	inv := make([]api.GPUInfo, n)
+	gpus := make([]nodedra.GPU, n)
+	for i := range inv {
+		inv[i] = api.GPUInfo{UUID: fmt.Sprintf("GPU-%s-%d", name, i), Index: i, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Mode: "fraction", Healthy: true, Driver: api.DRADriver}
+		gpus[i] = nodedra.GPU{GPU: nvidia.GPU{UUID: inv[i].UUID, Index: i, Minor: i, Name: inv[i].Model, MemoryBytes: 81920 << 20}, Mode: config.ModeFraction, Healthy: true}
+	}
 	s, _ := api.EncodeInventory(inv)
 	node.Annotations[api.AnnotationGPUInventory] = s
 	delete(node.Status.Allocatable, api.ResourceFraction)
-	p, err := nodedra.Build(name, []nodedra.GPU{{GPU: nvidia.GPU{UUID: inv[0].UUID, Name: inv[0].Model, MemoryBytes: 81920 << 20}, Mode: config.ModeFraction, Healthy: true}})
+	p, err := nodedra.Build(name, gpus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,5 +173,57 @@ func extendedClaimReused(t *testing.T, named bool) {
 	plans := w.written["p"]
 	if len(plans) != 1 || !plans[0].Extended || plans[0].Claim.Name != orphan.Name || plans[0].Allocation != nil {
 		t.Errorf("written %+v, want the existing extended claim %s, reserved as allocated", plans, orphan.Name)
+	}
+}
+
+// TestClaimPodIsAnnotatedWithTheGPUItsClaimGot: placement does not model
+// that a GPU holding a claim for bytes (its memory view) takes no share by
+// percent, so it may choose that GPU for a 30 % claim; the claim then goes
+// to another GPU of the node. The binding's gpufrac.io/gpu (what kubectl
+// gpufrac -n shows, and the coordinator's own assumption) must name the
+// GPU the claim got. It named placement's choice (make demo: dra-inference
+// pods shown on dra-embed's GPU).
+func TestClaimPodIsAnnotatedWithTheGPUItsClaimGot(t *testing.T) {
+	n1, s1 := draNodeGPUs(t, "n1", 2)
+	id := types.UID("share-bytes")
+	bytes := builders.MakeClaim("bytes", "default").GPUMemory("20Gi").Obj()
+	bytes.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+		Request: "gpu", Driver: api.DRADriver, Pool: "n1", Device: "gpu-0-memory", ShareID: &id,
+		ConsumedCapacity: map[resourceapi.QualifiedName]k8sresource.Quantity{api.DRACapacityMemory: k8sresource.MustParse("20Gi")},
+	}}}}
+	mine := builders.MakeClaim("mine", "default").Shares(30).Obj()
+	claims := []*resourceapi.ResourceClaim{bytes, mine}
+	pod := builders.MakePod("p", "default").Queue("q").CPU("1").UID("p").Claim("gpu", "mine").Obj()
+	c := newCluster(t, "binpack", []*corev1.Node{n1}, []*v1alpha1.Queue{queueOf("q", "8")}, pod)
+	w := &recordingWriter{written: map[string][]dra.Planned{}}
+	c.s.deps.DRA = &DRADeps{
+		Slices: func() ([]*resourceapi.ResourceSlice, error) { return s1, nil },
+		Claims: func() ([]*resourceapi.ResourceClaim, error) { return claims, nil },
+		GetClaim: func(ns, name string) (*resourceapi.ResourceClaim, bool) {
+			for _, cl := range claims {
+				if cl.Namespace == ns && cl.Name == name {
+					return cl, true
+				}
+			}
+			return nil, false
+		},
+		Classes: dra.GpufracClasses(),
+		Writer:  w,
+	}
+	c.cycle() // the first cycle learns which nodes are in mode dra
+	c.cycle()
+	if got := c.boundTo("p"); got != "n1" {
+		t.Fatalf("pod bound to %q (reason %q: %s), want n1", got, c.reason("p"), c.b.Messages["p"])
+	}
+	plans := w.written["p"]
+	if len(plans) != 1 || plans[0].Allocation == nil || len(plans[0].Allocation.Devices.Results) != 1 {
+		t.Fatalf("written %+v, want claim mine allocated", plans)
+	}
+	dev := plans[0].Allocation.Devices.Results[0].Device
+	if dev != "gpu-1-shares" {
+		t.Fatalf("claim allocated %s, want gpu-1-shares (GPU 0 holds a claim for bytes)", dev)
+	}
+	if got := c.b.Annotations["p"][api.AnnotationGPU]; got != "GPU-n1-1" {
+		t.Errorf("pod annotated %s=%q, want GPU-n1-1, the GPU its claim got (%s)", api.AnnotationGPU, got, dev)
 	}
 }

@@ -292,11 +292,11 @@ func printHowTo(cfg config, burst bool) {
 `, burstDeployment, reservationGrace)
 	}
 	fmt.Printf(`
-The demo cluster keeps running. Try (kubectl 1.35 or newer; the bin/ tools need none):
+The demo cluster keeps running. Try (with your kubectl, 1.35 to 1.37; make tools builds none):
   export KUBECONFIG=$PWD/%s
   kubectl get pods -A -o wide                         # every pod, gpufrac-reservations' reservations and placeholders included
   kubectl get queues                                  # quota, allocated GPUs and pending work per queue
-  kubectl describe pod eval-nightly                   # why it waits: condition and event with the numbers
+  kubectl describe pod eval-nightly                   # why it waits: the event with the numbers (also in its PodScheduled condition)
   kubectl get resourceclaims,resourceslices           # the claims of the dra-* pods and the devices of gpu-node-dra
 %s  bin/kubectl-gpufrac                                 # this view again (or make demo-status; as a plugin: PATH=$PWD/bin:$PATH kubectl gpufrac)
 %sLogs: %s/ (gpufrac-coordinator.log, gpufrac-node-<node>.log, karpenter.log, ...).  Stop everything: make demo-down

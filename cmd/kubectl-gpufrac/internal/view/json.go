@@ -22,6 +22,7 @@ type Document struct {
 type NodeDoc struct {
 	Name         string `json:"name"`
 	Ready        bool   `json:"ready"`
+	Cordoned     bool   `json:"cordoned"`
 	Inventory    bool   `json:"inventory"`
 	DRA          bool   `json:"dra"`
 	NodePool     string `json:"nodePool,omitempty"`
@@ -82,7 +83,7 @@ type PodDoc struct {
 func (v *View) Doc() Document {
 	d := Document{Nodes: []NodeDoc{}, Pending: podDocs(v.Pending), Placeholders: podDocs(v.Placeholders), Rejected: podDocs(v.Rejected)}
 	for _, n := range v.Nodes {
-		nd := NodeDoc{Name: n.Name, Ready: n.Ready, Inventory: n.Inventory, DRA: n.DRA, NodePool: n.NodePool,
+		nd := NodeDoc{Name: n.Name, Ready: n.Ready, Cordoned: n.Cordoned, Inventory: n.Inventory, DRA: n.DRA, NodePool: n.NodePool,
 			InstanceType: n.InstanceType, WholeGPUs: n.WholeGPUs, FractionUnits: n.FractionUnits, MIG: n.MIG, GPUs: []GPUDoc{}}
 		for _, g := range n.GPUs {
 			gd := GPUDoc{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB, Mode: g.Mode, Healthy: g.Healthy,

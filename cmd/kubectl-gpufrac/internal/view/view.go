@@ -82,6 +82,9 @@ type Node struct {
 	Name string
 	// Ready is the node's Ready condition.
 	Ready bool
+	// Cordoned: the node is unschedulable (kubectl cordon, a drain); no
+	// scheduler places new pods there.
+	Cordoned bool
 	// Inventory is false when no gpufrac-node published the node's GPUs.
 	Inventory bool
 	// GPUs are the node's GPUs by index.
@@ -279,7 +282,7 @@ func BuildWithClaims(nodes []corev1.Node, pods []corev1.Pod, claims []resourceap
 		if (invErr != nil || len(inv) == 0) && whole.IsZero() && units.IsZero() {
 			continue
 		}
-		node := Node{Name: n.Name, Ready: nodeReady(n), Inventory: invErr == nil && len(inv) > 0,
+		node := Node{Name: n.Name, Ready: nodeReady(n), Cordoned: n.Spec.Unschedulable, Inventory: invErr == nil && len(inv) > 0,
 			WholeGPUs: whole.Value(), FractionUnits: units.Value(),
 			NodePool: n.Labels[labelKarpenterNodePool], InstanceType: n.Labels[corev1.LabelInstanceTypeStable]}
 		for name, q := range n.Status.Allocatable {
@@ -661,6 +664,9 @@ func renderNode(w io.Writer, n Node, opts Options) {
 	status := "Ready"
 	if !n.Ready {
 		status = "NotReady"
+	}
+	if n.Cordoned {
+		status += ", cordoned"
 	}
 	model := "GPUs not published (no gpufrac-node?)"
 	if n.Inventory {

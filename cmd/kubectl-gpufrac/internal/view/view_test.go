@@ -1,6 +1,7 @@
 package view
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -215,6 +216,20 @@ Placeholders (gpufrac-coordinator asking Karpenter for capacity):
 `,
 		},
 		{
+			name: "a cordoned node",
+			nodes: func(t *testing.T) []corev1.Node {
+				n := gpuNode(t, "a", 1, true, -1)
+				n.Spec.Unschedulable = true
+				return []corev1.Node{n}
+			},
+			want: `NODE a (Ready, cordoned)  1× NVIDIA H100 80GB HBM3, 80 GiB each  allocatable: nvidia.com/gpu 1, gpufrac.io/gpu-fraction 100
+  GPU  UUID           MODE      HEALTH  USED  HELD BY
+  0    GPU-a-0-0000…  fraction  ok      -     free
+
+1 GPU on 1 node: 0 held whole, 0 shared by 0 fractions, 1 free.
+`,
+		},
+		{
 			name:  "wide UUIDs, a reservation waiting for fractions",
 			nodes: func(t *testing.T) []corev1.Node { return []corev1.Node{gpuNode(t, "a", 1, true, -1)} },
 			pods: []corev1.Pod{
@@ -297,5 +312,34 @@ func TestRenderMIG(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "3g.40gb") {
 		t.Errorf("the view shows a withdrawn MIG resource:\n%s", out.String())
+	}
+}
+
+// TestDocSaysCordoned: -o json tells a cordoned node (kubectl cordon, a
+// drain) from one that takes new pods; the text view says so beside Ready.
+func TestDocSaysCordoned(t *testing.T) {
+	cordoned := gpuNode(t, "a", 1, true, -1)
+	cordoned.Spec.Unschedulable = true
+	raw, err := json.Marshal(Build([]corev1.Node{cordoned, gpuNode(t, "b", 1, true, -1)}, nil).Doc())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Nodes []struct {
+			Name     string `json:"name"`
+			Cordoned *bool  `json:"cordoned"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"a": true, "b": false}
+	for _, n := range got.Nodes {
+		if n.Cordoned == nil || *n.Cordoned != want[n.Name] {
+			t.Errorf("node %s: cordoned %v, want %v (%s)", n.Name, n.Cordoned, want[n.Name], raw)
+		}
+	}
+	if len(got.Nodes) != 2 {
+		t.Errorf("%d nodes in %s, want 2", len(got.Nodes), raw)
 	}
 }
