@@ -4,11 +4,11 @@
 // DIR, because Helm installs crds/ once and never upgrades it.
 //
 // Each CRD is server-side applied with field manager "gpufrac", forced: the
-// chart's CRD wins over every other writer. Fields another tool set with a
-// plain create or update (Helm's install of crds/ among them) are first
-// handed to "gpufrac" (client-go's csaupgrade, as `kubectl apply
-// --server-side` does for client-side apply), so that a field the new CRD
-// drops is removed, not kept alive by its old owner.
+// chart's CRD wins over every other writer. The fields other managers own
+// (Helm's install of crds/ among them) are first handed to "gpufrac"
+// (client-go's csaupgrade, as `kubectl apply --server-side` does for
+// client-side apply), so that a field the new CRD drops is removed, not
+// kept alive by its old owner.
 //
 // A CRD that does not exist is left alone: the hook's ClusterRole may only
 // get and patch gpufrac's CRDs by name, and create cannot be limited to
@@ -19,6 +19,7 @@ package crdapply
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -153,7 +154,7 @@ func Apply(ctx context.Context, dyn dynamic.Interface, crds []*unstructured.Unst
 		if err != nil {
 			return done, fmt.Errorf("reading CustomResourceDefinition %s: %w", name, err)
 		}
-		if err := takeOverUpdaters(ctx, client, cur); err != nil {
+		if err := takeOver(ctx, client, cur); err != nil {
 			return done, fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
 		}
 		// Only what the file says: never the live object's resourceVersion.
@@ -171,36 +172,59 @@ func Apply(ctx context.Context, dyn dynamic.Interface, crds []*unstructured.Unst
 	return done, nil
 }
 
-// takeOverUpdaters hands the fields of every manager that wrote the CRD with
-// create or update (not apply; not the status subresource, the API
-// server's) to FieldManager, retrying on a conflict.
-func takeOverUpdaters(ctx context.Context, client dynamic.ResourceInterface, cur *unstructured.Unstructured) error {
+// takeOver hands every field another manager owns in the CRD (not in its
+// status subresource, the API server's) to FieldManager, so that the forced
+// apply that follows makes the CRD exactly the chart's: server-side apply
+// removes a field only when no other manager owns it, and Helm owns every
+// field of a CRD it created from crds/ (Helm 3 with a create, Helm 4 with
+// an apply). client-go's csaupgrade merges the managers' field sets, as
+// `kubectl apply --server-side` does for client-side apply; appliers are
+// handed over the same way (each entry renamed apart first, as csaupgrade
+// merges one entry per name). The patch carries the resourceVersion read:
+// a concurrent write makes it conflict, and it is retried on a fresh read.
+func takeOver(ctx context.Context, client dynamic.ResourceInterface, cur *unstructured.Unstructured) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		updaters := sets.New[string]()
-		for _, m := range cur.GetManagedFields() {
-			if m.Operation == metav1.ManagedFieldsOperationUpdate && m.Subresource == "" && m.Manager != FieldManager {
-				updaters.Insert(m.Manager)
+		obj := cur.DeepCopy()
+		entries := obj.GetManagedFields()
+		others := sets.New[string]()
+		var names []string
+		for i := range entries {
+			e := &entries[i]
+			if e.Subresource != "" || (e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply) {
+				continue
 			}
+			names = append(names, e.Manager+"/"+string(e.Operation))
+			e.Manager = fmt.Sprintf("%s#%d", e.Manager, i)
+			e.Operation = metav1.ManagedFieldsOperationUpdate
+			others.Insert(e.Manager)
 		}
-		if updaters.Len() == 0 {
+		if others.Len() == 0 {
 			return nil
 		}
-		patch, err := csaupgrade.UpgradeManagedFieldsPatch(cur, updaters, FieldManager)
-		if err != nil || patch == nil {
+		obj.SetManagedFields(entries)
+		if err := csaupgrade.UpgradeManagedFields(obj, others, FieldManager); err != nil {
+			return fmt.Errorf("merging the fields of %s: %w", strings.Join(names, ", "), err)
+		}
+		patch, err := json.Marshal([]map[string]any{
+			{"op": "replace", "path": "/metadata/managedFields", "value": obj.GetManagedFields()},
+			{"op": "replace", "path": "/metadata/resourceVersion", "value": cur.GetResourceVersion()},
+		})
+		if err != nil {
 			return err
 		}
 		_, err = client.Patch(ctx, cur.GetName(), types.JSONPatchType, patch, metav1.PatchOptions{})
 		if apierrors.IsConflict(err) {
-			var gerr error
-			if cur, gerr = client.Get(ctx, cur.GetName(), metav1.GetOptions{}); gerr != nil {
+			fresh, gerr := client.Get(ctx, cur.GetName(), metav1.GetOptions{})
+			if gerr != nil {
 				return gerr
 			}
+			cur = fresh
 			return err
 		}
 		if err != nil {
-			return fmt.Errorf("taking over the fields of %s: %w", strings.Join(sets.List(updaters), ", "), err)
+			return fmt.Errorf("taking over the fields of %s: %w", strings.Join(names, ", "), err)
 		}
-		klog.FromContext(ctx).V(2).Info("Fields of create/update managers taken over", "crd", cur.GetName(), "managers", sets.List(updaters))
+		klog.FromContext(ctx).V(2).Info("Fields of other managers taken over", "crd", cur.GetName(), "managers", names)
 		return nil
 	})
 }
