@@ -195,7 +195,8 @@ func toAny(ss []string) []any {
 }
 
 // oldQueueCRD is the chart's Queue CRD as an earlier release would have left
-// it: without spec.priority, with a spec.legacyWeight this release dropped.
+// it: without spec.priority, with a spec.legacyWeight and an annotation
+// gpufrac.io/dropped that this release dropped.
 func oldQueueCRD(t *testing.T, current []byte) []byte {
 	t.Helper()
 	var crd map[string]any
@@ -214,6 +215,9 @@ func oldQueueCRD(t *testing.T, current []byte) []byte {
 		t.Fatal(err)
 	}
 	if err := unstructured.SetNestedSlice(crd, versions, "spec", "versions"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(crd, "an earlier release's", "metadata", "annotations", "gpufrac.io/dropped"); err != nil {
 		t.Fatal(err)
 	}
 	out, err := yaml.Marshal(crd)
@@ -440,6 +444,10 @@ func TestChartUpgradesCRDsOnTestBed(t *testing.T) {
 			if _, ok, _ := unstructured.NestedInt64(before.Object, "spec", "priority"); ok {
 				t.Fatal("the old CRD kept spec.priority: it is not the old one")
 			}
+			// An admin's annotation on the CRD, which the upgrade must keep.
+			if _, err := crds.Patch(ctx, crdName, types.MergePatchType, []byte(`{"metadata":{"annotations":{"example.com/owner":"platform"}}}`), metav1.PatchOptions{FieldManager: "kubectl-annotate"}); err != nil {
+				t.Fatal(err)
+			}
 
 			// The upgrade, its hook run by the test as a kubelet would.
 			helmDone := make(chan struct{})
@@ -476,14 +484,19 @@ func TestChartUpgradesCRDsOnTestBed(t *testing.T) {
 			if specProps["legacyWeight"] != nil {
 				t.Error("after helm upgrade the Queue CRD still has spec.legacyWeight, which this release dropped")
 			}
+			// Helm's fields were handed to gpufrac: what this release
+			// dropped is gone; the admin's annotation stays.
 			var managers []string
 			for _, m := range crd.GetManagedFields() {
 				managers = append(managers, m.Manager+"/"+string(m.Operation)+"/"+m.Subresource)
-				if m.Subresource == "" && m.Manager != "gpufrac" {
-					t.Errorf("the CRD's fields are still owned by %s (%s): fields a release drops would stay", m.Manager, m.Operation)
+				if m.Manager == "helm" {
+					t.Errorf("the CRD's fields are still owned by helm (%s): fields a release drops stay", m.Operation)
 				}
 			}
 			t.Logf("the CRD's field managers: %v", managers)
+			if a := crd.GetAnnotations(); a["gpufrac.io/dropped"] != "" || a["example.com/owner"] != "platform" {
+				t.Errorf("the CRD's annotations %v: want example.com/owner (the admin's) and no gpufrac.io/dropped (the earlier release's)", a)
+			}
 			// The same Queue, which now keeps spec.priority.
 			got, err := queues.Get(ctx, "team-a", metav1.GetOptions{})
 			if err != nil || got.GetUID() != before.GetUID() {

@@ -4,8 +4,8 @@
 // DIR, because Helm installs crds/ once and never upgrades it.
 //
 // Each CRD is server-side applied with field manager "gpufrac", forced: the
-// chart's CRD wins over every other writer. The fields other managers own
-// (Helm's install of crds/ among them) are first handed to "gpufrac"
+// chart's CRD wins over every other writer. The fields owned by the tools
+// that installed it (Helm's crds/, kubectl) are first handed to "gpufrac"
 // (client-go's csaupgrade, as `kubectl apply --server-side` does for
 // client-side apply), so that a field the new CRD drops is removed, not
 // kept alive by its old owner.
@@ -172,13 +172,18 @@ func Apply(ctx context.Context, dyn dynamic.Interface, crds []*unstructured.Unst
 	return done, nil
 }
 
-// takeOver hands every field another manager owns in the CRD (not in its
-// status subresource, the API server's) to FieldManager, so that the forced
-// apply that follows makes the CRD exactly the chart's: server-side apply
-// removes a field only when no other manager owns it, and Helm owns every
-// field of a CRD it created from crds/ (Helm 3 with a create, Helm 4 with
-// an apply). client-go's csaupgrade merges the managers' field sets, as
-// `kubectl apply --server-side` does for client-side apply; appliers are
+// Installers are the field managers of the tools that install a CRD from a
+// file: Helm (its crds/: a create in Helm 3, an apply in Helm 4) and kubectl
+// (apply, client- and server-side, create, replace).
+var Installers = sets.New("helm", "kubectl-client-side-apply", "kubectl", "kubectl-create", "kubectl-replace")
+
+// takeOver hands the fields the Installers own in the CRD (not in its status
+// subresource, the API server's) to FieldManager, so that the forced apply
+// that follows makes the CRD the chart's: server-side apply removes a field
+// only when no other manager owns it, and Helm owns every field of a CRD it
+// created from crds/. Fields other managers set (kubectl label or annotate,
+// GitOps tools) stay theirs. client-go's csaupgrade merges the field sets,
+// as `kubectl apply --server-side` does for client-side apply; appliers are
 // handed over the same way (each entry renamed apart first, as csaupgrade
 // merges one entry per name). The patch carries the resourceVersion read:
 // a concurrent write makes it conflict, and it is retried on a fresh read.
@@ -190,7 +195,7 @@ func takeOver(ctx context.Context, client dynamic.ResourceInterface, cur *unstru
 		var names []string
 		for i := range entries {
 			e := &entries[i]
-			if e.Subresource != "" || (e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply) {
+			if e.Subresource != "" || !Installers.Has(e.Manager) {
 				continue
 			}
 			names = append(names, e.Manager+"/"+string(e.Operation))
@@ -224,7 +229,7 @@ func takeOver(ctx context.Context, client dynamic.ResourceInterface, cur *unstru
 		if err != nil {
 			return fmt.Errorf("taking over the fields of %s: %w", strings.Join(names, ", "), err)
 		}
-		klog.FromContext(ctx).V(2).Info("Fields of other managers taken over", "crd", cur.GetName(), "managers", names)
+		klog.FromContext(ctx).V(2).Info("Fields of the CRD's installers taken over", "crd", cur.GetName(), "managers", names)
 		return nil
 	})
 }
