@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/cmd/internal/crdapply"
 	"github.com/gpufrac/gpufrac/cmd/internal/probes"
 	"github.com/gpufrac/gpufrac/cmd/internal/version"
 	"github.com/gpufrac/gpufrac/coordinator/app"
@@ -80,10 +82,19 @@ func main() {
 	draOn := flag.Bool("dra", true, "read ResourceSlices, ResourceClaims and DeviceClasses (resource.k8s.io/v1, where served) and allocate the claims of its pods on nodes in mode dra; false leaves resource claims to other schedulers and needs no RBAC on resource.k8s.io")
 	priceTable := costFlags(&cfg)
 	printVersion := flag.Bool("version", false, "print the version and exit")
+	applyCRDs := flag.String("apply-crds", "", "instead of scheduling: server-side apply (field manager "+crdapply.FieldManager+", forced) the gpufrac CustomResourceDefinitions in this directory's *.yaml files to those that exist, wait until they are established, and exit; the chart's pre-install/pre-upgrade hook, since Helm never upgrades its crds/. A CRD that does not exist is left to Helm (never created, never deleted)")
 	flag.Parse()
 	cfg.NoDRA = !*draOn
 	if *printVersion {
 		fmt.Println("gpufrac-coordinator", version.Get())
+		return
+	}
+	if *applyCRDs != "" {
+		if err := runApplyCRDs(*applyCRDs, kubeconfig); err != nil {
+			klog.ErrorS(err, "Applying the CustomResourceDefinitions failed", "dir", *applyCRDs)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+		}
+		klog.Flush()
 		return
 	}
 	s.Seed = seed
@@ -148,14 +159,39 @@ func main() {
 	klog.Flush()
 }
 
-func run(ctx context.Context, cfg app.Config, kubeconfig, metricsAddr, pprofAddr string) error {
-	var rc *rest.Config
-	var err error
+// restConfig is the kubeconfig's, or the in-cluster config without one.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
+	return rest.InClusterConfig()
+}
+
+// runApplyCRDs is --apply-crds: the chart's CRD upgrade hook.
+func runApplyCRDs(dir, kubeconfig string) error {
+	crds, err := crdapply.Read(dir)
+	if err != nil {
+		return err
+	}
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(klog.NewContext(ctx, klog.Background()), 2*time.Minute)
+	defer cancel()
+	klog.InfoS("Applying CustomResourceDefinitions", "crds", crdapply.Names(crds), "version", version.Get())
+	_, err = crdapply.Apply(ctx, dyn, crds, time.Minute)
+	return err
+}
+
+func run(ctx context.Context, cfg app.Config, kubeconfig, metricsAddr, pprofAddr string) error {
+	rc, err := restConfig(kubeconfig)
 	if err != nil {
 		return err
 	}

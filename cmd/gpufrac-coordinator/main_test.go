@@ -105,3 +105,18 @@ func TestBadGPUCountLabelIsRefused(t *testing.T) {
 		t.Errorf("exit %d, output:\n%s\nwant exit 2 saying it is not a label key", code, out)
 	}
 }
+
+// TestApplyCRDsRefusesOtherObjects: --apply-crds applies only gpufrac's
+// CRDs; a directory with anything else stops it with the reason, before it
+// talks to the API server.
+func TestApplyCRDsRefusesOtherObjects(t *testing.T) {
+	dir := t.TempDir()
+	crd := "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec: {group: example.com, names: {plural: widgets}}\n"
+	if err := os.WriteFile(dir+"/widgets.yaml", []byte(crd), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := runMain(t, "--apply-crds="+dir, "--kubeconfig=/nonexistent")
+	if code != 1 || !strings.Contains(out, "Applying the CustomResourceDefinitions failed") || !strings.Contains(out, "not gpufrac's gpufrac.io") {
+		t.Errorf("exit %d, output:\n%s\nwant exit 1 naming the foreign group", code, out)
+	}
+}

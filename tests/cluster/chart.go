@@ -216,6 +216,32 @@ func (objs Objects) Without(kinds ...string) Objects {
 	return out
 }
 
+// Hooks returns the Helm hooks among the objects (annotation helm.sh/hook).
+func (objs Objects) Hooks() Objects {
+	var out Objects
+	for _, o := range objs {
+		if _, ok := o.GetAnnotations()[HookAnnotation]; ok {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// WithoutHooks returns the objects that are not Helm hooks: the release's.
+func (objs Objects) WithoutHooks() Objects {
+	var out Objects
+	for _, o := range objs {
+		if _, ok := o.GetAnnotations()[HookAnnotation]; !ok {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// HookAnnotation marks a Helm hook: helm runs it around an install or
+// upgrade, and it is no object of the release.
+const HookAnnotation = "helm.sh/hook"
+
 // Container is what the test bed takes from a workload's first container.
 type Container struct {
 	// ServiceAccount is the pod template's serviceAccountName.
@@ -437,7 +463,10 @@ func (c *Cluster) InstallChart(ctx context.Context, o ChartOptions) (*Install, e
 	// from is established and the reservation namespace can take pods (its
 	// default ServiceAccount exists), as installGpufrac's probes need.
 	policies := []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-	if _, err := applier.ServerSideApply(ctx, "the gpufrac chart", objs.Without(append(policies, workloadKinds...)...), ApplyOptions{FieldManager: "helm"}); err != nil {
+	// Hooks are left out: the chart's only one (crd-upgrade.yaml) upgrades
+	// the CRD that was just applied from crds/ and is deleted once it
+	// succeeded (deployments' TestChartUpgradesCRDsOnTestBed runs it).
+	if _, err := applier.ServerSideApply(ctx, "the gpufrac chart", objs.WithoutHooks().Without(append(policies, workloadKinds...)...), ApplyOptions{FieldManager: "helm"}); err != nil {
 		return nil, err
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
