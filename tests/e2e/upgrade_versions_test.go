@@ -57,11 +57,12 @@ type fromVersion struct {
 }
 
 // defaultUpgradeFrom is the version before the last change of gpufrac's
-// code or chart: the parent of the last commit (from HEAD) that touched
-// codePaths. HEAD~1 would often be a docs commit, the same code.
+// code or chart: the first parent of the last commit on HEAD's first-parent
+// line (main: a merge, or a commit made there) that touched codePaths.
+// HEAD~1 would often be a docs commit, the same code.
 func defaultUpgradeFrom(t *testing.T, root string) string {
 	t.Helper()
-	out, err := git(root, append([]string{"log", "-1", "--format=%H", "HEAD", "--"}, codePaths...)...)
+	out, err := git(root, append([]string{"log", "-1", "--first-parent", "--format=%H", "HEAD", "--"}, codePaths...)...)
 	if err != nil || out == "" {
 		t.Fatalf("%s unset and no commit changing %v found (a shallow clone? git fetch --unshallow): %v", envUpgradeFrom, codePaths, err)
 	}
