@@ -480,7 +480,7 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 }
 
 // cdiStrategy tells whether the chart's DaemonSet names devices by CDI
-// (--device-list-strategy=cdi-annotations): the node then needs the
+// (--device-list-strategy=cdi): the node then needs the
 // toolkit's spec directory (cdi.go).
 func cdiStrategy(in *Install) bool {
 	strategy, _ := Flag(in.Node.Args, "device-list-strategy")
