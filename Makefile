@@ -40,6 +40,7 @@ build-static:
 -include deployments/images/images.mk
 -include deployments/krew/krew.mk
 -include tests/e2e/compare.mk
+-include tests/e2e/upgrade.mk
 
 ## test: every test (unit, integration, end-to-end on the local cluster)
 # The coordinator's and the node agent's packages run under the race detector

@@ -122,6 +122,13 @@ type NodeAgent struct {
 	// mount is the agent's ConfigMap mount; nil with NodeAgentOptions.Config.
 	mount *configMount
 
+	// sockDir and nodeDir are the agent's socket and file directories;
+	// mockGPUs its --mock-gpus (0: the model's eight); cdi whether its
+	// node has the toolkit's CDI specs (cdiStrategy).
+	sockDir, nodeDir string
+	mockGPUs         int
+	cdi              bool
+
 	// ctl restarts gpufrac-node and the simulator (faults.go); PID,
 	// MetricsAddr and LogPath above describe the first gpufrac-node process.
 	ctl *agentControl
@@ -154,9 +161,14 @@ func (a *NodeAgent) WriteConfig(content string) error {
 	return nil
 }
 
-// Metrics returns the agent's /metrics page.
+// Metrics returns the /metrics page of the agent's current gpufrac-node
+// (after RestartAgent or Roll, the new process's).
 func (a *NodeAgent) Metrics(ctx context.Context) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.MetricsAddr+"/metrics", nil)
+	addr := a.MetricsAddr
+	if a.ctl != nil {
+		_, addr = a.Process()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
 		return "", err
 	}
@@ -400,33 +412,24 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	undo = append(undo, agent.Kubelet.Stop)
 	status := newStatusSync(c, node.Name)
 
-	// 3. gpufrac-node's arguments: the chart DaemonSet's, as the kubelet
-	// expands them, where a local process differs: its sockets, metrics port,
-	// config file and CDI spec directory are its own, and the harness adds
-	// the mock NVML and the kubeconfig of its identity (4.).
+	// 3. The node's mock GPUs and its NVIDIA toolkit. A node made from a
+	// cloud instance type (Karpenter) has as many mock GPUs as the type
+	// sells, not the DGX's eight.
 	in := c.Installed()
-	args, err := ExpandArgs(in.Node.Args, map[string]string{"NODE_NAME": node.Name, "POD_IP": "127.0.0.1"})
-	if err != nil {
-		return nil, nil, fmt.Errorf("gpufrac-node arguments from the chart: %w", err)
-	}
-	gpuCount := 0
-	// A node made from a cloud instance type (Karpenter) has as many mock GPUs
-	// as the type sells, not the DGX's eight.
 	if q, ok := node.Status.Allocatable[api.ResourceGPU]; ok && q.Value() > 0 && q.Value() != 8 {
-		gpuCount = int(q.Value())
-		args = append(args, fmt.Sprintf("--mock-gpus=%d", gpuCount))
+		agent.mockGPUs = int(q.Value())
 	}
+	agent.sockDir, agent.nodeDir = sockDir, nodeDir
 	var specs *toolkitSpecs
-	if strategy, _ := Flag(args, "device-list-strategy"); strategy == string(resource.StrategyCDI) {
+	if agent.cdi = cdiStrategy(in); agent.cdi {
 		// The node's NVIDIA toolkit: a spec for its GPUs now, and for its
 		// MIG devices whenever they change, before the node status does.
 		var err error
-		specs, err = newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, gpuCount)
+		specs, err = newToolkitSpecs(specDir(nodeDir), node.Name, agent.Model, agent.mockGPUs)
 		if err != nil {
 			return nil, nil, err
 		}
 		agent.Kubelet.OnChange(specs.update)
-		args = ReplaceFlag(args, "cdi-spec-dirs", specDir(nodeDir))
 	}
 	agent.Kubelet.OnChange(status.update)
 	var wg sync.WaitGroup
@@ -452,49 +455,16 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	})
 
 	// 5. gpufrac-node.
-	args = ReplaceFlag(args, "kubelet-dir", filepath.Join(sockDir, "dp"))
-	args = ReplaceFlag(args, "pod-resources-socket", agent.PodResourcesSocket)
-	args = append(args,
-		"--nvml=mock:"+agent.Model,
-		"--mock-state-dir="+stateDir,
-		"--kubeconfig="+kubeconfig,
-		"--allow-standalone=false",
-	)
-	args = ReplaceFlag(args, "kubelet-registry-dir", filepath.Join(sockDir, "reg"))
-	args = ReplaceFlag(args, "dra-plugin-dir", filepath.Join(sockDir, "drv"))
-	args = ReplaceFlag(args, "dra-state-dir", filepath.Join(nodeDir, "dra"))
-	args = ReplaceFlag(args, "cdi-dir", agent.CDIDir)
-	var path string
-	if mount := c.nodeConfigMount(); mount == nil {
-		cfg := cmp.Or(c.opts.NodeAgents.Config, in.NodeConfig)
-		path = filepath.Join(nodeDir, "config.yaml")
-		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-			return nil, nil, fmt.Errorf("writing gpufrac-node config for node %s: %w", node.Name, err)
-		}
-	} else {
-		// The DaemonSet's volume: the ConfigMap at the directory of --config.
-		flag, _ := Flag(args, "config")
-		dir := filepath.Join(nodeDir, "config")
-		if err := mount.mount(ctx, dir); err != nil {
+	if mount := c.nodeConfigMount(); mount != nil {
+		// The DaemonSet's volume: the ConfigMap in the agent's config directory.
+		if err := mount.mount(ctx, filepath.Join(nodeDir, "config")); err != nil {
 			return nil, nil, fmt.Errorf("mounting the node config of %s: %w", node.Name, err)
 		}
-		path = filepath.Join(dir, filepath.Base(cmp.Or(flag, "config.yaml")))
 		agent.mount = mount
 	}
-	args = ReplaceFlag(args, "config", path)
-	agent.ConfigPath = path
-	// The test's own arguments come last: the last value of a flag wins.
-	args = append(args, c.opts.NodeAgents.Args...)
-	comp := component{
-		name:  nodeAgentPrefix + node.Name,
-		path:  c.nodeAgentBinary(),
-		ports: 1,
-		args: func(ports []int) ([]string, error) {
-			return ReplaceFlag(slices.Clone(args), "metrics-addr", fmt.Sprintf("127.0.0.1:%d", ports[0])), nil
-		},
-		ready: func(ctx context.Context, ports []int) error {
-			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[0]), nil)
-		},
+	comp, err := c.nodeAgentComponent(agent, in, c.nodeAgentBinary())
+	if err != nil {
+		return nil, nil, err
 	}
 	ports, p, err := c.startComponent(ctx, comp)
 	if err != nil {
@@ -507,6 +477,72 @@ func (c *Cluster) startNodeAgent(ctx context.Context, node *corev1.Node) (agent 
 	agent.LogPath = p.LogPath
 	agent.PID = p.PID
 	return agent, undoAll, nil
+}
+
+// cdiStrategy tells whether the chart's DaemonSet names devices by CDI
+// (--device-list-strategy=cdi): the node then needs the
+// toolkit's spec directory (cdi.go).
+func cdiStrategy(in *Install) bool {
+	strategy, _ := Flag(in.Node.Args, "device-list-strategy")
+	return strategy == string(resource.StrategyCDI)
+}
+
+// nodeAgentComponent is gpufrac-node of the agent's node as the chart in
+// runs it: the DaemonSet's arguments as the kubelet expands them, where a
+// local process differs: its sockets, metrics port, config file and CDI spec
+// directory are its own, and the harness adds the mock NVML and the
+// kubeconfig of its identity. Without a ConfigMap mount it writes the config
+// file (NodeAgentOptions.Config, else the chart's) too.
+func (c *Cluster) nodeAgentComponent(agent *NodeAgent, in *Install, binary string) (component, error) {
+	args, err := ExpandArgs(in.Node.Args, map[string]string{"NODE_NAME": agent.Node, "POD_IP": "127.0.0.1"})
+	if err != nil {
+		return component{}, fmt.Errorf("gpufrac-node arguments from the chart: %w", err)
+	}
+	if agent.mockGPUs > 0 {
+		args = append(args, fmt.Sprintf("--mock-gpus=%d", agent.mockGPUs))
+	}
+	if agent.cdi {
+		args = ReplaceFlag(args, "cdi-spec-dirs", specDir(agent.nodeDir))
+	}
+	args = ReplaceFlag(args, "kubelet-dir", filepath.Join(agent.sockDir, "dp"))
+	args = ReplaceFlag(args, "pod-resources-socket", agent.PodResourcesSocket)
+	args = append(args,
+		"--nvml=mock:"+agent.Model,
+		"--mock-state-dir="+agent.StateDir,
+		"--kubeconfig="+agent.Kubeconfig,
+		"--allow-standalone=false",
+	)
+	args = ReplaceFlag(args, "kubelet-registry-dir", filepath.Join(agent.sockDir, "reg"))
+	args = ReplaceFlag(args, "dra-plugin-dir", filepath.Join(agent.sockDir, "drv"))
+	args = ReplaceFlag(args, "dra-state-dir", filepath.Join(agent.nodeDir, "dra"))
+	args = ReplaceFlag(args, "cdi-dir", agent.CDIDir)
+	var path string
+	if agent.mount == nil {
+		cfg := cmp.Or(c.opts.NodeAgents.Config, in.NodeConfig)
+		path = filepath.Join(agent.nodeDir, "config.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return component{}, fmt.Errorf("writing gpufrac-node config for node %s: %w", agent.Node, err)
+		}
+	} else {
+		// The ConfigMap is mounted at the directory of --config.
+		flag, _ := Flag(args, "config")
+		path = filepath.Join(agent.nodeDir, "config", filepath.Base(cmp.Or(flag, "config.yaml")))
+	}
+	args = ReplaceFlag(args, "config", path)
+	agent.ConfigPath = path
+	// The test's own arguments come last: the last value of a flag wins.
+	args = append(args, c.opts.NodeAgents.Args...)
+	return component{
+		name:  nodeAgentPrefix + agent.Node,
+		path:  binary,
+		ports: 1,
+		args: func(ports []int) ([]string, error) {
+			return ReplaceFlag(slices.Clone(args), "metrics-addr", fmt.Sprintf("127.0.0.1:%d", ports[0])), nil
+		},
+		ready: func(ctx context.Context, ports []int) error {
+			return probeHTTP(ctx, http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[0]), nil)
+		},
+	}, nil
 }
 
 // apiClaims reads resource claims for a kubelet simulator.

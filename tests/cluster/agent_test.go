@@ -366,6 +366,85 @@ func TestNodeAgents(t *testing.T) {
 		})
 	})
 
+	t.Run("a node agent rolled to another binary and chart keeps its pods' devices", func(t *testing.T) {
+		// Another version: a copy of the binary, and a copy of the chart
+		// (ChartOptions.Dir) whose DaemonSet passes other arguments.
+		dir := t.TempDir()
+		bin := filepath.Join(dir, "gpufrac-node-next")
+		raw, err := os.ReadFile(nodeAgentBin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, raw, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		src, err := cluster.ChartDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		chart := filepath.Join(dir, "chart")
+		if err := os.CopyFS(chart, os.DirFS(src)); err != nil {
+			t.Fatal(err)
+		}
+		values := filepath.Join(chart, "values.yaml")
+		v, err := os.ReadFile(values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := strings.Replace(string(v), "healthQuietPeriod: 5m", "healthQuietPeriod: 17m", 1)
+		if next == string(v) {
+			t.Fatal("the chart's values.yaml has no healthQuietPeriod: 5m to change")
+		}
+		if err := os.WriteFile(values, []byte(next), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		testbed, err := cluster.TestbedValues()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.InstallChart(ctx, cluster.ChartOptions{Dir: chart, ValuesFiles: []string{testbed}}); err != nil {
+			t.Fatal(err)
+		}
+		agent := agents["gpu-a"]
+		held := map[string][]string{}
+		for _, i := range []int{0, 1, 2, 4, 5, 6, 7, 8} { // whole-8 took whole-3's GPU
+			name := fmt.Sprintf("whole-%d", i)
+			held[name] = podDevices(t, agent, name, api.ResourceGPU)
+		}
+		old, _ := agent.Process()
+		if err := agent.Roll(ctx, bin); err != nil {
+			t.Fatal(err)
+		}
+		now, addr := agent.Process()
+		if now.PID == old.PID || !processGone(old.PID) {
+			t.Fatalf("after the roll gpufrac-node runs as %d, the old process %d (gone: %v)", now.PID, old.PID, processGone(old.PID))
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", now.PID)); err != nil || exe != bin {
+			t.Errorf("the rolled gpufrac-node runs %s (%v), want %s", exe, err, bin)
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", now.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(strings.Split(string(cmdline), "\x00"), "--health-quiet-period=17m") {
+			t.Errorf("the rolled gpufrac-node's arguments %q lack the new chart's --health-quiet-period=17m", cmdline)
+		}
+		for name, devs := range held {
+			if got := podDevices(t, agent, name, api.ResourceGPU); !cmp.Equal(devs, got) {
+				t.Errorf("%s held %v before the roll, %v after", name, devs, got)
+			}
+		}
+		waitFor(t, 30*time.Second, "gpu-a's resources after the roll", func(ctx context.Context) (bool, error) {
+			got, err := nodeResources(ctx, c, "gpu-a")
+			return got["capacity nvidia.com/gpu"] == "8" && got["capacity gpufrac.io/gpu-fraction"] == "800", err
+		})
+		// Metrics reads the current process, on its own port.
+		body, err := agent.Metrics(ctx)
+		if err != nil || !strings.Contains(body, "gpufrac_") {
+			t.Errorf("the rolled agent's metrics (%s): %v", addr, err)
+		}
+	})
+
 	t.Run("deleting a node stops its agent", func(t *testing.T) {
 		agent := agents["gpu-b"]
 		if err := c.Client.CoreV1().Nodes().Delete(ctx, "gpu-b", metav1.DeleteOptions{}); err != nil {

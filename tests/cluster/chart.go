@@ -50,6 +50,9 @@ var ErrHelmMissing = errors.New("helm binary missing: run make tools")
 type ChartOptions struct {
 	// Helm is the helm binary's path; empty is <repository root>/bin/helm.
 	Helm string
+	// Dir is the chart's directory; empty is the repository's (ChartDir).
+	// Another version's chart (an upgrade test's) is rendered from its own.
+	Dir string
 	// Release and Namespace default to ChartRelease and ChartNamespace.
 	Release, Namespace string
 	// ValuesFiles are passed as -f, in order.
@@ -118,9 +121,12 @@ func HelmTemplate(ctx context.Context, o ChartOptions) ([]byte, error) {
 			return nil, err
 		}
 	}
-	dir, err := ChartDir()
-	if err != nil {
-		return nil, err
+	dir := o.Dir
+	if dir == "" {
+		var err error
+		if dir, err = ChartDir(); err != nil {
+			return nil, err
+		}
 	}
 	release, ns := o.Release, o.Namespace
 	if release == "" {

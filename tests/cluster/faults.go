@@ -162,3 +162,52 @@ func killGroup(p *process) error {
 	<-p.done
 	return nil
 }
+
+// nodeAgentGracePeriod is how long a rolled gpufrac-node gets between
+// SIGTERM and SIGKILL: the pod's terminationGracePeriodSeconds (the chart
+// leaves the Kubernetes default).
+const nodeAgentGracePeriod = 30 * time.Second
+
+// Roll replaces the node's gpufrac-node with binary, run with the arguments
+// and config of the chart installed now (Cluster.InstallChart), as a
+// DaemonSet's rolling update replaces the agent's pod on one node: the old
+// process is stopped (SIGTERM, SIGKILL after the grace period), then the new
+// one starts. The kubelet simulator with the pods' devices, the mounted
+// ConfigMap and the agent's identity (its pod and token) are kept. It returns
+// once the new process is ready and every resource the node had is
+// registered again with devices; later restarts (RestartAgent) run binary.
+func (a *NodeAgent) Roll(ctx context.Context, binary string) error {
+	c := a.ctl.c
+	in := c.Installed()
+	if in == nil {
+		return fmt.Errorf("rolling gpufrac-node on %s: no chart installed", a.Node)
+	}
+	if cdiStrategy(in) != a.cdi {
+		return fmt.Errorf("rolling gpufrac-node on %s: the chart changes the device list strategy (CDI), which the test bed sets up when a node starts only", a.Node)
+	}
+	a.ctl.mu.Lock()
+	defer a.ctl.mu.Unlock()
+	comp, err := c.nodeAgentComponent(a, in, binary)
+	if err != nil {
+		return fmt.Errorf("rolling gpufrac-node on %s: %w", a.Node, err)
+	}
+	a.ctl.inRestart.Store(true)
+	defer a.ctl.inRestart.Store(false)
+	before := a.Kubelet.Resources()
+	began := time.Now()
+	if err := a.ctl.node.proc.stop(nodeAgentGracePeriod); err != nil {
+		return fmt.Errorf("stopping gpufrac-node on %s: %w", a.Node, err)
+	}
+	ports, p, err := c.startComponent(ctx, comp)
+	if err != nil {
+		return fmt.Errorf("starting the new gpufrac-node on %s: %w", a.Node, err)
+	}
+	a.ctl.comp = comp
+	a.ctl.node = &running{comp: comp, ports: ports, proc: p}
+	if err := a.waitRegistered(ctx, before); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Rolled gpufrac-node", "node", a.Node, "binary", binary, "pid", p.PID,
+		"duration", time.Since(began).Round(time.Millisecond))
+	return nil
+}
