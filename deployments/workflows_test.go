@@ -122,3 +122,35 @@ func TestReleaseNotesVerifyTheReleaseWorkflow(t *testing.T) {
 		t.Error("release.yml gives no cosign verify command")
 	}
 }
+
+// TestReleaseTagsImagesOnceSigned: the publish job pushes each image by
+// digest and gives it the version tag only after every image is signed and
+// attested, so a run that fails in between (cosign, Fulcio, Rekor down)
+// leaves no version tag on an unsigned image; re-running the job pushes,
+// signs and tags again. It pushed to the version tag first.
+func TestReleaseTagsImagesOnceSigned(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", ".github", "workflows", "release.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSign, firstTag := -1, -1
+	for i, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "crane push "):
+			if !strings.HasSuffix(line, `@$digest"`) {
+				t.Errorf("line %d pushes an image to a tag, not by digest: %s", i+1, line)
+			}
+		case strings.HasPrefix(line, "cosign sign ") && strings.Contains(line, "$REGISTRY/$c@"),
+			strings.HasPrefix(line, "cosign attest "):
+			lastSign = i
+		case strings.HasPrefix(line, "crane tag "):
+			if firstTag < 0 {
+				firstTag = i
+			}
+		}
+	}
+	if lastSign < 0 || firstTag < 0 || firstTag < lastSign {
+		t.Errorf("images' last signature or attestation at line %d, first crane tag at line %d: want the tags after every signature", lastSign+1, firstTag+1)
+	}
+}
