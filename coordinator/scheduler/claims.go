@@ -412,11 +412,16 @@ func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placem
 
 // gpusOf lists the GPUs (UUIDs, sorted) that allocation results hold
 // devices of, as the published slices name them; results of other drivers
-// or devices not published are left out.
+// (whose pool and device names may be gpufrac's: devices are keyed without
+// their driver), admin-access results (which hold nothing, as in
+// dra.UsageOf) and devices not published are left out.
 func (s *Scheduler) gpusOf(res []resourceapi.AllocationResult) []string {
 	var out []string
 	for _, a := range res {
 		for _, r := range a.Devices.Results {
+			if r.Driver != api.DRADriver || r.AdminAccess != nil && *r.AdminAccess {
+				continue
+			}
 			if d, ok := s.draNow.devs[dra.DeviceKey{Pool: r.Pool, Device: r.Device}]; ok && d.GPU != "" && !slices.Contains(out, d.GPU) {
 				out = append(out, d.GPU)
 			}

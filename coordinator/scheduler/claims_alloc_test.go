@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -225,5 +226,28 @@ func TestClaimPodIsAnnotatedWithTheGPUItsClaimGot(t *testing.T) {
 	}
 	if got := c.b.Annotations["p"][api.AnnotationGPU]; got != "GPU-n1-1" {
 		t.Errorf("pod annotated %s=%q, want GPU-n1-1, the GPU its claim got (%s)", api.AnnotationGPU, got, dev)
+	}
+}
+
+// TestGPUsOfCountsOnlyGpufracDevicesHeld: the GPUs a claim pod is
+// annotated with are those its claims hold of gpufrac's devices. Another
+// driver's device whose pool and name match one of gpufrac's (NVIDIA's DRA
+// driver also names its pools after the node and its devices gpu-<n>), and
+// an admin-access result (which holds nothing), name no GPU.
+func TestGPUsOfCountsOnlyGpufracDevicesHeld(t *testing.T) {
+	_, s1 := draNodeGPUs(t, "n1", 3)
+	s := &Scheduler{draNow: &draCycle{devs: dra.IndexDevices(s1)}}
+	for _, key := range []dra.DeviceKey{{Pool: "n1", Device: "gpu-0"}, {Pool: "n1", Device: "gpu-1-shares"}, {Pool: "n1", Device: "gpu-2-memory"}} {
+		if _, ok := s.draNow.devs[key]; !ok {
+			t.Fatalf("gpufrac publishes no device %v: the test needs it", key)
+		}
+	}
+	res := []resourceapi.AllocationResult{{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "other", Driver: "gpu.nvidia.com", Pool: "n1", Device: "gpu-0"},
+		{Request: "gpu", Driver: api.DRADriver, Pool: "n1", Device: "gpu-1-shares"},
+		{Request: "debug", Driver: api.DRADriver, Pool: "n1", Device: "gpu-2-memory", AdminAccess: ptr.To(true)},
+	}}}}
+	if got, want := s.gpusOf(res), []string{"GPU-n1-1"}; !slices.Equal(got, want) {
+		t.Errorf("gpusOf = %v, want %v (gpufrac's devices held, not another driver's of the same name nor an admin-access one)", got, want)
 	}
 }

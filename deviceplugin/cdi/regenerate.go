@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -204,8 +205,14 @@ func (r *Regenerator) runStep(ctx context.Context, argv []string) (string, error
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var out tailBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	// A killed step's children may hold the output pipes open: stop
-	// waiting for them shortly after.
+	// The step runs in its own process group, killed whole at the timeout:
+	// a child it started would otherwise live on, hold the output pipes
+	// (the run waiting WaitDelay for them) and may write after the retry
+	// started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A child that left the group may still hold the pipes: stop waiting
+	// for them shortly after.
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
 	if ctx.Err() == context.DeadlineExceeded {

@@ -153,3 +153,25 @@ func TestTailBuffer(t *testing.T) {
 		t.Errorf("tail of %d bytes, ends %q", len(s), s[len(s)-8:])
 	}
 }
+
+// TestRegeneratorTimeoutKillsTheStepsChildren: a step killed at its timeout
+// takes the processes it started with it (its process group): none is left
+// to hold the output pipes (the run would wait for them) or to write later
+// (a half-run nvidia-ctk's helper writing a spec after the retry started).
+func TestRegeneratorTimeoutKillsTheStepsChildren(t *testing.T) {
+	late := filepath.Join(t.TempDir(), "late")
+	r, _, results := startRegenerator(t, [][]string{{"/bin/sh", "-c", "(sleep 1; touch " + late + ") & sleep 30"}}, 100*time.Millisecond)
+	start := time.Now()
+	r.Trigger("MIG layout changed")
+	got := next(t, results)
+	if got.err == nil || !strings.Contains(got.err.Error(), "timed out after 100ms") {
+		t.Errorf("run %+v, want a timeout", got)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the timed-out step took %s: the run waited for a child holding its output", d)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := os.Stat(late); err == nil {
+		t.Error("a child of the timed-out step lived on and wrote after it")
+	}
+}
