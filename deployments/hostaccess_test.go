@@ -101,9 +101,9 @@ func TestChartHostAccessPerMode(t *testing.T) {
 	}
 	const (
 		operatorGenerate  = "/usr/local/nvidia/toolkit/nvidia-ctk.real cdi generate --device-name-strategy=uuid --driver-root=/driver-root --nvidia-ctk-path=/usr/local/nvidia/toolkit/nvidia-ctk --output=/run/gpufrac-cdi/nvidia.yaml"
-		operatorTransform = "/usr/local/nvidia/toolkit/nvidia-ctk.real cdi transform root --from=/driver-root --to=/run/nvidia/driver --input=/run/gpufrac-cdi/nvidia.yaml --output=/var/run/cdi/nvidia.yaml"
+		operatorTransform = "/usr/local/nvidia/toolkit/nvidia-ctk.real cdi transform root --from=/driver-root --to=/run/nvidia/driver --input=/run/gpufrac-cdi/nvidia.yaml --output=/run/gpufrac-cdi/staged.yaml"
 		hostGenerate      = "/usr/bin/nvidia-ctk cdi generate --device-name-strategy=uuid --driver-root=/driver-root --nvidia-ctk-path=/usr/bin/nvidia-ctk --output=/run/gpufrac-cdi/nvidia.yaml --dev-root=/driver-root"
-		hostTransform     = "/usr/bin/nvidia-ctk cdi transform root --from=/driver-root --to=/ --input=/run/gpufrac-cdi/nvidia.yaml --output=/etc/cdi/nvidia.yaml"
+		hostTransform     = "/usr/bin/nvidia-ctk cdi transform root --from=/driver-root --to=/ --input=/run/gpufrac-cdi/nvidia.yaml --output=/run/gpufrac-cdi/staged.yaml"
 	)
 	draFlags := []string{"kubelet-registry-dir", "dra-plugin-dir", "cdi-dir"}
 	cases := []struct {
@@ -113,6 +113,7 @@ func TestChartHostAccessPerMode(t *testing.T) {
 		dra     bool
 		regen   []string // --cdi-regenerate-command steps
 		timeout string
+		output  string // --cdi-regenerate-output
 	}{
 		{name: "default: cdi, DRA on", dra: true,
 			mounts: slices.Concat(base, []mount{
@@ -138,7 +139,7 @@ func TestChartHostAccessPerMode(t *testing.T) {
 				same("cdi-0", "/etc/cdi", true),
 				same("cdi-1", "/var/run/cdi", false), // nvidia-ctk writes nvidia.yaml
 			}, regen("/usr/local/nvidia/toolkit/nvidia-ctk.real", "/run/nvidia/driver", "Enabled")),
-			regen: []string{operatorGenerate, operatorTransform}, timeout: "2m"},
+			regen: []string{operatorGenerate, operatorTransform}, timeout: "2m", output: "/var/run/cdi/nvidia.yaml"},
 		{name: "cdi, DRA on, regeneration of a package install into /etc/cdi", dra: true, set: []string{
 			"node.cdiRegeneration.enabled=true", "node.cdiRegeneration.toolkit=host", "node.cdiRegeneration.output=/etc/cdi/nvidia.yaml",
 			"node.cdiRegeneration.driverRootRecursiveReadOnly=IfPossible", "node.cdiRegeneration.extraArgs={--dev-root=/driver-root}",
@@ -147,7 +148,7 @@ func TestChartHostAccessPerMode(t *testing.T) {
 				same("cdi-0", "/etc/cdi", false), // nvidia-ctk writes nvidia.yaml
 				same("cdi-1", "/var/run/cdi", false),
 			}, regen("/usr/bin/nvidia-ctk", "/", "IfPossible"), draDirs),
-			regen: []string{hostGenerate, hostTransform}, timeout: "5m"},
+			regen: []string{hostGenerate, hostTransform}, timeout: "5m", output: "/etc/cdi/nvidia.yaml"},
 	}
 	for _, h := range helms {
 		helm := helmPath(t, h)
@@ -185,6 +186,13 @@ func TestChartHostAccessPerMode(t *testing.T) {
 				}
 				if v, _ := cluster.Flag(node.Args, "cdi-regenerate-timeout"); v != tc.timeout {
 					t.Errorf("--cdi-regenerate-timeout=%q, want %q", v, tc.timeout)
+				}
+				// The steps write a staged spec; gpufrac-node installs it
+				// where the runtime reads only once it is valid.
+				staged, _ := cluster.Flag(node.Args, "cdi-regenerate-staged")
+				output, _ := cluster.Flag(node.Args, "cdi-regenerate-output")
+				if wantStaged := map[bool]string{true: "/run/gpufrac-cdi/staged.yaml"}[len(tc.regen) > 0]; staged != wantStaged || output != tc.output {
+					t.Errorf("--cdi-regenerate-staged=%q --cdi-regenerate-output=%q, want %q and %q", staged, output, wantStaged, tc.output)
 				}
 				coord, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
 				if err != nil {

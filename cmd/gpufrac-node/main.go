@@ -64,6 +64,8 @@ func main() {
 		return cdi.ParseSteps(o.regenSteps)
 	})
 	flag.DurationVar(&o.regenTimeout, "cdi-regenerate-timeout", cdi.DefaultRegenerateTimeout, "with --cdi-regenerate-command: how long each step may run before it is killed (and retried with backoff)")
+	flag.StringVar(&o.regenStaged, "cdi-regenerate-staged", "", "with --cdi-regenerate-command and --cdi-regenerate-output: where the steps write the new spec (a path only gpufrac-node and the steps use); gpufrac-node installs it at --cdi-regenerate-output only once the CDI library reads it as a valid nvidia.com/gpu spec with devices. Unset: the steps write the spec where the runtime reads it themselves")
+	flag.StringVar(&o.regenOutput, "cdi-regenerate-output", "", "with --cdi-regenerate-staged: the spec file the container runtime reads (in a CDI spec directory), replaced atomically by a valid staged spec")
 	flag.BoolVar(&o.standaloneOK, "allow-standalone", true, "run without API access when no kubeconfig and no in-cluster config exist")
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	draOn := flag.Bool("dra", true, "serve nodes whose config says mode dra as the DRA driver "+api.DRADriver+"; false refuses such a config (the node fails closed or keeps its last good config), for a pod without the kubelet's plugin directories or RBAC on resource.k8s.io")
@@ -105,6 +107,8 @@ type options struct {
 	cdiSpecDirs  string
 	regenSteps   [][]string
 	regenTimeout time.Duration
+	regenStaged  string
+	regenOutput  string
 	standaloneOK bool
 }
 
@@ -128,7 +132,9 @@ func run(o options) error {
 		if o.regenTimeout <= 0 {
 			return fmt.Errorf("--cdi-regenerate-timeout=%s: want a positive duration", o.regenTimeout)
 		}
-		cfg.CDIRegenerate = &agent.CDIRegenerateConfig{Steps: o.regenSteps, Timeout: o.regenTimeout}
+		cfg.CDIRegenerate = &agent.CDIRegenerateConfig{Steps: o.regenSteps, Timeout: o.regenTimeout, Staged: o.regenStaged, Output: o.regenOutput}
+	} else if o.regenStaged != "" || o.regenOutput != "" {
+		return errors.New("--cdi-regenerate-staged and --cdi-regenerate-output need --cdi-regenerate-command")
 	}
 	if o.ignoredXids != "" {
 		for _, s := range strings.Split(o.ignoredXids, ",") {

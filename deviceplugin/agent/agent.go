@@ -89,6 +89,11 @@ type CDIRegenerateConfig struct {
 	Timeout time.Duration
 	// Backoff spaces retries of a failed run (zero: cdi.DefaultRegenerateBackoff).
 	Backoff wait.Backoff
+	// Staged and Output: the steps write the spec to Staged and the agent
+	// installs it at Output only once it is a valid spec with devices
+	// (cdi.RegenerateOptions); both empty: the steps write the spec
+	// themselves.
+	Staged, Output string
 }
 
 // DefaultNodeResyncInterval is how often failed writes of the Node's
@@ -461,7 +466,7 @@ func (a *Agent) startCDIRegeneration(parts *components) error {
 		return nil
 	}
 	r, err := cdi.NewRegenerator(cdi.RegenerateOptions{
-		Steps: rc.Steps, Timeout: rc.Timeout, Backoff: rc.Backoff, Registerer: a.reg,
+		Steps: rc.Steps, Timeout: rc.Timeout, Backoff: rc.Backoff, Registerer: a.reg, Staged: rc.Staged, Output: rc.Output,
 		OnResult: func(why string, err error) {
 			if err != nil {
 				a.nodeEvent(corev1.EventTypeWarning, "CDISpecRegenerationFailed", actionRegenerateCDI,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
 // DefaultRegenerateTimeout bounds one step of the regeneration command.
@@ -49,6 +51,15 @@ type RegenerateOptions struct {
 	OnResult func(why string, err error)
 	// Registerer receives gpufrac_cdi_regenerations_total (nil: not exported).
 	Registerer prometheus.Registerer
+	// Staged and Output, when set, make the steps write their spec to
+	// Staged, a path only gpufrac-node and the steps use, and gpufrac-node
+	// install it at Output (in a directory the container runtime reads)
+	// only once it is a valid CDI spec of Kind with at least one device:
+	// written to a temporary name beside Output, then renamed over it, so
+	// that the runtime and the Checker never see a half-written or broken
+	// spec, and a step that exits 0 with a bad spec fails the run (and is
+	// retried) instead of un-resolving every device of the node.
+	Staged, Output string
 }
 
 // ParseSteps checks an admin's regeneration steps: each non-empty, its
@@ -89,6 +100,17 @@ type Regenerator struct {
 func NewRegenerator(o RegenerateOptions) (*Regenerator, error) {
 	if err := ParseSteps(o.Steps); err != nil {
 		return nil, fmt.Errorf("CDI spec regeneration command: %w", err)
+	}
+	if (o.Staged == "") != (o.Output == "") {
+		return nil, errors.New("CDI spec regeneration: the staged spec and the output are set together")
+	}
+	for _, p := range []string{o.Staged, o.Output} {
+		if p != "" && !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("CDI spec regeneration: %q is not an absolute path", p)
+		}
+	}
+	if o.Output != "" && !slices.Contains([]string{".yaml", ".json"}, filepath.Ext(o.Output)) {
+		return nil, fmt.Errorf("CDI spec regeneration: output %q: a CDI spec file ends in .yaml or .json", o.Output)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultRegenerateTimeout
@@ -193,8 +215,61 @@ func (r *Regenerator) runOnce(ctx context.Context, logger klog.Logger, why strin
 			return fmt.Errorf("step %d (%s): %w", i+1, filepath.Base(argv[0]), err)
 		}
 	}
+	if r.opts.Output != "" {
+		n, err := installSpec(r.opts.Staged, r.opts.Output)
+		if err != nil {
+			return err
+		}
+		logger.Info("Installed the regenerated CDI spec", "path", r.opts.Output, "devices", n)
+	}
 	logger.Info("Regenerated the CDI spec", "why", why, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// installSpec checks that staged is a valid CDI spec of Kind (the CDI
+// library's own parsing and validation) with at least one device, and
+// puts it at output atomically: written to a temporary file beside output
+// (a name the runtime does not read as a spec), synced, renamed over it.
+// A failure leaves output as it was. It returns the spec's device count.
+func installSpec(staged, output string) (int, error) {
+	spec, err := cdiapi.ReadSpec(staged, 0)
+	if err != nil {
+		return 0, fmt.Errorf("the regenerated CDI spec %s is not valid, %s left as it was: %w", staged, output, err)
+	}
+	if kind := spec.GetVendor() + "/" + spec.GetClass(); kind != Kind {
+		return 0, fmt.Errorf("the regenerated CDI spec %s is of kind %q, not %q; %s left as it was", staged, kind, Kind, output)
+	}
+	if len(spec.Devices) == 0 {
+		return 0, fmt.Errorf("the regenerated CDI spec %s names no device; %s left as it was", staged, output)
+	}
+	data, err := os.ReadFile(staged)
+	if err != nil {
+		return 0, fmt.Errorf("reading the regenerated CDI spec: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(output), "."+filepath.Base(output)+".*.tmp")
+	if err != nil {
+		return 0, fmt.Errorf("installing the regenerated CDI spec: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // after the rename: nothing
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return 0, fmt.Errorf("installing the regenerated CDI spec: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return 0, fmt.Errorf("installing the regenerated CDI spec: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return 0, fmt.Errorf("installing the regenerated CDI spec: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return 0, fmt.Errorf("installing the regenerated CDI spec: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), output); err != nil {
+		return 0, fmt.Errorf("installing the regenerated CDI spec at %s: %w", output, err)
+	}
+	return len(spec.Devices), nil
 }
 
 // runStep runs one step under the timeout, returning the end of its

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -173,5 +174,87 @@ func TestRegeneratorTimeoutKillsTheStepsChildren(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	if _, err := os.Stat(late); err == nil {
 		t.Error("a child of the timed-out step lived on and wrote after it")
+	}
+}
+
+// TestRegeneratorInstallsOnlyAValidSpec: with a staged path, a run that
+// wrote a spec the CDI library refuses, of another kind, or with no device
+// fails (and is retried), and the installed spec stays as it was; a valid
+// one replaces it whole.
+func TestRegeneratorInstallsOnlyAValidSpec(t *testing.T) {
+	const good = "cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-new\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n"
+	const old = "cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-old\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n"
+	for _, tc := range []struct {
+		name   string
+		staged string // "" writes nothing
+		err    string
+		want   string // the installed spec after the run
+	}{
+		{name: "valid", staged: good, want: good},
+		{name: "not YAML", staged: "{{{", err: "is not valid", want: old},
+		{name: "invalid CDI (no cdiVersion)", staged: "kind: nvidia.com/gpu\ndevices:\n- name: GPU-new\n", err: "is not valid", want: old},
+		{name: "another kind", staged: strings.Replace(good, "nvidia.com/gpu", "example.com/net", 1), err: `of kind "example.com/net"`, want: old},
+		{name: "no device", staged: "cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices: []\ncontainerEdits:\n  deviceNodes:\n  - path: /dev/nvidiactl\n", err: "", want: old},
+		{name: "nothing written", err: "is not valid", want: old},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			staged, output := filepath.Join(dir, "stage", "staged.yaml"), filepath.Join(dir, "cdi", "nvidia.yaml")
+			for _, d := range []string{filepath.Dir(staged), filepath.Dir(output)} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(output, []byte(old), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// The step: write the staged spec (the shell's printf, not a
+			// library call: what nvidia-ctk would leave).
+			step := []string{"/bin/true"}
+			if tc.staged != "" {
+				script := filepath.Join(dir, "step.sh")
+				if err := os.WriteFile(staged+".src", []byte(tc.staged), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(script, []byte("#!/bin/sh\ncp '"+staged+".src' '"+staged+"'\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				step = []string{script}
+			}
+			r, err := NewRegenerator(RegenerateOptions{Steps: [][]string{step}, Staged: staged, Output: output})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, ctx := ktesting.NewTestContext(t)
+			err = r.runOnce(ctx, klog.FromContext(ctx), "test")
+			wantErr := tc.want == old
+			if wantErr != (err != nil) || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("run: %v, want an error %v (%q)", err, wantErr, tc.err)
+			}
+			got, rerr := os.ReadFile(output)
+			if rerr != nil || string(got) != tc.want {
+				t.Errorf("installed spec after the run (%v):\n%s\nwant:\n%s", rerr, got, tc.want)
+			}
+			// No temporary file is left beside the spec.
+			if entries, _ := os.ReadDir(filepath.Dir(output)); len(entries) != 1 {
+				var names []string
+				for _, e := range entries {
+					names = append(names, e.Name())
+				}
+				t.Errorf("spec dir holds %q, want only nvidia.yaml", names)
+			}
+		})
+	}
+	// Staged and output come together, absolute, the output a spec file.
+	for _, o := range []RegenerateOptions{
+		{Staged: "/run/gpufrac-cdi/staged.yaml"},
+		{Output: "/var/run/cdi/nvidia.yaml"},
+		{Staged: "staged.yaml", Output: "/var/run/cdi/nvidia.yaml"},
+		{Staged: "/run/gpufrac-cdi/staged.yaml", Output: "/var/run/cdi/nvidia.txt"},
+	} {
+		o.Steps = [][]string{{"/bin/true"}}
+		if _, err := NewRegenerator(o); err == nil {
+			t.Errorf("NewRegenerator(staged %q, output %q) = nil, want an error", o.Staged, o.Output)
+		}
 	}
 }
