@@ -226,7 +226,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	var dirLock *os.File
 	if opts.Dir == "" {
 		if dirLock, err = lockClusterDir(dir); err != nil {
-			return nil, err
+			return nil, errors.Join(err, os.RemoveAll(dir))
 		}
 	}
 	for _, sub := range []string{"logs", "home"} {
