@@ -88,6 +88,16 @@ func TestChartUpgradesCRDsWithAHook(t *testing.T) {
 				if !slices.Contains(policy, "hook-succeeded") || !slices.Contains(policy, "before-hook-creation") {
 					t.Errorf("%s %s: hook-delete-policy %v, want before-hook-creation,hook-succeeded", o.GetKind(), o.GetName(), policy)
 				}
+				// A failed Job stays for its logs (and Helm prints them);
+				// its ServiceAccount, RBAC and ConfigMap go with the failure
+				// (Argo CD deletes only hook-failed ones), so that the patch
+				// right on the CRD does not outlive the hook.
+				if job := o.GetKind() == "Job"; job == slices.Contains(policy, "hook-failed") {
+					t.Errorf("%s %s: hook-delete-policy %v: want hook-failed on all but the Job", o.GetKind(), o.GetName(), policy)
+				}
+				if got, want := a["helm.sh/hook-output-log-policy"], map[bool]string{true: "hook-failed"}[o.GetKind() == "Job"]; got != want {
+					t.Errorf("%s %s: hook-output-log-policy %q, want %q", o.GetKind(), o.GetName(), got, want)
+				}
 				// Helm creates hooks by weight: the Job last.
 				if w := a["helm.sh/hook-weight"]; (o.GetKind() == "Job") != (w == "-5") || w == "" {
 					t.Errorf("%s %s: hook weight %q", o.GetKind(), o.GetName(), w)
@@ -143,6 +153,11 @@ func TestChartUpgradesCRDsWithAHook(t *testing.T) {
 			if spec["serviceAccountName"] != crdUpgrade {
 				t.Errorf("Job runs as %v", spec["serviceAccountName"])
 			}
+			// Never: with OnFailure the Job controller kills the pod, and
+			// its logs, once backoffLimit is reached.
+			if spec["restartPolicy"] != "Never" {
+				t.Errorf("Job restartPolicy %v, want Never (a failed try keeps its pod and logs)", spec["restartPolicy"])
+			}
 			coord, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
 			if err != nil {
 				t.Fatal(err)
@@ -167,6 +182,44 @@ func TestChartUpgradesCRDsWithAHook(t *testing.T) {
 			sc, _, _ := unstructured.NestedMap(c, "securityContext")
 			if sc["readOnlyRootFilesystem"] != true || sc["allowPrivilegeEscalation"] != false || sc["runAsNonRoot"] != true {
 				t.Errorf("Job container securityContext %v", sc)
+			}
+
+			// The admin's image, registry, pull secrets, placement and
+			// security contexts reach the hook's pod as the coordinator's.
+			custom, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: []string{
+				"global.imageRegistry=registry.example.com",
+				"coordinator.image.digest=sha256:" + strings.Repeat("a", 64),
+				"imagePullSecrets[0].name=pull",
+				"coordinator.nodeSelector.pool=system",
+				"coordinator.tolerations[0].key=system",
+				"coordinator.tolerations[0].operator=Exists",
+				"coordinator.podSecurityContext.fsGroup=65532",
+				"coordinator.podSecurityContext.runAsUser=1000",
+				"coordinator.securityContext.capabilities.drop[0]=ALL",
+				"coordinator.securityContext.runAsUser=1001",
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			podSpec := func(kind, name string) map[string]any {
+				o := custom.Find(kind, name)
+				if o == nil {
+					t.Fatalf("no %s %s", kind, name)
+				}
+				spec, _, _ := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+				c := spec["containers"].([]any)[0].(map[string]any)
+				return map[string]any{
+					"image": c["image"], "imagePullPolicy": c["imagePullPolicy"], "securityContext": c["securityContext"],
+					"podSecurityContext": spec["securityContext"], "imagePullSecrets": spec["imagePullSecrets"],
+					"nodeSelector": spec["nodeSelector"], "tolerations": spec["tolerations"],
+				}
+			}
+			coordPod, hookPod := podSpec("Deployment", "gpufrac-coordinator"), podSpec("Job", crdUpgrade)
+			if !strings.HasPrefix(fmt.Sprint(hookPod["image"]), "registry.example.com/") || !strings.Contains(fmt.Sprint(hookPod["image"]), "@sha256:") {
+				t.Errorf("hook image %v: want global.imageRegistry and the digest", hookPod["image"])
+			}
+			if diff := cmp.Diff(coordPod, hookPod); diff != "" {
+				t.Errorf("the hook's pod differs from the coordinator's (-coordinator +hook):\n%s", diff)
 			}
 
 			// Off: no hook at all.
