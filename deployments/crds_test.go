@@ -88,6 +88,16 @@ func TestChartUpgradesCRDsWithAHook(t *testing.T) {
 				if !slices.Contains(policy, "hook-succeeded") || !slices.Contains(policy, "before-hook-creation") {
 					t.Errorf("%s %s: hook-delete-policy %v, want before-hook-creation,hook-succeeded", o.GetKind(), o.GetName(), policy)
 				}
+				// A failed Job stays for its logs (and Helm prints them);
+				// its ServiceAccount, RBAC and ConfigMap go with the failure
+				// (Argo CD deletes only hook-failed ones), so that the patch
+				// right on the CRD does not outlive the hook.
+				if job := o.GetKind() == "Job"; job == slices.Contains(policy, "hook-failed") {
+					t.Errorf("%s %s: hook-delete-policy %v: want hook-failed on all but the Job", o.GetKind(), o.GetName(), policy)
+				}
+				if got, want := a["helm.sh/hook-output-log-policy"], map[bool]string{true: "hook-failed"}[o.GetKind() == "Job"]; got != want {
+					t.Errorf("%s %s: hook-output-log-policy %q, want %q", o.GetKind(), o.GetName(), got, want)
+				}
 				// Helm creates hooks by weight: the Job last.
 				if w := a["helm.sh/hook-weight"]; (o.GetKind() == "Job") != (w == "-5") || w == "" {
 					t.Errorf("%s %s: hook weight %q", o.GetKind(), o.GetName(), w)
@@ -143,6 +153,11 @@ func TestChartUpgradesCRDsWithAHook(t *testing.T) {
 			if spec["serviceAccountName"] != crdUpgrade {
 				t.Errorf("Job runs as %v", spec["serviceAccountName"])
 			}
+			// Never: with OnFailure the Job controller kills the pod, and
+			// its logs, once backoffLimit is reached.
+			if spec["restartPolicy"] != "Never" {
+				t.Errorf("Job restartPolicy %v, want Never (a failed try keeps its pod and logs)", spec["restartPolicy"])
+			}
 			coord, err := objs.WorkloadContainer("Deployment", "gpufrac-coordinator")
 			if err != nil {
 				t.Fatal(err)
@@ -167,6 +182,44 @@ func TestChartUpgradesCRDsWithAHook(t *testing.T) {
 			sc, _, _ := unstructured.NestedMap(c, "securityContext")
 			if sc["readOnlyRootFilesystem"] != true || sc["allowPrivilegeEscalation"] != false || sc["runAsNonRoot"] != true {
 				t.Errorf("Job container securityContext %v", sc)
+			}
+
+			// The admin's image, registry, pull secrets, placement and
+			// security contexts reach the hook's pod as the coordinator's.
+			custom, err := cluster.RenderChart(t.Context(), cluster.ChartOptions{Helm: helm, Set: []string{
+				"global.imageRegistry=registry.example.com",
+				"coordinator.image.digest=sha256:" + strings.Repeat("a", 64),
+				"imagePullSecrets[0].name=pull",
+				"coordinator.nodeSelector.pool=system",
+				"coordinator.tolerations[0].key=system",
+				"coordinator.tolerations[0].operator=Exists",
+				"coordinator.podSecurityContext.fsGroup=65532",
+				"coordinator.podSecurityContext.runAsUser=1000",
+				"coordinator.securityContext.capabilities.drop[0]=ALL",
+				"coordinator.securityContext.runAsUser=1001",
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			podSpec := func(kind, name string) map[string]any {
+				o := custom.Find(kind, name)
+				if o == nil {
+					t.Fatalf("no %s %s", kind, name)
+				}
+				spec, _, _ := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+				c := spec["containers"].([]any)[0].(map[string]any)
+				return map[string]any{
+					"image": c["image"], "imagePullPolicy": c["imagePullPolicy"], "securityContext": c["securityContext"],
+					"podSecurityContext": spec["securityContext"], "imagePullSecrets": spec["imagePullSecrets"],
+					"nodeSelector": spec["nodeSelector"], "tolerations": spec["tolerations"],
+				}
+			}
+			coordPod, hookPod := podSpec("Deployment", "gpufrac-coordinator"), podSpec("Job", crdUpgrade)
+			if !strings.HasPrefix(fmt.Sprint(hookPod["image"]), "registry.example.com/") || !strings.Contains(fmt.Sprint(hookPod["image"]), "@sha256:") {
+				t.Errorf("hook image %v: want global.imageRegistry and the digest", hookPod["image"])
+			}
+			if diff := cmp.Diff(coordPod, hookPod); diff != "" {
+				t.Errorf("the hook's pod differs from the coordinator's (-coordinator +hook):\n%s", diff)
 			}
 
 			// Off: no hook at all.
@@ -364,6 +417,52 @@ func checkCRDUpgradeRBAC(ctx context.Context, c *cluster.Cluster, pod *corev1.Po
 
 func ignoreObj[T any](_ T, err error) error { return err }
 
+// hookResources are the kinds of the CRD upgrade hook's objects.
+var hookResources = []struct {
+	res        schema.GroupVersionResource
+	namespaced bool
+}{
+	{batchv1.SchemeGroupVersion.WithResource("jobs"), true},
+	{corev1.SchemeGroupVersion.WithResource("configmaps"), true},
+	{corev1.SchemeGroupVersion.WithResource("serviceaccounts"), true},
+	{rbacv1.SchemeGroupVersion.WithResource("clusterroles"), false},
+	{rbacv1.SchemeGroupVersion.WithResource("clusterrolebindings"), false},
+}
+
+// failCRDUpgradeHook plays a kubelet whose hook pods all fail (exit code 1)
+// until helm returns (helmDone); it returns how many pods it failed.
+func failCRDUpgradeHook(ctx context.Context, c *cluster.Cluster, helmDone <-chan struct{}) (int, error) {
+	ns := cluster.ChartNamespace
+	failed := map[string]bool{}
+	for {
+		select {
+		case <-helmDone:
+			return len(failed), nil
+		case <-ctx.Done():
+			return len(failed), ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + crdUpgrade})
+		if err != nil {
+			continue
+		}
+		for _, p := range pods.Items {
+			if failed[p.Name] || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+				continue
+			}
+			now := metav1.Now()
+			p.Status.Phase = corev1.PodFailed
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{
+				Name: p.Spec.Containers[0].Name, Image: p.Spec.Containers[0].Image,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", StartedAt: now, FinishedAt: now}},
+			}}
+			if _, err := c.Client.CoreV1().Pods(ns).UpdateStatus(ctx, &p, metav1.UpdateOptions{}); err == nil {
+				failed[p.Name] = true
+			}
+		}
+	}
+}
+
 // TestChartUpgradesCRDsOnTestBed (issue 29) runs the CRD upgrade with real
 // Helm on the test bed, Helm 3 and Helm 4 in turn: an earlier release (the
 // chart with a Queue CRD without spec.priority, no hook) is installed and a
@@ -371,7 +470,10 @@ func ignoreObj[T any](_ T, err error) error { return err }
 // container, gpufrac-coordinator --apply-crds, as the hook's
 // ServiceAccount); the CRD then serves spec.priority, the Queue is the same
 // object, Helm's create is no longer an owner of the CRD's fields, and the
-// hook's objects are gone. `helm uninstall` leaves the CRD and the Queue.
+// hook's objects are gone. A second `helm upgrade` whose hook pods all fail
+// fails, naming the hook; its ServiceAccount, RBAC and ConfigMap are deleted
+// and its Job and failed pods stay for their logs. `helm uninstall` leaves
+// the CRD and the Queue.
 func TestChartUpgradesCRDsOnTestBed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the local cluster (make tools)")
@@ -517,16 +619,7 @@ func TestChartUpgradesCRDsOnTestBed(t *testing.T) {
 				t.Errorf("spec.priority is not kept after the upgrade: %v", err)
 			}
 			// The hook's objects are gone (hook-succeeded).
-			for _, r := range []struct {
-				res        schema.GroupVersionResource
-				namespaced bool
-			}{
-				{batchv1.SchemeGroupVersion.WithResource("jobs"), true},
-				{corev1.SchemeGroupVersion.WithResource("configmaps"), true},
-				{corev1.SchemeGroupVersion.WithResource("serviceaccounts"), true},
-				{rbacv1.SchemeGroupVersion.WithResource("clusterroles"), false},
-				{rbacv1.SchemeGroupVersion.WithResource("clusterrolebindings"), false},
-			} {
+			for _, r := range hookResources {
 				var ri dynamic.ResourceInterface = c.Dynamic.Resource(r.res)
 				if r.namespaced {
 					ri = c.Dynamic.Resource(r.res).Namespace(ns)
@@ -537,6 +630,52 @@ func TestChartUpgradesCRDsOnTestBed(t *testing.T) {
 				}); err != nil {
 					t.Errorf("the hook's %s %s is still there", r.res.Resource, crdUpgrade)
 				}
+			}
+
+			// A failing hook: every try's pod fails. helm upgrade fails; the
+			// hook's ServiceAccount, RBAC and ConfigMap are deleted (no patch
+			// right on the CRD outlives it); the Job and its failed pods stay.
+			helmDone = make(chan struct{})
+			var failedOut string
+			go func() {
+				defer close(helmDone)
+				failedOut, upgradeErr = helmOn(ctx, c, helm, "upgrade", cluster.ChartRelease, chart, "--namespace", ns, "--timeout", "3m")
+			}()
+			failed, hookErr := failCRDUpgradeHook(ctx, c, helmDone)
+			<-helmDone
+			if hookErr != nil || failed == 0 {
+				t.Fatalf("failing the hook's pods: %d failed, %v", failed, hookErr)
+			}
+			t.Logf("%s upgrade with a failing hook (%d pods failed): %v\n%s", h, failed, upgradeErr, failedOut)
+			if upgradeErr == nil || !strings.Contains(upgradeErr.Error(), crdUpgrade) {
+				t.Errorf("helm upgrade with a failing hook: %v, want an error naming %s", upgradeErr, crdUpgrade)
+			}
+			for _, r := range hookResources {
+				var ri dynamic.ResourceInterface = c.Dynamic.Resource(r.res)
+				if r.namespaced {
+					ri = c.Dynamic.Resource(r.res).Namespace(ns)
+				}
+				err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+					_, err := ri.Get(ctx, crdUpgrade, metav1.GetOptions{})
+					return apierrors.IsNotFound(err) != (r.res.Resource == "jobs"), nil
+				})
+				if r.res.Resource == "jobs" && err != nil {
+					t.Errorf("the failed hook's Job is gone: its pods' logs with it")
+				} else if err != nil {
+					t.Errorf("the failed hook's %s %s is still there", r.res.Resource, crdUpgrade)
+				}
+			}
+			pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + crdUpgrade})
+			if err != nil || len(pods.Items) != failed {
+				t.Errorf("%d of the failed hook's %d pods stay (%v): want all, for their logs", len(pods.Items), failed, err)
+			}
+			// The next test's hook pod must be the only one.
+			bg := metav1.DeletePropagationBackground
+			if err := c.Client.BatchV1().Jobs(ns).Delete(ctx, crdUpgrade, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + crdUpgrade}); err != nil {
+				t.Fatal(err)
 			}
 
 			// Uninstall keeps the CRD and the Queue.
