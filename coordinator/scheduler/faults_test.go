@@ -390,9 +390,9 @@ func TestGangBindErrorsAreForgotten(t *testing.T) {
 		_ = c.pods.Delete(p)
 	}
 	c.cycle()
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if n := len(c.s.gangErr); n != 0 {
+	c.s.bindFailed.mu.Lock()
+	defer c.s.bindFailed.mu.Unlock()
+	if n := len(c.s.bindFailed.gangErr); n != 0 {
 		t.Errorf("%d gang binding errors remembered after their gangs are gone, want 0", n)
 	}
 }

@@ -78,13 +78,10 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 	// A binding error matters only to explain the rollback of a gang bound
 	// in part; kept for gangs none of whose members was bound (or whose
 	// pods are gone), the errors grew with every gang name ever seen.
-	s.mu.Lock()
-	for key := range s.gangErr {
-		if c := census[key]; c == nil || !c.partial() {
-			delete(s.gangErr, key)
-		}
-	}
-	s.mu.Unlock()
+	s.bindFailed.keepGangErrors(func(key string) bool {
+		c := census[key]
+		return c != nil && c.partial()
+	})
 	for uid := range s.gangEvicted {
 		if !censusHolds(census, uid) {
 			delete(s.gangEvicted, uid)
@@ -102,9 +99,7 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 		if c.inflight > 0 || now.Sub(since) < s.opts.GangBindTimeout {
 			continue // bindings in flight, or time left for the failed ones to be bound again
 		}
-		s.mu.Lock()
-		cause := s.gangErr[key]
-		s.mu.Unlock()
+		cause := s.bindFailed.gangCause(key)
 		if cause != "" {
 			cause = " (last failure: " + cause + ")"
 		}

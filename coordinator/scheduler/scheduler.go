@@ -247,11 +247,9 @@ type Scheduler struct {
 	// podGroupSaid: PodGroup (namespace/name) -> the PodGroupScheduled
 	// condition last written or queued for it (guarded by mu).
 	podGroupSaid map[string]string
-	// gangErr: gang (gangID) -> the last error binding one of its members (guarded by mu).
-	gangErr map[string]string
-	// bindBackoff: workload -> when it may be placed again after a failed
-	// binding, and the back-off after the next failure (guarded by mu).
-	bindBackoff map[string]bindRetry
+	// bindFailed: the back-offs of workloads whose binding failed and the
+	// gangs' last binding errors (its own lock, taken inside mu).
+	bindFailed *bindFailures
 	// said: pod -> the pending reason last written or queued for it (guarded by mu).
 	said map[types.UID]said
 	// reserveCreated: GPU -> when its reservation pod was created, until
@@ -390,11 +388,10 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangEvicted:     map[types.UID]bool{},
 		strandedEvicted: map[types.UID]bool{},
 		selfEvicted:     map[types.UID]bool{},
-		gangErr:         map[string]string{},
 		podGroupSaid:    map[string]string{},
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
-		bindBackoff:     map[string]bindRetry{},
+		bindFailed:      newBindFailures(),
 		stateCache:      state.NewCache(),
 		said:            map[types.UID]said{},
 		reserveCreated:  map[state.NodeGPU]time.Time{},
@@ -590,10 +587,7 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		} else {
 			delete(s.assumed, t.pod.UID)
 		}
-		if t.gang != "" {
-			s.gangErr[t.gang] = fmt.Sprintf("binding %s to %s: %v", t.pod.Name, t.node, err)
-		}
-		s.backOffLocked(t, err)
+		s.bindFailed.failed(t, err, s.clock.Now())
 		s.mu.Unlock()
 		if unknown && !held {
 			// Shown bound (kube-scheduler's cache confirmed it) or gone
