@@ -85,7 +85,7 @@ func (c *cycle) fitsOnlyDrifted(w *workload) (string, bool) {
 		return "", false
 	}
 	cp := snap.Checkpoint()
-	ds, err := c.s.place(snap, w, nil)
+	ds, err := c.s.place(c.dra, snap, w, nil)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
 		c.logger.Error(rbErr, "Rolling back the snapshot of drifted nodes")
 		c.driftSnap = nil

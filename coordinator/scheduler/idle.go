@@ -47,7 +47,7 @@ func (s *Scheduler) cycleIfChanged(ctx context.Context) {
 func (c *cycle) quiet() bool {
 	if c.res.Bound > 0 || len(c.res.Pending) > 0 || c.deferred > 0 || len(c.plans) > 0 || len(c.assumed) > 0 ||
 		len(c.existing) > 0 || len(c.held) > 0 || len(c.inputs.Settling) > 0 ||
-		len(c.inputs.Removing) > 0 || len(c.inputs.Creating) > 0 || c.s.draBusy != "" ||
+		len(c.inputs.Removing) > 0 || len(c.inputs.Creating) > 0 || c.dra.busyPod() != "" ||
 		len(c.snap.FailedReservations) > 0 || len(c.snap.RemovingShown) > 0 {
 		return false
 	}

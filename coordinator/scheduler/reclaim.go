@@ -44,6 +44,7 @@ const terminatingWait = 2 * time.Minute
 // on a few thousand running (BenchmarkCycleWithStarvedBacklog).
 type reclaimScope struct {
 	in  state.Inputs
+	dra *draCycle
 	now time.Time
 
 	indexed bool
@@ -85,8 +86,8 @@ type victimGroup struct {
 	pods []*corev1.Pod
 }
 
-func newReclaimScope(in state.Inputs, now time.Time) *reclaimScope {
-	return &reclaimScope{in: in, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
+func newReclaimScope(in state.Inputs, v *draCycle, now time.Time) *reclaimScope {
+	return &reclaimScope{in: in, dra: v, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
 }
 
 // index parses the running pods once: the UID index, the candidate groups,
@@ -112,7 +113,7 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 			}
 			continue
 		}
-		pi, ok, _ := s.parseAdmitted(p)
+		pi, ok, _ := s.parseAdmitted(sc.dra, p)
 		if !ok {
 			continue
 		}
@@ -160,7 +161,7 @@ func (sc *reclaimScope) holds(uid types.UID) *corev1.Pod { return sc.byUID[uid] 
 // as kube-scheduler's preemption checks a node without its victims: reclaim
 // never evicts for a pod that a check would still reject, and victims'
 // own anti-affinity does not keep them.
-func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks, gone []*corev1.Pod) bool {
+func (s *Scheduler) fits(v *draCycle, snap *state.Snapshot, w *workload, kc *kubeChecks, gone []*corev1.Pod) bool {
 	if snap == nil {
 		return false
 	}
@@ -170,7 +171,7 @@ func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks, gone
 		kc.without = gone
 		defer func() { kc.without = nil }()
 	}
-	_, err := s.place(snap, w, kc)
+	_, err := s.place(v, snap, w, kc)
 	kc.rollback(m)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
 		return false
@@ -265,7 +266,7 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	// reclaim could ever make for this queue (built once per cycle and
 	// queue), which is enough to turn most hopeless workloads away; then on
 	// the cluster without these victims.
-	if !s.fits(sc.roomyFor(w.queue), w, kc, sc.roomyGone(w.queue)) {
+	if !s.fits(sc.dra, sc.roomyFor(w.queue), w, kc, sc.roomyGone(w.queue)) {
 		return ""
 	}
 	evict, ok := s.victimsThatMakeRoom(w, b, sc, kc, asked.need, list, victims)
@@ -326,10 +327,10 @@ func (s *Scheduler) victimsThatMakeRoom(w *workload, b *books, sc *reclaimScope,
 			}
 		}
 		snap := sc.without(func(p *corev1.Pod) bool { return gone[p.UID] })
-		if s.fits(snap, w, kc, evict) {
+		if s.fits(sc.dra, snap, w, kc, evict) {
 			return evict, true
 		}
-		if kc == nil || step == reclaimEscalations || !s.fits(snap, w, nil, nil) {
+		if kc == nil || step == reclaimEscalations || !s.fits(sc.dra, snap, w, nil, nil) {
 			// Without kube-scheduler's checks it does not fit either: more
 			// victims than the GPUs need are not the answer.
 			return nil, false
@@ -407,7 +408,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 			return false
 		})
 	}
-	if !s.fits(sc.withoutGoing, w, kc, sc.goingPods) {
+	if !s.fits(sc.dra, sc.withoutGoing, w, kc, sc.goingPods) {
 		return 0
 	}
 	return sc.going

@@ -264,11 +264,9 @@ type Scheduler struct {
 
 	allocator *dra.Allocator         // allocates claims on nodes in mode dra
 	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
-	draNow    *draCycle              // this cycle's slices, classes and allocations (nil without DRA), used only by Cycle
-	draNodes  map[string]bool        // nodes in mode dra (state.Snapshot.DRANodes), set each cycle
-	// draBusy names a pod of another scheduler still being placed with
-	// claims ("" when none): nodes in mode dra are off limits this cycle.
-	draBusy string
+	// draNodes: nodes in mode dra (state.Snapshot.DRANodes) the last
+	// cycle saw; the next cycle's parses begin with them (parseInputs).
+	draNodes map[string]bool
 	// What cycles keep of each pod and node from one cycle to the next,
 	// used only by Cycle: the snapshot's reads (state.Cache) and the
 	// parses (pod object -> its parses; parseIn are the inputs they were
@@ -925,7 +923,7 @@ func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 // placePreferring places w on the preferred nodes (where its placeholders
 // landed) when it fits there whole, else anywhere: a preference, never a
 // requirement.
-func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer map[string]bool, kc *kubeChecks) ([]placement.Decision, error) {
+func (s *Scheduler) placePreferring(v *draCycle, snap *state.Snapshot, w *workload, prefer map[string]bool, kc *kubeChecks) ([]placement.Decision, error) {
 	if len(prefer) > 0 {
 		pinned := *w
 		pinned.pods = make([]podInfo, len(w.pods))
@@ -933,18 +931,18 @@ func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer ma
 			p.req = *withOnlyNodes(&p.req, prefer)
 			pinned.pods[i] = p
 		}
-		if ds, err := s.place(snap, &pinned, kc); err == nil {
+		if ds, err := s.place(v, snap, &pinned, kc); err == nil {
 			return ds, nil
 		}
 	}
-	return s.place(snap, w, kc)
+	return s.place(v, snap, w, kc)
 }
 
 // place puts every pending pod of w on snap, all or nothing. A gang stays in
 // one node pool: the pool of its members already bound, else the first pool
 // (by name) where it fits whole. With kc, each pod also passes
 // kube-scheduler's filter plugins, and is assumed into their snapshot.
-func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]placement.Decision, error) {
+func (s *Scheduler) place(v *draCycle, snap *state.Snapshot, w *workload, kc *kubeChecks) ([]placement.Decision, error) {
 	pools := []string{""}
 	if w.gang {
 		pools = w.candidatePools(snap)
@@ -953,7 +951,7 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]
 	for _, pool := range pools {
 		cp := snap.Checkpoint()
 		m := kc.mark()
-		ds, err := s.placeAll(snap, w, pool, kc)
+		ds, err := s.placeAll(v, snap, w, pool, kc)
 		if err == nil {
 			if err := snap.Commit(cp); err != nil {
 				return nil, err
@@ -972,7 +970,7 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]
 	return nil, lastErr
 }
 
-func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc *kubeChecks) ([]placement.Decision, error) {
+func (s *Scheduler) placeAll(v *draCycle, snap *state.Snapshot, w *workload, pool string, kc *kubeChecks) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
 		r := w.pods[i].req
@@ -986,7 +984,7 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc 
 		if pc != nil {
 			r.Filter = podFilter{ctx: kc.ctx, pc: pc}
 		}
-		d, err := s.placeOne(snap, &r)
+		d, err := s.placeOne(v, snap, &r)
 		if err != nil {
 			if w.gang {
 				return nil, fmt.Errorf("gang %s (%d pods) does not fit%s: pod %s: %w", w.key, len(w.pods), inPool(pool), w.pods[i].pod.Name, err)
@@ -1006,12 +1004,12 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc 
 
 // placeOne places r, keeping fractions off nodes whose GPUs have no known
 // UUIDs or are not in fraction mode.
-func (s *Scheduler) placeOne(snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
+func (s *Scheduler) placeOne(v *draCycle, snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
 	exclude := map[string]bool{}
 	if r.ShareMilli > 0 {
 		maps.Copy(exclude, snap.NoFraction)
 	}
-	if s.draBusy != "" && (r.GPUs > 0 || r.ShareMilli > 0) {
+	if v.busyPod() != "" && (r.GPUs > 0 || r.ShareMilli > 0) {
 		// GPU extended resources are served there through claims too.
 		maps.Copy(exclude, snap.DRANodes)
 	}
