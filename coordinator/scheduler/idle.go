@@ -59,7 +59,7 @@ func (c *cycle) quiet() bool {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.assumed) == 0 && len(s.reclaiming) == 0 && len(s.refused) == 0 && len(s.selfEvicted) == 0 &&
+	return len(s.assumed) == 0 && s.reclaims.empty() && len(s.selfEvicted) == 0 &&
 		len(s.preferred) == 0 && len(s.released) == 0 && len(s.nominatedClaims) == 0 &&
 		len(s.gangPartial) == 0 && len(s.gangEvicted) == 0 && len(s.strandedEvicted) == 0 && s.bindFailed.empty() &&
 		len(s.reserveCreated) == 0 && len(s.inflight) == 0 && len(s.plans) == 0

@@ -212,28 +212,11 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	now := sc.now
 	// 1. Earlier victims still running, or pods terminating that would make
 	// room: wait for them, evict nothing more.
-	s.mu.Lock()
-	waiting := 0
-	for uid := range s.reclaiming[w.queue] {
-		if p := sc.holds(uid); p != nil && p.DeletionTimestamp == nil {
-			waiting++
-		} else {
-			delete(s.reclaiming[w.queue], uid) // gone, or the API shows it terminating
-		}
-	}
-	if len(s.reclaiming[w.queue]) == 0 {
-		delete(s.reclaiming, w.queue)
-	}
-	for uid, until := range s.refused {
-		if !now.Before(until) || sc.holds(uid) == nil {
-			delete(s.refused, uid)
-		}
-	}
-	refused := make(map[types.UID]bool, len(s.refused))
-	for uid := range s.refused {
-		refused[uid] = true
-	}
-	s.mu.Unlock()
+	waiting := s.reclaims.waitingFor(w.queue, func(uid types.UID) bool {
+		p := sc.holds(uid)
+		return p != nil && p.DeletionTimestamp == nil // else gone, or the API shows it terminating
+	})
+	refused := s.reclaims.stillRefused(now, func(uid types.UID) bool { return sc.holds(uid) != nil })
 	if waiting > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d reclaimed pods of other queues to end", w.queue, waiting)
 	}
@@ -281,17 +264,12 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	for _, p := range evict {
 		msg := fmt.Sprintf("reclaimed by queue %s, which is below its deserved quota", w.queue)
 		err := s.deps.Evictor.Evict(ctx, p, msg)
-		s.mu.Lock()
 		if err != nil {
-			s.refused[p.UID] = now.Add(evictionRetry)
+			s.reclaims.refusedAt(p.UID, now)
 		} else {
-			if s.reclaiming[w.queue] == nil {
-				s.reclaiming[w.queue] = map[types.UID]bool{}
-			}
-			s.reclaiming[w.queue][p.UID] = true
+			s.reclaims.evictedFor(w.queue, p.UID)
 			evicted++
 		}
-		s.mu.Unlock()
 		if err != nil {
 			lastErr = err
 			klog.FromContext(ctx).Error(err, "Evicting for reclaim refused; trying other victims", "pod", klog.KObj(p), "queue", w.queue, "retryAfter", evictionRetry)
@@ -420,9 +398,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 // queue it serves; a queue that got its room back never calls it again, and
 // what it left would keep the idle skip off (cycle.quiet).
 func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.reclaiming) == 0 && len(s.refused) == 0 {
+	if s.reclaims.empty() {
 		return
 	}
 	running := make(map[types.UID]bool, len(pods)) // holds resources -> not terminating
@@ -431,19 +407,5 @@ func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
 			running[p.UID] = p.DeletionTimestamp == nil
 		}
 	}
-	for q, victims := range s.reclaiming {
-		for uid := range victims {
-			if !running[uid] {
-				delete(victims, uid)
-			}
-		}
-		if len(victims) == 0 {
-			delete(s.reclaiming, q)
-		}
-	}
-	for uid, until := range s.refused {
-		if _, holds := running[uid]; !holds || !now.Before(until) {
-			delete(s.refused, uid)
-		}
-	}
+	s.reclaims.prune(running, now)
 }

@@ -222,10 +222,11 @@ type Scheduler struct {
 	// idle is what Run knows of the last cycle it ran, used only by Run.
 	idle idleState
 
-	mu         sync.Mutex
-	assumed    map[types.UID]assumedPod      // pods being bound -> where
-	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it, until the informer shows them terminating
-	refused    map[types.UID]time.Time       // victim whose eviction was refused -> when it may be tried again
+	mu      sync.Mutex
+	assumed map[types.UID]assumedPod // pods being bound -> where
+	// reclaims: the victims reclaim evicted and is waiting for, and those
+	// whose eviction was refused (its own lock, taken inside mu).
+	reclaims *reclaimTracking
 	// selfEvicted: pod this scheduler evicted itself (a gang rollback, a
 	// fraction off a GPU taken) -> true, until its delete is seen: its
 	// DisruptionTarget is the coordinator's doing, no lost work (reportLost).
@@ -373,8 +374,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		wake:        make(chan struct{}, 1),
 		binds:       make(chan bindTask, 4096),
 		assumed:     map[types.UID]assumedPod{},
-		reclaiming:  map[string]map[types.UID]bool{},
-		refused:     map[types.UID]time.Time{},
+		reclaims:    newReclaimTracking(),
 		lastStatus:  map[string]string{},
 		lastInvalid: map[string]string{},
 		preferred:   map[string][]string{},
