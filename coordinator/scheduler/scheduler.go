@@ -232,10 +232,11 @@ type Scheduler struct {
 	// DisruptionTarget is the coordinator's doing, no lost work (reportLost).
 	selfEvicted map[types.UID]bool
 
-	models     []string          // GPU products in the cluster, set at the start of each cycle
-	lastStatus map[string]string // queue -> last status written or queued (statusKey); guarded by mu
-	// lastInvalid: invalid queue -> the problem last reported in an event, used only by Cycle.
-	lastInvalid map[string]string
+	models []string // GPU products in the cluster, set at the start of each cycle
+	// statusSaid: queue -> the status last written or queued (statusKey);
+	// invalidSaid: invalid queue -> the problem last reported in an event.
+	statusSaid  *lastSaid[string, string]
+	invalidSaid *lastSaid[string, string]
 	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
 	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
 	// gangPartial: gang (gangID) bound in part -> when a cycle first saw it so, used only by Cycle.
@@ -246,13 +247,13 @@ type Scheduler struct {
 	// pod -> true, while it is still shown running there; used only by Cycle.
 	strandedEvicted map[types.UID]bool
 	// podGroupSaid: PodGroup (namespace/name) -> the PodGroupScheduled
-	// condition last written or queued for it (guarded by mu).
-	podGroupSaid map[string]string
+	// condition last written or queued for it.
+	podGroupSaid *lastSaid[string, string]
 	// bindFailed: the back-offs of workloads whose binding failed and the
 	// gangs' last binding errors (its own lock, taken inside mu).
 	bindFailed *bindFailures
-	// said: pod -> the pending reason last written or queued for it (guarded by mu).
-	said map[types.UID]said
+	// said: pod -> the pending reason last written or queued for it.
+	said *podReasons
 	// reserveCreated: GPU -> when its reservation pod was created, until
 	// the informer shows it (guarded by mu; see reservationEcho).
 	reserveCreated map[state.NodeGPU]time.Time
@@ -375,8 +376,8 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		binds:       make(chan bindTask, 4096),
 		assumed:     map[types.UID]assumedPod{},
 		reclaims:    newReclaimTracking(),
-		lastStatus:  map[string]string{},
-		lastInvalid: map[string]string{},
+		statusSaid:  newLastSaid[string, string](),
+		invalidSaid: newLastSaid[string, string](),
 		preferred:   map[string][]string{},
 		released:    map[string]time.Time{},
 
@@ -386,12 +387,12 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		gangEvicted:     map[types.UID]bool{},
 		strandedEvicted: map[types.UID]bool{},
 		selfEvicted:     map[types.UID]bool{},
-		podGroupSaid:    map[string]string{},
+		podGroupSaid:    newLastSaid[string, string](),
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
 		bindFailed:      newBindFailures(),
 		stateCache:      state.NewCache(),
-		said:            map[types.UID]said{},
+		said:            newPodReasons(binder.MessageRefresh),
 		reserveCreated:  map[state.NodeGPU]time.Time{},
 		writes:          newWriter(),
 	}
