@@ -332,9 +332,7 @@ func (c *cycle) placeWorkloads() {
 	c.reclaimIn = newReclaimScope(c.inputs, c.dra, c.start)
 	c.budget = s.placeBudget()
 	c.kube = s.newKubeChecks(c)
-	s.mu.Lock()
-	c.hinted = len(s.preferred) > 0 || len(s.nominatedClaims) > 0
-	s.mu.Unlock()
+	c.hinted = s.hints.hinted()
 	for _, w := range c.workloads {
 		o := c.placeWorkload(w)
 		c.leave(w, o)

@@ -60,7 +60,7 @@ func (c *cycle) quiet() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.assumed) == 0 && s.reclaims.empty() && len(s.selfEvicted) == 0 &&
-		len(s.preferred) == 0 && len(s.released) == 0 && len(s.nominatedClaims) == 0 &&
+		s.hints.empty() &&
 		len(s.gangPartial) == 0 && len(s.gangEvicted) == 0 && len(s.strandedEvicted) == 0 && s.bindFailed.empty() &&
 		len(s.reserveCreated) == 0 && len(s.inflight) == 0 && len(s.plans) == 0
 }

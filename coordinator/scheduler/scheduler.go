@@ -237,8 +237,10 @@ type Scheduler struct {
 	// invalidSaid: invalid queue -> the problem last reported in an event.
 	statusSaid  *lastSaid[string, string]
 	invalidSaid *lastSaid[string, string]
-	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
-	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
+	// hints: placeholder group -> the nodes where its placeholders landed
+	// or Karpenter nominated, the NodeClaims nominated, and when its landed
+	// placeholders were released (its own lock, taken inside mu).
+	hints *placeholderHints
 	// gangPartial: gang (gangID) bound in part -> when a cycle first saw it so, used only by Cycle.
 	gangPartial map[string]time.Time
 	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
@@ -258,11 +260,9 @@ type Scheduler struct {
 	// the informer shows it (guarded by mu; see reservationEcho).
 	reserveCreated map[state.NodeGPU]time.Time
 	// writes runs the cycle's API writes other than bindings.
-	writes *writer
-	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
-	nominatedClaims map[string][]string
-	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
-	scalarMilli     map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
+	writes      *writer
+	plans       map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
+	scalarMilli map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
 
 	allocator *dra.Allocator         // allocates claims on nodes in mode dra
 	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
@@ -378,10 +378,8 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		reclaims:    newReclaimTracking(),
 		statusSaid:  newLastSaid[string, string](),
 		invalidSaid: newLastSaid[string, string](),
-		preferred:   map[string][]string{},
-		released:    map[string]time.Time{},
+		hints:       newPlaceholderHints(),
 
-		nominatedClaims: map[string][]string{},
 		nodeSeen:        map[string]*nodeSeen{},
 		gangPartial:     map[string]time.Time{},
 		gangEvicted:     map[types.UID]bool{},
