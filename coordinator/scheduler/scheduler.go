@@ -241,13 +241,14 @@ type Scheduler struct {
 	// or Karpenter nominated, the NodeClaims nominated, and when its landed
 	// placeholders were released (its own lock, taken inside mu).
 	hints *placeholderHints
-	// gangPartial: gang (gangID) bound in part -> when a cycle first saw it so, used only by Cycle.
-	gangPartial map[string]time.Time
-	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
-	gangEvicted map[types.UID]bool
-	// strandedEvicted: fraction evicted off a GPU given whole to another
-	// pod -> true, while it is still shown running there; used only by Cycle.
-	strandedEvicted map[types.UID]bool
+	// gangPartial: gang bound in part -> when a cycle first saw it so;
+	// gangEvicted: members evicted by a gang rollback, until they are gone;
+	// strandedEvicted: fractions evicted off a GPU given whole to another
+	// pod, while still shown running there. Used only by the cycle
+	// goroutine (no lock).
+	gangPartial     partialGangs
+	gangEvicted     evictionsSent
+	strandedEvicted evictionsSent
 	// podGroupSaid: PodGroup (namespace/name) -> the PodGroupScheduled
 	// condition last written or queued for it.
 	podGroupSaid *lastSaid[string, string]
@@ -381,9 +382,9 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		hints:       newPlaceholderHints(),
 
 		nodeSeen:        map[string]*nodeSeen{},
-		gangPartial:     map[string]time.Time{},
-		gangEvicted:     map[types.UID]bool{},
-		strandedEvicted: map[types.UID]bool{},
+		gangPartial:     partialGangs{},
+		gangEvicted:     evictionsSent{},
+		strandedEvicted: evictionsSent{},
 		selfEvicted:     map[types.UID]bool{},
 		podGroupSaid:    newLastSaid[string, string](),
 		allocator:       dra.NewAllocator(),
