@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,7 +41,6 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/kueue"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
-	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -281,13 +279,10 @@ type Scheduler struct {
 	// boundDemand holds the requests of the pods bound or being bound
 	// (readBound), reused from cycle to cycle; used only by Cycle.
 	boundDemand []placement.Request
-	// nodeSeen: node -> its taints and when it became usable, used only by
-	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
-	nodeSeen     map[string]*nodeSeen
-	nodeSeenOnce bool
-	settleRound  uint64 // settlingNodes calls so far
-	// settleWake wakes the scheduler when the next settling node settles.
-	settleWake clock.Timer
+	// settle: each node's settle taints and since when it is usable, and
+	// the wake-up when the next settling node settles (see settlingNodes);
+	// used only by the cycle goroutine.
+	settle *nodeSettle
 }
 
 type assumedPod struct {
@@ -381,7 +376,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		invalidSaid: newLastSaid[string, string](),
 		hints:       newPlaceholderHints(),
 
-		nodeSeen:        map[string]*nodeSeen{},
+		settle:          newNodeSettle(),
 		gangPartial:     partialGangs{},
 		gangEvicted:     evictionsSent{},
 		strandedEvicted: evictionsSent{},
@@ -630,91 +625,15 @@ func (r *Result) pending(queue, reason string, p *corev1.Pod) {
 	}
 }
 
-// settlingNodes are the nodes that became usable within NewNodeSettle. A
-// node becomes usable when
-//   - it appears, for Karpenter's nodes (label karpenter.sh/nodepool) that
-//     appear after the first cycle; a node seen for the first time
-//     otherwise (by the first cycle of a restarted coordinator, say) became
-//     usable when its records say (recordedUsable), so a restart keeps the
-//     settle of a node that was registered a moment before;
-//   - it loses a NoExecute taint (karpenter.sh/unregistered on a node
-//     Karpenter just registered, node.kubernetes.io/not-ready), or a
-//     gpufrac.io/draining taint in force (consolidation gave it back, or
-//     the drain's deadline passed).
-//
-// The first two settle for the taint eviction race (kubernetes#119862):
-// kube-controller-manager's taint manager, whose informer may still show a
-// NoExecute taint the coordinator already saw removed, deletes a pod bound
-// in that moment. Such a node is placed on while it settles, and the
-// reservations of the fractions placed there are made (a reservation pod
-// tolerates every taint, so the taint manager never deletes it), but no
-// pod is bound there until it settled (held): the fractions bind the
-// moment it has, instead of asking for their reservations only then.
-//
-// A returned node is left out of the snapshot while it settles (out): its
-// free GPUs are what the placeholders of earlier versions, which
-// kube-scheduler binds, may be pending for, and a reservation made there
-// could race them for a GPU.
+// settlingNodes are the nodes that became usable within NewNodeSettle
+// (nodeSettle.settling): out are left out of the snapshot while they
+// settle, held are placed on but bound to only once they settled. It
+// wakes the scheduler the moment the first settles.
 func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, held map[string]bool) {
-	soonest := s.opts.NewNodeSettle
-	s.settleRound++ // stamps the nodes listed now; the others are forgotten below
-	for _, n := range nodes {
-		taints := settleTaints(n, now)
-		seen, known := s.nodeSeen[n.Name]
-		switch {
-		case known && seen.round == s.settleRound:
-			continue // listed twice
-		case !known || seen.uid != n.UID:
-			// New, or deleted and made again under its name since the
-			// last cycle (the taint manager may have seen it tainted).
-			seen = &nodeSeen{uid: n.UID}
-			if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && s.nodeSeenOnce {
-				seen.usableSince = now
-			} else {
-				// Found by the first cycle (a coordinator restarted, a new
-				// leader) or not Karpenter's: it may have lost a NoExecute
-				// taint a moment ago, unseen.
-				seen.usableSince = s.recordedUsable(n, now)
-			}
-			s.nodeSeen[n.Name] = seen
-		default:
-			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
-			if len(gone) > 0 {
-				// A node given back stays out until it settled, whatever
-				// else it loses meanwhile.
-				returning := seen.returned && now.Sub(seen.usableSince) < s.opts.NewNodeSettle
-				seen.usableSince = now
-				seen.returned = returning || slices.ContainsFunc(gone, func(k string) bool { return strings.HasPrefix(k, api.TaintDraining+":") })
-			}
-		}
-		seen.taints = taints
-		seen.round = s.settleRound
-		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
-			set := &held
-			if seen.returned {
-				set = &out
-			}
-			if *set == nil {
-				*set = map[string]bool{}
-			}
-			(*set)[n.Name] = true
-			soonest = min(soonest, left)
-		}
-	}
-	s.nodeSeenOnce = true
+	out, held, soonest := s.settle.settling(nodes, now, s.opts.NewNodeSettle, s.recordedUsable)
 	if out != nil || held != nil {
 		// A cycle the moment the first settles, not up to Interval later.
-		if s.settleWake != nil {
-			s.settleWake.Stop()
-		}
-		if c, ok := s.clock.(clock.WithDelayedExecution); ok {
-			s.settleWake = c.AfterFunc(soonest, s.Wake)
-		}
-	}
-	for name, seen := range s.nodeSeen {
-		if seen.round != s.settleRound {
-			delete(s.nodeSeen, name)
-		}
+		s.settle.wakeAfter(s.clock, soonest, s.Wake)
 	}
 	return out, held
 }
@@ -763,32 +682,6 @@ func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
 		return now
 	}
 	return at
-}
-
-// nodeSeen is what settlingNodes keeps of a node from one cycle to the next.
-type nodeSeen struct {
-	// taints are the keys of its taints that end in a settle (settleTaints).
-	taints []string
-	// usableSince is when it appeared or lost one of them (zero: long ago).
-	usableSince time.Time
-	// returned: what it lost then was a gpufrac.io/draining taint.
-	returned bool
-	// round is the last settlingNodes call that listed it.
-	round uint64
-	// uid is the node object's UID: another is another node of the name.
-	uid types.UID
-}
-
-// settleTaints are the keys of n's taints whose removal makes n settle: its
-// NoExecute taints and a gpufrac.io/draining taint in force.
-func settleTaints(n *corev1.Node, now time.Time) []string {
-	var keys []string
-	for _, t := range n.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoExecute || (t.Key == api.TaintDraining && predicates.DrainingAt(n, now)) {
-			keys = append(keys, t.Key+":"+string(t.Effect))
-		}
-	}
-	return keys
 }
 
 // DefaultNewNodeSettle is the coordinator's --new-node-settle. The settle
