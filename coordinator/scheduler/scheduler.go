@@ -220,69 +220,68 @@ type Scheduler struct {
 	// idle is what Run knows of the last cycle it ran, used only by Run.
 	idle idleState
 
+	// writes runs the cycle's API writes other than bindings (its own
+	// lock); allocator allocates claims on nodes in mode dra.
+	writes    *writer
+	allocator *dra.Allocator
+
+	// Guarded by mu: read and written from more than one goroutine (the
+	// cycle, the bind workers, the writers, the informer handlers).
 	mu      sync.Mutex
 	assumed map[types.UID]assumedPod // pods being bound -> where
-	// reclaims: the victims reclaim evicted and is waiting for, and those
-	// whose eviction was refused (its own lock, taken inside mu).
-	reclaims *reclaimTracking
 	// selfEvicted: pod this scheduler evicted itself (a gang rollback, a
 	// fraction off a GPU taken) -> true, until its delete is seen: its
 	// DisruptionTarget is the coordinator's doing, no lost work (reportLost).
 	selfEvicted map[types.UID]bool
+	// reserveCreated: GPU -> when its reservation pod was created, until
+	// the informer shows it (see reservationEcho).
+	reserveCreated map[state.NodeGPU]time.Time
+	// inflight: pod -> claim allocations made and not yet shown by the
+	// informer.
+	inflight map[types.UID]inflight
 
-	models []string // GPU products in the cluster, set at the start of each cycle
-	// statusSaid: queue -> the status last written or queued (statusKey);
-	// invalidSaid: invalid queue -> the problem last reported in an event.
-	statusSaid  *lastSaid[string, string]
-	invalidSaid *lastSaid[string, string]
-	// hints: placeholder group -> the nodes where its placeholders landed
-	// or Karpenter nominated, the NodeClaims nominated, and when its landed
-	// placeholders were released (its own lock, taken inside mu).
-	hints *placeholderHints
+	// What lasts from one cycle to the next, each in a type of its own
+	// file: with its own lock (taken inside mu where the holder of mu needs
+	// it, never the other way round), or used only by the cycle goroutine.
+	bindFailed   *bindFailures             // bind back-offs, gangs' last binding errors; own lock
+	reclaims     *reclaimTracking          // reclaim's victims awaited and refused; own lock
+	hints        *placeholderHints         // placeholder groups' landed and nominated nodes, release cooldown; own lock
+	said         *podReasons               // pod -> the pending reason last written or queued; own lock
+	statusSaid   *lastSaid[string, string] // queue -> the status last written or queued (statusKey); own lock
+	invalidSaid  *lastSaid[string, string] // invalid queue -> the problem last reported in an event; own lock
+	podGroupSaid *lastSaid[string, string] // PodGroup -> the PodGroupScheduled condition last written or queued; own lock
 	// gangPartial: gang bound in part -> when a cycle first saw it so;
 	// gangEvicted: members evicted by a gang rollback, until they are gone;
 	// strandedEvicted: fractions evicted off a GPU given whole to another
-	// pod, while still shown running there. Used only by the cycle
-	// goroutine (no lock).
+	// pod, while still shown running there. Cycle goroutine only.
 	gangPartial     partialGangs
 	gangEvicted     evictionsSent
 	strandedEvicted evictionsSent
-	// podGroupSaid: PodGroup (namespace/name) -> the PodGroupScheduled
-	// condition last written or queued for it.
-	podGroupSaid *lastSaid[string, string]
-	// bindFailed: the back-offs of workloads whose binding failed and the
-	// gangs' last binding errors (its own lock, taken inside mu).
-	bindFailed *bindFailures
-	// said: pod -> the pending reason last written or queued for it.
-	said *podReasons
-	// reserveCreated: GPU -> when its reservation pod was created, until
-	// the informer shows it (guarded by mu; see reservationEcho).
-	reserveCreated map[state.NodeGPU]time.Time
-	// writes runs the cycle's API writes other than bindings.
-	writes      *writer
-	plans       map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
-	scalarMilli map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
-
-	allocator *dra.Allocator         // allocates claims on nodes in mode dra
-	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
-	// draNodes: nodes in mode dra (state.Snapshot.DRANodes) the last
-	// cycle saw; the next cycle's parses begin with them (parseInputs).
-	draNodes map[string]bool
-	// What cycles keep of each pod and node from one cycle to the next,
-	// used only by Cycle: the snapshot's reads (state.Cache) and the
-	// parses (pod object -> its parses; parseIn are the inputs they were
-	// made with, parseCycle counts the cycles).
-	stateCache *state.Cache
-	parsed     map[*corev1.Pod]*parseEntry
-	parseIn    parseInputs
-	parseCycle uint64
-	// boundDemand holds the requests of the pods bound or being bound
-	// (readBound), reused from cycle to cycle; used only by Cycle.
-	boundDemand []placement.Request
 	// settle: each node's settle taints and since when it is usable, and
-	// the wake-up when the next settling node settles (see settlingNodes);
-	// used only by the cycle goroutine.
+	// the wake-up when the next settling node settles (settlingNodes).
+	// Cycle goroutine only.
 	settle *nodeSettle
+	// plans: pod waiting for reservations -> its placement. Cycle
+	// goroutine only (cycle.quiet reads it under mu).
+	plans map[types.UID]plan
+
+	// What cycles keep of each pod and node from one cycle to the next,
+	// used only by the cycle goroutine: the snapshot's reads
+	// (state.Cache), the parses (pod object -> its parses; parseIn are the
+	// inputs they were made with, parseCycle counts the cycles) and the
+	// requests of the pods bound or being bound (readBound), reused. The
+	// GPU models, scalar worth (MIG or replica resource -> milli-GPU per
+	// unit) and nodes in mode dra are the last snapshot's: a cycle's parses
+	// begin with them before its own snapshot is built, and are made again
+	// when they changed (snapshot).
+	stateCache  *state.Cache
+	parsed      map[*corev1.Pod]*parseEntry
+	parseIn     parseInputs
+	parseCycle  uint64
+	boundDemand []placement.Request
+	models      []string
+	scalarMilli map[string]int64
+	draNodes    map[string]bool
 }
 
 type assumedPod struct {
