@@ -376,7 +376,7 @@ func TestPlaceBudgetKeepsTheHintOfWorkCut(t *testing.T) {
 			t.Fatalf("cycle %d bound %d, pending %v: want the budget cut before w", cycle+1, res.Bound, res.Pending)
 		}
 		cut++
-		if got := c.s.preferred[group]; !slices.Equal(got, []string{"n2"}) {
+		if got, _ := c.s.hints.of(group); !slices.Equal(got, []string{"n2"}) {
 			t.Fatalf("after cycle %d: w's group prefers %v, want [n2] (its placeholder landed there)", cycle+1, got)
 		}
 	}

@@ -55,16 +55,6 @@ type inflight struct {
 	since  time.Time
 }
 
-// draCycle is one cycle's DRA view.
-type draCycle struct {
-	world dra.World
-	devs  dra.Devices
-	// claims are every ResourceClaim, as listed this cycle.
-	claims []*resourceapi.ResourceClaim
-	// minGPUMemory is the smallest GPU memory of gpufrac's devices (0: none).
-	minGPUMemory int64
-}
-
 // readDRA reads slices and claims, forgets in-flight allocations the
 // informer now shows (or that are too old), and returns the cycle's view and
 // what claims hold of each GPU. Nil without DRA.
@@ -192,8 +182,8 @@ func allocatedGPUClaimNode(claims []*resourceapi.ResourceClaim) string {
 // extendedResourceClaimStatus is written only through pods/status (the
 // coordinator's writer), out of edit's reach, but the claim it names may be
 // a tenant's made under that name since: it is checked like the others.
-func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) (own, forged *resourceapi.ResourceClaim, why error) {
-	if s.draNow == nil {
+func (v *draCycle) extendedClaimOf(pod *corev1.Pod) (own, forged *resourceapi.ResourceClaim, why error) {
+	if v == nil {
 		return nil, nil, nil
 	}
 	named := ""
@@ -212,7 +202,7 @@ func (s *Scheduler) extendedClaimOf(pod *corev1.Pod) (own, forged *resourceapi.R
 	better := func(c, than *resourceapi.ResourceClaim) bool {
 		return than == nil || rank(c) < rank(than) || (rank(c) == rank(than) && c.Name < than.Name)
 	}
-	for _, c := range s.draNow.claims {
+	for _, c := range v.claims {
 		if c.Namespace != pod.Namespace || c.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || c.DeletionTimestamp != nil {
 			continue
 		}
@@ -298,18 +288,18 @@ func (s *Scheduler) claimsMade(p *corev1.Pod) bool {
 
 // claimGPUMemory is the GPU memory a claim for bytes is charged against:
 // its GPU's once allocated, else the smallest of gpufrac's GPUs.
-func (s *Scheduler) claimGPUMemory(c *resourceapi.ResourceClaim) int64 {
-	if s.draNow == nil {
+func (v *draCycle) claimGPUMemory(c *resourceapi.ResourceClaim) int64 {
+	if v == nil {
 		return 0
 	}
 	if c.Status.Allocation != nil {
 		for _, r := range c.Status.Allocation.Devices.Results {
-			if d, ok := s.draNow.devs[dra.DeviceKey{Pool: r.Pool, Device: r.Device}]; ok && d.MemoryBytes > 0 {
+			if d, ok := v.devs[dra.DeviceKey{Pool: r.Pool, Device: r.Device}]; ok && d.MemoryBytes > 0 {
 				return d.MemoryBytes
 			}
 		}
 	}
-	return s.draNow.minGPUMemory
+	return v.minGPUMemory
 }
 
 // allocateClaims allocates, for each pod of w placed on a node in mode dra,
@@ -320,8 +310,8 @@ func (s *Scheduler) claimGPUMemory(c *resourceapi.ResourceClaim) int64 {
 // takes no claim for bytes). The allocations count as in flight from here.
 // It returns the plans per pod index, or an error (nothing kept) when a pod's
 // claims fit nowhere on its node.
-func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placement.Decision, snapDRA map[string]bool) (map[int][]dra.Planned, error) {
-	if s.draNow == nil {
+func (s *Scheduler) allocateClaims(ctx context.Context, v *draCycle, w *workload, ds []placement.Decision, snapDRA map[string]bool) (map[int][]dra.Planned, error) {
+	if v == nil {
 		return nil, nil
 	}
 	out := map[int][]dra.Planned{}
@@ -370,7 +360,7 @@ func (s *Scheduler) allocateClaims(ctx context.Context, w *workload, ds []placem
 			if err != nil {
 				return fail(fmt.Errorf("reading node %s: %w", d.Node, err))
 			}
-			world := s.draNow.world
+			world := v.world
 			s.mu.Lock()
 			for _, f := range s.inflight {
 				world.Allocated = append(world.Allocated, f.allocs...)

@@ -37,12 +37,16 @@ type cycle struct {
 	stages stageTimes
 
 	// Read by snapshot.
-	assumed     map[types.UID]state.Assumed
-	nodes       []*corev1.Node
-	pods        []*corev1.Pod
-	queues      []*v1alpha1.Queue
-	badQueues   []InvalidQueue
-	inputs      state.Inputs
+	assumed   map[types.UID]state.Assumed
+	nodes     []*corev1.Node
+	pods      []*corev1.Pod
+	queues    []*v1alpha1.Queue
+	badQueues []InvalidQueue
+	inputs    state.Inputs
+	// dra is what the cycle sees of DRA: slices, claims, the allocations
+	// counted, and whether kube-scheduler is placing pods with claims (nil
+	// without DRA).
+	dra         *draCycle
 	snap        *state.Snapshot
 	books       *books
 	boundDemand []placement.Request
@@ -138,10 +142,8 @@ func (c *cycle) snapshot() error {
 	if err != nil {
 		return err
 	}
-	s.draNow = draNow
-	s.draBusy = ""
-	if draNow != nil {
-		s.draBusy = s.kubeSchedulerPlacingClaims(c.pods)
+	if c.dra = draNow; draNow != nil {
+		draNow.busy = s.kubeSchedulerPlacingClaims(c.pods)
 	}
 
 	c.inputs = state.Inputs{Nodes: c.nodes, Pods: c.pods, Assumed: c.assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
@@ -176,7 +178,7 @@ func (c *cycle) snapshot() error {
 	}()
 	c.books, err = newBooks(c.queues, c.badQueues)
 	if err == nil {
-		c.boundDemand, c.gangs = s.readBound(c.pods, c.assumed, c.books)
+		c.boundDemand, c.gangs = s.readBound(c.dra, c.pods, c.assumed, c.books)
 	}
 	<-built
 	if buildErr != nil {
@@ -193,7 +195,7 @@ func (c *cycle) snapshot() error {
 		if c.books, err = newBooks(c.queues, c.badQueues); err != nil {
 			return err
 		}
-		c.boundDemand, c.gangs = s.readBound(c.pods, c.assumed, c.books)
+		c.boundDemand, c.gangs = s.readBound(c.dra, c.pods, c.assumed, c.books)
 	}
 	c.books.setCapacity(c.snap)
 	return nil
@@ -255,7 +257,7 @@ func (c *cycle) collect() {
 			c.pending = append(c.pending, p)
 		}
 	}
-	workloads, invalid, deferred := s.group(c.pending, c.gangs, c.books)
+	workloads, invalid, deferred := s.group(c.dra, c.pending, c.gangs, c.books)
 	c.deferred = deferred
 	workloads, invalid = s.dropOversizedGangs(c.snap, workloads, invalid)
 	for _, iv := range invalid {
@@ -327,12 +329,10 @@ func (c *cycle) placeWorkloads() {
 	c.wanted = map[state.NodeGPU]bool{}
 	c.plans = map[types.UID]plan{}
 	c.withdrawn = map[types.UID]bool{}
-	c.reclaimIn = newReclaimScope(c.inputs, c.start)
+	c.reclaimIn = newReclaimScope(c.inputs, c.dra, c.start)
 	c.budget = s.placeBudget()
 	c.kube = s.newKubeChecks(c)
-	s.mu.Lock()
-	c.hinted = len(s.preferred) > 0 || len(s.nominatedClaims) > 0
-	s.mu.Unlock()
+	c.hinted = s.hints.hinted()
 	for _, w := range c.workloads {
 		o := c.placeWorkload(w)
 		c.leave(w, o)
@@ -388,9 +388,9 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		c.keepAsking(w)
 		return counted(ReasonNextCycle)
 	}
-	if s.draBusy != "" && w.claimsGPU() {
+	if c.dra.busyPod() != "" && w.claimsGPU() {
 		return wait(api.ReasonWaitingForKubeScheduler, fmt.Sprintf(
-			"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", s.draBusy))
+			"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", c.dra.busyPod()))
 	}
 	verdict := c.books.check(w)
 	if !verdict.allowed {
@@ -410,7 +410,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	}
 	var placeErr error
 	if decisions == nil {
-		decisions, placeErr = s.placePreferring(c.snap, w, s.preferredNodes(items), c.kube)
+		decisions, placeErr = s.placePreferring(c.dra, c.snap, w, s.preferredNodes(items), c.kube)
 	}
 	if errors.Is(placeErr, kubecheck.ErrNotReady) {
 		// Not a lack of capacity: no reclaim, no placeholder.
@@ -449,7 +449,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		return counted(ReasonWaitingToBind)
 	}
 	volumes := c.kube.gate(w)
-	claims, allocErr := s.allocateClaims(c.ctx, w, decisions, c.snap.DRANodes)
+	claims, allocErr := s.allocateClaims(c.ctx, c.dra, w, decisions, c.snap.DRANodes)
 	if allocErr != nil {
 		volumes.unreserveAll(c.ctx)
 		return wait(binder.ReasonNoCapacity, "resource claims do not fit the node placement chose: "+allocErr.Error())

@@ -50,7 +50,7 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, bound []placement.Request, 
 // them, and this one runs while the snapshot is built. Pods this scheduler
 // cannot parse count with their plain requests; placeholders and
 // reservation pods are left out of the requests.
-func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]placement.Request, *gangsPlaced) {
+func (s *Scheduler) readBound(v *draCycle, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]placement.Request, *gangsPlaced) {
 	out := s.boundDemand[:0]
 	gangs := newGangsPlaced()
 	for _, p := range pods {
@@ -79,9 +79,9 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 		var pi *podInfo
 		var ok bool
 		if nodeName != "" {
-			pi, ok = s.admittedRef(e, p)
+			pi, ok = s.admittedRef(v, e, p)
 		} else {
-			pi, ok = s.ownRef(e, p)
+			pi, ok = s.ownRef(v, e, p)
 		}
 		if ok && h.ours {
 			node := nodeName
@@ -105,7 +105,7 @@ func (s *Scheduler) readBound(pods []*corev1.Pod, assumed map[types.UID]state.As
 			out = append(out, pi.req)
 			continue
 		}
-		if own, ok := s.ownRef(e, p); ok {
+		if own, ok := s.ownRef(v, e, p); ok {
 			out = append(out, own.req)
 			continue
 		}
@@ -143,20 +143,20 @@ func (s *Scheduler) headOf(e *parseEntry, p *corev1.Pod) podHead {
 
 // admittedRef is parseAdmitted of p, the kept parse itself when there is
 // one (not a copy): read only.
-func (s *Scheduler) admittedRef(e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
+func (s *Scheduler) admittedRef(v *draCycle, e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
 	if e != nil && e.admitted.done {
 		return &e.admitted.pi, e.admitted.queue != "" && e.admitted.err == nil
 	}
-	pi, ok, _ := s.parseAdmitted(p)
+	pi, ok, _ := s.parseAdmitted(v, p)
 	return &pi, ok
 }
 
 // ownRef is parse of p, the kept parse itself when it cannot change (its
 // queue is the pod's own): read only.
-func (s *Scheduler) ownRef(e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
+func (s *Scheduler) ownRef(v *draCycle, e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
 	if e != nil && e.own.done && e.own.fixed {
 		return &e.own.pi, e.own.err == nil
 	}
-	pi, err := s.parse(p)
+	pi, err := s.parse(v, p)
 	return &pi, err == nil
 }

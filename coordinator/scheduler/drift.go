@@ -22,17 +22,7 @@ func (s *Scheduler) driftedNodes(nodes []*corev1.Node) map[string]bool {
 	// one landed, stays usable: Karpenter buys nothing while it sees room
 	// there, so the pods that asked would wait until the node is replaced,
 	// which a fraction running there (do-not-disrupt) can put off forever.
-	s.mu.Lock()
-	var nominated map[string]bool
-	for _, ns := range s.preferred {
-		for _, n := range ns {
-			if nominated == nil {
-				nominated = map[string]bool{}
-			}
-			nominated[n] = true
-		}
-	}
-	s.mu.Unlock()
+	nominated := s.hints.nodes()
 	var out map[string]bool
 	for _, n := range nodes {
 		if !nominated[n.Name] && s.deps.NodeDrifted(n.Name) {
@@ -85,7 +75,7 @@ func (c *cycle) fitsOnlyDrifted(w *workload) (string, bool) {
 		return "", false
 	}
 	cp := snap.Checkpoint()
-	ds, err := c.s.place(snap, w, nil)
+	ds, err := c.s.place(c.dra, snap, w, nil)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
 		c.logger.Error(rbErr, "Rolling back the snapshot of drifted nodes")
 		c.driftSnap = nil

@@ -153,18 +153,18 @@ func TestPlaceholderHintsArePrunedWithNodeChurn(t *testing.T) {
 		ph := builders.MakePod(placeholder.NamePrefix+group+"-1", api.ReservationNamespace).UID(group).
 			Label(api.LabelRole, api.RolePlaceholder).Label(placeholder.LabelGroup, group).Node(node).Obj()
 		_ = c.pods.Add(ph)
-		c.s.mu.Lock()
-		c.s.released[group] = clk.Now() // as syncPlaceholders records it for a group with pending work
-		c.s.mu.Unlock()
+		c.s.hints.mu.Lock()
+		c.s.hints.released[group] = clk.Now() // as syncPlaceholders records it for a group with pending work
+		c.s.hints.mu.Unlock()
 		c.cycle()
 		_ = c.pods.Delete(ph)
 	}
 	// Nodes gone, no placeholders, no pending work: nothing to remember.
 	clk.Step(time.Hour)
 	c.cycle()
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if n, m, r := len(c.s.preferred), len(c.s.nominatedClaims), len(c.s.released); n+m+r != 0 {
+	c.s.hints.mu.Lock()
+	defer c.s.hints.mu.Unlock()
+	if n, m, r := len(c.s.hints.preferred), len(c.s.hints.claims), len(c.s.hints.released); n+m+r != 0 {
 		t.Errorf("after 50 groups came and went: %d preferred, %d nominatedClaims, %d released entries left, want none", n, m, r)
 	}
 }
@@ -390,9 +390,9 @@ func TestGangBindErrorsAreForgotten(t *testing.T) {
 		_ = c.pods.Delete(p)
 	}
 	c.cycle()
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if n := len(c.s.gangErr); n != 0 {
+	c.s.bindFailed.mu.Lock()
+	defer c.s.bindFailed.mu.Unlock()
+	if n := len(c.s.bindFailed.gangErr); n != 0 {
 		t.Errorf("%d gang binding errors remembered after their gangs are gone, want 0", n)
 	}
 }

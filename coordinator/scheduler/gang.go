@@ -70,41 +70,27 @@ func (c *gangCensus) partial() bool { return c.held > 0 && c.held+c.ran < c.min 
 func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangCensus) map[string]string {
 	now := s.clock.Now()
 	rolling := map[string]string{}
-	for key := range s.gangPartial {
-		if c := census[key]; c == nil || !c.partial() {
-			delete(s.gangPartial, key)
-		}
-	}
+	s.gangPartial.keep(func(key string) bool {
+		c := census[key]
+		return c != nil && c.partial()
+	})
 	// A binding error matters only to explain the rollback of a gang bound
 	// in part; kept for gangs none of whose members was bound (or whose
 	// pods are gone), the errors grew with every gang name ever seen.
-	s.mu.Lock()
-	for key := range s.gangErr {
-		if c := census[key]; c == nil || !c.partial() {
-			delete(s.gangErr, key)
-		}
-	}
-	s.mu.Unlock()
-	for uid := range s.gangEvicted {
-		if !censusHolds(census, uid) {
-			delete(s.gangEvicted, uid)
-		}
-	}
+	s.bindFailed.keepGangErrors(func(key string) bool {
+		c := census[key]
+		return c != nil && c.partial()
+	})
+	s.gangEvicted.keep(func(uid types.UID) bool { return censusHolds(census, uid) })
 	for key, c := range census {
 		if !c.partial() {
 			continue
 		}
-		since, seen := s.gangPartial[key]
-		if !seen {
-			since = now
-			s.gangPartial[key] = now
-		}
+		since := s.gangPartial.since(key, now)
 		if c.inflight > 0 || now.Sub(since) < s.opts.GangBindTimeout {
 			continue // bindings in flight, or time left for the failed ones to be bound again
 		}
-		s.mu.Lock()
-		cause := s.gangErr[key]
-		s.mu.Unlock()
+		cause := s.bindFailed.gangCause(key)
 		if cause != "" {
 			cause = " (last failure: " + cause + ")"
 		}
@@ -115,7 +101,7 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 			continue
 		}
 		for _, p := range c.live {
-			if s.gangEvicted[p.UID] {
+			if s.gangEvicted.sent(p.UID) {
 				continue
 			}
 			s.noteSelfEvicted(p, true) // before: its delete may be seen before Release returns
@@ -124,7 +110,7 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 				klog.FromContext(ctx).Error(err, "Evicting a member of a gang bound in part; trying again next cycle", "pod", klog.KObj(p), "podGroup", c.name)
 				continue
 			}
-			s.gangEvicted[p.UID] = true
+			s.gangEvicted.mark(p.UID)
 		}
 		klog.FromContext(ctx).Info("Rolled back a gang bound in part", "podGroup", c.name, "bound", c.held+c.ran, "minMember", c.min, "evicting", len(c.live))
 	}

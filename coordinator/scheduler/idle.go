@@ -47,7 +47,7 @@ func (s *Scheduler) cycleIfChanged(ctx context.Context) {
 func (c *cycle) quiet() bool {
 	if c.res.Bound > 0 || len(c.res.Pending) > 0 || c.deferred > 0 || len(c.plans) > 0 || len(c.assumed) > 0 ||
 		len(c.existing) > 0 || len(c.held) > 0 || len(c.inputs.Settling) > 0 ||
-		len(c.inputs.Removing) > 0 || len(c.inputs.Creating) > 0 || c.s.draBusy != "" ||
+		len(c.inputs.Removing) > 0 || len(c.inputs.Creating) > 0 || c.dra.busyPod() != "" ||
 		len(c.snap.FailedReservations) > 0 || len(c.snap.RemovingShown) > 0 {
 		return false
 	}
@@ -59,8 +59,8 @@ func (c *cycle) quiet() bool {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.assumed) == 0 && len(s.reclaiming) == 0 && len(s.refused) == 0 && len(s.selfEvicted) == 0 &&
-		len(s.preferred) == 0 && len(s.released) == 0 && len(s.nominatedClaims) == 0 &&
-		len(s.gangPartial) == 0 && len(s.gangEvicted) == 0 && len(s.strandedEvicted) == 0 && len(s.gangErr) == 0 &&
-		len(s.bindBackoff) == 0 && len(s.reserveCreated) == 0 && len(s.inflight) == 0 && len(s.plans) == 0
+	return len(s.assumed) == 0 && s.reclaims.empty() && len(s.selfEvicted) == 0 &&
+		s.hints.empty() &&
+		len(s.gangPartial) == 0 && len(s.gangEvicted) == 0 && len(s.strandedEvicted) == 0 && s.bindFailed.empty() &&
+		len(s.reserveCreated) == 0 && len(s.inflight) == 0 && len(s.plans) == 0
 }

@@ -10,8 +10,8 @@ import (
 )
 
 // after a successful reclaim the starved queue's pod is placed by
-// placement (room found), so reclaim() - the only place s.reclaiming is
-// pruned - never runs for that queue again: s.reclaiming keeps the victims'
+// placement (room found), so reclaim() - the only place s.reclaims is
+// pruned - never runs for that queue again: s.reclaims keeps the victims'
 // UIDs, quiet() is false for good, and the idle skip never engages again.
 func TestIdleNeverEngagesAfterAReclaim(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
@@ -51,10 +51,10 @@ func TestIdleNeverEngagesAfterAReclaim(t *testing.T) {
 			skipped = true
 		}
 	}
-	c.s.mu.Lock()
-	reclaiming := len(c.s.reclaiming)
-	c.s.mu.Unlock()
+	c.s.reclaims.mu.Lock()
+	reclaiming := len(c.s.reclaims.evicted)
+	c.s.reclaims.mu.Unlock()
 	if !skipped {
-		t.Errorf("cluster idle (nothing pending, a-0 bound) but no cycle skipped; s.reclaiming still has %d queue(s)", reclaiming)
+		t.Errorf("cluster idle (nothing pending, a-0 bound) but no cycle skipped; s.reclaims still waits for %d queue(s)", reclaiming)
 	}
 }

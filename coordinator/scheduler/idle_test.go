@@ -83,7 +83,7 @@ func TestClusterWaitingOnTimeIsNotIdle(t *testing.T) {
 			setup: func(c *cluster) {
 				c.s.deps.Jobs = func(string, string) (*batchv1.Job, bool) { return nil, false }
 			}},
-		{name: "placeholder hints", setup: func(c *cluster) { c.s.released["group"] = c.s.clock.Now() }},
+		{name: "placeholder hints", setup: func(c *cluster) { c.s.hints.released["group"] = c.s.clock.Now() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))

@@ -299,9 +299,7 @@ func TestKubeReview28PodBindingFailsAfterVolumesBound(t *testing.T) {
 		t.Fatalf("claim not bound by the gate: %v %v", claim, err)
 	}
 	want := claim.Spec.VolumeName[len("pv-"):]
-	c.s.mu.Lock()
-	clear(c.s.bindBackoff) // the back-off is tested elsewhere
-	c.s.mu.Unlock()
+	c.s.bindFailed.clearBackoffs() // the back-off is tested elsewhere
 	deadline := time.Now().Add(3 * time.Second)
 	for c.boundTo("p") == "" && time.Now().Before(deadline) {
 		c.kubeCycle()
@@ -337,9 +335,7 @@ func TestKubeReview28UnknownBindingHoldThenPlacedAgain(t *testing.T) {
 	c.podsH.OnDelete(other)
 	c.s.OnPodDelete(other)
 	clk.Step(bindUnknownHold + time.Second)
-	c.s.mu.Lock()
-	clear(c.s.bindBackoff)
-	c.s.mu.Unlock()
+	c.s.bindFailed.clearBackoffs()
 	c.kubeCycle()
 	if n := c.boundTo("p"); n != "n1" {
 		t.Errorf("p bound to %q (%s) after the hold, want n1", n, msg(c.b, "p"))
@@ -368,9 +364,7 @@ func TestKubeReview28RestartAfterPreBind(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for (c.boundTo("a") == "" || c.boundTo("b") == "") && time.Now().Before(deadline) {
 		c.kubeCycle()
-		c.s.mu.Lock()
-		clear(c.s.bindBackoff)
-		c.s.mu.Unlock()
+		c.s.bindFailed.clearBackoffs()
 		time.Sleep(20 * time.Millisecond)
 	}
 	if n := c.boundTo("a"); n != "n2" {

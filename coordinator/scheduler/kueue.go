@@ -45,7 +45,7 @@ func (c *cycle) holdForKueue(ws []*workload) []*workload {
 				gate = kueue.NewGate(s.deps.Kueue, c.livePods(), admittedOwner, c.kueueOwners(ws))
 			}
 			for _, pi := range w.pods {
-				if ok, msg := gate.Admits(pi.pod, func(t corev1.PodTemplateSpec) string { return s.matchesTemplate(pi, t) }); !ok {
+				if ok, msg := gate.Admits(pi.pod, func(t corev1.PodTemplateSpec) string { return s.matchesTemplate(c.dra, pi, t) }); !ok {
 					why = msg
 					break
 				}
@@ -114,7 +114,7 @@ func (c *cycle) livePods() []*corev1.Pod {
 // it admits it). CPU and memory are not compared: Kueue counts them with
 // LimitRange defaults the template does not show. GPUs through resource
 // claims are refused: Kueue v0.17 does not charge claims by default.
-func (s *Scheduler) matchesTemplate(pi podInfo, t corev1.PodTemplateSpec) string {
+func (s *Scheduler) matchesTemplate(v *draCycle, pi podInfo, t corev1.PodTemplateSpec) string {
 	if pi.claimsGPU || len(pi.claims) > 0 {
 		return "GPUs through resource claims are not counted by Kueue; ask gpufrac.io/gpu-fraction or nvidia.com/gpu"
 	}
@@ -127,7 +127,7 @@ func (s *Scheduler) matchesTemplate(pi podInfo, t corev1.PodTemplateSpec) string
 	tp.OwnerReferences = nil
 	tp.Spec.SchedulingGroup = nil
 	tp.Spec.SchedulerName = pi.pod.Spec.SchedulerName
-	tpi, err := s.parseAsIs(tp, nil, nil, nil)
+	tpi, err := s.parseAsIs(v, tp, nil, nil, nil)
 	if err != nil {
 		return fmt.Sprintf("its template does not parse: %v", err)
 	}

@@ -46,14 +46,7 @@ func (s *Scheduler) OnEvent(obj any) {
 	if group == "" {
 		return
 	}
-	s.mu.Lock()
-	for _, n := range nodes {
-		s.preferred[group] = appendUniqueStr(s.preferred[group], n)
-	}
-	for _, c := range claims {
-		s.nominatedClaims[group] = appendUniqueStr(s.nominatedClaims[group], c)
-	}
-	s.mu.Unlock()
+	s.hints.nominated(group, nodes, claims)
 	s.Wake()
 }
 

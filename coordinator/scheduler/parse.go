@@ -20,7 +20,7 @@ import (
 // of the coordinator without a queue label is charged to its namespace's
 // default queue (label gpufrac.io/default-queue on the Namespace) when it
 // names one.
-func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
+func (s *Scheduler) parse(v *draCycle, p *corev1.Pod) (podInfo, error) {
 	e := s.parseEntryOf(p)
 	if e != nil && e.own.done && e.own.fixed {
 		return e.own.result(p)
@@ -33,7 +33,7 @@ func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
 	if e != nil && e.own.done && e.own.queue == q {
 		return e.own.result(p)
 	}
-	pi, err, readJob := s.parseFor(p, q)
+	pi, err, readJob := s.parseFor(v, p, q)
 	if e != nil && !readJob {
 		e.own = parsed{done: true, fixed: fixed, queue: q, pi: pi, err: err}
 	}
@@ -53,7 +53,7 @@ func (s *Scheduler) parse(p *corev1.Pod) (podInfo, error) {
 // the spec, which cannot change, is parsed. The gang (pod-group label, else
 // the owning Job's name) still groups pods for reclaim, keyed with how they
 // were admitted. ok is false for pods the coordinator did not admit.
-func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error) {
+func (s *Scheduler) parseAdmitted(v *draCycle, p *corev1.Pod) (pi podInfo, ok bool, err error) {
 	e := s.parseEntryOf(p)
 	if e != nil && e.admitted.done {
 		if e.admitted.queue == "" {
@@ -66,7 +66,7 @@ func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error
 	// is kept whole, unless it read a resource claim, which changes under
 	// the same pod (allocated, its allocation shown).
 	var readClaims bool
-	pi, ok, err = s.parseAdmittedAfresh(p, &readClaims)
+	pi, ok, err = s.parseAdmittedAfresh(v, p, &readClaims)
 	if e != nil && !readClaims {
 		e.admitted = parsed{done: true, queue: p.Annotations[api.AnnotationAdmittedQueue], pi: pi, err: err}
 	}
@@ -75,7 +75,7 @@ func (s *Scheduler) parseAdmitted(p *corev1.Pod) (pi podInfo, ok bool, err error
 
 // parseAdmittedAfresh is parseAdmitted without the cache; it sets
 // *readClaims (when not nil) if the parse read a resource claim.
-func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi podInfo, ok bool, err error) {
+func (s *Scheduler) parseAdmittedAfresh(v *draCycle, p *corev1.Pod, readClaims *bool) (pi podInfo, ok bool, err error) {
 	q := p.Annotations[api.AnnotationAdmittedQueue]
 	if q == "" {
 		return podInfo{}, false, nil
@@ -85,7 +85,7 @@ func (s *Scheduler) parseAdmittedAfresh(p *corev1.Pod, readClaims *bool) (pi pod
 	spec.Annotations = nil
 	spec.OwnerReferences = nil
 	spec.Spec.SchedulingGroup = nil // the gang is read below
-	if pi, err = s.parseAsIs(&spec, nil, nil, readClaims); err != nil {
+	if pi, err = s.parseAsIs(v, &spec, nil, nil, readClaims); err != nil {
 		return podInfo{}, false, err
 	}
 	pi.pod = p
@@ -268,13 +268,13 @@ func (s *Scheduler) parseEntryKept(p *corev1.Pod) *parseEntry {
 // parseFor parses p as charged to queue and tells whether the parse read
 // a Job or a resource claim (which change under the same pod: such a parse
 // is not kept).
-func (s *Scheduler) parseFor(p *corev1.Pod, queue string) (pi podInfo, err error, readJob bool) {
+func (s *Scheduler) parseFor(v *draCycle, p *corev1.Pod, queue string) (pi podInfo, err error, readJob bool) {
 	labelled := p
 	if queue != "" && p.Labels[api.LabelQueue] != queue {
 		labelled = withQueueLabel(p, queue)
 	}
 	var readClaims bool
-	pi, err = s.parseAsIs(labelled, func(ns, name string) (*batchv1.Job, bool) {
+	pi, err = s.parseAsIs(v, labelled, func(ns, name string) (*batchv1.Job, bool) {
 		readJob = true
 		return s.deps.Jobs(ns, name)
 	}, func(ns, name string) (*schedulingv1alpha2.PodGroup, bool) {
@@ -287,7 +287,7 @@ func (s *Scheduler) parseFor(p *corev1.Pod, queue string) (pi podInfo, err error
 
 // parseAsIs parses p; it sets *readClaims (when not nil) if the parse read
 // a resource claim.
-func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool),
+func (s *Scheduler) parseAsIs(v *draCycle, p *corev1.Pod, jobs func(namespace, name string) (*batchv1.Job, bool),
 	podGroups func(namespace, name string) (*schedulingv1alpha2.PodGroup, bool), readClaims *bool) (podInfo, error) {
 	opts := podrequest.Options{MaxGPUs: s.opts.MaxGPUsPerPod, GPUModels: s.models,
 		TimesliceResource: s.opts.TimesliceResource, ScalarMilli: s.scalarMilli,
@@ -300,7 +300,7 @@ func (s *Scheduler) parseAsIs(p *corev1.Pod, jobs func(namespace, name string) (
 	}
 	if s.deps.DRA != nil {
 		get := s.deps.DRA.GetClaim
-		opts.Claims = podrequest.ClaimOptions{GPUMemoryBytes: s.claimGPUMemory,
+		opts.Claims = podrequest.ClaimOptions{GPUMemoryBytes: v.claimGPUMemory,
 			Get: func(namespace, name string) (*resourceapi.ResourceClaim, bool) {
 				if readClaims != nil {
 					*readClaims = true

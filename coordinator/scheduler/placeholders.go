@@ -175,10 +175,7 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 			_ = s.deps.Placeholders.Delete(ctx, p, "no pending work needs it")
 		case p.Spec.NodeName != "" && !predicates.Terminal(p):
 			// The capacity arrived: free it for the real pods, and prefer this node.
-			s.mu.Lock()
-			s.preferred[group] = appendUniqueStr(s.preferred[group], p.Spec.NodeName)
-			s.released[group] = now
-			s.mu.Unlock()
+			s.hints.landed(group, p.Spec.NodeName, now)
 			_ = s.deps.Placeholders.Delete(ctx, p, "capacity arrived on "+p.Spec.NodeName)
 			s.metrics.placeholderLanded.Inc()
 		case landedGroup[group]:
@@ -207,10 +204,7 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 		if have[name] != nil || landedGroup[p.Labels[placeholder.LabelGroup]] {
 			continue
 		}
-		s.mu.Lock()
-		cooling := s.coolingLocked(p.Labels[placeholder.LabelGroup], now, settling)
-		s.mu.Unlock()
-		if cooling {
+		if s.cooling(p.Labels[placeholder.LabelGroup], now, settling) {
 			continue
 		}
 		if err := s.deps.Placeholders.Create(ctx, p); err != nil {
@@ -221,14 +215,13 @@ func (s *Scheduler) syncPlaceholders(ctx context.Context, demand []placeholder.I
 	}
 }
 
-// coolingLocked tells whether group still waits for its pods to take the
-// capacity its released placeholders found (see syncPlaceholders). s.mu is
-// held.
-func (s *Scheduler) coolingLocked(group string, now time.Time, settling func(node string) bool) bool {
-	if now.Sub(s.released[group]) >= releaseCooldown {
-		return false
-	}
-	for _, n := range s.preferred[group] {
+// cooling tells whether group still waits for its pods to take the
+// capacity its released placeholders found (see syncPlaceholders): one of
+// its preferred nodes is settling or has a pod being bound.
+func (s *Scheduler) cooling(group string, now time.Time, settling func(node string) bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hints.cooling(group, now, func(n string) bool {
 		if settling(n) {
 			return true
 		}
@@ -237,8 +230,8 @@ func (s *Scheduler) coolingLocked(group string, now time.Time, settling func(nod
 				return true
 			}
 		}
-	}
-	return false
+		return false
+	})
 }
 
 // settlingIn tells which nodes exist but are left out of snap (not Ready,
@@ -300,12 +293,9 @@ func (s *Scheduler) preferredNodes(items []placeholder.Item) map[string]bool {
 	if len(items) == 0 {
 		return nil
 	}
-	group := placeholder.GroupOf(items[0])
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	nodes := append([]string(nil), s.preferred[group]...)
+	nodes, claims := s.hints.of(placeholder.GroupOf(items[0]))
 	if s.deps.NodeClaims != nil {
-		for _, c := range s.nominatedClaims[group] {
+		for _, c := range claims {
 			if n := s.deps.NodeClaims(c); n != "" {
 				nodes = appendUniqueStr(nodes, n)
 			}
@@ -339,30 +329,5 @@ func (s *Scheduler) pruneHints(live map[string]bool, nodes []*corev1.Node) {
 	for _, n := range nodes {
 		exists[n.Name] = true
 	}
-	now := s.clock.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for g, ns := range s.preferred {
-		kept := ns[:0]
-		for _, n := range ns {
-			if exists[n] {
-				kept = append(kept, n)
-			}
-		}
-		if !live[g] || len(kept) == 0 {
-			delete(s.preferred, g)
-			continue
-		}
-		s.preferred[g] = kept
-	}
-	for g := range s.nominatedClaims {
-		if !live[g] {
-			delete(s.nominatedClaims, g)
-		}
-	}
-	for g, t := range s.released {
-		if !live[g] && now.Sub(t) >= releaseCooldown {
-			delete(s.released, g)
-		}
-	}
+	s.hints.prune(live, exists, s.clock.Now())
 }

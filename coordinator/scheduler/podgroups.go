@@ -103,21 +103,13 @@ func (s *Scheduler) setPodGroupScheduled(ctx context.Context, namespace, name, r
 	}
 	key := namespace + "/" + name
 	said := string(cond.Status) + "\x00" + reason
-	s.mu.Lock()
-	same := s.podGroupSaid[key] == said
-	s.podGroupSaid[key] = said
-	s.mu.Unlock()
-	if same {
+	if !s.podGroupSaid.say(key, said) {
 		return
 	}
 	s.writes.do(ctx, podGroupStatusKey+key, func(ctx context.Context) {
 		if err := s.deps.PodGroupStatus.SetPodGroupScheduled(ctx, namespace, name, cond); err != nil {
 			klog.FromContext(ctx).V(2).Info("PodGroup condition not written", "podGroup", key, "err", err)
-			s.mu.Lock()
-			if s.podGroupSaid[key] == said {
-				delete(s.podGroupSaid, key) // the next cycle tries again
-			}
-			s.mu.Unlock()
+			s.podGroupSaid.failed(key, said) // the next cycle tries again
 		}
 	})
 }
@@ -126,9 +118,7 @@ func (s *Scheduler) setPodGroupScheduled(ctx context.Context, namespace, name, r
 // neither a workload of this cycle nor bound any more: one that comes back
 // is told again (the writer reads the group and changes nothing that holds).
 func (s *Scheduler) forgetPodGroups(ws []*workload, census map[string]*gangCensus) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.podGroupSaid) == 0 {
+	if s.podGroupSaid.empty() {
 		return
 	}
 	live := map[string]bool{}
@@ -143,11 +133,7 @@ func (s *Scheduler) forgetPodGroups(ws []*workload, census map[string]*gangCensu
 			live[ns+"/"+name] = true
 		}
 	}
-	for key := range s.podGroupSaid {
-		if !live[key] {
-			delete(s.podGroupSaid, key)
-		}
-	}
+	s.podGroupSaid.keep(func(key string) bool { return live[key] })
 }
 
 // podGroupStatusKey prefixes the writer's keys of PodGroup conditions.

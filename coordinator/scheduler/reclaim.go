@@ -44,6 +44,7 @@ const terminatingWait = 2 * time.Minute
 // on a few thousand running (BenchmarkCycleWithStarvedBacklog).
 type reclaimScope struct {
 	in  state.Inputs
+	dra *draCycle
 	now time.Time
 
 	indexed bool
@@ -85,8 +86,8 @@ type victimGroup struct {
 	pods []*corev1.Pod
 }
 
-func newReclaimScope(in state.Inputs, now time.Time) *reclaimScope {
-	return &reclaimScope{in: in, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
+func newReclaimScope(in state.Inputs, v *draCycle, now time.Time) *reclaimScope {
+	return &reclaimScope{in: in, dra: v, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
 }
 
 // index parses the running pods once: the UID index, the candidate groups,
@@ -112,7 +113,7 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 			}
 			continue
 		}
-		pi, ok, _ := s.parseAdmitted(p)
+		pi, ok, _ := s.parseAdmitted(sc.dra, p)
 		if !ok {
 			continue
 		}
@@ -160,7 +161,7 @@ func (sc *reclaimScope) holds(uid types.UID) *corev1.Pod { return sc.byUID[uid] 
 // as kube-scheduler's preemption checks a node without its victims: reclaim
 // never evicts for a pod that a check would still reject, and victims'
 // own anti-affinity does not keep them.
-func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks, gone []*corev1.Pod) bool {
+func (s *Scheduler) fits(v *draCycle, snap *state.Snapshot, w *workload, kc *kubeChecks, gone []*corev1.Pod) bool {
 	if snap == nil {
 		return false
 	}
@@ -170,7 +171,7 @@ func (s *Scheduler) fits(snap *state.Snapshot, w *workload, kc *kubeChecks, gone
 		kc.without = gone
 		defer func() { kc.without = nil }()
 	}
-	_, err := s.place(snap, w, kc)
+	_, err := s.place(v, snap, w, kc)
 	kc.rollback(m)
 	if rbErr := snap.Rollback(cp); rbErr != nil {
 		return false
@@ -211,28 +212,11 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	now := sc.now
 	// 1. Earlier victims still running, or pods terminating that would make
 	// room: wait for them, evict nothing more.
-	s.mu.Lock()
-	waiting := 0
-	for uid := range s.reclaiming[w.queue] {
-		if p := sc.holds(uid); p != nil && p.DeletionTimestamp == nil {
-			waiting++
-		} else {
-			delete(s.reclaiming[w.queue], uid) // gone, or the API shows it terminating
-		}
-	}
-	if len(s.reclaiming[w.queue]) == 0 {
-		delete(s.reclaiming, w.queue)
-	}
-	for uid, until := range s.refused {
-		if !now.Before(until) || sc.holds(uid) == nil {
-			delete(s.refused, uid)
-		}
-	}
-	refused := make(map[types.UID]bool, len(s.refused))
-	for uid := range s.refused {
-		refused[uid] = true
-	}
-	s.mu.Unlock()
+	waiting := s.reclaims.waitingFor(w.queue, func(uid types.UID) bool {
+		p := sc.holds(uid)
+		return p != nil && p.DeletionTimestamp == nil // else gone, or the API shows it terminating
+	})
+	refused := s.reclaims.stillRefused(now, func(uid types.UID) bool { return sc.holds(uid) != nil })
 	if waiting > 0 {
 		return fmt.Sprintf("queue %s is below its deserved quota: waiting for %d reclaimed pods of other queues to end", w.queue, waiting)
 	}
@@ -265,7 +249,7 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	// reclaim could ever make for this queue (built once per cycle and
 	// queue), which is enough to turn most hopeless workloads away; then on
 	// the cluster without these victims.
-	if !s.fits(sc.roomyFor(w.queue), w, kc, sc.roomyGone(w.queue)) {
+	if !s.fits(sc.dra, sc.roomyFor(w.queue), w, kc, sc.roomyGone(w.queue)) {
 		return ""
 	}
 	evict, ok := s.victimsThatMakeRoom(w, b, sc, kc, asked.need, list, victims)
@@ -280,17 +264,12 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	for _, p := range evict {
 		msg := fmt.Sprintf("reclaimed by queue %s, which is below its deserved quota", w.queue)
 		err := s.deps.Evictor.Evict(ctx, p, msg)
-		s.mu.Lock()
 		if err != nil {
-			s.refused[p.UID] = now.Add(evictionRetry)
+			s.reclaims.refusedAt(p.UID, now)
 		} else {
-			if s.reclaiming[w.queue] == nil {
-				s.reclaiming[w.queue] = map[types.UID]bool{}
-			}
-			s.reclaiming[w.queue][p.UID] = true
+			s.reclaims.evictedFor(w.queue, p.UID)
 			evicted++
 		}
-		s.mu.Unlock()
 		if err != nil {
 			lastErr = err
 			klog.FromContext(ctx).Error(err, "Evicting for reclaim refused; trying other victims", "pod", klog.KObj(p), "queue", w.queue, "retryAfter", evictionRetry)
@@ -326,10 +305,10 @@ func (s *Scheduler) victimsThatMakeRoom(w *workload, b *books, sc *reclaimScope,
 			}
 		}
 		snap := sc.without(func(p *corev1.Pod) bool { return gone[p.UID] })
-		if s.fits(snap, w, kc, evict) {
+		if s.fits(sc.dra, snap, w, kc, evict) {
 			return evict, true
 		}
-		if kc == nil || step == reclaimEscalations || !s.fits(snap, w, nil, nil) {
+		if kc == nil || step == reclaimEscalations || !s.fits(sc.dra, snap, w, nil, nil) {
 			// Without kube-scheduler's checks it does not fit either: more
 			// victims than the GPUs need are not the answer.
 			return nil, false
@@ -407,7 +386,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 			return false
 		})
 	}
-	if !s.fits(sc.withoutGoing, w, kc, sc.goingPods) {
+	if !s.fits(sc.dra, sc.withoutGoing, w, kc, sc.goingPods) {
 		return 0
 	}
 	return sc.going
@@ -419,9 +398,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 // queue it serves; a queue that got its room back never calls it again, and
 // what it left would keep the idle skip off (cycle.quiet).
 func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.reclaiming) == 0 && len(s.refused) == 0 {
+	if s.reclaims.empty() {
 		return
 	}
 	running := make(map[types.UID]bool, len(pods)) // holds resources -> not terminating
@@ -430,19 +407,5 @@ func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
 			running[p.UID] = p.DeletionTimestamp == nil
 		}
 	}
-	for q, victims := range s.reclaiming {
-		for uid := range victims {
-			if !running[uid] {
-				delete(victims, uid)
-			}
-		}
-		if len(victims) == 0 {
-			delete(s.reclaiming, q)
-		}
-	}
-	for uid, until := range s.refused {
-		if _, holds := running[uid]; !holds || !now.Before(until) {
-			delete(s.refused, uid)
-		}
-	}
+	s.reclaims.prune(running, now)
 }

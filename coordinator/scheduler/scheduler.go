@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,7 +41,6 @@ import (
 	"github.com/gpufrac/gpufrac/coordinator/kueue"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
-	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -222,73 +220,68 @@ type Scheduler struct {
 	// idle is what Run knows of the last cycle it ran, used only by Run.
 	idle idleState
 
-	mu         sync.Mutex
-	assumed    map[types.UID]assumedPod      // pods being bound -> where
-	reclaiming map[string]map[types.UID]bool // starved queue -> victims evicted for it, until the informer shows them terminating
-	refused    map[types.UID]time.Time       // victim whose eviction was refused -> when it may be tried again
+	// writes runs the cycle's API writes other than bindings (its own
+	// lock); allocator allocates claims on nodes in mode dra.
+	writes    *writer
+	allocator *dra.Allocator
+
+	// Guarded by mu: read and written from more than one goroutine (the
+	// cycle, the bind workers, the writers, the informer handlers).
+	mu      sync.Mutex
+	assumed map[types.UID]assumedPod // pods being bound -> where
 	// selfEvicted: pod this scheduler evicted itself (a gang rollback, a
 	// fraction off a GPU taken) -> true, until its delete is seen: its
 	// DisruptionTarget is the coordinator's doing, no lost work (reportLost).
 	selfEvicted map[types.UID]bool
-
-	models     []string          // GPU products in the cluster, set at the start of each cycle
-	lastStatus map[string]string // queue -> last status written or queued (statusKey); guarded by mu
-	// lastInvalid: invalid queue -> the problem last reported in an event, used only by Cycle.
-	lastInvalid map[string]string
-	preferred   map[string][]string  // placeholder group -> nodes where its placeholders landed
-	released    map[string]time.Time // placeholder group -> when its landed placeholders were deleted
-	// gangPartial: gang (gangID) bound in part -> when a cycle first saw it so, used only by Cycle.
-	gangPartial map[string]time.Time
-	// gangEvicted: member evicted by a gang rollback -> true, until it is gone; used only by Cycle.
-	gangEvicted map[types.UID]bool
-	// strandedEvicted: fraction evicted off a GPU given whole to another
-	// pod -> true, while it is still shown running there; used only by Cycle.
-	strandedEvicted map[types.UID]bool
-	// podGroupSaid: PodGroup (namespace/name) -> the PodGroupScheduled
-	// condition last written or queued for it (guarded by mu).
-	podGroupSaid map[string]string
-	// gangErr: gang (gangID) -> the last error binding one of its members (guarded by mu).
-	gangErr map[string]string
-	// bindBackoff: workload -> when it may be placed again after a failed
-	// binding, and the back-off after the next failure (guarded by mu).
-	bindBackoff map[string]bindRetry
-	// said: pod -> the pending reason last written or queued for it (guarded by mu).
-	said map[types.UID]said
 	// reserveCreated: GPU -> when its reservation pod was created, until
-	// the informer shows it (guarded by mu; see reservationEcho).
+	// the informer shows it (see reservationEcho).
 	reserveCreated map[state.NodeGPU]time.Time
-	// writes runs the cycle's API writes other than bindings.
-	writes *writer
-	// nominatedClaims: placeholder group -> NodeClaims Karpenter nominated for it.
-	nominatedClaims map[string][]string
-	plans           map[types.UID]plan // pod waiting for reservations -> its placement, used only by Cycle
-	scalarMilli     map[string]int64   // MIG or replica resource -> milli-GPU per unit (state.Snapshot.ScalarMilli), set each cycle
+	// inflight: pod -> claim allocations made and not yet shown by the
+	// informer.
+	inflight map[types.UID]inflight
 
-	allocator *dra.Allocator         // allocates claims on nodes in mode dra
-	inflight  map[types.UID]inflight // pod -> claim allocations made and not yet shown by the informer; guarded by mu
-	draNow    *draCycle              // this cycle's slices, classes and allocations (nil without DRA), used only by Cycle
-	draNodes  map[string]bool        // nodes in mode dra (state.Snapshot.DRANodes), set each cycle
-	// draBusy names a pod of another scheduler still being placed with
-	// claims ("" when none): nodes in mode dra are off limits this cycle.
-	draBusy string
+	// What lasts from one cycle to the next, each in a type of its own
+	// file: with its own lock (taken inside mu where the holder of mu needs
+	// it, never the other way round), or used only by the cycle goroutine.
+	bindFailed   *bindFailures             // bind back-offs, gangs' last binding errors; own lock
+	reclaims     *reclaimTracking          // reclaim's victims awaited and refused; own lock
+	hints        *placeholderHints         // placeholder groups' landed and nominated nodes, release cooldown; own lock
+	said         *podReasons               // pod -> the pending reason last written or queued; own lock
+	statusSaid   *lastSaid[string, string] // queue -> the status last written or queued (statusKey); own lock
+	invalidSaid  *lastSaid[string, string] // invalid queue -> the problem last reported in an event; own lock
+	podGroupSaid *lastSaid[string, string] // PodGroup -> the PodGroupScheduled condition last written or queued; own lock
+	// gangPartial: gang bound in part -> when a cycle first saw it so;
+	// gangEvicted: members evicted by a gang rollback, until they are gone;
+	// strandedEvicted: fractions evicted off a GPU given whole to another
+	// pod, while still shown running there. Cycle goroutine only.
+	gangPartial     partialGangs
+	gangEvicted     evictionsSent
+	strandedEvicted evictionsSent
+	// settle: each node's settle taints and since when it is usable, and
+	// the wake-up when the next settling node settles (settlingNodes).
+	// Cycle goroutine only.
+	settle *nodeSettle
+	// plans: pod waiting for reservations -> its placement. Cycle
+	// goroutine only (cycle.quiet reads it under mu).
+	plans map[types.UID]plan
+
 	// What cycles keep of each pod and node from one cycle to the next,
-	// used only by Cycle: the snapshot's reads (state.Cache) and the
-	// parses (pod object -> its parses; parseIn are the inputs they were
-	// made with, parseCycle counts the cycles).
-	stateCache *state.Cache
-	parsed     map[*corev1.Pod]*parseEntry
-	parseIn    parseInputs
-	parseCycle uint64
-	// boundDemand holds the requests of the pods bound or being bound
-	// (readBound), reused from cycle to cycle; used only by Cycle.
+	// used only by the cycle goroutine: the snapshot's reads
+	// (state.Cache), the parses (pod object -> its parses; parseIn are the
+	// inputs they were made with, parseCycle counts the cycles) and the
+	// requests of the pods bound or being bound (readBound), reused. The
+	// GPU models, scalar worth (MIG or replica resource -> milli-GPU per
+	// unit) and nodes in mode dra are the last snapshot's: a cycle's parses
+	// begin with them before its own snapshot is built, and are made again
+	// when they changed (snapshot).
+	stateCache  *state.Cache
+	parsed      map[*corev1.Pod]*parseEntry
+	parseIn     parseInputs
+	parseCycle  uint64
 	boundDemand []placement.Request
-	// nodeSeen: node -> its taints and when it became usable, used only by
-	// Cycle (see settlingNodes); nodeSeenOnce: a cycle has seen the nodes.
-	nodeSeen     map[string]*nodeSeen
-	nodeSeenOnce bool
-	settleRound  uint64 // settlingNodes calls so far
-	// settleWake wakes the scheduler when the next settling node settles.
-	settleWake clock.Timer
+	models      []string
+	scalarMilli map[string]int64
+	draNodes    map[string]bool
 }
 
 type assumedPod struct {
@@ -377,26 +370,22 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		wake:        make(chan struct{}, 1),
 		binds:       make(chan bindTask, 4096),
 		assumed:     map[types.UID]assumedPod{},
-		reclaiming:  map[string]map[types.UID]bool{},
-		refused:     map[types.UID]time.Time{},
-		lastStatus:  map[string]string{},
-		lastInvalid: map[string]string{},
-		preferred:   map[string][]string{},
-		released:    map[string]time.Time{},
+		reclaims:    newReclaimTracking(),
+		statusSaid:  newLastSaid[string, string](),
+		invalidSaid: newLastSaid[string, string](),
+		hints:       newPlaceholderHints(),
 
-		nominatedClaims: map[string][]string{},
-		nodeSeen:        map[string]*nodeSeen{},
-		gangPartial:     map[string]time.Time{},
-		gangEvicted:     map[types.UID]bool{},
-		strandedEvicted: map[types.UID]bool{},
+		settle:          newNodeSettle(),
+		gangPartial:     partialGangs{},
+		gangEvicted:     evictionsSent{},
+		strandedEvicted: evictionsSent{},
 		selfEvicted:     map[types.UID]bool{},
-		gangErr:         map[string]string{},
-		podGroupSaid:    map[string]string{},
+		podGroupSaid:    newLastSaid[string, string](),
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
-		bindBackoff:     map[string]bindRetry{},
+		bindFailed:      newBindFailures(),
 		stateCache:      state.NewCache(),
-		said:            map[types.UID]said{},
+		said:            newPodReasons(binder.MessageRefresh),
 		reserveCreated:  map[state.NodeGPU]time.Time{},
 		writes:          newWriter(),
 	}
@@ -590,10 +579,7 @@ func (s *Scheduler) runBind(ctx context.Context, t bindTask) error {
 		} else {
 			delete(s.assumed, t.pod.UID)
 		}
-		if t.gang != "" {
-			s.gangErr[t.gang] = fmt.Sprintf("binding %s to %s: %v", t.pod.Name, t.node, err)
-		}
-		s.backOffLocked(t, err)
+		s.bindFailed.failed(t, err, s.clock.Now())
 		s.mu.Unlock()
 		if unknown && !held {
 			// Shown bound (kube-scheduler's cache confirmed it) or gone
@@ -638,91 +624,15 @@ func (r *Result) pending(queue, reason string, p *corev1.Pod) {
 	}
 }
 
-// settlingNodes are the nodes that became usable within NewNodeSettle. A
-// node becomes usable when
-//   - it appears, for Karpenter's nodes (label karpenter.sh/nodepool) that
-//     appear after the first cycle; a node seen for the first time
-//     otherwise (by the first cycle of a restarted coordinator, say) became
-//     usable when its records say (recordedUsable), so a restart keeps the
-//     settle of a node that was registered a moment before;
-//   - it loses a NoExecute taint (karpenter.sh/unregistered on a node
-//     Karpenter just registered, node.kubernetes.io/not-ready), or a
-//     gpufrac.io/draining taint in force (consolidation gave it back, or
-//     the drain's deadline passed).
-//
-// The first two settle for the taint eviction race (kubernetes#119862):
-// kube-controller-manager's taint manager, whose informer may still show a
-// NoExecute taint the coordinator already saw removed, deletes a pod bound
-// in that moment. Such a node is placed on while it settles, and the
-// reservations of the fractions placed there are made (a reservation pod
-// tolerates every taint, so the taint manager never deletes it), but no
-// pod is bound there until it settled (held): the fractions bind the
-// moment it has, instead of asking for their reservations only then.
-//
-// A returned node is left out of the snapshot while it settles (out): its
-// free GPUs are what the placeholders of earlier versions, which
-// kube-scheduler binds, may be pending for, and a reservation made there
-// could race them for a GPU.
+// settlingNodes are the nodes that became usable within NewNodeSettle
+// (nodeSettle.settling): out are left out of the snapshot while they
+// settle, held are placed on but bound to only once they settled. It
+// wakes the scheduler the moment the first settles.
 func (s *Scheduler) settlingNodes(nodes []*corev1.Node, now time.Time) (out, held map[string]bool) {
-	soonest := s.opts.NewNodeSettle
-	s.settleRound++ // stamps the nodes listed now; the others are forgotten below
-	for _, n := range nodes {
-		taints := settleTaints(n, now)
-		seen, known := s.nodeSeen[n.Name]
-		switch {
-		case known && seen.round == s.settleRound:
-			continue // listed twice
-		case !known || seen.uid != n.UID:
-			// New, or deleted and made again under its name since the
-			// last cycle (the taint manager may have seen it tainted).
-			seen = &nodeSeen{uid: n.UID}
-			if _, karpenters := n.Labels[api.LabelNodePool]; karpenters && s.nodeSeenOnce {
-				seen.usableSince = now
-			} else {
-				// Found by the first cycle (a coordinator restarted, a new
-				// leader) or not Karpenter's: it may have lost a NoExecute
-				// taint a moment ago, unseen.
-				seen.usableSince = s.recordedUsable(n, now)
-			}
-			s.nodeSeen[n.Name] = seen
-		default:
-			gone := slices.DeleteFunc(slices.Clone(seen.taints), func(k string) bool { return slices.Contains(taints, k) })
-			if len(gone) > 0 {
-				// A node given back stays out until it settled, whatever
-				// else it loses meanwhile.
-				returning := seen.returned && now.Sub(seen.usableSince) < s.opts.NewNodeSettle
-				seen.usableSince = now
-				seen.returned = returning || slices.ContainsFunc(gone, func(k string) bool { return strings.HasPrefix(k, api.TaintDraining+":") })
-			}
-		}
-		seen.taints = taints
-		seen.round = s.settleRound
-		if left := s.opts.NewNodeSettle - now.Sub(seen.usableSince); left > 0 {
-			set := &held
-			if seen.returned {
-				set = &out
-			}
-			if *set == nil {
-				*set = map[string]bool{}
-			}
-			(*set)[n.Name] = true
-			soonest = min(soonest, left)
-		}
-	}
-	s.nodeSeenOnce = true
+	out, held, soonest := s.settle.settling(nodes, now, s.opts.NewNodeSettle, s.recordedUsable)
 	if out != nil || held != nil {
 		// A cycle the moment the first settles, not up to Interval later.
-		if s.settleWake != nil {
-			s.settleWake.Stop()
-		}
-		if c, ok := s.clock.(clock.WithDelayedExecution); ok {
-			s.settleWake = c.AfterFunc(soonest, s.Wake)
-		}
-	}
-	for name, seen := range s.nodeSeen {
-		if seen.round != s.settleRound {
-			delete(s.nodeSeen, name)
-		}
+		s.settle.wakeAfter(s.clock, soonest, s.Wake)
 	}
 	return out, held
 }
@@ -771,32 +681,6 @@ func (s *Scheduler) recordedUsable(n *corev1.Node, now time.Time) time.Time {
 		return now
 	}
 	return at
-}
-
-// nodeSeen is what settlingNodes keeps of a node from one cycle to the next.
-type nodeSeen struct {
-	// taints are the keys of its taints that end in a settle (settleTaints).
-	taints []string
-	// usableSince is when it appeared or lost one of them (zero: long ago).
-	usableSince time.Time
-	// returned: what it lost then was a gpufrac.io/draining taint.
-	returned bool
-	// round is the last settlingNodes call that listed it.
-	round uint64
-	// uid is the node object's UID: another is another node of the name.
-	uid types.UID
-}
-
-// settleTaints are the keys of n's taints whose removal makes n settle: its
-// NoExecute taints and a gpufrac.io/draining taint in force.
-func settleTaints(n *corev1.Node, now time.Time) []string {
-	var keys []string
-	for _, t := range n.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoExecute || (t.Key == api.TaintDraining && predicates.DrainingAt(n, now)) {
-			keys = append(keys, t.Key+":"+string(t.Effect))
-		}
-	}
-	return keys
 }
 
 // DefaultNewNodeSettle is the coordinator's --new-node-settle. The settle
@@ -931,7 +815,7 @@ func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 // placePreferring places w on the preferred nodes (where its placeholders
 // landed) when it fits there whole, else anywhere: a preference, never a
 // requirement.
-func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer map[string]bool, kc *kubeChecks) ([]placement.Decision, error) {
+func (s *Scheduler) placePreferring(v *draCycle, snap *state.Snapshot, w *workload, prefer map[string]bool, kc *kubeChecks) ([]placement.Decision, error) {
 	if len(prefer) > 0 {
 		pinned := *w
 		pinned.pods = make([]podInfo, len(w.pods))
@@ -939,18 +823,18 @@ func (s *Scheduler) placePreferring(snap *state.Snapshot, w *workload, prefer ma
 			p.req = *withOnlyNodes(&p.req, prefer)
 			pinned.pods[i] = p
 		}
-		if ds, err := s.place(snap, &pinned, kc); err == nil {
+		if ds, err := s.place(v, snap, &pinned, kc); err == nil {
 			return ds, nil
 		}
 	}
-	return s.place(snap, w, kc)
+	return s.place(v, snap, w, kc)
 }
 
 // place puts every pending pod of w on snap, all or nothing. A gang stays in
 // one node pool: the pool of its members already bound, else the first pool
 // (by name) where it fits whole. With kc, each pod also passes
 // kube-scheduler's filter plugins, and is assumed into their snapshot.
-func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]placement.Decision, error) {
+func (s *Scheduler) place(v *draCycle, snap *state.Snapshot, w *workload, kc *kubeChecks) ([]placement.Decision, error) {
 	pools := []string{""}
 	if w.gang {
 		pools = w.candidatePools(snap)
@@ -959,7 +843,7 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]
 	for _, pool := range pools {
 		cp := snap.Checkpoint()
 		m := kc.mark()
-		ds, err := s.placeAll(snap, w, pool, kc)
+		ds, err := s.placeAll(v, snap, w, pool, kc)
 		if err == nil {
 			if err := snap.Commit(cp); err != nil {
 				return nil, err
@@ -978,7 +862,7 @@ func (s *Scheduler) place(snap *state.Snapshot, w *workload, kc *kubeChecks) ([]
 	return nil, lastErr
 }
 
-func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc *kubeChecks) ([]placement.Decision, error) {
+func (s *Scheduler) placeAll(v *draCycle, snap *state.Snapshot, w *workload, pool string, kc *kubeChecks) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
 		r := w.pods[i].req
@@ -992,7 +876,7 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc 
 		if pc != nil {
 			r.Filter = podFilter{ctx: kc.ctx, pc: pc}
 		}
-		d, err := s.placeOne(snap, &r)
+		d, err := s.placeOne(v, snap, &r)
 		if err != nil {
 			if w.gang {
 				return nil, fmt.Errorf("gang %s (%d pods) does not fit%s: pod %s: %w", w.key, len(w.pods), inPool(pool), w.pods[i].pod.Name, err)
@@ -1012,12 +896,12 @@ func (s *Scheduler) placeAll(snap *state.Snapshot, w *workload, pool string, kc 
 
 // placeOne places r, keeping fractions off nodes whose GPUs have no known
 // UUIDs or are not in fraction mode.
-func (s *Scheduler) placeOne(snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
+func (s *Scheduler) placeOne(v *draCycle, snap *state.Snapshot, r *placement.Request) (placement.Decision, error) {
 	exclude := map[string]bool{}
 	if r.ShareMilli > 0 {
 		maps.Copy(exclude, snap.NoFraction)
 	}
-	if s.draBusy != "" && (r.GPUs > 0 || r.ShareMilli > 0) {
+	if v.busyPod() != "" && (r.GPUs > 0 || r.ShareMilli > 0) {
 		// GPU extended resources are served there through claims too.
 		maps.Copy(exclude, snap.DRANodes)
 	}

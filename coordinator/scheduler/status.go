@@ -118,48 +118,29 @@ func (s *Scheduler) writeQueueStatus(ctx context.Context, b *books, ws []*worklo
 		}
 		st.Conditions = append([]metav1.Condition(nil), tg.conds...)
 		meta.SetStatusCondition(&st.Conditions, cond)
-		if bad && s.lastInvalid[tg.name] != why && s.deps.Recorder != nil {
+		if bad && s.invalidSaid.say(tg.name, why) && s.deps.Recorder != nil {
 			if obj := tg.obj(); obj != nil {
 				s.deps.Recorder.Event(obj, corev1.EventTypeWarning, v1alpha1.ReasonInvalidQueue, "the coordinator cannot use this queue: "+why)
 			}
 		}
-		if bad {
-			s.lastInvalid[tg.name] = why
-		} else {
-			delete(s.lastInvalid, tg.name)
+		if !bad {
+			s.invalidSaid.forget(tg.name)
 		}
 		key := statusKey(st)
-		s.mu.Lock()
-		same := s.lastStatus[tg.name] == key
-		s.lastStatus[tg.name] = key // written, or queued: not queued again
-		s.mu.Unlock()
-		if same {
+		if !s.statusSaid.say(tg.name, key) { // written, or queued: not queued again
 			continue
 		}
 		name := tg.name
 		s.writes.do(ctx, queueStatusKey+name, func(ctx context.Context) {
 			if err := s.deps.Status.WriteQueueStatus(ctx, name, st); err != nil {
 				klog.FromContext(ctx).V(2).Info("Queue status not written", "queue", name, "err", err)
-				s.mu.Lock()
-				if s.lastStatus[name] == key {
-					delete(s.lastStatus, name) // the next cycle tries again
-				}
-				s.mu.Unlock()
+				s.statusSaid.failed(name, key) // the next cycle tries again
 			}
 		})
 	}
-	s.mu.Lock()
-	for name := range s.lastStatus {
-		if !seen[name] {
-			delete(s.lastStatus, name)
-		}
-	}
-	s.mu.Unlock()
-	for name := range s.lastInvalid {
-		if !seen[name] {
-			delete(s.lastInvalid, name)
-		}
-	}
+	live := func(name string) bool { return seen[name] }
+	s.statusSaid.keep(live)
+	s.invalidSaid.keep(live)
 }
 
 // statusKey is what a status write is compared by: its JSON without the

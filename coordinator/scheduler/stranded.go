@@ -47,7 +47,7 @@ func (s *Scheduler) evictStranded(ctx context.Context, snap *state.Snapshot) {
 				continue
 			}
 			still[p.UID] = true
-			if s.strandedEvicted[p.UID] {
+			if s.strandedEvicted.sent(p.UID) {
 				continue
 			}
 			msg := fmt.Sprintf("GPU %s on %s lost its reservation and was given whole to pod %s/%s; a fraction may not share a GPU with an exclusive pod: evicted to be placed again",
@@ -62,14 +62,10 @@ func (s *Scheduler) evictStranded(ctx context.Context, snap *state.Snapshot) {
 				logger.Error(err, "Evicting a fraction from a GPU given whole to another pod; retried in the next cycle", "pod", klog.KObj(p), "node", key.Node, "gpu", key.GPU)
 				continue
 			}
-			s.strandedEvicted[p.UID] = true
+			s.strandedEvicted.mark(p.UID)
 			s.metrics.fractionsEvicted.WithLabelValues(EvictedGPUTaken).Inc()
 			logger.Info("Evicted a fraction from a GPU given whole to another pod", "pod", klog.KObj(p), "node", key.Node, "gpu", key.GPU, "holder", klog.KObj(r.TakenBy))
 		}
 	}
-	for uid := range s.strandedEvicted {
-		if !still[uid] {
-			delete(s.strandedEvicted, uid)
-		}
-	}
+	s.strandedEvicted.keep(func(uid types.UID) bool { return still[uid] })
 }

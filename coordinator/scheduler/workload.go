@@ -95,12 +95,12 @@ type invalidPod struct {
 // already bound (or being bound) count toward min-member and pin the pool.
 // deferred counts the pods left for a later cycle because their Job or a
 // claim is not in the informers' caches yet.
-func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) (_ []*workload, _ []invalidPod, deferred int) {
+func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlaced, b *books) (_ []*workload, _ []invalidPod, deferred int) {
 	var invalid []invalidPod
 	byKey := map[string]*workload{}
 	var order []string
 	for _, p := range pending {
-		pi, err := s.parse(p)
+		pi, err := s.parse(v, p)
 		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
 			deferred++
 			continue // the Job or a claim is not in the cache yet: try again next cycle
@@ -114,7 +114,7 @@ func (s *Scheduler) group(pending []*corev1.Pod, placed *gangsPlaced, b *books) 
 		}
 		claims := pi.claims
 		if !pi.claimsGPU && (pi.req.GPUs > 0 || pi.req.ShareMilli > 0) {
-			own, forged, why := s.extendedClaimOf(p)
+			own, forged, why := v.extendedClaimOf(p)
 			if forged != nil {
 				invalid = append(invalid, invalidPod{pod: p, message: forgedClaimMessage(forged, why)})
 				continue

@@ -4,13 +4,10 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-
-	"github.com/gpufrac/gpufrac/coordinator/binder"
 )
 
 // A cycle decides; the API writes it decides besides bindings - pending
@@ -153,12 +150,6 @@ func (w *writer) next(ctx context.Context) bool {
 	return true
 }
 
-// said is a pending reason the coordinator wrote (or queued) on a pod.
-type said struct {
-	reason, message string
-	at              time.Time
-}
-
 // markPending gives p, of queue, the PodScheduled reason and message (through the
 // writer) and counts it in res. A pod told a reason is not told the same
 // reason again within the binder's MessageRefresh, whatever the message:
@@ -167,25 +158,13 @@ type said struct {
 // informer shows the last write, and would write it again.
 func (s *Scheduler) markPending(ctx context.Context, p *corev1.Pod, queue, reason, msg string, res *Result) {
 	res.pending(queue, reason, p)
-	now := s.clock.Now()
-	s.mu.Lock()
-	last, ok := s.said[p.UID]
-	if ok && last.reason == reason && (last.message == msg || now.Sub(last.at) < s.messageRefresh()) {
-		s.mu.Unlock()
+	if !s.said.say(p.UID, reason, msg, s.clock.Now()) {
 		return
 	}
-	if p.UID != "" {
-		s.said[p.UID] = said{reason: reason, message: msg, at: now}
-	}
-	s.mu.Unlock()
 	s.writes.do(ctx, pendingKey(p), func(ctx context.Context) {
 		if err := s.deps.Binder.MarkPending(ctx, p, reason, msg); err != nil {
 			klog.FromContext(ctx).V(2).Info("Writing pending reason failed", "pod", klog.KObj(p), "reason", reason, "err", err)
-			s.mu.Lock()
-			if cur, ok := s.said[p.UID]; ok && cur.reason == reason && cur.message == msg {
-				delete(s.said, p.UID) // the next cycle tries again
-			}
-			s.mu.Unlock()
+			s.said.failed(p.UID, reason, msg) // the next cycle tries again
 		}
 	})
 }
@@ -201,28 +180,15 @@ func pendingKey(p *corev1.Pod) string {
 // reason again.
 func (s *Scheduler) unsay(p *corev1.Pod) {
 	s.writes.cancel(pendingKey(p))
-	s.mu.Lock()
-	delete(s.said, p.UID)
-	s.mu.Unlock()
+	s.said.unsay(p.UID)
 }
 
 // forgetSaid drops what markPending remembers once the message refresh
 // has passed: by then the informer shows the write, and the binder's own
 // check (binder.Pending, MessageRefresh) reads the pod.
 func (s *Scheduler) forgetSaid() {
-	now := s.clock.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for uid, last := range s.said {
-		if now.Sub(last.at) >= s.messageRefresh() {
-			delete(s.said, uid)
-		}
-	}
+	s.said.forgetOld(s.clock.Now())
 }
-
-// messageRefresh is how long a pending reason stands before its message
-// is rewritten (binder.MessageRefresh).
-func (s *Scheduler) messageRefresh() time.Duration { return binder.MessageRefresh }
 
 // writeOrder is the order the writer runs its keys in (a workqueue.Queue;
 // the workqueue calls it under its own lock). With one first-come queue, a
