@@ -376,7 +376,7 @@ func (s *Scheduler) allocateClaims(ctx context.Context, v *draCycle, w *workload
 			if err != nil {
 				return fail(fmt.Errorf("pod %s/%s: %w", p.pod.Namespace, p.pod.Name, err))
 			}
-			if gpus := s.gpusOf(res); moved && len(gpus) > 0 {
+			if gpus := v.gpusOf(res); moved && len(gpus) > 0 {
 				// The pod's GPU is where its claims went: the binding's
 				// gpufrac.io/gpu and the assumption name that GPU, not the
 				// one placement chose.
@@ -405,14 +405,14 @@ func (s *Scheduler) allocateClaims(ctx context.Context, v *draCycle, w *workload
 // (whose pool and device names may be gpufrac's: devices are keyed without
 // their driver), admin-access results (which hold nothing, as in
 // dra.UsageOf) and devices not published are left out.
-func (s *Scheduler) gpusOf(res []resourceapi.AllocationResult) []string {
+func (v *draCycle) gpusOf(res []resourceapi.AllocationResult) []string {
 	var out []string
 	for _, a := range res {
 		for _, r := range a.Devices.Results {
 			if r.Driver != api.DRADriver || r.AdminAccess != nil && *r.AdminAccess {
 				continue
 			}
-			if d, ok := s.draNow.devs[dra.DeviceKey{Pool: r.Pool, Device: r.Device}]; ok && d.GPU != "" && !slices.Contains(out, d.GPU) {
+			if d, ok := v.devs[dra.DeviceKey{Pool: r.Pool, Device: r.Device}]; ok && d.GPU != "" && !slices.Contains(out, d.GPU) {
 				out = append(out, d.GPU)
 			}
 		}

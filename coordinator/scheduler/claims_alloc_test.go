@@ -236,9 +236,9 @@ func TestClaimPodIsAnnotatedWithTheGPUItsClaimGot(t *testing.T) {
 // an admin-access result (which holds nothing), name no GPU.
 func TestGPUsOfCountsOnlyGpufracDevicesHeld(t *testing.T) {
 	_, s1 := draNodeGPUs(t, "n1", 3)
-	s := &Scheduler{draNow: &draCycle{devs: dra.IndexDevices(s1)}}
+	v := &draCycle{devs: dra.IndexDevices(s1)}
 	for _, key := range []dra.DeviceKey{{Pool: "n1", Device: "gpu-0"}, {Pool: "n1", Device: "gpu-1-shares"}, {Pool: "n1", Device: "gpu-2-memory"}} {
-		if _, ok := s.draNow.devs[key]; !ok {
+		if _, ok := v.devs[key]; !ok {
 			t.Fatalf("gpufrac publishes no device %v: the test needs it", key)
 		}
 	}
@@ -247,7 +247,7 @@ func TestGPUsOfCountsOnlyGpufracDevicesHeld(t *testing.T) {
 		{Request: "gpu", Driver: api.DRADriver, Pool: "n1", Device: "gpu-1-shares"},
 		{Request: "debug", Driver: api.DRADriver, Pool: "n1", Device: "gpu-2-memory", AdminAccess: ptr.To(true)},
 	}}}}
-	if got, want := s.gpusOf(res), []string{"GPU-n1-1"}; !slices.Equal(got, want) {
+	if got, want := v.gpusOf(res), []string{"GPU-n1-1"}; !slices.Equal(got, want) {
 		t.Errorf("gpusOf = %v, want %v (gpufrac's devices held, not another driver's of the same name nor an admin-access one)", got, want)
 	}
 }
