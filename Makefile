@@ -16,6 +16,12 @@ PKGS := ./...
 CHART := deployments/helm/gpufrac
 VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' $(CURDIR)/$(CHART)/Chart.yaml)
 GO_LDFLAGS := -s -w -X github.com/gpufrac/gpufrac/cmd/internal/version.version=$(VERSION)
+# The release binaries are reproducible from any path: -trimpath keeps the
+# checkout's path (and the module cache's) out of them; -buildvcs=false keeps
+# git's state out (a docker build context has no .git, so the Dockerfiles'
+# builds could not stamp it anyway; the release records the commit as an image
+# annotation and in release.json instead). docs/release.md, "Reproducible".
+GO_BUILDFLAGS := -trimpath -buildvcs=false
 # gpufrac-node calls NVML through cgo (go-nvml dlopens libnvidia-ml.so.1, which
 # needs glibc); every other command is static. The images' Dockerfiles build
 # through build-node and build-static, so their flags are these.
@@ -29,11 +35,11 @@ build: build-node build-static
 
 build-node:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=1 $(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/gpufrac-node
+	CGO_ENABLED=1 $(GO) build $(GO_BUILDFLAGS) -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/gpufrac-node
 
 build-static:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(STATIC_CMDS))
+	CGO_ENABLED=0 $(GO) build $(GO_BUILDFLAGS) -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(STATIC_CMDS))
 
 -include tests/tools/tools.mk
 -include tests/demo/demo.mk

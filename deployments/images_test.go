@@ -219,6 +219,14 @@ func TestDockerfiles(t *testing.T) {
 			if wantCgo := map[bool]string{true: "CGO_ENABLED=0", false: "CGO_ENABLED=1"}[img.static]; !strings.Contains(dry, wantCgo) {
 				t.Errorf("make %s builds without %s: %s", target, wantCgo, dry)
 			}
+			// The release dry run builds through this target too, from any
+			// checkout path: the binary must not carry the path or git's state
+			// (docs/release.md, "Reproducible").
+			for _, flag := range []string{"-trimpath", "-buildvcs=false"} {
+				if !strings.Contains(dry, " "+flag+" ") {
+					t.Errorf("make %s builds without %s: %s", target, flag, dry)
+				}
+			}
 			if testing.Short() {
 				return
 			}

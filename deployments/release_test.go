@@ -4,13 +4,18 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpufrac/gpufrac/deployments/internal/release"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -19,8 +24,11 @@ import (
 // TestReleaseDryRun runs make release-dry-run's core (release.Run) for the
 // platforms cheap to build here (linux/amd64 images, the linux/amd64 krew
 // archive; gpufrac-node's linux/arm64 is asked for without a C cross
-// compiler and must be reported as not built), checks the output with release.Verify, then breaks the
-// output one way at a time and checks Verify names each break. The full set
+// compiler and must be reported as not built), checks the output with release.Verify and
+// that Helm 3 and 4 read the chart package, builds it again from a copy of the
+// checkout at another path and checks every file is the same bytes
+// (checkReproducible), then breaks the output one way at a time and checks
+// Verify names each break. The full set
 // of platforms (the coordinator's linux/arm64, four krew archives) is what
 // make release-dry-run builds; GPUFRAC_RELEASE_ARM64=1 adds both components'
 // linux/arm64 here (gpufrac-node's with Debian's aarch64 cross compiler and
@@ -45,7 +53,7 @@ func TestReleaseDryRun(t *testing.T) {
 		crossCC = map[string]string{"arm64": "aarch64-linux-gnu-gcc"}
 	}
 	out := t.TempDir()
-	m, err := release.Run(release.Config{
+	cfg := release.Config{
 		Root: root, Version: version, Out: out, Helm: helmPath(t, cluster.Helm3), Registry: "ghcr.io/gpufrac",
 		Images: []release.Image{
 			{Name: "gpufrac-node", Platforms: []string{"linux/amd64", "linux/arm64"}},
@@ -53,13 +61,31 @@ func TestReleaseDryRun(t *testing.T) {
 		},
 		CrossCC:       crossCC,
 		KrewPlatforms: []string{"linux/amd64"},
-	})
+	}
+	m, err := release.Run(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := release.Verify(out); err != nil {
 		t.Fatalf("the dry run's output does not verify:\n%v", err)
 	}
+	// Helm reads the repacked chart package.
+	for _, helm := range []string{cluster.Helm3, cluster.Helm4} {
+		pkg := filepath.Join(out, m.Chart.Package)
+		if b, err := exec.Command(helmPath(t, helm), "show", "chart", pkg).CombinedOutput(); err != nil || !strings.Contains(string(b), "version: "+version) {
+			t.Errorf("%s show chart %s: %v\n%s", helm, m.Chart.Package, err, b)
+		}
+		if b, err := exec.Command(helmPath(t, helm), "lint", pkg).CombinedOutput(); err != nil {
+			t.Errorf("%s lint %s: %v\n%s", helm, m.Chart.Package, err, b)
+		}
+	}
+	t.Run("the same bytes from a copy of the tree at another path", func(t *testing.T) {
+		// The second build finds every compile in Go's build cache (with
+		// -trimpath the package directory is not part of the cache key), so
+		// it costs the links, the layers and helm package: seconds, not the
+		// first build's minutes.
+		checkReproducible(t, root, cfg, m)
+	})
 	nodePlatforms := 2
 	if !arm64 {
 		nodePlatforms = 1
@@ -266,4 +292,117 @@ func rewriteTgz(t *testing.T, tgz []byte, name string, edit func([]byte) []byte)
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// checkReproducible builds the release again with cfg from a copy of the
+// checkout's files (tracked and untracked, not ignored: what git ls-files
+// lists) at another path, with the first build's commit and source date (the
+// copy is not a git checkout), and checks that every file of the two outputs
+// is the same bytes: the image layouts (so every image index and image
+// digest), the binaries, the chart .tgz and its OCI layout, the SBOMs,
+// release.json and SHA256SUMS.
+func checkReproducible(t *testing.T, root string, cfg release.Config, first *release.Manifest) {
+	t.Helper()
+	list, err := exec.Command("git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
+	if err != nil {
+		t.Fatalf("git ls-files (the test copies the checkout's files): %v", err)
+	}
+	copyRoot := filepath.Join(t.TempDir(), "elsewhere", "gpufrac")
+	for _, rel := range strings.Split(strings.TrimRight(string(list), "\x00"), "\x00") {
+		src, dst := filepath.Join(root, rel), filepath.Join(copyRoot, rel)
+		st, err := os.Lstat(src)
+		if os.IsNotExist(err) {
+			continue // deleted in the working tree, not yet committed
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, dst); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, data, st.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	date, err := time.Parse(time.RFC3339, first.SourceDate)
+	if err != nil {
+		t.Fatalf("release.json sourceDate: %v", err)
+	}
+	firstOut := cfg.Out
+	cfg.Root, cfg.Out, cfg.Commit, cfg.SourceDate = copyRoot, filepath.Join(t.TempDir(), "release"), first.Commit, date
+	second, err := release.Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(second.Images) != len(first.Images) {
+		t.Fatalf("%d images from %s, %d from %s", len(first.Images), root, len(second.Images), copyRoot)
+	}
+	for i, im := range first.Images {
+		if d := second.Images[i].Digest; d != im.Digest {
+			t.Errorf("image %s: index digest %s from %s, %s from %s", im.Name, im.Digest, root, d, copyRoot)
+		}
+	}
+	if second.Chart.SHA256 != first.Chart.SHA256 || second.Chart.OCIDigest != first.Chart.OCIDigest {
+		t.Errorf("chart package sha256 %s (OCI %s) from %s, %s (OCI %s) from %s",
+			first.Chart.SHA256, first.Chart.OCIDigest, root, second.Chart.SHA256, second.Chart.OCIDigest, copyRoot)
+	}
+	want, got := fileSums(t, firstOut), fileSums(t, cfg.Out)
+	var differ []string
+	for rel, sum := range want {
+		if got[rel] != sum {
+			differ = append(differ, rel)
+		}
+	}
+	for rel := range got {
+		if _, ok := want[rel]; !ok {
+			differ = append(differ, rel+" (only in the second)")
+		}
+	}
+	slices.Sort(differ)
+	if len(differ) > 0 {
+		t.Errorf("%d files differ between the release built from %s (%d files) and from %s: %s",
+			len(differ), root, len(want), copyRoot, strings.Join(differ, ", "))
+	}
+	for _, rel := range []string{"SHA256SUMS", "release.json"} {
+		if _, ok := want[rel]; !ok {
+			t.Errorf("the release has no %s", rel)
+		}
+	}
+}
+
+// fileSums maps every file under dir (slash-separated, relative) to its sha256.
+func fileSums(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	sums := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		s := sha256.Sum256(data)
+		sums[filepath.ToSlash(rel)] = hex.EncodeToString(s[:])
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sums
 }

@@ -16,7 +16,7 @@ KREW_DIR ?= $(BIN)/krew
 krew:
 	@set -e; mkdir -p $(KREW_DIR); for p in $(KREW_PLATFORMS); do \
 		os=$${p%/*}; arch=$${p#*/}; dir=$(KREW_DIR)/$${os}_$${arch}; mkdir -p $$dir; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(GO_LDFLAGS)' -o $$dir/kubectl-gpufrac ./cmd/kubectl-gpufrac; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build $(GO_BUILDFLAGS) -ldflags '$(GO_LDFLAGS)' -o $$dir/kubectl-gpufrac ./cmd/kubectl-gpufrac; \
 		cp LICENSE $$dir/LICENSE; \
 		archive=$(KREW_DIR)/kubectl-gpufrac_v$(VERSION)_$${os}_$${arch}.tar.gz; \
 		tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C $$dir -cf - kubectl-gpufrac LICENSE | gzip -n > $$archive; \

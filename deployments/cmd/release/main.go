@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpufrac/gpufrac/deployments/internal/release"
 )
@@ -67,6 +69,10 @@ func run(version, out, helm, registry, node, coord, krew string, ccs map[string]
 		if out, err = filepath.Abs(out); err != nil {
 			return err
 		}
+		date, err := sourceDateEpoch(os.Getenv("SOURCE_DATE_EPOCH"))
+		if err != nil {
+			return err
+		}
 		if _, err := release.Run(release.Config{
 			Root: root, Version: version, Out: out, Helm: helm, Registry: registry,
 			Images: []release.Image{
@@ -75,6 +81,7 @@ func run(version, out, helm, registry, node, coord, krew string, ccs map[string]
 			},
 			CrossCC:       ccs,
 			KrewPlatforms: split(krew),
+			SourceDate:    date,
 			Log:           os.Stdout,
 		}); err != nil {
 			return err
@@ -85,4 +92,18 @@ func run(version, out, helm, registry, node, coord, krew string, ccs map[string]
 	}
 	fmt.Printf("%s verified: release.json, SHA256SUMS\n", out)
 	return nil
+}
+
+// sourceDateEpoch is SOURCE_DATE_EPOCH (https://reproducible-builds.org/specs/source-date-epoch/),
+// seconds since the epoch, as the time the chart package and the SBOMs carry;
+// unset, zero (the release takes the commit's time).
+func sourceDateEpoch(v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	sec, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || sec < 0 {
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: want a non-negative number of seconds", v)
+	}
+	return time.Unix(sec, 0).UTC(), nil
 }

@@ -96,6 +96,14 @@ type Config struct {
 	CrossCC map[string]string
 	// KrewPlatforms are kubectl-gpufrac's archives' "<os>/<arch>".
 	KrewPlatforms []string
+	// Commit is the commit recorded in release.json and the images'
+	// annotations; empty is the checkout's (git, with -dirty for
+	// uncommitted changes; none outside git).
+	Commit string
+	// SourceDate is the time the chart package's files and the SBOMs carry;
+	// zero is the commit's time (the epoch outside git). The release command
+	// sets it from SOURCE_DATE_EPOCH when that is set.
+	SourceDate time.Time
 	// Log gets progress lines; nil is io.Discard.
 	Log io.Writer
 }
@@ -105,10 +113,14 @@ type Config struct {
 type Manifest struct {
 	Version string `json:"version"`
 	// Commit is the checkout's commit (with -dirty for uncommitted changes).
-	Commit string        `json:"commit,omitempty"`
-	Images []ImageResult `json:"images"`
-	Chart  ChartResult   `json:"chart"`
-	Krew   KrewResult    `json:"krew"`
+	Commit string `json:"commit,omitempty"`
+	// SourceDate is the time every file of the chart package and the SBOMs
+	// carry (RFC 3339, UTC): the commit's, so that a rebuild of the commit
+	// gives the same bytes.
+	SourceDate string        `json:"sourceDate"`
+	Images     []ImageResult `json:"images"`
+	Chart      ChartResult   `json:"chart"`
+	Krew       KrewResult    `json:"krew"`
 	// NotBuilt names what was asked for or is published by a real release
 	// but could not be built here, and why.
 	NotBuilt []string `json:"notBuilt,omitempty"`
@@ -184,7 +196,14 @@ func Run(cfg Config) (*Manifest, error) {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, err
 	}
-	m := &Manifest{Version: cfg.Version, Commit: commit(cfg.Root)}
+	if cfg.Commit == "" {
+		cfg.Commit = commit(cfg.Root)
+	}
+	if cfg.SourceDate.IsZero() {
+		cfg.SourceDate = commitTime(cfg.Root)
+	}
+	cfg.SourceDate = cfg.SourceDate.UTC().Truncate(time.Second)
+	m := &Manifest{Version: cfg.Version, Commit: cfg.Commit, SourceDate: cfg.SourceDate.Format(time.RFC3339)}
 	digests := map[string]string{}
 	for _, im := range cfg.Images {
 		res, notBuilt, err := buildImage(cfg, m, im)
@@ -248,16 +267,16 @@ func commit(root string) string {
 	return c
 }
 
-// created is the SBOMs' creation time: the commit's (so that a rebuild of
-// one commit writes the same SBOM), the epoch outside git.
-func created(root string) string {
+// commitTime is the checkout's commit time (so that a rebuild of one commit
+// writes the same SBOMs and chart package), the epoch outside git.
+func commitTime(root string) time.Time {
 	out, err := exec.Command("git", "-C", root, "log", "-1", "--format=%ct", "HEAD").Output()
 	if err == nil {
 		if sec, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err == nil {
-			return time.Unix(sec, 0).UTC().Format(time.RFC3339)
+			return time.Unix(sec, 0).UTC()
 		}
 	}
-	return time.Unix(0, 0).UTC().Format(time.RFC3339)
+	return time.Unix(0, 0).UTC()
 }
 
 // readTgzFile is the content of name in a gzipped tar.
@@ -364,7 +383,7 @@ func buildImage(cfg Config, m *Manifest, im Image) (*ImageResult, []string, erro
 			return nil, nil, err
 		}
 		sbomPath := filepath.Join("sbom", fmt.Sprintf("%s_%s_%s.spdx.json", im.Name, goos, arch))
-		doc, err := SBOM(spec, im.Name, cfg.Version, p, d.String(), created(cfg.Root))
+		doc, err := SBOM(spec, im.Name, cfg.Version, p, d.String(), cfg.SourceDate.Format(time.RFC3339))
 		if err != nil {
 			return nil, nil, fmt.Errorf("SBOM: %w", err)
 		}
@@ -393,8 +412,8 @@ func buildImage(cfg Config, m *Manifest, im Image) (*ImageResult, []string, erro
 	// docs/release.md tags it after the push.
 	res.Tag = cfg.Version
 	ann := map[string]string{v1AnnotationRefName: cfg.Version}
-	if m.Commit != "" {
-		ann["org.opencontainers.image.revision"] = m.Commit
+	if cfg.Commit != "" {
+		ann["org.opencontainers.image.revision"] = cfg.Commit
 	}
 	lp, err := layout.Write(filepath.Join(cfg.Out, res.Layout), empty.Index)
 	if err != nil {
@@ -491,8 +510,18 @@ func packageChart(cfg Config, digests map[string]string) (*ChartResult, error) {
 		return nil, fmt.Errorf("helm package: %v\n%s", err, out)
 	}
 	pkg := filepath.Join("chart", "gpufrac-"+cfg.Version+".tgz")
-	tgz, err := os.ReadFile(filepath.Join(cfg.Out, pkg))
+	helmTgz, err := os.ReadFile(filepath.Join(cfg.Out, pkg))
 	if err != nil {
+		return nil, err
+	}
+	// helm package stamps every file with the time it ran (Helm 3's
+	// chartutil.Save: time.Now(); no flag changes it): the same package,
+	// its times set to the source date.
+	tgz, err := Reproducible(helmTgz, cfg.SourceDate)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", pkg, err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.Out, pkg), tgz, 0o644); err != nil {
 		return nil, err
 	}
 	chartYAML, err := readTgzFile(tgz, "gpufrac/Chart.yaml")
@@ -510,6 +539,59 @@ func packageChart(cfg Config, digests map[string]string) (*ChartResult, error) {
 	}
 	res.OCIDigest = d
 	return res, nil
+}
+
+// Reproducible is the gzipped tar tgz with every entry's time set to date:
+// the same entries in the same order (Helm's), with the same names, types,
+// modes and contents, owners root, no user or group names, no access or
+// change times, and the gzip header's comment and extra field kept (Helm
+// writes its own there) with no name and no time. Applied to two packages of
+// the same files made at different times, it gives the same bytes.
+func Reproducible(tgz []byte, date time.Time) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(tgz))
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
+	if err != nil {
+		return nil, err
+	}
+	zw.Comment, zw.Extra, zw.OS = zr.Comment, zr.Extra, 255 // 255: unknown OS, as Go writes it
+	tw := tar.NewWriter(zw)
+	tr := tar.NewReader(zr)
+	date = date.UTC().Truncate(time.Second)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch h.Typeflag {
+		case tar.TypeReg, tar.TypeDir:
+		default:
+			return nil, fmt.Errorf("%s: entry type %q: want only files and directories", h.Name, h.Typeflag)
+		}
+		nh := &tar.Header{Typeflag: h.Typeflag, Name: h.Name, Mode: h.Mode, Size: h.Size, ModTime: date}
+		if err := tw.WriteHeader(nh); err != nil {
+			return nil, fmt.Errorf("%s: %w", h.Name, err)
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return nil, fmt.Errorf("%s: %w", h.Name, err)
+		}
+	}
+	if err := zr.Close(); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // setDigest sets digest: "<d>" in the image block whose repository ends in

@@ -3,6 +3,7 @@ package release
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"debug/buildinfo"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -61,7 +63,7 @@ func Verify(out string) error {
 			fail("release.json has no image %s", name)
 		}
 	}
-	if err := verifyChart(out, m.Version, m.Chart, digests); err != nil {
+	if err := verifyChart(out, m.Version, m.SourceDate, m.Chart, digests); err != nil {
 		fail("chart: %w", err)
 	}
 	if err := verifyKrew(out, m.Version, m.Krew); err != nil {
@@ -384,7 +386,42 @@ func imageFiles(img v1.Image) (map[string][]byte, error) {
 	}
 }
 
-func verifyChart(out, version string, c ChartResult, digests map[string]string) error {
+// checkTgzTimes checks that every entry of the gzipped tar tgz carries the
+// time sourceDate (RFC 3339), the time Reproducible gives them, and the
+// gzip header none, so that the package is the same bytes at every rebuild.
+func checkTgzTimes(tgz []byte, sourceDate string) error {
+	date, err := time.Parse(time.RFC3339, sourceDate)
+	if err != nil {
+		return fmt.Errorf("release.json's sourceDate %q: %w", sourceDate, err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(tgz))
+	if err != nil {
+		return err
+	}
+	if !zr.ModTime.IsZero() || zr.Name != "" {
+		return fmt.Errorf("the gzip header has a name %q or a time %s", zr.Name, zr.ModTime)
+	}
+	var bad []string
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if !h.ModTime.Equal(date) || h.Uid != 0 || h.Gid != 0 || h.Uname != "" || h.Gname != "" {
+			bad = append(bad, fmt.Sprintf("%s (%s, %d:%d %s:%s)", h.Name, h.ModTime.UTC().Format(time.RFC3339), h.Uid, h.Gid, h.Uname, h.Gname))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("not reproducible: entries not at the source date %s owned by 0:0 without names: %s", sourceDate, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+func verifyChart(out, version, sourceDate string, c ChartResult, digests map[string]string) error {
 	tgz, err := readRel(out, c.Package)
 	if err != nil {
 		return err
@@ -393,6 +430,9 @@ func verifyChart(out, version string, c ChartResult, digests map[string]string) 
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if sum := sha256Hex(tgz); sum != c.SHA256 {
 		fail("%s has sha256 %s, release.json says %s", c.Package, sum, c.SHA256)
+	}
+	if err := checkTgzTimes(tgz, sourceDate); err != nil {
+		fail("%s: %w", c.Package, err)
 	}
 	chartYAML, err := readTgzFile(tgz, "gpufrac/Chart.yaml")
 	if err != nil {
