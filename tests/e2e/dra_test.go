@@ -620,9 +620,26 @@ func TestMIGClaimsThroughKubeScheduler(t *testing.T) {
 		names = append(names, n)
 		createPods(t, c, draPod(n, "mig-1g"))
 	}
-	pods := running(t, c, 90*time.Second, names[:7]...)
+	// Seven of the eight run: which seven is kube-scheduler's choice (it
+	// does not promise creation order), so the test waits for any seven.
+	pods := map[string]*corev1.Pod{}
+	waitFor(t, 90*time.Second, "7 of the 8 pods Running", func(ctx context.Context) (bool, error) {
+		clear(pods)
+		for _, n := range names {
+			if p, err := c.Client.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{}); err == nil && p.Status.Phase == corev1.PodRunning {
+				pods[n] = p
+			}
+		}
+		return len(pods) == 7, nil
+	})
+	left := ""
+	for _, n := range names {
+		if pods[n] == nil {
+			left = n
+		}
+	}
 	seen := map[string]string{}
-	for _, n := range names[:7] {
+	for n := range pods {
 		d := allocatedDevice(t, podClaim(t, c, pods[n])).Device
 		if !strings.HasPrefix(d, "gpu-0-mig-1g10gb-") {
 			t.Errorf("%s got %s, want one of GPU 0's 1g.10gb devices", n, d)
@@ -639,8 +656,8 @@ func TestMIGClaimsThroughKubeScheduler(t *testing.T) {
 			t.Errorf("%s: env %v, want NVIDIA_VISIBLE_DEVICES=void and no memory limit (MIG is isolated in hardware)", n, env)
 		}
 	}
-	waitFor(t, 30*time.Second, "kube-scheduler to find no MIG device for m7", func(ctx context.Context) (bool, error) {
-		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "m7", metav1.GetOptions{})
+	waitFor(t, 30*time.Second, "kube-scheduler to find no MIG device for the eighth pod", func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, left, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
