@@ -83,6 +83,9 @@ func main() {
 	priceTable := costFlags(&cfg)
 	printVersion := flag.Bool("version", false, "print the version and exit")
 	applyCRDs := flag.String("apply-crds", "", "instead of scheduling: server-side apply (field manager "+crdapply.FieldManager+", forced) the gpufrac CustomResourceDefinitions in this directory's *.yaml files to those that exist, wait until they are established, and exit; the chart's pre-install/pre-upgrade hook, since Helm never upgrades its crds/. A CRD that does not exist is left to Helm (never created, never deleted)")
+	crdOpts := crdapply.Options{Timeout: time.Minute}
+	flag.StringVar(&crdOpts.Version, "apply-crds-version", "", "with --apply-crds: the chart version whose CRDs these are, recorded on each CRD ("+crdapply.VersionAnnotation+"); a CRD a newer chart version applied is refused (a downgrade would drop the newer fields of every stored object) unless --apply-crds-allow-downgrade")
+	flag.BoolVar(&crdOpts.AllowDowngrade, "apply-crds-allow-downgrade", false, "with --apply-crds-version: apply the CRDs even over those a newer chart version applied")
 	flag.Parse()
 	cfg.NoDRA = !*draOn
 	if *printVersion {
@@ -90,7 +93,7 @@ func main() {
 		return
 	}
 	if *applyCRDs != "" {
-		if err := runApplyCRDs(*applyCRDs, kubeconfig); err != nil {
+		if err := runApplyCRDs(*applyCRDs, kubeconfig, crdOpts); err != nil {
 			klog.ErrorS(err, "Applying the CustomResourceDefinitions failed", "dir", *applyCRDs)
 			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
@@ -168,7 +171,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // runApplyCRDs is --apply-crds: the chart's CRD upgrade hook.
-func runApplyCRDs(dir, kubeconfig string) error {
+func runApplyCRDs(dir, kubeconfig string, o crdapply.Options) error {
 	crds, err := crdapply.Read(dir)
 	if err != nil {
 		return err
@@ -186,7 +189,7 @@ func runApplyCRDs(dir, kubeconfig string) error {
 	ctx, cancel := context.WithTimeout(klog.NewContext(ctx, klog.Background()), 2*time.Minute)
 	defer cancel()
 	klog.InfoS("Applying CustomResourceDefinitions", "crds", crdapply.Names(crds), "version", version.Get())
-	_, err = crdapply.Apply(ctx, dyn, crds, time.Minute)
+	_, err = crdapply.Apply(ctx, dyn, crds, o)
 	return err
 }
 

@@ -35,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
@@ -137,12 +138,31 @@ const (
 	Absent Result = "absent"
 )
 
+// VersionAnnotation records on a CRD the chart version whose CRD was
+// applied last (Options.Version).
+const VersionAnnotation = api.Domain + "/chart-version"
+
+// Options tune Apply.
+type Options struct {
+	// Timeout bounds the wait for each CRD to be established.
+	Timeout time.Duration
+	// Version is the chart version whose CRDs these are, recorded in
+	// VersionAnnotation. When the live CRD records a newer version, Apply
+	// refuses it (a downgrade: the older schema would drop the newer fields
+	// of every stored object) unless AllowDowngrade. Empty: not recorded,
+	// not checked.
+	Version        string
+	AllowDowngrade bool
+}
+
 // Apply server-side applies each CRD that exists (see the package comment)
-// and waits, up to timeout, until the API server has established it.
-func Apply(ctx context.Context, dyn dynamic.Interface, crds []*unstructured.Unstructured, timeout time.Duration) (map[string]Result, error) {
+// and waits, up to o.Timeout, until the API server has established it. It
+// checks every CRD's version (Options.Version) before it changes any.
+func Apply(ctx context.Context, dyn dynamic.Interface, crds []*unstructured.Unstructured, o Options) (map[string]Result, error) {
 	logger := klog.FromContext(ctx)
 	client := dyn.Resource(Resource)
 	done := map[string]Result{}
+	live := map[string]*unstructured.Unstructured{}
 	for _, crd := range crds {
 		name := crd.GetName()
 		cur, err := client.Get(ctx, name, metav1.GetOptions{})
@@ -154,22 +174,69 @@ func Apply(ctx context.Context, dyn dynamic.Interface, crds []*unstructured.Unst
 		if err != nil {
 			return done, fmt.Errorf("reading CustomResourceDefinition %s: %w", name, err)
 		}
+		if err := checkDowngrade(cur, o); err != nil {
+			return done, err
+		}
+		live[name] = cur
+	}
+	for _, crd := range crds {
+		name := crd.GetName()
+		cur := live[name]
+		if cur == nil {
+			continue
+		}
 		if err := takeOver(ctx, client, cur); err != nil {
 			return done, fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
 		}
 		// Only what the file says: never the live object's resourceVersion.
 		apply := crd.DeepCopy()
 		apply.SetResourceVersion("")
+		if o.Version != "" {
+			a := apply.GetAnnotations()
+			if a == nil {
+				a = map[string]string{}
+			}
+			a[VersionAnnotation] = o.Version
+			apply.SetAnnotations(a)
+		}
 		if _, err := client.Apply(ctx, name, apply, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
 			return done, fmt.Errorf("applying CustomResourceDefinition %s: %w", name, err)
 		}
-		if err := waitEstablished(ctx, client, name, timeout); err != nil {
+		if err := waitEstablished(ctx, client, name, o.Timeout); err != nil {
 			return done, err
 		}
 		logger.Info("CustomResourceDefinition applied", "crd", name, "fieldManager", FieldManager)
 		done[name] = Applied
 	}
 	return done, nil
+}
+
+// checkDowngrade refuses to apply o.Version's CRD over one a newer chart
+// version applied, unless o.AllowDowngrade. A live version that is not
+// semantic (an admin's edit) or absent (Helm's crds/, an older hook) is no
+// reason to refuse.
+func checkDowngrade(cur *unstructured.Unstructured, o Options) error {
+	if o.Version == "" || o.AllowDowngrade {
+		return nil
+	}
+	liveV, ok := cur.GetAnnotations()[VersionAnnotation]
+	if !ok {
+		return nil
+	}
+	want, err := version.ParseSemantic(o.Version)
+	if err != nil {
+		return fmt.Errorf("chart version %q: %w", o.Version, err)
+	}
+	have, err := version.ParseSemantic(liveV)
+	if err != nil {
+		return nil
+	}
+	if have.GreaterThan(want) {
+		return fmt.Errorf("CustomResourceDefinition %s was applied by chart version %s, newer than this chart's %s: "+
+			"its older schema would drop the newer fields of every stored object; upgrade to %s or newer, or set "+
+			"crds.allowDowngrade=true to apply it anyway", cur.GetName(), liveV, o.Version, liveV)
+	}
+	return nil
 }
 
 // Installers are the field managers of the tools that install a CRD from a

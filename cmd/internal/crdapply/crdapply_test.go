@@ -92,7 +92,7 @@ func TestApplyLeavesAMissingCRD(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
-	got, err := crdapply.Apply(t.Context(), client, crds, time.Second)
+	got, err := crdapply.Apply(t.Context(), client, crds, crdapply.Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestApplyWhenTheAPIServerFails(t *testing.T) {
 					return true, nil, f.err
 				})
 			}
-			got, err := crdapply.Apply(t.Context(), client, crds, 300*time.Millisecond)
+			got, err := crdapply.Apply(t.Context(), client, crds, crdapply.Options{Timeout: 300 * time.Millisecond})
 			if tc.actions != nil {
 				var calls []string
 				for _, a := range client.Actions() {
@@ -272,7 +272,7 @@ func TestApplyWhenTheAPIServerFails(t *testing.T) {
 			}
 			retry := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), crd)
 			retry.PrependReactor("patch", "customresourcedefinitions", applyReactor(retry))
-			if got, err := crdapply.Apply(t.Context(), retry, crds, time.Second); err != nil || got["queues.gpufrac.io"] != crdapply.Applied {
+			if got, err := crdapply.Apply(t.Context(), retry, crds, crdapply.Options{Timeout: time.Second}); err != nil || got["queues.gpufrac.io"] != crdapply.Applied {
 				t.Fatalf("the next try: %v, %v", got, err)
 			}
 			obj, _ = retry.Tracker().Get(gvr, "", "queues.gpufrac.io")
@@ -283,6 +283,84 @@ func TestApplyWhenTheAPIServerFails(t *testing.T) {
 				if m.Manager == "helm" {
 					t.Errorf("after the next try helm still owns fields")
 				}
+			}
+		})
+	}
+}
+
+// TestApplyRefusesADowngrade: a CRD a newer chart version applied is not
+// replaced by an older chart's (its schema would drop the newer fields of
+// every Queue) unless the admin allows it; every other case applies and
+// records the version applied.
+func TestApplyRefusesADowngrade(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "q.yaml"), []byte(queueCRD), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	crds, err := crdapply.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		live    string // the live CRD's version annotation ("" none)
+		opts    crdapply.Options
+		refused bool
+		want    string // the annotation after
+	}{
+		{name: "downgrade refused", live: "0.3.0", opts: crdapply.Options{Version: "0.2.0"}, refused: true, want: "0.3.0"},
+		{name: "downgrade allowed", live: "0.3.0", opts: crdapply.Options{Version: "0.2.0", AllowDowngrade: true}, want: "0.2.0"},
+		{name: "upgrade", live: "0.2.0", opts: crdapply.Options{Version: "0.3.0"}, want: "0.3.0"},
+		{name: "same version", live: "0.3.0", opts: crdapply.Options{Version: "0.3.0"}, want: "0.3.0"},
+		{name: "pre-release below its release", live: "0.3.0", opts: crdapply.Options{Version: "0.3.0-rc.1"}, refused: true, want: "0.3.0"},
+		{name: "installed by crds/, no version yet", opts: crdapply.Options{Version: "0.2.0"}, want: "0.2.0"},
+		{name: "an admin's value", live: "custom", opts: crdapply.Options{Version: "0.2.0"}, want: "0.2.0"},
+		{name: "no version given", live: "0.3.0", want: "0.3.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			crd := installedCRD(true)
+			if tc.live != "" {
+				crd.SetAnnotations(map[string]string{crdapply.VersionAnnotation: tc.live})
+			}
+			client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), crd)
+			client.PrependReactor("patch", "customresourcedefinitions", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				p := a.(clienttesting.PatchAction)
+				if p.GetPatchType() != types.ApplyPatchType {
+					return false, nil, nil
+				}
+				applied := &unstructured.Unstructured{}
+				if err := applied.UnmarshalJSON(p.GetPatch()); err != nil {
+					return true, nil, err
+				}
+				cur, err := client.Tracker().Get(crdapply.Resource, "", p.GetName())
+				if err != nil {
+					return true, nil, err
+				}
+				u := cur.(*unstructured.Unstructured).DeepCopy()
+				u.Object["spec"] = applied.Object["spec"]
+				if v, ok := applied.GetAnnotations()[crdapply.VersionAnnotation]; ok {
+					u.SetAnnotations(map[string]string{crdapply.VersionAnnotation: v})
+				}
+				return true, u, client.Tracker().Update(crdapply.Resource, u, "")
+			})
+			tc.opts.Timeout = time.Second
+			got, err := crdapply.Apply(t.Context(), client, crds, tc.opts)
+			if tc.refused != (err != nil) || tc.refused && !strings.Contains(err.Error(), "crds.allowDowngrade") {
+				t.Fatalf("Apply = %v, %v; want refused %v, naming crds.allowDowngrade", got, err, tc.refused)
+			}
+			if tc.refused {
+				for _, a := range client.Actions() {
+					if a.GetVerb() != "get" {
+						t.Errorf("a refused downgrade did %s", a.GetVerb())
+					}
+				}
+			}
+			after, err := client.Resource(crdapply.Resource).Get(t.Context(), "queues.gpufrac.io", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v := after.GetAnnotations()[crdapply.VersionAnnotation]; v != tc.want {
+				t.Errorf("%s=%q after, want %q", crdapply.VersionAnnotation, v, tc.want)
 			}
 		})
 	}
