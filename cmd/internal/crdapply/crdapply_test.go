@@ -130,8 +130,9 @@ func installedCRD(established bool) *unstructured.Unstructured {
 }
 
 // applyReactor plays server-side apply on client's tracker, as far as the
-// tests need: the applied spec replaces the stored one; managedFields are
-// left as they are.
+// tests need: the applied spec replaces the stored one, and so does the
+// applied VersionAnnotation when there is one; managedFields are left as
+// they are.
 func applyReactor(client *dynamicfake.FakeDynamicClient) clienttesting.ReactionFunc {
 	return func(a clienttesting.Action) (bool, runtime.Object, error) {
 		p := a.(clienttesting.PatchAction)
@@ -148,6 +149,9 @@ func applyReactor(client *dynamicfake.FakeDynamicClient) clienttesting.ReactionF
 		}
 		u := cur.(*unstructured.Unstructured).DeepCopy()
 		u.Object["spec"] = applied.Object["spec"]
+		if v, ok := applied.GetAnnotations()[crdapply.VersionAnnotation]; ok {
+			u.SetAnnotations(map[string]string{crdapply.VersionAnnotation: v})
+		}
 		return true, u, client.Tracker().Update(crdapply.Resource, u, "")
 	}
 }
@@ -323,26 +327,7 @@ func TestApplyRefusesADowngrade(t *testing.T) {
 				crd.SetAnnotations(map[string]string{crdapply.VersionAnnotation: tc.live})
 			}
 			client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), crd)
-			client.PrependReactor("patch", "customresourcedefinitions", func(a clienttesting.Action) (bool, runtime.Object, error) {
-				p := a.(clienttesting.PatchAction)
-				if p.GetPatchType() != types.ApplyPatchType {
-					return false, nil, nil
-				}
-				applied := &unstructured.Unstructured{}
-				if err := applied.UnmarshalJSON(p.GetPatch()); err != nil {
-					return true, nil, err
-				}
-				cur, err := client.Tracker().Get(crdapply.Resource, "", p.GetName())
-				if err != nil {
-					return true, nil, err
-				}
-				u := cur.(*unstructured.Unstructured).DeepCopy()
-				u.Object["spec"] = applied.Object["spec"]
-				if v, ok := applied.GetAnnotations()[crdapply.VersionAnnotation]; ok {
-					u.SetAnnotations(map[string]string{crdapply.VersionAnnotation: v})
-				}
-				return true, u, client.Tracker().Update(crdapply.Resource, u, "")
-			})
+			client.PrependReactor("patch", "customresourcedefinitions", applyReactor(client))
 			tc.opts.Timeout = time.Second
 			got, err := crdapply.Apply(t.Context(), client, crds, tc.opts)
 			if tc.refused != (err != nil) || tc.refused && !strings.Contains(err.Error(), "crds.allowDowngrade") {
