@@ -91,6 +91,9 @@ type leader struct {
 
 	pods       coreinformers.PodInformer
 	nodes      coreinformers.NodeInformer
+	// handlersSynced tell when the scheduler's pod and node handlers have
+	// had the informers' first lists (its cache is whole).
+	handlersSynced []cache.InformerSynced
 	namespaces coreinformers.NamespaceInformer // they name their default queue (label gpufrac.io/default-queue)
 	jobs       batchinformers.JobInformer
 	jobLister  batchlisters.JobLister
@@ -421,26 +424,27 @@ func (l *leader) watch() error {
 		UpdateFunc: func(_, _ any) { sched.Wake() },
 		DeleteFunc: func(any) { sched.Wake() },
 	}
-	if _, err := l.pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: sched.OnPod,
-		UpdateFunc: func(old, obj any) {
-			if changed(old, obj) {
-				sched.OnPod(obj)
-			}
-		},
+	// Pods and nodes feed the scheduler's cache: every event, so that it
+	// holds the informer's objects; only a change to what it reads wakes it.
+	podReg, err := l.pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    sched.OnPod,
+		UpdateFunc: func(old, obj any) { sched.OnPodUpdate(old, obj, changed(old, obj)) },
 		DeleteFunc: sched.OnPodDelete,
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("watching pods: %w", err)
 	}
-	nodeWake := wake
-	nodeWake.UpdateFunc = func(old, obj any) {
-		if changed(old, obj) {
-			sched.Wake()
-		}
-	}
-	if _, err := l.nodes.Informer().AddEventHandler(nodeWake); err != nil {
+	nodeReg, err := l.nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    sched.OnNode,
+		UpdateFunc: func(old, obj any) { sched.OnNodeUpdate(old, obj, changed(old, obj)) },
+		DeleteFunc: sched.OnNodeDelete,
+	})
+	if err != nil {
 		return fmt.Errorf("watching nodes: %w", err)
 	}
+	// The cache is whole once these handlers have had the informers'
+	// first lists, not when the informers have synced (waitForCaches).
+	l.handlersSynced = []cache.InformerSynced{podReg.HasSynced, nodeReg.HasSynced}
 	// A pending pod of a Job waits for the Job in the cache (its gang is
 	// read from it): the Job's arrival must wake the cycle.
 	if _, err := l.jobs.Informer().AddEventHandler(wake); err != nil {
@@ -539,6 +543,7 @@ func (l *leader) waitForCaches(ctx context.Context) error {
 			synced = append(synced, inf.HasSynced)
 		}
 	}
+	synced = append(synced, l.handlersSynced...)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return fmt.Errorf("waiting for informers: %w", ctx.Err())
 	}

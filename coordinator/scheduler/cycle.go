@@ -147,7 +147,7 @@ func (c *cycle) snapshot() error {
 	}
 
 	c.inputs = state.Inputs{Nodes: c.nodes, Pods: c.pods, Assumed: c.assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
-		DRAUsage: draUsage, Cache: s.stateCache, Now: c.start}
+		DRAUsage: draUsage, Now: c.start}
 	if s.deps.Reserver != nil {
 		c.inputs.Removing = s.deps.Reserver.Removing()
 		c.inputs.Creating = s.creatingReservations()
@@ -174,7 +174,9 @@ func (c *cycle) snapshot() error {
 	)
 	go func() {
 		defer close(built)
-		c.snap, buildErr = state.Build(c.inputs)
+		in := c.inputs
+		in.Nodes, in.Pods = nil, nil // the cache's, from its events
+		c.snap, buildErr = s.stateCache.UpdateSnapshot(in)
 	}()
 	c.books, err = newBooks(c.queues, c.badQueues)
 	if err == nil {

@@ -49,7 +49,7 @@ func (c *cycle) driftedSnapshot() *state.Snapshot {
 		return nil
 	}
 	in := c.inputs
-	in.Drifted, in.Settling, in.Cache = nil, nil, nil
+	in.Drifted, in.Settling = nil, nil
 	in.Nodes = slices.DeleteFunc(slices.Clone(c.nodes), func(n *corev1.Node) bool { return !drifted[n.Name] })
 	in.Pods = nil
 	for _, p := range c.pods {

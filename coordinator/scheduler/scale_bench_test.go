@@ -214,6 +214,12 @@ func newBenchScheduler(b *testing.B, n int, pods []*corev1.Pod, drain bool) *Sch
 	if err != nil {
 		b.Fatal(err)
 	}
+	for _, node := range nodeIdx.List() { // the informers' first lists
+		s.OnNode(node)
+	}
+	for _, p := range pods {
+		s.OnPod(p)
+	}
 	if !drain {
 		return s
 	}

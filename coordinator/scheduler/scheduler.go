@@ -201,8 +201,8 @@ type Deps struct {
 	Kube *kubecheck.Checker
 }
 
-// Scheduler runs scheduling cycles. Wake, OnPod and OnPodDelete are safe
-// from informer handlers; Cycle runs on one goroutine.
+// Scheduler runs scheduling cycles. Wake and the On* handlers are safe from
+// informer handlers; Cycle runs on one goroutine.
 type Scheduler struct {
 	opts    Options
 	deps    Deps
@@ -265,16 +265,18 @@ type Scheduler struct {
 	// goroutine only (cycle.quiet reads it under mu).
 	plans map[types.UID]plan
 
-	// What cycles keep of each pod and node from one cycle to the next,
-	// used only by the cycle goroutine: the snapshot's reads
-	// (state.Cache), the parses (pod object -> its parses; parseIn are the
+	// stateCache holds the nodes and pods the informers' events showed
+	// (the On* handlers feed it), for the cycles' snapshots.
+	stateCache *state.Cache
+
+	// What cycles keep of each pod from one cycle to the next, used only
+	// by the cycle goroutine: the parses (pod object -> its parses; parseIn are the
 	// inputs they were made with, parseCycle counts the cycles) and the
 	// requests of the pods bound or being bound (readBound), reused. The
 	// GPU models, scalar worth (MIG or replica resource -> milli-GPU per
 	// unit) and nodes in mode dra are the last snapshot's: a cycle's parses
 	// begin with them before its own snapshot is built, and are made again
 	// when they changed (snapshot).
-	stateCache  *state.Cache
 	parsed      map[*corev1.Pod]*parseEntry
 	parseIn     parseInputs
 	parseCycle  uint64
@@ -384,7 +386,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		allocator:       dra.NewAllocator(),
 		inflight:        map[types.UID]inflight{},
 		bindFailed:      newBindFailures(),
-		stateCache:      state.NewCache(),
+		stateCache:      state.NewCache(o.TimesliceResource),
 		said:            newPodReasons(binder.MessageRefresh),
 		reserveCreated:  map[state.NodeGPU]time.Time{},
 		writes:          newWriter(),
@@ -426,13 +428,72 @@ func (s *Scheduler) Wake() {
 	}
 }
 
-// OnPod is the pod informer's add/update handler: a pod that shows up bound
-// is no longer assumed.
+// OnPod is the pod informer's add handler: the pod goes into the cache,
+// and one that shows up bound is no longer assumed.
 func (s *Scheduler) OnPod(obj any) {
-	if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	s.stateCache.AddPod(p)
+	s.podShown(p)
+}
+
+// OnPodUpdate is the pod informer's update handler: the cache takes the new
+// object; changed says whether it changes what the scheduler reads (else
+// the update wakes nothing).
+func (s *Scheduler) OnPodUpdate(old, obj any, changed bool) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	o, _ := old.(*corev1.Pod)
+	s.stateCache.UpdatePod(o, p)
+	if changed {
+		s.podShown(p)
+	}
+}
+
+// podShown forgets the assumption of a pod shown bound and wakes the
+// scheduler.
+func (s *Scheduler) podShown(p *corev1.Pod) {
+	if p.Spec.NodeName != "" {
 		s.mu.Lock()
 		delete(s.assumed, p.UID)
 		s.mu.Unlock()
+	}
+	s.Wake()
+}
+
+// OnNode is the node informer's add handler.
+func (s *Scheduler) OnNode(obj any) {
+	if n, ok := obj.(*corev1.Node); ok {
+		s.stateCache.AddNode(n)
+		s.Wake()
+	}
+}
+
+// OnNodeUpdate is the node informer's update handler; changed as in
+// OnPodUpdate.
+func (s *Scheduler) OnNodeUpdate(old, obj any, changed bool) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	o, _ := old.(*corev1.Node)
+	s.stateCache.UpdateNode(o, n)
+	if changed {
+		s.Wake()
+	}
+}
+
+// OnNodeDelete is the node informer's delete handler.
+func (s *Scheduler) OnNodeDelete(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if n, ok := obj.(*corev1.Node); ok {
+		s.stateCache.DeleteNode(n)
 	}
 	s.Wake()
 }
@@ -456,6 +517,7 @@ func (s *Scheduler) OnPodDelete(obj any) {
 		obj = d.Obj
 	}
 	if p, ok := obj.(*corev1.Pod); ok {
+		s.stateCache.DeletePod(p)
 		s.mu.Lock()
 		delete(s.assumed, p.UID)
 		self := s.selfEvicted[p.UID]

@@ -51,16 +51,9 @@ func newCluster(t testing.TB, policy string, nodes []*corev1.Node, queues []*v1a
 // (queues, clock, reservation manager, registry).
 func newClusterWith(t testing.TB, opts Options, deps Deps, nodes []*corev1.Node, pods ...*corev1.Pod) *cluster {
 	t.Helper()
-	c := &cluster{t: t, b: schedulertest.NewBinder(),
-		pods:  cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-		nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
-	}
-	for _, n := range nodes {
-		_ = c.nodes.Add(n)
-	}
-	for _, p := range pods {
-		_ = c.pods.Add(p)
-	}
+	c := &cluster{t: t, b: schedulertest.NewBinder()}
+	c.pods = newFeedStore(func(o any) { c.s.OnPod(o) }, func(old, o any) { c.s.OnPodUpdate(old, o, true) }, func(o any) { c.s.OnPodDelete(o) })
+	c.nodes = newFeedStore(func(o any) { c.s.OnNode(o) }, func(old, o any) { c.s.OnNodeUpdate(old, o, true) }, func(o any) { c.s.OnNodeDelete(o) })
 	deps.Pods, deps.Nodes = corelisters.NewPodLister(c.pods), corelisters.NewNodeLister(c.nodes)
 	deps.Binder, deps.Evictor, deps.Releaser = c.b, c.b, c.b
 	s, err := New(opts, deps)
@@ -68,7 +61,72 @@ func newClusterWith(t testing.TB, opts Options, deps Deps, nodes []*corev1.Node,
 		t.Fatal(err)
 	}
 	c.s = s
+	for _, n := range nodes {
+		_ = c.nodes.Add(n)
+	}
+	for _, p := range pods {
+		_ = c.pods.Add(p)
+	}
 	return c
+}
+
+// feedStore is an indexer that hands each change to the scheduler's
+// handlers, as an informer does: the listers and the scheduler's cache
+// see the same objects. A test changes an object by Update with a new
+// one (or the same one changed), never in place alone.
+type feedStore struct {
+	cache.Indexer
+	add    func(obj any)
+	update func(old, obj any)
+	del    func(obj any)
+}
+
+func newFeedStore(add func(any), update func(old, obj any), del func(any)) *feedStore {
+	return &feedStore{Indexer: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}), add: add, update: update, del: del}
+}
+
+func (f *feedStore) Add(obj any) error {
+	old, exists, err := f.Indexer.Get(obj)
+	if err != nil {
+		return err
+	}
+	if err := f.Indexer.Add(obj); err != nil {
+		return err
+	}
+	if exists {
+		f.update(old, obj)
+	} else {
+		f.add(obj)
+	}
+	return nil
+}
+
+func (f *feedStore) Update(obj any) error {
+	old, exists, err := f.Indexer.Get(obj)
+	if err != nil {
+		return err
+	}
+	if err := f.Indexer.Update(obj); err != nil {
+		return err
+	}
+	if exists {
+		f.update(old, obj)
+	} else {
+		f.add(obj)
+	}
+	return nil
+}
+
+func (f *feedStore) Delete(obj any) error {
+	old, exists, err := f.Indexer.Get(obj)
+	if err != nil || !exists {
+		return err
+	}
+	if err := f.Indexer.Delete(obj); err != nil {
+		return err
+	}
+	f.del(old)
+	return nil
 }
 
 // cycle runs one cycle, then applies the queued bindings to the pods, as the

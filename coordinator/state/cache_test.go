@@ -30,12 +30,83 @@ type built struct {
 	GPUCapacityMilli, CPUCapacityMilli, MemoryCapacityBytes int64
 }
 
+// describe builds in afresh and describes the snapshot.
 func describe(t *testing.T, in Inputs) built {
 	t.Helper()
 	s, err := Build(in)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return describeSnapshot(s)
+}
+
+// describeCached describes the snapshot the cache makes of in's other
+// inputs.
+func describeCached(t *testing.T, c *Cache, in Inputs) built {
+	t.Helper()
+	in.Nodes, in.Pods = nil, nil
+	s, err := c.UpdateSnapshot(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return describeSnapshot(s)
+}
+
+// informer feeds a Cache as an informer does: it keeps the objects it last
+// showed, keyed as an informer keys them, and sends each change as an
+// event (a new object under a key, a new object under an old key, a key
+// gone). An object it showed already sends nothing.
+type informer struct {
+	c     *Cache
+	nodes map[string]*corev1.Node
+	pods  map[string]*corev1.Pod
+}
+
+func newInformer(c *Cache) *informer {
+	return &informer{c: c, nodes: map[string]*corev1.Node{}, pods: map[string]*corev1.Pod{}}
+}
+
+// show sends the events that make the cache hold nodes and pods.
+func (inf *informer) show(nodes []*corev1.Node, pods []*corev1.Pod) {
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		seen[n.Name] = true
+		switch old := inf.nodes[n.Name]; {
+		case old == nil:
+			inf.c.AddNode(n)
+		case old != n:
+			inf.c.UpdateNode(old, n)
+		}
+		inf.nodes[n.Name] = n
+	}
+	for name, n := range inf.nodes {
+		if !seen[name] {
+			inf.c.DeleteNode(n)
+			delete(inf.nodes, name)
+		}
+	}
+	clear(seen)
+	for _, p := range pods {
+		key := p.Namespace + "/" + p.Name
+		seen[key] = true
+		switch old := inf.pods[key]; {
+		case old == nil:
+			inf.c.AddPod(p)
+		case old != p:
+			inf.c.UpdatePod(old, p)
+		}
+		inf.pods[key] = p
+	}
+	for key, p := range inf.pods {
+		if !seen[key] {
+			inf.c.DeletePod(p)
+			delete(inf.pods, key)
+		}
+	}
+}
+
+// describeSnapshot is what a test compares of s.
+func describeSnapshot(s *Snapshot) built {
 	out := built{NoFraction: s.NoFraction, DRANodes: s.DRANodes, Reservations: map[string]string{}, ScalarMilli: s.ScalarMilli,
 		RemovingShown: s.RemovingShown, CreatingShown: s.CreatingShown,
 		GPUCapacityMilli: s.GPUCapacityMilli, CPUCapacityMilli: s.CPUCapacityMilli, MemoryCapacityBytes: s.MemoryCapacityBytes}
@@ -59,10 +130,10 @@ func describe(t *testing.T, in Inputs) built {
 	return out
 }
 
-// TestCacheBuildsWhatAFreshReadBuilds: Builds with a Cache, the first and
+// TestCacheBuildsWhatAFreshReadBuilds: a Cache's snapshots, the first and
 // the next ones, and after objects are replaced (as an informer does: a new
-// object, never a change to the old one), give what a Build that reads
-// every object gives.
+// object, never a change to the old one) or deleted, give what a Build that
+// reads every object gives.
 func TestCacheBuildsWhatAFreshReadBuilds(t *testing.T) {
 	versioned := func(objs ...metav1.Object) {
 		for _, o := range objs {
@@ -103,19 +174,19 @@ func TestCacheBuildsWhatAFreshReadBuilds(t *testing.T) {
 	for _, p := range pods {
 		versioned(p)
 	}
-	cache := NewCache()
+	cache := NewCache("")
+	inf := newInformer(cache)
 	check := func(step string) {
 		t.Helper()
+		inf.show(nodes, pods)
 		fresh := Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool, Assumed: assumedOn(assumed, "frac", "frac-gpu0")}
-		cached := fresh
-		cached.Cache = cache
 		want := describe(t, fresh)
-		if d := cmp.Diff(want, describe(t, cached)); d != "" {
-			t.Errorf("%s: a Build with the cache differs from a fresh read (-fresh +cached):\n%s", step, d)
+		if d := cmp.Diff(want, describeCached(t, cache, fresh)); d != "" {
+			t.Errorf("%s: the cache's snapshot differs from a fresh read (-fresh +cached):\n%s", step, d)
 		}
 	}
-	check("first Build")
-	check("second Build")
+	check("first snapshot")
+	check("second snapshot")
 	if len(cache.pods) == 0 || len(cache.nodes) == 0 {
 		t.Fatalf("the cache kept nothing: %d pods, %d nodes", len(cache.pods), len(cache.nodes))
 	}
@@ -133,11 +204,14 @@ func TestCacheBuildsWhatAFreshReadBuilds(t *testing.T) {
 	e2.ResourceVersion = "2"
 	pods[0], pods[6], nodes[1] = p2, a2, e2
 	check("objects replaced")
-	// A pod gone is forgotten at the end of the next Build.
+	// A pod gone is forgotten.
 	pods = pods[1:]
 	check("a pod gone")
-	if _, ok := cache.pods[p2]; ok {
-		t.Error("the cache still holds a pod no Build read")
+	if _, ok := cache.pods[p2.UID]; ok {
+		t.Error("the cache still holds a pod deleted")
+	}
+	if cache.taken == 0 {
+		t.Error("no node was taken as it was")
 	}
 }
 
@@ -148,18 +222,17 @@ func assumedOn(p *corev1.Pod, node, gpu string) map[types.UID]Assumed {
 
 // TestCachedNodesMatchAFreshBuildThroughChurn drives a cluster through
 // random changes, as informers and the scheduler make them between cycles,
-// and checks after each that a Build with the Cache, which takes each node
-// whose object and pods are unchanged from the last Build, gives what a
-// Build that reads every object gives: pods bound, admitted, replaced and
+// and checks after each that the Cache fed by the informer's events, which
+// takes each node whose generation did not move since its last part, gives
+// what a Build that reads every object gives: pods bound, admitted, replaced and
 // deleted; reservations asking, told their GPU, failed, being deleted,
 // removed or created (Inputs.Removing, Inputs.Creating); pods assumed;
 // nodes cordoned, not Ready, drained past their deadline, settling, their
 // GPUs turned unhealthy; DRA usage changing under the same objects; nodes
 // deleted and made again under the same name (a new object, maybe of
 // another kind); pods made again under their name on another node; and
-// Builds of part of the pods with the same Cache between two cycles, as
-// reclaim's what-if Builds (reclaimScope.without) make them. The pods come
-// in a new order each Build, as a lister's do.
+// objects replaced by equal ones (an informer's resync). The pods come in a
+// new order each time, as a lister's do.
 func TestCachedNodesMatchAFreshBuildThroughChurn(t *testing.T) {
 	for seed := uint64(1); seed <= 12; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -242,7 +315,8 @@ func churn(t *testing.T, seed uint64, steps int) {
 	creating := map[NodeGPU]bool{}
 	settlingNodes := map[string]bool{}
 	usage := dra.Usage{}
-	cache := NewCache()
+	cache := NewCache("")
+	inf := newInformer(cache)
 	for step := 0; step < steps; step++ {
 		switch rng.IntN(16) {
 		case 0, 1: // a new pod
@@ -354,19 +428,15 @@ func churn(t *testing.T, seed uint64, steps int) {
 					versioned(p)
 					pods[i] = p
 				}
-			default: // a what-if Build of part of the pods, with the cache
-				part := make([]*corev1.Pod, 0, len(pods))
-				for _, p := range pods {
-					if rng.IntN(8) > 0 {
-						part = append(part, p)
+			default: // objects replaced by equal ones: an informer's resync
+				for i := range pods {
+					if rng.IntN(4) == 0 {
+						pods[i] = pods[i].DeepCopy()
 					}
 				}
-				in := Inputs{Nodes: nodes, Pods: part, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
-					Creating: creating, Settling: settlingNodes, DRAUsage: usage, Now: now}
-				want := describe(t, in)
-				in.Cache = cache
-				if d := cmp.Diff(want, describe(t, in)); d != "" {
-					t.Fatalf("step %d: a what-if Build with the cache differs from a fresh read (-fresh +cached):\n%s", step, d)
+				if len(nodes) > 0 {
+					i := rng.IntN(len(nodes))
+					nodes[i] = nodes[i].DeepCopy()
 				}
 			}
 		default: // nothing changed: the next cycle
@@ -375,11 +445,10 @@ func churn(t *testing.T, seed uint64, steps int) {
 		rng.Shuffle(len(pods), func(i, j int) { pods[i], pods[j] = pods[j], pods[i] })
 		fresh := Inputs{Nodes: nodes, Pods: pods, PoolLabel: api.LabelNodePool, Assumed: assumed, Removing: removing,
 			Creating: creating, Settling: settlingNodes, DRAUsage: usage, Now: now}
-		cached := fresh
-		cached.Cache = cache
+		inf.show(nodes, pods)
 		want := describe(t, fresh)
-		if d := cmp.Diff(want, describe(t, cached)); d != "" {
-			t.Fatalf("step %d: a Build with the cache differs from a fresh read (-fresh +cached):\n%s", step, d)
+		if d := cmp.Diff(want, describeCached(t, cache, fresh)); d != "" {
+			t.Fatalf("step %d: the cache's snapshot differs from a fresh read (-fresh +cached):\n%s", step, d)
 		}
 	}
 	if cache.taken == 0 || cache.charged == 0 {
@@ -387,12 +456,13 @@ func churn(t *testing.T, seed uint64, steps int) {
 	}
 }
 
-// TestCachedPartIsNotTheListersOrder: a lister lists pods in a map's order,
-// another each cycle. A node's part taken as it was is the one charged in
-// the last cycle's order, so it must be what any order gives: here two
-// reservations of one GPU (one being deleted, one made for the same GPU)
-// and a fraction without a planned GPU beside one planned on a GPU.
-func TestCachedPartIsNotTheListersOrder(t *testing.T) {
+// TestCachedPartIsNotTheEventsOrder: the pods of a node come to the cache
+// in the order of their events, and a node's part taken as it was is the
+// one charged after the last event, so it must be what any order gives:
+// here two reservations of one GPU (one being deleted, one made for the
+// same GPU) and a fraction without a planned GPU beside one planned on a
+// GPU, added, deleted and added again in other orders.
+func TestCachedPartIsNotTheEventsOrder(t *testing.T) {
 	n := node("n", 2).inventory("fraction").n
 	old := reservation("old", 1, "n-gpu0", "n-gpu0")
 	deleted := metav1.NewTime(time.Date(2026, 11, 24, 10, 1, 0, 0, time.UTC))
@@ -400,17 +470,79 @@ func TestCachedPartIsNotTheListersOrder(t *testing.T) {
 	made := reservation("made", 2, "n-gpu0", "n-gpu0")
 	unplanned := pod("unplanned").on("n").fraction(30, "").p
 	planned := pod("planned").on("n").fraction(30, "n-gpu1").p
-	for i, o := range []metav1.Object{n, old, made, unplanned, planned} {
-		o.SetResourceVersion(fmt.Sprint(i + 1))
-	}
-	cache := NewCache()
-	for _, pods := range [][]*corev1.Pod{{old, made, unplanned, planned}, {made, old, planned, unplanned}, {old, made, unplanned, planned}} {
-		fresh := Inputs{Nodes: []*corev1.Node{n}, Pods: pods, PoolLabel: api.LabelNodePool}
-		cached := fresh
-		cached.Cache = cache
-		if d := cmp.Diff(describe(t, fresh), describe(t, cached)); d != "" {
-			t.Errorf("pods listed as %s, %s, %s, %s: a Build with the cache differs from a fresh read (-fresh +cached):\n%s",
-				pods[0].Name, pods[1].Name, pods[2].Name, pods[3].Name, d)
+	cache := NewCache("")
+	cache.AddNode(n)
+	for _, pods := range [][]*corev1.Pod{{old, made, unplanned, planned}, {made, old, planned, unplanned}, {planned, unplanned, old, made}} {
+		for _, p := range pods {
+			cache.DeletePod(p)
+		}
+		for _, p := range pods {
+			cache.AddPod(p)
+		}
+		in := Inputs{Nodes: []*corev1.Node{n}, Pods: pods, PoolLabel: api.LabelNodePool}
+		for range 2 { // charged, then taken as it was
+			if d := cmp.Diff(describe(t, in), describeCached(t, cache, in)); d != "" {
+				t.Errorf("pods added as %s, %s, %s, %s: the cache's snapshot differs from a fresh read (-fresh +cached):\n%s",
+					pods[0].Name, pods[1].Name, pods[2].Name, pods[3].Name, d)
+			}
 		}
 	}
 }
+
+// TestUpdateSnapshotRefusesObjects: a Cache has nodes and pods from its
+// events; objects handed in Inputs would be ignored, so they are refused.
+func TestUpdateSnapshotRefusesObjects(t *testing.T) {
+	if _, err := NewCache("").UpdateSnapshot(Inputs{Nodes: []*corev1.Node{node("n", 1).n}}); err == nil {
+		t.Error("UpdateSnapshot took nodes in Inputs")
+	}
+}
+
+// TestUpdateSnapshotChargesOnlyTheNodesThatMoved: after a snapshot, a
+// snapshot with no event since charges no node again; an event charges
+// again only the nodes it touched (a pod moved between two nodes touches
+// both), and what else in Inputs changes a node (a pod being bound there)
+// charges that node.
+func TestUpdateSnapshotChargesOnlyTheNodesThatMoved(t *testing.T) {
+	a, b, c := node("a", 2).inventory("fraction").n, node("b", 2).inventory("fraction").n, node("c", 2).inventory("fraction").n
+	onA := pod("on-a").on("a").fraction(30, "a-gpu0").p
+	onB := pod("on-b").on("b").gpus(1).p
+	pending := pod("pending").fraction(20, "").p
+	for _, tc := range []struct {
+		name   string
+		events func(*Cache)
+		in     Inputs
+		want   int // nodes charged
+	}{
+		{name: "no event", events: func(*Cache) {}, want: 0},
+		{name: "a node replaced", events: func(c *Cache) { c.UpdateNode(b, b.DeepCopy()) }, want: 1},
+		{name: "a pod replaced", events: func(c *Cache) { c.UpdatePod(onA, onA.DeepCopy()) }, want: 1},
+		{name: "a pod deleted", events: func(c *Cache) { c.DeletePod(onB) }, want: 1},
+		{name: "a pod made again on another node", events: func(c *Cache) {
+			p := onA.DeepCopy()
+			p.UID, p.Spec.NodeName = "on-a-2", "c"
+			c.UpdatePod(onA, p)
+		}, want: 2},
+		{name: "a pending pod changes", events: func(c *Cache) { c.UpdatePod(pending, pending.DeepCopy()) }, want: 0},
+		{name: "a pod being bound", events: func(*Cache) {}, in: Inputs{Assumed: assumedOn(pending, "c", "c-gpu0")}, want: 1},
+		{name: "a node deleted", events: func(c *Cache) { c.DeleteNode(shownNode(c, "c")) }, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache := NewCache("")
+			newInformer(cache).show([]*corev1.Node{a, b, c}, []*corev1.Pod{onA, onB, pending})
+			if _, err := cache.UpdateSnapshot(Inputs{}); err != nil {
+				t.Fatal(err)
+			}
+			before := cache.charged
+			tc.events(cache)
+			if _, err := cache.UpdateSnapshot(tc.in); err != nil {
+				t.Fatal(err)
+			}
+			if got := cache.charged - before; got != tc.want {
+				t.Errorf("%d nodes charged again, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// shownNode is the node named name that the cache holds.
+func shownNode(c *Cache, name string) *corev1.Node { return c.nodes[name].n }

@@ -38,7 +38,9 @@ type Assumed struct {
 	GPU string
 }
 
-// Inputs are the cluster objects a snapshot is built from.
+// Inputs are what a snapshot is built from: the cluster's objects (for
+// Build; a Cache has them from its events) and what the scheduler knows
+// besides them.
 type Inputs struct {
 	Nodes []*corev1.Node
 	// Pods are all pods; bound ones (or assumed ones) take resources.
@@ -80,64 +82,10 @@ type Inputs struct {
 	// their reservations are orphaned: removed as their fractions end. The
 	// caller reads it from NodeClaims, never from what tenants can write.
 	Drifted map[string]bool
-	// Cache, when not nil, keeps what Build read of each pod and node for
-	// the next Build (see Cache); nil reads every object afresh.
-	Cache *Cache
 	// Now, when set, ends drains at their deadline (DrainingAt): a node
 	// whose gpufrac.io/draining taint has outlived it is placed on again,
 	// the taint ignored. Zero: every draining taint counts.
 	Now time.Time
-}
-
-// Cache keeps what Build reads from each pod (its demand and the
-// annotations that place it) and node (its GPUs, inventory and allocatable)
-// from one Build to the next, by object: an informer never changes an
-// object it handed out, it replaces it with a new one, so the same pointer
-// is the same content (keying by pointer also spares Build reading and
-// hashing UIDs). Objects without a resourceVersion (hand-made, and maybe
-// changed in place) are read every time. What a Build did not see is
-// forgotten at its end. At 50,000 pods reading every pod was much of a
-// cycle, and looking up each pod's annotations and each node's allocatable
-// again most of the rest (docs/benchmarks-history.md, "Scale").
-//
-// It also keeps each node's part of the last snapshot (nodeSlot): a node
-// whose object and pods are the ones of the last Build, with nothing else
-// that changes its part (a pod being bound there, a reservation being
-// created or removed there, DRA, a drain's deadline), is taken as it was
-// instead of charged again pod by pod. Between two cycles of a busy
-// cluster most nodes are such. A Cache is not safe for concurrent use: one
-// scheduling loop owns it.
-type Cache struct {
-	pods  map[*corev1.Pod]*cachedPod   // pod -> what Build reads of it
-	nodes map[*corev1.Node]*cachedNode // node -> what Build reads of it
-	slots map[string]*nodeSlot         // node name -> its part of the last snapshot
-	// timeslice and poolLabel are what the entries were read with.
-	timeslice, poolLabel string
-	build                uint64 // Builds so far; entries not used by the last one go
-	ids                  uint64 // cachedPod ids given so far
-	// seenPods and seenNodes count the entries this Build read: when they
-	// are all there are, end has nothing to forget.
-	seenPods, seenNodes int
-	// taken counts the nodes' parts taken as they were, charged counts
-	// those charged pod by pod (both over all Builds).
-	taken, charged int
-}
-
-type cachedPod struct {
-	h     podHeader
-	f     *podFacts // nil until the pod is read bound or assumed
-	build uint64
-	// id names the entry in node fingerprints (podPrint); 0 for a pod
-	// read afresh (no resourceVersion), whose node is always charged again.
-	id uint64
-	// slot is the node slot the pod was last charged to (a hint: checked
-	// against the pod's node name and the Build before use).
-	slot *nodeSlot
-}
-
-type cachedNode struct {
-	f     *nodeFacts
-	build uint64
 }
 
 // podHeader is what Build reads of every pod, pending ones included.
@@ -163,15 +111,6 @@ func podHeaderOf(p *corev1.Pod) podHeader {
 		planned:           p.Annotations[api.AnnotationGPU],
 		failedReservation: res && p.Status.Phase == corev1.PodFailed && p.DeletionTimestamp == nil,
 	}
-}
-
-// facts are what Build reads of the pod bound or assumed.
-func (e *cachedPod) facts(p *corev1.Pod, timeslice string) *podFacts {
-	if e.f == nil {
-		f := podFactsOf(p, timeslice)
-		e.f = &f
-	}
-	return e.f
 }
 
 // podFacts are what Build reads of a bound (or assumed) pod.
@@ -278,187 +217,11 @@ func nodeFactsOf(n *corev1.Node, timeslice string) *nodeFacts {
 	return f
 }
 
-// nodeSlot is one node of a Build (a node placed on, in the snapshot) and
-// what the Cache keeps of its part of the snapshot for the next Build.
-type nodeSlot struct {
-	n     *corev1.Node
-	facts *nodeFacts
-	build uint64 // the Build the node is in; an older one: not in the last Build
-	// pods are this Build's pods charged to the node (bound or assumed, not
-	// terminal), in the order of Inputs.Pods until charge sorts them; print
-	// is their fingerprint.
-	pods  []slotPod
-	print podPrint
-	// again: something besides the node object and its pods changes the
-	// node's part in this Build (an assumed pod, a reservation being
-	// created or removed, an object read afresh, DRA, a drain's deadline).
-	again bool
-	// last is the node's part of the last Build that charged it (nil: none).
-	last *nodePart
-}
-
 // slotPod is one pod charged to a node.
 type slotPod struct {
 	p          *corev1.Pod
 	f          *podFacts
 	assumedGPU string // the GPU of an assumed fraction
-}
-
-// podPrint is a fingerprint of a set of pod objects: their count and two
-// sums of their entries' ids mixed, one with xor and one with addition.
-// The same set gives the same print in any order; two sets that differ
-// give the same one with a chance of about 2^-128.
-type podPrint struct {
-	n    int
-	x, a uint64
-}
-
-func (pp *podPrint) add(id uint64) {
-	pp.n++
-	pp.x ^= mix64(id)
-	pp.a += mix64(id ^ 0x9e3779b97f4a7c15)
-}
-
-// mix64 is SplitMix64's finalizer: ids 1, 2, 3... spread over 64 bits.
-func mix64(z uint64) uint64 {
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
-
-// nodePart is one node's part of a snapshot and what it was made from.
-type nodePart struct {
-	facts *nodeFacts
-	print podPrint
-	// again: made while slot.again; never taken as is (what made it so may
-	// be gone by the next Build: a pod no longer assumed or being removed).
-	again bool
-	// node is the node as placement sees it; its GPUs and Scalars are not
-	// changed after it is made (placement copies what it changes).
-	node placement.Node
-	// reservations are the node's reservations, shared by the snapshots
-	// that take the part (Snapshot.Reservations: read only).
-	reservations []keyedReservation
-}
-
-type keyedReservation struct {
-	key NodeGPU
-	r   *Reservation
-}
-
-// NewCache returns an empty Cache.
-func NewCache() *Cache {
-	return &Cache{pods: map[*corev1.Pod]*cachedPod{}, nodes: map[*corev1.Node]*cachedNode{}, slots: map[string]*nodeSlot{}}
-}
-
-// begin starts a Build reading replicas as timeslice and pools as
-// poolLabel.
-func (c *Cache) begin(timeslice, poolLabel string) {
-	if c.timeslice != timeslice {
-		clear(c.pods)
-		clear(c.nodes)
-		clear(c.slots)
-		c.timeslice = timeslice
-	}
-	if c.poolLabel != poolLabel {
-		clear(c.slots)
-		c.poolLabel = poolLabel
-	}
-	c.build++
-	c.seenPods, c.seenNodes = 0, 0
-}
-
-// pod is the Cache's entry of p, read afresh when p has no resourceVersion.
-func (c *Cache) pod(p *corev1.Pod) *cachedPod {
-	if p.ResourceVersion == "" {
-		return &cachedPod{h: podHeaderOf(p)}
-	}
-	e := c.pods[p]
-	if e == nil {
-		c.ids++
-		e = &cachedPod{h: podHeaderOf(p), id: c.ids}
-		c.pods[p] = e
-	}
-	if e.build != c.build {
-		e.build = c.build
-		c.seenPods++
-	}
-	return e
-}
-
-// node is nodeFactsOf(n, timeslice), from the cache when n was read before.
-func (c *Cache) node(n *corev1.Node, timeslice string) *nodeFacts {
-	if n.ResourceVersion == "" {
-		return nodeFactsOf(n, timeslice)
-	}
-	e := c.nodes[n]
-	if e == nil {
-		e = &cachedNode{f: nodeFactsOf(n, timeslice)}
-		c.nodes[n] = e
-	}
-	if e.build != c.build {
-		e.build = c.build
-		c.seenNodes++
-	}
-	return e.f
-}
-
-// place makes n, read as f, a node of this Build; ok is false when a node of
-// the same name already is.
-func (c *Cache) place(n *corev1.Node, f *nodeFacts) (slot *nodeSlot, ok bool) {
-	slot = c.slots[n.Name]
-	if slot == nil {
-		slot = &nodeSlot{}
-		c.slots[n.Name] = slot
-	} else if slot.build == c.build {
-		return nil, false
-	}
-	slot.n, slot.facts, slot.build = n, f, c.build
-	slot.pods = slot.pods[:0]
-	slot.print = podPrint{}
-	slot.again = n.ResourceVersion == "" || f.dra || f.draining
-	return slot, true
-}
-
-// placed is the slot of a node of this Build named name (the node of pod
-// entry e), nil when there is none.
-func (c *Cache) placed(name string, e *cachedPod) *nodeSlot {
-	if slot := e.slot; slot != nil && slot.build == c.build && slot.n.Name == name {
-		return slot
-	}
-	if slot := c.slots[name]; slot != nil && slot.build == c.build {
-		e.slot = slot
-		return slot
-	}
-	return nil
-}
-
-// end forgets the objects the Build just ended did not read, and the nodes
-// it did not place on.
-func (c *Cache) end() {
-	if c.seenPods != len(c.pods) {
-		for p, e := range c.pods {
-			if e.build != c.build {
-				delete(c.pods, p)
-			}
-		}
-	}
-	if c.seenNodes != len(c.nodes) {
-		for n, e := range c.nodes {
-			if e.build != c.build {
-				delete(c.nodes, n)
-			}
-		}
-	}
-	for name, slot := range c.slots {
-		if slot.build != c.build {
-			delete(c.slots, name)
-			slot.n, slot.facts, slot.pods, slot.last = nil, nil, nil, nil // pod entries may still point here
-			continue
-		}
-		clear(slot.pods) // the next Build's pods, not this one's, stay reachable
-		slot.pods = slot.pods[:0]
-	}
 }
 
 // IsScalar tells whether a resource is placed as a scalar: a MIG device of
@@ -685,165 +448,10 @@ func settling(n *corev1.Node, notBefore time.Time) bool {
 	return made
 }
 
-// Build makes the snapshot. Nodes that are not Ready are left out; pods on
-// unknown nodes are ignored.
-func Build(in Inputs) (*Snapshot, error) {
-	c := in.Cache
-	if c == nil {
-		c = NewCache() // every object read afresh, nothing kept
-	}
-	c.begin(in.TimesliceResource, in.PoolLabel)
-	defer c.end()
-	reservations := map[NodeGPU]*Reservation{}
-	order := make([]*nodeSlot, 0, len(in.Nodes))
-	noFrac := map[string]bool{}
-	draNodes := map[string]bool{}
-	scalarMilli := map[string]int64{}
-	left := map[string]*corev1.Node{} // node -> a node left out of the snapshot (not Ready, cordoned, or young)
-	models := []string{}              // not nil: told, even when no node names a model
-	for _, n := range in.Nodes {
-		f := c.node(n, in.TimesliceResource)
-		models = addModel(models, f.product)
-		if !f.readyAt(in.Now) || settling(n, in.NotBefore) || in.Settling[n.Name] || in.Drifted[n.Name] {
-			left[n.Name] = n
-			continue
-		}
-		slot, ok := c.place(n, f)
-		if !ok {
-			return nil, fmt.Errorf("building placement snapshot: duplicate node %q", n.Name)
-		}
-		for name, m := range f.scalarMilli {
-			scalarMilli[name] = max(scalarMilli[name], m)
-		}
-		if !f.fractionOK {
-			noFrac[n.Name] = true
-		}
-		if f.dra {
-			draNodes[n.Name] = true
-		}
-		order = append(order, slot)
-	}
-
-	offFracs := map[NodeGPU]int{}        // GPU of a node left out -> fraction pods on it
-	var failed []*corev1.Pod             // failed reservation pods
-	var removingShown map[types.UID]bool // pods of in.Removing still shown
-	var creatingShown map[NodeGPU]bool   // reservations of in.Creating shown
-	for _, p := range in.Pods {
-		e := c.pod(p)
-		h := &e.h
-		nodeName := h.nodeName
-		var assumedGPU string
-		assumed := false
-		if nodeName == "" {
-			if a, ok := in.Assumed[h.uid]; ok {
-				nodeName, assumedGPU, assumed = a.Node, a.GPU, true
-			}
-		}
-		if h.failedReservation {
-			failed = append(failed, p)
-		}
-		removing := false
-		if len(in.Removing) > 0 && in.Removing[h.uid] {
-			if removingShown == nil {
-				removingShown = map[types.UID]bool{}
-			}
-			removingShown[h.uid] = true
-			removing = true
-		}
-		if len(in.Creating) > 0 && h.nodeName != "" && h.reservation {
-			if key := (NodeGPU{h.nodeName, h.planned}); in.Creating[key] {
-				if creatingShown == nil {
-					creatingShown = map[NodeGPU]bool{}
-				}
-				creatingShown[key] = true
-			}
-		}
-		if nodeName == "" || h.terminal {
-			continue
-		}
-		f := e.facts(p, in.TimesliceResource)
-		slot := c.placed(nodeName, e)
-		if slot == nil {
-			// A node left out, or gone: only its reservations and the
-			// fractions on their GPUs matter, so they can be removed.
-			switch {
-			case f.reservation:
-				trackOffNode(reservations, p, nodeName, left[nodeName], in.Now, in.Drifted[nodeName])
-			case f.d.FractionPercent > 0 && (p.Spec.NodeName != "" || assumedGPU != ""):
-				// One being bound counts on its GPU too: its reservation
-				// stays until the binding is shown or forgotten.
-				offFracs[NodeGPU{nodeName, cmp.Or(assumedGPU, f.fractionGPU())}]++
-			}
-			continue
-		}
-		slot.pods = append(slot.pods, slotPod{p: p, f: f, assumedGPU: assumedGPU})
-		slot.print.add(e.id)
-		if assumed || removing || e.id == 0 {
-			slot.again = true
-		}
-	}
-	var creatingOn map[string][]NodeGPU // node -> its reservations of in.Creating not shown
-	for key := range in.Creating {
-		if slot := c.slots[key.Node]; slot != nil && slot.build == c.build {
-			slot.again = true // charged with the reservation it waits for
-			if !creatingShown[key] {
-				if creatingOn == nil {
-					creatingOn = map[string][]NodeGPU{}
-				}
-				creatingOn[key.Node] = append(creatingOn[key.Node], key)
-			}
-		}
-	}
-
-	slices.Sort(models)
-	out := &Snapshot{NoFraction: noFrac, DRANodes: draNodes, Reservations: reservations, FailedReservations: failed, RemovingShown: removingShown, CreatingShown: creatingShown, ScalarMilli: scalarMilli, Models: models}
-	nodes := make([]placement.Node, 0, len(order))
-	for _, slot := range order {
-		part := slot.last
-		if part == nil || part.again || slot.again || part.facts != slot.facts || part.print != slot.print {
-			part = charge(slot, &in, creatingOn[slot.n.Name])
-			slot.last = part
-			c.charged++
-		} else {
-			c.taken++
-		}
-		for _, kr := range part.reservations {
-			reservations[kr.key] = kr.r
-		}
-		nodes = append(nodes, part.node)
-		out.GPUCapacityMilli += int64(len(part.node.GPUs)+slot.facts.partitioned) * placement.MilliPerGPU
-		out.CPUCapacityMilli += part.node.CPUMilli
-		out.MemoryCapacityBytes += part.node.MemoryBytes
-	}
-	for key, n := range offFracs {
-		if r := reservations[key]; r != nil {
-			r.Fractions += n
-		}
-	}
-	for k, r := range reservations {
-		// Fractions on a GPU without a reservation pod stay: its
-		// reservation was lost (preempted, evicted, deleted) or is still
-		// to be made. The scheduler makes it (again) in this cycle, or,
-		// when the GPU was given whole to another pod meanwhile
-		// (TakenBy), evicts the fractions there.
-		if r.Pod == nil && r.Fractions == 0 && r.TakenBy == nil {
-			delete(reservations, k)
-		}
-	}
-	sortBusiestFirst(nodes)
-	snap, err := placement.NewSnapshot(nodes)
-	if err != nil {
-		return nil, fmt.Errorf("building placement snapshot: %w", err)
-	}
-	out.Snapshot = snap
-	return out, nil
-}
-
-// charge makes a node's part of the snapshot from the node and the pods on
-// it (slot), pod by pod, and the reservations created there that Inputs.Pods
-// does not show yet (creating).
-func charge(slot *nodeSlot, in *Inputs, creating []NodeGPU) *nodePart {
-	n, f := slot.n, slot.facts
+// charge makes a node's part of the snapshot from the node (n, read as f)
+// and the pods on it, pod by pod, and the reservations created there that
+// no pod shows yet (creating). It sorts pods.
+func charge(n *corev1.Node, f *nodeFacts, pods []slotPod, in *Inputs, creating []NodeGPU) *nodePart {
 	taints := n.Spec.Taints
 	if f.draining && !f.drainingAt(in.Now) {
 		taints = placedTaints(n, in.Now) // the drain's deadline passed: its taint is left out
@@ -879,9 +487,9 @@ func charge(slot *nodeSlot, in *Inputs, creating []NodeGPU) *nodePart {
 	// fractions without a planned GPU (they take the open slots in turn)
 	// charge differently in another order, and a part taken as it was
 	// must be what charging the same pods again gives.
-	slices.SortStableFunc(slot.pods, func(a, b slotPod) int { return strings.Compare(string(a.p.UID), string(b.p.UID)) })
-	for i := range slot.pods {
-		acc.charge(n.Name, &slot.pods[i], rs, &asking, in)
+	slices.SortStableFunc(pods, func(a, b slotPod) int { return strings.Compare(string(a.p.UID), string(b.p.UID)) })
+	for i := range pods {
+		acc.charge(n.Name, &pods[i], rs, &asking, in)
 	}
 	for _, key := range creating {
 		// Created, not shown yet: asking for its GPU, after every one shown.
@@ -892,7 +500,7 @@ func charge(slot *nodeSlot, in *Inputs, creating []NodeGPU) *nodePart {
 	chargeAsking(asking, rs)
 	chargeFractions(n.Name, acc, rs)
 	settle(acc)
-	part := &nodePart{facts: f, print: slot.print, again: slot.again, node: *pn, reservations: make([]keyedReservation, 0, len(rs))}
+	part := &nodePart{facts: f, node: *pn, reservations: make([]keyedReservation, 0, len(rs))}
 	idle := !acc.gpuWork && pn.Labels[api.LabelNodePool] != ""
 	for k, r := range rs {
 		r.NodeIdle = idle

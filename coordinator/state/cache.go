@@ -1,0 +1,489 @@
+package state
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+)
+
+// Cache is what the coordinator knows of nodes and pods between cycles, in
+// the shape of kube-scheduler's backend cache: the informers' events
+// (AddPod, UpdatePod, DeletePod, AddNode, UpdateNode, DeleteNode) keep each
+// node with the pods bound to it and a generation that moves with every
+// change to either, and UpdateSnapshot charges again only the nodes whose
+// generation moved since their last part was made. Nothing in a cycle walks
+// every pod to find out what changed.
+//
+// It is safe for concurrent use: events come from the informers'
+// goroutines, snapshots from the scheduling loop.
+type Cache struct {
+	mu sync.Mutex
+	// timeslice is the replica resource the facts were read with.
+	timeslice string
+	// nodes are the nodes shown and the names pods are bound to.
+	nodes map[string]*nodeInfo
+	// pods are every pod shown, by UID.
+	pods map[types.UID]*podInfo
+	// reservationsOn counts the reservation pods shown bound, by node and
+	// the GPU they ask for (Inputs.Creating shown).
+	reservationsOn map[NodeGPU]int
+	// failed are the reservation pods the kubelet failed.
+	failed map[types.UID]*corev1.Pod
+	// gen is the last generation given to a node.
+	gen uint64
+
+	// Used by UpdateSnapshot only, under mu.
+	snaps     uint64 // snapshots made
+	poolLabel string // what the kept parts were made with
+	scratch   []slotPod
+	// taken counts the nodes' parts taken as they were, charged those
+	// charged pod by pod (both over all snapshots).
+	taken, charged int
+}
+
+// podInfo is a pod the cache holds.
+type podInfo struct {
+	p *corev1.Pod
+	h podHeader
+	f *podFacts // nil until the pod is read bound or assumed
+}
+
+// facts are what a snapshot reads of the pod bound or assumed.
+func (pi *podInfo) facts(timeslice string) *podFacts {
+	if pi.f == nil {
+		f := podFactsOf(pi.p, timeslice)
+		pi.f = &f
+	}
+	return pi.f
+}
+
+// bound tells whether the pod takes resources on h.nodeName.
+func (pi *podInfo) bound() bool { return pi.h.nodeName != "" && !pi.h.terminal }
+
+// nodeInfo is a node and the pods bound to it.
+type nodeInfo struct {
+	name string
+	// n is nil when the node is not shown: only pods name it.
+	n     *corev1.Node
+	facts *nodeFacts // nil until read
+	// pods are the pods bound here and not terminal.
+	pods map[types.UID]*podInfo
+	// gen moves with n and pods.
+	gen uint64
+	// last is the node's part of the last snapshot that charged it.
+	last *nodePart
+
+	// What the snapshot being made says of the node: placed in it (snap
+	// is its number), charged again whatever its generation (again), and
+	// the pods assumed there.
+	snap    uint64
+	again   bool
+	assumed []slotPod
+}
+
+// nodePart is one node's part of a snapshot and what it was made from.
+type nodePart struct {
+	facts *nodeFacts
+	gen   uint64
+	// again: made while something besides the node and its pods changed
+	// it; never taken as is (what did may be gone by the next snapshot).
+	again bool
+	// node is the node as placement sees it; its GPUs and Scalars are not
+	// changed after it is made (placement copies what it changes).
+	node placement.Node
+	// reservations are the node's reservations, shared by the snapshots
+	// that take the part (Snapshot.Reservations: read only).
+	reservations []keyedReservation
+}
+
+type keyedReservation struct {
+	key NodeGPU
+	r   *Reservation
+}
+
+// NewCache returns an empty Cache that reads time-sliced replicas as
+// timeslice ("" means api.DefaultTimesliceResource).
+func NewCache(timeslice string) *Cache {
+	return &Cache{
+		timeslice:      timeslice,
+		nodes:          map[string]*nodeInfo{},
+		pods:           map[types.UID]*podInfo{},
+		reservationsOn: map[NodeGPU]int{},
+		failed:         map[types.UID]*corev1.Pod{},
+	}
+}
+
+// AddPod adds a pod the informer shows.
+func (c *Cache) AddPod(p *corev1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setPod(p)
+}
+
+// UpdatePod replaces old with cur; a pod made again under old's name has
+// another UID.
+func (c *Cache) UpdatePod(old, cur *corev1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old != nil && old.UID != cur.UID {
+		c.removePod(old.UID)
+	}
+	c.setPod(cur)
+}
+
+// DeletePod forgets a pod.
+func (c *Cache) DeletePod(p *corev1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removePod(p.UID)
+}
+
+// AddNode adds a node the informer shows.
+func (c *Cache) AddNode(n *corev1.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setNode(n)
+}
+
+// UpdateNode replaces a node's object.
+func (c *Cache) UpdateNode(_, cur *corev1.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setNode(cur)
+}
+
+// DeleteNode forgets a node; the pods bound to it stay until deleted (a
+// snapshot counts their reservations orphaned, their node gone).
+func (c *Cache) DeleteNode(n *corev1.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ni := c.nodes[n.Name]
+	if ni == nil {
+		return
+	}
+	ni.n, ni.facts, ni.last = nil, nil, nil
+	c.touch(ni)
+	c.dropIfEmpty(ni)
+}
+
+// Len returns how many nodes and pods the cache holds.
+func (c *Cache) Len() (nodes, pods int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ni := range c.nodes {
+		if ni.n != nil {
+			nodes++
+		}
+	}
+	return nodes, len(c.pods)
+}
+
+func (c *Cache) setPod(p *corev1.Pod) {
+	c.removePod(p.UID)
+	pi := &podInfo{p: p, h: podHeaderOf(p)}
+	c.pods[p.UID] = pi
+	if pi.h.nodeName != "" && pi.h.reservation {
+		c.reservationsOn[NodeGPU{pi.h.nodeName, pi.h.planned}]++
+	}
+	if pi.h.failedReservation {
+		c.failed[p.UID] = p
+	}
+	if pi.bound() {
+		ni := c.node(pi.h.nodeName)
+		ni.pods[p.UID] = pi
+		c.touch(ni)
+	}
+}
+
+func (c *Cache) removePod(uid types.UID) {
+	pi := c.pods[uid]
+	if pi == nil {
+		return
+	}
+	delete(c.pods, uid)
+	delete(c.failed, uid)
+	if pi.h.nodeName != "" && pi.h.reservation {
+		key := NodeGPU{pi.h.nodeName, pi.h.planned}
+		if c.reservationsOn[key]--; c.reservationsOn[key] <= 0 {
+			delete(c.reservationsOn, key)
+		}
+	}
+	if ni := c.nodes[pi.h.nodeName]; ni != nil && ni.pods[uid] != nil {
+		delete(ni.pods, uid)
+		c.touch(ni)
+		c.dropIfEmpty(ni)
+	}
+}
+
+func (c *Cache) setNode(n *corev1.Node) {
+	ni := c.node(n.Name)
+	ni.n, ni.facts = n, nil
+	c.touch(ni)
+}
+
+// node returns the node named name, made when there is none.
+func (c *Cache) node(name string) *nodeInfo {
+	ni := c.nodes[name]
+	if ni == nil {
+		ni = &nodeInfo{name: name, pods: map[types.UID]*podInfo{}}
+		c.nodes[name] = ni
+	}
+	return ni
+}
+
+// touch moves a node's generation.
+func (c *Cache) touch(ni *nodeInfo) {
+	c.gen++
+	ni.gen = c.gen
+}
+
+// dropIfEmpty forgets a node neither shown nor named by a pod.
+func (c *Cache) dropIfEmpty(ni *nodeInfo) {
+	if ni.n == nil && len(ni.pods) == 0 {
+		delete(c.nodes, ni.name)
+	}
+}
+
+// nodeFacts returns what a snapshot reads of the node (n must be set).
+func (c *Cache) nodeFacts(ni *nodeInfo) *nodeFacts {
+	if ni.facts == nil {
+		ni.facts = nodeFactsOf(ni.n, c.timeslice)
+	}
+	return ni.facts
+}
+
+// UpdateSnapshot makes the snapshot of the nodes and pods the events
+// showed (in.Nodes and in.Pods must be nil) and the rest of in. A node
+// whose generation has not moved since its last part, with nothing else in
+// in that changes it, is taken as it was.
+func (c *Cache) UpdateSnapshot(in Inputs) (*Snapshot, error) {
+	if in.Nodes != nil || in.Pods != nil {
+		return nil, fmt.Errorf("building placement snapshot: a Cache reads nodes and pods from its events, not Inputs")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.snapshot(&in)
+}
+
+// Build makes the snapshot of in.Nodes and in.Pods, read afresh. Nodes that
+// are not Ready are left out; pods on unknown nodes are ignored.
+func Build(in Inputs) (*Snapshot, error) {
+	c := NewCache(in.TimesliceResource)
+	for _, n := range in.Nodes {
+		if ni := c.nodes[n.Name]; ni != nil && ni.n != nil {
+			return nil, fmt.Errorf("building placement snapshot: duplicate node %q", n.Name)
+		}
+		c.setNode(n)
+	}
+	for _, p := range in.Pods {
+		c.setPod(p)
+	}
+	in.Nodes, in.Pods = nil, nil
+	return c.snapshot(&in)
+}
+
+// snapshot makes the snapshot; c.mu is held.
+func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
+	if in.TimesliceResource != c.timeslice {
+		c.timeslice = in.TimesliceResource
+		for _, ni := range c.nodes {
+			ni.facts, ni.last = nil, nil
+		}
+		for _, pi := range c.pods {
+			pi.f = nil
+		}
+	}
+	if in.PoolLabel != c.poolLabel {
+		c.poolLabel = in.PoolLabel
+		for _, ni := range c.nodes {
+			ni.last = nil
+		}
+	}
+	c.snaps++
+	out := &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: map[NodeGPU]*Reservation{},
+		ScalarMilli: map[string]int64{}, Models: []string{}} // Models not nil: told, even when no node names a model
+	placed := make([]*nodeInfo, 0, len(c.nodes))
+	var off []*nodeInfo // nodes left out (not Ready, cordoned, young) or not shown, with pods
+	for _, ni := range c.nodes {
+		if ni.n == nil {
+			off = append(off, ni)
+			continue
+		}
+		f := c.nodeFacts(ni)
+		out.Models = addModel(out.Models, f.product)
+		if !f.readyAt(in.Now) || settling(ni.n, in.NotBefore) || in.Settling[ni.name] || in.Drifted[ni.name] {
+			if len(ni.pods) > 0 {
+				off = append(off, ni)
+			}
+			continue
+		}
+		ni.snap, ni.again, ni.assumed = c.snaps, f.dra || f.draining, ni.assumed[:0]
+		for name, m := range f.scalarMilli {
+			out.ScalarMilli[name] = max(out.ScalarMilli[name], m)
+		}
+		if !f.fractionOK {
+			out.NoFraction[ni.name] = true
+		}
+		if f.dra {
+			out.DRANodes[ni.name] = true
+		}
+		placed = append(placed, ni)
+	}
+	slices.Sort(out.Models)
+
+	offFracs := map[NodeGPU]int{} // GPU of a node left out -> fraction pods on it
+	offAssumed := map[string][]slotPod{}
+	for uid, a := range in.Assumed {
+		pi := c.pods[uid]
+		if pi == nil || pi.h.nodeName != "" || pi.h.terminal {
+			continue // gone, or bound: charged on its node
+		}
+		sp := slotPod{p: pi.p, f: pi.facts(c.timeslice), assumedGPU: a.GPU}
+		if ni := c.placedNode(a.Node); ni != nil {
+			ni.assumed = append(ni.assumed, sp)
+			ni.again = true
+		} else {
+			offAssumed[a.Node] = append(offAssumed[a.Node], sp)
+		}
+	}
+	for uid := range in.Removing {
+		pi := c.pods[uid]
+		if pi == nil {
+			continue
+		}
+		if out.RemovingShown == nil {
+			out.RemovingShown = map[types.UID]bool{}
+		}
+		out.RemovingShown[uid] = true
+		if ni := c.placedNode(pi.h.nodeName); ni != nil && pi.bound() {
+			ni.again = true
+		}
+	}
+	var creatingOn map[string][]NodeGPU // node -> its reservations of in.Creating not shown
+	for key := range in.Creating {
+		shown := c.reservationsOn[key] > 0
+		if shown {
+			if out.CreatingShown == nil {
+				out.CreatingShown = map[NodeGPU]bool{}
+			}
+			out.CreatingShown[key] = true
+		}
+		if ni := c.placedNode(key.Node); ni != nil {
+			ni.again = true // charged with the reservation it waits for
+			if !shown {
+				if creatingOn == nil {
+					creatingOn = map[string][]NodeGPU{}
+				}
+				creatingOn[key.Node] = append(creatingOn[key.Node], key)
+			}
+		}
+	}
+	for _, p := range c.failed {
+		out.FailedReservations = append(out.FailedReservations, p)
+	}
+	slices.SortFunc(out.FailedReservations, func(a, b *corev1.Pod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+
+	// Off the snapshot: only reservations and the fractions on their GPUs
+	// matter, so they can be removed.
+	for _, ni := range off {
+		c.chargeOff(ni.name, ni.n, c.podsOf(ni, offAssumed[ni.name]), in, out.Reservations, offFracs)
+		delete(offAssumed, ni.name)
+	}
+	for name, sps := range offAssumed { // being bound to a node without pods, left out or gone
+		var n *corev1.Node
+		if ni := c.nodes[name]; ni != nil {
+			n = ni.n
+		}
+		c.chargeOff(name, n, sps, in, out.Reservations, offFracs)
+	}
+
+	nodes := make([]placement.Node, 0, len(placed))
+	for _, ni := range placed {
+		part := ni.last
+		if part == nil || part.again || ni.again || part.gen != ni.gen || part.facts != ni.facts {
+			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed), in, creatingOn[ni.name])
+			part.gen, part.again = ni.gen, ni.again
+			ni.last = part
+			c.charged++
+		} else {
+			c.taken++
+		}
+		clear(ni.assumed) // the pods, not the slots, are let go
+		ni.assumed = ni.assumed[:0]
+		for _, kr := range part.reservations {
+			out.Reservations[kr.key] = kr.r
+		}
+		nodes = append(nodes, part.node)
+		out.GPUCapacityMilli += int64(len(part.node.GPUs)+ni.facts.partitioned) * placement.MilliPerGPU
+		out.CPUCapacityMilli += part.node.CPUMilli
+		out.MemoryCapacityBytes += part.node.MemoryBytes
+	}
+	clear(c.scratch)
+	c.scratch = c.scratch[:0]
+	for key, n := range offFracs {
+		if r := out.Reservations[key]; r != nil {
+			r.Fractions += n
+		}
+	}
+	for k, r := range out.Reservations {
+		// Fractions on a GPU without a reservation pod stay: its
+		// reservation was lost (preempted, evicted, deleted) or is still
+		// to be made. The scheduler makes it (again) in this cycle, or,
+		// when the GPU was given whole to another pod meanwhile
+		// (TakenBy), evicts the fractions there.
+		if r.Pod == nil && r.Fractions == 0 && r.TakenBy == nil {
+			delete(out.Reservations, k)
+		}
+	}
+	sortBusiestFirst(nodes)
+	snap, err := placement.NewSnapshot(nodes)
+	if err != nil {
+		return nil, fmt.Errorf("building placement snapshot: %w", err)
+	}
+	out.Snapshot = snap
+	return out, nil
+}
+
+// placedNode returns the node named name when the snapshot being made
+// places on it, else nil.
+func (c *Cache) placedNode(name string) *nodeInfo {
+	if ni := c.nodes[name]; ni != nil && ni.snap == c.snaps && ni.n != nil {
+		return ni
+	}
+	return nil
+}
+
+// podsOf returns the pods charged to a node, bound and assumed, in c's
+// scratch slice: used until the next call.
+func (c *Cache) podsOf(ni *nodeInfo, assumed []slotPod) []slotPod {
+	c.scratch = c.scratch[:0]
+	for _, pi := range ni.pods {
+		c.scratch = append(c.scratch, slotPod{p: pi.p, f: pi.facts(c.timeslice)})
+	}
+	c.scratch = append(c.scratch, assumed...)
+	return c.scratch
+}
+
+// chargeOff records the reservations of a node left out of the snapshot
+// (n; nil when gone) as orphaned, and counts the fractions on their GPUs,
+// bound or being bound: a reservation stays until its fractions end.
+func (c *Cache) chargeOff(name string, n *corev1.Node, pods []slotPod, in *Inputs, rs map[NodeGPU]*Reservation, offFracs map[NodeGPU]int) {
+	slices.SortFunc(pods, func(a, b slotPod) int { return strings.Compare(string(a.p.UID), string(b.p.UID)) })
+	for _, sp := range pods {
+		switch {
+		case sp.f.reservation:
+			trackOffNode(rs, sp.p, name, n, in.Now, in.Drifted[name])
+		case sp.f.d.FractionPercent > 0 && (sp.p.Spec.NodeName != "" || sp.assumedGPU != ""):
+			offFracs[NodeGPU{name, cmp.Or(sp.assumedGPU, sp.f.fractionGPU())}]++
+		}
+	}
+}
