@@ -89,16 +89,16 @@ type leader struct {
 	dynFactory dynamicinformer.DynamicSharedInformerFactory
 	sysFactory informers.SharedInformerFactory
 
-	pods       coreinformers.PodInformer
-	nodes      coreinformers.NodeInformer
+	pods  coreinformers.PodInformer
+	nodes coreinformers.NodeInformer
 	// handlersSynced tell when the scheduler's pod and node handlers have
 	// had the informers' first lists (its cache is whole).
 	handlersSynced []cache.InformerSynced
-	namespaces coreinformers.NamespaceInformer // they name their default queue (label gpufrac.io/default-queue)
-	jobs       batchinformers.JobInformer
-	jobLister  batchlisters.JobLister
-	queues     informers.GenericInformer
-	events     cache.SharedIndexInformer // Karpenter's Nominated events on placeholders
+	namespaces     coreinformers.NamespaceInformer // they name their default queue (label gpufrac.io/default-queue)
+	jobs           batchinformers.JobInformer
+	jobLister      batchlisters.JobLister
+	queues         informers.GenericInformer
+	events         cache.SharedIndexInformer // Karpenter's Nominated events on placeholders
 
 	// What the optional APIs add, each nil when its API is not served.
 	nodeClaims     cache.SharedIndexInformer // Karpenter's NodeClaims
