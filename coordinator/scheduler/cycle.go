@@ -331,7 +331,7 @@ func (c *cycle) placeWorkloads() {
 	c.wanted = map[state.NodeGPU]bool{}
 	c.plans = map[types.UID]plan{}
 	c.withdrawn = map[types.UID]bool{}
-	c.reclaimIn = newReclaimScope(c.inputs, c.dra, c.start)
+	c.reclaimIn = newReclaimScope(c.inputs, s.stateCache, c.dra, c.start)
 	c.budget = s.placeBudget()
 	c.kube = s.newKubeChecks(c)
 	c.hinted = s.hints.hinted()

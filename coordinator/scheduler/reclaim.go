@@ -46,6 +46,9 @@ type reclaimScope struct {
 	in  state.Inputs
 	dra *draCycle
 	now time.Time
+	// cache makes the what-if snapshots (without): only the nodes of the
+	// pods left out are charged for them.
+	cache *state.Cache
 
 	indexed bool
 	// byUID: pod UID -> the pod, for pods that still hold resources.
@@ -86,8 +89,8 @@ type victimGroup struct {
 	pods []*corev1.Pod
 }
 
-func newReclaimScope(in state.Inputs, v *draCycle, now time.Time) *reclaimScope {
-	return &reclaimScope{in: in, dra: v, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
+func newReclaimScope(in state.Inputs, cache *state.Cache, v *draCycle, now time.Time) *reclaimScope {
+	return &reclaimScope{in: in, cache: cache, dra: v, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
 }
 
 // index parses the running pods once: the UID index, the candidate groups,
@@ -179,16 +182,11 @@ func (s *Scheduler) fits(v *draCycle, snap *state.Snapshot, w *workload, kc *kub
 	return err == nil
 }
 
-// without builds the cluster of sc.in without the pods gone says.
+// without is the cluster as the cache holds it, without the pods gone says.
 func (sc *reclaimScope) without(gone func(*corev1.Pod) bool) *state.Snapshot {
 	in := sc.in
-	in.Pods = make([]*corev1.Pod, 0, len(sc.in.Pods))
-	for _, p := range sc.in.Pods {
-		if !gone(p) {
-			in.Pods = append(in.Pods, p)
-		}
-	}
-	snap, err := state.Build(in)
+	in.Nodes, in.Pods = nil, nil // the cache's
+	snap, err := sc.cache.SnapshotWithout(in, gone)
 	if err != nil {
 		return nil
 	}

@@ -31,9 +31,9 @@ type Cache struct {
 	nodes map[string]*nodeInfo
 	// pods are every pod shown, by UID.
 	pods map[types.UID]*podInfo
-	// reservationsOn counts the reservation pods shown bound, by node and
-	// the GPU they ask for (Inputs.Creating shown).
-	reservationsOn map[NodeGPU]int
+	// reservationsOn are the reservation pods shown bound, by node and the
+	// GPU they ask for (Inputs.Creating shown).
+	reservationsOn map[NodeGPU]map[types.UID]*corev1.Pod
 	// failed are the reservation pods the kubelet failed.
 	failed map[types.UID]*corev1.Pod
 	// gen is the last generation given to a node.
@@ -115,7 +115,7 @@ func NewCache(timeslice string) *Cache {
 		timeslice:      timeslice,
 		nodes:          map[string]*nodeInfo{},
 		pods:           map[types.UID]*podInfo{},
-		reservationsOn: map[NodeGPU]int{},
+		reservationsOn: map[NodeGPU]map[types.UID]*corev1.Pod{},
 		failed:         map[types.UID]*corev1.Pod{},
 	}
 }
@@ -190,7 +190,11 @@ func (c *Cache) setPod(p *corev1.Pod) {
 	pi := &podInfo{p: p, h: podHeaderOf(p)}
 	c.pods[p.UID] = pi
 	if pi.h.nodeName != "" && pi.h.reservation {
-		c.reservationsOn[NodeGPU{pi.h.nodeName, pi.h.planned}]++
+		key := NodeGPU{pi.h.nodeName, pi.h.planned}
+		if c.reservationsOn[key] == nil {
+			c.reservationsOn[key] = map[types.UID]*corev1.Pod{}
+		}
+		c.reservationsOn[key][p.UID] = p
 	}
 	if pi.h.failedReservation {
 		c.failed[p.UID] = p
@@ -211,7 +215,7 @@ func (c *Cache) removePod(uid types.UID) {
 	delete(c.failed, uid)
 	if pi.h.nodeName != "" && pi.h.reservation {
 		key := NodeGPU{pi.h.nodeName, pi.h.planned}
-		if c.reservationsOn[key]--; c.reservationsOn[key] <= 0 {
+		if delete(c.reservationsOn[key], uid); len(c.reservationsOn[key]) == 0 {
 			delete(c.reservationsOn, key)
 		}
 	}
@@ -269,7 +273,20 @@ func (c *Cache) UpdateSnapshot(in Inputs) (*Snapshot, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.snapshot(&in)
+	return c.snapshot(&in, nil)
+}
+
+// SnapshotWithout is UpdateSnapshot with the pods gone says left out, as if
+// they were not shown (reclaim's what-if: the cluster once its victims are
+// gone). Only the nodes of such pods are charged for it, and their parts
+// are not kept.
+func (c *Cache) SnapshotWithout(in Inputs, gone func(*corev1.Pod) bool) (*Snapshot, error) {
+	if in.Nodes != nil || in.Pods != nil {
+		return nil, fmt.Errorf("building placement snapshot: a Cache reads nodes and pods from its events, not Inputs")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.snapshot(&in, gone)
 }
 
 // Build makes the snapshot of in.Nodes and in.Pods, read afresh. Nodes that
@@ -286,11 +303,12 @@ func Build(in Inputs) (*Snapshot, error) {
 		c.setPod(p)
 	}
 	in.Nodes, in.Pods = nil, nil
-	return c.snapshot(&in)
+	return c.snapshot(&in, nil)
 }
 
-// snapshot makes the snapshot; c.mu is held.
-func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
+// snapshot makes the snapshot, without the pods gone says (nil: none);
+// c.mu is held.
+func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, error) {
 	if in.TimesliceResource != c.timeslice {
 		c.timeslice = in.TimesliceResource
 		for _, ni := range c.nodes {
@@ -342,7 +360,7 @@ func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
 	offAssumed := map[string][]slotPod{}
 	for uid, a := range in.Assumed {
 		pi := c.pods[uid]
-		if pi == nil || pi.h.nodeName != "" || pi.h.terminal {
+		if pi == nil || pi.h.nodeName != "" || pi.h.terminal || gone != nil && gone(pi.p) {
 			continue // gone, or bound: charged on its node
 		}
 		sp := slotPod{p: pi.p, f: pi.facts(c.timeslice), assumedGPU: a.GPU}
@@ -355,7 +373,7 @@ func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
 	}
 	for uid := range in.Removing {
 		pi := c.pods[uid]
-		if pi == nil {
+		if pi == nil || gone != nil && gone(pi.p) {
 			continue
 		}
 		if out.RemovingShown == nil {
@@ -368,7 +386,12 @@ func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
 	}
 	var creatingOn map[string][]NodeGPU // node -> its reservations of in.Creating not shown
 	for key := range in.Creating {
-		shown := c.reservationsOn[key] > 0
+		shown := false
+		for _, p := range c.reservationsOn[key] {
+			if shown = gone == nil || !gone(p); shown {
+				break
+			}
+		}
 		if shown {
 			if out.CreatingShown == nil {
 				out.CreatingShown = map[NodeGPU]bool{}
@@ -386,7 +409,9 @@ func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
 		}
 	}
 	for _, p := range c.failed {
-		out.FailedReservations = append(out.FailedReservations, p)
+		if gone == nil || !gone(p) {
+			out.FailedReservations = append(out.FailedReservations, p)
+		}
 	}
 	slices.SortFunc(out.FailedReservations, func(a, b *corev1.Pod) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
@@ -395,7 +420,7 @@ func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
 	// Off the snapshot: only reservations and the fractions on their GPUs
 	// matter, so they can be removed.
 	for _, ni := range off {
-		c.chargeOff(ni.name, ni.n, c.podsOf(ni, offAssumed[ni.name]), in, out.Reservations, offFracs)
+		c.chargeOff(ni.name, ni.n, c.podsOf(ni, offAssumed[ni.name], gone), in, out.Reservations, offFracs)
 		delete(offAssumed, ni.name)
 	}
 	for name, sps := range offAssumed { // being bound to a node without pods, left out or gone
@@ -409,8 +434,12 @@ func (c *Cache) snapshot(in *Inputs) (*Snapshot, error) {
 	nodes := make([]placement.Node, 0, len(placed))
 	for _, ni := range placed {
 		part := ni.last
-		if part == nil || part.again || ni.again || part.gen != ni.gen || part.facts != ni.facts {
-			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed), in, creatingOn[ni.name])
+		if gone != nil && ni.holds(gone) {
+			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed, gone), in, creatingOn[ni.name])
+			part.again = true // not kept
+			c.charged++
+		} else if part == nil || part.again || ni.again || part.gen != ni.gen || part.facts != ni.facts {
+			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed, nil), in, creatingOn[ni.name])
 			part.gen, part.again = ni.gen, ni.again
 			ni.last = part
 			c.charged++
@@ -462,15 +491,27 @@ func (c *Cache) placedNode(name string) *nodeInfo {
 	return nil
 }
 
-// podsOf returns the pods charged to a node, bound and assumed, in c's
-// scratch slice: used until the next call.
-func (c *Cache) podsOf(ni *nodeInfo, assumed []slotPod) []slotPod {
+// podsOf returns the pods charged to a node, bound and assumed, but those
+// gone says (nil: none), in c's scratch slice: used until the next call.
+func (c *Cache) podsOf(ni *nodeInfo, assumed []slotPod, gone func(*corev1.Pod) bool) []slotPod {
 	c.scratch = c.scratch[:0]
 	for _, pi := range ni.pods {
-		c.scratch = append(c.scratch, slotPod{p: pi.p, f: pi.facts(c.timeslice)})
+		if gone == nil || !gone(pi.p) {
+			c.scratch = append(c.scratch, slotPod{p: pi.p, f: pi.facts(c.timeslice)})
+		}
 	}
-	c.scratch = append(c.scratch, assumed...)
+	c.scratch = append(c.scratch, assumed...) // the snapshot left gone ones out
 	return c.scratch
+}
+
+// holds tells whether a pod gone says is bound to the node.
+func (ni *nodeInfo) holds(gone func(*corev1.Pod) bool) bool {
+	for _, pi := range ni.pods {
+		if gone(pi.p) {
+			return true
+		}
+	}
+	return false
 }
 
 // chargeOff records the reservations of a node left out of the snapshot

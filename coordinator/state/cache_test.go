@@ -450,6 +450,26 @@ func churn(t *testing.T, seed uint64, steps int) {
 		if d := cmp.Diff(want, describeCached(t, cache, fresh)); d != "" {
 			t.Fatalf("step %d: the cache's snapshot differs from a fresh read (-fresh +cached):\n%s", step, d)
 		}
+		if step%5 == 0 { // a what-if: some pods gone (reclaim's victims)
+			gone := map[types.UID]bool{}
+			for _, p := range pods {
+				if rng.IntN(6) == 0 {
+					gone[p.UID] = true
+				}
+			}
+			left := fresh
+			left.Pods = slices.DeleteFunc(slices.Clone(pods), func(p *corev1.Pod) bool { return gone[p.UID] })
+			want := describe(t, left)
+			in := fresh
+			in.Nodes, in.Pods = nil, nil
+			s, err := cache.SnapshotWithout(in, func(p *corev1.Pod) bool { return gone[p.UID] })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(want, describeSnapshot(s)); d != "" {
+				t.Fatalf("step %d: the cache's snapshot without %d pods differs from a fresh read of the rest (-fresh +cached):\n%s", step, len(gone), d)
+			}
+		}
 	}
 	if cache.taken == 0 || cache.charged == 0 {
 		t.Fatalf("nodes taken as they were %d times, charged %d times: the churn tests neither", cache.taken, cache.charged)
