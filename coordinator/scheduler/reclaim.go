@@ -182,7 +182,11 @@ func (s *Scheduler) fits(v *draCycle, snap *state.Snapshot, w *workload, kc *kub
 	return err == nil
 }
 
-// without is the cluster as the cache holds it, without the pods gone says.
+// without is the cluster as the cache holds it, without the pods gone says
+// (a pure predicate: it may be asked more than once of a pod). The cache may
+// have moved since the cycle's snapshot: a pod deleted meanwhile makes room in
+// it, as one deleted after the cycle listed the pods did before the cache was
+// fed by events; either way the window ends with the evictions.
 func (sc *reclaimScope) without(gone func(*corev1.Pod) bool) *state.Snapshot {
 	in := sc.in
 	in.Nodes, in.Pods = nil, nil // the cache's
@@ -376,13 +380,14 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 	}
 	if !sc.goingBuilt {
 		sc.goingBuilt = true
-		sc.withoutGoing = sc.without(func(p *corev1.Pod) bool {
+		going := map[types.UID]bool{}
+		for _, p := range sc.in.Pods {
 			if p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !predicates.Terminal(p) && sc.waitsFor(p) {
 				sc.goingPods = append(sc.goingPods, p)
-				return true
+				going[p.UID] = true
 			}
-			return false
-		})
+		}
+		sc.withoutGoing = sc.without(func(p *corev1.Pod) bool { return going[p.UID] })
 	}
 	if !s.fits(sc.dra, sc.withoutGoing, w, kc, sc.goingPods) {
 		return 0

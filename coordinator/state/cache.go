@@ -279,7 +279,7 @@ func (c *Cache) UpdateSnapshot(in Inputs) (*Snapshot, error) {
 // SnapshotWithout is UpdateSnapshot with the pods gone says left out, as if
 // they were not shown (reclaim's what-if: the cluster once its victims are
 // gone). Only the nodes of such pods are charged for it, and their parts
-// are not kept.
+// are not kept. gone must be pure: it may be asked more than once of a pod.
 func (c *Cache) SnapshotWithout(in Inputs, gone func(*corev1.Pod) bool) (*Snapshot, error) {
 	if in.Nodes != nil || in.Pods != nil {
 		return nil, fmt.Errorf("building placement snapshot: a Cache reads nodes and pods from its events, not Inputs")
@@ -290,7 +290,9 @@ func (c *Cache) SnapshotWithout(in Inputs, gone func(*corev1.Pod) bool) (*Snapsh
 }
 
 // Build makes the snapshot of in.Nodes and in.Pods, read afresh. Nodes that
-// are not Ready are left out; pods on unknown nodes are ignored.
+// are not Ready are left out; pods on unknown nodes are ignored. A node
+// name or pod UID given twice, or a pod without a UID, is an error: no
+// informer lists such objects.
 func Build(in Inputs) (*Snapshot, error) {
 	c := NewCache(in.TimesliceResource)
 	for _, n := range in.Nodes {
@@ -300,6 +302,9 @@ func Build(in Inputs) (*Snapshot, error) {
 		c.setNode(n)
 	}
 	for _, p := range in.Pods {
+		if p.UID == "" || c.pods[p.UID] != nil {
+			return nil, fmt.Errorf("building placement snapshot: pod %s/%s has no UID or another pod's", p.Namespace, p.Name)
+		}
 		c.setPod(p)
 	}
 	in.Nodes, in.Pods = nil, nil
@@ -337,6 +342,7 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 		f := c.nodeFacts(ni)
 		out.Models = addModel(out.Models, f.product)
 		if !f.readyAt(in.Now) || settling(ni.n, in.NotBefore) || in.Settling[ni.name] || in.Drifted[ni.name] {
+			ni.last = nil // its pods may go while it is left out
 			if len(ni.pods) > 0 {
 				off = append(off, ni)
 			}

@@ -566,3 +566,90 @@ func TestUpdateSnapshotChargesOnlyTheNodesThatMoved(t *testing.T) {
 
 // shownNode is the node named name that the cache holds.
 func shownNode(c *Cache, name string) *corev1.Node { return c.nodes[name].n }
+
+// TestBuildRefusesWhatNoInformerLists: a pod without a UID or with
+// another's, or a node name twice (even one left out), would be charged
+// once where the caller meant two objects: Build says so instead.
+func TestBuildRefusesWhatNoInformerLists(t *testing.T) {
+	a := node("a", 2).inventory("fraction").n
+	p1, p2 := pod("p1").on("a").cpu("1").p, pod("p2").on("a").cpu("1").p
+	noUID := p1.DeepCopy()
+	noUID.UID = ""
+	twin := p2.DeepCopy()
+	twin.UID = p1.UID
+	for _, tc := range []struct {
+		name  string
+		nodes []*corev1.Node
+		pods  []*corev1.Pod
+	}{
+		{"a pod without a UID", []*corev1.Node{a}, []*corev1.Pod{noUID}},
+		{"two pods with one UID", []*corev1.Node{a}, []*corev1.Pod{p1, twin}},
+		{"a node twice, one not Ready", []*corev1.Node{node("a", 2).inventory("fraction").notReady().n, a}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Build(Inputs{Nodes: tc.nodes, Pods: tc.pods}); err == nil {
+				t.Error("Build took it")
+			}
+		})
+	}
+	if _, err := Build(Inputs{Nodes: []*corev1.Node{a}, Pods: []*corev1.Pod{p1, p2}}); err != nil {
+		t.Errorf("two pods on a node: %v", err)
+	}
+}
+
+// TestLeftOutNodeKeepsNoPart: a node left out of the snapshot (here
+// cordoned) lets its last part go, so that the pods in it (a reservation
+// deleted meanwhile) are not kept alive while it stays out.
+func TestLeftOutNodeKeepsNoPart(t *testing.T) {
+	n := node("a", 2).inventory("fraction").n
+	r := reservation("res", 1, "a-gpu0", "a-gpu0")
+	r.Spec.NodeName = "a"
+	c := NewCache("")
+	c.AddNode(n)
+	c.AddPod(r)
+	if _, err := c.UpdateSnapshot(Inputs{}); err != nil {
+		t.Fatal(err)
+	}
+	if c.nodes["a"].last == nil {
+		t.Fatal("the placed node kept no part")
+	}
+	cordoned := n.DeepCopy()
+	cordoned.Spec.Unschedulable = true
+	c.UpdateNode(n, cordoned)
+	c.DeletePod(r)
+	if _, err := c.UpdateSnapshot(Inputs{}); err != nil {
+		t.Fatal(err)
+	}
+	if c.nodes["a"].last != nil {
+		t.Error("the node left out still holds its last part")
+	}
+}
+
+// TestSnapshotWithoutLeavesOutWhatGoneSays: a what-if leaves out the pods
+// gone names, and keeps no part: the next snapshot has them again.
+func TestSnapshotWithoutLeavesOutWhatGoneSays(t *testing.T) {
+	n := node("a", 2).inventory("fraction").n
+	p1, p2 := pod("p1").on("a").cpu("1").p, pod("p2").on("a").cpu("1").p
+	c := NewCache("")
+	c.AddNode(n)
+	c.AddPod(p1)
+	c.AddPod(p2)
+	full, err := c.UpdateSnapshot(Inputs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := c.SnapshotWithout(Inputs{}, func(p *corev1.Pod) bool { return p.UID == p1.UID })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := without.Node(0).UsedCPUMilli, full.Node(0).UsedCPUMilli-1000; got != want {
+		t.Errorf("without p1: %d milli-CPU used, want %d", got, want)
+	}
+	again, err := c.UpdateSnapshot(Inputs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Node(0).UsedCPUMilli; got != full.Node(0).UsedCPUMilli {
+		t.Errorf("after the what-if: %d milli-CPU used, want %d (its part was kept)", got, full.Node(0).UsedCPUMilli)
+	}
+}
