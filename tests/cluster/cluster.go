@@ -52,8 +52,14 @@ import (
 )
 
 const (
-	// DefaultStartTimeout bounds Start when Options.StartTimeout is zero.
+	// DefaultStartTimeout bounds Start when Options.StartTimeout is zero,
+	// plus operatorStartTimeout for each operator it starts.
 	DefaultStartTimeout = 90 * time.Second
+	// operatorStartTimeout is what each of Karpenter, Kueue and KubeRay adds
+	// to DefaultStartTimeout: their CRDs (KubeRay's are megabytes) are
+	// established by an API server that shares a loaded machine with the
+	// suite (a cold CI run once spent over 60 s on KubeRay's alone).
+	operatorStartTimeout = 60 * time.Second
 
 	// componentReadyTimeout bounds the wait for one component to report ready.
 	componentReadyTimeout = 45 * time.Second
@@ -78,7 +84,8 @@ type Options struct {
 	// Dir is the cluster's directory; it must not exist or be empty. Empty means a
 	// new temporary directory.
 	Dir string
-	// StartTimeout bounds Start. Zero means DefaultStartTimeout.
+	// StartTimeout bounds Start. Zero means DefaultStartTimeout, plus a
+	// minute for each operator started (Karpenter, Kueue, KubeRay).
 	StartTimeout time.Duration
 	// Karpenter, when not nil, also installs Karpenter's CRDs, a KWOKNodeClass and the
 	// NodePools, and runs Karpenter's kwok provider.
@@ -255,6 +262,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	timeout := opts.StartTimeout
 	if timeout == 0 {
 		timeout = DefaultStartTimeout
+		for _, on := range []bool{opts.Karpenter != nil, opts.Kueue != nil, opts.KubeRay != nil} {
+			if on {
+				timeout += operatorStartTimeout
+			}
+		}
 	}
 	startCtx, cancelStart := context.WithTimeout(lifeCtx, timeout)
 	defer cancelStart()
