@@ -53,16 +53,20 @@ import (
 
 const (
 	// DefaultStartTimeout bounds Start when Options.StartTimeout is zero,
-	// plus operatorStartTimeout for each operator it starts.
-	DefaultStartTimeout = 90 * time.Second
+	// plus operatorStartTimeout for each operator it starts. A control
+	// plane starts in about 17 s; the margin is for a machine the whole
+	// suite loads (make test runs its packages side by side on 2 cores).
+	DefaultStartTimeout = 120 * time.Second
 	// operatorStartTimeout is what each of Karpenter, Kueue and KubeRay adds
 	// to DefaultStartTimeout: their CRDs (KubeRay's are megabytes) are
 	// established by an API server that shares a loaded machine with the
 	// suite (a cold CI run once spent over 60 s on KubeRay's alone).
 	operatorStartTimeout = 60 * time.Second
 
-	// componentReadyTimeout bounds the wait for one component to report ready.
-	componentReadyTimeout = 45 * time.Second
+	// componentReadyTimeout bounds the wait for one component to report
+	// ready. kube-apiserver is ready in about 13 s; a make test run once saw
+	// it take over 45 s beside the other suites.
+	componentReadyTimeout = 90 * time.Second
 	// portAttempts is how often a component is restarted on fresh ports when a port
 	// it was given was taken in the meantime.
 	portAttempts = 3
