@@ -185,23 +185,26 @@ func (c *Cache) Len() (nodes, pods int) {
 	return nodes, len(c.pods)
 }
 
-func (c *Cache) setPod(p *corev1.Pod) {
-	c.removePod(p.UID)
+func (c *Cache) setPod(p *corev1.Pod) { c.setPodAs(p.UID, p) }
+
+// setPodAs holds p under uid: its UID, but for Build's pods without one.
+func (c *Cache) setPodAs(uid types.UID, p *corev1.Pod) {
+	c.removePod(uid)
 	pi := &podInfo{p: p, h: podHeaderOf(p)}
-	c.pods[p.UID] = pi
+	c.pods[uid] = pi
 	if pi.h.nodeName != "" && pi.h.reservation {
 		key := NodeGPU{pi.h.nodeName, pi.h.planned}
 		if c.reservationsOn[key] == nil {
 			c.reservationsOn[key] = map[types.UID]*corev1.Pod{}
 		}
-		c.reservationsOn[key][p.UID] = p
+		c.reservationsOn[key][uid] = p
 	}
 	if pi.h.failedReservation {
-		c.failed[p.UID] = p
+		c.failed[uid] = p
 	}
 	if pi.bound() {
 		ni := c.node(pi.h.nodeName)
-		ni.pods[p.UID] = pi
+		ni.pods[uid] = pi
 		c.touch(ni)
 	}
 }
@@ -290,9 +293,9 @@ func (c *Cache) SnapshotWithout(in Inputs, gone func(*corev1.Pod) bool) (*Snapsh
 }
 
 // Build makes the snapshot of in.Nodes and in.Pods, read afresh. Nodes that
-// are not Ready are left out; pods on unknown nodes are ignored. A node
-// name or pod UID given twice, or a pod without a UID, is an error: no
-// informer lists such objects.
+// are not Ready are left out; pods on unknown nodes are ignored. A node name
+// given twice is an error; each pod counts, even one without a UID or with
+// another's (made by hand: no informer lists such pods).
 func Build(in Inputs) (*Snapshot, error) {
 	c := NewCache(in.TimesliceResource)
 	for _, n := range in.Nodes {
@@ -301,11 +304,14 @@ func Build(in Inputs) (*Snapshot, error) {
 		}
 		c.setNode(n)
 	}
-	for _, p := range in.Pods {
-		if p.UID == "" || c.pods[p.UID] != nil {
-			return nil, fmt.Errorf("building placement snapshot: pod %s/%s has no UID or another pod's", p.Namespace, p.Name)
+	for i, p := range in.Pods {
+		uid := p.UID
+		if uid == "" || c.pods[uid] != nil {
+			// Made by hand (a what-if, a test): each object counts, as
+			// listed, under a key no informer's pod has.
+			uid = types.UID(fmt.Sprintf("\x00%d", i))
 		}
-		c.setPod(p)
+		c.setPodAs(uid, p)
 	}
 	in.Nodes, in.Pods = nil, nil
 	return c.snapshot(&in, nil)

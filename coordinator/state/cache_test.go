@@ -567,33 +567,36 @@ func TestUpdateSnapshotChargesOnlyTheNodesThatMoved(t *testing.T) {
 // shownNode is the node named name that the cache holds.
 func shownNode(c *Cache, name string) *corev1.Node { return c.nodes[name].n }
 
-// TestBuildRefusesWhatNoInformerLists: a pod without a UID or with
-// another's, or a node name twice (even one left out), would be charged
-// once where the caller meant two objects: Build says so instead.
-func TestBuildRefusesWhatNoInformerLists(t *testing.T) {
+// TestBuildCountsEveryPodItIsGiven: pods made by hand (what-ifs, tests)
+// may have no UID, or one UID twice: each counts, as the old Build counted
+// every object listed. A node name twice (even one left out) is an error.
+func TestBuildCountsEveryPodItIsGiven(t *testing.T) {
 	a := node("a", 2).inventory("fraction").n
 	p1, p2 := pod("p1").on("a").cpu("1").p, pod("p2").on("a").cpu("1").p
-	noUID := p1.DeepCopy()
-	noUID.UID = ""
+	noUID1, noUID2 := p1.DeepCopy(), p2.DeepCopy()
+	noUID1.UID, noUID2.UID = "", ""
 	twin := p2.DeepCopy()
 	twin.UID = p1.UID
 	for _, tc := range []struct {
-		name  string
-		nodes []*corev1.Node
-		pods  []*corev1.Pod
+		name string
+		pods []*corev1.Pod
 	}{
-		{"a pod without a UID", []*corev1.Node{a}, []*corev1.Pod{noUID}},
-		{"two pods with one UID", []*corev1.Node{a}, []*corev1.Pod{p1, twin}},
-		{"a node twice, one not Ready", []*corev1.Node{node("a", 2).inventory("fraction").notReady().n, a}, nil},
+		{"two pods", []*corev1.Pod{p1, p2}},
+		{"two pods without a UID", []*corev1.Pod{noUID1, noUID2}},
+		{"two pods with one UID", []*corev1.Pod{p1, twin}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := Build(Inputs{Nodes: tc.nodes, Pods: tc.pods}); err == nil {
-				t.Error("Build took it")
+			s, err := Build(Inputs{Nodes: []*corev1.Node{a}, Pods: tc.pods})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Node(0).UsedCPUMilli; got != 2000 {
+				t.Errorf("%d milli-CPU used, want 2000", got)
 			}
 		})
 	}
-	if _, err := Build(Inputs{Nodes: []*corev1.Node{a}, Pods: []*corev1.Pod{p1, p2}}); err != nil {
-		t.Errorf("two pods on a node: %v", err)
+	if _, err := Build(Inputs{Nodes: []*corev1.Node{node("a", 2).inventory("fraction").notReady().n, a}}); err == nil {
+		t.Error("Build took a node name twice")
 	}
 }
 
