@@ -85,21 +85,9 @@ func newFeedStore(add func(any), update func(old, obj any), del func(any)) *feed
 	return &feedStore{Indexer: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}), add: add, update: update, del: del}
 }
 
-func (f *feedStore) Add(obj any) error {
-	old, exists, err := f.Indexer.Get(obj)
-	if err != nil {
-		return err
-	}
-	if err := f.Indexer.Add(obj); err != nil {
-		return err
-	}
-	if exists {
-		f.update(old, obj)
-	} else {
-		f.add(obj)
-	}
-	return nil
-}
+// Add is Update: an object under a key already held replaces it, as an
+// informer's relist does.
+func (f *feedStore) Add(obj any) error { return f.Update(obj) }
 
 func (f *feedStore) Update(obj any) error {
 	old, exists, err := f.Indexer.Get(obj)
