@@ -22,7 +22,7 @@ HELM3_VERSION := v3.22.0
 HELM4_VERSION := v4.3.1
 PROMETHEUS_OPERATOR_VERSION := v0.85.0
 KUEUE_VERSION := v0.17.0
-KUBERAY_VERSION := v1.5.0
+KUBERAY_VERSION := v1.6.0
 PROMETHEUS_VERSION := v0.316.0
 CONTAINERD_VERSION := v2.4.2
 ACTIONLINT_VERSION := v1.7.12
@@ -63,8 +63,8 @@ KWOK_STAGE_DIRS := node/fast node/heartbeat-with-lease pod/fast
 # time, so that the later one finds the shared packages compiled: Kueue first beside
 # the Kubernetes build (a build of several minutes must not come last), Karpenter's kwok
 # provider well after it on the same 1.35 libraries and controller-runtime (it then
-# compiles little more than its own code), KubeRay (the 1.34 libraries and
-# controller-runtime v0.22, its alone); Helm 3, Helm 4 and containerd (1.37
+# compiles little more than its own code), KubeRay right after Kueue on the same 1.35
+# libraries (its own controller-runtime v0.22); Helm 3, Helm 4 and containerd (1.37
 # libraries) in a row; kwok (1.36) last, before go vet compiles the project on the same
 # libraries.
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kubelet \
