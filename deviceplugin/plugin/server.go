@@ -208,14 +208,30 @@ func (s *Server) Stop() {
 		delete(s.subs, ch)
 	}
 	s.mu.Unlock()
+	if g != nil {
+		// The streams end after what they sent (their channels are closed
+		// above). A graceful stop lets the last device list reach the
+		// kubelet (a withdrawn resource's zero devices); a hard stop closes
+		// the connection at once and may drop it.
+		done := make(chan struct{})
+		go func() {
+			g.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(gracefulStopLimit):
+			g.Stop() // a stream the kubelet does not read
+		}
+	}
 	if cancel != nil {
 		cancel()
 	}
-	if g != nil {
-		g.Stop()
-	}
 	_ = os.Remove(s.SocketPath())
 }
+
+// gracefulStopLimit bounds how long Stop waits for the endpoint's calls to end.
+const gracefulStopLimit = 2 * time.Second
 
 // GetDevicePluginOptions implements pluginapi.DevicePluginServer.
 func (s *Server) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
