@@ -112,13 +112,18 @@ func (d *demandBook) clone() demandBook {
 // no GPU count only their CPU (the CPU-only share gpufrac's slot charges
 // read); requests that no node can host count for nothing. Rollback does
 // not undo it.
-func (s *Snapshot) AddDemand(r *Request) {
-	milli := r.GPUMilli()
-	if r.Validate() != nil || len(s.htypes) == 0 {
+func (s *Snapshot) AddDemand(r *Request) { s.AddDemandN(r, 1) }
+
+// AddDemandN counts the demand of n pods asking r each: the same as n calls
+// of AddDemand(r).
+func (s *Snapshot) AddDemandN(r *Request, n int) {
+	if n <= 0 || r.Validate() != nil || len(s.htypes) == 0 {
 		return
 	}
+	count := int64(n)
+	milli := r.GPUMilli()
 	if milli <= 0 {
-		s.demand.cpuOnly += r.CPUMilli
+		s.demand.cpuOnly += r.CPUMilli * count
 		return
 	}
 	sh := demandShape{cpu: r.CPUMilli, mem: r.MemoryBytes, gpus: int32(max(r.GPUs, 1))}
@@ -136,17 +141,17 @@ func (s *Snapshot) AddDemand(r *Request) {
 	if k == demandNoModel {
 		return
 	}
-	s.demand.total += milli
-	s.demand.gpuCPU += r.CPUMilli
+	s.demand.total += milli * count
+	s.demand.gpuCPU += r.CPUMilli * count
 	multi, levels := &s.demand.multi, &s.demand.multiCPU
 	if k >= 0 {
-		s.demand.sets[k].milli += milli
+		s.demand.sets[k].milli += milli * count
 		multi, levels = &s.demand.sets[k].multi, &s.demand.sets[k].multiCPU
 	}
 	if r.GPUs >= 2 {
 		g := min(r.GPUs, MaxKindGPUs)
-		multi[g] += milli
-		levels[g] = addLevel(levels[g], r.CPUMilli, milli)
+		multi[g] += milli * count
+		levels[g] = addLevel(levels[g], r.CPUMilli, milli*count)
 	}
 }
 

@@ -520,3 +520,36 @@ func TestPriorFollowsTheSnapshotsNodeTypes(t *testing.T) {
 		t.Errorf("a Placer that placed on other node types first chose %s, a fresh one %s; want g1", d.Node, want)
 	}
 }
+
+// TestAddDemandNIsNCallsOfAddDemand: the demand of n pods asking one request
+// adds up as n calls of AddDemand do, for every kind of request.
+func TestAddDemandNIsNCallsOfAddDemand(t *testing.T) {
+	for _, r := range []Request{
+		{CPUMilli: 4000, GPUs: 1},
+		{CPUMilli: 4000, ShareMilli: 300},
+		{CPUMilli: 4000, GPUs: 1, Models: []string{"B"}},
+		{CPUMilli: 40000, GPUs: 1},
+		{CPUMilli: 4000, GPUs: 4},
+		{CPUMilli: 2000, GPUs: 2, Models: []string{"A"}},
+		{CPUMilli: 4000, GPUs: 4, Models: []string{"B"}},
+		{CPUMilli: 4000},
+		{CPUMilli: -1, GPUs: 1},
+	} {
+		for _, n := range []int{0, 1, 3} {
+			t.Run(fmt.Sprintf("%+v x%d", r, n), func(t *testing.T) {
+				once, many := demandCluster(t), demandCluster(t)
+				// Demand already there, so that sums and CPU levels merge.
+				for _, s := range []*Snapshot{once, many} {
+					s.AddDemand(&Request{CPUMilli: 2000, GPUs: 2, Models: []string{"A"}})
+				}
+				for range n {
+					once.AddDemand(&r)
+				}
+				many.AddDemandN(&r, n)
+				if diff := cmp.Diff(once.demand, many.demand, cmp.AllowUnexported(demandBook{}, demandSet{}, cpuLevel{}, demandShape{})); diff != "" {
+					t.Errorf("AddDemandN(r, %d) against %d AddDemand calls (-calls +N):\n%s", n, n, diff)
+				}
+			})
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -170,15 +169,15 @@ func (b *books) allows(name, ns string) bool {
 	return ok && spec.AllowsNamespace(ns)
 }
 
-// charge charges p, bound or being bound, parsed as pi: a bound pod by the
-// queue its binding recorded (parseAdmitted; other bound pods are not the
-// coordinator's work, whatever their labels say, and are not parsed), a pod
-// being bound by its parsed queue. Non-preemptibility counts only for a pod
-// in a namespace its queue allows (a queue may have dropped a namespace
-// since).
-func (b *books) charge(p *corev1.Pod, pi *podInfo) {
-	np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
-	_ = b.tree.Assume(pi.queue, pi.res, np) // unknown queues are not charged
+// chargeSum charges res, the sum of pods bound or being bound of one queue
+// and namespace (boundLedger): a bound pod by the queue its binding recorded
+// (parseAdmitted; other bound pods are not the coordinator's work, whatever
+// their labels say, and are not parsed), a pod being bound by its parsed
+// queue. Non-preemptibility counts only for a namespace the queue allows (a
+// queue may have dropped a namespace since).
+func (b *books) chargeSum(k chargeKey, res queue.Resources) {
+	np := k.nonPreemptible && b.allows(k.queue, k.namespace)
+	_ = b.tree.Assume(k.queue, res, np) // unknown queues are not charged
 }
 
 // demand computes fair shares from each queue's demand: its usage plus its

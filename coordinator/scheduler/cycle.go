@@ -49,7 +49,7 @@ type cycle struct {
 	dra         *draCycle
 	snap        *state.Snapshot
 	books       *books
-	boundDemand []placement.Request
+	boundDemand []boundDemand
 	gangs       *gangsPlaced
 	parsing     bool // the parses were begun: they are swept when the cycle ends
 	// held names the nodes that settle in this cycle and are placed on,

@@ -115,10 +115,10 @@ func TestDemandCountsABacklogOnlyUpToWhatItsQueueMayRun(t *testing.T) {
 	}
 }
 
-// TestFinishedPodsOfOtherSchedulersAreNotKept: readBound keeps what it reads
-// of each pod in the parse cache, but not for pods it skips - other
-// schedulers' finished pods, which pile up (a cluster's completed Jobs) -
-// while pods it counts are kept.
+// TestFinishedPodsOfOtherSchedulersAreNotKept: readBound keeps a part in
+// its ledger for each pod it counts, but none, and no parse entry, for the
+// pods it skips - other schedulers' finished pods, which pile up (a
+// cluster's completed Jobs).
 func TestFinishedPodsOfOtherSchedulersAreNotKept(t *testing.T) {
 	done := builders.MakePod("done", "default").SchedulerName("default-scheduler").GPUs(1).CPU("1").UID("done").Node("n").Obj()
 	done.Status.Phase = corev1.PodSucceeded
@@ -133,7 +133,10 @@ func TestFinishedPodsOfOtherSchedulersAreNotKept(t *testing.T) {
 	if _, kept := c.s.parsed[done]; kept {
 		t.Error("a finished pod of another scheduler has a parse entry")
 	}
-	if e := c.s.parsed[running]; e == nil || !e.head.set {
-		t.Errorf("the running pod of another scheduler has no parse entry with its head: %+v", e)
+	if part := c.s.bound.parts[done.UID]; part != nil {
+		t.Errorf("a finished pod of another scheduler has a part in the ledger: %+v", part)
+	}
+	if part := c.s.bound.parts[running.UID]; part == nil || !part.demands || part.charged {
+		t.Errorf("the running pod of another scheduler: part %+v, want one that weighs its demand and charges no queue", part)
 	}
 }

@@ -165,11 +165,10 @@ func (s *Scheduler) defaultQueue(namespace string) string {
 	return ns.Labels[api.LabelDefaultQueue]
 }
 
-// A cycle reads every pod of the cluster, several times (the snapshot,
-// gangs' bound members, the queues' usage, the demand the policy weighs),
-// and parsing them was most of a cycle's work at 50,000 pods
-// (docs/benchmarks-history.md, "Scale"). So parses are kept from one cycle to the
-// next, by pod object: the informer never changes an object it handed
+// A cycle reads pods more than once (collect and the plans read the pending
+// ones; the bound-pod ledger, bound.go, those an event changed), and parsing
+// them was most of a cycle's work at 50,000 pods (docs/benchmarks-history.md,
+// "Scale"). So parses are kept from one cycle to the next, by pod object: the informer never changes an object it handed
 // out, it replaces it with a new one (and the coordinator changes none), so
 // the same pointer is the same pod. Keying by pointer spares a cycle
 // reading the pods' UIDs and hashing them; an object without a
@@ -217,6 +216,7 @@ type parseInputs struct {
 func (s *Scheduler) beginParses() {
 	s.parseCycle++
 	if !s.parsesValid() {
+		s.parseGen++
 		s.parsed = map[*corev1.Pod]*parseEntry{}
 		s.parseIn = parseInputs{models: slices.Clone(s.models), scalarMilli: maps.Clone(s.scalarMilli), draNodes: maps.Clone(s.draNodes)}
 	}

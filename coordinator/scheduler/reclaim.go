@@ -116,7 +116,7 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 			}
 			continue
 		}
-		pi, ok, _ := s.parseAdmitted(sc.dra, p)
+		pi, ok := s.admittedOf(sc.dra, p)
 		if !ok {
 			continue
 		}

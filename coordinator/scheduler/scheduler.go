@@ -269,10 +269,14 @@ type Scheduler struct {
 	// (the On* handlers feed it), for the cycles' snapshots.
 	stateCache *state.Cache
 
+	// bound: what the pods bound add to a cycle (readBound), kept between
+	// cycles and brought up to date with the pod informer's events.
+	bound *boundLedger
+
 	// What cycles keep of each pod from one cycle to the next, used only
 	// by the cycle goroutine: the parses (pod object -> its parses; parseIn are the
-	// inputs they were made with, parseCycle counts the cycles) and the
-	// requests of the pods bound or being bound (readBound), reused. The
+	// inputs they were made with, parseGen counts the times they were
+	// emptied, parseCycle counts the cycles). The
 	// GPU models, scalar worth (MIG or replica resource -> milli-GPU per
 	// unit) and nodes in mode dra are the last snapshot's: a cycle's parses
 	// begin with them before its own snapshot is built, and are made again
@@ -280,7 +284,7 @@ type Scheduler struct {
 	parsed      map[*corev1.Pod]*parseEntry
 	parseIn     parseInputs
 	parseCycle  uint64
-	boundDemand []placement.Request
+	parseGen    uint64
 	models      []string
 	scalarMilli map[string]int64
 	draNodes    map[string]bool
@@ -387,6 +391,7 @@ func New(o Options, d Deps) (*Scheduler, error) {
 		inflight:        map[types.UID]inflight{},
 		bindFailed:      newBindFailures(),
 		stateCache:      state.NewCache(o.TimesliceResource),
+		bound:           newBoundLedger(),
 		said:            newPodReasons(binder.MessageRefresh),
 		reserveCreated:  map[state.NodeGPU]time.Time{},
 		writes:          newWriter(),
@@ -436,6 +441,7 @@ func (s *Scheduler) OnPod(obj any) {
 		return
 	}
 	s.stateCache.AddPod(p)
+	s.bound.changed(p)
 	s.podShown(p)
 }
 
@@ -449,6 +455,10 @@ func (s *Scheduler) OnPodUpdate(old, obj any, changed bool) {
 	}
 	o, _ := old.(*corev1.Pod)
 	s.stateCache.UpdatePod(o, p)
+	if o != nil && o.UID != p.UID {
+		s.bound.deleted(o) // made again under its name
+	}
+	s.bound.changed(p)
 	if changed {
 		s.podShown(p)
 	}
@@ -518,6 +528,7 @@ func (s *Scheduler) OnPodDelete(obj any) {
 	}
 	if p, ok := obj.(*corev1.Pod); ok {
 		s.stateCache.DeletePod(p)
+		s.bound.deleted(p)
 		s.mu.Lock()
 		delete(s.assumed, p.UID)
 		self := s.selfEvicted[p.UID]

@@ -1,0 +1,472 @@
+package scheduler
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
+	"github.com/gpufrac/gpufrac/coordinator/queue"
+	"github.com/gpufrac/gpufrac/coordinator/state"
+)
+
+// A cycle charges the pods bound or being bound to their queues, counts the
+// gang members among them and weighs their demand (readBound). At 50,000
+// bound pods, reading each of them every cycle was most of a busy cycle's
+// snapshot phase. So the bound pods' parts are kept between cycles in a
+// boundLedger, in the shape of Kueue's cache of admitted workloads: the pod
+// informer's events mark a pod dirty, and a cycle reads again only the
+// dirty pods. The ledger keeps the sums (usage per queue and namespace,
+// demand per request shape), so that a cycle replays a few sums instead of
+// one charge per pod.
+//
+// A part depends on the pod object and on the parse inputs (GPU models,
+// scalar worth, nodes in mode dra): the ledger is read again whole when
+// they change. A part that read anything else the pod's events do not
+// report (a resource claim, a Job, the namespace's default queue) is
+// volatile: read again every cycle. Pods being bound are the scheduler's
+// (assumed), read every cycle; the gang census, which depends on the nodes,
+// is counted every cycle from the gang members' parts.
+
+// boundLedger is what readBound keeps between cycles. The event side (dirty)
+// is under mu; the rest is the cycle goroutine's.
+type boundLedger struct {
+	mu    sync.Mutex
+	dirty map[types.UID]*corev1.Pod // pod -> its latest object; nil: deleted
+
+	built    bool   // read whole at least once
+	inputs   uint64 // the parse generation its parts were read with
+	parts    map[types.UID]*boundPart
+	unbound  map[types.UID]*corev1.Pod // pods not shown bound: those being bound are read from here
+	volatile map[types.UID]*boundPart
+	members  map[types.UID]*boundPart // gang members, for the census
+	charges  map[chargeKey]*chargeSum
+	demand   map[demandKey]*boundDemand
+}
+
+func newBoundLedger() *boundLedger {
+	return &boundLedger{dirty: map[types.UID]*corev1.Pod{}}
+}
+
+// ledgerKey is p's key in the ledger: its UID, or for an object without one
+// (made by hand, never an informer's) its namespace and name, so that such
+// pods do not count as one.
+func ledgerKey(p *corev1.Pod) types.UID {
+	if p.UID != "" {
+		return p.UID
+	}
+	return types.UID("\x00" + p.Namespace + "/" + p.Name)
+}
+
+// changed records that p was added or updated (the informer's handlers).
+func (l *boundLedger) changed(p *corev1.Pod) {
+	l.mu.Lock()
+	l.dirty[ledgerKey(p)] = p
+	l.mu.Unlock()
+}
+
+// deleted records that p is gone.
+func (l *boundLedger) deleted(p *corev1.Pod) {
+	l.mu.Lock()
+	l.dirty[ledgerKey(p)] = nil
+	l.mu.Unlock()
+}
+
+// takeDirty returns the pods changed since the last call.
+func (l *boundLedger) takeDirty() map[types.UID]*corev1.Pod {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d := l.dirty
+	l.dirty = make(map[types.UID]*corev1.Pod, len(d))
+	return d
+}
+
+// chargeKey sums the charges of one queue's pods of one namespace: whether
+// non-preemptibility counts depends on both (books.allows), read each cycle.
+type chargeKey struct {
+	queue, namespace string
+	nonPreemptible   bool
+}
+
+type chargeSum struct {
+	res  queue.Resources
+	pods int
+}
+
+// demandKey is what placement.Snapshot.AddDemand reads of a request: equal
+// keys add the same demand.
+type demandKey struct {
+	cpu, mem    int64
+	gpus, share int
+	models      string
+	invalid     bool
+}
+
+// boundDemand is the demand of n bound pods that ask req each.
+type boundDemand struct {
+	req placement.Request
+	n   int
+}
+
+func demandKeyOf(r *placement.Request) demandKey {
+	return demandKey{cpu: r.CPUMilli, mem: r.MemoryBytes, gpus: r.GPUs, share: r.ShareMilli,
+		models: strings.Join(r.Models, "\x00"), invalid: r.Validate() != nil}
+}
+
+// boundPart is what one pod bound or being bound adds to a cycle.
+type boundPart struct {
+	pod      *corev1.Pod
+	node     string
+	being    bool // being bound: assumed, not shown bound
+	terminal bool
+	stable   bool // read from the pod object and the parse inputs alone
+
+	charged bool
+	charge  chargeKey
+	res     queue.Resources
+
+	demands bool
+	demand  placement.Request
+
+	parsed bool    // pi is its parse: as admitted (bound) or as it is (being bound)
+	pi     podInfo // for the census and reclaim (admittedOf)
+	member bool    // a gang member this scheduler admitted: counted in the census
+}
+
+// boundPartOf reads p, bound or being bound to node; ok is false for a pod
+// that adds nothing (another scheduler's finished pod).
+func (s *Scheduler) boundPartOf(v *draCycle, p *corev1.Pod, node string, being bool) (part boundPart, ok bool) {
+	e := s.parseEntryKept(p)
+	h := s.headOf(e, p)
+	if h.terminal && !h.ours {
+		return boundPart{}, false // no entry made: other schedulers' finished pods pile up
+	}
+	if e == nil {
+		if e = s.parseEntryOf(p); e != nil {
+			e.head = h
+		}
+	}
+	part = boundPart{pod: p, node: node, being: being, terminal: h.terminal}
+	// Bound: parsed as its binding recorded; being bound: as it is.
+	var pi *podInfo
+	var parsed bool
+	if being {
+		pi, parsed = s.ownRef(v, e, p)
+	} else {
+		pi, parsed = s.admittedRef(v, e, p)
+	}
+	part.stable = !being && e != nil && e.admitted.done
+	if parsed {
+		part.parsed, part.pi = true, *pi
+		part.member = h.ours && node != "" && pi.group != ""
+	}
+	if h.terminal {
+		return part, true
+	}
+	if parsed {
+		part.charged = true
+		part.charge = chargeKey{queue: pi.queue, namespace: p.Namespace, nonPreemptible: pi.nonPreemptible}
+		part.res = pi.res
+	}
+	if h.skip {
+		return part, true
+	}
+	part.demands = true
+	if being && parsed {
+		part.demand = pi.req
+		return part, true
+	}
+	own, parsedOwn := s.ownRef(v, e, p)
+	part.stable = part.stable && e != nil && e.own.done && e.own.fixed
+	if parsedOwn {
+		part.demand = own.req
+		return part, true
+	}
+	d := state.DemandOf(p, s.opts.TimesliceResource)
+	part.demand = placement.Request{CPUMilli: d.CPUMilli, MemoryBytes: d.MemoryBytes, GPUs: d.WholeGPUs}
+	if d.WholeGPUs == 0 && d.FractionPercent > 0 {
+		part.demand.ShareMilli = min(d.FractionPercent*placement.MilliPerGPU/100, placement.MilliPerGPU)
+	}
+	return part, true
+}
+
+// add adds part's sums to the ledger.
+func (l *boundLedger) add(part *boundPart) {
+	if part.charged && !part.terminal {
+		c := l.charges[part.charge]
+		if c == nil {
+			c = &chargeSum{}
+			l.charges[part.charge] = c
+		}
+		c.res, c.pods = plus(c.res, part.res), c.pods+1
+	}
+	if part.demands {
+		k := demandKeyOf(&part.demand)
+		d := l.demand[k]
+		if d == nil {
+			d = &boundDemand{req: part.demand}
+			l.demand[k] = d
+		}
+		d.n++
+	}
+}
+
+// plus is a + b, wrapping as int64 does, so that Sub undoes it exactly
+// (Resources.Add saturates: a sum that saturated would not come back).
+func plus(a, b queue.Resources) queue.Resources {
+	return queue.Resources{GPUMilli: a.GPUMilli + b.GPUMilli, CPUMilli: a.CPUMilli + b.CPUMilli, MemoryBytes: a.MemoryBytes + b.MemoryBytes}
+}
+
+// saturated is r with the components that wrapped past the largest int64
+// at the largest, as Resources.Add would have left them.
+func saturated(r queue.Resources) queue.Resources {
+	for _, v := range []*int64{&r.GPUMilli, &r.CPUMilli, &r.MemoryBytes} {
+		if *v < 0 {
+			*v = math.MaxInt64
+		}
+	}
+	return r
+}
+
+// remove takes part's sums out of the ledger.
+func (l *boundLedger) remove(part *boundPart) {
+	if part.charged && !part.terminal {
+		if c := l.charges[part.charge]; c != nil {
+			if c.res, c.pods = c.res.Sub(part.res), c.pods-1; c.pods == 0 {
+				delete(l.charges, part.charge)
+			}
+		}
+	}
+	if part.demands {
+		k := demandKeyOf(&part.demand)
+		if d := l.demand[k]; d != nil {
+			if d.n--; d.n == 0 {
+				delete(l.demand, k)
+			}
+		}
+	}
+}
+
+// forget drops the pod of key k.
+func (l *boundLedger) forget(k types.UID) {
+	if old := l.parts[k]; old != nil {
+		l.remove(old)
+		delete(l.parts, k)
+		delete(l.volatile, k)
+		delete(l.members, k)
+	}
+	delete(l.unbound, k)
+}
+
+// setBound reads p (its latest object) into the ledger.
+func (s *Scheduler) setBound(v *draCycle, p *corev1.Pod) {
+	l, k := s.bound, ledgerKey(p)
+	l.forget(k)
+	if p.Spec.NodeName == "" {
+		l.unbound[k] = p
+		return
+	}
+	part, ok := s.boundPartOf(v, p, p.Spec.NodeName, false)
+	if !ok {
+		return
+	}
+	l.parts[k] = &part
+	l.add(&part)
+	if !part.stable {
+		l.volatile[k] = &part
+	}
+	if part.member {
+		l.members[k] = &part
+	}
+}
+
+// rebuildBound reads every pod afresh: those of the list the first time,
+// then the ledger's own, which are as new as the events it took (the list
+// may be older: a pod deleted since it was taken would come back).
+func (s *Scheduler) rebuildBound(v *draCycle, list []*corev1.Pod) {
+	l := s.bound
+	pods := list
+	if l.built {
+		pods = make([]*corev1.Pod, 0, len(l.parts)+len(l.unbound))
+		for _, part := range l.parts {
+			pods = append(pods, part.pod)
+		}
+		for _, p := range l.unbound {
+			pods = append(pods, p)
+		}
+	}
+	l.built, l.inputs = true, s.parseGen
+	l.parts = make(map[types.UID]*boundPart, len(pods))
+	l.unbound = map[types.UID]*corev1.Pod{}
+	l.volatile = map[types.UID]*boundPart{}
+	l.members = map[types.UID]*boundPart{}
+	l.charges = map[chargeKey]*chargeSum{}
+	l.demand = map[demandKey]*boundDemand{}
+	for _, p := range pods {
+		s.setBound(v, p)
+	}
+}
+
+// readBound brings the ledger up to date with the pod informer's events
+// (all of pods when the parse inputs changed), charges the pods bound or
+// being bound to their queues (books.charge), counts the gang members among
+// them (gangsPlaced) and returns their demand for feedDemand. Pods this
+// scheduler cannot parse count with their plain requests; placeholders and
+// reservation pods are left out of the demand.
+func (s *Scheduler) readBound(v *draCycle, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]boundDemand, *gangsPlaced) {
+	l := s.bound
+	dirty := l.takeDirty()
+	if !l.built || l.inputs != s.parseGen {
+		// The events taken go on top: the list may be older.
+		s.rebuildBound(v, pods)
+	}
+	for k, p := range dirty {
+		if p == nil {
+			l.forget(k)
+			continue
+		}
+		s.setBound(v, p)
+	}
+	if len(l.volatile) > 0 {
+		again := make([]*corev1.Pod, 0, len(l.volatile))
+		for _, part := range l.volatile {
+			again = append(again, part.pod)
+		}
+		for _, p := range again {
+			s.setBound(v, p)
+		}
+	}
+	being := s.beingBound(v, pods, assumed)
+
+	// The sums of the parts kept, then the pods being bound.
+	for k, c := range l.charges {
+		b.chargeSum(k, saturated(c.res))
+	}
+	out := make([]boundDemand, 0, len(l.demand)+len(being))
+	for _, d := range l.demand {
+		out = append(out, *d)
+	}
+	members := make([]*boundPart, 0, len(l.members))
+	for _, part := range l.members {
+		members = append(members, part)
+	}
+	for i := range being {
+		part := &being[i]
+		if part.charged && !part.terminal {
+			b.chargeSum(part.charge, part.res)
+		}
+		if part.demands {
+			out = append(out, boundDemand{req: part.demand, n: 1})
+		}
+		if part.member {
+			members = append(members, part)
+		}
+	}
+
+	// The census, in a stable order (the first member counted pins the
+	// gang's pool).
+	slices.SortFunc(members, func(a, b *boundPart) int {
+		return strings.Compare(string(ledgerKey(a.pod)), string(ledgerKey(b.pod)))
+	})
+	gangs := newGangsPlaced()
+	for _, part := range members {
+		gangs.count(s, part.pod, &part.pi, part.node, part.being, part.terminal)
+	}
+	return out, gangs
+}
+
+// beingBound reads the pods being bound that the ledger does not show
+// bound. A pod the list shows bound whose events were not handled yet is
+// read into the ledger (its events will replace it), so that it counts
+// once, never nowhere.
+func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[types.UID]state.Assumed) []boundPart {
+	l := s.bound
+	var (
+		being []boundPart
+		byUID map[types.UID]*corev1.Pod
+	)
+	for uid, a := range assumed {
+		if l.parts[uid] != nil {
+			continue // shown bound
+		}
+		p := l.unbound[uid]
+		if p == nil {
+			// Listed before its events were handled, or deleted since.
+			if byUID == nil {
+				byUID = make(map[types.UID]*corev1.Pod, len(pods))
+				for _, q := range pods {
+					byUID[q.UID] = q
+				}
+			}
+			if p = byUID[uid]; p == nil {
+				continue
+			}
+			if p.Spec.NodeName != "" {
+				s.setBound(v, p)
+				continue
+			}
+		}
+		if part, ok := s.boundPartOf(v, p, a.Node, true); ok {
+			being = append(being, part)
+		}
+	}
+	return being
+}
+
+// admittedOf is parseAdmitted of p, a pod shown bound, from its part in the
+// ledger when the part was read from this object (reclaim reads every bound
+// pod; the parse cache keeps only what the cycle read).
+func (s *Scheduler) admittedOf(v *draCycle, p *corev1.Pod) (podInfo, bool) {
+	if part := s.bound.parts[p.UID]; part != nil && part.pod == p && !part.being {
+		return part.pi, part.parsed
+	}
+	pi, ok, _ := s.parseAdmitted(v, p)
+	return pi, ok
+}
+
+// podHead is what readBound reads of a pod besides its parses.
+type podHead struct {
+	set      bool // read (a kept entry's head is read once)
+	terminal bool // state.Terminal
+	ours     bool // this scheduler's pod
+	skip     bool // a placeholder or reservation pod: its demand is counted elsewhere
+}
+
+// headOf is p's head, kept in its parse entry e (nil: read afresh).
+func (s *Scheduler) headOf(e *parseEntry, p *corev1.Pod) podHead {
+	if e != nil && e.head.set {
+		return e.head
+	}
+	h := podHead{set: true, terminal: predicates.Terminal(p), ours: p.Spec.SchedulerName == s.opts.SchedulerName,
+		skip: placeholder.IsPlaceholder(p) || predicates.IsReservation(p)}
+	if e != nil {
+		e.head = h
+	}
+	return h
+}
+
+// admittedRef is parseAdmitted of p, the kept parse itself when there is
+// one (not a copy): read only.
+func (s *Scheduler) admittedRef(v *draCycle, e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
+	if e != nil && e.admitted.done {
+		return &e.admitted.pi, e.admitted.queue != "" && e.admitted.err == nil
+	}
+	pi, ok, _ := s.parseAdmitted(v, p)
+	return &pi, ok
+}
+
+// ownRef is parse of p, the kept parse itself when it cannot change (its
+// queue is the pod's own): read only.
+func (s *Scheduler) ownRef(v *draCycle, e *parseEntry, p *corev1.Pod) (*podInfo, bool) {
+	if e != nil && e.own.done && e.own.fixed {
+		return &e.own.pi, e.own.err == nil
+	}
+	pi, err := s.parse(v, p)
+	return &pi, err == nil
+}
