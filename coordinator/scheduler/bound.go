@@ -43,7 +43,8 @@ type boundLedger struct {
 	built    bool   // read whole at least once
 	inputs   uint64 // the parse generation its parts were read with
 	parts    map[types.UID]*boundPart
-	unbound  map[types.UID]*corev1.Pod // pods not shown bound: those being bound are read from here
+	unbound  map[types.UID]*corev1.Pod // pods not shown bound: collect's pending pods and those being bound
+	holders  map[types.UID]*corev1.Pod // placeholder pods, bound or not
 	volatile map[types.UID]*boundPart
 	members  map[types.UID]*boundPart // gang members, for the census
 	charges  map[chargeKey]*chargeSum
@@ -262,12 +263,16 @@ func (l *boundLedger) forget(k types.UID) {
 		delete(l.members, k)
 	}
 	delete(l.unbound, k)
+	delete(l.holders, k)
 }
 
 // setBound reads p (its latest object) into the ledger.
 func (s *Scheduler) setBound(v *draCycle, p *corev1.Pod) {
 	l, k := s.bound, ledgerKey(p)
 	l.forget(k)
+	if placeholder.IsPlaceholder(p) {
+		l.holders[k] = p
+	}
 	if p.Spec.NodeName == "" {
 		l.unbound[k] = p
 		return
@@ -300,10 +305,16 @@ func (s *Scheduler) rebuildBound(v *draCycle, list []*corev1.Pod) {
 		for _, p := range l.unbound {
 			pods = append(pods, p)
 		}
+		for k, p := range l.holders {
+			if l.parts[k] == nil && l.unbound[k] == nil {
+				pods = append(pods, p) // a finished placeholder: no part
+			}
+		}
 	}
 	l.built, l.inputs = true, s.parseGen
 	l.parts = make(map[types.UID]*boundPart, len(pods))
 	l.unbound = map[types.UID]*corev1.Pod{}
+	l.holders = map[types.UID]*corev1.Pod{}
 	l.volatile = map[types.UID]*boundPart{}
 	l.members = map[types.UID]*boundPart{}
 	l.charges = map[chargeKey]*chargeSum{}
@@ -417,6 +428,18 @@ func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[type
 		}
 	}
 	return being
+}
+
+// placeholders are the placeholder pods the ledger holds, by name.
+func (l *boundLedger) placeholders() []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(l.holders))
+	for _, p := range l.holders {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *corev1.Pod) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return out
 }
 
 // admittedOf is parseAdmitted of p, a pod shown bound, from its part in the

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 	"github.com/gpufrac/gpufrac/tests/builders"
@@ -30,6 +31,8 @@ type boundView struct {
 	placed map[string]int    // gangID -> members placed
 	pool   map[string]string // gangID -> pool
 	census map[string]string // gangID -> its census, printed
+	// unbound and holders are the pods collect reads: not shown bound, and placeholders.
+	unbound, holders []string
 }
 
 // readBoundView runs readBound over pods, as a cycle does, on books of queues.
@@ -48,6 +51,13 @@ func readBoundView(t *testing.T, s *Scheduler, pods []*corev1.Pod, assumed map[t
 	}
 	for _, d := range demand {
 		v.demand[demandKeyOf(&d.req)] += d.n
+	}
+	for _, p := range s.bound.unbound {
+		v.unbound = append(v.unbound, p.Name+"@"+p.ResourceVersion)
+	}
+	slices.Sort(v.unbound)
+	for _, p := range s.bound.placeholders() {
+		v.holders = append(v.holders, p.Name+"@"+p.ResourceVersion)
 	}
 	for id, c := range gangs.census {
 		var live []string
@@ -86,7 +96,12 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 			// A pod as its author or a binding leaves it: each change is a new object.
 			makePod := func(name string) *corev1.Pod {
 				uid++
-				w := builders.MakePod(name, "default").UID(fmt.Sprintf("%s-%d", name, uid)).CPU("1")
+				ns := "default"
+				holder := rng.IntN(8) == 0
+				if holder {
+					ns = api.ReservationNamespace
+				}
+				w := builders.MakePod(name, ns).UID(fmt.Sprintf("%s-%d", name, uid)).CPU("1")
 				switch rng.IntN(3) {
 				case 0:
 					w = w.GPUs(1 + rng.IntN(2))
@@ -104,6 +119,10 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 				}
 				if rng.IntN(4) == 0 {
 					w = w.GPUModels("NVIDIA-H100-80GB-HBM3")
+				}
+				if holder {
+					w = w.SchedulerName(placeholder.SchedulerName).Label(api.LabelRole, api.RolePlaceholder).
+						Label(placeholder.LabelGroup, "grp").Annotation(placeholder.AnnotationWorkloads, "q1|default/p0")
 				}
 				return w.Obj()
 			}

@@ -234,19 +234,18 @@ func (c *cycle) collect() {
 	s.pruneReclaims(c.pods, c.start)
 	c.liveGroups = map[string]bool{}
 	c.asking = map[string]bool{}
-	for _, p := range c.pods {
-		if placeholder.IsPlaceholder(p) {
-			c.existing = append(c.existing, p)
-			c.liveGroups[p.Labels[placeholder.LabelGroup]] = true
-			if p.DeletionTimestamp == nil {
-				for _, k := range strings.Split(p.Annotations[placeholder.AnnotationWorkloads], ",") {
-					c.asking[k] = true
-				}
+	// The ledger's pods (readBound brought them up to the events taken):
+	// the placeholders, and the pods not shown bound.
+	for _, p := range s.bound.placeholders() {
+		c.existing = append(c.existing, p)
+		c.liveGroups[p.Labels[placeholder.LabelGroup]] = true
+		if p.DeletionTimestamp == nil {
+			for _, k := range strings.Split(p.Annotations[placeholder.AnnotationWorkloads], ",") {
+				c.asking[k] = true
 			}
 		}
-		if p.Spec.NodeName != "" {
-			continue
-		}
+	}
+	for _, p := range s.bound.unbound {
 		if _, busy := c.assumed[p.UID]; busy {
 			continue
 		}
