@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"strings"
@@ -393,9 +394,9 @@ func (s *Scheduler) readBound(v *draCycle, pods []*corev1.Pod, assumed map[types
 }
 
 // beingBound reads the pods being bound that the ledger does not show
-// bound. A pod the list shows bound whose events were not handled yet is
-// read into the ledger (its events will replace it), so that it counts
-// once, never nowhere.
+// bound. A pod the list shows bound whose events the ledger has not (or no
+// longer) is read for this cycle alone, so that it counts once, never
+// nowhere, and never after its deletion.
 func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[types.UID]state.Assumed) []boundPart {
 	l := s.bound
 	var (
@@ -419,7 +420,11 @@ func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[type
 				continue
 			}
 			if p.Spec.NodeName != "" {
-				s.setBound(v, p)
+				// Shown bound by the list alone: counted as bound for this
+				// cycle, not kept (its deletion may be taken already).
+				if part, ok := s.boundPartOf(v, p, p.Spec.NodeName, false); ok {
+					being = append(being, part)
+				}
 				continue
 			}
 		}
@@ -430,14 +435,14 @@ func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[type
 	return being
 }
 
-// placeholders are the placeholder pods the ledger holds, by name.
+// placeholders are the placeholder pods the ledger holds, by name (then UID).
 func (l *boundLedger) placeholders() []*corev1.Pod {
 	out := make([]*corev1.Pod, 0, len(l.holders))
 	for _, p := range l.holders {
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b *corev1.Pod) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(string(a.UID), string(b.UID)))
 	})
 	return out
 }

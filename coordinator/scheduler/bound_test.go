@@ -379,4 +379,18 @@ func TestPodBeingBoundCountsOnceWhateverTheEventsShow(t *testing.T) {
 	charged("a pod listed bound before its events", 2000)
 	c.s.OnPod(late)
 	charged("its events handled", 2000)
+
+	// A pod being bound that the cycle's list shows bound, whose deletion
+	// the handlers took before the ledger saw it at all: it counts for the
+	// cycle of that list alone, never after.
+	gone := builders.MakePod("gone", "default").Queue("q").GPUs(1).CPU("1").UID("gone").Node("n").
+		Annotation(api.AnnotationAdmittedQueue, "q").Obj()
+	gone.ResourceVersion = "1"
+	list, _ := c.s.deps.Pods.List(labels.Everything())
+	assumed["gone"] = state.Assumed{Node: "n"}
+	c.s.OnPodDelete(gone)
+	if got := readOnce(t, c, append(list, gone), assumed, queues).usage["q"][0].GPUMilli; got != 3000 {
+		t.Errorf("the cycle whose list shows the deleted pod bound: queue q charged %d milli-GPU, want 3000", got)
+	}
+	charged("the next cycle, its list without it", 2000)
 }

@@ -500,7 +500,7 @@ func (c *cycle) reconcile() {
 		s.deps.Reserver.Reconcile(c.ctx, c.snap.Reservations, c.wanted, c.snap.RemovingShown)
 		s.deps.Reserver.RemoveFailed(c.ctx, c.snap.FailedReservations)
 	}
-	s.syncPlaceholders(c.ctx, c.demand, c.pods, settlingIn(c.snap, c.nodes, c.held), c.withdrawn)
+	s.syncPlaceholders(c.ctx, c.demand, c.existing, settlingIn(c.snap, c.nodes, c.held), c.withdrawn)
 	s.pruneHints(c.liveGroups, c.nodes)
 }
 

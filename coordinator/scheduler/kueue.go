@@ -91,14 +91,20 @@ func admittedOwner(p *corev1.Pod) types.UID {
 	return ""
 }
 
-// livePods are the cycle's pods that hold or may take a GPU: bound pods
-// until they are terminal (one being deleted still holds its GPU, as long
-// as its grace period, which its author sets), pending pods not being
-// deleted.
+// livePods are the pods that hold or may take a GPU, as the ledger that
+// collect read the pending pods from has them: bound pods until they are
+// terminal (one being deleted still holds its GPU, as long as its grace
+// period, which its author sets), pending pods not being deleted.
 func (c *cycle) livePods() []*corev1.Pod {
-	var live []*corev1.Pod
-	for _, p := range c.pods {
-		if !predicates.Terminal(p) && (p.Spec.NodeName != "" || p.DeletionTimestamp == nil) {
+	l := c.s.bound
+	live := make([]*corev1.Pod, 0, len(l.parts)+len(l.unbound))
+	for _, part := range l.parts {
+		if !predicates.Terminal(part.pod) {
+			live = append(live, part.pod)
+		}
+	}
+	for _, p := range l.unbound {
+		if !predicates.Terminal(p) && p.DeletionTimestamp == nil {
 			live = append(live, p)
 		}
 	}
