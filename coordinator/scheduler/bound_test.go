@@ -83,12 +83,8 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(seed), 27))
 			// The namespace's default queue changes under its pods without a
 			// pod event: the parts that read it are read every cycle.
-			nsStore := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-			setDefaultQueue := func(q string) {
-				_ = nsStore.Update(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{api.LabelDefaultQueue: q}}})
-			}
-			setDefaultQueue("q1")
-			c := newClusterWith(t, Options{BindWorkers: 1}, Deps{Queues: staticQueues(queues), Namespaces: corelisters.NewNamespaceLister(nsStore)}, nodes)
+			namespaces, setDefaultQueue := defaultNamespace("q1")
+			c := newClusterWith(t, Options{BindWorkers: 1}, Deps{Queues: staticQueues(queues), Namespaces: namespaces}, nodes)
 			s := c.s
 			rv, uid := 0, 0
 			names := []string{}
@@ -205,6 +201,26 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 	}
 }
 
+// admittedPod is a pod of queue q bound to node n by this scheduler, as an
+// informer hands it out.
+func admittedPod(name string) *corev1.Pod {
+	p := builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").UID(name).Node("n").
+		Annotation(api.AnnotationAdmittedQueue, "q").Obj()
+	p.ResourceVersion = "1"
+	return p
+}
+
+// defaultNamespace is a lister of namespace "default" naming queue as its
+// default, and a func that names another (no pod event shows it).
+func defaultNamespace(queue string) (corelisters.NamespaceLister, func(queue string)) {
+	store := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	set := func(q string) {
+		_ = store.Update(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{api.LabelDefaultQueue: q}}})
+	}
+	set(queue)
+	return corelisters.NewNamespaceLister(store), set
+}
+
 // withKey is m with k set to v (m copied, as a new object's map).
 func withKey(m map[string]string, k, v string) map[string]string {
 	out := make(map[string]string, len(m)+1)
@@ -219,14 +235,8 @@ func withKey(m map[string]string, k, v string) map[string]string {
 // reads no pod again; an event on one pod reads that pod; pods whose part
 // depends on more than their object are read every cycle.
 func TestBoundLedgerReadsOnlyWhatMoved(t *testing.T) {
-	bound := func(name string) *corev1.Pod {
-		p := builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").UID(name).Node("n").
-			Annotation(api.AnnotationAdmittedQueue, "q").Obj()
-		p.ResourceVersion = "1"
-		return p
-	}
-	a, b := bound("a"), bound("b")
-	noRV := bound("hand-made")
+	a, b := admittedPod("a"), admittedPod("b")
+	noRV := admittedPod("hand-made")
 	noRV.ResourceVersion = "" // not kept: read every cycle
 	c := newCluster(t, "", []*corev1.Node{h100Node("n", "p", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, a, b, noRV)
 	s := c.s
@@ -279,15 +289,11 @@ func readOnce(t *testing.T, c *cluster, list []*corev1.Pod, assumed map[types.UI
 // event on the pod: its part is read again every cycle. Its GPU models count
 // in its demand only while its parse has a queue.
 func TestBoundLedgerRereadsWhatItsEventsDoNotShow(t *testing.T) {
-	nsStore := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	setDefaultQueue := func(q string) {
-		_ = nsStore.Update(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{api.LabelDefaultQueue: q}}})
-	}
-	setDefaultQueue("q")
+	namespaces, setDefaultQueue := defaultNamespace("q")
 	queues := []*v1alpha1.Queue{queueOf("q", "8")}
 	p := builders.MakePod("p", "default").GPUs(1).CPU("1").UID("p").Node("n").GPUModels("NVIDIA-H100-80GB-HBM3").Obj()
 	p.ResourceVersion = "1"
-	c := newClusterWith(t, Options{BindWorkers: 1}, Deps{Queues: staticQueues(queues), Namespaces: corelisters.NewNamespaceLister(nsStore)},
+	c := newClusterWith(t, Options{BindWorkers: 1}, Deps{Queues: staticQueues(queues), Namespaces: namespaces},
 		[]*corev1.Node{h100Node("n", "p", 8)}, p)
 	c.cycle() // the GPU models the parses check the pod's against
 	models := func(v boundView) []string {
@@ -319,13 +325,7 @@ func TestBoundLedgerRereadsWhatItsEventsDoNotShow(t *testing.T) {
 // ledger's own objects, not the older list.
 func TestBoundLedgerKeepsTheEventsOfARebuiltCycle(t *testing.T) {
 	queues := []*v1alpha1.Queue{queueOf("q", "8")}
-	bound := func(name string) *corev1.Pod {
-		p := builders.MakePod(name, "default").Queue("q").GPUs(1).CPU("1").UID(name).Node("n").
-			Annotation(api.AnnotationAdmittedQueue, "q").Obj()
-		p.ResourceVersion = "1"
-		return p
-	}
-	a, b := bound("a"), bound("b")
+	a, b := admittedPod("a"), admittedPod("b")
 	c := newCluster(t, "", []*corev1.Node{h100Node("n", "p", 8)}, queues, a, b)
 	if got := readOnce(t, c, nil, nil, queues).usage["q"][0].GPUMilli; got != 2000 {
 		t.Fatalf("queue q charged %d milli-GPU, want 2000", got)
