@@ -87,7 +87,7 @@ func (s *Snapshot) computeEligibility(r *Request) *eligibility {
 	for i := range s.nodes {
 		st := &s.nodes[i]
 		switch {
-		case !constraintsAllow(c, affinity, st.meta):
+		case !constraintsAllow(c, affinity, s.meta[i]):
 			e.code[i] = rejectsConstraints
 		case models != nil && (st.model < 0 || !models[st.model]):
 			e.code[i] = rejectsModel

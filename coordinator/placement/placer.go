@@ -154,7 +154,7 @@ func (p *Placer) Place(s *Snapshot, r *Request) (Decision, error) {
 		if filtered != nil && filtered[i] != nil {
 			return false
 		}
-		ok, why := r.Filter.Allows(s.nodes[i].meta.Name)
+		ok, why := r.Filter.Allows(s.meta[i].Name)
 		if !ok {
 			if len(why) == 0 {
 				why = []string{"node(s) " + ReasonFilter.describe()}
@@ -332,8 +332,7 @@ func (p *Placer) nodeCost(s *Snapshot, i int) float64 {
 
 // decision turns the chosen node (and GPU for shares) into a Decision.
 func (s *Snapshot) decision(i, gpu int, score float64, q *req) Decision {
-	st := &s.nodes[i]
-	d := Decision{Node: st.meta.Name, NodeIndex: i, MilliPerGPU: int(q.m), Score: score}
+	d := Decision{Node: s.meta[i].Name, NodeIndex: i, MilliPerGPU: int(q.m), Score: score}
 	switch {
 	case q.share:
 		d.GPUIndices = []int{gpu}
@@ -348,7 +347,7 @@ func (s *Snapshot) decision(i, gpu int, score float64, q *req) Decision {
 	if len(d.GPUIndices) > 0 {
 		d.GPUs = make([]string, len(d.GPUIndices))
 		for k, g := range d.GPUIndices {
-			d.GPUs[k] = st.meta.GPUs[g].ID
+			d.GPUs[k] = s.meta[i].GPUs[g].ID
 		}
 	}
 	return d

@@ -226,8 +226,8 @@ func usedAfter(s *Snapshot, i int, q *req) (gpu, cpu float64) {
 	if st.gpuN > 0 {
 		gpu = 1 - float64(int64(st.totalFree)-int64(q.k*q.m))/float64(int64(st.gpuN)*MilliPerGPU)
 	}
-	if st.meta.CPUMilli > 0 {
-		cpu = 1 - float64(st.cpuFree-q.cpu)/float64(st.meta.CPUMilli)
+	if m := s.meta[i]; m.CPUMilli > 0 {
+		cpu = 1 - float64(st.cpuFree-q.cpu)/float64(m.CPUMilli)
 	}
 	return gpu, cpu
 }

@@ -67,7 +67,7 @@ func (s *Snapshot) nodeScalars(i int) []int64 {
 
 // nodeScalarMap is node i's free units of the scalars it was built with.
 func (s *Snapshot) nodeScalarMap(i int) map[string]int64 {
-	meta := s.nodes[i].meta.Scalars
+	meta := s.meta[i].Scalars
 	if meta == nil {
 		return nil
 	}

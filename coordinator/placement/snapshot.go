@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -21,9 +22,10 @@ type genSource struct{ n atomic.Uint64 }
 
 func (g *genSource) next() uint64 { return g.n.Add(1) }
 
-// nodeState is the mutable part of one node, kept flat for the hot loop.
+// nodeState is the mutable part of one node, kept flat for the hot loop
+// and free of pointers: a Clone copies it as plain memory, and the
+// collector does not scan it.
 type nodeState struct {
-	meta    *Node
 	model   int32 // index into Snapshot.models, -1 without GPUs or model
 	gpuOff  int32 // first GPU in Snapshot.free
 	gpuN    int32
@@ -58,6 +60,7 @@ type journalEntry struct {
 // itself when no GPU is reserved (the simulator's case).
 type Snapshot struct {
 	nodes    []nodeState
+	meta     []*Node // node i's description; never written after NewSnapshot
 	free     []int32 // free milli of every GPU, node i's at nodes[i].gpuOff
 	view     []int32 // free as placement reads it (see above); aliases free when reserved is nil
 	reserved []bool  // GPU (same index as free) -> held whole by a reservation; nil when none is
@@ -93,6 +96,9 @@ type Snapshot struct {
 	freeMilli int64
 	// demand is the workload's GPU demand by host types (AddDemand).
 	demand demandBook
+	// shared: nodes, free, view, scal and modelFree are shared with a
+	// clone (or the snapshot cloned); own copies them before a change.
+	shared bool
 }
 
 // NewSnapshot builds a snapshot of nodes. It keeps a pointer to each Node's
@@ -101,6 +107,7 @@ type Snapshot struct {
 func NewSnapshot(nodes []Node) (*Snapshot, error) {
 	s := &Snapshot{
 		nodes:  make([]nodeState, len(nodes)),
+		meta:   make([]*Node, len(nodes)),
 		byName: make(map[string]int, len(nodes)),
 		src:    &genSource{},
 		elig:   map[eligKey]*eligibility{},
@@ -139,8 +146,8 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 		if n.UsedCPUMilli > n.CPUMilli || n.UsedMemoryBytes > n.MemoryBytes || n.UsedCPUMilli < 0 || n.UsedMemoryBytes < 0 {
 			return nil, fmt.Errorf("building snapshot: node %q uses more CPU or memory than it has", n.Name)
 		}
+		s.meta[i] = n
 		st := nodeState{
-			meta:    n,
 			model:   -1,
 			gpuOff:  int32(len(s.free)),
 			gpuN:    int32(len(n.GPUs)),
@@ -221,7 +228,7 @@ func nodeModel(n *Node) string {
 func (s *Snapshot) Len() int { return len(s.nodes) }
 
 // NodePool is Node(i).Pool, without copying the node.
-func (s *Snapshot) NodePool(i int) string { return s.nodes[i].meta.Pool }
+func (s *Snapshot) NodePool(i int) string { return s.meta[i].Pool }
 
 // NodeGPUs is len(Node(i).GPUs), without copying the node.
 func (s *Snapshot) NodeGPUs(i int) int { return int(s.nodes[i].gpuN) }
@@ -236,14 +243,14 @@ func (s *Snapshot) Index(name string) (int, bool) {
 // built with and the current usage, GPU free milli and kind counts.
 func (s *Snapshot) Node(i int) Node {
 	st := &s.nodes[i]
-	n := *st.meta
+	n := *s.meta[i]
 	n.UsedCPUMilli = n.CPUMilli - st.cpuFree
 	n.UsedMemoryBytes = n.MemoryBytes - st.memFree
 	n.Kinds = st.kinds
 	n.GPUs = make([]GPU, st.gpuN)
 	for g := range n.GPUs {
 		k := int(st.gpuOff) + g
-		n.GPUs[g] = GPU{ID: st.meta.GPUs[g].ID, FreeMilli: int(s.free[k]), Reserved: s.reserved != nil && s.reserved[k]}
+		n.GPUs[g] = GPU{ID: s.meta[i].GPUs[g].ID, FreeMilli: int(s.free[k]), Reserved: s.reserved != nil && s.reserved[k]}
 	}
 	n.Scalars = s.nodeScalarMap(i)
 	return n
@@ -260,11 +267,17 @@ func (s *Snapshot) GPUMilli() (capacity, used int64) {
 
 // Clone returns an independent copy with no open checkpoint. Clones share the
 // immutable node descriptions and the generation source, so a Placer's caches
-// stay valid across a snapshot and its clones.
+// stay valid across a snapshot and its clones. They share the nodes' free
+// resources too until either changes them (own): a clone nothing is placed
+// on costs no copy of them.
 func (s *Snapshot) Clone() *Snapshot {
+	s.shared = true
 	c := &Snapshot{
-		nodes:    append([]nodeState(nil), s.nodes...),
-		free:     append([]int32(nil), s.free...),
+		nodes:    s.nodes,
+		meta:     s.meta, // never written after NewSnapshot
+		free:     s.free,
+		view:     s.view,
+		shared:   true,
 		reserved: s.reserved, // never written after NewSnapshot
 		byName:   s.byName,   // never written after NewSnapshot
 		models:   s.models,   // never written after NewSnapshot
@@ -274,16 +287,12 @@ func (s *Snapshot) Clone() *Snapshot {
 
 		scalarNames: s.scalarNames, // never written after NewSnapshot
 		scalarIdx:   s.scalarIdx,   // never written after NewSnapshot
-		scal:        append([]int64(nil), s.scal...),
+		scal:        s.scal,
 
 		htypes:    s.htypes, // never written after NewSnapshot
-		modelFree: append([]int64(nil), s.modelFree...),
+		modelFree: s.modelFree,
 		freeMilli: s.freeMilli,
 		demand:    s.demand.clone(),
-	}
-	c.view = c.free
-	if s.reserved != nil {
-		c.view = append([]int32(nil), s.view...)
 	}
 	s.eligMu.Lock()
 	for k, v := range s.elig {
@@ -291,6 +300,23 @@ func (s *Snapshot) Clone() *Snapshot {
 	}
 	s.eligMu.Unlock()
 	return c
+}
+
+// own makes the nodes' free resources the snapshot's own, copying those it
+// shares with a clone, before it changes them.
+func (s *Snapshot) own() {
+	if !s.shared {
+		return
+	}
+	s.nodes = slices.Clone(s.nodes)
+	s.free = slices.Clone(s.free)
+	s.view = s.free
+	if s.reserved != nil {
+		s.view = slices.Clone(s.view)
+	}
+	s.scal = slices.Clone(s.scal)
+	s.modelFree = slices.Clone(s.modelFree)
+	s.shared = false
 }
 
 // gpus returns node i's free milli per GPU as placement reads it (view:
@@ -360,8 +386,9 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 	if err := r.Validate(); err != nil {
 		return fmt.Errorf("%s placement on %s: %w", action, d.Node, err)
 	}
+	s.own()
 	i := d.NodeIndex
-	if i < 0 || i >= len(s.nodes) || s.nodes[i].meta.Name != d.Node {
+	if i < 0 || i >= len(s.nodes) || s.meta[i].Name != d.Node {
 		var ok bool
 		if i, ok = s.byName[d.Node]; !ok {
 			return fmt.Errorf("%s placement: node %q: %w", action, d.Node, ErrConflict)
@@ -378,7 +405,7 @@ func (s *Snapshot) change(r *Request, d Decision, sign int) error {
 		return fmt.Errorf("%s placement on %s: decision has %d GPUs, request needs %d: %w", action, d.Node, len(d.GPUIndices), want, ErrConflict)
 	}
 	cpu, mem := st.cpuFree+int64(sign)*r.CPUMilli, st.memFree+int64(sign)*r.MemoryBytes
-	if cpu < 0 || mem < 0 || cpu > st.meta.CPUMilli || mem > st.meta.MemoryBytes {
+	if m := s.meta[i]; cpu < 0 || mem < 0 || cpu > m.CPUMilli || mem > m.MemoryBytes {
 		return fmt.Errorf("%s placement on %s: CPU or memory out of range: %w", action, d.Node, ErrConflict)
 	}
 	asks := s.scalarAsks(r)
@@ -463,6 +490,9 @@ func (s *Snapshot) Checkpoint() Checkpoint {
 func (s *Snapshot) Rollback(cp Checkpoint) error {
 	if cp.depth != s.depth || cp.depth == 0 {
 		return fmt.Errorf("rolling back checkpoint %d while %d is innermost: %w", cp.depth, s.depth, ErrConflict)
+	}
+	if len(s.journal) > cp.journal {
+		s.own()
 	}
 	for j := len(s.journal) - 1; j >= cp.journal; j-- {
 		e := &s.journal[j]

@@ -200,19 +200,59 @@ func TestAssumeAndForget(t *testing.T) {
 	}
 }
 
+// TestCloneIsIndependent: a clone shares the nodes' free resources with
+// its snapshot until either changes them; a change to one, on either side
+// and in any order (a rollback too), never shows in the other.
 func TestCloneIsIndependent(t *testing.T) {
-	s, err := NewSnapshot([]Node{gpuNode("a", "A100", 2)})
-	if err != nil {
-		t.Fatal(err)
+	one := &Request{GPUs: 1}
+	on := func(g int) Decision { return Decision{Node: "a", GPUIndices: []int{g}} }
+	for _, tc := range []struct {
+		name         string
+		do           func(t *testing.T, s, c *Snapshot)
+		orig, cloned int64 // GPU milli used after
+	}{
+		{"the clone changes", func(t *testing.T, _, c *Snapshot) { mustAssume(t, c, one, on(0)) }, 0, 1000},
+		{"the snapshot changes", func(t *testing.T, s, _ *Snapshot) { mustAssume(t, s, one, on(0)) }, 1000, 0},
+		{"both change", func(t *testing.T, s, c *Snapshot) {
+			mustAssume(t, s, one, on(0))
+			mustAssume(t, c, one, on(1))
+			mustAssume(t, c, one, on(0))
+		}, 1000, 2000},
+		{"a clone of a clone changes", func(t *testing.T, _, c *Snapshot) { mustAssume(t, c.Clone(), one, on(0)) }, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := NewSnapshot([]Node{gpuNode("a", "A100", 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := s.Clone()
+			tc.do(t, s, c)
+			if _, used := s.GPUMilli(); used != tc.orig {
+				t.Errorf("the snapshot uses %d milli, want %d", used, tc.orig)
+			}
+			if _, used := c.GPUMilli(); used != tc.cloned {
+				t.Errorf("the clone uses %d milli, want %d", used, tc.cloned)
+			}
+		})
 	}
-	c := s.Clone()
-	mustAssume(t, c, &Request{GPUs: 1}, Decision{Node: "a", GPUIndices: []int{0}})
-	if _, used := s.GPUMilli(); used != 0 {
-		t.Errorf("original uses %d milli after assuming on the clone", used)
-	}
-	if _, used := c.GPUMilli(); used != 1000 {
-		t.Errorf("clone uses %d milli, want 1000", used)
-	}
+	t.Run("rolled back after a clone was taken", func(t *testing.T) {
+		s, err := NewSnapshot([]Node{gpuNode("a", "A100", 2)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp := s.Checkpoint()
+		mustAssume(t, s, one, on(0))
+		c := s.Clone()
+		if err := s.Rollback(cp); err != nil {
+			t.Fatal(err)
+		}
+		if _, used := s.GPUMilli(); used != 0 {
+			t.Errorf("the snapshot uses %d milli after its rollback, want 0", used)
+		}
+		if _, used := c.GPUMilli(); used != 1000 {
+			t.Errorf("the clone uses %d milli after the snapshot's rollback, want 1000", used)
+		}
+	})
 }
 
 // A long-lived Placer (score caches keyed by node generation) must decide

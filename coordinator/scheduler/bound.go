@@ -326,17 +326,27 @@ func (s *Scheduler) rebuildBound(v *draCycle, list []*corev1.Pod) {
 }
 
 // readBound brings the ledger up to date with the pod informer's events
-// (all of pods when the parse inputs changed), charges the pods bound or
+// (read whole when the parse inputs changed), charges the pods bound or
 // being bound to their queues (books.charge), counts the gang members among
 // them (gangsPlaced) and returns their demand for feedDemand. Pods this
 // scheduler cannot parse count with their plain requests; placeholders and
-// reservation pods are left out of the demand.
-func (s *Scheduler) readBound(v *draCycle, pods []*corev1.Pod, assumed map[types.UID]state.Assumed, b *books) ([]boundDemand, *gangsPlaced) {
+// reservation pods are left out of the demand. list lists every pod; it is
+// called only when the ledger is read the first time or a pod being bound
+// is not in it.
+func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), assumed map[types.UID]state.Assumed, b *books) ([]boundDemand, *gangsPlaced, error) {
 	l := s.bound
+	var first []*corev1.Pod
+	if !l.built {
+		// Listed before the events are taken, which go on top: the
+		// list may be older than they are, never newer.
+		var err error
+		if first, err = list(); err != nil {
+			return nil, nil, err
+		}
+	}
 	dirty := l.takeDirty()
 	if !l.built || l.inputs != s.parseGen {
-		// The events taken go on top: the list may be older.
-		s.rebuildBound(v, pods)
+		s.rebuildBound(v, first)
 	}
 	for k, p := range dirty {
 		if p == nil {
@@ -354,7 +364,10 @@ func (s *Scheduler) readBound(v *draCycle, pods []*corev1.Pod, assumed map[types
 			s.setBound(v, p)
 		}
 	}
-	being := s.beingBound(v, pods, assumed)
+	being, err := s.beingBound(v, list, assumed)
+	if err != nil {
+		return nil, nil, err
+	}
 
 	// The sums of the parts kept, then the pods being bound.
 	for k, c := range l.charges {
@@ -390,14 +403,14 @@ func (s *Scheduler) readBound(v *draCycle, pods []*corev1.Pod, assumed map[types
 	for _, part := range members {
 		gangs.count(s, part.pod, &part.pi, part.node, part.being, part.terminal)
 	}
-	return out, gangs
+	return out, gangs, nil
 }
 
 // beingBound reads the pods being bound that the ledger does not show
 // bound. A pod the list shows bound whose events the ledger has not (or no
 // longer) is read for this cycle alone, so that it counts once, never
 // nowhere, and never after its deletion.
-func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[types.UID]state.Assumed) []boundPart {
+func (s *Scheduler) beingBound(v *draCycle, list func() ([]*corev1.Pod, error), assumed map[types.UID]state.Assumed) ([]boundPart, error) {
 	l := s.bound
 	var (
 		being []boundPart
@@ -411,6 +424,10 @@ func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[type
 		if p == nil {
 			// Listed before its events were handled, or deleted since.
 			if byUID == nil {
+				pods, err := list()
+				if err != nil {
+					return nil, err
+				}
 				byUID = make(map[types.UID]*corev1.Pod, len(pods))
 				for _, q := range pods {
 					byUID[q.UID] = q
@@ -432,7 +449,7 @@ func (s *Scheduler) beingBound(v *draCycle, pods []*corev1.Pod, assumed map[type
 			being = append(being, part)
 		}
 	}
-	return being
+	return being, nil
 }
 
 // placeholders are the placeholder pods the ledger holds, by name (then UID).

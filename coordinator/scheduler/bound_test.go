@@ -42,7 +42,10 @@ func readBoundView(t *testing.T, s *Scheduler, pods []*corev1.Pod, assumed map[t
 	if err != nil {
 		t.Fatal(err)
 	}
-	demand, gangs := s.readBound(nil, pods, assumed, b)
+	demand, gangs, err := s.readBound(nil, func() ([]*corev1.Pod, error) { return pods, nil }, assumed, b)
+	if err != nil {
+		t.Fatal(err)
+	}
 	v := boundView{usage: map[string][2]queue.Resources{}, demand: map[demandKey]int{}, placed: gangs.bound, pool: gangs.pool, census: map[string]string{}}
 	for _, q := range queues {
 		if used, np, ok := b.tree.Usage(q.Name); ok {

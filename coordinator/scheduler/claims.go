@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -120,9 +121,9 @@ func (s *Scheduler) readDRA(now time.Time) (*draCycle, dra.Usage, error) {
 // it makes itself (KEP-5004: a DeviceClass's extendedResourceName, such as
 // the chart's optional nvidia.com/gpu mapping, or any class's implicit
 // deviceclass.resource.kubernetes.io/<class>) count as pods with claims.
-func (s *Scheduler) kubeSchedulerPlacingClaims(pods []*corev1.Pod) string {
+func (s *Scheduler) kubeSchedulerPlacingClaims(pods iter.Seq[*corev1.Pod]) string {
 	mapped := s.classResources()
-	for _, p := range pods {
+	for p := range pods {
 		if p.Spec.SchedulerName != corev1.DefaultSchedulerName || p.Spec.NodeName != "" ||
 			(len(p.Spec.ResourceClaims) == 0 && !asksAny(p, mapped)) ||
 			len(p.Spec.SchedulingGates) > 0 ||

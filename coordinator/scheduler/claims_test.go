@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -72,7 +73,7 @@ func TestKubeSchedulerPlacingClaims(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := s.kubeSchedulerPlacingClaims(tt.pods); got != tt.want {
+			if got := s.kubeSchedulerPlacingClaims(slices.Values(tt.pods)); got != tt.want {
 				t.Errorf("kubeSchedulerPlacingClaims = %q, want %q", got, tt.want)
 			}
 		})
@@ -85,16 +86,16 @@ func TestKubeSchedulerPlacingClaims(t *testing.T) {
 	whole := builders.MakePod("w", "default").SchedulerName(corev1.DefaultSchedulerName).GPUs(1).Obj()
 	implicit := builders.MakePod("i", "default").SchedulerName(corev1.DefaultSchedulerName).
 		Resource(corev1.ResourceName(resourceapi.ResourceDeviceClassPrefix+api.DRAClassGPU), "1").Obj()
-	if got := s.kubeSchedulerPlacingClaims([]*corev1.Pod{whole}); got != "" {
+	if got := s.kubeSchedulerPlacingClaims(slices.Values([]*corev1.Pod{whole})); got != "" {
 		t.Errorf("nvidia.com/gpu without a class mapping it: %q, want none", got)
 	}
-	if got := s.kubeSchedulerPlacingClaims([]*corev1.Pod{implicit}); got != "default/i" {
+	if got := s.kubeSchedulerPlacingClaims(slices.Values([]*corev1.Pod{implicit})); got != "default/i" {
 		t.Errorf("a class's implicit extended resource: %q, want default/i", got)
 	}
 	mapped := classes[0].DeepCopy()
 	mapped.Name, mapped.Spec.ExtendedResourceName = "gpu-extended.gpufrac.io", new(api.ResourceGPU)
 	classes = append(classes, mapped)
-	if got := s.kubeSchedulerPlacingClaims([]*corev1.Pod{whole}); got != "default/w" {
+	if got := s.kubeSchedulerPlacingClaims(slices.Values([]*corev1.Pod{whole})); got != "default/w" {
 		t.Errorf("nvidia.com/gpu mapped by a class: %q, want default/w", got)
 	}
 }

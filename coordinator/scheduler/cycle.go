@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -37,9 +38,13 @@ type cycle struct {
 	stages stageTimes
 
 	// Read by snapshot.
-	assumed   map[types.UID]state.Assumed
-	nodes     []*corev1.Node
+	assumed map[types.UID]state.Assumed
+	nodes   []*corev1.Node
+	// pods are every pod, listed when first needed (allPods): most
+	// cycles read the ledger and the cache instead.
 	pods      []*corev1.Pod
+	podsErr   error
+	listed    bool
 	queues    []*v1alpha1.Queue
 	badQueues []InvalidQueue
 	inputs    state.Inputs
@@ -132,9 +137,6 @@ func (c *cycle) snapshot() error {
 	if c.nodes, err = s.deps.Nodes.List(labels.Everything()); err != nil {
 		return fmt.Errorf("listing nodes: %w", err)
 	}
-	if c.pods, err = s.deps.Pods.List(labels.Everything()); err != nil {
-		return fmt.Errorf("listing pods: %w", err)
-	}
 	if c.queues, c.badQueues, err = s.deps.Queues.Queues(); err != nil {
 		return fmt.Errorf("listing queues: %w", err)
 	}
@@ -142,11 +144,9 @@ func (c *cycle) snapshot() error {
 	if err != nil {
 		return err
 	}
-	if c.dra = draNow; draNow != nil {
-		draNow.busy = s.kubeSchedulerPlacingClaims(c.pods)
-	}
+	c.dra = draNow
 
-	c.inputs = state.Inputs{Nodes: c.nodes, Pods: c.pods, Assumed: c.assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
+	c.inputs = state.Inputs{Nodes: c.nodes, Assumed: c.assumed, PoolLabel: s.opts.PoolLabel, TimesliceResource: s.opts.TimesliceResource,
 		DRAUsage: draUsage, Now: c.start}
 	if s.deps.Reserver != nil {
 		c.inputs.Removing = s.deps.Reserver.Removing()
@@ -175,12 +175,12 @@ func (c *cycle) snapshot() error {
 	go func() {
 		defer close(built)
 		in := c.inputs
-		in.Nodes, in.Pods = nil, nil // the cache's, from its events
+		in.Nodes = nil // the cache's, from its events
 		c.snap, buildErr = s.stateCache.UpdateSnapshot(in)
 	}()
 	c.books, err = newBooks(c.queues, c.badQueues)
 	if err == nil {
-		c.boundDemand, c.gangs = s.readBound(c.dra, c.pods, c.assumed, c.books)
+		c.boundDemand, c.gangs, err = s.readBound(c.dra, c.allPods, c.assumed, c.books)
 	}
 	<-built
 	if buildErr != nil {
@@ -197,10 +197,29 @@ func (c *cycle) snapshot() error {
 		if c.books, err = newBooks(c.queues, c.badQueues); err != nil {
 			return err
 		}
-		c.boundDemand, c.gangs = s.readBound(c.dra, c.pods, c.assumed, c.books)
+		if c.boundDemand, c.gangs, err = s.readBound(c.dra, c.allPods, c.assumed, c.books); err != nil {
+			return err
+		}
+	}
+	if c.dra != nil {
+		c.dra.busy = s.kubeSchedulerPlacingClaims(maps.Values(s.bound.unbound))
 	}
 	c.books.setCapacity(c.snap)
 	return nil
+}
+
+// allPods lists every pod, once per cycle, when first asked: the cycle
+// reads the pods from the bound-pod ledger and the cache, and lists them
+// only where those do not say enough (the ledger's first read, reclaim,
+// drifted nodes).
+func (c *cycle) allPods() ([]*corev1.Pod, error) {
+	if !c.listed {
+		c.listed = true
+		if c.pods, c.podsErr = c.s.deps.Pods.List(labels.Everything()); c.podsErr != nil {
+			c.podsErr = fmt.Errorf("listing pods: %w", c.podsErr)
+		}
+	}
+	return c.pods, c.podsErr
 }
 
 // takeAssumed copies the pods being bound, forgetting those whose binding's
@@ -231,7 +250,9 @@ func (s *Scheduler) takeAssumed(logger klog.Logger, now time.Time) map[types.UID
 func (c *cycle) collect() {
 	s := c.s
 	s.forgetSaid()
-	s.pruneReclaims(c.pods, c.start)
+	if err := s.pruneReclaims(c.allPods, c.start); err != nil {
+		c.logger.Error(err, "Pruning the reclaims in flight; tried again in the next cycle")
+	}
 	c.liveGroups = map[string]bool{}
 	c.asking = map[string]bool{}
 	// The ledger's pods (readBound brought them up to the events taken):
@@ -330,7 +351,7 @@ func (c *cycle) placeWorkloads() {
 	c.wanted = map[state.NodeGPU]bool{}
 	c.plans = map[types.UID]plan{}
 	c.withdrawn = map[types.UID]bool{}
-	c.reclaimIn = newReclaimScope(c.inputs, s.stateCache, c.dra, c.start)
+	c.reclaimIn = newReclaimScope(c.inputs, c.allPods, s.stateCache, c.dra, c.start)
 	c.budget = s.placeBudget()
 	c.kube = s.newKubeChecks(c)
 	c.hinted = s.hints.hinted()

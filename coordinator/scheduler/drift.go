@@ -51,8 +51,12 @@ func (c *cycle) driftedSnapshot() *state.Snapshot {
 	in := c.inputs
 	in.Drifted, in.Settling = nil, nil
 	in.Nodes = slices.DeleteFunc(slices.Clone(c.nodes), func(n *corev1.Node) bool { return !drifted[n.Name] })
-	in.Pods = nil
-	for _, p := range c.pods {
+	pods, err := c.allPods()
+	if err != nil {
+		c.logger.Error(err, "Building the snapshot of drifted nodes")
+		return nil
+	}
+	for _, p := range pods {
 		if drifted[p.Spec.NodeName] || drifted[c.assumed[p.UID].Node] {
 			in.Pods = append(in.Pods, p)
 		}

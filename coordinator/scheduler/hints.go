@@ -99,15 +99,15 @@ func (h *placeholderHints) nodes() map[string]bool {
 }
 
 // prune forgets the hints of groups live does not hold (neither
-// placeholders nor admitted pending work), nodes exists does not hold, and
+// placeholders nor admitted pending work), nodes exists denies, and
 // release times of such groups past their cooldown at now.
-func (h *placeholderHints) prune(live, exists map[string]bool, now time.Time) {
+func (h *placeholderHints) prune(live map[string]bool, exists func(node string) bool, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for g, ns := range h.preferred {
 		kept := ns[:0]
 		for _, n := range ns {
-			if exists[n] {
+			if exists(n) {
 				kept = append(kept, n)
 			}
 		}

@@ -98,7 +98,8 @@ func TestPlaceholderHints(t *testing.T) {
 					h.nominated("g", st.nominate, st.claimsOf)
 				}
 				if st.live != nil {
-					h.prune(set(st.live), set(st.exists), now)
+					exists := set(st.exists)
+					h.prune(set(st.live), func(n string) bool { return exists[n] }, now)
 				}
 				if st.checkCooling {
 					busy := set(st.busy)

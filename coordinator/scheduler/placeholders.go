@@ -238,13 +238,25 @@ func (s *Scheduler) cooling(group string, now time.Time, settling func(node stri
 // or settling: state.Inputs.Settling) or are held (settling, their pods
 // bound later: see settlingNodes).
 func settlingIn(snap *state.Snapshot, nodes []*corev1.Node, held map[string]bool) func(node string) bool {
-	exists := make(map[string]bool, len(nodes))
-	for _, n := range nodes {
-		exists[n.Name] = true
-	}
+	exists := nodeExists(nodes)
 	return func(node string) bool {
 		_, in := snap.Index(node)
-		return exists[node] && (!in || held[node])
+		return exists(node) && (!in || held[node])
+	}
+}
+
+// nodeExists tells whether nodes name a node. Its index is made when first
+// asked: most cycles never ask.
+func nodeExists(nodes []*corev1.Node) func(node string) bool {
+	var names map[string]bool
+	return func(node string) bool {
+		if names == nil {
+			names = make(map[string]bool, len(nodes))
+			for _, n := range nodes {
+				names[n.Name] = true
+			}
+		}
+		return names[node]
 	}
 }
 
@@ -325,9 +337,5 @@ func appendUniqueStr(s []string, x string) []string {
 // longer exist, and release times past their cooldown. Without it the
 // hints grow with every group and every node Karpenter ever made.
 func (s *Scheduler) pruneHints(live map[string]bool, nodes []*corev1.Node) {
-	exists := make(map[string]bool, len(nodes))
-	for _, n := range nodes {
-		exists[n.Name] = true
-	}
-	s.hints.prune(live, exists, s.clock.Now())
+	s.hints.prune(live, nodeExists(nodes), s.clock.Now())
 }

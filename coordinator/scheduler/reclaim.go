@@ -43,9 +43,13 @@ const terminatingWait = 2 * time.Minute
 // twice per pending pod: seconds per cycle with a few hundred pods waiting
 // on a few thousand running (BenchmarkCycleWithStarvedBacklog).
 type reclaimScope struct {
-	in  state.Inputs
-	dra *draCycle
-	now time.Time
+	in state.Inputs
+	// list lists every pod; index reads them into pods (listErr: it failed).
+	list    func() ([]*corev1.Pod, error)
+	pods    []*corev1.Pod
+	listErr error
+	dra     *draCycle
+	now     time.Time
 	// cache makes the what-if snapshots (without): only the nodes of the
 	// pods left out are charged for them.
 	cache *state.Cache
@@ -89,8 +93,8 @@ type victimGroup struct {
 	pods []*corev1.Pod
 }
 
-func newReclaimScope(in state.Inputs, cache *state.Cache, v *draCycle, now time.Time) *reclaimScope {
-	return &reclaimScope{in: in, cache: cache, dra: v, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
+func newReclaimScope(in state.Inputs, list func() ([]*corev1.Pod, error), cache *state.Cache, v *draCycle, now time.Time) *reclaimScope {
+	return &reclaimScope{in: in, list: list, cache: cache, dra: v, now: now, roomy: map[string]*state.Snapshot{}, noVictims: map[reclaimNeed]bool{}}
 }
 
 // index parses the running pods once: the UID index, the candidate groups,
@@ -100,9 +104,12 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 		return
 	}
 	sc.indexed = true
-	sc.byUID = make(map[types.UID]*corev1.Pod, len(sc.in.Pods))
 	sc.groups = map[string]*victimGroup{}
-	for _, p := range sc.in.Pods {
+	if sc.pods, sc.listErr = sc.list(); sc.listErr != nil {
+		return
+	}
+	sc.byUID = make(map[types.UID]*corev1.Pod, len(sc.pods))
+	for _, p := range sc.pods {
 		if predicates.Terminal(p) {
 			continue
 		}
@@ -189,7 +196,7 @@ func (s *Scheduler) fits(v *draCycle, snap *state.Snapshot, w *workload, kc *kub
 // fed by events; either way the window ends with the evictions.
 func (sc *reclaimScope) without(gone func(*corev1.Pod) bool) *state.Snapshot {
 	in := sc.in
-	in.Nodes, in.Pods = nil, nil // the cache's
+	in.Nodes = nil // the cache's
 	snap, err := sc.cache.SnapshotWithout(in, gone)
 	if err != nil {
 		return nil
@@ -210,7 +217,9 @@ func (s *Scheduler) reclaim(ctx context.Context, w *workload, b *books, sc *recl
 	if s.deps.Evictor == nil {
 		return ""
 	}
-	sc.index(s, b)
+	if sc.index(s, b); sc.listErr != nil {
+		return fmt.Sprintf("queue %s is below its deserved quota, but reclaim could not read the pods (%v): tried again in the next cycle", w.queue, sc.listErr)
+	}
 	now := sc.now
 	// 1. Earlier victims still running, or pods terminating that would make
 	// room: wait for them, evict nothing more.
@@ -381,7 +390,7 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 	if !sc.goingBuilt {
 		sc.goingBuilt = true
 		going := map[types.UID]bool{}
-		for _, p := range sc.in.Pods {
+		for _, p := range sc.pods {
 			if p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !predicates.Terminal(p) && sc.waitsFor(p) {
 				sc.goingPods = append(sc.goingPods, p)
 				going[p.UID] = true
@@ -400,9 +409,13 @@ func (s *Scheduler) fitsWithoutTerminating(w *workload, sc *reclaimScope, kc *ku
 // evictions whose wait is over or whose pod is gone. reclaim does so for the
 // queue it serves; a queue that got its room back never calls it again, and
 // what it left would keep the idle skip off (cycle.quiet).
-func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
+func (s *Scheduler) pruneReclaims(list func() ([]*corev1.Pod, error), now time.Time) error {
 	if s.reclaims.empty() {
-		return
+		return nil
+	}
+	pods, err := list()
+	if err != nil {
+		return err
 	}
 	running := make(map[types.UID]bool, len(pods)) // holds resources -> not terminating
 	for _, p := range pods {
@@ -411,4 +424,5 @@ func (s *Scheduler) pruneReclaims(pods []*corev1.Pod, now time.Time) {
 		}
 	}
 	s.reclaims.prune(running, now)
+	return nil
 }

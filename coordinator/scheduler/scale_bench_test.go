@@ -7,6 +7,7 @@ import (
 	"runtime"
 	runtimemetrics "runtime/metrics"
 	"runtime/pprof"
+	"syscall"
 	"testing"
 	"time"
 
@@ -97,12 +98,15 @@ func timeCycles(b *testing.B, s *Scheduler, ctx context.Context, forget func()) 
 	first := time.Since(cold)
 	forget()
 	gcBefore := gcCPUSeconds()
+	var cpu time.Duration
 	b.ResetTimer()
 	for b.Loop() {
+		cpuBefore := processCPU(b)
 		res, err := s.Cycle(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
+		cpu += processCPU(b) - cpuBefore
 		b.StopTimer()
 		b.ReportMetric(float64(res.Bound), "bound/op")
 		if testing.Verbose() {
@@ -112,8 +116,19 @@ func timeCycles(b *testing.B, s *Scheduler, ctx context.Context, forget func()) 
 		b.StartTimer()
 	}
 	b.ReportMetric(first.Seconds(), "s-first-cycle")
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
 	b.ReportMetric((gcCPUSeconds()-gcBefore)/float64(b.N), "gc-cpu-s/op")
 	b.ReportMetric(liveHeapMiB(), "live-heap-MiB")
+}
+
+// processCPU is the CPU time the process used so far, user and system,
+// on all its threads: a cycle's own goroutines and the collector's.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // liveHeapMiB is the heap a full collection leaves: what the scheduler and

@@ -1089,7 +1089,7 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 		if r == nil {
 			// Created by ensureReservations at the end of step 5, all at
 			// once; later workloads this cycle see the same key.
-			snap.Reservations[key] = &state.Reservation{Pod: nil}
+			snap.AddReservation(key, &state.Reservation{Pod: nil})
 		}
 		waiting = append(waiting, fmt.Sprintf("GPU %s on %s", d.GPUs[0], d.Node))
 	}

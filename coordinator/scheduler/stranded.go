@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -34,14 +33,17 @@ const EvictedGPUTaken = "gpu_taken"
 func (s *Scheduler) evictStranded(ctx context.Context, snap *state.Snapshot) {
 	logger := klog.FromContext(ctx)
 	still := map[types.UID]bool{}
-	keys := slices.SortedFunc(maps.Keys(snap.Reservations), func(a, b state.NodeGPU) int {
+	var keys []state.NodeGPU // the GPUs taken: a few, when any
+	for key, r := range snap.Reservations {
+		if r.TakenBy != nil {
+			keys = append(keys, key)
+		}
+	}
+	slices.SortFunc(keys, func(a, b state.NodeGPU) int {
 		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.GPU, b.GPU))
 	})
 	for _, key := range keys {
 		r := snap.Reservations[key]
-		if r.TakenBy == nil {
-			continue
-		}
 		for _, p := range r.Stranded {
 			if p == nil || p.DeletionTimestamp != nil {
 				continue

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -44,8 +45,22 @@ type Cache struct {
 	poolLabel string // what the kept parts were made with
 	scratch   []slotPod
 	// taken counts the nodes' parts taken as they were, charged those
-	// charged pod by pod (both over all snapshots).
-	taken, charged int
+	// charged pod by pod (both over all snapshots); reused the snapshots
+	// handed out again (a copy of last).
+	taken, charged, reused int
+	// last is the last snapshot made while it depends on nothing but the
+	// cache (see steady), kept unchanged, and lastKey what it was made
+	// from; nil when the last one depended on more.
+	last    *Snapshot
+	lastKey snapKey
+}
+
+// snapKey is what a steady snapshot was made from besides its plain
+// inputs: while it holds, the same snapshot is made again.
+type snapKey struct {
+	gen                  uint64
+	poolLabel, timeslice string
+	notBefore            time.Time
 }
 
 // podInfo is a pod the cache holds.
@@ -201,6 +216,7 @@ func (c *Cache) setPodAs(uid types.UID, p *corev1.Pod) {
 	}
 	if pi.h.failedReservation {
 		c.failed[uid] = p
+		c.gen++ // snapshots list it (see steady)
 	}
 	if pi.bound() {
 		ni := c.node(pi.h.nodeName)
@@ -215,7 +231,10 @@ func (c *Cache) removePod(uid types.UID) {
 		return
 	}
 	delete(c.pods, uid)
-	delete(c.failed, uid)
+	if c.failed[uid] != nil {
+		delete(c.failed, uid)
+		c.gen++
+	}
 	if pi.h.nodeName != "" && pi.h.reservation {
 		key := NodeGPU{pi.h.nodeName, pi.h.planned}
 		if delete(c.reservationsOn[key], uid); len(c.reservationsOn[key]) == 0 {
@@ -335,6 +354,14 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			ni.last = nil
 		}
 	}
+	key := snapKey{gen: c.gen, poolLabel: c.poolLabel, timeslice: c.timeslice, notBefore: in.NotBefore}
+	if gone == nil && c.last != nil && c.lastKey == key && plain(in) {
+		// No event since a snapshot that depends on nothing else.
+		c.reused++
+		return c.last.copy(), nil
+	}
+	c.last = nil
+	steady := gone == nil && plain(in)
 	c.snaps++
 	out := &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: map[NodeGPU]*Reservation{},
 		ScalarMilli: map[string]int64{}, Models: []string{}} // Models not nil: told, even when no node names a model
@@ -346,6 +373,9 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			continue
 		}
 		f := c.nodeFacts(ni)
+		if f.draining {
+			steady = false // its part moves with the time: the drain ends at its deadline
+		}
 		out.Models = addModel(out.Models, f.product)
 		if !f.readyAt(in.Now) || settling(ni.n, in.NotBefore) || in.Settling[ni.name] || in.Drifted[ni.name] {
 			ni.last = nil // its pods may go while it is left out
@@ -491,7 +521,21 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
 	}
 	out.Snapshot = snap
+	if steady {
+		c.last, c.lastKey = out.copy(), key
+	}
 	return out, nil
+}
+
+// plain tells whether in holds nothing but what a snapshot reads of the
+// cache: no pod being bound, reservation being removed or created, node
+// settling or drifted, and no DRA usage. A snapshot of plain inputs whose
+// nodes neither drain (a drain ends at its deadline) nor are in mode dra
+// (charged from claims) is steady: it depends on the cache alone, not on
+// the time, and is made again as it was until an event moves the cache.
+func plain(in *Inputs) bool {
+	return len(in.Assumed) == 0 && len(in.Removing) == 0 && len(in.Creating) == 0 &&
+		len(in.Settling) == 0 && len(in.Drifted) == 0 && len(in.DRAUsage) == 0
 }
 
 // placedNode returns the node named name when the snapshot being made

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 )
 
@@ -49,7 +50,25 @@ func describeCached(t *testing.T, c *Cache, in Inputs) built {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return describeSnapshot(s)
+	d := describeSnapshot(s)
+	scribble(t, s)
+	return d
+}
+
+// scribble changes a snapshot as a cycle does (a pod placed, a reservation
+// added to the map): the cache's next snapshots must not show it.
+func scribble(t *testing.T, s *Snapshot) {
+	t.Helper()
+	s.AddReservation(NodeGPU{"scribbled", "gpu"}, &Reservation{})
+	for i := 0; i < s.Len(); i++ {
+		if n := s.Node(i); n.CPUMilli-n.UsedCPUMilli >= 100 {
+			r := placement.Request{CPUMilli: 100}
+			if err := s.Assume(&r, placement.Decision{Node: n.Name, NodeIndex: i}); err != nil {
+				t.Fatalf("placing on %s: %v", n.Name, err)
+			}
+			return
+		}
+	}
 }
 
 // informer feeds a Cache as an informer does: it keeps the objects it last
@@ -236,12 +255,34 @@ func assumedOn(p *corev1.Pod, node, gpu string) map[types.UID]Assumed {
 func TestCachedNodesMatchAFreshBuildThroughChurn(t *testing.T) {
 	for seed := uint64(1); seed <= 12; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			churn(t, seed, 250)
+			churn(t, seed, 250, false)
 		})
 	}
 }
 
-func churn(t *testing.T, seed uint64, steps int) {
+// TestSteadySnapshotsMatchAFreshBuildThroughChurn is the churn above on a
+// cluster that is often steady (no DRA node, no pod being bound, nothing
+// being created, removed, settling or drifted): the cache hands out copies
+// of its last snapshot while no event moved it, and each must be what a
+// fresh Build gives, whatever the cycles did to the copies before.
+func TestSteadySnapshotsMatchAFreshBuildThroughChurn(t *testing.T) {
+	reused := 0
+	for seed := uint64(1); seed <= 12; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			reused += churn(t, seed, 250, true)
+		})
+	}
+	if reused < 100 {
+		t.Fatalf("%d snapshots handed out again in 12 × 250 steps: the churn does not test it", reused)
+	}
+	t.Logf("%d snapshots handed out again", reused)
+}
+
+// churn drives a cache through steps of random change. plain leaves out
+// DRA nodes and the inputs that are not events (pods being bound,
+// reservations being removed or created, settling nodes, DRA usage), so
+// that snapshots are often steady and handed out again.
+func churn(t *testing.T, seed uint64, steps int, plain bool) (reused int) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	version := 0
@@ -258,6 +299,9 @@ func churn(t *testing.T, seed uint64, steps int) {
 		func(name string) *corev1.Node { return node(name, 2).partitionedInv("timeslice", 2, 4, "").n },
 		func(name string) *corev1.Node { return draNode(name, 2) },
 		func(name string) *corev1.Node { return node(name, 2).n },
+	}
+	if plain {
+		mk = slices.Delete(mk, 4, 5) // no DRA node
 	}
 	var nodes []*corev1.Node
 	var gone []*corev1.Node // nodes deleted, to be made again
@@ -318,7 +362,11 @@ func churn(t *testing.T, seed uint64, steps int) {
 	cache := NewCache("")
 	inf := newInformer(cache)
 	for step := 0; step < steps; step++ {
-		switch rng.IntN(16) {
+		what := rng.IntN(16)
+		if plain && what >= 7 && what <= 11 {
+			what = 15 // the inputs that are not events stay empty
+		}
+		switch what {
 		case 0, 1: // a new pod
 			pods = append(pods, newPod())
 		case 2: // a pod gone
@@ -474,6 +522,7 @@ func churn(t *testing.T, seed uint64, steps int) {
 	if cache.taken == 0 || cache.charged == 0 {
 		t.Fatalf("nodes taken as they were %d times, charged %d times: the churn tests neither", cache.taken, cache.charged)
 	}
+	return cache.reused
 }
 
 // TestCachedPartIsNotTheEventsOrder: the pods of a node come to the cache
@@ -559,6 +608,66 @@ func TestUpdateSnapshotChargesOnlyTheNodesThatMoved(t *testing.T) {
 			}
 			if got := cache.charged - before; got != tc.want {
 				t.Errorf("%d nodes charged again, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved: a snapshot that
+// depends on the cache alone is handed out again (a copy) until an event
+// moves the cache; one that depends on the time (a node draining) or on
+// inputs that are not events is made afresh. Each is what a fresh Build of
+// the same objects gives.
+func TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved(t *testing.T) {
+	now := time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC)
+	a, b := node("a", 2).inventory("fraction").n, node("b", 2).inventory("fraction").n
+	drained := node("d", 2).inventory("fraction").n
+	drained.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: fmt.Sprint(now.Add(time.Second).Unix()), Effect: corev1.TaintEffectNoSchedule}}
+	onA := pod("on-a").on("a").fraction(30, "a-gpu0").p
+	pending := pod("pending").fraction(20, "").p
+	failed := reservation("failed", 1, "b-gpu1", "")
+	failed.Spec.NodeName = "b"
+	failed.Status.Phase = corev1.PodFailed
+	type world struct {
+		nodes []*corev1.Node
+		pods  []*corev1.Pod
+		in    Inputs
+	}
+	for _, tc := range []struct {
+		name   string
+		nodes  []*corev1.Node
+		change func(w *world)
+		reused bool
+	}{
+		{name: "no event", change: func(*world) {}, reused: true},
+		{name: "a pending pod changes", change: func(w *world) { w.pods[1] = pending.DeepCopy() }, reused: true},
+		{name: "a pod replaced", change: func(w *world) { w.pods[0] = onA.DeepCopy() }},
+		{name: "a failed reservation deleted", change: func(w *world) { w.pods = w.pods[:2] }},
+		{name: "a node added", change: func(w *world) { w.nodes = append(w.nodes, node("c", 2).inventory("fraction").n) }},
+		{name: "a pod being bound", change: func(w *world) { w.in.Assumed = assumedOn(pending, "b", "b-gpu0") }},
+		{name: "a node settling", change: func(w *world) { w.in.Settling = map[string]bool{"b": true} }},
+		{name: "another pool label", change: func(w *world) { w.in.PoolLabel = "pool" }},
+		{name: "a node drains, its deadline passes", nodes: []*corev1.Node{drained},
+			change: func(w *world) { w.in.Now = now.Add(2 * time.Second) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &world{nodes: append([]*corev1.Node{a, b}, tc.nodes...), pods: []*corev1.Pod{onA, pending, failed},
+				in: Inputs{PoolLabel: api.LabelNodePool, Now: now}}
+			cache := NewCache("")
+			inf := newInformer(cache)
+			inf.show(w.nodes, w.pods)
+			describeCached(t, cache, w.in) // and scribbled on
+			before := cache.reused
+			tc.change(w)
+			inf.show(w.nodes, w.pods)
+			got := describeCached(t, cache, w.in)
+			if reused := cache.reused > before; reused != tc.reused {
+				t.Errorf("snapshot handed out again: %v, want %v", reused, tc.reused)
+			}
+			fresh := w.in
+			fresh.Nodes, fresh.Pods = w.nodes, w.pods
+			if d := cmp.Diff(describe(t, fresh), got); d != "" {
+				t.Errorf("the cache's snapshot differs from a fresh read (-fresh +cached):\n%s", d)
 			}
 		})
 	}

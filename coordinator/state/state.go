@@ -243,9 +243,13 @@ type Snapshot struct {
 	// Reservations are the reservation pods by node and GPU UUID. A
 	// reservation not yet told its GPU whose asked GPU another pod holds is
 	// in none: it holds a GPU not known yet (chargeAsking). The map is the
-	// snapshot's own; the Reservations in it may be shared with the other
-	// snapshots of a Cache (a node's part taken as it was): read only.
+	// snapshot's own to read, but may be shared with the Cache's kept
+	// snapshot: it is changed only through AddReservation. The Reservations
+	// in it may be shared with the other snapshots of a Cache (a node's
+	// part taken as it was): read only.
 	Reservations map[NodeGPU]*Reservation
+	// sharedReservations: Reservations is shared, copied before a change.
+	sharedReservations bool
 	// FailedReservations are reservation pods that ended Failed (the kubelet
 	// rejected them at admission): they hold nothing, but keep their name
 	// until removed.
@@ -296,6 +300,27 @@ func addModel(models []string, m string) []string {
 		return models
 	}
 	return append(models, m)
+}
+
+// copy returns a snapshot that a cycle may change without changing s: the
+// placement snapshot is a copy; the Reservations map is copied by the first
+// AddReservation of either; the rest, which no reader writes, is shared.
+func (s *Snapshot) copy() *Snapshot {
+	s.sharedReservations = true
+	c := *s
+	c.Snapshot = s.Snapshot.Clone()
+	c.FailedReservations = slices.Clone(s.FailedReservations)
+	return &c
+}
+
+// AddReservation adds r as the reservation of key to Reservations (one the
+// cycle is about to make).
+func (s *Snapshot) AddReservation(key NodeGPU, r *Reservation) {
+	if s.sharedReservations {
+		s.Reservations = maps.Clone(s.Reservations)
+		s.sharedReservations = false
+	}
+	s.Reservations[key] = r
 }
 
 // Pools are the node pools of the snapshot's nodes (placement.Node.Pool),
