@@ -397,3 +397,37 @@ func TestPodBeingBoundCountsOnceWhateverTheEventsShow(t *testing.T) {
 	}
 	charged("the next cycle, its list without it", 2000)
 }
+
+// TestUpdatesThatChangeNothingAreNotTaken: an informer's update that
+// changes nothing the scheduler reads (changed false: a heartbeat, a
+// container's state) marks no pod for the ledger to read again and wakes
+// no cycle; one that changes something does both.
+func TestUpdatesThatChangeNothingAreNotTaken(t *testing.T) {
+	queues := []*v1alpha1.Queue{queueOf("q", "8")}
+	n := h100Node("n", "p", 8)
+	p := admittedPod("a")
+	c := newCluster(t, "", []*corev1.Node{n}, queues, p)
+	if _, err := c.s.Cycle(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	taken := func() (dirty int, events uint64) {
+		return len(c.s.bound.takeDirty()), c.s.events.Load()
+	}
+	_, before := taken()
+	p2, n2 := p.DeepCopy(), n.DeepCopy()
+	p2.ResourceVersion, n2.ResourceVersion = "7", "7"
+	c.s.OnPodUpdate(p, p2, false)
+	c.s.OnNodeUpdate(n, n2, false)
+	if dirty, events := taken(); dirty != 0 || events != before {
+		t.Errorf("updates that change nothing: %d pods to read again, %d wake-ups; want none", dirty, events-before)
+	}
+	p3 := p2.DeepCopy()
+	p3.ResourceVersion, p3.Labels = "8", withKey(p3.Labels, "team", "a")
+	c.s.OnPodUpdate(p2, p3, true)
+	n3 := n2.DeepCopy()
+	n3.ResourceVersion, n3.Spec.Unschedulable = "8", true
+	c.s.OnNodeUpdate(n2, n3, true)
+	if dirty, events := taken(); dirty != 1 || events != before+2 {
+		t.Errorf("updates that change something: %d pods to read again, %d wake-ups; want 1 and 2", dirty, events-before)
+	}
+}
