@@ -312,7 +312,7 @@ func (s *Scheduler) rebuildBound(v *draCycle, list []*corev1.Pod) {
 			}
 		}
 	}
-	l.built, l.inputs = true, s.parseGen
+	l.built, l.inputs = true, s.parses.gen
 	l.parts = make(map[types.UID]*boundPart, len(pods))
 	l.unbound = map[types.UID]*corev1.Pod{}
 	l.holders = map[types.UID]*corev1.Pod{}
@@ -338,14 +338,15 @@ func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), a
 	var first []*corev1.Pod
 	if !l.built {
 		// Listed before the events are taken, which go on top: the
-		// list may be older than they are, never newer.
+		// list is older than they are, or newer by the events of a
+		// handler still running, which marks them for the next cycle.
 		var err error
 		if first, err = list(); err != nil {
 			return nil, nil, err
 		}
 	}
 	dirty := l.takeDirty()
-	if !l.built || l.inputs != s.parseGen {
+	if !l.built || l.inputs != s.parses.gen {
 		s.rebuildBound(v, first)
 	}
 	for k, p := range dirty {

@@ -131,7 +131,8 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 func (c *cycle) snapshot() error {
 	s := c.s
 	// Assumed pods first: a binding the informer shows after this copy is
-	// in the pod list below, so no pod is missed by both and placed twice.
+	// in the ledger and the cache (its handlers take it before they forget
+	// the assumption), so no pod is missed by both and placed twice.
 	c.assumed = s.takeAssumed(c.logger, c.start)
 	var err error
 	if c.nodes, err = s.deps.Nodes.List(labels.Everything()); err != nil {

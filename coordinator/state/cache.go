@@ -53,6 +53,8 @@ type Cache struct {
 	// from; nil when the last one depended on more.
 	last    *Snapshot
 	lastKey snapKey
+	// oneShot: the cache makes one snapshot (Build) and keeps none.
+	oneShot bool
 }
 
 // snapKey is what a steady snapshot was made from besides its plain
@@ -61,6 +63,7 @@ type snapKey struct {
 	gen                  uint64
 	poolLabel, timeslice string
 	notBefore            time.Time
+	noTime               bool // Inputs.Now unset: every drain counts, whatever its deadline
 }
 
 // podInfo is a pod the cache holds.
@@ -317,6 +320,7 @@ func (c *Cache) SnapshotWithout(in Inputs, gone func(*corev1.Pod) bool) (*Snapsh
 // another's (made by hand: no informer lists such pods).
 func Build(in Inputs) (*Snapshot, error) {
 	c := NewCache(in.TimesliceResource)
+	c.oneShot = true
 	for _, n := range in.Nodes {
 		if ni := c.nodes[n.Name]; ni != nil && ni.n != nil {
 			return nil, fmt.Errorf("building placement snapshot: duplicate node %q", n.Name)
@@ -354,14 +358,16 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			ni.last = nil
 		}
 	}
-	key := snapKey{gen: c.gen, poolLabel: c.poolLabel, timeslice: c.timeslice, notBefore: in.NotBefore}
+	key := snapKey{gen: c.gen, poolLabel: c.poolLabel, timeslice: c.timeslice, notBefore: in.NotBefore, noTime: in.Now.IsZero()}
 	if gone == nil && c.last != nil && c.lastKey == key && plain(in) {
 		// No event since a snapshot that depends on nothing else.
 		c.reused++
 		return c.last.copy(), nil
 	}
-	c.last = nil
-	steady := gone == nil && plain(in)
+	if gone == nil {
+		c.last = nil // a what-if changes nothing the kept one was made from
+	}
+	steady := gone == nil && plain(in) && !c.oneShot
 	c.snaps++
 	out := &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: map[NodeGPU]*Reservation{},
 		ScalarMilli: map[string]int64{}, Models: []string{}} // Models not nil: told, even when no node names a model
@@ -373,7 +379,7 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			continue
 		}
 		f := c.nodeFacts(ni)
-		if f.draining {
+		if f.drainingAt(in.Now) {
 			steady = false // its part moves with the time: the drain ends at its deadline
 		}
 		out.Models = addModel(out.Models, f.product)
@@ -529,9 +535,9 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 
 // plain tells whether in holds nothing but what a snapshot reads of the
 // cache: no pod being bound, reservation being removed or created, node
-// settling or drifted, and no DRA usage. A snapshot of plain inputs whose
-// nodes neither drain (a drain ends at its deadline) nor are in mode dra
-// (charged from claims) is steady: it depends on the cache alone, not on
+// settling or drifted, and no DRA usage (nodes in mode dra are charged from
+// it). A snapshot of plain inputs with no node draining before its deadline
+// (the drain ends then) is steady: it depends on the cache alone, not on
 // the time, and is made again as it was until an event moves the cache.
 func plain(in *Inputs) bool {
 	return len(in.Assumed) == 0 && len(in.Removing) == 0 && len(in.Creating) == 0 &&

@@ -632,7 +632,10 @@ func TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved(t *testing.T) {
 		nodes []*corev1.Node
 		pods  []*corev1.Pod
 		in    Inputs
+		cache *Cache
 	}
+	past := node("e", 2).inventory("fraction").n
+	past.Spec.Taints = []corev1.Taint{{Key: api.TaintDraining, Value: fmt.Sprint(now.Add(-time.Second).Unix()), Effect: corev1.TaintEffectNoSchedule}}
 	for _, tc := range []struct {
 		name   string
 		nodes  []*corev1.Node
@@ -649,11 +652,22 @@ func TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved(t *testing.T) {
 		{name: "another pool label", change: func(w *world) { w.in.PoolLabel = "pool" }},
 		{name: "a node drains, its deadline passes", nodes: []*corev1.Node{drained},
 			change: func(w *world) { w.in.Now = now.Add(2 * time.Second) }},
+		{name: "a drain past its deadline, time passes", nodes: []*corev1.Node{past},
+			change: func(w *world) { w.in.Now = now.Add(time.Minute) }, reused: true},
+		{name: "a drain past its deadline, no time given", nodes: []*corev1.Node{past},
+			change: func(w *world) { w.in.Now = time.Time{} }},
+		{name: "a what-if in between", change: func(w *world) {
+			in := w.in
+			if _, err := w.cache.SnapshotWithout(in, func(p *corev1.Pod) bool { return p.Name == "on-a" }); err != nil {
+				t.Fatal(err)
+			}
+		}, reused: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &world{nodes: append([]*corev1.Node{a, b}, tc.nodes...), pods: []*corev1.Pod{onA, pending, failed},
 				in: Inputs{PoolLabel: api.LabelNodePool, Now: now}}
 			cache := NewCache("")
+			w.cache = cache
 			inf := newInformer(cache)
 			inf.show(w.nodes, w.pods)
 			describeCached(t, cache, w.in) // and scribbled on
