@@ -246,10 +246,10 @@ func TestBoundLedgerReadsOnlyWhatMoved(t *testing.T) {
 	read := func() []string {
 		list, _ := s.deps.Pods.List(labels.Everything())
 		s.beginParses()
-		before := s.parseCycle
+		before := s.parses.cycle
 		_ = readBoundView(t, s, list, nil, []*v1alpha1.Queue{queueOf("q", "8")})
 		var out []string
-		for p, e := range s.parsed {
+		for p, e := range s.parses.entries {
 			if e.cycle == before {
 				out = append(out, p.Name)
 			}
@@ -337,7 +337,7 @@ func TestBoundLedgerKeepsTheEventsOfARebuiltCycle(t *testing.T) {
 	_ = c.pods.Delete(b)
 	c.s.beginParses()
 	first := readBoundView(t, c.s, list, nil, queues)
-	c.s.parseGen++ // the snapshot told new parse inputs
+	c.s.parses.gen++ // the snapshot told new parse inputs
 	again := readBoundView(t, c.s, list, nil, queues)
 	c.s.sweepParses()
 	for name, v := range map[string]boundView{"first": first, "again": again} {

@@ -130,7 +130,7 @@ func TestFinishedPodsOfOtherSchedulersAreNotKept(t *testing.T) {
 	c := newCluster(t, "", []*corev1.Node{h100Node("n", "p", 2)}, []*v1alpha1.Queue{queueOf("q", "2")}, done, running)
 	c.cycle()
 	c.cycle()
-	if _, kept := c.s.parsed[done]; kept {
+	if _, kept := c.s.parses.entries[done]; kept {
 		t.Error("a finished pod of another scheduler has a parse entry")
 	}
 	if part := c.s.bound.parts[done.UID]; part != nil {

@@ -1,8 +1,6 @@
 package scheduler
 
 import (
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -204,66 +202,29 @@ func (k *parsed) result(p *corev1.Pod) (podInfo, error) {
 	return pi, k.err
 }
 
-// parseInputs are the cycle-wide inputs of a parse besides the pod.
-type parseInputs struct {
-	models      []string
-	scalarMilli map[string]int64
-	draNodes    map[string]bool // nodes in mode dra: where pods with GPU claims may go
+// parseInputsNow are the parse inputs the Scheduler has now (the last
+// snapshot's).
+func (s *Scheduler) parseInputsNow() parseInputs {
+	return parseInputs{models: s.models, scalarMilli: s.scalarMilli, draNodes: s.draNodes}
 }
 
-// beginParses starts a cycle's parses with its GPU models, scalar worth
-// and nodes in mode dra; it empties the cache when they changed.
-func (s *Scheduler) beginParses() {
-	s.parseCycle++
-	if !s.parsesValid() {
-		s.parseGen++
-		s.parsed = map[*corev1.Pod]*parseEntry{}
-		s.parseIn = parseInputs{models: slices.Clone(s.models), scalarMilli: maps.Clone(s.scalarMilli), draNodes: maps.Clone(s.draNodes)}
-	}
-}
+// beginParses begins a cycle's parses with the Scheduler's GPU models,
+// scalar worth and nodes in mode dra; the parses kept are forgotten when
+// they changed.
+func (s *Scheduler) beginParses() { s.parses.begin(s.parseInputsNow()) }
 
 // parsesValid tells whether the parses kept were made with the GPU models,
 // scalar worth and nodes in mode dra the cycle now has.
-func (s *Scheduler) parsesValid() bool {
-	return s.parsed != nil && slices.Equal(s.parseIn.models, s.models) && maps.Equal(s.parseIn.scalarMilli, s.scalarMilli) && maps.Equal(s.parseIn.draNodes, s.draNodes)
-}
+func (s *Scheduler) parsesValid() bool { return s.parses.valid(s.parseInputsNow()) }
 
 // sweepParses forgets the pods the cycle did not read.
-func (s *Scheduler) sweepParses() {
-	for p, e := range s.parsed {
-		if e.cycle != s.parseCycle {
-			delete(s.parsed, p)
-		}
-	}
-}
+func (s *Scheduler) sweepParses() { s.parses.sweep() }
 
-// parseEntryOf is p's entry in the cache (made when missing), nil when p
-// is not kept (see above) or outside a cycle.
-func (s *Scheduler) parseEntryOf(p *corev1.Pod) *parseEntry {
-	if s.parsed == nil || p.ResourceVersion == "" {
-		return nil
-	}
-	e := s.parsed[p]
-	if e == nil {
-		e = &parseEntry{}
-		s.parsed[p] = e
-	}
-	e.cycle = s.parseCycle
-	return e
-}
+// parseEntryOf is p's kept parses (parseCache.entry).
+func (s *Scheduler) parseEntryOf(p *corev1.Pod) *parseEntry { return s.parses.entry(p) }
 
-// parseEntryKept is p's entry in the cache when it has one (nil otherwise,
-// none made), marked read by this cycle.
-func (s *Scheduler) parseEntryKept(p *corev1.Pod) *parseEntry {
-	if s.parsed == nil || p.ResourceVersion == "" {
-		return nil
-	}
-	e := s.parsed[p]
-	if e != nil {
-		e.cycle = s.parseCycle
-	}
-	return e
-}
+// parseEntryKept is p's kept parses when it has some (parseCache.kept).
+func (s *Scheduler) parseEntryKept(p *corev1.Pod) *parseEntry { return s.parses.kept(p) }
 
 // parseFor parses p as charged to queue and tells whether the parse read
 // a Job or a resource claim (which change under the same pod: such a parse

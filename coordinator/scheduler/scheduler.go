@@ -274,17 +274,11 @@ type Scheduler struct {
 	bound *boundLedger
 
 	// What cycles keep of each pod from one cycle to the next, used only
-	// by the cycle goroutine: the parses (pod object -> its parses; parseIn are the
-	// inputs they were made with, parseGen counts the times they were
-	// emptied, parseCycle counts the cycles). The
-	// GPU models, scalar worth (MIG or replica resource -> milli-GPU per
-	// unit) and nodes in mode dra are the last snapshot's: a cycle's parses
-	// begin with them before its own snapshot is built, and are made again
-	// when they changed (snapshot).
-	parsed      map[*corev1.Pod]*parseEntry
-	parseIn     parseInputs
-	parseCycle  uint64
-	parseGen    uint64
+	// by the cycle goroutine: the parses. The GPU models, scalar worth (MIG
+	// or replica resource -> milli-GPU per unit) and nodes in mode dra are
+	// the last snapshot's: a cycle's parses begin with them before its own
+	// snapshot is built, and are made again when they changed (snapshot).
+	parses      parseCache
 	models      []string
 	scalarMilli map[string]int64
 	draNodes    map[string]bool
