@@ -71,7 +71,7 @@ type cycle struct {
 
 	// Decided by place.
 	wanted    map[state.NodeGPU]bool // GPUs whose reservation fractions wait for
-	plans     map[types.UID]plan     // pods waiting for reservations -> their placement
+	plans     plans                  // pods waiting for reservations -> their placement
 	demand    []placeholder.Item     // admitted work with no room: asks for capacity
 	withdrawn map[types.UID]bool     // placeholders deleted before their work was bound elsewhere
 	reclaimIn *reclaimScope          // what reclaim reads, built once for the cycle
@@ -310,7 +310,7 @@ func (c *cycle) order() {
 	s := c.s
 	sortWorkloads(c.workloads, c.books)
 	sort.SliceStable(c.workloads, func(i, j int) bool {
-		return s.hasPlan(c.workloads[i]) && !s.hasPlan(c.workloads[j])
+		return s.plans.firstOf(c.workloads[i]) && !s.plans.firstOf(c.workloads[j])
 	})
 	s.feedDemand(c.snap, c.boundDemand, c.workloads, c.books)
 }
@@ -350,7 +350,7 @@ func (c *cycle) leave(w *workload, o outcome) {
 func (c *cycle) placeWorkloads() {
 	s := c.s
 	c.wanted = map[state.NodeGPU]bool{}
-	c.plans = map[types.UID]plan{}
+	c.plans = plans{}
 	c.withdrawn = map[types.UID]bool{}
 	c.reclaimIn = newReclaimScope(c.inputs, c.allPods, s.stateCache, c.dra, c.start)
 	c.budget = s.placeBudget()
@@ -402,7 +402,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	// nothing later overtakes them. A workload placed in an earlier cycle
 	// and waiting for reservations keeps its plan: dropped, its
 	// reservations would no longer be wanted.
-	planned := s.planned(w)
+	planned := s.plans.anyOf(w)
 	if c.full = c.full || !s.bindRoom(len(w.pods)); c.full && !planned {
 		c.keepAsking(w)
 		return counted(ReasonWaitingToBind)
@@ -423,7 +423,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	if len(items) > 0 {
 		c.liveGroups[placeholder.GroupOf(items[0])] = true
 	}
-	decisions := s.keepPlans(c.snap, w)
+	decisions := s.plans.keep(c.snap, w)
 	if decisions != nil {
 		// Its nodes still pass kube-scheduler's checks, or it is placed again.
 		if moved, err := c.kube.keep(w, decisions); err != nil || moved != "" {
@@ -451,7 +451,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	if waitMsg := s.reserve(c.ctx, w, decisions, c.snap, c.wanted); waitMsg != "" {
 		// The capacity stays taken in this cycle's snapshot and books, and
 		// the pods keep their GPUs in the next cycle.
-		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
+		c.plans.record(s.plans, w, decisions, c.snap, c.start)
 		s.markWaiting(c.ctx, w, waitMsg, c.plans, c.snap, c.start, &c.res)
 		c.budget.placed()
 		return outcome{} // each pod counted or told by markWaiting
@@ -459,7 +459,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	if c.holds(decisions) {
 		// Placed on a node that settles: bound once it has, on the same
 		// GPUs, whose reservations are made meanwhile.
-		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
+		c.plans.record(s.plans, w, decisions, c.snap, c.start)
 		c.budget.placed()
 		return counted(ReasonNodeSettling)
 	}
@@ -468,7 +468,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		// (its reservations stay wanted); it keeps its plan and is bound
 		// when there is room: a cycle never waits for the bind workers.
 		c.full = true
-		planWaiting(c.plans, s.plans, w, decisions, c.snap, c.start)
+		c.plans.record(s.plans, w, decisions, c.snap, c.start)
 		return counted(ReasonWaitingToBind)
 	}
 	volumes := c.kube.gate(w)

@@ -24,6 +24,11 @@ import (
 // reserved every GPU of a 130-node cluster for 350 GPUs' worth of fractions,
 // and re-placed pods for seconds instead of binding them.
 
+// plans are the placements of the pods that wait for their reservations or
+// for their node to settle, by pod UID: the Scheduler keeps the last cycle's,
+// and a cycle makes its own (cycle.plans), read from the last.
+type plans map[types.UID]plan
+
 // plan is where a pod waiting for its GPU's reservation was placed.
 type plan struct {
 	placement.Decision
@@ -43,7 +48,7 @@ type plan struct {
 // API requests for nothing.
 const DefaultReservationReportDelay = 5 * time.Second
 
-// keepPlans returns the decisions w was given in the last cycle when it
+// keep returns the decisions w was given in the last cycle when it
 // waited for reservations or for its node to settle (Scheduler.held), and
 // they still hold on snap: every pod planned, each planned node still
 // schedulable, with room, and allowing the pod by its labels and taints
@@ -52,13 +57,13 @@ const DefaultReservationReportDelay = 5 * time.Second
 // manager the moment it lands), and every planned GPU's reservation not
 // removed. It assumes them on snap. It returns nil when w must be placed
 // afresh.
-func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Decision {
-	if len(s.plans) == 0 {
+func (ps plans) keep(snap *state.Snapshot, w *workload) []placement.Decision {
+	if len(ps) == 0 {
 		return nil
 	}
 	ds := make([]placement.Decision, len(w.pods))
 	for i, p := range w.pods {
-		pl, ok := s.plans[p.pod.UID]
+		pl, ok := ps[p.pod.UID]
 		if !ok {
 			return nil
 		}
@@ -97,10 +102,10 @@ func (s *Scheduler) keepPlans(snap *state.Snapshot, w *workload) []placement.Dec
 	return ds
 }
 
-// planWaiting records the decisions of a workload that waits for
-// reservations, for keepPlans in the next cycle; a pod that keeps its
-// previous plan keeps the time it began to wait.
-func planWaiting(plans, previous map[types.UID]plan, w *workload, ds []placement.Decision, snap *state.Snapshot, now time.Time) {
+// record records the decisions of a workload that waits for reservations,
+// for keep in the next cycle; a pod that keeps its plan in previous keeps
+// the time it began to wait.
+func (ps plans) record(previous plans, w *workload, ds []placement.Decision, snap *state.Snapshot, now time.Time) {
 	for i, p := range w.pods {
 		seen := true
 		if p.req.ShareMilli > 0 && len(ds[i].GPUs) == 1 {
@@ -111,8 +116,28 @@ func planWaiting(plans, previous map[types.UID]plan, w *workload, ds []placement
 		if old, ok := previous[p.pod.UID]; ok && old.Node == ds[i].Node && slices.Equal(old.GPUs, ds[i].GPUs) {
 			since = old.since
 		}
-		plans[p.pod.UID] = plan{Decision: ds[i], seen: seen, since: since}
+		ps[p.pod.UID] = plan{Decision: ds[i], seen: seen, since: since}
 	}
+}
+
+// anyOf tells whether a pod of w has a plan.
+func (ps plans) anyOf(w *workload) bool {
+	for _, p := range w.pods {
+		if _, ok := ps[p.pod.UID]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// firstOf tells whether w's first pod has a plan: w was placed in an earlier
+// cycle and waits for reservations.
+func (ps plans) firstOf(w *workload) bool {
+	if len(w.pods) == 0 {
+		return false
+	}
+	_, ok := ps[w.pods[0].pod.UID]
+	return ok
 }
 
 // reservationStuckFactor times ReservationReportDelay is how long a pod
@@ -132,11 +157,11 @@ const reservationStuckFactor = 12
 // "Scale"). A pod still waiting after reservationStuckFactor times the
 // delay is told all the same (a create that keeps failing). Every pod
 // counts in the cycle's result either way.
-func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, plans map[types.UID]plan, snap *state.Snapshot, now time.Time, res *Result) {
+func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, ps plans, snap *state.Snapshot, now time.Time, res *Result) {
 	delay := s.opts.ReservationReportDelay
-	late := s.reservationsLate(w, plans, snap, now)
+	late := s.reservationsLate(w, ps, snap, now)
 	for _, p := range w.pods {
-		waited := now.Sub(plans[p.pod.UID].since)
+		waited := now.Sub(ps[p.pod.UID].since)
 		if waited < delay || (!late && waited < reservationStuckFactor*delay) {
 			res.pending(w.queue, api.ReasonReservationPending, p.pod)
 			continue
@@ -147,9 +172,9 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, pl
 
 // reservationsLate tells whether a reservation a fraction of w waits for
 // exists and is not admitted ReservationReportDelay after its creation.
-func (s *Scheduler) reservationsLate(w *workload, plans map[types.UID]plan, snap *state.Snapshot, now time.Time) bool {
+func (s *Scheduler) reservationsLate(w *workload, ps plans, snap *state.Snapshot, now time.Time) bool {
 	for _, p := range w.pods {
-		d := plans[p.pod.UID].Decision
+		d := ps[p.pod.UID].Decision
 		if p.req.ShareMilli == 0 || len(d.GPUs) != 1 {
 			continue
 		}

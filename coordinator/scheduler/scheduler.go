@@ -263,7 +263,7 @@ type Scheduler struct {
 	settle *nodeSettle
 	// plans: pod waiting for reservations -> its placement. Cycle
 	// goroutine only (cycle.quiet reads it under mu).
-	plans map[types.UID]plan
+	plans plans
 
 	// stateCache holds the nodes and pods the informers' events showed
 	// (the On* handlers feed it), for the cycles' snapshots.
@@ -859,17 +859,6 @@ func (s *Scheduler) bindRoom(n int) bool {
 	return queued == 0 || queued+n <= cap(s.binds)
 }
 
-// planned tells whether a pod of w has a plan from the last cycle (it waits
-// for reservations).
-func (s *Scheduler) planned(w *workload) bool {
-	for _, p := range w.pods {
-		if _, ok := s.plans[p.pod.UID]; ok {
-			return true
-		}
-	}
-	return false
-}
-
 // isAssumed tells whether w's first pod is being bound (w was placed this cycle).
 func (s *Scheduler) isAssumed(w *workload) (string, bool) {
 	s.mu.Lock()
@@ -1152,15 +1141,6 @@ func (s *Scheduler) dropOversizedGangs(snap *state.Snapshot, ws []*workload, inv
 		kept = append(kept, w)
 	}
 	return kept, invalid
-}
-
-// hasPlan tells whether w was placed in an earlier cycle and waits for reservations.
-func (s *Scheduler) hasPlan(w *workload) bool {
-	if len(w.pods) == 0 {
-		return false
-	}
-	_, ok := s.plans[w.pods[0].pod.UID]
-	return ok
 }
 
 // sortWorkloads orders workloads: queue order first, then priority, then age.
