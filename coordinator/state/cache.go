@@ -341,8 +341,47 @@ func Build(in Inputs) (*Snapshot, error) {
 }
 
 // snapshot makes the snapshot, without the pods gone says (nil: none);
-// c.mu is held.
+// c.mu is held. It hands out the kept one again when no event moved the
+// cache since it was made (steady); else it builds one, step by step.
 func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, error) {
+	c.follow(in)
+	key := snapKey{gen: c.gen, poolLabel: c.poolLabel, timeslice: c.timeslice, notBefore: in.NotBefore, noTime: in.Now.IsZero()}
+	if gone == nil && c.last != nil && c.lastKey == key && plain(in) {
+		// No event since a snapshot that depends on nothing else.
+		c.reused++
+		return c.last.copy(), nil
+	}
+	if gone == nil {
+		c.last = nil // a what-if changes nothing the kept one was made from
+	}
+	c.snaps++
+	b := &build{c: c, in: in, gone: gone, steady: gone == nil && plain(in) && !c.oneShot,
+		out: &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: map[NodeGPU]*Reservation{},
+			ScalarMilli: map[string]int64{}, Models: []string{}}, // Models not nil: told, even when no node names a model
+		offAssumed: map[string][]slotPod{}, offFracs: map[NodeGPU]int{}}
+	b.sortNodes()
+	b.assumedPods()
+	b.removing()
+	b.creating()
+	b.failedReservations()
+	b.chargeLeftOut()
+	nodes := b.chargePlaced()
+	b.settleReservations()
+	sortBusiestFirst(nodes)
+	snap, err := placement.NewSnapshot(nodes)
+	if err != nil {
+		return nil, fmt.Errorf("building placement snapshot: %w", err)
+	}
+	b.out.Snapshot = snap
+	if b.steady {
+		c.last, c.lastKey = b.out.copy(), key
+	}
+	return b.out, nil
+}
+
+// follow makes the cache read with in's replica resource and pool label:
+// the facts and parts read with others are read again.
+func (c *Cache) follow(in *Inputs) {
 	if in.TimesliceResource != c.timeslice {
 		c.timeslice = in.TimesliceResource
 		for _, ni := range c.nodes {
@@ -358,35 +397,48 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			ni.last = nil
 		}
 	}
-	key := snapKey{gen: c.gen, poolLabel: c.poolLabel, timeslice: c.timeslice, notBefore: in.NotBefore, noTime: in.Now.IsZero()}
-	if gone == nil && c.last != nil && c.lastKey == key && plain(in) {
-		// No event since a snapshot that depends on nothing else.
-		c.reused++
-		return c.last.copy(), nil
-	}
-	if gone == nil {
-		c.last = nil // a what-if changes nothing the kept one was made from
-	}
-	steady := gone == nil && plain(in) && !c.oneShot
-	c.snaps++
-	out := &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: map[NodeGPU]*Reservation{},
-		ScalarMilli: map[string]int64{}, Models: []string{}} // Models not nil: told, even when no node names a model
-	placed := make([]*nodeInfo, 0, len(c.nodes))
-	var off []*nodeInfo // nodes left out (not Ready, cordoned, young) or not shown, with pods
+}
+
+// build is one snapshot being built: what its steps read and gather. The
+// Cache's lock is held.
+type build struct {
+	c    *Cache
+	in   *Inputs
+	gone func(*corev1.Pod) bool // pods left out (nil: none)
+	out  *Snapshot
+	// steady: the snapshot depends on the cache alone (see plain).
+	steady bool
+
+	placed     []*nodeInfo          // the nodes placement places on
+	off        []*nodeInfo          // nodes left out (not Ready, cordoned, young) or not shown, with pods
+	offAssumed map[string][]slotPod // node not placed on -> the pods being bound there
+	creatingOn map[string][]NodeGPU // node -> its reservations of in.Creating not shown
+	offFracs   map[NodeGPU]int      // GPU of a node left out -> the fraction pods on it
+}
+
+// isGone tells whether the snapshot leaves p out.
+func (b *build) isGone(p *corev1.Pod) bool { return b.gone != nil && b.gone(p) }
+
+// sortNodes sorts the nodes into those placed on and those left out, and
+// records what the snapshot tells of them: GPU models, scalar worth, nodes
+// without fractions and nodes in mode dra.
+func (b *build) sortNodes() {
+	c, in, out := b.c, b.in, b.out
+	b.placed = make([]*nodeInfo, 0, len(c.nodes))
 	for _, ni := range c.nodes {
 		if ni.n == nil {
-			off = append(off, ni)
+			b.off = append(b.off, ni)
 			continue
 		}
 		f := c.nodeFacts(ni)
 		if f.drainingAt(in.Now) {
-			steady = false // its part moves with the time: the drain ends at its deadline
+			b.steady = false // its part moves with the time: the drain ends at its deadline
 		}
 		out.Models = addModel(out.Models, f.product)
 		if !f.readyAt(in.Now) || settling(ni.n, in.NotBefore) || in.Settling[ni.name] || in.Drifted[ni.name] {
 			ni.last = nil // its pods may go while it is left out
 			if len(ni.pods) > 0 {
-				off = append(off, ni)
+				b.off = append(b.off, ni)
 			}
 			continue
 		}
@@ -400,15 +452,18 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 		if f.dra {
 			out.DRANodes[ni.name] = true
 		}
-		placed = append(placed, ni)
+		b.placed = append(b.placed, ni)
 	}
 	slices.Sort(out.Models)
+}
 
-	offFracs := map[NodeGPU]int{} // GPU of a node left out -> fraction pods on it
-	offAssumed := map[string][]slotPod{}
-	for uid, a := range in.Assumed {
+// assumedPods puts the pods being bound on their nodes: those placed on
+// are charged again with them.
+func (b *build) assumedPods() {
+	c := b.c
+	for uid, a := range b.in.Assumed {
 		pi := c.pods[uid]
-		if pi == nil || pi.h.nodeName != "" || pi.h.terminal || gone != nil && gone(pi.p) {
+		if pi == nil || pi.h.nodeName != "" || pi.h.terminal || b.isGone(pi.p) {
 			continue // gone, or bound: charged on its node
 		}
 		sp := slotPod{p: pi.p, f: pi.facts(c.timeslice), assumedGPU: a.GPU}
@@ -416,12 +471,18 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			ni.assumed = append(ni.assumed, sp)
 			ni.again = true
 		} else {
-			offAssumed[a.Node] = append(offAssumed[a.Node], sp)
+			b.offAssumed[a.Node] = append(b.offAssumed[a.Node], sp)
 		}
 	}
-	for uid := range in.Removing {
+}
+
+// removing records the reservations being removed that the cache still
+// shows; their nodes are charged again.
+func (b *build) removing() {
+	c, out := b.c, b.out
+	for uid := range b.in.Removing {
 		pi := c.pods[uid]
-		if pi == nil || gone != nil && gone(pi.p) {
+		if pi == nil || b.isGone(pi.p) {
 			continue
 		}
 		if out.RemovingShown == nil {
@@ -432,11 +493,17 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			ni.again = true
 		}
 	}
-	var creatingOn map[string][]NodeGPU // node -> its reservations of in.Creating not shown
-	for key := range in.Creating {
+}
+
+// creating records the reservations being created that the cache shows,
+// and those it does not show yet by node: their nodes are charged again
+// with them.
+func (b *build) creating() {
+	c, out := b.c, b.out
+	for key := range b.in.Creating {
 		shown := false
 		for _, p := range c.reservationsOn[key] {
-			if shown = gone == nil || !gone(p); shown {
+			if shown = !b.isGone(p); shown {
 				break
 			}
 		}
@@ -449,45 +516,61 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 		if ni := c.placedNode(key.Node); ni != nil {
 			ni.again = true // charged with the reservation it waits for
 			if !shown {
-				if creatingOn == nil {
-					creatingOn = map[string][]NodeGPU{}
+				if b.creatingOn == nil {
+					b.creatingOn = map[string][]NodeGPU{}
 				}
-				creatingOn[key.Node] = append(creatingOn[key.Node], key)
+				b.creatingOn[key.Node] = append(b.creatingOn[key.Node], key)
 			}
 		}
 	}
-	for _, p := range c.failed {
-		if gone == nil || !gone(p) {
-			out.FailedReservations = append(out.FailedReservations, p)
+}
+
+// failedReservations lists the reservation pods the kubelet failed, by
+// namespace and name.
+func (b *build) failedReservations() {
+	for _, p := range b.c.failed {
+		if !b.isGone(p) {
+			b.out.FailedReservations = append(b.out.FailedReservations, p)
 		}
 	}
-	slices.SortFunc(out.FailedReservations, func(a, b *corev1.Pod) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	slices.SortFunc(b.out.FailedReservations, func(x, y *corev1.Pod) int {
+		return cmp.Or(strings.Compare(x.Namespace, y.Namespace), strings.Compare(x.Name, y.Name))
 	})
+}
 
-	// Off the snapshot: only reservations and the fractions on their GPUs
-	// matter, so they can be removed.
-	for _, ni := range off {
-		c.chargeOff(ni.name, ni.n, c.podsOf(ni, offAssumed[ni.name], gone), in, out.Reservations, offFracs)
-		delete(offAssumed, ni.name)
+// chargeLeftOut records the reservations of the nodes left out and the
+// fractions on their GPUs: off the snapshot only those matter, so that they
+// can be removed.
+func (b *build) chargeLeftOut() {
+	c := b.c
+	for _, ni := range b.off {
+		c.chargeOff(ni.name, ni.n, c.podsOf(ni, b.offAssumed[ni.name], b.gone), b.in, b.out.Reservations, b.offFracs)
+		delete(b.offAssumed, ni.name)
 	}
-	for name, sps := range offAssumed { // being bound to a node without pods, left out or gone
+	for name, sps := range b.offAssumed { // being bound to a node without pods, left out or gone
 		var n *corev1.Node
 		if ni := c.nodes[name]; ni != nil {
 			n = ni.n
 		}
-		c.chargeOff(name, n, sps, in, out.Reservations, offFracs)
+		c.chargeOff(name, n, sps, b.in, b.out.Reservations, b.offFracs)
 	}
+}
 
-	nodes := make([]placement.Node, 0, len(placed))
-	for _, ni := range placed {
+// chargePlaced returns the placed nodes as placement sees them: each
+// node's part as it was when neither the node, its pods nor anything else
+// in the inputs moved it, else charged again; it adds their reservations
+// and capacity to the snapshot.
+func (b *build) chargePlaced() []placement.Node {
+	c, out := b.c, b.out
+	nodes := make([]placement.Node, 0, len(b.placed))
+	for _, ni := range b.placed {
 		part := ni.last
-		if gone != nil && ni.holds(gone) {
-			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed, gone), in, creatingOn[ni.name])
+		if b.gone != nil && ni.holds(b.gone) {
+			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed, b.gone), b.in, b.creatingOn[ni.name])
 			part.again = true // not kept
 			c.charged++
 		} else if part == nil || part.again || ni.again || part.gen != ni.gen || part.facts != ni.facts {
-			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed, nil), in, creatingOn[ni.name])
+			part = charge(ni.n, ni.facts, c.podsOf(ni, ni.assumed, nil), b.in, b.creatingOn[ni.name])
 			part.gen, part.again = ni.gen, ni.again
 			ni.last = part
 			c.charged++
@@ -506,7 +589,14 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 	}
 	clear(c.scratch)
 	c.scratch = c.scratch[:0]
-	for key, n := range offFracs {
+	return nodes
+}
+
+// settleReservations counts the fractions of the nodes left out on their
+// reservations and drops the reservations that hold nothing.
+func (b *build) settleReservations() {
+	out := b.out
+	for key, n := range b.offFracs {
 		if r := out.Reservations[key]; r != nil {
 			r.Fractions += n
 		}
@@ -521,16 +611,6 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 			delete(out.Reservations, k)
 		}
 	}
-	sortBusiestFirst(nodes)
-	snap, err := placement.NewSnapshot(nodes)
-	if err != nil {
-		return nil, fmt.Errorf("building placement snapshot: %w", err)
-	}
-	out.Snapshot = snap
-	if steady {
-		c.last, c.lastKey = out.copy(), key
-	}
-	return out, nil
 }
 
 // plain tells whether in holds nothing but what a snapshot reads of the
