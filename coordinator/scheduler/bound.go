@@ -334,6 +334,30 @@ func (s *Scheduler) rebuildBound(v *draCycle, list []*corev1.Pod) {
 // called only when the ledger is read the first time or a pod being bound
 // is not in it.
 func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), assumed map[types.UID]state.Assumed, b *books) ([]boundDemand, *gangsPlaced, error) {
+	if err := s.updateBound(v, list); err != nil {
+		return nil, nil, err
+	}
+	being, err := s.beingBound(v, list, assumed)
+	if err != nil {
+		return nil, nil, err
+	}
+	demand, members := s.bound.replay(being, b)
+	// The census, in a stable order (the first member counted pins the
+	// gang's pool).
+	slices.SortFunc(members, func(a, b *boundPart) int {
+		return strings.Compare(string(ledgerKey(a.pod)), string(ledgerKey(b.pod)))
+	})
+	gangs := newGangsPlaced()
+	for _, part := range members {
+		gangs.count(s, part.pod, &part.pi, part.node, part.being, part.terminal)
+	}
+	return demand, gangs, nil
+}
+
+// updateBound brings the ledger up to date with the events taken: read
+// whole the first time and when the parse inputs changed, then the pods
+// the events changed, then the volatile parts.
+func (s *Scheduler) updateBound(v *draCycle, list func() ([]*corev1.Pod, error)) error {
 	l := s.bound
 	var first []*corev1.Pod
 	if !l.built {
@@ -342,7 +366,7 @@ func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), a
 		// handler still running, which marks them for the next cycle.
 		var err error
 		if first, err = list(); err != nil {
-			return nil, nil, err
+			return err
 		}
 	}
 	dirty := l.takeDirty()
@@ -365,12 +389,12 @@ func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), a
 			s.setBound(v, p)
 		}
 	}
-	being, err := s.beingBound(v, list, assumed)
-	if err != nil {
-		return nil, nil, err
-	}
+	return nil
+}
 
-	// The sums of the parts kept, then the pods being bound.
+// replay charges the sums of the parts kept, then the pods being bound, to
+// the books; it returns their demand and the gang members among them.
+func (l *boundLedger) replay(being []boundPart, b *books) ([]boundDemand, []*boundPart) {
 	for k, c := range l.charges {
 		b.chargeSum(k, saturated(c.res))
 	}
@@ -394,17 +418,7 @@ func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), a
 			members = append(members, part)
 		}
 	}
-
-	// The census, in a stable order (the first member counted pins the
-	// gang's pool).
-	slices.SortFunc(members, func(a, b *boundPart) int {
-		return strings.Compare(string(ledgerKey(a.pod)), string(ledgerKey(b.pod)))
-	})
-	gangs := newGangsPlaced()
-	for _, part := range members {
-		gangs.count(s, part.pod, &part.pi, part.node, part.being, part.terminal)
-	}
-	return out, gangs, nil
+	return out, members
 }
 
 // beingBound reads the pods being bound that the ledger does not show

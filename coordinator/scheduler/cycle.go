@@ -126,9 +126,18 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 	return c, nil
 }
 
-// snapshot reads the world (the pods being bound, nodes, pods, queues, DRA
-// objects) and builds the cycle's snapshot and queue books.
+// snapshot reads the world and builds the cycle's snapshot and queue books.
 func (c *cycle) snapshot() error {
+	if err := c.read(); err != nil {
+		return err
+	}
+	return c.build()
+}
+
+// read reads what the snapshot is made from besides the cache: the pods
+// being bound, the nodes, the queues, DRA's objects and the nodes settling
+// or drifted.
+func (c *cycle) read() error {
 	s := c.s
 	// Assumed pods first: a binding the informer shows after this copy is
 	// in the ledger and the cache (its handlers take it before they forget
@@ -157,6 +166,13 @@ func (c *cycle) snapshot() error {
 		c.inputs.Settling, c.held = s.settlingNodes(c.nodes, c.start)
 	}
 	c.inputs.Drifted = s.driftedNodes(c.nodes)
+	return nil
+}
+
+// build builds the snapshot (the cache's) and the queue books (the
+// bound-pod ledger's).
+func (c *cycle) build() error {
+	s := c.s
 	// The snapshot is built while the pods bound or being bound are
 	// charged to their queues (readBound): two passes over every pod, on
 	// two goroutines. The parses use the last cycle's GPU models, scalar
@@ -179,6 +195,7 @@ func (c *cycle) snapshot() error {
 		in.Nodes = nil // the cache's, from its events
 		c.snap, buildErr = s.stateCache.UpdateSnapshot(in)
 	}()
+	var err error
 	c.books, err = newBooks(c.queues, c.badQueues)
 	if err == nil {
 		c.boundDemand, c.gangs, err = s.readBound(c.dra, c.allPods, c.assumed, c.books)
@@ -388,13 +405,37 @@ func (c *cycle) keepAsking(w *workload) {
 
 // placeWorkload admits, places, reserves for and binds one workload.
 func (c *cycle) placeWorkload(w *workload) outcome {
+	v, o, ok := c.admit(w)
+	if !ok {
+		return o
+	}
+	items := c.s.items(w, c.snap, c.existing, c.kube)
+	if len(items) > 0 {
+		c.liveGroups[placeholder.GroupOf(items[0])] = true
+	}
+	decisions, placeErr := c.decide(w, items)
+	if errors.Is(placeErr, kubecheck.ErrNotReady) {
+		// Not a lack of capacity: no reclaim, no placeholder.
+		return wait(api.ReasonKubeChecksNotReady, placeErr.Error())
+	}
+	if placeErr != nil {
+		return c.noRoom(w, v, items, placeErr)
+	}
+	return c.commit(w, decisions)
+}
+
+// admit tells whether w may be placed in this cycle, with its queue's
+// verdict; else (ok false) w's outcome: a gang missing members, no room in
+// the bind queue or the cycle's budget, claims while kube-scheduler places
+// pods with claims, or its queue's refusal.
+func (c *cycle) admit(w *workload) (v verdict, o outcome, ok bool) {
 	s := c.s
 	if w.incomplete != "" {
 		// Members created in a burst arrive within moments: a gang says
 		// it waits only once it has waited GangReportDelay.
 		o := wait(binder.ReasonGangIncomplete, w.incomplete)
 		o.write = c.start.Sub(w.created) >= s.opts.GangReportDelay
-		return o
+		return v, o, false
 	}
 	// Workloads are placed in order until the bind queue cannot take the
 	// next one: the rest waits for the next cycle (no reason is written,
@@ -405,24 +446,27 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 	planned := s.plans.anyOf(w)
 	if c.full = c.full || !s.bindRoom(len(w.pods)); c.full && !planned {
 		c.keepAsking(w)
-		return counted(ReasonWaitingToBind)
+		return v, counted(ReasonWaitingToBind), false
 	}
 	if !c.budget.admit(planned) {
 		c.keepAsking(w)
-		return counted(ReasonNextCycle)
+		return v, counted(ReasonNextCycle), false
 	}
 	if c.dra.busyPod() != "" && w.claimsGPU() {
-		return wait(api.ReasonWaitingForKubeScheduler, fmt.Sprintf(
-			"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", c.dra.busyPod()))
+		return v, wait(api.ReasonWaitingForKubeScheduler, fmt.Sprintf(
+			"kube-scheduler is placing pods with resource claims (%s); this pod's claims wait until it is done, so two schedulers never give the same GPU away", c.dra.busyPod())), false
 	}
-	verdict := c.books.check(w)
-	if !verdict.allowed {
-		return wait(verdict.reason, verdict.message)
+	if v = c.books.check(w); !v.allowed {
+		return v, wait(v.reason, v.message), false
 	}
-	items := s.items(w, c.snap, c.existing, c.kube)
-	if len(items) > 0 {
-		c.liveGroups[placeholder.GroupOf(items[0])] = true
-	}
+	return v, outcome{}, true
+}
+
+// decide places w: on its plan of the last cycle when that still holds
+// (kube-scheduler's checks included), else afresh, preferring the nodes
+// its placeholders brought.
+func (c *cycle) decide(w *workload, items []placeholder.Item) ([]placement.Decision, error) {
+	s := c.s
 	decisions := s.plans.keep(c.snap, w)
 	if decisions != nil {
 		// Its nodes still pass kube-scheduler's checks, or it is placed again.
@@ -431,17 +475,18 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 			decisions = nil
 		}
 	}
-	var placeErr error
-	if decisions == nil {
-		decisions, placeErr = s.placePreferring(c.dra, c.snap, w, s.preferredNodes(items), c.kube)
+	if decisions != nil {
+		return decisions, nil
 	}
-	if errors.Is(placeErr, kubecheck.ErrNotReady) {
-		// Not a lack of capacity: no reclaim, no placeholder.
-		return wait(api.ReasonKubeChecksNotReady, placeErr.Error())
-	}
-	if placeErr != nil {
-		return c.noRoom(w, verdict, items, placeErr)
-	}
+	return s.placePreferring(c.dra, c.snap, w, s.preferredNodes(items), c.kube)
+}
+
+// commit takes w's placement: its queue's books, its placeholders
+// withdrawn, its reservations made, then its pods sent to binding, or its
+// plan kept while it waits for reservations, a settling node or the bind
+// queue.
+func (c *cycle) commit(w *workload, decisions []placement.Decision) outcome {
+	s := c.s
 	c.books.assume(w)
 	// Its placeholders go before its reservations are made (see
 	// withdrawPlaceholders).
