@@ -109,13 +109,42 @@ func trimPod(p *corev1.Pod) {
 		trimContainer(&c)
 		e.EphemeralContainerCommon = corev1.EphemeralContainerCommon(c)
 	}
-	p.Status.ContainerStatuses = nil
-	p.Status.InitContainerStatuses = nil
+	if p.Status.Phase == corev1.PodFailed {
+		// Whether a failed pod ever ran (predicates.NeverRan: a gang's
+		// member that ran and failed is not rolled back with its gang).
+		p.Status.ContainerStatuses = startedOnly(p.Status.ContainerStatuses)
+		p.Status.InitContainerStatuses = startedOnly(p.Status.InitContainerStatuses)
+	} else {
+		p.Status.ContainerStatuses = nil
+		p.Status.InitContainerStatuses = nil
+	}
 	p.Status.EphemeralContainerStatuses = nil
 	p.Status.PodIPs, p.Status.PodIP = nil, ""
 	p.Status.HostIPs, p.Status.HostIP = nil, ""
 	p.Status.StartTime = nil
 	p.Status.Conditions = scheduledOnly(p.Status.Conditions)
+}
+
+// startedOnly keeps of each container status its name and when it started
+// (running, or terminated after a start): what predicates.NeverRan reads.
+func startedOnly(sts []corev1.ContainerStatus) []corev1.ContainerStatus {
+	if len(sts) == 0 {
+		return nil
+	}
+	out := make([]corev1.ContainerStatus, len(sts))
+	for i, cs := range sts {
+		out[i].Name = cs.Name
+		if r := cs.State.Running; r != nil {
+			out[i].State.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+		}
+		if t := cs.State.Terminated; t != nil {
+			out[i].State.Terminated = &corev1.ContainerStateTerminated{StartedAt: t.StartedAt}
+		}
+		if t := cs.LastTerminationState.Terminated; t != nil {
+			out[i].LastTerminationState.Terminated = &corev1.ContainerStateTerminated{StartedAt: t.StartedAt}
+		}
+	}
+	return out
 }
 
 // checkedVolumes keeps the volumes kube-scheduler's volume plugins read

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
@@ -119,6 +120,59 @@ func TestTrimObjectKeepsWhatTheCoordinatorReads(t *testing.T) {
 }
 
 // TestTrimObjectNodes: a node keeps all but its managed fields and images.
+// TestTrimKeepsWhetherAFailedPodRan: the trim drops container states, but
+// keeps of a failed pod what says whether it ran (predicates.NeverRan): a
+// gang's member that ran and failed is not taken for one that never did,
+// whose gang is rolled back. It stays idempotent.
+func TestTrimKeepsWhetherAFailedPodRan(t *testing.T) {
+	started := metav1.Unix(1_700_000_000, 0)
+	for _, tc := range []struct {
+		name     string
+		phase    corev1.PodPhase
+		statuses []corev1.ContainerStatus
+		neverRan bool
+	}{
+		{"failed after it ran", corev1.PodFailed, []corev1.ContainerStatus{{Name: "main", Image: "img", ImageID: "sha", ContainerID: "c1", RestartCount: 2,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "boom", StartedAt: started, FinishedAt: started}}}}, false},
+		{"failed after a restart", corev1.PodFailed, []corev1.ContainerStatus{{Name: "main",
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{StartedAt: started}},
+			State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}, false},
+		{"failed before it ran", corev1.PodFailed, []corev1.ContainerStatus{{Name: "main",
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := builders.MakePod("p", "default").GPUs(1).Obj()
+			p.Status.Phase, p.Status.ContainerStatuses = tc.phase, tc.statuses
+			if _, err := trimObject(p); err != nil {
+				t.Fatal(err)
+			}
+			if got := predicates.NeverRan(p); got != tc.neverRan {
+				t.Errorf("NeverRan after the trim = %v, want %v", got, tc.neverRan)
+			}
+			once := p.DeepCopy()
+			if _, err := trimObject(p); err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(once, p); d != "" {
+				t.Errorf("the trim is not idempotent (-once +twice):\n%s", d)
+			}
+			if cs := p.Status.ContainerStatuses; len(cs) != 1 || cs[0].Image != "" || cs[0].RestartCount != 0 ||
+				cs[0].State.Terminated != nil && (cs[0].State.Terminated.Message != "" || cs[0].State.Terminated.ExitCode != 0) {
+				t.Errorf("the trim kept more than the start of each container: %+v", cs)
+			}
+		})
+	}
+	running := builders.MakePod("r", "default").GPUs(1).Obj()
+	running.Status.Phase = corev1.PodRunning
+	running.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}}}
+	if _, err := trimObject(running); err != nil {
+		t.Fatal(err)
+	}
+	if running.Status.ContainerStatuses != nil {
+		t.Error("a running pod's container states were kept: every state change would be an update the cycles take")
+	}
+}
+
 func TestTrimObjectNodes(t *testing.T) {
 	n := builders.MakeNode("n1").Obj()
 	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}

@@ -22,6 +22,25 @@ func ReservedGPU(p *corev1.Pod) string {
 	return p.Annotations[api.AnnotationGPU]
 }
 
+// NeverRan tells whether a failed pod ended without running: no container
+// of it ever started (the kubelet refused it at admission, or it failed
+// before its containers were created). The informers' trim keeps what it
+// reads for failed pods (see app's trimPod).
+func NeverRan(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodFailed {
+		return false
+	}
+	for _, st := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range st {
+			if cs.State.Running != nil || cs.State.Terminated != nil && !cs.State.Terminated.StartedAt.IsZero() ||
+				cs.LastTerminationState.Terminated != nil && !cs.LastTerminationState.Terminated.StartedAt.IsZero() {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Terminal tells whether a pod no longer holds resources.
 func Terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed

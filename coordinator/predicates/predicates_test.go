@@ -98,3 +98,31 @@ func TestPodPredicates(t *testing.T) {
 		t.Error("IsReservation(a tenant's pod with the reservation label) = true")
 	}
 }
+
+// TestNeverRan: a failed pod never ran when none of its containers started.
+func TestNeverRan(t *testing.T) {
+	started := metav1.NewTime(time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC))
+	for _, tc := range []struct {
+		name  string
+		phase corev1.PodPhase
+		init  []corev1.ContainerStatus
+		main  []corev1.ContainerStatus
+		want  bool
+	}{
+		{"failed, no status", corev1.PodFailed, nil, nil, true},
+		{"failed, waiting", corev1.PodFailed, nil, []corev1.ContainerStatus{{Name: "m", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{}}}}, true},
+		{"failed, terminated never started", corev1.PodFailed, nil, []corev1.ContainerStatus{{Name: "m", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 128}}}}, true},
+		{"failed after it ran", corev1.PodFailed, nil, []corev1.ContainerStatus{{Name: "m", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, StartedAt: started}}}}, false},
+		{"failed, an init container ran", corev1.PodFailed, []corev1.ContainerStatus{{Name: "i", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{StartedAt: started}}}}, nil, false},
+		{"failed, ran before a restart", corev1.PodFailed, nil, []corev1.ContainerStatus{{Name: "m", LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{StartedAt: started}}}}, false},
+		{"failed while running", corev1.PodFailed, nil, []corev1.ContainerStatus{{Name: "m", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}, false},
+		{"running", corev1.PodRunning, nil, nil, false},
+		{"succeeded", corev1.PodSucceeded, nil, nil, false},
+	} {
+		p := builders.MakePod("p", "default").Obj()
+		p.Status.Phase, p.Status.InitContainerStatuses, p.Status.ContainerStatuses = tc.phase, tc.init, tc.main
+		if got := NeverRan(p); got != tc.want {
+			t.Errorf("%s: NeverRan = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
+	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -221,7 +222,7 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 		// ran (refused at the kubelet's admission, no container started)
 		// does not: a Job keeps such pods, and counting them would hide a
 		// gang bound in part from its rollback.
-		if !neverRan(p) {
+		if !predicates.NeverRan(p) {
 			c.ran++
 		}
 		return
@@ -273,22 +274,4 @@ func (s *Scheduler) poolOf(node string) (string, bool) {
 		return "", false
 	}
 	return n.Labels[s.opts.PoolLabel], true
-}
-
-// neverRan tells whether a failed pod ended without running: no container
-// of it ever started (the kubelet refused it at admission, or it failed
-// before its containers were created).
-func neverRan(p *corev1.Pod) bool {
-	if p.Status.Phase != corev1.PodFailed {
-		return false
-	}
-	for _, st := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
-		for _, cs := range st {
-			if cs.State.Running != nil || cs.State.Terminated != nil && !cs.State.Terminated.StartedAt.IsZero() ||
-				cs.LastTerminationState.Terminated != nil && !cs.LastTerminationState.Terminated.StartedAt.IsZero() {
-				return false
-			}
-		}
-	}
-	return true
 }
