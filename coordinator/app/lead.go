@@ -424,8 +424,8 @@ func (l *leader) watch() error {
 		UpdateFunc: func(_, _ any) { sched.Wake() },
 		DeleteFunc: func(any) { sched.Wake() },
 	}
-	// Pods and nodes feed the scheduler's cache: every event, so that it
-	// holds the informer's objects; only a change to what it reads wakes it.
+	// Pods and nodes feed the scheduler's cache and bound-pod ledger: every
+	// event that changes what the scheduler reads (changed), which wakes it.
 	podReg, err := l.pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    sched.OnPod,
 		UpdateFunc: func(old, obj any) { sched.OnPodUpdate(old, obj, changed(old, obj)) },

@@ -35,11 +35,16 @@ import (
 // (assumed), read every cycle; the gang census, which depends on the nodes,
 // is counted every cycle from the gang members' parts.
 
-// boundLedger is what readBound keeps between cycles. The event side (dirty)
-// is under mu; the rest is the cycle goroutine's.
+// boundLedger is what readBound keeps between cycles. The event side (dirty,
+// fresh) is under mu; the rest is the cycle goroutine's.
 type boundLedger struct {
 	mu    sync.Mutex
 	dirty map[types.UID]*corev1.Pod // pod -> its latest object; nil: deleted
+	// fresh: pod -> its latest object, equal to the one held but for its
+	// resourceVersion (an update that changed nothing the scheduler
+	// reads): held instead, not read again, so that the ledger holds the
+	// informer's objects (admittedOf matches reclaim's listed pods by object).
+	fresh map[types.UID]*corev1.Pod
 
 	built    bool   // read whole at least once
 	inputs   uint64 // the parse generation its parts were read with
@@ -53,7 +58,7 @@ type boundLedger struct {
 }
 
 func newBoundLedger() *boundLedger {
-	return &boundLedger{dirty: map[types.UID]*corev1.Pod{}}
+	return &boundLedger{dirty: map[types.UID]*corev1.Pod{}, fresh: map[types.UID]*corev1.Pod{}}
 }
 
 // ledgerKey is p's key in the ledger: its UID, or for an object without one
@@ -69,24 +74,63 @@ func ledgerKey(p *corev1.Pod) types.UID {
 // changed records that p was added or updated (the informer's handlers).
 func (l *boundLedger) changed(p *corev1.Pod) {
 	l.mu.Lock()
-	l.dirty[ledgerKey(p)] = p
+	k := ledgerKey(p)
+	l.dirty[k] = p
+	delete(l.fresh, k)
+	l.mu.Unlock()
+}
+
+// unchanged records p, an update equal to the pod's last object but for its
+// resourceVersion: the ledger holds it in place of the last, without
+// reading it again.
+func (l *boundLedger) unchanged(p *corev1.Pod) {
+	l.mu.Lock()
+	k := ledgerKey(p)
+	if d, ok := l.dirty[k]; ok {
+		if d != nil {
+			l.dirty[k] = p // read anyway: the newest object
+		}
+	} else {
+		l.fresh[k] = p
+	}
 	l.mu.Unlock()
 }
 
 // deleted records that p is gone.
 func (l *boundLedger) deleted(p *corev1.Pod) {
 	l.mu.Lock()
-	l.dirty[ledgerKey(p)] = nil
+	k := ledgerKey(p)
+	l.dirty[k] = nil
+	delete(l.fresh, k)
 	l.mu.Unlock()
 }
 
-// takeDirty returns the pods changed since the last call.
-func (l *boundLedger) takeDirty() map[types.UID]*corev1.Pod {
+// takeDirty returns the pods changed since the last call, and those only
+// replaced by equal objects.
+func (l *boundLedger) takeDirty() (dirty, fresh map[types.UID]*corev1.Pod) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	d := l.dirty
-	l.dirty = make(map[types.UID]*corev1.Pod, len(d))
-	return d
+	dirty, fresh = l.dirty, l.fresh
+	l.dirty = make(map[types.UID]*corev1.Pod, len(dirty))
+	l.fresh = make(map[types.UID]*corev1.Pod, len(fresh))
+	return dirty, fresh
+}
+
+// replace holds p, equal to the object held under its key but for its
+// resourceVersion, in its place; nothing is read again.
+func (l *boundLedger) replace(k types.UID, p *corev1.Pod) {
+	if part := l.parts[k]; part != nil && part.pod.UID == p.UID {
+		part.pod = p // volatile and members hold the same part
+		if part.parsed {
+			part.pi.pod = p
+		}
+	}
+	if q := l.unbound[k]; q != nil && q.UID == p.UID {
+		l.unbound[k] = p
+	}
+	if q := l.holders[k]; q != nil && q.UID == p.UID {
+		l.holders[k] = p
+	}
 }
 
 // chargeKey sums the charges of one queue's pods of one namespace: whether
@@ -369,9 +413,12 @@ func (s *Scheduler) updateBound(v *draCycle, list func() ([]*corev1.Pod, error))
 			return err
 		}
 	}
-	dirty := l.takeDirty()
+	dirty, fresh := l.takeDirty()
 	if !l.built || l.inputs != s.parses.gen {
 		s.rebuildBound(v, first)
+		if first != nil {
+			fresh = nil // the list holds the informer's objects
+		}
 	}
 	for k, p := range dirty {
 		if p == nil {
@@ -379,6 +426,9 @@ func (s *Scheduler) updateBound(v *draCycle, list func() ([]*corev1.Pod, error))
 			continue
 		}
 		s.setBound(v, p)
+	}
+	for k, p := range fresh {
+		l.replace(k, p)
 	}
 	if len(l.volatile) > 0 {
 		again := make([]*corev1.Pod, 0, len(l.volatile))

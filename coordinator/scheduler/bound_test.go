@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -191,6 +192,14 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 				list, _ := s.deps.Pods.List(labels.Everything())
 				s.beginParses()
 				got := readBoundView(t, s, list, assumed, queues)
+				// It holds the informer's objects, not equal older ones.
+				for _, held := range [][]*corev1.Pod{podsOfParts(s.bound.parts), slices.Collect(maps.Values(s.bound.unbound))} {
+					for _, p := range held {
+						if obj, ok, _ := c.pods.Get(p); !ok || obj.(*corev1.Pod) != p {
+							t.Fatalf("step %d: the ledger holds an object of %s the informer replaced", step, p.Name)
+						}
+					}
+				}
 				kept := s.bound
 				s.bound = newBoundLedger()
 				want := readBoundView(t, s, list, assumed, queues)
@@ -411,7 +420,8 @@ func TestUpdatesThatChangeNothingAreNotTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	taken := func() (dirty int, events uint64) {
-		return len(c.s.bound.takeDirty()), c.s.events.Load()
+		d, _ := c.s.bound.takeDirty()
+		return len(d), c.s.events.Load()
 	}
 	_, before := taken()
 	p2, n2 := p.DeepCopy(), n.DeepCopy()
@@ -421,6 +431,20 @@ func TestUpdatesThatChangeNothingAreNotTaken(t *testing.T) {
 	if dirty, events := taken(); dirty != 0 || events != before {
 		t.Errorf("updates that change nothing: %d pods to read again, %d wake-ups; want none", dirty, events-before)
 	}
+	// The ledger holds the new object (reclaim matches the lister's
+	// objects with it), read from nothing.
+	c.s.OnPodUpdate(p, p2, false)
+	_ = c.pods.(*feedStore).Indexer.Update(p2) // the informer's store, without its handler
+	parsesBefore := len(c.s.parses.entries)
+	if _, err := c.s.Cycle(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if part := c.s.bound.parts[p.UID]; part == nil || part.pod != p2 || part.pi.pod != p2 {
+		t.Errorf("the ledger does not hold the pod's latest object after an update that changed nothing")
+	}
+	if len(c.s.parses.entries) > parsesBefore {
+		t.Errorf("%d pods parsed again after an update that changed nothing", len(c.s.parses.entries)-parsesBefore)
+	}
 	p3 := p2.DeepCopy()
 	p3.ResourceVersion, p3.Labels = "8", withKey(p3.Labels, "team", "a")
 	c.s.OnPodUpdate(p2, p3, true)
@@ -429,5 +453,37 @@ func TestUpdatesThatChangeNothingAreNotTaken(t *testing.T) {
 	c.s.OnNodeUpdate(n2, n3, true)
 	if dirty, events := taken(); dirty != 1 || events != before+2 {
 		t.Errorf("updates that change something: %d pods to read again, %d wake-ups; want 1 and 2", dirty, events-before)
+	}
+}
+
+// podsOfParts are the pods of the ledger's parts.
+func podsOfParts(parts map[types.UID]*boundPart) []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(parts))
+	for _, part := range parts {
+		out = append(out, part.pod)
+	}
+	return out
+}
+
+// TestPodMadeAgainUnderItsNameForgetsTheOld: an informer may show a pod
+// deleted and made again under its name as one update (a relist after
+// missed events): the old pod's binding in flight is forgotten, as on its
+// deletion, so that it neither counts nor keeps the cluster from idling.
+func TestPodMadeAgainUnderItsNameForgetsTheOld(t *testing.T) {
+	queues := []*v1alpha1.Queue{queueOf("q", "8")}
+	old := gpuPod("p", "q", 1)
+	old.ResourceVersion = "1"
+	c := newCluster(t, "", []*corev1.Node{h100Node("n", "p", 8)}, queues, old)
+	c.s.mu.Lock()
+	c.s.assumed[old.UID] = assumedPod{Assumed: state.Assumed{Node: "n"}}
+	c.s.mu.Unlock()
+	again := gpuPod("p", "q", 1)
+	again.UID, again.ResourceVersion = "p-again", "2"
+	_ = c.pods.Update(again)
+	c.s.mu.Lock()
+	_, held := c.s.assumed[old.UID]
+	c.s.mu.Unlock()
+	if held {
+		t.Error("the old pod's binding in flight is still held after it was made again under its name")
 	}
 }

@@ -442,18 +442,24 @@ func (s *Scheduler) OnPod(obj any) {
 // OnPodUpdate is the pod informer's update handler: the cache and the
 // bound-pod ledger take the new object. changed says whether it changes
 // what the scheduler reads; an update that does not (a container's state,
-// a condition the informers drop) is not taken at all: the object held is
-// equal to it but for its resourceVersion, so no node is charged again, no
-// pod read again, no cycle woken.
+// a condition the informers drop) is equal to the object held but for its
+// resourceVersion: the ledger holds it in its place, and no node is charged
+// again, no pod read again, no cycle woken.
 func (s *Scheduler) OnPodUpdate(old, obj any, changed bool) {
 	p, ok := obj.(*corev1.Pod)
-	if !ok || !changed {
+	if !ok {
+		return
+	}
+	if !changed {
+		s.bound.unchanged(p) // held in place of the last, not read again
 		return
 	}
 	o, _ := old.(*corev1.Pod)
 	s.stateCache.UpdatePod(o, p)
 	if o != nil && o.UID != p.UID {
-		s.bound.deleted(o) // made again under its name
+		// Made again under its name: the old pod is gone.
+		s.bound.deleted(o)
+		s.podGone(o)
 	}
 	s.bound.changed(p)
 	s.podShown(p)
@@ -522,16 +528,22 @@ func (s *Scheduler) OnPodDelete(obj any) {
 	if p, ok := obj.(*corev1.Pod); ok {
 		s.stateCache.DeletePod(p)
 		s.bound.deleted(p)
-		s.mu.Lock()
-		delete(s.assumed, p.UID)
-		self := s.selfEvicted[p.UID]
-		delete(s.selfEvicted, p.UID)
-		s.mu.Unlock()
-		if !self {
-			s.reportLost(p)
-		}
+		s.podGone(p)
 	}
 	s.Wake()
+}
+
+// podGone forgets what the scheduler holds of a pod deleted (or made again
+// under its name) and reports it lost unless the scheduler evicted it.
+func (s *Scheduler) podGone(p *corev1.Pod) {
+	s.mu.Lock()
+	delete(s.assumed, p.UID)
+	self := s.selfEvicted[p.UID]
+	delete(s.selfEvicted, p.UID)
+	s.mu.Unlock()
+	if !self {
+		s.reportLost(p)
+	}
 }
 
 // Run runs cycles until ctx ends: after every wake-up, at least every

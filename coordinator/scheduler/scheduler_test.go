@@ -13,7 +13,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -52,8 +54,8 @@ func newCluster(t testing.TB, policy string, nodes []*corev1.Node, queues []*v1a
 func newClusterWith(t testing.TB, opts Options, deps Deps, nodes []*corev1.Node, pods ...*corev1.Pod) *cluster {
 	t.Helper()
 	c := &cluster{t: t, b: schedulertest.NewBinder()}
-	c.pods = newFeedStore(func(o any) { c.s.OnPod(o) }, func(old, o any) { c.s.OnPodUpdate(old, o, true) }, func(o any) { c.s.OnPodDelete(o) })
-	c.nodes = newFeedStore(func(o any) { c.s.OnNode(o) }, func(old, o any) { c.s.OnNodeUpdate(old, o, true) }, func(o any) { c.s.OnNodeDelete(o) })
+	c.pods = newFeedStore(func(o any) { c.s.OnPod(o) }, func(old, o any) { c.s.OnPodUpdate(old, o, changedBeyondVersion(old, o)) }, func(o any) { c.s.OnPodDelete(o) })
+	c.nodes = newFeedStore(func(o any) { c.s.OnNode(o) }, func(old, o any) { c.s.OnNodeUpdate(old, o, changedBeyondVersion(old, o)) }, func(o any) { c.s.OnNodeDelete(o) })
 	deps.Pods, deps.Nodes = corelisters.NewPodLister(c.pods), corelisters.NewNodeLister(c.nodes)
 	deps.Binder, deps.Evictor, deps.Releaser = c.b, c.b, c.b
 	s, err := New(opts, deps)
@@ -79,6 +81,21 @@ type feedStore struct {
 	add    func(obj any)
 	update func(old, obj any)
 	del    func(obj any)
+}
+
+// changedBeyondVersion is the coordinator's informers' changed (app's
+// transform.go) for the tests' objects, which are not trimmed: whether an
+// update changed more than the resourceVersion.
+func changedBeyondVersion(old, cur any) bool {
+	o, ok1 := old.(metav1.Object)
+	c, ok2 := cur.(metav1.Object)
+	if !ok1 || !ok2 {
+		return true
+	}
+	a, b := o.(runtime.Object).DeepCopyObject().(metav1.Object), c.(runtime.Object).DeepCopyObject().(metav1.Object)
+	a.SetResourceVersion("")
+	b.SetResourceVersion("")
+	return !equality.Semantic.DeepEqual(a, b)
 }
 
 func newFeedStore(add func(any), update func(old, obj any), del func(any)) *feedStore {
