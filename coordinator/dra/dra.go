@@ -18,6 +18,7 @@ package dra
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -90,6 +91,15 @@ type GPUUse struct {
 
 // Usage is what claims hold per node and GPU UUID.
 type Usage map[string]map[string]GPUUse
+
+// Equal tells whether u and o say the same of every node and GPU.
+func (u Usage) Equal(o Usage) bool {
+	return maps.EqualFunc(u, o, func(a, b map[string]GPUUse) bool {
+		return maps.EqualFunc(a, b, func(x, y GPUUse) bool {
+			return x.UsedMilli == y.UsedMilli && x.View == y.View && slices.Equal(x.Holders, y.Holders)
+		})
+	})
+}
 
 // Allocated is one allocation of a claim: the claim and its result (the
 // claim's status, or an allocation in flight the informer does not show

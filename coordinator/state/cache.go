@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 )
 
@@ -51,8 +52,9 @@ type Cache struct {
 	// last is the last snapshot made while it depends on nothing but the
 	// cache (see steady), kept unchanged, and lastKey what it was made
 	// from; nil when the last one depended on more.
-	last    *Snapshot
-	lastKey snapKey
+	last      *Snapshot
+	lastKey   snapKey
+	lastUsage dra.Usage // the DRA usage last was made with
 	// oneShot: the cache makes one snapshot (Build) and keeps none.
 	oneShot bool
 }
@@ -346,7 +348,7 @@ func Build(in Inputs) (*Snapshot, error) {
 func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, error) {
 	c.follow(in)
 	key := snapKey{gen: c.gen, poolLabel: c.poolLabel, timeslice: c.timeslice, notBefore: in.NotBefore, noTime: in.Now.IsZero()}
-	if gone == nil && c.last != nil && c.lastKey == key && plain(in) {
+	if gone == nil && c.last != nil && c.lastKey == key && plain(in) && c.lastUsage.Equal(in.DRAUsage) {
 		// No event since a snapshot that depends on nothing else.
 		c.reused++
 		return c.last.copy(), nil
@@ -374,7 +376,7 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 	}
 	b.out.Snapshot = snap
 	if b.steady {
-		c.last, c.lastKey = b.out.copy(), key
+		c.last, c.lastKey, c.lastUsage = b.out.copy(), key, in.DRAUsage
 	}
 	return b.out, nil
 }
@@ -614,14 +616,15 @@ func (b *build) settleReservations() {
 }
 
 // plain tells whether in holds nothing but what a snapshot reads of the
-// cache: no pod being bound, reservation being removed or created, node
-// settling or drifted, and no DRA usage (nodes in mode dra are charged from
-// it). A snapshot of plain inputs with no node draining before its deadline
-// (the drain ends then) is steady: it depends on the cache alone, not on
-// the time, and is made again as it was until an event moves the cache.
+// cache and the DRA usage: no pod being bound, reservation being removed
+// or created, node settling or drifted. A snapshot of plain inputs with no
+// node draining before its deadline (the drain ends then) is steady: it
+// depends on the cache and the DRA usage alone (nodes in mode dra are
+// charged from it), not on the time, and is made again as it was until an
+// event moves the cache or the usage changes.
 func plain(in *Inputs) bool {
 	return len(in.Assumed) == 0 && len(in.Removing) == 0 && len(in.Creating) == 0 &&
-		len(in.Settling) == 0 && len(in.Drifted) == 0 && len(in.DRAUsage) == 0
+		len(in.Settling) == 0 && len(in.Drifted) == 0
 }
 
 // placedNode returns the node named name when the snapshot being made

@@ -639,6 +639,7 @@ func TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		nodes  []*corev1.Node
+		usage  dra.Usage // the first snapshot's
 		change func(w *world)
 		reused bool
 	}{
@@ -656,6 +657,16 @@ func TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved(t *testing.T) {
 			change: func(w *world) { w.in.Now = now.Add(time.Minute) }, reused: true},
 		{name: "a drain past its deadline, no time given", nodes: []*corev1.Node{past},
 			change: func(w *world) { w.in.Now = time.Time{} }},
+		{name: "DRA usage as it was", nodes: []*corev1.Node{draNode("x", 2)}, usage: dra.Usage{"x": {"x-gpu0": {UsedMilli: 300, Holders: []string{"default/c"}}}},
+			change: func(w *world) {
+				w.in.DRAUsage = dra.Usage{"x": {"x-gpu0": {UsedMilli: 300, Holders: []string{"default/c"}}}} // a new map, equal
+			}, reused: true},
+		{name: "DRA usage changed", nodes: []*corev1.Node{draNode("x", 2)}, usage: dra.Usage{"x": {"x-gpu0": {UsedMilli: 300, Holders: []string{"default/c"}}}},
+			change: func(w *world) {
+				w.in.DRAUsage = dra.Usage{"x": {"x-gpu0": {UsedMilli: 600, Holders: []string{"default/c", "default/d"}}}}
+			}},
+		{name: "DRA usage gone", nodes: []*corev1.Node{draNode("x", 2)}, usage: dra.Usage{"x": {"x-gpu0": {UsedMilli: 300, Holders: []string{"default/c"}}}},
+			change: func(w *world) { w.in.DRAUsage = nil }},
 		{name: "a what-if in between", change: func(w *world) {
 			in := w.in
 			if _, err := w.cache.SnapshotWithout(in, func(p *corev1.Pod) bool { return p.Name == "on-a" }); err != nil {
@@ -665,7 +676,7 @@ func TestSteadySnapshotIsMadeAgainOnlyWhileNothingMoved(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &world{nodes: append([]*corev1.Node{a, b}, tc.nodes...), pods: []*corev1.Pod{onA, pending, failed},
-				in: Inputs{PoolLabel: api.LabelNodePool, Now: now}}
+				in: Inputs{PoolLabel: api.LabelNodePool, Now: now, DRAUsage: tc.usage}}
 			cache := NewCache("")
 			w.cache = cache
 			inf := newInformer(cache)
