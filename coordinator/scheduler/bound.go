@@ -72,13 +72,7 @@ func ledgerKey(p *corev1.Pod) types.UID {
 }
 
 // changed records that p was added or updated (the informer's handlers).
-func (l *boundLedger) changed(p *corev1.Pod) {
-	l.mu.Lock()
-	k := ledgerKey(p)
-	l.dirty[k] = p
-	delete(l.fresh, k)
-	l.mu.Unlock()
-}
+func (l *boundLedger) changed(p *corev1.Pod) { l.mark(ledgerKey(p), p) }
 
 // unchanged records p, an update equal to the pod's last object but for its
 // resourceVersion: the ledger holds it in place of the last, without
@@ -97,10 +91,13 @@ func (l *boundLedger) unchanged(p *corev1.Pod) {
 }
 
 // deleted records that p is gone.
-func (l *boundLedger) deleted(p *corev1.Pod) {
+func (l *boundLedger) deleted(p *corev1.Pod) { l.mark(ledgerKey(p), nil) }
+
+// mark records the pod of key k to be read again as p (nil: gone); an
+// equal object recorded before is dropped.
+func (l *boundLedger) mark(k types.UID, p *corev1.Pod) {
 	l.mu.Lock()
-	k := ledgerKey(p)
-	l.dirty[k] = nil
+	l.dirty[k] = p
 	delete(l.fresh, k)
 	l.mu.Unlock()
 }
@@ -188,13 +185,13 @@ type boundPart struct {
 // boundPartOf reads p, bound or being bound to node; ok is false for a pod
 // that adds nothing (another scheduler's finished pod).
 func (s *Scheduler) boundPartOf(v *draCycle, p *corev1.Pod, node string, being bool) (part boundPart, ok bool) {
-	e := s.parseEntryKept(p)
+	e := s.parses.kept(p)
 	h := s.headOf(e, p)
 	if h.terminal && !h.ours {
 		return boundPart{}, false // no entry made: other schedulers' finished pods pile up
 	}
 	if e == nil {
-		if e = s.parseEntryOf(p); e != nil {
+		if e = s.parses.entry(p); e != nil {
 			e.head = h
 		}
 	}

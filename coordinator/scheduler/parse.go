@@ -19,7 +19,7 @@ import (
 // default queue (label gpufrac.io/default-queue on the Namespace) when it
 // names one.
 func (s *Scheduler) parse(v *draCycle, p *corev1.Pod) (podInfo, error) {
-	e := s.parseEntryOf(p)
+	e := s.parses.entry(p)
 	if e != nil && e.own.done && e.own.fixed {
 		return e.own.result(p)
 	}
@@ -52,7 +52,7 @@ func (s *Scheduler) parse(v *draCycle, p *corev1.Pod) (podInfo, error) {
 // the owning Job's name) still groups pods for reclaim, keyed with how they
 // were admitted. ok is false for pods the coordinator did not admit.
 func (s *Scheduler) parseAdmitted(v *draCycle, p *corev1.Pod) (pi podInfo, ok bool, err error) {
-	e := s.parseEntryOf(p)
+	e := s.parses.entry(p)
 	if e != nil && e.admitted.done {
 		if e.admitted.queue == "" {
 			return podInfo{}, false, nil
@@ -219,12 +219,6 @@ func (s *Scheduler) parsesValid() bool { return s.parses.valid(s.parseInputsNow(
 
 // sweepParses forgets the pods the cycle did not read.
 func (s *Scheduler) sweepParses() { s.parses.sweep() }
-
-// parseEntryOf is p's kept parses (parseCache.entry).
-func (s *Scheduler) parseEntryOf(p *corev1.Pod) *parseEntry { return s.parses.entry(p) }
-
-// parseEntryKept is p's kept parses when it has some (parseCache.kept).
-func (s *Scheduler) parseEntryKept(p *corev1.Pod) *parseEntry { return s.parses.kept(p) }
 
 // parseFor parses p as charged to queue and tells whether the parse read
 // a Job or a resource claim (which change under the same pod: such a parse
