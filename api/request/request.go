@@ -202,6 +202,30 @@ func (p *Pod) Scalars() map[string]int64 {
 	return out
 }
 
+// Demand is what a pod takes on its node, in short: the pod's effective
+// amounts without the per-container detail. It is the part of a Pod the
+// coordinator keeps for every bound pod.
+type Demand struct {
+	// CPUMilli and MemoryBytes are as in Pod.
+	CPUMilli, MemoryBytes int64
+	// Whole is the count of whole GPUs (nvidia.com/gpu).
+	Whole int
+	// Fraction is the fraction units (gpufrac.io/gpu-fraction, percent of
+	// one GPU).
+	Fraction int
+	// Scalars are the MIG devices and time-sliced replicas by resource
+	// name, nil when none.
+	Scalars map[string]int64
+}
+
+// Demand returns the pod's Demand.
+func (p *Pod) Demand() Demand {
+	return Demand{CPUMilli: p.CPUMilli, MemoryBytes: p.MemoryBytes, Whole: p.Whole(), Fraction: p.Fraction(), Scalars: p.Scalars()}
+}
+
+// UsesGPU tells whether the demand holds a GPU of any kind.
+func (d *Demand) UsesGPU() bool { return d.Whole > 0 || d.Fraction > 0 || len(d.Scalars) > 0 }
+
 // FractionContainers are the app containers asking fraction units: the
 // ones gpufrac serves a fraction to.
 func (p *Pod) FractionContainers() []Container {

@@ -336,3 +336,30 @@ func TestParseBoundsCPUAndMemory(t *testing.T) {
 		t.Errorf("a large real request: %d millicores, problems %v", r.CPUMilli, r.Problems)
 	}
 }
+
+// TestDemand: a pod's Demand is its totals, and UsesGPU says whether it
+// holds a GPU of any kind.
+func TestDemand(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pod     *corev1.Pod
+		want    request.Demand
+		usesGPU bool
+	}{
+		{name: "CPU only", pod: pod().CPU("1").Obj(), want: request.Demand{CPUMilli: 1000}},
+		{name: "whole GPUs", pod: pod().GPUs(2).Obj(), want: request.Demand{Whole: 2}, usesGPU: true},
+		{name: "a fraction", pod: pod().Fraction(30).Obj(), want: request.Demand{Fraction: 30}, usesGPU: true},
+		{name: "replicas", pod: pod().Resource(api.DefaultTimesliceResource, "1").Obj(),
+			want: request.Demand{Scalars: map[string]int64{api.DefaultTimesliceResource: 1}}, usesGPU: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := request.Parse(tc.pod, request.Options{}).Demand()
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Demand (-want +got):\n%s", diff)
+			}
+			if got.UsesGPU() != tc.usesGPU {
+				t.Errorf("UsesGPU = %v, want %v", got.UsesGPU(), tc.usesGPU)
+			}
+		})
+	}
+}

@@ -14,9 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/predicates"
-	"github.com/gpufrac/gpufrac/coordinator/state"
+
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -75,7 +76,7 @@ func TestTrimObjectKeepsWhatTheCoordinatorReads(t *testing.T) {
 			if (wantErr == nil) != (gotErr == nil) || (wantErr != nil && wantErr.Error() != gotErr.Error()) {
 				t.Errorf("parse error %v after trimming, %v before", gotErr, wantErr)
 			}
-			if d := cmp.Diff(state.Demand(whole), state.Demand(trimmed)); d != "" {
+			if d := cmp.Diff(request.Parse(whole, request.Options{}).Demand(), request.Parse(trimmed, request.Options{}).Demand()); d != "" {
 				t.Errorf("request model differs after trimming (-whole +trimmed):\n%s", d)
 			}
 			for what, kept := range map[string]bool{

@@ -42,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
@@ -432,8 +433,8 @@ func isMirror(p *corev1.Pod) bool {
 
 // usesGPU tells whether a pod asks for GPUs of any kind.
 func usesGPU(p *corev1.Pod, timeslice string) bool {
-	d := state.DemandOf(p, timeslice)
-	return d.WholeGPUs > 0 || d.FractionPercent > 0 || len(d.Scalars) > 0
+	d := request.Parse(p, request.Options{TimesliceResource: timeslice}).Demand()
+	return d.UsesGPU()
 }
 
 // pdbsByNamespace indexes PodDisruptionBudgets by namespace.

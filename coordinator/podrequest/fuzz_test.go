@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/tests/builders"
@@ -139,6 +140,12 @@ func FuzzParse(f *testing.F) {
 		}
 		if got.QueueResources().GPUMilli != r.GPUMilli()+got.ScalarMilli {
 			t.Fatalf("queue charge %d milli-GPU, request %d + scalars %d", got.QueueResources().GPUMilli, r.GPUMilli(), got.ScalarMilli)
+		}
+		// A bound pod the coordinator does not parse is counted by Demand:
+		// where Parse accepts a pod, the two say the same.
+		d := podrequest.Demand(request.Parse(pod, request.Options{}).Demand())
+		if d.GPUs != r.GPUs || d.ShareMilli != r.ShareMilli || d.CPUMilli != r.CPUMilli || d.MemoryBytes != r.MemoryBytes {
+			t.Fatalf("Demand %+v, Parse %+v", d, r)
 		}
 	})
 }

@@ -190,6 +190,31 @@ type Parsed struct {
 	ClaimsGPU bool
 }
 
+// GangName is the name of the pod's gang, "" for a pod on its own.
+func (p *Parsed) GangName() string {
+	if p.Gang == nil {
+		return ""
+	}
+	return p.Gang.Name
+}
+
+// GangMinMember is the pod's gang's min-member, 0 for a pod on its own.
+func (p *Parsed) GangMinMember() int {
+	if p.Gang == nil {
+		return 0
+	}
+	return int(p.Gang.MinMember)
+}
+
+// MissingPodGroup names the PodGroup the pod is in when it does not exist
+// (yet), "" otherwise: its gang waits for it.
+func (p *Parsed) MissingPodGroup() string {
+	if p.Gang == nil || !p.Gang.Missing {
+		return ""
+	}
+	return p.Gang.PodGroup
+}
+
 // QueueResources is the pod's charge to its queue: whole GPUs, a share or
 // MIG devices and replicas, all in milli-GPU, and CPU and memory.
 func (p *Parsed) QueueResources() queue.Resources {
@@ -318,8 +343,7 @@ func (p *parser) gpus(r *request.Pod) (int, int, map[string]int64, int64) {
 	if len(r.FractionContainers()) > 0 {
 		// One container holds the fraction (else a problem is reported):
 		// its share, not the pod's sum.
-		units := r.FractionContainers()[0].Units()
-		return 0, units * placement.MilliPerGPU / api.UnitsPerGPU, scalars, scalarMilli
+		return 0, shareMilli(r.FractionContainers()[0].Units()), scalars, scalarMilli
 	}
 	if total := r.Whole(); total > p.opts.MaxGPUs {
 		p.add("spec", "the pod asks %d %s in total; at most %d fit one pod: split the work across pods (a gang)",
@@ -327,6 +351,24 @@ func (p *parser) gpus(r *request.Pod) (int, int, map[string]int64, int64) {
 		return 0, 0, scalars, scalarMilli
 	}
 	return r.Whole(), 0, scalars, scalarMilli
+}
+
+// shareMilli is fraction units as a share of one GPU, in milli-GPU (at
+// most a whole GPU).
+func shareMilli(units int) int {
+	return min(units*placement.MilliPerGPU/api.UnitsPerGPU, placement.MilliPerGPU)
+}
+
+// Demand is what a pod's demand (the request model's) takes in placement's
+// terms, unchecked: whole GPUs, else a share of one GPU, CPU and memory.
+// It is how a bound pod that Parse refuses (written by someone else, or
+// changed since) is still counted where it runs.
+func Demand(d request.Demand) placement.Request {
+	r := placement.Request{CPUMilli: d.CPUMilli, MemoryBytes: d.MemoryBytes, GPUs: d.Whole}
+	if d.Whole == 0 && d.Fraction > 0 {
+		r.ShareMilli = shareMilli(d.Fraction)
+	}
+	return r
 }
 
 // unitMilli is what one unit of a scalar resource is charged in milli-GPU.

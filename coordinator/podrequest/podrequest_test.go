@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
@@ -704,5 +705,52 @@ func TestParseCostIsBoundedByWhatTheTenantWrites(t *testing.T) {
 	var ire *podrequest.InvalidRequestError
 	if !errors.As(err, &ire) || len(ire.Problems) != 1 || len(ire.Problems[0].Message) > 300 {
 		t.Errorf("Parse error = %.300v, want one short problem", err)
+	}
+}
+
+// TestDemand: how a bound pod that Parse refuses is counted where it runs.
+func TestDemand(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		d    request.Demand
+		want placement.Request
+	}{
+		{name: "nothing", want: placement.Request{}},
+		{name: "CPU and memory", d: request.Demand{CPUMilli: 500, MemoryBytes: 1 << 30}, want: placement.Request{CPUMilli: 500, MemoryBytes: 1 << 30}},
+		{name: "whole GPUs", d: request.Demand{Whole: 2}, want: placement.Request{GPUs: 2}},
+		{name: "a fraction", d: request.Demand{Fraction: 30}, want: placement.Request{ShareMilli: 300}},
+		{name: "a whole GPU as a fraction", d: request.Demand{Fraction: 100}, want: placement.Request{ShareMilli: 1000}},
+		{name: "fractions above one GPU count one GPU", d: request.Demand{Fraction: 150}, want: placement.Request{ShareMilli: 1000}},
+		{name: "whole GPUs and a fraction count the GPUs", d: request.Demand{Whole: 1, Fraction: 30}, want: placement.Request{GPUs: 1}},
+		{name: "MIG devices are not placed", d: request.Demand{Scalars: map[string]int64{"nvidia.com/mig-1g.10gb": 2}}, want: placement.Request{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, podrequest.Demand(tc.d)); diff != "" {
+				t.Errorf("Demand (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestGangAccessors: the gang as the scheduler reads it.
+func TestGangAccessors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		gang    *podrequest.Gang
+		want    string
+		min     int
+		missing string
+	}{
+		{name: "on its own"},
+		{name: "labelled", gang: &podrequest.Gang{Namespace: "ns", Name: "g", MinMember: 4}, want: "g", min: 4},
+		{name: "a PodGroup", gang: &podrequest.Gang{Namespace: "ns", Name: "podgroup/pg", MinMember: 2, PodGroup: "pg"}, want: "podgroup/pg", min: 2},
+		{name: "a PodGroup not made yet", gang: &podrequest.Gang{Namespace: "ns", Name: "podgroup/pg", PodGroup: "pg", Missing: true}, want: "podgroup/pg", missing: "pg"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := podrequest.Parsed{Gang: tc.gang}
+			if p.GangName() != tc.want || p.GangMinMember() != tc.min || p.MissingPodGroup() != tc.missing {
+				t.Errorf("GangName %q, GangMinMember %d, MissingPodGroup %q; want %q, %d, %q", p.GangName(), p.GangMinMember(), p.MissingPodGroup(), tc.want, tc.min, tc.missing)
+			}
+		})
 	}
 }

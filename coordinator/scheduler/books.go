@@ -215,7 +215,7 @@ func (b *books) check(w *workload) verdict {
 // (gpufrac.io/admitted-preemptible) as non-preemptible whole.
 func (b *books) assume(w *workload) {
 	for _, p := range w.pods {
-		_ = b.tree.Assume(p.queue, p.res, w.nonPreemptible)
+		_ = b.tree.Assume(p.Queue, p.res, w.nonPreemptible)
 	}
 }
 

@@ -10,8 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/placeholder"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
@@ -207,14 +209,14 @@ func (s *Scheduler) boundPartOf(v *draCycle, p *corev1.Pod, node string, being b
 	part.stable = !being && e != nil && e.admitted.done
 	if parsed {
 		part.parsed, part.pi = true, *pi
-		part.member = h.ours && node != "" && pi.group != ""
+		part.member = h.ours && node != "" && pi.GangName() != ""
 	}
 	if h.terminal {
 		return part, true
 	}
 	if parsed {
 		part.charged = true
-		part.charge = chargeKey{queue: pi.queue, namespace: p.Namespace, nonPreemptible: pi.nonPreemptible}
+		part.charge = chargeKey{queue: pi.Queue, namespace: p.Namespace, nonPreemptible: pi.NonPreemptible}
 		part.res = pi.res
 	}
 	if h.skip {
@@ -222,20 +224,16 @@ func (s *Scheduler) boundPartOf(v *draCycle, p *corev1.Pod, node string, being b
 	}
 	part.demands = true
 	if being && parsed {
-		part.demand = pi.req
+		part.demand = pi.Request
 		return part, true
 	}
 	own, parsedOwn := s.ownRef(v, e, p)
 	part.stable = part.stable && e != nil && e.own.done && e.own.fixed
 	if parsedOwn {
-		part.demand = own.req
+		part.demand = own.Request
 		return part, true
 	}
-	d := state.DemandOf(p, s.opts.TimesliceResource)
-	part.demand = placement.Request{CPUMilli: d.CPUMilli, MemoryBytes: d.MemoryBytes, GPUs: d.WholeGPUs}
-	if d.WholeGPUs == 0 && d.FractionPercent > 0 {
-		part.demand.ShareMilli = min(d.FractionPercent*placement.MilliPerGPU/100, placement.MilliPerGPU)
-	}
+	part.demand = podrequest.Demand(request.Parse(p, request.Options{TimesliceResource: s.opts.TimesliceResource}).Demand())
 	return part, true
 }
 

@@ -335,8 +335,8 @@ func (s *Scheduler) allocateClaims(ctx context.Context, v *draCycle, w *workload
 		extended := false
 		var mappings []corev1.ContainerExtendedResourceRequest
 		switch {
-		case len(p.claims) > 0:
-			for _, c := range p.claims {
+		case len(p.Claims) > 0:
+			for _, c := range p.Claims {
 				if c.Status.Allocation != nil {
 					plans = append(plans, dra.Planned{Claim: c}) // shared claim: reserve only
 					continue
@@ -351,7 +351,7 @@ func (s *Scheduler) allocateClaims(ctx context.Context, v *draCycle, w *workload
 			} else {
 				pending, extended, mappings = []*resourceapi.ResourceClaim{p.extended}, true, m
 			}
-		case p.req.GPUs > 0 || p.req.ShareMilli > 0:
+		case p.Request.GPUs > 0 || p.Request.ShareMilli > 0:
 			c, m := dra.ExtendedClaim(p.pod)
 			c.UID = p.pod.UID + "-extended" // for the allocator only; the API server gives the claim its own
 			pending, extended, mappings = []*resourceapi.ResourceClaim{c}, true, m

@@ -26,8 +26,8 @@ func (s *Scheduler) feedDemand(snap *state.Snapshot, bound []boundDemand, ws []*
 			continue
 		}
 		for k := range w.pods {
-			_ = tree.Assume(w.pods[k].queue, w.pods[k].res, w.pods[k].nonPreemptible)
-			snap.AddDemand(&w.pods[k].req)
+			_ = tree.Assume(w.pods[k].Queue, w.pods[k].res, w.pods[k].NonPreemptible)
+			snap.AddDemand(&w.pods[k].Request)
 		}
 	}
 	for i := range bound {

@@ -121,7 +121,7 @@ func (c *cycle) livePods() []*corev1.Pod {
 // LimitRange defaults the template does not show. GPUs through resource
 // claims are refused: Kueue v0.17 does not charge claims by default.
 func (s *Scheduler) matchesTemplate(v *draCycle, pi podInfo, t corev1.PodTemplateSpec) string {
-	if pi.claimsGPU || len(pi.claims) > 0 {
+	if pi.ClaimsGPU || len(pi.Claims) > 0 {
 		return "GPUs through resource claims are not counted by Kueue; ask gpufrac.io/gpu-fraction or nvidia.com/gpu"
 	}
 	tp := &corev1.Pod{ObjectMeta: *t.ObjectMeta.DeepCopy(), Spec: *t.Spec.DeepCopy()}
@@ -129,7 +129,7 @@ func (s *Scheduler) matchesTemplate(v *draCycle, pi podInfo, t corev1.PodTemplat
 	if tp.Labels == nil {
 		tp.Labels = map[string]string{}
 	}
-	tp.Labels[api.LabelQueue] = pi.queue
+	tp.Labels[api.LabelQueue] = pi.Queue
 	tp.OwnerReferences = nil
 	tp.Spec.SchedulingGroup = nil
 	tp.Spec.SchedulerName = pi.pod.Spec.SchedulerName
@@ -137,7 +137,7 @@ func (s *Scheduler) matchesTemplate(v *draCycle, pi podInfo, t corev1.PodTemplat
 	if err != nil {
 		return fmt.Sprintf("its template does not parse: %v", err)
 	}
-	r, tr := pi.req, tpi.req
+	r, tr := pi.Request, tpi.Request
 	switch {
 	case r.GPUs > tr.GPUs:
 		return fmt.Sprintf("it asks %d whole GPUs, the template %d", r.GPUs, tr.GPUs)

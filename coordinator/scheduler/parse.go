@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"math"
 	"strconv"
 	"strings"
 
@@ -87,38 +88,53 @@ func (s *Scheduler) parseAdmittedAfresh(v *draCycle, p *corev1.Pod, readClaims *
 		return podInfo{}, false, err
 	}
 	pi.pod = p
-	if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
-		// A member of its PodGroup's gang when the group has the gang
-		// policy (the pod's field cannot change, nor can the group's
-		// policy); else a pod on its own, whatever its labels say. Read
-		// once and kept with the parse: a group deleted later leaves its
-		// bound members counted as they were bound.
-		if s.deps.PodGroups != nil {
-			if pg, ok := s.deps.PodGroups(p.Namespace, *sg.PodGroupName); ok && pg.Spec.SchedulingPolicy.Gang != nil {
-				pi.group = podrequest.PodGroupGangPrefix + *sg.PodGroupName
-				pi.minMember = max(int(pg.Spec.SchedulingPolicy.Gang.MinCount), 1)
-			}
-		}
-		return s.admittedPreemptible(p, pi), true, nil
-	}
-	if g, ok := p.Annotations[api.AnnotationAdmittedGang]; ok {
-		pi.group = g // as its binding recorded: a label changed since counts for nothing
-	} else {
-		// Bound by a coordinator that did not record the gang: as the pod
-		// says now.
-		pi.group = p.Labels[api.LabelPodGroup]
-		if ref := metav1.GetControllerOf(p); pi.group == "" && ref != nil && ref.Kind == "Job" {
-			pi.group = ref.Name
-		}
-	}
-	// The gang's size counts its bound members for the rollback of a gang
-	// bound in part (checkGangBinds). Read leniently: a value edited after
-	// admission can only make the author's own gang roll back or not, and
-	// an unparsable one leaves the pod charged as it was admitted.
-	if n, err := strconv.Atoi(strings.TrimSpace(p.Annotations[api.AnnotationMinMember])); err == nil && n > 0 && pi.group != "" {
-		pi.minMember = n
-	}
+	pi.Gang = s.admittedGang(p)
 	return s.admittedPreemptible(p, pi), true, nil
+}
+
+// admittedGang is the gang of a pod the coordinator admitted, read from
+// what cannot change under it, else from what its binding recorded:
+//   - A pod in a PodGroup (spec.schedulingGroup) is a member of its gang
+//     when the group has the gang policy (the pod's field cannot change,
+//     nor can the group's policy); else a pod on its own, whatever its
+//     labels say. Read once and kept with the parse: a group deleted later
+//     leaves its bound members counted as they were bound.
+//   - Otherwise the gang its binding recorded (gpufrac.io/admitted-gang): a
+//     label changed since counts for nothing. A pod bound by a coordinator
+//     that did not record it is read as it says now (label, else the
+//     owning Job).
+//
+// The gang's size counts its bound members for the rollback of a gang
+// bound in part (checkGangBinds). Read leniently: a value edited after
+// admission can only make the author's own gang roll back or not, and an
+// unparsable one leaves the pod charged as it was admitted.
+func (s *Scheduler) admittedGang(p *corev1.Pod) *podrequest.Gang {
+	if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
+		if s.deps.PodGroups == nil {
+			return nil
+		}
+		pg, ok := s.deps.PodGroups(p.Namespace, *sg.PodGroupName)
+		if !ok || pg.Spec.SchedulingPolicy.Gang == nil {
+			return nil
+		}
+		return &podrequest.Gang{Namespace: p.Namespace, Name: podrequest.PodGroupGangPrefix + *sg.PodGroupName,
+			MinMember: max(pg.Spec.SchedulingPolicy.Gang.MinCount, 1), PodGroup: *sg.PodGroupName}
+	}
+	name, recorded := p.Annotations[api.AnnotationAdmittedGang]
+	if !recorded {
+		name = p.Labels[api.LabelPodGroup]
+		if ref := metav1.GetControllerOf(p); name == "" && ref != nil && ref.Kind == "Job" {
+			name = ref.Name
+		}
+	}
+	if name == "" {
+		return nil
+	}
+	g := &podrequest.Gang{Namespace: p.Namespace, Name: name}
+	if n, err := strconv.Atoi(strings.TrimSpace(p.Annotations[api.AnnotationMinMember])); err == nil && n > 0 {
+		g.MinMember = int32(min(n, math.MaxInt32))
+	}
+	return g
 }
 
 // admittedPreemptible sets pi's non-preemptible bit as the coordinator
@@ -126,14 +142,14 @@ func (s *Scheduler) parseAdmittedAfresh(v *draCycle, p *corev1.Pod, readClaims *
 func (s *Scheduler) admittedPreemptible(p *corev1.Pod, pi podInfo) podInfo {
 	switch p.Annotations[api.AnnotationAdmittedPreemptible] {
 	case "true":
-		pi.nonPreemptible = false
+		pi.NonPreemptible = false
 	case "false":
-		pi.nonPreemptible = true
+		pi.NonPreemptible = true
 	default:
 		// Bound by a coordinator that did not record it: the pod as it is
 		// now (its priority is in pi already; an unparsable annotation
 		// protects nothing).
-		pi.nonPreemptible = pi.nonPreemptible || strings.EqualFold(strings.TrimSpace(p.Annotations[api.AnnotationPreemptible]), "false")
+		pi.NonPreemptible = pi.NonPreemptible || strings.EqualFold(strings.TrimSpace(p.Annotations[api.AnnotationPreemptible]), "false")
 	}
 	return pi
 }
@@ -267,25 +283,10 @@ func (s *Scheduler) parseAsIs(v *draCycle, p *corev1.Pod, jobs func(namespace, n
 	if err != nil {
 		return podInfo{pod: p}, err
 	}
-	pi := podInfo{
-		pod:            p,
-		req:            r.Request,
-		queue:          r.Queue,
-		nonPreemptible: r.NonPreemptible,
-		priority:       r.Priority,
-		res:            r.QueueResources(),
-		claims:         r.Claims,
-		claimsGPU:      r.ClaimsGPU,
-	}
+	pi := podInfo{pod: p, Parsed: r, res: r.QueueResources()}
 	if r.ClaimsGPU {
 		// GPUs asked through claims are served only by nodes in mode dra.
-		pi.req = *withOnlyNodes(&pi.req, s.draNodes)
-	}
-	if r.Gang != nil {
-		pi.group, pi.minMember = r.Gang.Name, int(r.Gang.MinMember)
-		if r.Gang.Missing {
-			pi.missingGroup = r.Gang.PodGroup
-		}
+		pi.Request = *withOnlyNodes(&pi.Request, s.draNodes)
 	}
 	return pi, nil
 }

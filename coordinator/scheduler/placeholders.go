@@ -45,13 +45,13 @@ func (s *Scheduler) items(w *workload, snap *state.Snapshot, existing []*corev1.
 	out := make([]placeholder.Item, 0, len(w.pods))
 	for _, p := range w.pods {
 		it := placeholder.Item{
-			Workload: w.key, Pod: p.pod, GPUs: p.req.GPUs, FractionPercent: p.req.ShareMilli / 10,
-			CPUMilli: p.req.CPUMilli, MemoryBytes: p.req.MemoryBytes, Models: p.req.Models, Pool: pool,
-			Gang: w.gang, DRA: p.claimsGPU, Topology: kc.volumeTopology(p.pod),
+			Workload: w.key, Pod: p.pod, GPUs: p.Request.GPUs, FractionPercent: p.Request.ShareMilli / 10,
+			CPUMilli: p.Request.CPUMilli, MemoryBytes: p.Request.MemoryBytes, Models: p.Request.Models, Pool: pool,
+			Gang: w.gang, DRA: p.ClaimsGPU, Topology: kc.volumeTopology(p.pod),
 		}
-		if len(p.req.Scalars) > 0 {
+		if len(p.Request.Scalars) > 0 {
 			// A MIG or replica pod's queue charge is its scalars' worth.
-			it.Scalars, it.ScalarMilli = p.req.Scalars, p.res.GPUMilli
+			it.Scalars, it.ScalarMilli = p.Request.Scalars, p.res.GPUMilli
 		}
 		out = append(out, it)
 	}
@@ -101,11 +101,11 @@ func (s *Scheduler) gangPool(w *workload, snap *state.Snapshot, existing []*core
 	// could never buy its GPUs.
 	asksGPUs := false
 	for _, p := range w.pods {
-		asksGPUs = asksGPUs || p.req.GPUs > 0 || p.req.ShareMilli > 0 || len(p.req.Scalars) > 0
+		asksGPUs = asksGPUs || p.Request.GPUs > 0 || p.Request.ShareMilli > 0 || len(p.Request.Scalars) > 0
 	}
 	if asksGPUs {
 		gpuPools := map[string]bool{}
-		r := &w.pods[0].req
+		r := &w.pods[0].Request
 		for i := 0; i < snap.Len(); i++ {
 			if snap.NodeGPUs(i) > 0 && snap.Allows(r, i) {
 				gpuPools[snap.NodePool(i)] = true

@@ -69,7 +69,7 @@ func (ps plans) keep(snap *state.Snapshot, w *workload) []placement.Decision {
 		}
 		d := pl.Decision
 		idx, ok := snap.Index(d.Node)
-		if !ok || (p.req.ShareMilli > 0 && snap.NoFraction[d.Node]) || !snap.Allows(&p.req, idx) {
+		if !ok || (p.Request.ShareMilli > 0 && snap.NoFraction[d.Node]) || !snap.Allows(&p.Request, idx) {
 			return nil
 		}
 		d.NodeIndex = idx
@@ -81,7 +81,7 @@ func (ps plans) keep(snap *state.Snapshot, w *workload) []placement.Decision {
 				}
 			}
 		}
-		if p.req.ShareMilli > 0 && len(d.GPUs) == 1 {
+		if p.Request.ShareMilli > 0 && len(d.GPUs) == 1 {
 			r := snap.Reservations[state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}]
 			if (r == nil && pl.seen) || (r != nil && (r.Orphaned != "" || r.TakenBy != nil || r.Pod != nil && (r.Pod.DeletionTimestamp != nil || r.Pod.Status.Phase == corev1.PodFailed))) {
 				return nil // the reservation is gone or going: place again
@@ -91,7 +91,7 @@ func (ps plans) keep(snap *state.Snapshot, w *workload) []placement.Decision {
 	}
 	cp := snap.Checkpoint()
 	for i := range w.pods {
-		if err := snap.Assume(&w.pods[i].req, ds[i]); err != nil {
+		if err := snap.Assume(&w.pods[i].Request, ds[i]); err != nil {
 			_ = snap.Rollback(cp)
 			return nil
 		}
@@ -108,7 +108,7 @@ func (ps plans) keep(snap *state.Snapshot, w *workload) []placement.Decision {
 func (ps plans) record(previous plans, w *workload, ds []placement.Decision, snap *state.Snapshot, now time.Time) {
 	for i, p := range w.pods {
 		seen := true
-		if p.req.ShareMilli > 0 && len(ds[i].GPUs) == 1 {
+		if p.Request.ShareMilli > 0 && len(ds[i].GPUs) == 1 {
 			r := snap.Reservations[state.NodeGPU{Node: ds[i].Node, GPU: ds[i].GPUs[0]}]
 			seen = r != nil && r.Pod != nil
 		}
@@ -175,7 +175,7 @@ func (s *Scheduler) markWaiting(ctx context.Context, w *workload, msg string, ps
 func (s *Scheduler) reservationsLate(w *workload, ps plans, snap *state.Snapshot, now time.Time) bool {
 	for _, p := range w.pods {
 		d := ps[p.pod.UID].Decision
-		if p.req.ShareMilli == 0 || len(d.GPUs) != 1 {
+		if p.Request.ShareMilli == 0 || len(d.GPUs) != 1 {
 			continue
 		}
 		r := snap.Reservations[state.NodeGPU{Node: d.Node, GPU: d.GPUs[0]}]

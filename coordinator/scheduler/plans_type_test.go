@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -19,7 +20,7 @@ import (
 // the same node and GPU keeps the time its pod began to wait.
 func TestPlans(t *testing.T) {
 	now := time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC)
-	frac := podInfo{pod: fracPod("f", "q", 30), req: placement.Request{CPUMilli: 1000, ShareMilli: 300}}
+	frac := podInfo{pod: fracPod("f", "q", 30), Parsed: podrequest.Parsed{Request: placement.Request{CPUMilli: 1000, ShareMilli: 300}}}
 	w := &workload{pods: []podInfo{frac}}
 	onGPU0 := placement.Decision{Node: "n1", GPUs: []string{"GPU-n1-0"}, GPUIndices: []int{0}, MilliPerGPU: 300}
 	reservationOf := func(edit func(p *corev1.Pod)) *corev1.Pod {

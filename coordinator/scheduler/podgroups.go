@@ -54,7 +54,7 @@ func podGroupOf(w *workload) string {
 	if !w.gang || len(w.pods) == 0 {
 		return ""
 	}
-	name, ok := strings.CutPrefix(w.pods[0].group, podrequest.PodGroupGangPrefix)
+	name, ok := strings.CutPrefix(w.pods[0].GangName(), podrequest.PodGroupGangPrefix)
 	if !ok {
 		return ""
 	}

@@ -130,26 +130,26 @@ func (sc *reclaimScope) index(s *Scheduler, b *books) {
 		// A pod is non-preemptible only inside its queue's namespaces:
 		// gpufrac.io/preemptible "false" protects nothing in a namespace
 		// the queue no longer lets in.
-		np := pi.nonPreemptible && b.allows(pi.queue, p.Namespace)
+		np := pi.NonPreemptible && b.allows(pi.Queue, p.Namespace)
 		// A workload is one queue's: pods of another queue that carry the
 		// same pod group name (tenant input) are that queue's own workload,
 		// never part of this one.
-		key := pi.queue + ":" + p.Namespace + "/" + p.Name
-		if pi.group != "" {
+		key := pi.Queue + ":" + p.Namespace + "/" + p.Name
+		if pi.GangName() != "" {
 			// A gang's pods were admitted as one, so they share how; pods
 			// relabelled into a gang after admission do not join its
 			// protection.
-			key = pi.queue + ":" + p.Namespace + "/" + pi.group + "/preemptible=" + strconv.FormatBool(!np)
+			key = pi.Queue + ":" + p.Namespace + "/" + pi.GangName() + "/preemptible=" + strconv.FormatBool(!np)
 		}
 		g := sc.groups[key]
 		if g == nil {
-			g = &victimGroup{w: queue.Workload{Queue: pi.queue, Key: key, Priority: pi.priority, Preemptible: true, CreationUnixNano: p.CreationTimestamp.UnixNano()}}
+			g = &victimGroup{w: queue.Workload{Queue: pi.Queue, Key: key, Priority: pi.Priority, Preemptible: true, CreationUnixNano: p.CreationTimestamp.UnixNano()}}
 			sc.groups[key] = g
 			sc.order = append(sc.order, key)
 		}
 		g.w.Resources = g.w.Resources.Add(pi.res)
 		g.w.Preemptible = g.w.Preemptible && !np
-		g.w.Priority = min(g.w.Priority, pi.priority)
+		g.w.Priority = min(g.w.Priority, pi.Priority)
 		g.w.CreationUnixNano = min(g.w.CreationUnixNano, p.CreationTimestamp.UnixNano())
 		g.pods = append(g.pods, p)
 	}

@@ -887,7 +887,7 @@ func (s *Scheduler) placePreferring(v *draCycle, snap *state.Snapshot, w *worklo
 		pinned := *w
 		pinned.pods = make([]podInfo, len(w.pods))
 		for i, p := range w.pods {
-			p.req = *withOnlyNodes(&p.req, prefer)
+			p.Request = *withOnlyNodes(&p.Request, prefer)
 			pinned.pods[i] = p
 		}
 		if ds, err := s.place(v, snap, &pinned, kc); err == nil {
@@ -932,7 +932,7 @@ func (s *Scheduler) place(v *draCycle, snap *state.Snapshot, w *workload, kc *ku
 func (s *Scheduler) placeAll(v *draCycle, snap *state.Snapshot, w *workload, pool string, kc *kubeChecks) ([]placement.Decision, error) {
 	ds := make([]placement.Decision, 0, len(w.pods))
 	for i := range w.pods {
-		r := w.pods[i].req
+		r := w.pods[i].Request
 		if w.gang {
 			r = placement.InPool(r, pool)
 		}
@@ -992,7 +992,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 	s.mu.Lock()
 	for i, d := range ds {
 		gpu := ""
-		if w.pods[i].req.ShareMilli > 0 && len(d.GPUs) == 1 {
+		if w.pods[i].Request.ShareMilli > 0 && len(d.GPUs) == 1 {
 			gpu = d.GPUs[0]
 		}
 		s.assumed[w.pods[i].pod.UID] = assumedPod{Assumed: state.Assumed{Node: d.Node, GPU: gpu}, since: now}
@@ -1002,10 +1002,10 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 	for i, d := range ds {
 		p := w.pods[i]
 		ann := map[string]string{}
-		if p.req.ShareMilli > 0 && len(d.GPUs) == 1 {
+		if p.Request.ShareMilli > 0 && len(d.GPUs) == 1 {
 			ann[api.AnnotationGPU] = d.GPUs[0]
 		}
-		if p.nonPreemptible {
+		if p.NonPreemptible {
 			// Karpenter must not disrupt the node of non-preemptible work.
 			ann[api.AnnotationDoNotDisrupt] = "true"
 		}
@@ -1016,7 +1016,7 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		// gpufrac.io/preemptible says later. A gang is admitted as one.
 		ann[api.AnnotationAdmittedQueue] = w.queue
 		ann[api.AnnotationAdmittedPreemptible] = strconv.FormatBool(!w.nonPreemptible)
-		ann[api.AnnotationAdmittedGang] = p.group
+		ann[api.AnnotationAdmittedGang] = p.GangName()
 		if ref := metav1.GetControllerOf(p.pod); ref != nil && w.kueue {
 			// The Kueue Workload's slot it takes (holdForKueue checked it).
 			ann[api.AnnotationAdmittedOwner] = string(ref.UID)
@@ -1069,7 +1069,7 @@ func (s *Scheduler) reserve(ctx context.Context, w *workload, ds []placement.Dec
 	}
 	var waiting []string
 	for i, d := range ds {
-		if w.pods[i].req.ShareMilli == 0 || len(d.GPUs) != 1 || snap.DRANodes[d.Node] {
+		if w.pods[i].Request.ShareMilli == 0 || len(d.GPUs) != 1 || snap.DRANodes[d.Node] {
 			// Nodes in mode dra need no reservation: a GPU shared by
 			// claims consumes its counters, which keep whole-GPU claims off.
 			continue
@@ -1129,8 +1129,8 @@ func (s *Scheduler) dropOversizedGangs(snap *state.Snapshot, ws []*workload, inv
 	for _, w := range ws {
 		need, shares := 0, 0
 		for _, p := range w.pods {
-			need += p.req.GPUs
-			shares += p.req.ShareMilli
+			need += p.Request.GPUs
+			shares += p.Request.ShareMilli
 		}
 		need += (shares + placement.MilliPerGPU - 1) / placement.MilliPerGPU
 		if w.gang && w.incomplete == "" && largest < 0 {

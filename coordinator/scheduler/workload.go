@@ -9,30 +9,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
 
-// podInfo is one pending pod, parsed.
+// podInfo is one pod, parsed: what it asks, its queue, gang and priority
+// (podrequest.Parsed, kept per pod object by the parse cache), and what a
+// cycle adds.
 type podInfo struct {
-	pod       *corev1.Pod
-	req       placement.Request
-	queue     string
-	group     string // "" for a single pod
-	minMember int
-	// missingGroup names the PodGroup the pod is in when it does not exist
-	// (yet): its gang waits for it.
-	missingGroup   string
-	nonPreemptible bool
-	priority       int32
-	res            queue.Resources
-	// claims are the pod's resource claims (podrequest.Parsed.Claims);
-	// claimsGPU says its GPUs come through them.
-	claims    []*resourceapi.ResourceClaim
-	claimsGPU bool
+	pod *corev1.Pod
+	podrequest.Parsed
+	// res is the pod's charge to its queue (Parsed.QueueResources), taken
+	// when it was parsed: the cycle may narrow the placement request after
+	// (a GPU its claim holds already is not asked again), not the charge.
+	res queue.Resources
 	// extended is the pod's extended-resource claim an earlier attempt
 	// made and did not see through (Scheduler.extendedClaimOf), pending
 	// pods only.
@@ -62,7 +54,7 @@ type workload struct {
 // claimsGPU tells whether a pod of w gets its GPUs through claims.
 func (w *workload) claimsGPU() bool {
 	for _, p := range w.pods {
-		if p.claimsGPU {
+		if p.ClaimsGPU {
 			return true
 		}
 	}
@@ -107,14 +99,14 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 			continue // the Job or a claim is not in the cache yet: try again next cycle
 		}
 		if err == nil {
-			err = b.validQueue(pi.queue, p.Namespace)
+			err = b.validQueue(pi.Queue, p.Namespace)
 		}
 		if err != nil {
 			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})
 			continue
 		}
-		claims := pi.claims
-		if !pi.claimsGPU && (pi.req.GPUs > 0 || pi.req.ShareMilli > 0) {
+		claims := pi.Claims
+		if !pi.ClaimsGPU && (pi.Request.GPUs > 0 || pi.Request.ShareMilli > 0) {
 			own, forged, why := v.extendedClaimOf(p)
 			if forged != nil {
 				invalid = append(invalid, invalidPod{pod: p, message: forgedClaimMessage(forged, why)})
@@ -124,27 +116,27 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 				claims = []*resourceapi.ResourceClaim{pi.extended}
 			}
 		}
-		if node := allocatedGPUClaimNode(claims); (pi.claimsGPU || pi.extended != nil) && node != "" {
+		if node := allocatedGPUClaimNode(claims); (pi.ClaimsGPU || pi.extended != nil) && node != "" {
 			// Its GPU is held already, on that node: place it there and
 			// take nothing more (the snapshot charges the claim).
-			r := withOnlyNodes(&pi.req, map[string]bool{node: true})
+			r := withOnlyNodes(&pi.Request, map[string]bool{node: true})
 			r.GPUs, r.ShareMilli = 0, 0
-			pi.req = *r
+			pi.Request = *r
 		}
 		key := p.Namespace + "/" + p.Name
-		if pi.group != "" {
-			key = p.Namespace + "/" + pi.group
+		if pi.GangName() != "" {
+			key = p.Namespace + "/" + pi.GangName()
 		}
 		w := byKey[key]
 		if w == nil {
-			w = &workload{key: key, queue: pi.queue, gang: pi.group != "", priority: pi.priority, created: p.CreationTimestamp.Time}
+			w = &workload{key: key, queue: pi.Queue, gang: pi.GangName() != "", priority: pi.Priority, created: p.CreationTimestamp.Time}
 			byKey[key] = w
 			order = append(order, key)
 		}
 		w.pods = append(w.pods, pi)
-		w.nonPreemptible = w.nonPreemptible || pi.nonPreemptible
-		if pi.priority > w.priority {
-			w.priority = pi.priority
+		w.nonPreemptible = w.nonPreemptible || pi.NonPreemptible
+		if pi.Priority > w.priority {
+			w.priority = pi.Priority
 		}
 		if p.CreationTimestamp.Time.Before(w.created) {
 			w.created = p.CreationTimestamp.Time
@@ -159,12 +151,12 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 			w.pool, w.pinned = placed.pool[id]
 			min := 0
 			for _, p := range w.pods {
-				if p.minMember > min {
-					min = p.minMember
+				if p.GangMinMember() > min {
+					min = p.GangMinMember()
 				}
-				if p.queue != w.queue {
+				if p.Queue != w.queue {
 					for _, q := range w.pods {
-						invalid = append(invalid, invalidPod{pod: q.pod, message: fmt.Sprintf("gang %s mixes queues %s and %s: all members must use one queue", key, w.queue, p.queue)})
+						invalid = append(invalid, invalidPod{pod: q.pod, message: fmt.Sprintf("gang %s mixes queues %s and %s: all members must use one queue", key, w.queue, p.Queue)})
 					}
 					w = nil
 					break
@@ -173,7 +165,7 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 			if w == nil {
 				continue
 			}
-			if missing := w.pods[0].missingGroup; missing != "" {
+			if missing := w.pods[0].MissingPodGroup(); missing != "" {
 				w.incomplete = fmt.Sprintf("waiting for PodGroup %s/%s, which does not exist yet: its gang policy says how many pods start together", w.pods[0].pod.Namespace, missing)
 			} else if have := len(w.pods) + placed.bound[id]; have < min {
 				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), placed.bound[id])
@@ -206,16 +198,16 @@ func newGangsPlaced() *gangsPlaced {
 // parsed as pi (for a bound pod, as its binding recorded: pods the
 // coordinator did not bind are no gang's members).
 func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node string, inflight, terminal bool) {
-	if pi.group == "" {
+	if pi.GangName() == "" {
 		return
 	}
-	key := gangID(pi.queue, p.Namespace+"/"+pi.group)
+	key := gangID(pi.Queue, p.Namespace+"/"+pi.GangName())
 	c := g.census[key]
 	if c == nil {
-		c = &gangCensus{name: p.Namespace + "/" + pi.group}
+		c = &gangCensus{name: p.Namespace + "/" + pi.GangName()}
 		g.census[key] = c
 	}
-	c.min = max(c.min, pi.minMember)
+	c.min = max(c.min, pi.GangMinMember())
 	if terminal {
 		// A member that ended after it ran (succeeded, or failed in its
 		// work) counts as having run: its gang was whole. One that never

@@ -668,7 +668,7 @@ func (c *Cache) chargeOff(name string, n *corev1.Node, pods []slotPod, in *Input
 		switch {
 		case sp.f.reservation:
 			trackOffNode(rs, sp.p, name, n, in.Now, in.Drifted[name])
-		case sp.f.d.FractionPercent > 0 && (sp.p.Spec.NodeName != "" || sp.assumedGPU != ""):
+		case sp.f.d.Fraction > 0 && (sp.p.Spec.NodeName != "" || sp.assumedGPU != ""):
 			offFracs[NodeGPU{name, cmp.Or(sp.assumedGPU, sp.f.fractionGPU())}]++
 		}
 	}

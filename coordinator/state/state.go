@@ -115,7 +115,7 @@ func podHeaderOf(p *corev1.Pod) podHeader {
 
 // podFacts are what Build reads of a bound (or assumed) pod.
 type podFacts struct {
-	d PodDemand
+	d request.Demand
 	// reservation: a gpufrac reservation pod (IsReservation).
 	reservation bool
 	// planned, allocated and reserved are the annotations gpufrac.io/gpu,
@@ -127,13 +127,13 @@ type podFacts struct {
 
 func podFactsOf(p *corev1.Pod, timeslice string) podFacts {
 	f := podFacts{
-		d:           DemandOf(p, timeslice),
+		d:           request.Parse(p, request.Options{TimesliceResource: timeslice}).Demand(),
 		reservation: predicates.IsReservation(p),
 		planned:     p.Annotations[api.AnnotationGPU],
 		allocated:   p.Annotations[api.AnnotationAllocatedGPU],
 		reserved:    p.Annotations[api.AnnotationReservedGPU],
 	}
-	if f.d.WholeGPUs > 0 && f.allocated != "" {
+	if f.d.Whole > 0 && f.allocated != "" {
 		f.allocatedList = strings.Split(f.allocated, ",")
 	}
 	return f
@@ -406,34 +406,6 @@ func placedTaints(n *corev1.Node, now time.Time) []corev1.Taint {
 	return slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(t corev1.Taint) bool { return t.Key == api.TaintDraining })
 }
 
-// PodDemand is what one pod takes on its node.
-type PodDemand struct {
-	CPUMilli, MemoryBytes int64
-	// WholeGPUs is the count of nvidia.com/gpu.
-	WholeGPUs int
-	// FractionPercent is the gpufrac.io/gpu-fraction request (0..100).
-	FractionPercent int
-	// Scalars are the MIG device and time-sliced replica requests by
-	// resource name (nil when none).
-	Scalars map[string]int64
-}
-
-// Demand is what a pod takes, read by the request model (api/request):
-// effective amounts as Kubernetes counts them (app containers and sidecars
-// added, regular init containers as a maximum, pod overhead). Replicas
-// count under api.DefaultTimesliceResource; DemandOf takes another name.
-func Demand(p *corev1.Pod) PodDemand { return DemandOf(p, "") }
-
-// DemandOf is Demand with the time-sliced replica resource named
-// (timeslice; "" means api.DefaultTimesliceResource).
-func DemandOf(p *corev1.Pod, timeslice string) PodDemand {
-	r := request.Parse(p, request.Options{TimesliceResource: timeslice})
-	return PodDemand{
-		CPUMilli: r.CPUMilli, MemoryBytes: r.MemoryBytes,
-		WholeGPUs: r.Whole(), FractionPercent: r.Fraction(), Scalars: r.Scalars(),
-	}
-}
-
 // fraction is one fraction pod on a node: the GPU the coordinator planned
 // (gpufrac.io/gpu) and the GPU gpufrac-node gave (gpufrac.io/allocated-gpu,
 // "" until admitted).
@@ -542,7 +514,7 @@ func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGP
 	acc.node.UsedMemoryBytes += d.MemoryBytes
 	// A pod with resource claims may hold a device of the node through
 	// DRA, which the request model does not count: taken as GPU work.
-	if d.FractionPercent > 0 || (d.WholeGPUs > 0 && !f.reservation) || len(d.Scalars) > 0 || len(p.Spec.ResourceClaims) > 0 {
+	if d.Fraction > 0 || (d.Whole > 0 && !f.reservation) || len(d.Scalars) > 0 || len(p.Spec.ResourceClaims) > 0 {
 		acc.gpuWork = true
 	}
 	for name, k := range d.Scalars {
@@ -555,13 +527,13 @@ func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGP
 		return // GPUs there are charged from claims (DRAUsage)
 	}
 	switch {
-	case d.FractionPercent > 0:
+	case d.Fraction > 0:
 		planned := f.planned
 		if planned == "" {
 			planned = sp.assumedGPU
 		}
-		acc.fracs = append(acc.fracs, fraction{pct: d.FractionPercent, planned: planned, actual: f.allocated, pod: p})
-	case d.WholeGPUs > 0:
+		acc.fracs = append(acc.fracs, fraction{pct: d.Fraction, planned: planned, actual: f.allocated, pod: p})
+	case d.Whole > 0:
 		if f.reservation {
 			g := f.reservedGPU()
 			key := NodeGPU{nodeName, g}
@@ -580,14 +552,14 @@ func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGP
 			acc.reserve(reservations, key, p, orphaned)
 			return
 		}
-		if d.WholeGPUs <= placement.MaxKindGPUs {
-			acc.node.Kinds[d.WholeGPUs]++
+		if d.Whole <= placement.MaxKindGPUs {
+			acc.node.Kinds[d.Whole]++
 		}
 		// The GPUs gpufrac-node gave the pod, once written back; the rest
 		// (not admitted yet) take clean GPUs in settle.
 		known := 0
 		for _, g := range f.allocatedList {
-			if i, ok := acc.gpuIndex[g]; ok && known < d.WholeGPUs {
+			if i, ok := acc.gpuIndex[g]; ok && known < d.Whole {
 				acc.node.GPUs[i].FreeMilli = 0
 				acc.hold(g)
 				if acc.exclusive == nil {
@@ -597,7 +569,7 @@ func (acc *nodeAcc) charge(nodeName string, sp *slotPod, reservations map[NodeGP
 				known++
 			}
 		}
-		acc.whole += d.WholeGPUs - known
+		acc.whole += d.Whole - known
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufrac/gpufrac/api"
+	"github.com/gpufrac/gpufrac/api/request"
 	"github.com/gpufrac/gpufrac/coordinator/dra"
 	"github.com/gpufrac/gpufrac/coordinator/placement"
 	"github.com/gpufrac/gpufrac/coordinator/predicates"
@@ -331,7 +332,7 @@ func TestBuildScalars(t *testing.T) {
 	}
 }
 
-func TestDemandOfScalars(t *testing.T) {
+func TestPodFactsScalars(t *testing.T) {
 	p := pod("p").scalar(mig1g, 2).scalar(shared, 1).initScalar(mig1g, 3).p
 	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "second", Resources: corev1.ResourceRequirements{
 		Limits: corev1.ResourceList{mig1g: resource.MustParse("2"), "nvidia.com/mig-3g.40gb": resource.MustParse("1")},
@@ -345,7 +346,7 @@ func TestDemandOfScalars(t *testing.T) {
 		{name: "renamed replica resource: the default name is not a scalar", timeslice: "example.com/slice", want: map[string]int64{mig1g: 4, "nvidia.com/mig-3g.40gb": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, DemandOf(p, tc.timeslice).Scalars); diff != "" {
+			if diff := cmp.Diff(tc.want, podFactsOf(p, tc.timeslice).d.Scalars); diff != "" {
 				t.Errorf("scalars (-want +got):\n%s", diff)
 			}
 		})
@@ -550,8 +551,8 @@ func TestDemandFollowsTheRequestModel(t *testing.T) {
 		SidecarContainer("proxy").GPUs(1).CPU("500m").
 		InitContainer("setup").GPUs(3).CPU("2").
 		Overhead(corev1.ResourceCPU, "100m").Obj()
-	want := PodDemand{CPUMilli: 2600, WholeGPUs: 4}
-	if diff := cmp.Diff(want, Demand(p)); diff != "" {
+	want := request.Demand{CPUMilli: 2600, Whole: 4}
+	if diff := cmp.Diff(want, podFactsOf(p, "").d); diff != "" {
 		t.Errorf("Demand (-want +got):\n%s", diff)
 	}
 }
