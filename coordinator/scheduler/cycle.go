@@ -98,6 +98,11 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 // runCycle runs one cycle and returns it.
 func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 	start := s.clock.Now()
+	verbose := klog.FromContext(ctx).V(2).Enabled()
+	var cpu0 cpuUse
+	if verbose {
+		cpu0 = readCPUUse()
+	}
 	c := &cycle{
 		s: s, ctx: ctx, logger: klog.FromContext(ctx), start: start,
 		res:    Result{Pending: map[string]int{}},
@@ -122,7 +127,11 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 	c.stages.done("reservations")
 	c.report()
 	c.stages.done("report")
-	c.logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(c.pending), "bound", c.res.Bound, "waiting", c.res.Pending, "duration", s.clock.Since(start)}, c.stages.kv...)...)
+	if verbose {
+		cpu := readCPUUse().since(cpu0)
+		c.logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(c.pending), "bound", c.res.Bound, "waiting", c.res.Pending,
+			"duration", s.clock.Since(start), "processCPU", cpu.process, "gcCPU", cpu.gc}, c.stages.kv...)...)
+	}
 	return c, nil
 }
 
