@@ -290,7 +290,11 @@ func (p *Placer) prepare(s *Snapshot) {
 	p.cacheSrc = s.src
 	p.classes = map[reqKey]int32{}
 	p.cache = p.cache[:0]
-	p.costCache = make([]costEntry, len(s.nodes))
+	if len(p.costCache) == len(s.nodes) {
+		clear(p.costCache) // gens start at 1: a zero entry holds nothing
+	} else {
+		p.costCache = make([]costEntry, len(s.nodes))
+	}
 	if c, ok := p.policy.(compiler); ok {
 		c.compile(s)
 	}
@@ -314,6 +318,16 @@ func (p *Placer) cacheRow(s *Snapshot, q *req) []cacheEntry {
 		p.cache = p.cache[:0]
 	}
 	p.classes[key] = int32(len(p.cache))
+	// A row of an earlier snapshot or class is cleared and used again:
+	// the rows were a busy cycle's largest allocation after the snapshot.
+	// Rows are used within one Place call, which asks for one row.
+	if n := len(p.cache); n < cap(p.cache) {
+		if row := p.cache[:n+1][n]; len(row) == len(s.nodes) {
+			clear(row)
+			p.cache = p.cache[:n+1]
+			return row
+		}
+	}
 	p.cache = append(p.cache, make([]cacheEntry, len(s.nodes)))
 	return p.cache[len(p.cache)-1]
 }

@@ -337,6 +337,18 @@ func TestCachedScoresMatchFreshPlacer(t *testing.T) {
 						t.Fatal(err)
 					}
 					cp, live = nil, liveAtCheckpoint
+				case cp == nil && step%50 == 25:
+					// A snapshot of another family, the same nodes and
+					// placements: the long-lived Placer's rows are cleared
+					// and used again (its generations start over).
+					again, err := NewSnapshot(nodes)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, a := range live {
+						mustAssume(t, again, &a.r, a.d)
+					}
+					s = again
 				case step == 300:
 					if cp != nil {
 						if err := s.Commit(*cp); err != nil {

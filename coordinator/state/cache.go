@@ -45,6 +45,9 @@ type Cache struct {
 	snaps     uint64 // snapshots made
 	poolLabel string // what the kept parts were made with
 	scratch   []slotPod
+	// reservations is how many reservations the last snapshot held: the
+	// next one's map is made that large, not grown entry by entry.
+	reservations int
 	// taken counts the nodes' parts taken as they were, charged those
 	// charged pod by pod (both over all snapshots); reused the snapshots
 	// handed out again (a copy of last).
@@ -358,7 +361,7 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 	}
 	c.snaps++
 	b := &build{c: c, in: in, gone: gone, steady: gone == nil && plain(in) && !c.oneShot,
-		out: &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: map[NodeGPU]*Reservation{},
+		out: &Snapshot{NoFraction: map[string]bool{}, DRANodes: map[string]bool{}, Reservations: make(map[NodeGPU]*Reservation, c.reservations),
 			ScalarMilli: map[string]int64{}, Models: []string{}}, // Models not nil: told, even when no node names a model
 		offAssumed: map[string][]slotPod{}, offFracs: map[NodeGPU]int{}}
 	b.sortNodes()
@@ -375,6 +378,7 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
 	}
 	b.out.Snapshot = snap
+	c.reservations = len(b.out.Reservations)
 	if b.steady {
 		c.last, c.lastKey, c.lastUsage = b.out.copy(), key, in.DRAUsage
 	}

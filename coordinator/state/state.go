@@ -681,11 +681,31 @@ func sortBusiestFirst(nodes []placement.Node) {
 		}
 		return strings.Compare(nodes[a].Name, nodes[b].Name)
 	})
-	sorted := make([]placement.Node, len(nodes))
-	for i, j := range order {
-		sorted[i] = nodes[j]
+	permute(nodes, order)
+}
+
+// permute puts nodes in order (nodes[i] becomes the old nodes[order[i]])
+// in place, one cycle of the permutation at a time: a copy of every node
+// was the largest allocation of a busy cycle at 5,000 nodes. It leaves
+// order as the identity.
+func permute(nodes []placement.Node, order []int) {
+	for i := range order {
+		if order[i] == i {
+			continue
+		}
+		held := nodes[i]
+		j := i
+		for {
+			k := order[j]
+			order[j] = j
+			if k == i {
+				nodes[j] = held
+				break
+			}
+			nodes[j] = nodes[k]
+			j = k
+		}
 	}
-	copy(nodes, sorted)
 }
 
 // chargeFractions charges a node's fraction pods to their GPUs. gpufrac-node
