@@ -26,7 +26,7 @@ type scalarAsk struct {
 
 // initScalars interns the nodes' scalar resource names and copies their free
 // units.
-func (s *Snapshot) initScalars(nodes []Node) error {
+func (s *Snapshot) initScalars(nodes []*Node) error {
 	seen := map[string]bool{}
 	for i := range nodes {
 		for name, n := range nodes[i].Scalars {

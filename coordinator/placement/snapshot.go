@@ -105,6 +105,18 @@ type Snapshot struct {
 // descriptive fields (labels, taints, GPU IDs); the caller must not change
 // them afterwards.
 func NewSnapshot(nodes []Node) (*Snapshot, error) {
+	ptrs := make([]*Node, len(nodes))
+	for i := range nodes {
+		ptrs[i] = &nodes[i]
+	}
+	return NewSnapshotOf(ptrs)
+}
+
+// NewSnapshotOf is NewSnapshot over pointers to the nodes, which it keeps:
+// the caller must not change the Nodes afterwards. A caller that keeps its
+// Nodes between snapshots (the coordinator's state cache) hands them over
+// without copying them.
+func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 	s := &Snapshot{
 		nodes:  make([]nodeState, len(nodes)),
 		meta:   make([]*Node, len(nodes)),
@@ -130,7 +142,7 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 		}
 	}
 	for i := range nodes {
-		n := &nodes[i]
+		n := nodes[i]
 		if n.Name == "" {
 			return nil, fmt.Errorf("building snapshot: node %d has no name", i)
 		}

@@ -373,7 +373,7 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 	nodes := b.chargePlaced()
 	b.settleReservations()
 	sortBusiestFirst(nodes)
-	snap, err := placement.NewSnapshot(nodes)
+	snap, err := placement.NewSnapshotOf(nodes)
 	if err != nil {
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
 	}
@@ -562,13 +562,14 @@ func (b *build) chargeLeftOut() {
 	}
 }
 
-// chargePlaced returns the placed nodes as placement sees them: each
+// chargePlaced returns the placed nodes as placement sees them, the parts'
+// own (a part is not changed after it is made; snapshots share it): each
 // node's part as it was when neither the node, its pods nor anything else
 // in the inputs moved it, else charged again; it adds their reservations
 // and capacity to the snapshot.
-func (b *build) chargePlaced() []placement.Node {
+func (b *build) chargePlaced() []*placement.Node {
 	c, out := b.c, b.out
-	nodes := make([]placement.Node, 0, len(b.placed))
+	nodes := make([]*placement.Node, 0, len(b.placed))
 	for _, ni := range b.placed {
 		part := ni.last
 		if b.gone != nil && ni.holds(b.gone) {
@@ -588,7 +589,7 @@ func (b *build) chargePlaced() []placement.Node {
 		for _, kr := range part.reservations {
 			out.Reservations[kr.key] = kr.r
 		}
-		nodes = append(nodes, part.node)
+		nodes = append(nodes, &part.node) // the part's: not changed after it is made
 		out.GPUCapacityMilli += int64(len(part.node.GPUs)+ni.facts.partitioned) * placement.MilliPerGPU
 		out.CPUCapacityMilli += part.node.CPUMilli
 		out.MemoryCapacityBytes += part.node.MemoryBytes

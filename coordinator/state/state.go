@@ -657,7 +657,7 @@ func chargeAsking(asking []askingReservation, reservations map[NodeGPU]*Reservat
 // go to the busiest node: work packs onto nodes already in use, and lightly
 // used ones can empty for the autoscaler to remove. The listers' order is a
 // map's, so without this ties would fall at random, differently each cycle.
-func sortBusiestFirst(nodes []placement.Node) {
+func sortBusiestFirst(nodes []*placement.Node) {
 	used := make([]int, len(nodes))
 	for i, n := range nodes {
 		u := 0
@@ -669,8 +669,7 @@ func sortBusiestFirst(nodes []placement.Node) {
 		}
 		used[i] = u
 	}
-	// Sorted by index: the nodes are large to move, and the order of one
-	// cycle is mostly the last one's.
+	// Sorted by index: the order of one cycle is mostly the last one's.
 	order := make([]int, len(nodes))
 	for i := range order {
 		order[i] = i
@@ -685,10 +684,9 @@ func sortBusiestFirst(nodes []placement.Node) {
 }
 
 // permute puts nodes in order (nodes[i] becomes the old nodes[order[i]])
-// in place, one cycle of the permutation at a time: a copy of every node
-// was the largest allocation of a busy cycle at 5,000 nodes. It leaves
-// order as the identity.
-func permute(nodes []placement.Node, order []int) {
+// in place, one cycle of the permutation at a time. It leaves order as the
+// identity.
+func permute[T any](nodes []T, order []int) {
 	for i := range order {
 		if order[i] == i {
 			continue
