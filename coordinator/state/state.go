@@ -669,7 +669,7 @@ func sortBusiestFirst(nodes []*placement.Node) {
 		}
 		used[i] = u
 	}
-	// Sorted by index: the order of one cycle is mostly the last one's.
+	// The order is sorted, then applied to the nodes in place.
 	order := make([]int, len(nodes))
 	for i := range order {
 		order[i] = i
