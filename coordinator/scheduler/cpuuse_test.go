@@ -23,8 +23,5 @@ func TestReadCPUUse(t *testing.T) {
 	if u.gc <= 0 {
 		t.Errorf("collector CPU %v after a collection", u.gc)
 	}
-	if u.gc > u.process {
-		t.Errorf("collector CPU %v above the process's %v", u.gc, u.process)
-	}
 	_ = sink
 }

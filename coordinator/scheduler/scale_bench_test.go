@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	runtimemetrics "runtime/metrics"
 	"runtime/pprof"
-	"syscall"
 	"testing"
 	"time"
 
@@ -97,16 +95,16 @@ func timeCycles(b *testing.B, s *Scheduler, ctx context.Context, forget func()) 
 	}
 	first := time.Since(cold)
 	forget()
-	gcBefore := gcCPUSeconds()
+	gcBefore := readCPUUse().gc
 	var cpu time.Duration
 	b.ResetTimer()
 	for b.Loop() {
-		cpuBefore := processCPU(b)
+		cpuBefore := readCPUUse().process
 		res, err := s.Cycle(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
-		cpu += processCPU(b) - cpuBefore
+		cpu += readCPUUse().process - cpuBefore
 		b.StopTimer()
 		b.ReportMetric(float64(res.Bound), "bound/op")
 		if testing.Verbose() {
@@ -117,18 +115,8 @@ func timeCycles(b *testing.B, s *Scheduler, ctx context.Context, forget func()) 
 	}
 	b.ReportMetric(first.Seconds(), "s-first-cycle")
 	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
-	b.ReportMetric((gcCPUSeconds()-gcBefore)/float64(b.N), "gc-cpu-s/op")
+	b.ReportMetric((readCPUUse().gc-gcBefore).Seconds()/float64(b.N), "gc-cpu-s/op")
 	b.ReportMetric(liveHeapMiB(), "live-heap-MiB")
-}
-
-// processCPU is the CPU time the process used so far, user and system,
-// on all its threads: a cycle's own goroutines and the collector's.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // liveHeapMiB is the heap a full collection leaves: what the scheduler and
@@ -169,16 +157,6 @@ func BenchmarkIdleCycle(b *testing.B) {
 	if got := testutil.ToFloat64(s.metrics.idleSkipped) - skipped; int(got) != n {
 		b.Fatalf("%v of %d turns skipped their cycle, want all", got, n)
 	}
-}
-
-// gcCPUSeconds is the CPU time the garbage collector has used so far.
-func gcCPUSeconds() float64 {
-	s := []runtimemetrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
-	runtimemetrics.Read(s)
-	if s[0].Value.Kind() != runtimemetrics.KindFloat64 {
-		return 0
-	}
-	return s[0].Value.Float64()
 }
 
 // drainBinds empties the bind queue without binding.
