@@ -481,6 +481,24 @@ func (s *Scheduler) beingBound(v *draCycle, list func() ([]*corev1.Pod, error), 
 			continue // shown bound
 		}
 		p := l.unbound[uid]
+		if p == nil && a.Pod.Name != "" {
+			// Listed before its events were handled, or deleted since:
+			// read again from the lister by name (a pod of that name with
+			// another UID is another pod).
+			if q, err := s.deps.Pods.Pods(a.Pod.Namespace).Get(a.Pod.Name); err == nil && q.UID == uid {
+				p = q
+			} else {
+				continue
+			}
+			if p.Spec.NodeName != "" {
+				// Shown bound by the lister alone: counted as bound for
+				// this cycle, not kept (its deletion may be taken already).
+				if part, ok := s.boundPartOf(v, p, p.Spec.NodeName, false); ok {
+					being = append(being, part)
+				}
+				continue
+			}
+		}
 		if p == nil {
 			// Listed before its events were handled, or deleted since.
 			if byUID == nil {

@@ -487,3 +487,57 @@ func TestPodMadeAgainUnderItsNameForgetsTheOld(t *testing.T) {
 		t.Error("the old pod's binding in flight is still held after it was made again under its name")
 	}
 }
+
+// TestPodBeingBoundIsReadByName: a pod being bound that the ledger has not
+// seen (its events not handled yet) is read from the lister by the name its
+// assumption records, not from a list of every pod: counted as being bound,
+// or as bound when the lister shows it bound, never when the lister no
+// longer has it or has another pod of that name.
+func TestPodBeingBoundIsReadByName(t *testing.T) {
+	queues := []*v1alpha1.Queue{queueOf("q", "8")}
+	c := newCluster(t, "", []*corev1.Node{h100Node("n", "p", 8)}, queues)
+	listed := 0
+	list := func() ([]*corev1.Pod, error) {
+		listed++
+		return c.s.deps.Pods.List(labels.Everything())
+	}
+	charged := func(when string, assumed map[types.UID]state.Assumed, want int64) {
+		t.Helper()
+		c.s.beginParses()
+		books, err := newBooks(queues, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := c.s.readBound(nil, list, assumed, books); err != nil {
+			t.Fatal(err)
+		}
+		c.s.sweepParses()
+		var got int64
+		if used, _, ok := books.tree.Usage("q"); ok {
+			got = used.GPUMilli
+		}
+		if got != want {
+			t.Errorf("%s: queue q charged %d milli-GPU, want %d", when, got, want)
+		}
+	}
+	charged("nothing assumed", nil, 0) // the ledger's first read lists
+	listed = 0
+	p := builders.MakePod("p", "default").Queue("q").GPUs(1).CPU("1").UID("p").Obj()
+	p.ResourceVersion = "1"
+	_ = c.pods.(*feedStore).Indexer.Add(p) // in the lister; no handler has run
+	named := map[types.UID]state.Assumed{"p": {Node: "n", Pod: types.NamespacedName{Namespace: "default", Name: "p"}}}
+	charged("being bound, its events not handled", named, 1000)
+	shown := p.DeepCopy()
+	shown.ResourceVersion, shown.Spec.NodeName = "2", "n"
+	shown.Annotations = withKey(shown.Annotations, api.AnnotationAdmittedQueue, "q")
+	_ = c.pods.(*feedStore).Indexer.Update(shown)
+	charged("shown bound by the lister alone", named, 1000)
+	other := builders.MakePod("p", "default").Queue("q").GPUs(1).CPU("1").UID("p2").Obj()
+	_ = c.pods.(*feedStore).Indexer.Update(other)
+	charged("another pod of that name", named, 0)
+	_ = c.pods.(*feedStore).Indexer.Delete(other)
+	charged("deleted", named, 0)
+	if listed != 0 {
+		t.Errorf("the pods were listed %d times; a pod being bound with a name is read by it", listed)
+	}
+}

@@ -64,10 +64,13 @@ type cycle struct {
 	// Gathered by collect.
 	pending    []*corev1.Pod   // pods of this scheduler that wait for a node
 	existing   []*corev1.Pod   // placeholder pods
-	liveGroups map[string]bool // placeholder groups with placeholders or admitted pending work
-	asking     map[string]bool // workloads placeholders were made for
-	workloads  []*workload
-	deferred   int // pending pods whose Job or claims the caches do not show yet
+	liveGroups map[string]bool // placeholder groups with placeholders (collect); those of liveItems are added when asked (live)
+	// liveItems: the first placeholder item of each admitted workload
+	// asked about; their groups are live (live names them).
+	liveItems []*placeholder.Item
+	asking    map[string]bool // workloads placeholders were made for
+	workloads []*workload
+	deferred  int // pending pods whose Job or claims the caches do not show yet
 
 	// Decided by place.
 	wanted    map[state.NodeGPU]bool // GPUs whose reservation fractions wait for
@@ -193,6 +196,7 @@ func (c *cycle) build() error {
 		s.models = state.Models(c.nodes)
 	}
 	s.beginParses()
+	s.gangIDs.turn()
 	c.parsing = true
 	var (
 		buildErr error
@@ -404,9 +408,7 @@ func (c *cycle) keepAsking(w *workload) {
 		return
 	}
 	items := c.s.items(w, c.snap, c.existing, c.kube)
-	if len(items) > 0 {
-		c.liveGroups[placeholder.GroupOf(items[0])] = true
-	}
+	c.markLive(items)
 	if c.asking[w.key] {
 		c.demand = append(c.demand, c.kube.withDomains(items)...)
 	}
@@ -419,9 +421,7 @@ func (c *cycle) placeWorkload(w *workload) outcome {
 		return o
 	}
 	items := c.s.items(w, c.snap, c.existing, c.kube)
-	if len(items) > 0 {
-		c.liveGroups[placeholder.GroupOf(items[0])] = true
-	}
+	c.markLive(items)
 	decisions, placeErr := c.decide(w, items)
 	if errors.Is(placeErr, kubecheck.ErrNotReady) {
 		// Not a lack of capacity: no reclaim, no placeholder.
@@ -577,7 +577,26 @@ func (c *cycle) reconcile() {
 		s.deps.Reserver.RemoveFailed(c.ctx, c.snap.FailedReservations)
 	}
 	s.syncPlaceholders(c.ctx, c.demand, c.existing, settlingIn(c.snap, c.nodes, c.held), c.withdrawn)
-	s.pruneHints(c.liveGroups, c.nodes)
+	s.pruneHints(c.live, c.nodes)
+	c.liveItems = nil // the items, kept for live, are let go with them
+}
+
+// markLive marks the group of a workload's placeholder items live.
+func (c *cycle) markLive(items []placeholder.Item) {
+	if len(items) > 0 {
+		c.liveItems = append(c.liveItems, &items[0])
+	}
+}
+
+// live names the placeholder groups with placeholders or admitted pending
+// work. Naming the groups of the work (placeholder.GroupOf) is left to
+// here, for the cycles that keep a hint.
+func (c *cycle) live() map[string]bool {
+	for _, it := range c.liveItems {
+		c.liveGroups[placeholder.GroupOf(*it)] = true
+	}
+	c.liveItems = nil
+	return c.liveGroups
 }
 
 // queueFigures are the queues' GPU figures for the metrics: usage from the

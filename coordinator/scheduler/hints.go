@@ -98,12 +98,18 @@ func (h *placeholderHints) nodes() map[string]bool {
 	return out
 }
 
-// prune forgets the hints of groups live does not hold (neither
-// placeholders nor admitted pending work), nodes exists denies, and
-// release times of such groups past their cooldown at now.
-func (h *placeholderHints) prune(live map[string]bool, exists func(node string) bool, now time.Time) {
+// prune forgets the hints of groups not live (neither placeholders nor
+// admitted pending work), nodes exists denies, and release times of such
+// groups past their cooldown at now. live names the live groups; it is
+// called only when some hint is kept, since naming a group costs a hash of
+// its pods' constraints.
+func (h *placeholderHints) prune(groups func() map[string]bool, exists func(node string) bool, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(h.preferred) == 0 && len(h.claims) == 0 && len(h.released) == 0 {
+		return
+	}
+	live := groups()
 	for g, ns := range h.preferred {
 		kept := ns[:0]
 		for _, n := range ns {

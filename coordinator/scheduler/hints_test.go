@@ -99,7 +99,7 @@ func TestPlaceholderHints(t *testing.T) {
 				}
 				if st.live != nil {
 					exists := set(st.exists)
-					h.prune(set(st.live), func(n string) bool { return exists[n] }, now)
+					h.prune(func() map[string]bool { return set(st.live) }, func(n string) bool { return exists[n] }, now)
 				}
 				if st.checkCooling {
 					busy := set(st.busy)
@@ -135,4 +135,34 @@ func allIn(xs []string, m map[string]bool) bool {
 		}
 	}
 	return true
+}
+
+// TestPruneNamesTheLiveGroupsOnlyWithAHint: naming the live groups hashes
+// every admitted workload's constraints, so prune asks for them only when
+// some hint is kept, and then once.
+func TestPruneNamesTheLiveGroupsOnlyWithAHint(t *testing.T) {
+	h := newPlaceholderHints()
+	asked := 0
+	live := func() map[string]bool {
+		asked++
+		return map[string]bool{"g": true}
+	}
+	exists := func(string) bool { return true }
+	now := time.Unix(1000, 0)
+	h.prune(live, exists, now)
+	if asked != 0 {
+		t.Errorf("no hint kept: the live groups were asked for %d times, want 0", asked)
+	}
+	h.nominated("g", []string{"n"}, nil)
+	h.nominated("gone", []string{"n"}, nil)
+	h.prune(live, exists, now)
+	if asked != 1 {
+		t.Errorf("hints kept: the live groups were asked for %d times, want 1", asked)
+	}
+	if nodes, _ := h.of("g"); len(nodes) != 1 {
+		t.Errorf("live group g lost its hint: %v", nodes)
+	}
+	if nodes, _ := h.of("gone"); len(nodes) != 0 {
+		t.Errorf("group gone, not live, kept its hint: %v", nodes)
+	}
 }

@@ -336,6 +336,6 @@ func appendUniqueStr(s []string, x string) []string {
 // neither placeholders nor admitted pending work (live), nodes that no
 // longer exist, and release times past their cooldown. Without it the
 // hints grow with every group and every node Karpenter ever made.
-func (s *Scheduler) pruneHints(live map[string]bool, nodes []*corev1.Node) {
+func (s *Scheduler) pruneHints(live func() map[string]bool, nodes []*corev1.Node) {
 	s.hints.prune(live, nodeExists(nodes), s.clock.Now())
 }

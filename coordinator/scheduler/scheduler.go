@@ -282,6 +282,8 @@ type Scheduler struct {
 	models      []string
 	scalarMilli map[string]int64
 	draNodes    map[string]bool
+	// gangIDs: the gangs' IDs the last two cycles asked for.
+	gangIDs gangIDs
 }
 
 type assumedPod struct {
@@ -995,7 +997,8 @@ func (s *Scheduler) bind(ctx context.Context, w *workload, ds []placement.Decisi
 		if w.pods[i].Request.ShareMilli > 0 && len(d.GPUs) == 1 {
 			gpu = d.GPUs[0]
 		}
-		s.assumed[w.pods[i].pod.UID] = assumedPod{Assumed: state.Assumed{Node: d.Node, GPU: gpu}, since: now}
+		p := w.pods[i].pod
+		s.assumed[p.UID] = assumedPod{Assumed: state.Assumed{Node: d.Node, GPU: gpu, Pod: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}}, since: now}
 	}
 	s.mu.Unlock()
 	tasks := make([]bindTask, 0, len(ds))

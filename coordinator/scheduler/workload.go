@@ -31,9 +31,42 @@ type podInfo struct {
 	extended *resourceapi.ResourceClaim
 }
 
+// gangIDs interns gangs' IDs (gangID) from one cycle to the next: a gang's
+// bound members are counted in every cycle, and their gang's ID is made
+// once, not once per member and cycle. It keeps the IDs asked for in this
+// cycle and the last (turn starts a cycle). For the cycle's goroutine only.
+type gangIDs struct{ cur, prev map[gangName]string }
+
+// gangName is a gang in a namespace, charged to a queue.
+type gangName struct{ queue, namespace, name string }
+
+// turn starts a cycle: the IDs not asked for in the last one are let go.
+func (g *gangIDs) turn() {
+	g.prev, g.cur = g.cur, make(map[gangName]string, len(g.cur))
+}
+
+// of is the ID of the gang name in namespace charged to queue, and its key
+// ("namespace/name", the ID's tail).
+func (g *gangIDs) of(queue, namespace, name string) (id, key string) {
+	k := gangName{queue: queue, namespace: namespace, name: name}
+	id, ok := g.cur[k]
+	if !ok {
+		if id, ok = g.prev[k]; !ok {
+			id = gangID(queue, namespace+"/"+name)
+		}
+		if g.cur == nil {
+			g.cur = map[gangName]string{}
+		}
+		g.cur[k] = id
+	}
+	return id, id[len(queue)+1:]
+}
+
 // workload is what is admitted all or nothing: a gang's pending members, or one pod.
 type workload struct {
-	key            string
+	key string
+	// gangID is the gang's ID (gangID) when made by group.
+	gangID         string
 	queue          string
 	gang           bool
 	pods           []podInfo
@@ -123,13 +156,15 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 			r.GPUs, r.ShareMilli = 0, 0
 			pi.Request = *r
 		}
-		key := p.Namespace + "/" + p.Name
-		if pi.GangName() != "" {
-			key = p.Namespace + "/" + pi.GangName()
+		var key, id string
+		if g := pi.GangName(); g != "" {
+			id, key = s.gangIDs.of(pi.Queue, p.Namespace, g)
+		} else {
+			key = p.Namespace + "/" + p.Name
 		}
 		w := byKey[key]
 		if w == nil {
-			w = &workload{key: key, queue: pi.Queue, gang: pi.GangName() != "", priority: pi.Priority, created: p.CreationTimestamp.Time}
+			w = &workload{key: key, gangID: id, queue: pi.Queue, gang: id != "", priority: pi.Priority, created: p.CreationTimestamp.Time}
 			byKey[key] = w
 			order = append(order, key)
 		}
@@ -147,7 +182,7 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 	for _, key := range order {
 		w := byKey[key]
 		if w.gang {
-			id := gangID(w.queue, key)
+			id := w.gangID
 			w.pool, w.pinned = placed.pool[id]
 			min := 0
 			for _, p := range w.pods {
@@ -201,10 +236,10 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 	if pi.GangName() == "" {
 		return
 	}
-	key := gangID(pi.Queue, p.Namespace+"/"+pi.GangName())
+	key, name := s.gangIDs.of(pi.Queue, p.Namespace, pi.GangName())
 	c := g.census[key]
 	if c == nil {
-		c = &gangCensus{name: p.Namespace + "/" + pi.GangName()}
+		c = &gangCensus{name: name}
 		g.census[key] = c
 	}
 	c.min = max(c.min, pi.GangMinMember())
@@ -255,6 +290,9 @@ func gangID(queue, key string) string { return queue + "|" + key }
 func (w *workload) id() string {
 	if !w.gang {
 		return ""
+	}
+	if w.gangID != "" {
+		return w.gangID
 	}
 	return gangID(w.queue, w.key)
 }

@@ -36,6 +36,9 @@ type Assumed struct {
 	Node string
 	// GPU is the fraction's GPU UUID ("" for whole-GPU and CPU pods).
 	GPU string
+	// Pod names the pod, for a reader that must read it again (empty when
+	// not told).
+	Pod types.NamespacedName
 }
 
 // Inputs are what a snapshot is built from: the cluster's objects (for

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"maps"
@@ -25,10 +26,13 @@ import (
 // counted requests from the API server's audit log until the full-size run
 // of 2026-11-24 found only 6,088 of kube-scheduler's 50,000 bindings there
 // (docs/benchmarks-history.md, "Scale"); a count on the wire does not depend on the
-// API server keeping up with its log. Plain HTTP on loopback to the
-// scheduler, TLS to the API server. client-go sends no bearer token over
-// plain HTTP, so the proxy adds the scheduler's own (from its kubeconfig):
-// the API server sees the same user as without the proxy.
+// API server keeping up with its log. The proxy speaks HTTP/2 over TLS on
+// loopback to the scheduler, as the API server does: over plain HTTP/1.1 a
+// client opens one connection per request in flight beyond its idle pool,
+// and the coordinator's run at full size dialed tens of thousands of them
+// (a few per cent of what it allocated, and their goroutines). The proxy
+// adds the scheduler's own bearer token (from its kubeconfig) toward the API
+// server: the API server sees the same user as without the proxy.
 type countingProxy struct {
 	srv *httptest.Server
 	// kubeconfig is the scheduler's kubeconfig pointing at the proxy.
@@ -80,15 +84,18 @@ func startCountingProxy(t *testing.T, kubeconfig string) *countingProxy {
 			return nil
 		},
 	}
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.count(r)
 		rp.ServeHTTP(w, r)
 	}))
+	p.srv.EnableHTTP2 = true
+	p.srv.StartTLS()
 	t.Cleanup(func() {
 		p.srv.CloseClientConnections()
 		p.srv.Close()
 	})
-	cl.Server, cl.CertificateAuthorityData, cl.CertificateAuthority = p.srv.URL, nil, ""
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.srv.Certificate().Raw})
+	cl.Server, cl.CertificateAuthorityData, cl.CertificateAuthority = p.srv.URL, ca, ""
 	auth.Token = ""
 	p.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig-proxied")
 	if err := clientcmd.WriteToFile(*cfg, p.kubeconfig); err != nil {
