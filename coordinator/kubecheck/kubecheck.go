@@ -446,8 +446,8 @@ func (c *Checker) Assume(logger klog.Logger, pod *corev1.Pod, node string) error
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if a, ok := c.assumed[pod.UID]; ok {
-		if a.Spec.NodeName == node {
-			return nil
+		if a.Spec.NodeName == node && a.ResourceVersion == pod.ResourceVersion {
+			return nil // assumed as it is, where it is
 		}
 		c.forgetLocked(logger, a)
 	}
@@ -461,6 +461,14 @@ func (c *Checker) Assume(logger klog.Logger, pod *corev1.Pod, node string) error
 		c.antiAffinity.Add(1)
 	}
 	return nil
+}
+
+// AssumedAs is the pod with UID uid as it is assumed in the cache (its
+// spec.nodeName the node), nil when it is not assumed.
+func (c *Checker) AssumedAs(uid types.UID) *corev1.Pod {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.assumed[uid]
 }
 
 // onNode is pod with spec.nodeName node, as kube-scheduler assumes it. A

@@ -57,6 +57,9 @@ type boundLedger struct {
 	members  map[types.UID]*boundPart // gang members, for the census
 	charges  map[chargeKey]*chargeSum
 	demand   map[demandKey]*boundDemand
+	// being is beingBound's buffer, used again in each cycle (what it
+	// returns is read before the next cycle).
+	being []boundPart
 }
 
 func newBoundLedger() *boundLedger {
@@ -386,10 +389,11 @@ func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), a
 	slices.SortFunc(members, func(a, b *boundPart) int {
 		return strings.Compare(string(ledgerKey(a.pod)), string(ledgerKey(b.pod)))
 	})
-	gangs := newGangsPlaced()
+	gangs := newGangsPlaced(s.gangNodes)
 	for _, part := range members {
 		gangs.count(s, part.pod, &part.pi, part.node, part.being, part.terminal)
 	}
+	s.gangNodes = len(gangs.nodes)
 	return demand, gangs, nil
 }
 
@@ -472,10 +476,14 @@ func (l *boundLedger) replay(being []boundPart, b *books) ([]boundDemand, []*bou
 // nowhere, and never after its deletion.
 func (s *Scheduler) beingBound(v *draCycle, list func() ([]*corev1.Pod, error), assumed map[types.UID]state.Assumed) ([]boundPart, error) {
 	l := s.bound
+	// The parts are made in the last cycle's buffer: a pod's part is 450
+	// bytes, and a busy cycle has thousands being bound.
+	clear(l.being)
 	var (
-		being []boundPart
+		being = l.being[:0]
 		byUID map[types.UID]*corev1.Pod
 	)
+	defer func() { l.being = being }()
 	for uid, a := range assumed {
 		if l.parts[uid] != nil {
 			continue // shown bound

@@ -115,7 +115,9 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 		if c.parsing {
 			s.sweepParses()
 		}
-		c.kube.end()
+		if c.kube != nil {
+			s.kubeCarried = c.kube.end(s.plans)
+		}
 	}()
 	if err := c.snapshot(); err != nil {
 		return c, err
@@ -385,6 +387,7 @@ func (c *cycle) placeWorkloads() {
 	c.reclaimIn = newReclaimScope(c.inputs, c.allPods, s.stateCache, c.dra, c.start)
 	c.budget = s.placeBudget()
 	c.kube = s.newKubeChecks(c)
+	c.kube.forgetCarriedOutside(c.workloads, s.plans)
 	c.hinted = s.hints.hinted()
 	for _, w := range c.workloads {
 		o := c.placeWorkload(w)
@@ -418,6 +421,7 @@ func (c *cycle) keepAsking(w *workload) {
 func (c *cycle) placeWorkload(w *workload) outcome {
 	v, o, ok := c.admit(w)
 	if !ok {
+		c.kube.forgetCarried(w)
 		return o
 	}
 	items := c.s.items(w, c.snap, c.existing, c.kube)
@@ -487,6 +491,7 @@ func (c *cycle) decide(w *workload, items []placeholder.Item) ([]placement.Decis
 	if decisions != nil {
 		return decisions, nil
 	}
+	c.kube.forgetCarried(w)
 	return s.placePreferring(c.dra, c.snap, w, s.preferredNodes(items), c.kube)
 }
 

@@ -41,6 +41,10 @@ type kubeChecks struct {
 	// without, while reclaim asks whether a workload fits, are the pods
 	// its checks take as gone (its victims).
 	without []*corev1.Pod
+	// carried are the pods the last cycle left assumed: placed, waiting
+	// for their reservations or their node to settle, planned on the same
+	// node for this cycle (see end).
+	carried map[types.UID]placedPod
 }
 
 // placedPod is a pod placed in this cycle: assumed into the checks'
@@ -57,7 +61,8 @@ func (s *Scheduler) newKubeChecks(c *cycle) *kubeChecks {
 	if s.deps.Kube == nil {
 		return nil
 	}
-	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, reserved: map[types.UID]placedPod{}, sent: map[types.UID]bool{}}
+	return &kubeChecks{k: s.deps.Kube, ctx: c.ctx, logger: c.logger, reserved: map[types.UID]placedPod{}, sent: map[types.UID]bool{},
+		carried: s.kubeCarried}
 }
 
 // check returns pod's checks, nil when it needs none.
@@ -138,10 +143,22 @@ func (k *kubeChecks) rollback(m int) {
 	k.placedPods = k.placedPods[:m]
 }
 
-// end forgets what the cycle assumed.
-func (k *kubeChecks) end() {
+// end forgets what the cycle assumed and did not send to binding, but for
+// the pods that stay planned on the same node for the next cycle (plans)
+// and have no volume to check again: those stay assumed (returned, for
+// the next cycle's kubeChecks). That next cycle forgets them first where
+// their workload cannot keep its plan (forgetCarriedOutside), and keeps
+// the other plans before it places any other workload (order), assuming
+// them again, so no workload is checked with them that was checked
+// without them before (a planned workload placed afresh may see those
+// planned after it: they hold their nodes, as kube-scheduler's pods
+// waiting in Permit do); left assumed,
+// they are not put in kube-scheduler's cache and taken out again in every
+// cycle they wait (AssumePod made a tenth of the coordinator's allocations
+// at full size).
+func (k *kubeChecks) end(next plans) map[types.UID]placedPod {
 	if k == nil {
-		return
+		return nil
 	}
 	// Placed and not sent to binding (waiting for reservations, a node
 	// that settles, the bind queue): their volumes are reserved and they
@@ -150,13 +167,73 @@ func (k *kubeChecks) end() {
 		pp.pc.Unreserve(k.ctx, pp.node)
 		delete(k.reserved, uid)
 	}
+	var carried map[types.UID]placedPod
 	for _, pp := range k.placedPods {
-		if pp.assumed && !k.sent[pp.pod.UID] {
-			k.k.Forget(k.logger, pp.pod)
+		uid := pp.pod.UID
+		if !pp.assumed || k.sent[uid] {
+			continue
+		}
+		if plan, ok := next[uid]; ok && plan.Node == pp.node && !hasCheckedVolume(pp.pod) {
+			if carried == nil {
+				carried = map[types.UID]placedPod{}
+			}
+			carried[uid] = placedPod{pod: pp.pod, node: pp.node, assumed: true} // not its check
+			continue
+		}
+		k.k.Forget(k.logger, pp.pod)
+	}
+	for uid, pp := range k.carried {
+		if _, again := carried[uid]; !again && !k.sent[uid] {
+			k.k.Forget(k.logger, pp.pod) // a no-op when forgotten already
 		}
 	}
 	if k.began {
 		k.k.End(k.logger)
+	}
+	return carried
+}
+
+// forgetCarriedOutside takes back the assumptions the last cycle left for
+// pods that cannot be kept on their plans in this cycle, before any
+// workload is checked: those in none of its workloads (deleted, bound,
+// backing off, their gang rolled back), and those of a workload that is
+// not planned whole or waits for members (plans.keep places it afresh, and
+// it is not ordered before the others).
+func (k *kubeChecks) forgetCarriedOutside(ws []*workload, ps plans) {
+	if k == nil || len(k.carried) == 0 {
+		return
+	}
+	in := make(map[types.UID]bool, len(k.carried))
+	for _, w := range ws {
+		if w.incomplete != "" || !ps.allOf(w) {
+			continue
+		}
+		for _, p := range w.pods {
+			if _, ok := k.carried[p.pod.UID]; ok {
+				in[p.pod.UID] = true
+			}
+		}
+	}
+	for uid, pp := range k.carried {
+		if !in[uid] {
+			k.k.Forget(k.logger, pp.pod)
+			delete(k.carried, uid)
+		}
+	}
+}
+
+// forgetCarried takes back the assumptions the last cycle left for w's
+// pods (end): w is not kept on its plan this cycle (it is placed afresh, or
+// not at all), and a pod is never checked with itself assumed.
+func (k *kubeChecks) forgetCarried(w *workload) {
+	if k == nil || len(k.carried) == 0 {
+		return
+	}
+	for _, p := range w.pods {
+		if pp, ok := k.carried[p.pod.UID]; ok {
+			k.k.Forget(k.logger, pp.pod)
+			delete(k.carried, p.pod.UID)
+		}
 	}
 }
 

@@ -72,7 +72,7 @@ func BenchmarkCycleKubeChecks(b *testing.B) {
 				s.mu.Lock()
 				clear(s.assumed)
 				s.mu.Unlock()
-				s.plans = nil
+				s.plans, s.kubeCarried = nil, nil
 				if s.deps.Kube != nil {
 					// The bindings never happen: kube-scheduler's cache
 					// forgets them too.

@@ -264,12 +264,12 @@ func TestKubeReview28ClaimsFailureAfterGateForgetsAssumption(t *testing.T) {
 	volumes := k.gate(w)
 	// allocateClaims failed: placeWorkload returns without binding.
 	volumes.unreserveAll(ctx)
-	k.end()
+	k.end(nil) // no plan for the next cycle
 
 	// The next cycle: another pod wants port 8080 on n1.
 	q := withHostPort(kpod("q", 1, nil), 8080)
 	k2 := newChecks()
-	defer k2.end()
+	defer k2.end(nil)
 	qc, err := k2.check(q)
 	if err != nil {
 		t.Fatal(err)

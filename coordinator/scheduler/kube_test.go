@@ -21,6 +21,8 @@ import (
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
 	"github.com/gpufrac/gpufrac/coordinator/kubecheck"
+	"github.com/gpufrac/gpufrac/coordinator/placement"
+	"github.com/gpufrac/gpufrac/coordinator/reservation"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -730,5 +732,87 @@ func TestKubeChecksReclaimOnlyWhenEvictionsHelp(t *testing.T) {
 				t.Errorf("evicted %v for a-2 (%s), want %d evictions", ev, msg(c.b, "a-2"), tc.evicted)
 			}
 		})
+	}
+}
+
+// TestKubeChecksCarryPlannedPodsBetweenCycles: a fraction that waits for
+// its reservation stays assumed in kube-scheduler's cache from one cycle to
+// the next while its plan holds (not taken out and put back in every cycle
+// it waits), and is taken out when it no longer waits on that plan: its
+// reservation removed (placed afresh, never checked with itself assumed),
+// or the pod gone from the cycle's workloads.
+func TestKubeChecksCarryPlannedPodsBetweenCycles(t *testing.T) {
+	f := withHostPort(fracPod("f", "q", 40), 8080) // a host port: checked by kube-scheduler's plugins
+	c := newKubeCluster(t, kubeOpts{}, []*corev1.Node{h100Node("n1", "a", 2)}, []*corev1.Pod{f})
+	r := &fakeReserver{c: c.cluster}
+	c.s.deps.Reserver = r
+
+	c.kubeCycle()
+	first := c.kube.AssumedAs("f")
+	if first == nil || first.Spec.NodeName != "n1" || c.reason("f") != api.ReasonReservationPending {
+		t.Fatalf("after the first cycle: f assumed as %v, reason %q; want assumed on n1, waiting for its reservation", first, c.reason("f"))
+	}
+	c.kubeCycle()
+	if got := c.kube.AssumedAs("f"); got != first {
+		t.Errorf("f still waits on its plan: assumed as %p after the second cycle, want the same assumption %p (not forgotten and assumed again)", got, first)
+	}
+
+	// Its reservation is removed: placed afresh, and assumed afresh.
+	planned := r.ensured[0][len("n1/"):]
+	obj, _, _ := c.pods.GetByKey(api.ReservationNamespace + "/" + reservation.Name("n1", planned))
+	_ = c.pods.Delete(obj.(*corev1.Pod))
+	c.kubeCycle()
+	again := c.kube.AssumedAs("f")
+	if again == first {
+		t.Errorf("f placed afresh after its reservation went, but kube-scheduler's cache still holds the old assumption")
+	}
+	if again == nil || c.reason("f") != api.ReasonReservationPending {
+		t.Fatalf("after its reservation went: f assumed as %v, reason %q; want placed again, waiting for a new reservation", again, c.reason("f"))
+	}
+
+	// Gone from the workloads (deleted; kube-scheduler's handler has not
+	// seen it): its assumption goes with the next cycle.
+	_ = c.pods.Delete(f)
+	c.s.OnPodDelete(f)
+	c.kubeCycle()
+	if got := c.kube.AssumedAs("f"); got != nil {
+		t.Errorf("f deleted: still assumed on %s", got.Spec.NodeName)
+	}
+	if len(c.s.kubeCarried) != 0 {
+		t.Errorf("carried after f was deleted: %v", c.s.kubeCarried)
+	}
+}
+
+// TestForgetCarriedOutside: before any workload is checked, the carried
+// assumptions go for pods no workload of the cycle holds, and for the
+// workloads that cannot keep their plans (not every pod planned, or waiting
+// for members): only whole planned workloads keep theirs.
+func TestForgetCarriedOutside(t *testing.T) {
+	a, b, y, x, g := kpod("a", 0, nil), kpod("b", 1, nil), kpod("y", 2, nil), kpod("x", 3, nil), kpod("g", 4, nil)
+	c := newKubeCluster(t, kubeOpts{}, []*corev1.Node{h100Node("n1", "a", 8)}, []*corev1.Pod{a, b, y, x, g})
+	logger := klog.Background()
+	carried := map[types.UID]placedPod{}
+	for _, p := range []*corev1.Pod{a, b, x, g} {
+		if err := c.kube.Assume(logger, p, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		carried[p.UID] = placedPod{pod: p, node: "n1", assumed: true}
+	}
+	planned := plan{Decision: placement.Decision{Node: "n1"}}
+	ps := plans{"a": planned, "b": planned, "g": planned}
+	ws := []*workload{
+		{key: "default/a", pods: []podInfo{{pod: a}}},                                   // planned whole: kept
+		{key: "default/b", gang: true, pods: []podInfo{{pod: y}, {pod: b}}},             // y has no plan
+		{key: "default/g", gang: true, pods: []podInfo{{pod: g}}, incomplete: "1 of 2"}, // waits for members
+	} // x: in no workload
+	k := &kubeChecks{k: c.kube, ctx: t.Context(), logger: logger, carried: carried}
+	k.forgetCarriedOutside(ws, ps)
+	for name, want := range map[string]bool{"a": true, "b": false, "x": false, "g": false} {
+		if got := c.kube.AssumedAs(types.UID(name)) != nil; got != want {
+			t.Errorf("%s assumed: %v, want %v", name, got, want)
+		}
+		if _, got := k.carried[types.UID(name)]; got != want {
+			t.Errorf("%s carried: %v, want %v", name, got, want)
+		}
 	}
 }

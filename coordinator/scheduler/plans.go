@@ -130,6 +130,16 @@ func (ps plans) anyOf(w *workload) bool {
 	return false
 }
 
+// allOf tells whether every pod of w has a plan.
+func (ps plans) allOf(w *workload) bool {
+	for _, p := range w.pods {
+		if _, ok := ps[p.pod.UID]; !ok {
+			return false
+		}
+	}
+	return len(w.pods) > 0
+}
+
 // firstOf tells whether w's first pod has a plan: w was placed in an earlier
 // cycle and waits for reservations.
 func (ps plans) firstOf(w *workload) bool {

@@ -282,8 +282,13 @@ type Scheduler struct {
 	models      []string
 	scalarMilli map[string]int64
 	draNodes    map[string]bool
-	// gangIDs: the gangs' IDs the last two cycles asked for.
-	gangIDs gangIDs
+	// gangIDs: the gangs' IDs the last two cycles asked for; gangNodes:
+	// how many nodes the last gang census read the pool of.
+	gangIDs   gangIDs
+	gangNodes int
+	// kubeCarried: the pods the last cycle left assumed in
+	// kube-scheduler's cache for their plans (kubeChecks.end).
+	kubeCarried map[types.UID]placedPod
 }
 
 type assumedPod struct {

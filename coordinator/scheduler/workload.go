@@ -224,9 +224,11 @@ type gangsPlaced struct {
 	gone   map[string]bool        // nodes the lister does not have, filled with nodes
 }
 
-func newGangsPlaced() *gangsPlaced {
+// newGangsPlaced makes an empty count; nodes is how many nodes the last
+// one read the pool of (its map is made that large).
+func newGangsPlaced(nodes int) *gangsPlaced {
 	return &gangsPlaced{bound: map[string]int{}, pool: map[string]string{}, census: map[string]*gangCensus{},
-		nodes: map[string]string{}, gone: map[string]bool{}}
+		nodes: make(map[string]string, nodes), gone: map[string]bool{}}
 }
 
 // count counts p, a pod of this scheduler bound or being bound (to node),
@@ -239,7 +241,9 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 	key, name := s.gangIDs.of(pi.Queue, p.Namespace, pi.GangName())
 	c := g.census[key]
 	if c == nil {
-		c = &gangCensus{name: name}
+		// Room for the members the gang says it has (a tenant's number:
+		// bounded).
+		c = &gangCensus{name: name, live: make([]*corev1.Pod, 0, min(max(pi.GangMinMember(), 1), maxCensusRoom))}
 		g.census[key] = c
 	}
 	c.min = max(c.min, pi.GangMinMember())
@@ -282,6 +286,10 @@ func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node strin
 		g.pool[key] = g.nodes[node]
 	}
 }
+
+// maxCensusRoom bounds the room a gang's census makes for its members
+// before it counts them.
+const maxCensusRoom = 256
 
 // gangID names a gang in one queue: its queue and "namespace/group".
 func gangID(queue, key string) string { return queue + "|" + key }
