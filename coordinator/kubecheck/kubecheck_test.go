@@ -222,3 +222,55 @@ func TestNotReadyUntilSynced(t *testing.T) {
 		t.Errorf("check of a plain pod: %v, %v; want none", pc, err)
 	}
 }
+
+// TestAssumeAgainOnlyWhatChanged: a pod assumed again where it is, as it
+// is, keeps its assumption (a plan's pod carried from one cycle to the
+// next); assumed as a changed object or on another node, the cache takes
+// the new one, and a spread counts it by its labels now.
+func TestAssumeAgainOnlyWhatChanged(t *testing.T) {
+	app := map[string]string{"app": "a"}
+	c := newChecker(t, node("n1", "z1"), node("n2", "z2"))
+	logger := klog.Background()
+	p := pod("p", "", app)
+	p.ResourceVersion = "1"
+	if err := c.Assume(logger, p, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	first := c.AssumedAs("p")
+	if err := c.Assume(logger, p, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.AssumedAs("p"); got != first {
+		t.Errorf("assumed again where it is, as it is: the assumption was made anew")
+	}
+	relabelled := p.DeepCopy()
+	relabelled.ResourceVersion, relabelled.Labels = "2", map[string]string{"app": "b"}
+	if err := c.Assume(logger, relabelled, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.AssumedAs("p"); got == first || got.Labels["app"] != "b" || got.Spec.NodeName != "n1" {
+		t.Errorf("assumed as a changed object: %v, want the new object on n1", got)
+	}
+	// A pod of app a spread over the zones sees no pod of app a now.
+	q := pod("q", "", app)
+	q.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone,
+		WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: app}}}
+	ctx := context.Background()
+	if err := c.Begin(logger); err != nil {
+		t.Fatal(err)
+	}
+	defer c.End(logger)
+	pc, err := c.Check(ctx, q)
+	if err != nil || pc == nil {
+		t.Fatalf("check: %v %v", pc, err)
+	}
+	if ok, why := pc.Allows(ctx, "n1"); !ok {
+		t.Errorf("q rejected on n1 (%v): the relabelled pod still counts as app a", why)
+	}
+	if err := c.Assume(logger, relabelled, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.AssumedAs("p"); got == nil || got.Spec.NodeName != "n2" {
+		t.Errorf("assumed on another node: %v, want on n2", got)
+	}
+}
