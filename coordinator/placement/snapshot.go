@@ -133,6 +133,7 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 		return nil, err
 	}
 	modelIdx := map[string]int32{}
+	lastModel, lastID := "", int32(-1)
 	typeSeen := map[hostType]bool{}
 	for i := range nodes {
 		for _, g := range nodes[i].GPUs {
@@ -146,10 +147,9 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 		if n.Name == "" {
 			return nil, fmt.Errorf("building snapshot: node %d has no name", i)
 		}
-		if _, dup := s.byName[n.Name]; dup {
+		if s.byName[n.Name] = i; len(s.byName) != i+1 {
 			return nil, fmt.Errorf("building snapshot: duplicate node %q", n.Name)
 		}
-		s.byName[n.Name] = i
 		for t := range n.Taints {
 			if blocksScheduling(&n.Taints[t]) {
 				s.tainted = true
@@ -178,13 +178,17 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 			s.free = append(s.free, int32(g.FreeMilli))
 		}
 		if model := nodeModel(n); model != "" && (len(n.GPUs) > 0 || len(n.Scalars) > 0) {
-			id, ok := modelIdx[model]
+			id, ok := lastID, model == lastModel && lastID >= 0 // most nodes are of the model of the one before
+			if !ok {
+				id, ok = modelIdx[model]
+			}
 			if !ok {
 				id = int32(len(s.models))
 				modelIdx[model] = id
 				s.models = append(s.models, model)
 				s.modelFree = append(s.modelFree, 0)
 			}
+			lastModel, lastID = model, id
 			st.model = id
 			if ht := (hostType{model: id, gpus: int32(len(n.GPUs)), cpu: n.CPUMilli, mem: n.MemoryBytes}); len(n.GPUs) > 0 && !typeSeen[ht] {
 				typeSeen[ht] = true

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -361,5 +362,45 @@ func TestCachedScoresMatchFreshPlacer(t *testing.T) {
 				checkBookkeeping(t, s)
 			}
 		})
+	}
+}
+
+// TestNewSnapshotRefusesADuplicateNode: a node name given twice is an
+// error, wherever the second comes.
+func TestNewSnapshotRefusesADuplicateNode(t *testing.T) {
+	for _, names := range [][]string{{"a", "a"}, {"a", "b", "a"}, {"a", "b", "c", "b"}} {
+		nodes := make([]Node, len(names))
+		for i, n := range names {
+			nodes[i] = Node{Name: n, CPUMilli: 1000, MemoryBytes: 1 << 30}
+		}
+		if _, err := NewSnapshot(nodes); err == nil || !strings.Contains(err.Error(), "duplicate node") {
+			t.Errorf("nodes %v: error %v, want a duplicate node", names, err)
+		}
+	}
+}
+
+// TestNewSnapshotInternsModelsInAnyOrder: each node's model index names its
+// own model, with the models in runs and interleaved.
+func TestNewSnapshotInternsModelsInAnyOrder(t *testing.T) {
+	models := []string{"A100", "A100", "H100", "A100", "H100", "H100", "L4", "A100", ""}
+	nodes := make([]Node, len(models))
+	for i, m := range models {
+		nodes[i] = Node{Name: fmt.Sprintf("n%d", i), Model: m, CPUMilli: 1000, MemoryBytes: 1 << 30, GPUs: []GPU{{ID: "g0", FreeMilli: MilliPerGPU}}}
+	}
+	s, err := NewSnapshot(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"A100", "H100", "L4"}; !slices.Equal(s.models, want) {
+		t.Errorf("models %v, want %v", s.models, want)
+	}
+	for i, m := range models {
+		got := ""
+		if id := s.nodes[i].model; id >= 0 {
+			got = s.models[id]
+		}
+		if got != m {
+			t.Errorf("node %d: model %q, want %q", i, got, m)
+		}
 	}
 }

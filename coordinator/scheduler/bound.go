@@ -34,8 +34,8 @@ import (
 // they change. A part that read anything else the pod's events do not
 // report (a resource claim, a Job, the namespace's default queue) is
 // volatile: read again every cycle. Pods being bound are the scheduler's
-// (assumed), read every cycle; the gang census, which depends on the nodes,
-// is counted every cycle from the gang members' parts.
+// (assumed), read every cycle. The gang census keeps each gang's count of
+// its bound members (census.go).
 
 // boundLedger is what readBound keeps between cycles. The event side (dirty,
 // fresh) is under mu; the rest is the cycle goroutine's.
@@ -54,7 +54,7 @@ type boundLedger struct {
 	unbound  map[types.UID]*corev1.Pod // pods not shown bound: collect's pending pods and those being bound
 	holders  map[types.UID]*corev1.Pod // placeholder pods, bound or not
 	volatile map[types.UID]*boundPart
-	members  map[types.UID]*boundPart // gang members, for the census
+	gangs    map[string]*gangLedger // gangID -> its bound members, for the census
 	charges  map[chargeKey]*chargeSum
 	demand   map[demandKey]*boundDemand
 	// being is beingBound's buffer, used again in each cycle (what it
@@ -126,6 +126,11 @@ func (l *boundLedger) replace(k types.UID, p *corev1.Pod) {
 		if part.parsed {
 			part.pi.pod = p
 		}
+		if part.gang != "" {
+			if g := l.gangs[part.gang]; g != nil {
+				g.tally = nil // its census holds the object
+			}
+		}
 	}
 	if q := l.unbound[k]; q != nil && q.UID == p.UID {
 		l.unbound[k] = p
@@ -185,6 +190,7 @@ type boundPart struct {
 	parsed bool    // pi is its parse: as admitted (bound) or as it is (being bound)
 	pi     podInfo // for the census and reclaim (admittedOf)
 	member bool    // a gang member this scheduler admitted: counted in the census
+	gang   string  // its gangID, when a member kept in the ledger
 }
 
 // boundPartOf reads p, bound or being bound to node; ok is false for a pod
@@ -303,7 +309,9 @@ func (l *boundLedger) forget(k types.UID) {
 		l.remove(old)
 		delete(l.parts, k)
 		delete(l.volatile, k)
-		delete(l.members, k)
+		if old.gang != "" {
+			l.dropMember(k, old)
+		}
 	}
 	delete(l.unbound, k)
 	delete(l.holders, k)
@@ -330,7 +338,9 @@ func (s *Scheduler) setBound(v *draCycle, p *corev1.Pod) {
 		l.volatile[k] = &part
 	}
 	if part.member {
-		l.members[k] = &part
+		id, name := s.gangIDs.of(part.pi.Queue, p.Namespace, part.pi.GangName())
+		part.gang = id
+		l.addMember(k, &part, name)
 	}
 }
 
@@ -359,7 +369,7 @@ func (s *Scheduler) rebuildBound(v *draCycle, list []*corev1.Pod) {
 	l.unbound = map[types.UID]*corev1.Pod{}
 	l.holders = map[types.UID]*corev1.Pod{}
 	l.volatile = map[types.UID]*boundPart{}
-	l.members = map[types.UID]*boundPart{}
+	l.gangs = map[string]*gangLedger{}
 	l.charges = map[chargeKey]*chargeSum{}
 	l.demand = map[demandKey]*boundDemand{}
 	for _, p := range pods {
@@ -383,18 +393,7 @@ func (s *Scheduler) readBound(v *draCycle, list func() ([]*corev1.Pod, error), a
 	if err != nil {
 		return nil, nil, err
 	}
-	demand, members := s.bound.replay(being, b)
-	// The census, in a stable order (the first member counted pins the
-	// gang's pool).
-	slices.SortFunc(members, func(a, b *boundPart) int {
-		return strings.Compare(string(ledgerKey(a.pod)), string(ledgerKey(b.pod)))
-	})
-	gangs := newGangsPlaced(s.gangNodes)
-	for _, part := range members {
-		gangs.count(s, part.pod, &part.pi, part.node, part.being, part.terminal)
-	}
-	s.gangNodes = len(gangs.nodes)
-	return demand, gangs, nil
+	return s.bound.replay(being, b), s.census(being), nil
 }
 
 // updateBound brings the ledger up to date with the events taken: read
@@ -442,18 +441,14 @@ func (s *Scheduler) updateBound(v *draCycle, list func() ([]*corev1.Pod, error))
 }
 
 // replay charges the sums of the parts kept, then the pods being bound, to
-// the books; it returns their demand and the gang members among them.
-func (l *boundLedger) replay(being []boundPart, b *books) ([]boundDemand, []*boundPart) {
+// the books; it returns their demand.
+func (l *boundLedger) replay(being []boundPart, b *books) []boundDemand {
 	for k, c := range l.charges {
 		b.chargeSum(k, saturated(c.res))
 	}
 	out := make([]boundDemand, 0, len(l.demand)+len(being))
 	for _, d := range l.demand {
 		out = append(out, *d)
-	}
-	members := make([]*boundPart, 0, len(l.members))
-	for _, part := range l.members {
-		members = append(members, part)
 	}
 	for i := range being {
 		part := &being[i]
@@ -463,11 +458,8 @@ func (l *boundLedger) replay(being []boundPart, b *books) ([]boundDemand, []*bou
 		if part.demands {
 			out = append(out, boundDemand{req: part.demand, n: 1})
 		}
-		if part.member {
-			members = append(members, part)
-		}
 	}
-	return out, members
+	return out
 }
 
 // beingBound reads the pods being bound that the ledger does not show

@@ -34,6 +34,9 @@ type boundView struct {
 	census map[string]string // gangID -> its census, printed
 	// unbound and holders are the pods collect reads: not shown bound, and placeholders.
 	unbound, holders []string
+	// live are the censuses' live members, the objects a rollback evicts
+	// (not compared: a fresh read holds the same objects).
+	live []*corev1.Pod
 }
 
 // readBoundView runs readBound over pods, as a cycle does, on books of queues.
@@ -69,6 +72,7 @@ func readBoundView(t *testing.T, s *Scheduler, pods []*corev1.Pod, assumed map[t
 			live = append(live, p.Name)
 		}
 		slices.Sort(live)
+		v.live = append(v.live, c.live...)
 		v.census[id] = fmt.Sprintf("%s min=%d held=%d ran=%d inflight=%d live=%v", c.name, c.min, c.held, c.ran, c.inflight, live)
 	}
 	return v
@@ -78,7 +82,8 @@ func readBoundView(t *testing.T, s *Scheduler, pods []*corev1.Pod, assumed map[t
 // by the pod informer's events, charges the queues, weighs the demand and
 // counts the gangs as a ledger read afresh from the same pods does, through
 // pods made, bound, finished, deleted, made again under their name and
-// changed by their authors, with pods being bound beside them.
+// changed by their authors, with pods being bound beside them, and nodes
+// that move to another pool, go and come back under the gangs' members.
 func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 	nodes := []*corev1.Node{h100Node("n0", "a", 8), h100Node("n1", "a", 8), h100Node("n2", "b", 8)}
 	queues := []*v1alpha1.Queue{queueOf("q1", "16"), queueOf("q2", "16")}
@@ -136,6 +141,21 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 				}
 			}
 			for step := range 250 {
+				if rng.IntN(12) == 0 {
+					// The nodes change under the gangs' members, without a
+					// pod event: one moves to another pool, goes (a spot
+					// node reclaimed, its pods left) or comes back.
+					n := nodes[rng.IntN(len(nodes))]
+					if _, shown, _ := c.nodes.Get(n); !shown {
+						_ = c.nodes.Add(n)
+					} else if rng.IntN(2) == 0 {
+						_ = c.nodes.Delete(n)
+					} else {
+						moved := n.DeepCopy()
+						moved.Labels[api.LabelNodePool] = []string{"a", "b", "c"}[rng.IntN(3)]
+						_ = c.nodes.Update(moved)
+					}
+				}
 				pods := c.pods.List()
 				var cur *corev1.Pod
 				if len(pods) > 0 {
@@ -200,10 +220,17 @@ func TestBoundLedgerMatchesAFreshReadThroughChurn(t *testing.T) {
 						}
 					}
 				}
+				// A rollback evicts the informer's objects, not older equal ones.
+				for _, p := range got.live {
+					if obj, ok, _ := c.pods.Get(p); !ok || obj.(*corev1.Pod) != p {
+						t.Fatalf("step %d: a gang's census holds an object of %s the informer replaced", step, p.Name)
+					}
+				}
 				kept := s.bound
 				s.bound = newBoundLedger()
 				want := readBoundView(t, s, list, assumed, queues)
 				s.bound = kept
+				got.live, want.live = nil, nil
 				s.sweepParses()
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d: the ledger read\n%+v\nread afresh\n%+v", step, got, want)

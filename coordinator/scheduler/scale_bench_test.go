@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,9 +53,14 @@ func BenchmarkCycle(b *testing.B) {
 		bound      bool
 		pendingPer int  // pending pods per node
 		full       bool // the bind queue is full
-	}{{"idle", true, 0, false}, {"busy", true, 1, false}, {"backlog", false, 10, false}, {"waiting", true, 4, true}} {
+		gangs      bool // the bound whole-GPU pods are gangs' members
+	}{{"idle", true, 0, false, false}, {"busy", true, 1, false, false}, {"backlog", false, 10, false, false},
+		{"waiting", true, 4, true, false}, {"gangs", true, 1, false, true}} {
 		b.Run(sc.name, func(b *testing.B) {
 			pods := scaleBenchPods(5000, sc.bound, sc.pendingPer)
+			if sc.gangs {
+				boundGangs(pods)
+			}
 			s := newBenchScheduler(b, 5000, pods, !sc.full)
 			ctx := b.Context()
 			if testing.Verbose() {
@@ -78,6 +84,23 @@ func BenchmarkCycle(b *testing.B) {
 			forget()
 			timeCycles(b, s, ctx, forget)
 		})
+	}
+}
+
+// boundGangs makes the bound whole-GPU pods of scaleBenchPods members of
+// gangs of 8 (two nodes' four), admitted as such: 20,000 members that the
+// gang census counts in every cycle.
+func boundGangs(pods []*corev1.Pod) {
+	k := 0
+	for _, p := range pods {
+		if p.Spec.NodeName == "" || !strings.HasPrefix(p.Name, "w-") {
+			continue
+		}
+		g := fmt.Sprintf("bound-gang-%05d", k/8)
+		k++
+		p.Labels[api.LabelPodGroup] = g
+		p.Annotations[api.AnnotationMinMember] = "8"
+		p.Annotations[api.AnnotationAdmittedGang] = g
 	}
 }
 

@@ -217,6 +217,10 @@ type Scheduler struct {
 	// events counts what may change a cycle's outcome: wake-ups (every
 	// informer event), bindings and API writes done.
 	events atomic.Uint64
+	// nodeEvents counts the node informer's events that change what the
+	// gang census reads of the nodes (which exist, their pools): a gang's
+	// census is counted again when it moved.
+	nodeEvents atomic.Uint64
 	// idle is what Run knows of the last cycle it ran, used only by Run.
 	idle idleState
 
@@ -282,10 +286,8 @@ type Scheduler struct {
 	models      []string
 	scalarMilli map[string]int64
 	draNodes    map[string]bool
-	// gangIDs: the gangs' IDs the last two cycles asked for; gangNodes:
-	// how many nodes the last gang census read the pool of.
-	gangIDs   gangIDs
-	gangNodes int
+	// gangIDs: the gangs' IDs the last two cycles asked for.
+	gangIDs gangIDs
 	// kubeCarried: the pods the last cycle left assumed in
 	// kube-scheduler's cache for their plans (kubeChecks.end).
 	kubeCarried map[types.UID]placedPod
@@ -487,6 +489,7 @@ func (s *Scheduler) podShown(p *corev1.Pod) {
 func (s *Scheduler) OnNode(obj any) {
 	if n, ok := obj.(*corev1.Node); ok {
 		s.stateCache.AddNode(n)
+		s.nodeEvents.Add(1)
 		s.Wake()
 	}
 }
@@ -500,6 +503,9 @@ func (s *Scheduler) OnNodeUpdate(old, obj any, changed bool) {
 	}
 	o, _ := old.(*corev1.Node)
 	s.stateCache.UpdateNode(o, n)
+	if o == nil || o.Labels[s.opts.PoolLabel] != n.Labels[s.opts.PoolLabel] {
+		s.nodeEvents.Add(1) // what the census reads of it: its pool
+	}
 	s.Wake()
 }
 
@@ -511,6 +517,7 @@ func (s *Scheduler) OnNodeDelete(obj any) {
 	if n, ok := obj.(*corev1.Node); ok {
 		s.stateCache.DeleteNode(n)
 	}
+	s.nodeEvents.Add(1)
 	s.Wake()
 }
 

@@ -10,7 +10,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
-	"github.com/gpufrac/gpufrac/coordinator/predicates"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
 )
@@ -212,79 +211,20 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 }
 
 // gangsPlaced are the gang members bound or being bound (readBound counts
-// them): a gang's members already placed count toward its min-member and
-// pin its node pool. A gang is one queue's (gangID): a pod of another
-// queue that carries the same pod group name (tenant input) counts for its
-// own queue's gang, never toward this one's min-member or rollback.
+// them, census.go): a gang's members already placed count toward its
+// min-member and pin its node pool. A gang is one queue's (gangID): a pod of
+// another queue that carries the same pod group name (tenant input) counts
+// for its own queue's gang, never toward this one's min-member or rollback.
+// Its censuses are the ledger's: read, never changed.
 type gangsPlaced struct {
 	bound  map[string]int         // gangID -> members placed
 	pool   map[string]string      // gangID -> their pool
 	census map[string]*gangCensus // gangID -> its bound members, for checkGangBinds
-	nodes  map[string]string      // node -> pool, filled lazily
-	gone   map[string]bool        // nodes the lister does not have, filled with nodes
 }
 
-// newGangsPlaced makes an empty count; nodes is how many nodes the last
-// one read the pool of (its map is made that large).
-func newGangsPlaced(nodes int) *gangsPlaced {
-	return &gangsPlaced{bound: map[string]int{}, pool: map[string]string{}, census: map[string]*gangCensus{},
-		nodes: make(map[string]string, nodes), gone: map[string]bool{}}
-}
-
-// count counts p, a pod of this scheduler bound or being bound (to node),
-// parsed as pi (for a bound pod, as its binding recorded: pods the
-// coordinator did not bind are no gang's members).
-func (g *gangsPlaced) count(s *Scheduler, p *corev1.Pod, pi *podInfo, node string, inflight, terminal bool) {
-	if pi.GangName() == "" {
-		return
-	}
-	key, name := s.gangIDs.of(pi.Queue, p.Namespace, pi.GangName())
-	c := g.census[key]
-	if c == nil {
-		// Room for the members the gang says it has (a tenant's number:
-		// bounded).
-		c = &gangCensus{name: name, live: make([]*corev1.Pod, 0, min(max(pi.GangMinMember(), 1), maxCensusRoom))}
-		g.census[key] = c
-	}
-	c.min = max(c.min, pi.GangMinMember())
-	if terminal {
-		// A member that ended after it ran (succeeded, or failed in its
-		// work) counts as having run: its gang was whole. One that never
-		// ran (refused at the kubelet's admission, no container started)
-		// does not: a Job keeps such pods, and counting them would hide a
-		// gang bound in part from its rollback.
-		if !predicates.NeverRan(p) {
-			c.ran++
-		}
-		return
-	}
-	c.held++
-	if inflight && p.Spec.NodeName == "" {
-		c.inflight++
-	}
-	if _, ok := g.nodes[node]; !ok {
-		pool, exists := s.poolOf(node)
-		g.nodes[node] = pool
-		if !exists {
-			g.gone[node] = true
-		}
-	}
-	if p.Spec.NodeName != "" && p.DeletionTimestamp == nil && !g.gone[node] {
-		c.live = append(c.live, p)
-	}
-	if p.DeletionTimestamp != nil || g.gone[node] {
-		// Going (evicted, drained) or on a node that is gone (a spot node
-		// reclaimed: its pods wait for the pod garbage collector): it holds
-		// its resources until it is gone, but it is no member the gang can
-		// count on, so neither toward min-member (a lone replacement would
-		// be placed as "the rest" of a gang that lost every member) nor for
-		// the gang's pool.
-		return
-	}
-	g.bound[key]++
-	if _, pinned := g.pool[key]; !pinned {
-		g.pool[key] = g.nodes[node]
-	}
+// newGangsPlaced makes an empty count for n gangs.
+func newGangsPlaced(n int) *gangsPlaced {
+	return &gangsPlaced{bound: make(map[string]int, n), pool: make(map[string]string, n), census: make(map[string]*gangCensus, n)}
 }
 
 // maxCensusRoom bounds the room a gang's census makes for its members

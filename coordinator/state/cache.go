@@ -60,6 +60,10 @@ type Cache struct {
 	lastUsage dra.Usage // the DRA usage last was made with
 	// oneShot: the cache makes one snapshot (Build) and keeps none.
 	oneShot bool
+	// order is the last snapshot's parts, busiest first (sortBusiest);
+	// ordered the snapshot it was made for.
+	order   []*nodePart
+	ordered uint64
 }
 
 // snapKey is what a steady snapshot was made from besides its plain
@@ -124,6 +128,12 @@ type nodePart struct {
 	// reservations are the node's reservations, shared by the snapshots
 	// that take the part (Snapshot.Reservations: read only).
 	reservations []keyedReservation
+	// in is the last snapshot that took the part (chargePlaced); ordered
+	// the last whose order it was in (sortBusiest).
+	in, ordered uint64
+	// used is the GPU milli in use sortBusiest orders by, when hasUsed.
+	used    int
+	hasUsed bool
 }
 
 type keyedReservation struct {
@@ -370,9 +380,8 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 	b.creating()
 	b.failedReservations()
 	b.chargeLeftOut()
-	nodes := b.chargePlaced()
+	nodes := b.sortBusiest(b.chargePlaced())
 	b.settleReservations()
-	sortBusiestFirst(nodes)
 	snap, err := placement.NewSnapshotOf(nodes)
 	if err != nil {
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
@@ -567,9 +576,9 @@ func (b *build) chargeLeftOut() {
 // node's part as it was when neither the node, its pods nor anything else
 // in the inputs moved it, else charged again; it adds their reservations
 // and capacity to the snapshot.
-func (b *build) chargePlaced() []*placement.Node {
+func (b *build) chargePlaced() []*nodePart {
 	c, out := b.c, b.out
-	nodes := make([]*placement.Node, 0, len(b.placed))
+	parts := make([]*nodePart, 0, len(b.placed))
 	for _, ni := range b.placed {
 		part := ni.last
 		if b.gone != nil && ni.holds(b.gone) {
@@ -589,13 +598,92 @@ func (b *build) chargePlaced() []*placement.Node {
 		for _, kr := range part.reservations {
 			out.Reservations[kr.key] = kr.r
 		}
-		nodes = append(nodes, &part.node) // the part's: not changed after it is made
+		part.in = c.snaps
+		parts = append(parts, part)
 		out.GPUCapacityMilli += int64(len(part.node.GPUs)+ni.facts.partitioned) * placement.MilliPerGPU
 		out.CPUCapacityMilli += part.node.CPUMilli
 		out.MemoryCapacityBytes += part.node.MemoryBytes
 	}
 	clear(c.scratch)
 	c.scratch = c.scratch[:0]
+	return parts
+}
+
+// sortBusiest returns the parts' nodes (the parts': not changed after they
+// are made) in placement's order, busiest first (busier). Most parts are
+// taken as they were, so they keep the order they had in the last
+// snapshot: only the parts made since are sorted, and merged in. A what-if
+// (gone) is sorted whole and does not change the order kept.
+func (b *build) sortBusiest(parts []*nodePart) []*placement.Node {
+	c := b.c
+	if b.gone != nil || c.oneShot {
+		slices.SortFunc(parts, busier)
+		return nodesOf(parts)
+	}
+	kept := make([]*nodePart, 0, len(parts))
+	for _, p := range c.order {
+		if p.in == c.snaps {
+			kept = append(kept, p) // in order already
+		}
+	}
+	var fresh []*nodePart
+	for _, p := range parts {
+		if p.ordered != c.ordered || c.ordered == 0 {
+			fresh = append(fresh, p)
+		}
+	}
+	slices.SortFunc(fresh, busier)
+	merged := parts[:0] // parts is read no more
+	i, j := 0, 0
+	for i < len(kept) && j < len(fresh) {
+		if busier(fresh[j], kept[i]) < 0 {
+			merged, j = append(merged, fresh[j]), j+1
+		} else {
+			merged, i = append(merged, kept[i]), i+1
+		}
+	}
+	merged = append(append(merged, kept[i:]...), fresh[j:]...)
+	for _, p := range merged {
+		p.ordered = c.snaps
+	}
+	c.order, c.ordered = append(c.order[:0], merged...), c.snaps
+	return nodesOf(merged)
+}
+
+// busier orders parts by GPU milli in use, most first, then by node name.
+// Placement gives ties to the node that comes first, so equal choices go
+// to the busiest node: work packs onto nodes already in use, and lightly
+// used ones can empty for the autoscaler to remove. The cache's order is a
+// map's, so without this ties would fall at random, differently each cycle.
+func busier(a, b *nodePart) int {
+	if c := cmp.Compare(b.usedMilli(), a.usedMilli()); c != 0 {
+		return c
+	}
+	return strings.Compare(a.node.Name, b.node.Name)
+}
+
+// usedMilli is the GPU milli in use on the part's node; a GPU shared (held
+// by a reservation), even an idle one, makes the node busier.
+func (p *nodePart) usedMilli() int {
+	if !p.hasUsed {
+		u := 0
+		for _, g := range p.node.GPUs {
+			u += placement.MilliPerGPU - g.FreeMilli
+			if g.Reserved {
+				u++
+			}
+		}
+		p.used, p.hasUsed = u, true
+	}
+	return p.used
+}
+
+// nodesOf is the parts' nodes, in order.
+func nodesOf(parts []*nodePart) []*placement.Node {
+	nodes := make([]*placement.Node, len(parts))
+	for i, p := range parts {
+		nodes[i] = &p.node
+	}
 	return nodes
 }
 

@@ -655,60 +655,6 @@ func chargeAsking(asking []askingReservation, reservations map[NodeGPU]*Reservat
 	}
 }
 
-// sortBusiestFirst orders nodes by GPU milli in use, most first, then by
-// name. Placement gives ties to the node that comes first, so equal choices
-// go to the busiest node: work packs onto nodes already in use, and lightly
-// used ones can empty for the autoscaler to remove. The listers' order is a
-// map's, so without this ties would fall at random, differently each cycle.
-func sortBusiestFirst(nodes []*placement.Node) {
-	used := make([]int, len(nodes))
-	for i, n := range nodes {
-		u := 0
-		for _, g := range n.GPUs {
-			u += placement.MilliPerGPU - g.FreeMilli
-			if g.Reserved {
-				u++ // a shared GPU, even an idle one, makes the node busier
-			}
-		}
-		used[i] = u
-	}
-	// The order is sorted, then applied to the nodes in place.
-	order := make([]int, len(nodes))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		if c := cmp.Compare(used[b], used[a]); c != 0 {
-			return c
-		}
-		return strings.Compare(nodes[a].Name, nodes[b].Name)
-	})
-	permute(nodes, order)
-}
-
-// permute puts nodes in order (nodes[i] becomes the old nodes[order[i]])
-// in place, one cycle of the permutation at a time. It leaves order as the
-// identity.
-func permute[T any](nodes []T, order []int) {
-	for i := range order {
-		if order[i] == i {
-			continue
-		}
-		held := nodes[i]
-		j := i
-		for {
-			k := order[j]
-			order[j] = j
-			if k == i {
-				nodes[j] = held
-				break
-			}
-			nodes[j] = nodes[k]
-			j = k
-		}
-	}
-}
-
 // chargeFractions charges a node's fraction pods to their GPUs. gpufrac-node
 // treats pods of the same size as interchangeable: it gives the GPUs planned
 // for that size, in whatever order the kubelet admits the pods. So an

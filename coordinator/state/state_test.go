@@ -2,7 +2,6 @@ package state
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -685,35 +684,5 @@ func TestDrainingNodeIsBackPastItsDeadline(t *testing.T) {
 	// Without Now every draining taint counts.
 	if got := free(t, Inputs{Nodes: []*corev1.Node{tainted(past)}}); len(got) != 0 {
 		t.Errorf("without Now: free %v, want the node left out", got)
-	}
-}
-
-// TestPermute: permute puts nodes in the order given, in place, for any
-// permutation, and leaves the order the identity.
-func TestPermute(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 11))
-	for n := range 40 {
-		for range 20 {
-			nodes := make([]placement.Node, n)
-			for i := range nodes {
-				nodes[i].Name = fmt.Sprintf("n%d", i)
-			}
-			order := rng.Perm(n)
-			want := make([]string, n)
-			for i, j := range order {
-				want[i] = nodes[j].Name
-			}
-			permute(nodes, order)
-			got := make([]string, n)
-			for i := range nodes {
-				got[i] = nodes[i].Name
-				if order[i] != i {
-					t.Fatalf("order[%d] = %d after permute, want the identity", i, order[i])
-				}
-			}
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Fatalf("permute over %d nodes (-want +got):\n%s", n, diff)
-			}
-		}
 	}
 }
