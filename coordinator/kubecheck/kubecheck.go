@@ -102,6 +102,8 @@ type Checker struct {
 	// antiAffinity counts the bound pods with a required pod anti-affinity
 	// the cache holds: while there is one, any pod may be rejected by it.
 	antiAffinity atomic.Int64
+	// preFilters counts the pods whose PreFilter plugins ran (PreFilters).
+	preFilters atomic.Uint64
 
 	pvs     corelisters.PersistentVolumeLister
 	pvcs    corelisters.PersistentVolumeClaimLister
@@ -526,6 +528,10 @@ type PodCheck struct {
 	assumed   *corev1.Pod // the pod on the node it was reserved on (on)
 }
 
+// PreFilters is how many times the PreFilter plugins ran, for a pod each:
+// PodTopologySpread's walks every node and its pods.
+func (c *Checker) PreFilters() uint64 { return c.preFilters.Load() }
+
 // Check prepares pod's checks against the cycle's snapshot (Begin must have
 // run), brought up to date with what was assumed since; the PreFilter
 // plugins run on the first node asked about (Allows). It returns nil when no plugin has anything to check
@@ -573,6 +579,7 @@ func (pc *PodCheck) prefilter(ctx context.Context) {
 		return
 	}
 	pc.pre = true
+	pc.c.preFilters.Add(1)
 	pc.state = framework.NewCycleState()
 	res, st, narrowedBy := pc.c.fw.RunPreFilterPlugins(ctx, pc.state, pc.pod)
 	if st.IsSuccess() {

@@ -116,19 +116,41 @@ func NewSnapshot(nodes []Node) (*Snapshot, error) {
 // the caller must not change the Nodes afterwards. A caller that keeps its
 // Nodes between snapshots (the coordinator's state cache) hands them over
 // without copying them.
-func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
-	s := &Snapshot{
-		nodes:  make([]nodeState, len(nodes)),
-		meta:   make([]*Node, len(nodes)),
-		byName: make(map[string]int, len(nodes)),
-		src:    &genSource{},
-		elig:   map[eligKey]*eligibility{},
-	}
+func NewSnapshotOf(nodes []*Node) (*Snapshot, error) { return NewSnapshotReusing(nil, nodes) }
+
+// NewSnapshotReusing is NewSnapshotOf made in the arrays of spare, a
+// snapshot its caller is done with (nil: none): a scheduler that makes a
+// snapshot of thousands of nodes every cycle would otherwise allocate the
+// last one's arrays again. spare's arrays are taken only when no clone
+// shares them and no checkpoint is open; either way spare must not be used
+// afterwards (it is emptied: a use panics).
+func NewSnapshotReusing(spare *Snapshot, nodes []*Node) (*Snapshot, error) {
 	nGPU := 0
 	for i := range nodes {
 		nGPU += len(nodes[i].GPUs)
 	}
-	s.free = make([]int32, 0, nGPU)
+	s := &Snapshot{src: &genSource{}, elig: map[eligKey]*eligibility{}}
+	var (
+		spareView  []int32
+		spareBools []bool
+	)
+	if spare != nil && !spare.shared && spare.depth == 0 && spare.byName != nil {
+		s.nodes, s.meta, s.byName = reuse(spare.nodes, len(nodes)), reuse(spare.meta, len(nodes)), spare.byName
+		clear(s.byName)
+		s.free = reuse(spare.free, nGPU)[:0]
+		if spare.reserved != nil {
+			spareBools, spareView = spare.reserved, spare.view // view is an array of its own then
+		}
+	}
+	if spare != nil {
+		*spare = Snapshot{} // emptied: its arrays are the new snapshot's
+	}
+	if s.nodes == nil {
+		s.nodes = make([]nodeState, len(nodes))
+		s.meta = make([]*Node, len(nodes))
+		s.byName = make(map[string]int, len(nodes))
+		s.free = make([]int32, 0, nGPU)
+	}
 	if err := s.initScalars(nodes); err != nil {
 		return nil, err
 	}
@@ -138,7 +160,7 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 	for i := range nodes {
 		for _, g := range nodes[i].GPUs {
 			if g.Reserved && s.reserved == nil {
-				s.reserved = make([]bool, 0, nGPU)
+				s.reserved = reuse(spareBools, nGPU)[:0]
 			}
 		}
 	}
@@ -199,7 +221,7 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 	}
 	s.view = s.free
 	if s.reserved != nil {
-		s.view = make([]int32, len(s.free))
+		s.view = reuse(spareView, len(s.free))
 		for g := range s.free {
 			s.view[g] = s.viewOf(g)
 		}
@@ -208,6 +230,15 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) {
 		s.refresh(i)
 	}
 	return s, nil
+}
+
+// reuse is xs with length n, in its own array when that is large enough,
+// else in a new one; the caller overwrites what it held.
+func reuse[T any](xs []T, n int) []T {
+	if cap(xs) >= n {
+		return xs[:n]
+	}
+	return make([]T, n)
 }
 
 // reservedViewMilli is the most free milli a reserved GPU shows in view:

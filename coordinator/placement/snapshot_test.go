@@ -404,3 +404,71 @@ func TestNewSnapshotInternsModelsInAnyOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestNewSnapshotReusingIsNewSnapshotOf: a snapshot made in the arrays of
+// the last one (changed by placements, with reserved GPUs or without, of
+// more nodes or fewer) is what NewSnapshotOf makes of the same nodes; the
+// last one is emptied; and a clone that shares the last one's arrays keeps
+// what it had.
+func TestNewSnapshotReusingIsNewSnapshotOf(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 30))
+	nodesOf := func(n int, reserved bool) []*Node {
+		out := make([]*Node, n)
+		for i := range out {
+			gpus := make([]GPU, 1+rng.IntN(8))
+			for g := range gpus {
+				gpus[g] = GPU{ID: fmt.Sprintf("g%d", g), FreeMilli: 100 * rng.IntN(11), Reserved: reserved && rng.IntN(3) == 0}
+			}
+			out[i] = &Node{Name: fmt.Sprintf("n%03d", rng.IntN(1000)*1000+i), Model: []string{"A100", "H100"}[rng.IntN(2)], CPUMilli: 64000, MemoryBytes: 1 << 40, GPUs: gpus}
+		}
+		return out
+	}
+	share := &Request{ShareMilli: 100}
+	for round := range 40 {
+		last, err := NewSnapshotOf(nodesOf(1+rng.IntN(60), rng.IntN(2) == 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range rng.IntN(5) { // placed on, as a cycle does
+			if d, err := New("binpack", Options{}); err == nil {
+				if dec, err := d.Place(last, share); err == nil {
+					mustAssume(t, last, share, dec)
+				}
+			}
+		}
+		var clone *Snapshot
+		var cloned []Node
+		if round%3 == 0 {
+			clone = last.Clone()
+			cloned = views(clone)
+		}
+		next := nodesOf(1+rng.IntN(60), rng.IntN(2) == 0)
+		want, err := NewSnapshotOf(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := NewSnapshotReusing(last, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(views(want), views(got)); d != "" {
+			t.Fatalf("round %d: made in the last one's arrays (-fresh +reused):\n%s", round, d)
+		}
+		if !slices.Equal(want.models, got.models) || !slices.Equal(want.view, got.view) || want.freeMilli != got.freeMilli {
+			t.Fatalf("round %d: models %v / %v, view %v / %v, free %d / %d", round, want.models, got.models, want.view, got.view, want.freeMilli, got.freeMilli)
+		}
+		for i, n := range next {
+			if j, ok := got.Index(n.Name); !ok || j != i {
+				t.Fatalf("round %d: node %s at %d, %v; want %d", round, n.Name, j, ok, i)
+			}
+		}
+		if last.Len() != 0 {
+			t.Fatalf("round %d: the snapshot reused still has %d nodes", round, last.Len())
+		}
+		if clone != nil {
+			if d := cmp.Diff(cloned, views(clone)); d != "" {
+				t.Fatalf("round %d: a clone of the snapshot reused changed (-before +after):\n%s", round, d)
+			}
+		}
+	}
+}

@@ -102,9 +102,15 @@ func (s *Scheduler) Cycle(ctx context.Context) (Result, error) {
 func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 	start := s.clock.Now()
 	verbose := klog.FromContext(ctx).V(2).Enabled()
-	var cpu0 cpuUse
+	var (
+		cpu0       cpuUse
+		preFilters uint64
+	)
 	if verbose {
 		cpu0 = readCPUUse()
+		if s.deps.Kube != nil {
+			preFilters = s.deps.Kube.PreFilters()
+		}
 	}
 	c := &cycle{
 		s: s, ctx: ctx, logger: klog.FromContext(ctx), start: start,
@@ -118,6 +124,10 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 		if c.kube != nil {
 			s.kubeCarried = c.kube.end(s.plans)
 		}
+		// The next cycle's snapshot is made in this one's arrays: nothing
+		// reads it after the cycle (quiet reads what the state snapshot
+		// holds besides them).
+		s.stateCache.Recycle(c.snap)
 	}()
 	if err := c.snapshot(); err != nil {
 		return c, err
@@ -134,8 +144,12 @@ func (s *Scheduler) runCycle(ctx context.Context) (*cycle, error) {
 	c.stages.done("report")
 	if verbose {
 		cpu := readCPUUse().since(cpu0)
-		c.logger.V(2).Info("Scheduling cycle", append([]any{"pending", len(c.pending), "bound", c.res.Bound, "waiting", c.res.Pending,
-			"duration", s.clock.Since(start), "processCPU", cpu.process, "gcCPU", cpu.gc}, c.stages.kv...)...)
+		kv := []any{"pending", len(c.pending), "bound", c.res.Bound, "waiting", c.res.Pending,
+			"duration", s.clock.Since(start), "processCPU", cpu.process, "gcCPU", cpu.gc}
+		if s.deps.Kube != nil {
+			kv = append(kv, "kubePreFilters", s.deps.Kube.PreFilters()-preFilters)
+		}
+		c.logger.V(2).Info("Scheduling cycle", append(kv, c.stages.kv...)...)
 	}
 	return c, nil
 }

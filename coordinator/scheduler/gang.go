@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -100,7 +102,10 @@ func (s *Scheduler) checkGangBinds(ctx context.Context, census map[string]*gangC
 		if s.deps.Releaser == nil {
 			continue
 		}
-		for _, p := range c.live {
+		// In the order of their keys (the census's is a map's), on a copy:
+		// the census is the ledger's, shared with later cycles.
+		live := slices.SortedFunc(slices.Values(c.live), func(a, b *corev1.Pod) int { return strings.Compare(string(ledgerKey(a)), string(ledgerKey(b))) })
+		for _, p := range live {
 			if s.gangEvicted.sent(p.UID) {
 				continue
 			}

@@ -64,6 +64,9 @@ type Cache struct {
 	// ordered the snapshot it was made for.
 	order   []*nodePart
 	ordered uint64
+	// spare is a snapshot handed back (Recycle): the next one is made in
+	// its arrays.
+	spare *placement.Snapshot
 }
 
 // snapKey is what a steady snapshot was made from besides its plain
@@ -316,6 +319,21 @@ func (c *Cache) UpdateSnapshot(in Inputs) (*Snapshot, error) {
 	return c.snapshot(&in, nil)
 }
 
+// Recycle hands back s, a snapshot UpdateSnapshot made, once its reader is
+// done with it: the next snapshot is made in its placement snapshot's
+// arrays (placement.NewSnapshotReusing), which a cycle of the coordinator
+// allocated anew otherwise (a sixth of what it allocated at full size).
+// Its placement snapshot may not be used afterwards: the next UpdateSnapshot
+// empties it.
+func (c *Cache) Recycle(s *Snapshot) {
+	if s == nil || s.Snapshot == nil {
+		return
+	}
+	c.mu.Lock()
+	c.spare = s.Snapshot
+	c.mu.Unlock()
+}
+
 // SnapshotWithout is UpdateSnapshot with the pods gone says left out, as if
 // they were not shown (reclaim's what-if: the cluster once its victims are
 // gone). Only the nodes of such pods are charged for it, and their parts
@@ -382,7 +400,11 @@ func (c *Cache) snapshot(in *Inputs, gone func(*corev1.Pod) bool) (*Snapshot, er
 	b.chargeLeftOut()
 	nodes := b.sortBusiest(b.chargePlaced())
 	b.settleReservations()
-	snap, err := placement.NewSnapshotOf(nodes)
+	var spare *placement.Snapshot
+	if gone == nil {
+		spare, c.spare = c.spare, nil
+	}
+	snap, err := placement.NewSnapshotReusing(spare, nodes)
 	if err != nil {
 		return nil, fmt.Errorf("building placement snapshot: %w", err)
 	}
