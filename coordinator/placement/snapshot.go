@@ -99,6 +99,9 @@ type Snapshot struct {
 	// shared: nodes, free, view, scal and modelFree are shared with a
 	// clone (or the snapshot cloned); own copies them before a change.
 	shared bool
+	// cloned: the snapshot was cloned, or is a clone: meta, reserved and
+	// byName, which nothing writes, are shared for good (own keeps them).
+	cloned bool
 }
 
 // NewSnapshot builds a snapshot of nodes. It keeps a pointer to each Node's
@@ -122,8 +125,9 @@ func NewSnapshotOf(nodes []*Node) (*Snapshot, error) { return NewSnapshotReusing
 // snapshot its caller is done with (nil: none): a scheduler that makes a
 // snapshot of thousands of nodes every cycle would otherwise allocate the
 // last one's arrays again. spare's arrays are taken only when no clone
-// shares them and no checkpoint is open; either way spare must not be used
-// afterwards (it is emptied: a use panics).
+// shares them (those a clone shares for good, never) and no checkpoint is
+// open; either way spare must not be used afterwards (it is emptied: a use
+// panics).
 func NewSnapshotReusing(spare *Snapshot, nodes []*Node) (*Snapshot, error) {
 	nGPU := 0
 	for i := range nodes {
@@ -134,12 +138,16 @@ func NewSnapshotReusing(spare *Snapshot, nodes []*Node) (*Snapshot, error) {
 		spareView  []int32
 		spareBools []bool
 	)
-	if spare != nil && !spare.shared && spare.depth == 0 && spare.byName != nil {
-		s.nodes, s.meta, s.byName = reuse(spare.nodes, len(nodes)), reuse(spare.meta, len(nodes)), spare.byName
-		clear(s.byName)
+	if spare != nil && !spare.shared && spare.depth == 0 && spare.nodes != nil {
+		s.nodes = reuse(spare.nodes, len(nodes))
 		s.free = reuse(spare.free, nGPU)[:0]
 		if spare.reserved != nil {
-			spareBools, spareView = spare.reserved, spare.view // view is an array of its own then
+			spareView = spare.view // an array of its own then
+		}
+		if !spare.cloned {
+			s.meta, s.byName, spareBools = reuse(spare.meta, len(nodes)), spare.byName, spare.reserved
+			clear(s.meta[len(s.meta):cap(s.meta)]) // nodes of the last one not held past it
+			clear(s.byName)
 		}
 	}
 	if spare != nil {
@@ -147,9 +155,11 @@ func NewSnapshotReusing(spare *Snapshot, nodes []*Node) (*Snapshot, error) {
 	}
 	if s.nodes == nil {
 		s.nodes = make([]nodeState, len(nodes))
+		s.free = make([]int32, 0, nGPU)
+	}
+	if s.byName == nil {
 		s.meta = make([]*Node, len(nodes))
 		s.byName = make(map[string]int, len(nodes))
-		s.free = make([]int32, 0, nGPU)
 	}
 	if err := s.initScalars(nodes); err != nil {
 		return nil, err
@@ -318,8 +328,9 @@ func (s *Snapshot) GPUMilli() (capacity, used int64) {
 // resources too until either changes them (own): a clone nothing is placed
 // on costs no copy of them.
 func (s *Snapshot) Clone() *Snapshot {
-	s.shared = true
+	s.shared, s.cloned = true, true
 	c := &Snapshot{
+		cloned:   true,
 		nodes:    s.nodes,
 		meta:     s.meta, // never written after NewSnapshot
 		free:     s.free,

@@ -409,7 +409,7 @@ func TestNewSnapshotInternsModelsInAnyOrder(t *testing.T) {
 // the last one (changed by placements, with reserved GPUs or without, of
 // more nodes or fewer) is what NewSnapshotOf makes of the same nodes; the
 // last one is emptied; and a clone that shares the last one's arrays keeps
-// what it had.
+// what it had, the last one changed after the clone was taken or not.
 func TestNewSnapshotReusingIsNewSnapshotOf(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 30))
 	nodesOf := func(n int, reserved bool) []*Node {
@@ -441,6 +441,15 @@ func TestNewSnapshotReusingIsNewSnapshotOf(t *testing.T) {
 		if round%3 == 0 {
 			clone = last.Clone()
 			cloned = views(clone)
+			if round%2 == 0 {
+				// Changed after the clone was taken: its changing arrays are
+				// its own again, those nothing changes still shared.
+				if d, err := New("binpack", Options{}); err == nil {
+					if dec, err := d.Place(last, share); err == nil {
+						mustAssume(t, last, share, dec)
+					}
+				}
+			}
 		}
 		next := nodesOf(1+rng.IntN(60), rng.IntN(2) == 0)
 		want, err := NewSnapshotOf(next)
@@ -468,6 +477,11 @@ func TestNewSnapshotReusingIsNewSnapshotOf(t *testing.T) {
 		if clone != nil {
 			if d := cmp.Diff(cloned, views(clone)); d != "" {
 				t.Fatalf("round %d: a clone of the snapshot reused changed (-before +after):\n%s", round, d)
+			}
+			for i, n := range cloned {
+				if j, ok := clone.Index(n.Name); !ok || j != i {
+					t.Fatalf("round %d: the clone finds node %s at %d, %v; want %d", round, n.Name, j, ok, i)
+				}
 			}
 		}
 	}
