@@ -10,8 +10,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpufrac/gpufrac/api"
@@ -384,49 +382,5 @@ func TestPlaceBudgetKeepsTheHintOfWorkCut(t *testing.T) {
 	}
 	if cut < 2 || c.boundTo("w") != "n2" {
 		t.Errorf("w cut in %d cycles, then bound to %q: want at least 2, then n2", cut, c.boundTo("w"))
-	}
-}
-
-// slowNodeLister is a node lister whose List takes d on the clock: the read
-// of a cycle's snapshot, slow.
-type slowNodeLister struct {
-	corelisters.NodeLister
-	clk *clocktesting.FakeClock
-	d   time.Duration
-}
-
-func (l slowNodeLister) List(sel labels.Selector) ([]*corev1.Node, error) {
-	l.clk.Step(l.d)
-	return l.NodeLister.List(sel)
-}
-
-// TestPlaceBudgetCountsTheCycleBeforeItsPlaceStage: the budget counts the
-// cycle from its start, so a cycle whose snapshot took the whole budget
-// places one workload and leaves the rest to the next cycle; with a quick
-// snapshot the same cycle places them all.
-func TestPlaceBudgetCountsTheCycleBeforeItsPlaceStage(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		read      time.Duration
-		wantBound int
-	}{
-		{name: "quick snapshot", read: 0, wantBound: 5},
-		{name: "snapshot slower than the budget", read: time.Second, wantBound: 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var pods []*corev1.Pod
-			for i := range 5 {
-				pods = append(pods, gpuPod(fmt.Sprintf("p-%d", i), "q", 1))
-			}
-			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "16")}, pods...)
-			clk := clocktesting.NewFakeClock(time.Unix(1_700_000_100, 0))
-			c.s.clock = clk
-			c.s.deps.Nodes = slowNodeLister{NodeLister: c.s.deps.Nodes, clk: clk, d: tc.read}
-			c.s.opts.PlaceBudget = 250 * time.Millisecond
-			res := c.cycle()
-			if res.Bound != tc.wantBound || res.Pending[ReasonNextCycle] != 5-tc.wantBound {
-				t.Fatalf("bound %d, pending %v; want %d bound and %d NextCycle", res.Bound, res.Pending, tc.wantBound, 5-tc.wantBound)
-			}
-		})
 	}
 }

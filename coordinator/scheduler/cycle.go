@@ -399,7 +399,7 @@ func (c *cycle) placeWorkloads() {
 	c.plans = plans{}
 	c.withdrawn = map[types.UID]bool{}
 	c.reclaimIn = newReclaimScope(c.inputs, c.allPods, s.stateCache, c.dra, c.start)
-	c.budget = s.placeBudget(c.start)
+	c.budget = s.placeBudget()
 	c.kube = s.newKubeChecks(c)
 	c.kube.forgetCarriedOutside(c.workloads, s.plans)
 	c.hinted = s.hints.hinted()

@@ -105,14 +105,13 @@ type Options struct {
 	// past it the bound members are evicted and the gang is placed again
 	// whole. Zero means DefaultGangBindTimeout.
 	GangBindTimeout time.Duration
-	// PlaceBudget bounds how long a cycle reads the cluster and places
-	// workloads it has not placed before: it counts the cycle from its
-	// start to its place stage, then the workloads placed. Once it is spent
-	// (and at least one workload was placed) the rest wait for the next
-	// cycle, in the same order, as when the bind queue is full (placed on a
-	// node that settles counts as placed; those that asked Karpenter for
-	// capacity keep their placeholders and hints meanwhile). Zero means
-	// DefaultPlaceBudget; negative, no budget.
+	// PlaceBudget bounds how long a cycle places workloads it has not
+	// placed before: once it is spent (and at least one workload was
+	// placed) the rest wait for the next cycle, in the same order, as when
+	// the bind queue is full (placed on a node that settles counts as
+	// placed; those that asked Karpenter for capacity keep their
+	// placeholders and hints meanwhile). Zero means DefaultPlaceBudget;
+	// negative, no budget.
 	PlaceBudget time.Duration
 	// Placeholder configures placeholder pods.
 	Placeholder placeholder.Options
@@ -833,40 +832,37 @@ const ReasonNextCycle = "NextCycle"
 // cycle that placed all it could placed a bind queue's worth (4,096 pods)
 // at once, and took 4 to 7 s on a loaded control-plane node while the
 // cycles around it took 0.4 s (docs/benchmarks-history.md, "Scale"); the bind
-// workers take a hundred or two a second, so a quarter of a second per
-// cycle keeps them fed.
+// workers take a hundred or two a second, so a quarter of a second of
+// placing per cycle keeps them fed.
 const DefaultPlaceBudget = 250 * time.Millisecond
 
-// placeBudget is the budget of one cycle (Options.PlaceBudget). It counts
-// the time the cycle took to reach its place stage, then the time spent on
-// workloads not placed before that were placed (bound, or planned to wait
-// for reservations): one that does not fit costs what it did before, and
-// never keeps the workloads behind it from their turn. A cycle whose
-// snapshot was slow places less, so that the cycle stays short.
+// placeBudget is the place stage's budget of one cycle (Options.PlaceBudget).
+// It counts the time spent on workloads not placed before that were placed
+// (bound, or planned to wait for reservations): one that does not fit costs
+// what it did before, and never keeps the workloads behind it from their
+// turn.
 type placeBudget struct {
-	clock     clock.PassiveClock
-	limit     time.Duration // <0: none
-	used      time.Duration
-	placedOne bool      // a workload was placed this cycle
-	began     time.Time // the current workload's start
-	timing    bool      // the current workload counts
-	cut       bool      // a workload waits for the next cycle
+	clock  clock.PassiveClock
+	limit  time.Duration // <0: none
+	used   time.Duration
+	began  time.Time // the current workload's start
+	timing bool      // the current workload counts
+	cut    bool      // a workload waits for the next cycle
 }
 
-// placeBudget is the budget of the cycle that began at start.
-func (s *Scheduler) placeBudget(start time.Time) *placeBudget {
-	return &placeBudget{clock: s.clock, limit: s.opts.PlaceBudget, used: s.clock.Since(start)}
+func (s *Scheduler) placeBudget() *placeBudget {
+	return &placeBudget{clock: s.clock, limit: s.opts.PlaceBudget}
 }
 
 // admit tells whether the next workload is placed this cycle; one planned in
 // an earlier cycle always is (dropped, its reservations would no longer be
-// wanted), and so is every workload until one was placed.
+// wanted).
 func (b *placeBudget) admit(planned bool) bool {
 	b.timing = false
 	if planned {
 		return true
 	}
-	if b.cut = b.cut || (b.placedOne && b.limit >= 0 && b.used >= b.limit); b.cut {
+	if b.cut = b.cut || (b.limit >= 0 && b.used >= b.limit); b.cut {
 		return false
 	}
 	b.began, b.timing = b.clock.Now(), true
@@ -877,7 +873,7 @@ func (b *placeBudget) admit(planned bool) bool {
 func (b *placeBudget) placed() {
 	if b.timing {
 		b.used += b.clock.Since(b.began)
-		b.timing, b.placedOne = false, true
+		b.timing = false
 	}
 }
 
