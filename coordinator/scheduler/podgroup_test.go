@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/api/v1alpha1"
+	"github.com/gpufrac/gpufrac/coordinator/binder"
 	"github.com/gpufrac/gpufrac/tests/builders"
 )
 
@@ -177,5 +178,24 @@ func TestClientPodGroupStatus(t *testing.T) {
 	}
 	if err := w.SetPodGroupScheduled(ctx, "default", "gone", scheduled); !apierrors.IsNotFound(errors.Unwrap(err)) {
 		t.Errorf("writing to a missing PodGroup: %v, want NotFound", err)
+	}
+}
+
+// TestGangThatMixesQueuesIsRefused: a gang is charged to one queue; members
+// of one pod group that name two queues are all refused, with a reason that
+// names both, and nothing of it is bound.
+func TestGangThatMixesQueuesIsRefused(t *testing.T) {
+	a := builders.MakePod("g-0", "default").Queue("qa").GPUs(1).CPU("1").PodGroup("g").MinMember(2).UID("g-0").Obj()
+	b := builders.MakePod("g-1", "default").Queue("qb").GPUs(1).CPU("1").PodGroup("g").MinMember(2).UID("g-1").Obj()
+	c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("qa", "8"), queueOf("qb", "8")}, a, b)
+	res := c.cycle()
+	if res.Bound != 0 || res.Pending[binder.ReasonInvalidRequest] != 2 {
+		t.Fatalf("bound %d, pending %v; want both members refused as InvalidRequest", res.Bound, res.Pending)
+	}
+	for _, name := range []string{"g-0", "g-1"} {
+		reason, msg := c.b.Reason(name)
+		if reason != binder.ReasonInvalidRequest || !strings.Contains(msg, "mixes queues") || !strings.Contains(msg, "qa") || !strings.Contains(msg, "qb") {
+			t.Errorf("%s: reason %q, message %q; want InvalidRequest naming both queues", name, reason, msg)
+		}
 	}
 }

@@ -125,35 +125,14 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 	byKey := map[string]*workload{}
 	var order []string
 	for _, p := range pending {
-		pi, err := s.parse(v, p)
+		pi, err := s.parsePending(v, p, b)
 		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
 			deferred++
 			continue // the Job or a claim is not in the cache yet: try again next cycle
 		}
-		if err == nil {
-			err = b.validQueue(pi.Queue, p.Namespace)
-		}
 		if err != nil {
 			invalid = append(invalid, invalidPod{pod: p, message: err.Error()})
 			continue
-		}
-		claims := pi.Claims
-		if !pi.ClaimsGPU && (pi.Request.GPUs > 0 || pi.Request.ShareMilli > 0) {
-			own, forged, why := v.extendedClaimOf(p)
-			if forged != nil {
-				invalid = append(invalid, invalidPod{pod: p, message: forgedClaimMessage(forged, why)})
-				continue
-			}
-			if pi.extended = own; pi.extended != nil {
-				claims = []*resourceapi.ResourceClaim{pi.extended}
-			}
-		}
-		if node := allocatedGPUClaimNode(claims); (pi.ClaimsGPU || pi.extended != nil) && node != "" {
-			// Its GPU is held already, on that node: place it there and
-			// take nothing more (the snapshot charges the claim).
-			r := withOnlyNodes(&pi.Request, map[string]bool{node: true})
-			r.GPUs, r.ShareMilli = 0, 0
-			pi.Request = *r
 		}
 		var key, id string
 		if g := pi.GangName(); g != "" {
@@ -167,47 +146,96 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 			byKey[key] = w
 			order = append(order, key)
 		}
-		w.pods = append(w.pods, pi)
-		w.nonPreemptible = w.nonPreemptible || pi.NonPreemptible
-		if pi.Priority > w.priority {
-			w.priority = pi.Priority
-		}
-		if p.CreationTimestamp.Time.Before(w.created) {
-			w.created = p.CreationTimestamp.Time
-		}
+		w.add(pi)
 	}
-
 	ws := make([]*workload, 0, len(order))
 	for _, key := range order {
 		w := byKey[key]
 		if w.gang {
-			id := w.gangID
-			w.pool, w.pinned = placed.pool[id]
-			min := 0
-			for _, p := range w.pods {
-				if p.GangMinMember() > min {
-					min = p.GangMinMember()
+			if mixed := w.mixedQueues(); mixed != "" {
+				for _, q := range w.pods {
+					invalid = append(invalid, invalidPod{pod: q.pod, message: mixed})
 				}
-				if p.Queue != w.queue {
-					for _, q := range w.pods {
-						invalid = append(invalid, invalidPod{pod: q.pod, message: fmt.Sprintf("gang %s mixes queues %s and %s: all members must use one queue", key, w.queue, p.Queue)})
-					}
-					w = nil
-					break
-				}
-			}
-			if w == nil {
 				continue
 			}
-			if missing := w.pods[0].MissingPodGroup(); missing != "" {
-				w.incomplete = fmt.Sprintf("waiting for PodGroup %s/%s, which does not exist yet: its gang policy says how many pods start together", w.pods[0].pod.Namespace, missing)
-			} else if have := len(w.pods) + placed.bound[id]; have < min {
-				w.incomplete = fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", key, have, min, len(w.pods), placed.bound[id])
-			}
+			w.pool, w.pinned = placed.pool[w.gangID]
+			w.incomplete = w.gangIncomplete(placed.bound[w.gangID])
 		}
 		ws = append(ws, w)
 	}
 	return ws, invalid, deferred
+}
+
+// parsePending parses a pending pod for group: its request, its queue
+// checked, its own extended-resource claim (a claim it did not make is an
+// error), and a GPU its claim holds already, on a node, taken as placed
+// there.
+func (s *Scheduler) parsePending(v *draCycle, p *corev1.Pod, b *books) (podInfo, error) {
+	pi, err := s.parse(v, p)
+	if err == nil {
+		err = b.validQueue(pi.Queue, p.Namespace)
+	}
+	if err != nil {
+		return pi, err
+	}
+	claims := pi.Claims
+	if !pi.ClaimsGPU && (pi.Request.GPUs > 0 || pi.Request.ShareMilli > 0) {
+		own, forged, why := v.extendedClaimOf(p)
+		if forged != nil {
+			return pi, errors.New(forgedClaimMessage(forged, why))
+		}
+		if pi.extended = own; pi.extended != nil {
+			claims = []*resourceapi.ResourceClaim{pi.extended}
+		}
+	}
+	if node := allocatedGPUClaimNode(claims); (pi.ClaimsGPU || pi.extended != nil) && node != "" {
+		// Its GPU is held already, on that node: place it there and
+		// take nothing more (the snapshot charges the claim).
+		r := withOnlyNodes(&pi.Request, map[string]bool{node: true})
+		r.GPUs, r.ShareMilli = 0, 0
+		pi.Request = *r
+	}
+	return pi, nil
+}
+
+// add adds a pod to w: the workload's priority is its pods' highest, its
+// age its oldest pod's.
+func (w *workload) add(pi podInfo) {
+	w.pods = append(w.pods, pi)
+	w.nonPreemptible = w.nonPreemptible || pi.NonPreemptible
+	if pi.Priority > w.priority {
+		w.priority = pi.Priority
+	}
+	if created := pi.pod.CreationTimestamp.Time; created.Before(w.created) {
+		w.created = created
+	}
+}
+
+// mixedQueues says why gang w is refused when its members name more than
+// one queue ("" when they name one).
+func (w *workload) mixedQueues() string {
+	for _, p := range w.pods {
+		if p.Queue != w.queue {
+			return fmt.Sprintf("gang %s mixes queues %s and %s: all members must use one queue", w.key, w.queue, p.Queue)
+		}
+	}
+	return ""
+}
+
+// gangIncomplete says why gang w waits for members, bound of its members
+// bound or being bound ("" when it has its min-member).
+func (w *workload) gangIncomplete(bound int) string {
+	if missing := w.pods[0].MissingPodGroup(); missing != "" {
+		return fmt.Sprintf("waiting for PodGroup %s/%s, which does not exist yet: its gang policy says how many pods start together", w.pods[0].pod.Namespace, missing)
+	}
+	want := 0
+	for _, p := range w.pods {
+		want = max(want, p.GangMinMember())
+	}
+	if have := len(w.pods) + bound; have < want {
+		return fmt.Sprintf("gang %s has %d of its %d members (%d pending, %d placed); waiting for the rest before placing any", w.key, have, want, len(w.pods), bound)
+	}
+	return ""
 }
 
 // gangsPlaced are the gang members bound or being bound (readBound counts
