@@ -46,8 +46,9 @@ type result struct {
 }
 
 // startRegenerator runs a Regenerator on steps until the test ends,
-// reporting every run's result.
-func startRegenerator(t *testing.T, steps [][]string, timeout time.Duration) (*Regenerator, *prometheus.Registry, chan result) {
+// reporting every run's result; the triggers before are pulled before it
+// runs, so that they coalesce however the goroutines are scheduled.
+func startRegenerator(t *testing.T, steps [][]string, timeout time.Duration, before ...string) (*Regenerator, *prometheus.Registry, chan result) {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -58,6 +59,9 @@ func startRegenerator(t *testing.T, steps [][]string, timeout time.Duration) (*R
 		OnResult: func(why string, err error) { results <- result{why, err} }})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, why := range before {
+		r.Trigger(why)
 	}
 	done := make(chan struct{})
 	go func() { _ = r.Run(ctx); close(done) }()
@@ -92,10 +96,7 @@ func TestRegeneratorRunsStepsInOrder(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r, reg, results := startRegenerator(t, steps, time.Minute)
-	r.Trigger("a")
-	r.Trigger("b")
-	r.Trigger("a")
+	r, reg, results := startRegenerator(t, steps, time.Minute, "a", "b", "a")
 	got := next(t, results)
 	if got.why != "a; b" || got.err == nil || !strings.Contains(got.err.Error(), "step 2 (sh): exit status 3") {
 		t.Errorf("first run %+v, want why a; b and step 2's exit status 3", got)
