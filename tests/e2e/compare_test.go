@@ -32,6 +32,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -52,6 +53,7 @@ import (
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/tests/cluster"
@@ -419,6 +421,81 @@ func costPod(j costJob, attempt int, config string) *corev1.Pod {
 	return p
 }
 
+// costConsolidation is (c)'s coordinator.consolidation values: the chart's
+// defaults, their times compressed as the day is (stableFor 2m and
+// moveWindow 1m are 2 s and 1 s at 1 h = 60 s), except what the day or the
+// test bed needs otherwise: passes at least 1 s apart (the chart's 10 s
+// compressed is 0.17 s), drainTimeout 3m (a drain waits on Karpenter,
+// whose latencies are not compressed), bare pods moved (the day's jobs are
+// bare pods the script re-creates) and drained nodes deleted. Before
+// 2026-11-30 the comparison ran stricter values of its own (stableFor 0.1
+// sim h, 8 moves per sim hour, 2 nodes draining at once).
+// GPUFRAC_COMPARE_CONSOLIDATION's "key=value;key=value" goes over them.
+func costConsolidation(t *testing.T, simHour time.Duration) []string {
+	t.Helper()
+	v, err := chartConsolidationDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"interval", "stableFor", "moveWindow"} {
+		d, err := time.ParseDuration(v[k])
+		if err != nil {
+			t.Fatalf("the chart's coordinator.consolidation.%s: %v", k, err)
+		}
+		v[k] = time.Duration(float64(d) * float64(simHour) / float64(time.Hour)).String()
+	}
+	if d, _ := time.ParseDuration(v["interval"]); d < time.Second {
+		v["interval"] = "1s"
+	}
+	v["drainTimeout"], v["moveBarePods"], v["deleteDrainedNodes"] = "3m", "true", "true"
+	delete(v, "enabled") // consolidationValues turns it on
+	for _, kv := range strings.Split(os.Getenv("GPUFRAC_COMPARE_CONSOLIDATION"), ";") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Fatalf("GPUFRAC_COMPARE_CONSOLIDATION: %q is not key=value", kv)
+		}
+		v[strings.TrimSpace(k)] = strings.TrimSpace(val)
+	}
+	out := make([]string, 0, len(v))
+	for _, k := range slices.Sorted(maps.Keys(v)) {
+		out = append(out, k+": "+v[k])
+	}
+	return out
+}
+
+// chartConsolidationDefaults reads coordinator.consolidation from the
+// chart's values.yaml, each value as its YAML text.
+func chartConsolidationDefaults() (map[string]string, error) {
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(root, "deployments", "helm", "gpufrac", "values.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var values struct {
+		Coordinator struct {
+			Consolidation map[string]any `json:"consolidation"`
+		} `json:"coordinator"`
+	}
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(values.Coordinator.Consolidation) == 0 {
+		return nil, fmt.Errorf("%s: no coordinator.consolidation", path)
+	}
+	out := make(map[string]string, len(values.Coordinator.Consolidation))
+	for k, x := range values.Coordinator.Consolidation {
+		out[k] = fmt.Sprint(x)
+	}
+	return out, nil
+}
+
 // runCostDay runs the day for one configuration and measures it.
 func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costResult {
 	jobs := costDay(shape, costSeed)
@@ -430,7 +507,6 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 	// pods it re-creates itself.
 	var chart cluster.ChartOptions
 	if config == configGpufrac {
-		sim := func(h float64) string { return time.Duration(h * float64(simHour)).String() }
 		// The chart's default sizing (no price table: placeholders prefer
 		// the smallest GPU nodes, issue 31) unless GPUFRAC_COMPARE_PRICE_TABLE
 		// asks for the test bed's table (issue 16's runs).
@@ -439,8 +515,7 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 			table = types
 		}
 		chart.ValuesFiles = consolidationValues(t, table, []string{"grace: " + costGrace.String(), "emptyNodeGrace: " + costEmptyNodeGrace.String()},
-			"moveBarePods: true", "interval: 1s", "stableFor: "+sim(0.1), "drainTimeout: 3m", "maxDrainingNodes: 2",
-			"maxInFlight: 4", "maxMoves: 8", "moveWindow: "+sim(1), "deleteDrainedNodes: true")
+			costConsolidation(t, simHour)...)
 	}
 	c := costCluster(t, config, types, chart)
 	if config == configGpufrac {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -120,5 +121,32 @@ func TestSplitIdle(t *testing.T) {
 	// A window that starts late counts only what is inside it.
 	if late := splitIdle(samples, at(35), at(60), 10*time.Second, gpus); late.Down != 2 || late.Up != 2.5*8 || late.Gap != 0 {
 		t.Errorf("late window: %s", late)
+	}
+}
+
+// TestCostConsolidationCompressesTheChartsDefaults: (c)'s consolidation is
+// the chart's, its times compressed as the day is, and the environment
+// goes over it.
+func TestCostConsolidationCompressesTheChartsDefaults(t *testing.T) {
+	t.Setenv("GPUFRAC_COMPARE_CONSOLIDATION", "")
+	got := costConsolidation(t, time.Minute)
+	for _, want := range []string{"stableFor: 2s", "moveWindow: 1s", "interval: 1s", "maxMoves: 10", "maxDrainingNodes: 1",
+		"maxInFlight: 4", "minSavingPerMove: 0.5", "drainTimeout: 3m", "moveBarePods: true", "deleteDrainedNodes: true"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("at 1 h = 60 s: no %q in %q", want, got)
+		}
+	}
+	if slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "enabled:") }) {
+		t.Errorf("enabled is consolidationValues' to set: %q", got)
+	}
+	// At 1 h = 10 min the chart's 10 s interval compresses to 1.67 s.
+	if got := costConsolidation(t, 10*time.Minute); !slices.Contains(got, "stableFor: 20s") || !slices.Contains(got, "moveWindow: 10s") ||
+		!slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "interval: 1.66") }) {
+		t.Errorf("at 1 h = 10 min: %q", got)
+	}
+	t.Setenv("GPUFRAC_COMPARE_CONSOLIDATION", "stableFor=6s; maxMoves = 8")
+	got = costConsolidation(t, time.Minute)
+	if !slices.Contains(got, "stableFor: 6s") || !slices.Contains(got, "maxMoves: 8") {
+		t.Errorf("the environment's values are not over the chart's: %q", got)
 	}
 }
