@@ -10,6 +10,8 @@
 # (peak, tail) at two time compressions (1 h = 10 s, 1 h = 60 s): about an
 # hour on 2 cores. COMPARE_ENV narrows it, e.g.
 #   make compare COMPARE_ENV="GPUFRAC_COMPARE_SHAPES=peak GPUFRAC_COMPARE_SIMHOURS=60s"
+# (c)'s consolidation is the chart's defaults compressed as the day is;
+# GPUFRAC_COMPARE_CONSOLIDATION="stableFor=6s;maxMoves=8" sets values over them.
 # The full log is bin/compare.log; the figures are its COMPARISON table.
 
 COMPARE_ENV ?=

@@ -25,6 +25,8 @@ package e2e
 // GPUFRAC_COMPARE_SHAPES (peak,tail), GPUFRAC_COMPARE_SIMHOURS (10s,60s) and
 // GPUFRAC_COMPARE_CONFIGS (whole,timeslice,gpufrac) narrow it;
 // GPUFRAC_COMPARE_POLICY sets (c)'s --policy (default: the coordinator's),
+// GPUFRAC_COMPARE_CONSOLIDATION ("stableFor=6s;maxMoves=8") its consolidation
+// values over the chart's compressed defaults (costConsolidation),
 // GPUFRAC_COMPARE_V its log verbosity and GPUFRAC_COMPARE_LOGS a directory
 // that keeps every run's component logs. Method and
 // figures: docs/benchmarks.md, "What a GPU day costs".
@@ -422,27 +424,40 @@ func costPod(j costJob, attempt int, config string) *corev1.Pod {
 }
 
 // costConsolidation is (c)'s coordinator.consolidation values: the chart's
-// defaults, their times compressed as the day is (stableFor 2m and
-// moveWindow 1m are 2 s and 1 s at 1 h = 60 s), except what the day or the
-// test bed needs otherwise: passes at least 1 s apart (the chart's 10 s
-// compressed is 0.17 s), drainTimeout 3m (a drain waits on Karpenter,
-// whose latencies are not compressed), bare pods moved (the day's jobs are
-// bare pods the script re-creates) and drained nodes deleted. Before
-// 2026-11-30 the comparison ran stricter values of its own (stableFor 0.1
-// sim h, 8 moves per sim hour, 2 nodes draining at once).
-// GPUFRAC_COMPARE_CONSOLIDATION's "key=value;key=value" goes over them.
-func costConsolidation(t *testing.T, simHour time.Duration) []string {
-	t.Helper()
+// defaults (values.yaml), their times compressed as the day is (stableFor 2m
+// and moveWindow 1m are 2 s and 1 s at 1 h = 60 s), except where the day or
+// the test bed needs otherwise:
+//   - enabled: the chart ships consolidation off (consolidationValues turns
+//     it on);
+//   - interval at least 1 s (the chart's 10 s compressed is 0.17 s), so
+//     passes are sparser in sim time than the chart's; stableFor, 2 s at
+//     60 s, spans two or three passes, and at 1 h = 10 s (333 ms) it only
+//     asks for the best candidate on two passes in a row;
+//   - moveWindow (1 s at 60 s) is no longer than a pass, so maxMoves only
+//     caps one pass at 10 and maxInFlight (4) is what limits the moves;
+//   - drainTimeout 3m: a drain waits on Karpenter, whose latencies are not
+//     compressed;
+//   - moveBarePods: the day's jobs are bare pods the script re-creates;
+//   - deleteDrainedNodes (off in the chart): a drained node is deleted
+//     instead of waiting for Karpenter's emptiness path (up to 30 s wall,
+//     30 sim minutes, a node).
+//
+// The reservation graces are compressed apart (costGrace). Until
+// 2026-11-30 the comparison ran stricter values of its own: stableFor 0.1
+// sim h, 8 moves per sim hour, 2 nodes draining at once.
+// GPUFRAC_COMPARE_CONSOLIDATION's "key=value;key=value" goes over them
+// (keys of the chart's coordinator.consolidation, enabled excepted).
+func costConsolidation(simHour time.Duration) ([]string, error) {
 	v, err := chartConsolidationDefaults()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	for _, k := range []string{"interval", "stableFor", "moveWindow"} {
 		d, err := time.ParseDuration(v[k])
 		if err != nil {
-			t.Fatalf("the chart's coordinator.consolidation.%s: %v", k, err)
+			return nil, fmt.Errorf("the chart's coordinator.consolidation.%s: %w", k, err)
 		}
-		v[k] = time.Duration(float64(d) * float64(simHour) / float64(time.Hour)).String()
+		v[k] = time.Duration(float64(d) * float64(simHour) / float64(time.Hour)).Round(time.Millisecond).String()
 	}
 	if d, _ := time.ParseDuration(v["interval"]); d < time.Second {
 		v["interval"] = "1s"
@@ -454,20 +469,21 @@ func costConsolidation(t *testing.T, simHour time.Duration) []string {
 			continue
 		}
 		k, val, ok := strings.Cut(kv, "=")
-		if !ok {
-			t.Fatalf("GPUFRAC_COMPARE_CONSOLIDATION: %q is not key=value", kv)
+		k = strings.TrimSpace(k)
+		if _, known := v[k]; !ok || !known {
+			return nil, fmt.Errorf("GPUFRAC_COMPARE_CONSOLIDATION: %q is not key=value with a key of the chart's coordinator.consolidation (enabled excepted)", kv)
 		}
-		v[strings.TrimSpace(k)] = strings.TrimSpace(val)
+		v[k] = strings.TrimSpace(val)
 	}
 	out := make([]string, 0, len(v))
 	for _, k := range slices.Sorted(maps.Keys(v)) {
 		out = append(out, k+": "+v[k])
 	}
-	return out
+	return out, nil
 }
 
 // chartConsolidationDefaults reads coordinator.consolidation from the
-// chart's values.yaml, each value as its YAML text.
+// chart's values.yaml, each value as a values file would write it.
 func chartConsolidationDefaults() (map[string]string, error) {
 	root, err := cluster.RepoRoot()
 	if err != nil {
@@ -491,7 +507,16 @@ func chartConsolidationDefaults() (map[string]string, error) {
 	}
 	out := make(map[string]string, len(values.Coordinator.Consolidation))
 	for k, x := range values.Coordinator.Consolidation {
-		out[k] = fmt.Sprint(x)
+		switch x := x.(type) {
+		case string:
+			out[k] = x
+		case bool:
+			out[k] = strconv.FormatBool(x)
+		case float64:
+			out[k] = strconv.FormatFloat(x, 'f', -1, 64)
+		default:
+			return nil, fmt.Errorf("%s: coordinator.consolidation.%s is %T %v, not a string, a number or a bool", path, k, x, x)
+		}
 	}
 	return out, nil
 }
@@ -514,8 +539,12 @@ func runCostDay(t *testing.T, shape, config string, simHour time.Duration) costR
 		if os.Getenv("GPUFRAC_COMPARE_PRICE_TABLE") != "" {
 			table = types
 		}
+		consolidation, err := costConsolidation(simHour)
+		if err != nil {
+			t.Fatal(err)
+		}
 		chart.ValuesFiles = consolidationValues(t, table, []string{"grace: " + costGrace.String(), "emptyNodeGrace: " + costEmptyNodeGrace.String()},
-			costConsolidation(t, simHour)...)
+			consolidation...)
 	}
 	c := costCluster(t, config, types, chart)
 	if config == configGpufrac {

@@ -128,8 +128,16 @@ func TestSplitIdle(t *testing.T) {
 // the chart's, its times compressed as the day is, and the environment
 // goes over it.
 func TestCostConsolidationCompressesTheChartsDefaults(t *testing.T) {
+	consolidation := func(simHour time.Duration) []string {
+		t.Helper()
+		got, err := costConsolidation(simHour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
 	t.Setenv("GPUFRAC_COMPARE_CONSOLIDATION", "")
-	got := costConsolidation(t, time.Minute)
+	got := consolidation(time.Minute)
 	for _, want := range []string{"stableFor: 2s", "moveWindow: 1s", "interval: 1s", "maxMoves: 10", "maxDrainingNodes: 1",
 		"maxInFlight: 4", "minSavingPerMove: 0.5", "drainTimeout: 3m", "moveBarePods: true", "deleteDrainedNodes: true"} {
 		if !slices.Contains(got, want) {
@@ -139,14 +147,28 @@ func TestCostConsolidationCompressesTheChartsDefaults(t *testing.T) {
 	if slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "enabled:") }) {
 		t.Errorf("enabled is consolidationValues' to set: %q", got)
 	}
-	// At 1 h = 10 min the chart's 10 s interval compresses to 1.67 s.
-	if got := costConsolidation(t, 10*time.Minute); !slices.Contains(got, "stableFor: 20s") || !slices.Contains(got, "moveWindow: 10s") ||
-		!slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "interval: 1.66") }) {
-		t.Errorf("at 1 h = 10 min: %q", got)
+	// At 1 h = 10 min the chart's 10 s interval compresses to 1.667 s; at
+	// 1 h = 10 s stableFor is 333 ms and the interval 1 s, its floor.
+	for simHour, want := range map[time.Duration][]string{
+		10 * time.Minute: {"interval: 1.667s", "stableFor: 20s", "moveWindow: 10s"},
+		10 * time.Second: {"interval: 1s", "stableFor: 333ms", "moveWindow: 167ms"},
+	} {
+		got := consolidation(simHour)
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				t.Errorf("at 1 h = %s: no %q in %q", simHour, w, got)
+			}
+		}
 	}
 	t.Setenv("GPUFRAC_COMPARE_CONSOLIDATION", "stableFor=6s; maxMoves = 8")
-	got = costConsolidation(t, time.Minute)
+	got = consolidation(time.Minute)
 	if !slices.Contains(got, "stableFor: 6s") || !slices.Contains(got, "maxMoves: 8") {
 		t.Errorf("the environment's values are not over the chart's: %q", got)
+	}
+	for _, bad := range []string{"enabled=false", "stableFr=6s", "stableFor"} {
+		t.Setenv("GPUFRAC_COMPARE_CONSOLIDATION", bad)
+		if got, err := costConsolidation(time.Minute); err == nil {
+			t.Errorf("GPUFRAC_COMPARE_CONSOLIDATION=%q: no error, %q", bad, got)
+		}
 	}
 }
