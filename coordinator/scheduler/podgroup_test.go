@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -197,5 +198,44 @@ func TestGangThatMixesQueuesIsRefused(t *testing.T) {
 		if reason != binder.ReasonInvalidRequest || !strings.Contains(msg, "mixes queues") || !strings.Contains(msg, "qa") || !strings.Contains(msg, "qb") {
 			t.Errorf("%s: reason %q, message %q; want InvalidRequest naming both queues", name, reason, msg)
 		}
+	}
+}
+
+// TestPodNamedLikeAGangIsRefused: a workload is keyed "namespace/name", so
+// a pod in no gang named like a pending gang of its namespace would be
+// taken for a member (first come decided whether the workload was a gang:
+// the gang placed in part, or the pod counted toward its min-member). The
+// pod is refused with a reason, whichever was created first; the gang is
+// placed whole.
+func TestPodNamedLikeAGangIsRefused(t *testing.T) {
+	for _, singleFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("single pod first %v", singleFirst), func(t *testing.T) {
+			// A gang of three that has two members: with the pod counted as
+			// its third it would be placed.
+			g0 := builders.MakePod("train-0", "default").Queue("q").GPUs(1).CPU("1").PodGroup("train").MinMember(3).UID("train-0").Obj()
+			g1 := builders.MakePod("train-1", "default").Queue("q").GPUs(1).CPU("1").PodGroup("train").MinMember(3).UID("train-1").Obj()
+			single := builders.MakePod("train", "default").Queue("q").GPUs(1).CPU("1").UID("train").Obj()
+			pods := []*corev1.Pod{g0, g1, single}
+			if singleFirst {
+				pods = []*corev1.Pod{single, g0, g1}
+			}
+			for i, p := range pods {
+				p.CreationTimestamp = metav1.NewTime(time.Unix(1000+int64(i), 0))
+			}
+			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, pods...)
+			res := c.cycle()
+			if res.Bound != 0 {
+				t.Fatalf("bound %d; want none: the gang has 2 of its 3 members and the pod is refused", res.Bound)
+			}
+			reason, msg := c.b.Reason("train")
+			if reason != binder.ReasonInvalidRequest || !strings.Contains(msg, "default/train") || !strings.Contains(msg, "rename") {
+				t.Errorf("pod train: reason %q, message %q; want InvalidRequest naming the gang", reason, msg)
+			}
+			for _, name := range []string{"train-0", "train-1"} {
+				if reason, msg := c.b.Reason(name); reason != binder.ReasonGangIncomplete || !strings.Contains(msg, "2 of its 3") {
+					t.Errorf("%s: reason %q, message %q; want GangIncomplete with 2 of its 3 members", name, reason, msg)
+				}
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/coordinator/podrequest"
 	"github.com/gpufrac/gpufrac/coordinator/queue"
 	"github.com/gpufrac/gpufrac/coordinator/state"
@@ -122,8 +123,15 @@ type invalidPod struct {
 // claim is not in the informers' caches yet.
 func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlaced, b *books) (_ []*workload, _ []invalidPod, deferred int) {
 	var invalid []invalidPod
-	byKey := map[string]*workload{}
-	var order []string
+	// A workload is keyed "namespace/name", a gang's by its group and a
+	// single pod's by its own name: the two are kept apart here, and a
+	// single pod named like a pending gang is refused below.
+	type wkey struct {
+		key  string
+		gang bool
+	}
+	byKey := map[wkey]*workload{}
+	var order []wkey
 	for _, p := range pending {
 		pi, err := s.parsePending(v, p, b)
 		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
@@ -140,17 +148,27 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 		} else {
 			key = p.Namespace + "/" + p.Name
 		}
-		w := byKey[key]
+		k := wkey{key: key, gang: id != ""}
+		w := byKey[k]
 		if w == nil {
-			w = &workload{key: key, gangID: id, queue: pi.Queue, gang: id != "", priority: pi.Priority, created: p.CreationTimestamp.Time}
-			byKey[key] = w
-			order = append(order, key)
+			w = &workload{key: key, gangID: id, queue: pi.Queue, gang: k.gang, priority: pi.Priority, created: p.CreationTimestamp.Time}
+			byKey[k] = w
+			order = append(order, k)
 		}
 		w.add(pi)
 	}
 	ws := make([]*workload, 0, len(order))
-	for _, key := range order {
-		w := byKey[key]
+	for _, k := range order {
+		w := byKey[k]
+		if !w.gang && byKey[wkey{key: k.key, gang: true}] != nil {
+			// Taken for one of the gang's members, it would count toward
+			// its min-member (or, first seen, place the gang as single
+			// pods) wherever the two share a cycle's books.
+			invalid = append(invalid, invalidPod{pod: w.pods[0].pod, message: fmt.Sprintf(
+				"pod %s has the name of gang %s (label %s or a Job) and is in no gang: the coordinator cannot tell them apart while the gang waits; rename the pod or the gang",
+				k.key, k.key, api.LabelPodGroup)})
+			continue
+		}
 		if w.gang {
 			if mixed := w.mixedQueues(); mixed != "" {
 				for _, q := range w.pods {
