@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -215,17 +216,30 @@ func TestPodNamedLikeAGangIsRefused(t *testing.T) {
 			g0 := builders.MakePod("train-0", "default").Queue("q").GPUs(1).CPU("1").PodGroup("train").MinMember(3).UID("train-0").Obj()
 			g1 := builders.MakePod("train-1", "default").Queue("q").GPUs(1).CPU("1").PodGroup("train").MinMember(3).UID("train-1").Obj()
 			single := builders.MakePod("train", "default").Queue("q").GPUs(1).CPU("1").UID("train").Obj()
-			pods := []*corev1.Pod{g0, g1, single}
+			// The same name in another namespace is another workload.
+			elsewhere := builders.MakePod("train", "other").Queue("q-other").GPUs(1).CPU("1").UID("other-train").Obj()
+			pods := []*corev1.Pod{g0, g1, single, elsewhere}
 			if singleFirst {
-				pods = []*corev1.Pod{single, g0, g1}
+				pods = []*corev1.Pod{elsewhere, single, g0, g1}
 			}
 			for i, p := range pods {
 				p.CreationTimestamp = metav1.NewTime(time.Unix(1000+int64(i), 0))
 			}
-			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 8)}, []*v1alpha1.Queue{queueOf("q", "8")}, pods...)
+			c := newCluster(t, "binpack", []*corev1.Node{h100Node("n1", "a", 8)},
+				[]*v1alpha1.Queue{queueOf("q", "8"), builders.MakeQueue("q-other").GPUQuota("8").Namespaces("other").Obj()}, pods...)
+			var mu sync.Mutex
+			var bound []string // namespace/name: the fake binder keys by name
+			c.b.BindErr = func(p *corev1.Pod, _ string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				bound = append(bound, p.Namespace+"/"+p.Name)
+				return nil
+			}
 			res := c.cycle()
-			if res.Bound != 0 {
-				t.Fatalf("bound %d; want none: the gang has 2 of its 3 members and the pod is refused", res.Bound)
+			mu.Lock()
+			defer mu.Unlock()
+			if res.Bound != 1 || !slices.Equal(bound, []string{"other/train"}) {
+				t.Fatalf("bound %d: %q; want other/train alone: the gang has 2 of its 3 members and default/train is refused", res.Bound, bound)
 			}
 			reason, msg := c.b.Reason("train")
 			if reason != binder.ReasonInvalidRequest || !strings.Contains(msg, "default/train") || !strings.Contains(msg, "rename") {

@@ -126,12 +126,9 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 	// A workload is keyed "namespace/name", a gang's by its group and a
 	// single pod's by its own name: the two are kept apart here, and a
 	// single pod named like a pending gang is refused below.
-	type wkey struct {
-		key  string
-		gang bool
-	}
-	byKey := map[wkey]*workload{}
-	var order []wkey
+	singles := make(map[string]*workload, len(pending))
+	gangs := map[string]*workload{}
+	order := make([]*workload, 0, len(pending))
 	for _, p := range pending {
 		pi, err := s.parsePending(v, p, b)
 		if errors.Is(err, podrequest.ErrJobNotFound) || errors.Is(err, podrequest.ErrClaimsPending) {
@@ -148,25 +145,28 @@ func (s *Scheduler) group(v *draCycle, pending []*corev1.Pod, placed *gangsPlace
 		} else {
 			key = p.Namespace + "/" + p.Name
 		}
-		k := wkey{key: key, gang: id != ""}
-		w := byKey[k]
+		byKey := singles
+		if id != "" {
+			byKey = gangs
+		}
+		w := byKey[key]
 		if w == nil {
-			w = &workload{key: key, gangID: id, queue: pi.Queue, gang: k.gang, priority: pi.Priority, created: p.CreationTimestamp.Time}
-			byKey[k] = w
-			order = append(order, k)
+			w = &workload{key: key, gangID: id, queue: pi.Queue, gang: id != "", priority: pi.Priority, created: p.CreationTimestamp.Time}
+			byKey[key] = w
+			order = append(order, w)
 		}
 		w.add(pi)
 	}
-	ws := make([]*workload, 0, len(order))
-	for _, k := range order {
-		w := byKey[k]
-		if !w.gang && byKey[wkey{key: k.key, gang: true}] != nil {
+	ws := order[:0]
+	for _, w := range order {
+		if !w.gang && gangs[w.key] != nil {
 			// Taken for one of the gang's members, it would count toward
 			// its min-member (or, first seen, place the gang as single
-			// pods) wherever the two share a cycle's books.
+			// pods), and the two would share the key's back-off and
+			// placeholders.
 			invalid = append(invalid, invalidPod{pod: w.pods[0].pod, message: fmt.Sprintf(
-				"pod %s has the name of gang %s (label %s or a Job) and is in no gang: the coordinator cannot tell them apart while the gang waits; rename the pod or the gang",
-				k.key, k.key, api.LabelPodGroup)})
+				"pod %s has the name of gang %s (label %s or a Job) and is in no gang: the coordinator cannot tell them apart while the gang is pending; rename the pod or the gang",
+				w.key, w.key, api.LabelPodGroup)})
 			continue
 		}
 		if w.gang {
