@@ -446,6 +446,10 @@ func (w *world) placeholders() {
 		admitted[key(p)] = true
 		if g := p.Labels[api.LabelPodGroup]; g != "" {
 			admitted[p.Namespace+"/"+g] = true
+		} else if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "Job" {
+			// A Job's gang is named after the Job when no pod-group
+			// label names it (podrequest).
+			admitted[p.Namespace+"/"+ref.Name] = true
 		}
 		if sg := p.Spec.SchedulingGroup; sg != nil && sg.PodGroupName != nil {
 			// A PodGroup's gang (KEP-4671), as the coordinator names it

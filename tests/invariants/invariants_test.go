@@ -222,3 +222,16 @@ func TestPendingWithAReasonAndAPlaceholderIsFine(t *testing.T) {
 		t.Errorf("violations %v, want none", got)
 	}
 }
+
+// TestJobGangWaitingWithItsPlaceholderIsFine: a Job's gang is named after
+// the Job, so its placeholder's workload is "namespace/job": it serves the
+// Job's pods waiting for capacity.
+func TestJobGangWaitingWithItsPlaceholderIsFine(t *testing.T) {
+	p := builders.MakePod("train-abcde", "default").Queue("q").GPUs(1).OwnedBy("batch/v1", "Job", "train").Obj()
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: api.ReasonNoCapacity}}
+	ph := builders.MakePod(placeholder.NamePrefix+"x-0", api.ReservationNamespace).Label(api.LabelRole, api.RolePlaceholder).
+		Annotation(placeholder.AnnotationWorkloads, "default/train").SchedulerName("default-scheduler").Obj()
+	if got := check(t, []*corev1.Node{gpuNode()}, []*corev1.Pod{p, ph}, []*v1alpha1.Queue{queueWithStatus("0", "0")}); len(got) != 0 {
+		t.Errorf("violations %v, want none", got)
+	}
+}
