@@ -214,9 +214,26 @@ func (a *Agent) draGPUs(ctx context.Context, np config.NodePolicy) []dra.GPU {
 		}
 		if out[i].Mode == config.ModeMIG {
 			out[i].MIG = a.migInstances(ctx, g)
+		} else {
+			out[i].MIGEnabled = a.migEnabled(ctx, g)
 		}
 	}
 	return out
+}
+
+// migEnabled tells whether a GPU's MIG mode is on (false when it has no
+// MIG or NVML cannot tell: logged).
+func (a *Agent) migEnabled(ctx context.Context, g nvidia.GPU) bool {
+	lib, ok := a.lib.(nvidia.MIGLib)
+	if !ok || !g.MIGCapable {
+		return false
+	}
+	mode, err := lib.MIGMode(g.UUID)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot read the MIG mode; the GPU is published as configured", "gpu", g.UUID)
+		return false
+	}
+	return mode.Current
 }
 
 // migInstances lists a GPU's GPU instances while its MIG mode is on

@@ -33,6 +33,8 @@ const (
 	DefaultTimesliceResource = api.DefaultTimesliceResource
 	// DefaultMIGStrategy serves each MIG profile as its own resource.
 	DefaultMIGStrategy = MIGStrategyMixed
+	// DefaultMIGOwner lets gpufrac-node set MIG modes and layouts.
+	DefaultMIGOwner = MIGOwnerGpufrac
 
 	// MinPollInterval and MaxPollInterval bound fraction.pollInterval: faster
 	// polling costs NVML time on every GPU, slower lets a runaway process
@@ -82,5 +84,8 @@ func (p *Policy) setDefaults() {
 	}
 	if p.MIG.Strategy == "" {
 		p.MIG.Strategy = DefaultMIGStrategy
+	}
+	if p.MIG.Owner == "" {
+		p.MIG.Owner = DefaultMIGOwner
 	}
 }

@@ -16,7 +16,7 @@ func defaultPolicy() Policy {
 		Mode:      ModeFraction,
 		Fraction:  FractionConfig{Enforcement: EnforcementKill, PollInterval: Duration{time.Second}, TolerancePercent: 0, Samples: 3},
 		Timeslice: TimesliceConfig{Replicas: 4, ResourceName: "nvidia.com/gpu.shared"},
-		MIG:       MIGConfig{Strategy: "mixed"},
+		MIG:       MIGConfig{Strategy: "mixed", Owner: "gpufrac"},
 	}
 }
 
@@ -53,7 +53,7 @@ func TestParse(t *testing.T) {
 					Mode:      ModeFraction,
 					Fraction:  FractionConfig{Enforcement: EnforcementKill, PollInterval: Duration{time.Second}, TolerancePercent: 5, Samples: 3},
 					Timeslice: TimesliceConfig{Replicas: 4, ResourceName: "nvidia.com/gpu.shared"},
-					MIG:       MIGConfig{Strategy: "mixed", Layout: "all-1g.10gb"},
+					MIG:       MIGConfig{Strategy: "mixed", Layout: "all-1g.10gb", Owner: "gpufrac"},
 					GPUs:      []GPUOverride{{Indices: "0-3", Mode: ModeMIG}, {Indices: "4-7", Mode: ModeFraction}},
 				},
 				Groups: []Group{{NodeSelector: map[string]string{"gpufrac.io/pool": "inference"}, Policy: Policy{Mode: ModeMIG}}},
@@ -110,7 +110,7 @@ default:
 					Mode:      ModeFraction,
 					Fraction:  FractionConfig{Enforcement: EnforcementReport, PollInterval: Duration{time.Minute}, TolerancePercent: 100, Samples: 1},
 					Timeslice: TimesliceConfig{Replicas: 1024, ResourceName: "example.com/shared-gpu", FailRequestsGreaterThanOne: true},
-					MIG:       MIGConfig{Strategy: "single", Layout: "3g.40gb, 2g.20gb,1g.10gb+me"},
+					MIG:       MIGConfig{Strategy: "single", Layout: "3g.40gb, 2g.20gb,1g.10gb+me", Owner: "gpufrac"},
 					GPUs: []GPUOverride{
 						{Indices: "0-1, 4", Mode: ModeMIG, MIGLayout: "all-balanced"},
 						{Indices: "2", Mode: ModeExclusive},
@@ -223,7 +223,7 @@ default:
   mode: shared
   fraction: {enforcement: shoot, pollInterval: 50ms, tolerancePercent: 150, samples: -1}
   timeslice: {replicas: 1, resourceName: gpu}
-  mig: {strategy: double, layout: all-big}
+  mig: {strategy: double, layout: all-big, owner: operator}
 `,
 			want: []string{
 				`default.mode: unsupported mode "shared" (want exclusive, fraction, timeslice, mig or dra)`,
@@ -235,6 +235,7 @@ default:
 				`default.timeslice.resourceName: "gpu" is not a domain-prefixed resource name such as nvidia.com/gpu.shared`,
 				`default.mig.strategy: unsupported strategy "double" (want none, single or mixed)`,
 				`default.mig.layout: "all-big" is not a MIG layout (want all-balanced, all-<profile> or a comma-separated list of profiles such as 3g.40gb,2g.20gb)`,
+				`default.mig.owner: unsupported owner "operator" (want gpufrac or external)`,
 			},
 		},
 		{

@@ -57,6 +57,7 @@ func (f *File) Resolve(nodeLabels map[string]string, gpuCount int) (NodePolicy, 
 	np := NodePolicy{Source: SourceDefault}
 	gpusFrom := field.NewPath(SourceDefault)
 	strategyFrom := field.NewPath(SourceDefault)
+	ownerFrom := field.NewPath(SourceDefault)
 	for i := range f.Groups {
 		g := &f.Groups[i]
 		if !selects(g.NodeSelector, nodeLabels) {
@@ -70,6 +71,9 @@ func (f *File) Resolve(nodeLabels map[string]string, gpuCount int) (NodePolicy, 
 		}
 		if g.MIG.Strategy != "" {
 			strategyFrom = gp
+		}
+		if g.MIG.Owner != "" {
+			ownerFrom = gp
 		}
 		break
 	}
@@ -143,6 +147,19 @@ func (f *File) Resolve(nodeLabels map[string]string, gpuCount int) (NodePolicy, 
 
 	// 3. The MIG strategy must be able to serve the mig GPUs (through device
 	// plugins; a DRA driver publishes every MIG device by its profile).
+	if pol.MIG.Owner == MIGOwnerExternal {
+		var declared []int
+		for _, idx := range migGPUs {
+			if np.GPUMIGLayouts[idx] != "" {
+				declared = append(declared, idx)
+			}
+		}
+		if len(declared) > 0 {
+			problems = append(problems, problem(ownerFrom.Child("mig", "owner"),
+				"external leaves MIG layouts to another MIG manager, but %s a declared layout (mig.layout or gpus[].migLayout): remove it",
+				withVerb(declared, "has", "have")))
+		}
+	}
 	if len(migGPUs) > 0 && !np.DRA {
 		sp := strategyFrom.Child("mig", "strategy")
 		switch pol.MIG.Strategy {
@@ -198,6 +215,9 @@ func merge(base, over Policy) Policy {
 	}
 	if over.MIG.Layout != "" {
 		base.MIG.Layout = over.MIG.Layout
+	}
+	if over.MIG.Owner != "" {
+		base.MIG.Owner = over.MIG.Owner
 	}
 	if over.DRA.GPUMode != "" {
 		base.DRA.GPUMode = over.DRA.GPUMode

@@ -39,7 +39,7 @@ func TestResolve(t *testing.T) {
 		Mode:      ModeFraction,
 		Fraction:  FractionConfig{Enforcement: EnforcementKill, PollInterval: Duration{2 * time.Second}, TolerancePercent: 5, Samples: 3},
 		Timeslice: TimesliceConfig{Replicas: 4, ResourceName: "nvidia.com/gpu.shared"},
-		MIG:       MIGConfig{Strategy: "mixed", Layout: "all-1g.10gb"},
+		MIG:       MIGConfig{Strategy: "mixed", Layout: "all-1g.10gb", Owner: "gpufrac"},
 		GPUs:      []GPUOverride{{Indices: "0-1", Mode: ModeMIG}, {Indices: "3", Mode: ModeExclusive}},
 	}
 	with := func(change func(p *Policy)) Policy {
@@ -211,6 +211,17 @@ groups:
 				`groups[0].mig.strategy: single needs every GPU in mode mig, but GPUs 0,3 are not`,
 				`groups[0].mig.strategy: single needs one MIG layout on every GPU, but GPU 2 uses "all-1g.10gb" and GPU 1 uses "all-7g.80gb"`,
 			},
+		},
+		{
+			name: "an external MIG owner sets the layouts, so none may be declared",
+			yaml: `
+version: v1
+default: {mig: {layout: all-1g.10gb}, gpus: [{indices: "0", mode: mig}, {indices: "1", mode: mig, migLayout: all-7g.80gb}]}
+groups:
+  - {nodeSelector: {gpu-operator: mig}, mig: {owner: external}}`,
+			labels:   map[string]string{"gpu-operator": "mig"},
+			gpuCount: 4,
+			want:     []string{`groups[0].mig.owner: external leaves MIG layouts to another MIG manager, but GPUs 0-1 have a declared layout (mig.layout or gpus[].migLayout): remove it`},
 		},
 		{
 			name: "a node in mode dra serves no time-sliced GPUs",

@@ -24,6 +24,7 @@
 //	timeslice.failRequestsGreaterThanOne false
 //	mig.strategy                        mixed
 //	mig.layout                          "" (leave the GPU's MIG layout as it is)
+//	mig.owner                           gpufrac (gpufrac-node sets MIG modes and layouts)
 //	dra.gpuMode                         fraction (filled in by Resolve, for a node in mode dra)
 //
 // Groups are not defaulted: a field a group leaves unset (zero) inherits the
@@ -152,7 +153,24 @@ type MIGConfig struct {
 	// Layout is a named layout ("all-1g.10gb") or a comma-separated list of
 	// profiles applied to every MIG GPU ("3g.40gb,2g.20gb,1g.10gb").
 	Layout string `json:"layout,omitempty"`
+	// Owner says who sets the GPUs' MIG modes and layouts: gpufrac (the node
+	// agent's layout manager) or external (another MIG manager, such as the
+	// GPU operator's or Bottlerocket's: gpufrac-node then changes nothing,
+	// serves the MIG devices it finds on GPUs in mode mig, and reports the
+	// GPUs whose MIG mode does not match their gpufrac mode). With external,
+	// no layout may be declared.
+	Owner string `json:"owner,omitempty"`
 }
+
+// The MIG owners.
+const (
+	// MIGOwnerGpufrac: gpufrac-node's layout manager sets MIG modes and
+	// layouts (it needs CAP_SYS_ADMIN for NVML's MIG calls).
+	MIGOwnerGpufrac = "gpufrac"
+	// MIGOwnerExternal: another MIG manager owns MIG on the node; gpufrac-node
+	// only reads it.
+	MIGOwnerExternal = "external"
+)
 
 // The MIG strategies, as in NVIDIA's device plugin.
 const (

@@ -201,6 +201,11 @@ func validatePolicy(pol *Policy, p *field.Path) []Problem {
 			add(problem(mp.Child("layout"), "%s", msg))
 		}
 	}
+	switch pol.MIG.Owner {
+	case "", MIGOwnerGpufrac, MIGOwnerExternal:
+	default:
+		add(problem(mp.Child("owner"), "unsupported owner %q (want gpufrac or external)", pol.MIG.Owner))
+	}
 
 	problems = append(problems, validateGPUs(pol.GPUs, p.Child("gpus"))...)
 	return problems

@@ -46,6 +46,11 @@ type GPU struct {
 	Healthy bool
 	// MIG lists the GPU's GPU instances in mode mig (others are ignored).
 	MIG []mig.GPUInstance
+	// MIGEnabled tells that the GPU's MIG mode is on. A GPU in MIG mode runs
+	// no work as a whole GPU, so in modes exclusive and fraction it
+	// publishes nothing until its MIG mode is off (as the device plugin
+	// path serves it).
+	MIGEnabled bool
 }
 
 // Target is what a published device stands for.
@@ -80,7 +85,8 @@ func WithoutUnhealthy(gpus []GPU) []GPU {
 // slice), then the devices (at most 64 per slice) GPU by GPU in index order,
 // so first-fit allocators fill GPU 0 first. It fails on a mode the driver
 // cannot publish (timeslice). A GPU in mode mig with no clean GPU instance
-// publishes nothing.
+// publishes nothing, nor does a GPU in mode exclusive or fraction whose MIG
+// mode is on.
 func Build(node string, gpus []GPU) (Published, error) {
 	out := Published{Targets: map[string]Target{}}
 	var sets []resourceapi.CounterSet
@@ -89,6 +95,9 @@ func Build(node string, gpus []GPU) (Published, error) {
 	slices.SortStableFunc(ordered, func(a, b GPU) int { return a.Index - b.Index })
 	for _, g := range ordered {
 		mem := roundDownMiB(g.MemoryBytes)
+		if g.MIGEnabled && (g.Mode == config.ModeExclusive || g.Mode == config.ModeFraction) {
+			continue
+		}
 		switch g.Mode {
 		case config.ModeExclusive:
 			d := gpuDevice(g, api.DRAViewWhole, mem)

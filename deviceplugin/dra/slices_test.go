@@ -192,3 +192,24 @@ func TestBuildRoundsMemoryDownToMiB(t *testing.T) {
 		t.Errorf("memory view capacity %v, want 80Gi (max a multiple of the 1Mi step)", got.Value.String())
 	}
 }
+
+func TestBuildLeavesOutWholeGPUsInMIGMode(t *testing.T) {
+	g2 := h100(2)
+	p, err := Build("node-a", []GPU{
+		{GPU: h100(0), Mode: config.ModeExclusive, Healthy: true, MIGEnabled: true},
+		{GPU: h100(1), Mode: config.ModeFraction, Healthy: true, MIGEnabled: true},
+		{GPU: g2, Mode: config.ModeMIG, Healthy: true, MIGEnabled: true, MIG: []mig.GPUInstance{
+			migInstance(g2.UUID, 2, 0, "7g.80gb", 0, 8, 80<<30)}},
+		{GPU: h100(3), Mode: config.ModeExclusive, Healthy: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"gpu-2-mig-7g80gb-0-0", "gpu-3"}
+	if diff := cmp.Diff(want, deviceNames(p)); diff != "" {
+		t.Errorf("devices (-want +got):\n%s", diff)
+	}
+	if _, ok := p.Targets["gpu-0"]; ok {
+		t.Error("a GPU in MIG mode has a whole-GPU target")
+	}
+}

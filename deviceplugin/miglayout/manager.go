@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -61,8 +62,18 @@ const (
 	ReasonNoLayout = "NoLayout"
 	// ReasonNotSupported: the GPU has no MIG.
 	ReasonNotSupported = "NotSupported"
-	// ReasonNVMLError: an NVML call failed.
+	// ReasonNVMLError: an NVML call failed. It is retried with an
+	// exponential back-off (Options.RetryNVMLError).
 	ReasonNVMLError = "NVMLError"
+	// ReasonNoPermission: NVML refused a MIG change for lack of privilege
+	// (gpufrac-node runs without CAP_SYS_ADMIN). Not retried while the GPU
+	// stays as it was (the process cannot gain the capability): the GPU is
+	// looked at again when its MIG state or its declared MIG changes.
+	ReasonNoPermission = "NoPermission"
+	// ReasonExternalOwner: mig.owner is external and the GPU's MIG mode does
+	// not match its gpufrac mode; gpufrac-node changes nothing and waits for
+	// the GPU's MIG owner.
+	ReasonExternalOwner = "ExternalOwner"
 )
 
 // Status is the outcome of the last reconciliation of one GPU.
@@ -104,8 +115,18 @@ type Options struct {
 	// that need a reset are never retried: the mode stays as found until an
 	// admin resets the GPU (or the declared mode changes).
 	RetryInUse time.Duration
+	// RetryNVMLError bounds the back-off of a GPU whose change failed with
+	// an NVML error: the first retry waits Initial, each failure after it
+	// doubles the wait up to Max (defaults 10s and 5m). A success resets it.
+	RetryNVMLError BackoffBounds
 	// Clock defaults to the real clock.
 	Clock clock.WithTicker
+}
+
+// BackoffBounds are the first and the longest wait of an exponential
+// back-off.
+type BackoffBounds struct {
+	Initial, Max time.Duration
 }
 
 // Manager applies declared MIG modes and layouts to the node's GPUs through
@@ -119,6 +140,13 @@ type Options struct {
 // MIG mode follows the declared mode: on for GPUs in mode mig, off for the
 // others (after their instances are destroyed), so a GPU moved from mig to
 // fraction becomes usable whole again.
+//
+// With mig.owner external another MIG manager owns MIG (the GPU operator's,
+// Bottlerocket's): the manager then calls no NVML function that changes a
+// GPU. It reports each GPU whose MIG mode does not match its gpufrac mode
+// (ReasonExternalOwner) and, from Run, asks for a rebuild when a GPU's MIG
+// mode or devices change under it, so that the resources follow the owner's
+// layout.
 type Manager struct {
 	lib     nvidia.MIGLib
 	gpus    []nvidia.GPU
@@ -133,6 +161,15 @@ type Manager struct {
 	blocked map[string]blockedChange
 	// devices: GPU UUID -> its MIG devices as last read.
 	devices map[string][]mig.Device
+	// observed: GPU UUID -> the MIG state last reconciled, for GPUs whose
+	// MIG is not gpufrac's to set (owner external, or mode mig without a
+	// declared layout): Run rebuilds when it changes.
+	observed map[string]string
+	// backoff: per GPU UUID, the wait before an NVML error is retried.
+	backoff *flowcontrol.Backoff
+	// refused: GPU UUID -> its MIG state when NVML refused a change for
+	// lack of privilege; the change is not tried again in that state.
+	refused map[string]string
 }
 
 // blockedChange is a MIG mode change the driver refused to activate.
@@ -150,17 +187,27 @@ func NewManager(lib nvidia.MIGLib, gpus []nvidia.GPU, o Options) *Manager {
 	if o.RetryInUse <= 0 {
 		o.RetryInUse = time.Minute
 	}
+	if o.RetryNVMLError.Initial <= 0 {
+		o.RetryNVMLError.Initial = 10 * time.Second
+	}
+	if o.RetryNVMLError.Max < o.RetryNVMLError.Initial {
+		o.RetryNVMLError.Max = max(5*time.Minute, o.RetryNVMLError.Initial)
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
 	m := &Manager{
-		lib:     lib,
-		gpus:    append([]nvidia.GPU(nil), gpus...),
-		opts:    o,
-		status:  map[string]Status{},
-		blocked: map[string]blockedChange{},
-		devices: map[string][]mig.Device{},
+		lib:      lib,
+		gpus:     append([]nvidia.GPU(nil), gpus...),
+		opts:     o,
+		status:   map[string]Status{},
+		blocked:  map[string]blockedChange{},
+		devices:  map[string][]mig.Device{},
+		observed: map[string]string{},
+		refused:  map[string]string{},
+		backoff:  flowcontrol.NewBackOff(o.RetryNVMLError.Initial, o.RetryNVMLError.Max),
 	}
+	m.backoff.Clock = o.Clock
 	m.metrics = newMetrics(m)
 	if o.Registerer != nil {
 		m.metrics.register(o.Registerer)
@@ -200,13 +247,18 @@ func (m *Manager) Apply(ctx context.Context, np config.NodePolicy) []Status {
 		}
 		return alloc[uuid], allocErr
 	}
+	external := np.Policy.MIG.Owner == config.MIGOwnerExternal
 	out := make([]Status, 0, len(m.gpus))
 	for i, g := range m.gpus {
-		want := target{}
+		want := target{external: external}
 		if i < len(np.GPUModes) && np.GPUModes[i] == config.ModeMIG {
-			want = target{mig: true, layout: np.GPUMIGLayouts[i]}
+			want.mig, want.layout = true, np.GPUMIGLayouts[i]
+		}
+		if i < len(np.GPUModes) {
+			want.mode = np.GPUModes[i]
 		}
 		s := m.reconcileLocked(ctx, g, want, users)
+		m.observeLocked(g, want, s)
 		m.reportLocked(ctx, g, s)
 		out = append(out, s)
 	}
@@ -218,6 +270,11 @@ func (m *Manager) Apply(ctx context.Context, np config.NodePolicy) []Status {
 type target struct {
 	mig    bool
 	layout string // "" keeps the current layout
+	// mode is the GPU's gpufrac mode, for messages.
+	mode config.Mode
+	// external: another MIG manager owns the GPU's MIG (mig.owner
+	// external); nothing is changed.
+	external bool
 }
 
 // reconcileLocked brings one GPU to want, if it may be touched. users
@@ -225,8 +282,14 @@ type target struct {
 func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target, users func(uuid string) (int, error)) Status {
 	logger := klog.FromContext(ctx).WithValues("gpu", g.UUID, "index", g.Index)
 	s := Status{GPU: g.UUID, Index: g.Index, MIG: want.mig, Layout: want.layout, State: StateApplied}
+	if prev, ok := m.status[g.UUID]; !ok || prev.Reason != ReasonNoPermission || prev.MIG != want.mig || prev.Layout != want.layout {
+		delete(m.refused, g.UUID)
+	}
 	fail := func(reason string, err error) Status {
 		s.State, s.Reason, s.Message = StateFailed, reason, err.Error()
+		if reason == ReasonNVMLError {
+			m.backoff.Next(g.UUID, m.opts.Clock.Now())
+		}
 		return s
 	}
 	pending := func(reason, format string, args ...any) Status {
@@ -235,6 +298,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 	}
 	if !g.MIGCapable {
 		delete(m.devices, g.UUID)
+		m.backoff.Reset(g.UUID)
 		if want.mig {
 			return fail(ReasonNotSupported, fmt.Errorf("GPU %d (%s) does not support MIG", g.Index, g.Name))
 		}
@@ -253,6 +317,22 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		}
 	}
 	m.devices[g.UUID] = devicesOf(instances)
+	if want.external {
+		// Another MIG manager owns the GPU's MIG: read, never write.
+		delete(m.blocked, g.UUID)
+		m.backoff.Reset(g.UUID)
+		switch {
+		case want.mig && !mode.Current:
+			return pending(ReasonExternalOwner, "GPU %d is in mode mig, but its MIG mode is disabled; its MIG owner (mig.owner: external) has not enabled it, so the GPU serves nothing until it does", g.Index)
+		case !want.mig && mode.Current:
+			return pending(ReasonExternalOwner, "GPU %d is in mode %s, but its MIG mode is enabled; its MIG owner (mig.owner: external) must disable MIG on it (in the GPU operator: a nvidia.com/mig.config that leaves it whole), and until then the GPU is not served", g.Index, want.mode)
+		}
+		s.Message = fmt.Sprintf("GPU %d: MIG %s by its owner", g.Index, onOff(mode.Current))
+		if mode.Current {
+			s.Message += ", devices " + mig.Describe(instances)
+		}
+		return s
+	}
 	// Drivers may list profiles only once MIG is on; then the layout is
 	// expanded after enabling it.
 	var wantGIs []mig.Profile
@@ -298,6 +378,15 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 			return pending(b.reason, "%s", modeMessage(g, want.mig, b.reason))
 		}
 	}
+	if prev, ok := m.status[g.UUID]; ok && prev.State == StateFailed && prev.MIG == want.mig && prev.Layout == want.layout {
+		// The same change failed before: an NVML error waits out its
+		// back-off, a refused privilege waits for a new config or GPU state.
+		if (prev.Reason == ReasonNoPermission && m.refused[g.UUID] == m.migStateLocked(g.UUID)) ||
+			(prev.Reason == ReasonNVMLError && m.backoff.IsInBackOffSinceUpdate(g.UUID, m.opts.Clock.Now())) {
+			prev.Changed = false
+			return prev
+		}
+	}
 
 	// 3. Never touch a GPU pods hold devices on.
 	switch n, err := users(g.UUID); {
@@ -327,12 +416,11 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 			err := m.lib.DestroyMIGInstance(g.UUID, st.Destroy)
 			m.metrics.operation("destroy_instance", err)
 			if err != nil {
-				reason := ReasonNVMLError
-				if errors.Is(err, nvidia.ErrInUse) {
-					reason = ReasonInUse
-				}
 				m.refreshDevicesLocked(g)
-				return fail(reason, err)
+				if errors.Is(err, nvidia.ErrInUse) {
+					return fail(ReasonInUse, err)
+				}
+				return m.failedLocked(g, s, err)
 			}
 			continue
 		}
@@ -340,7 +428,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		m.metrics.operation("create_instance", err)
 		if err != nil {
 			m.refreshDevicesLocked(g)
-			return fail(ReasonNVMLError, err)
+			return m.failedLocked(g, s, err)
 		}
 	}
 	if needMode && !want.mig {
@@ -350,6 +438,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 		}
 	}
 	m.refreshDevicesLocked(g)
+	m.backoff.Reset(g.UUID)
 	s.Message = fmt.Sprintf("GPU %d: MIG %s", g.Index, onOff(want.mig))
 	if want.mig {
 		s.Message += ", devices " + mig.Describe(instancesOrEmpty(m.lib, g.UUID))
@@ -378,8 +467,7 @@ func (m *Manager) setModeLocked(ctx context.Context, g nvidia.GPU, enable bool, 
 	case errors.Is(err, nvidia.ErrInUse):
 		reason = ReasonInUse
 	default:
-		s.State, s.Reason, s.Message = StateFailed, ReasonNVMLError, err.Error()
-		return s, true
+		return m.failedLocked(g, s, err), true
 	}
 	// Leave the mode as found: without this the change would still take
 	// effect at the next reset, behind the admin's back.
@@ -389,6 +477,55 @@ func (m *Manager) setModeLocked(ctx context.Context, g nvidia.GPU, enable bool, 
 	m.blocked[g.UUID] = blockedChange{enable: enable, reason: reason, at: m.opts.Clock.Now()}
 	s.State, s.Reason, s.Message = StatePending, reason, modeMessage(g, enable, reason)+": "+err.Error()
 	return s, true
+}
+
+// failedLocked is the status of a change NVML failed: NoPermission when
+// NVML refused the privilege, else NVMLError, whose retry backs off.
+func (m *Manager) failedLocked(g nvidia.GPU, s Status, err error) Status {
+	s.State = StateFailed
+	if errors.Is(err, nvidia.ErrNoPermission) {
+		m.refused[g.UUID] = m.migStateLocked(g.UUID)
+		s.Reason = ReasonNoPermission
+		s.Message = fmt.Sprintf("GPU %d needs a MIG change, but NVML refused it (%v): gpufrac-node changes MIG only with SYS_ADMIN in the chart's node.capabilities; where another MIG manager owns MIG, set mig.owner: external instead", g.Index, err)
+		return s
+	}
+	s.Reason, s.Message = ReasonNVMLError, err.Error()
+	m.backoff.Next(g.UUID, m.opts.Clock.Now())
+	return s
+}
+
+// observeLocked records the MIG state of a GPU whose MIG is not gpufrac's
+// to set (owner external, or mode mig without a declared layout) or that
+// gpufrac-node may not change (NoPermission), for Run to notice when
+// someone else changes it.
+func (m *Manager) observeLocked(g nvidia.GPU, want target, s Status) {
+	if !g.MIGCapable || !(want.external || (want.mig && want.layout == "") || s.Reason == ReasonNoPermission) {
+		delete(m.observed, g.UUID)
+		return
+	}
+	m.observed[g.UUID] = m.migStateLocked(g.UUID)
+}
+
+// migStateLocked summarises a GPU's MIG mode and devices ("" when NVML
+// cannot tell).
+func (m *Manager) migStateLocked(uuid string) string {
+	mode, err := m.lib.MIGMode(uuid)
+	if err != nil {
+		return ""
+	}
+	if !mode.Current {
+		return "off"
+	}
+	gis, err := m.lib.MIGInstances(uuid)
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("on")
+	for _, d := range devicesOf(gis) {
+		b.WriteString(" " + d.UUID)
+	}
+	return b.String()
 }
 
 // modeMessage tells an operator why a MIG mode change waits.
@@ -455,7 +592,9 @@ func (m *Manager) reportLocked(ctx context.Context, g nvidia.GPU, s Status) {
 			m.event(true, "MIGLayoutPending", s.Message)
 		}
 	case StateFailed:
-		if !same || s.Changed {
+		// A retry that fails the same way again is logged, not raised
+		// again: retries back off, and the first event said it all.
+		if !same || prev.Message != s.Message {
 			logger.Error(errors.New(s.Message), "MIG change failed", "reason", s.Reason)
 			m.event(true, "MIGLayoutFailed", s.Message)
 		}
@@ -540,6 +679,17 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 			waiting = append(waiting, s)
 		}
 	}
+	changed := false
+	for uuid, was := range m.observed {
+		if now := m.migStateLocked(uuid); now != "" && now != was {
+			klog.FromContext(ctx).Info("A GPU's MIG state changed outside gpufrac-node", "gpu", uuid, "was", was, "now", now)
+			m.observed[uuid] = now // noticed once, whatever the retry does
+			changed = true
+		}
+	}
+	if changed {
+		return true
+	}
 	if len(waiting) == 0 {
 		return false
 	}
@@ -555,7 +705,8 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 				return true
 			}
 		case ReasonResetRequired:
-			// Only an admin (enable/disable plus reset) can move it.
+			// Only an admin (enable/disable plus reset) can move it; the
+			// GPUs of NoPermission and ExternalOwner are observed above.
 			if mode, err := m.lib.MIGMode(s.GPU); err == nil && mode.Current == s.MIG {
 				return true
 			}
@@ -564,7 +715,9 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 				return true
 			}
 		case ReasonNVMLError:
-			return true
+			if !m.backoff.IsInBackOffSinceUpdate(s.GPU, m.opts.Clock.Now()) {
+				return true
+			}
 		}
 	}
 	return false

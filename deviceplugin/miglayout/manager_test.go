@@ -552,3 +552,190 @@ func TestLayoutExpandedAfterEnablingWhenProfilesNeedMIG(t *testing.T) {
 		t.Errorf("layout = %q", d)
 	}
 }
+
+// writes is a MIGLib that counts the calls that change a GPU and fails them
+// with err when err is set; reads go to the mock.
+type writes struct {
+	nvidia.MIGLib
+	mu    sync.Mutex
+	calls int
+	err   error
+}
+
+func (w *writes) do(f func() error) error {
+	w.mu.Lock()
+	w.calls++
+	err := w.err
+	w.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f()
+}
+
+func (w *writes) SetMIGMode(uuid string, enabled bool) error {
+	return w.do(func() error { return w.MIGLib.SetMIGMode(uuid, enabled) })
+}
+
+func (w *writes) CreateMIGInstance(uuid string, profileID int, at mig.Placement) (mig.GPUInstance, error) {
+	var gi mig.GPUInstance
+	err := w.do(func() (err error) { gi, err = w.MIGLib.CreateMIGInstance(uuid, profileID, at); return err })
+	return gi, err
+}
+
+func (w *writes) DestroyMIGInstance(uuid string, gi int) error {
+	return w.do(func() error { return w.MIGLib.DestroyMIGInstance(uuid, gi) })
+}
+
+func (w *writes) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls
+}
+
+func (w *writes) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.err = err
+}
+
+// withWrites puts a writes wrapper between the fixture's manager and the mock.
+func (f *fixture) withWrites() *writes {
+	w := &writes{MIGLib: f.mock}
+	f.mgr = NewManager(w, f.gpus, Options{Allocations: f.allocs.get, Registerer: prometheus.NewRegistry(), Event: f.events.record, Clock: f.clock})
+	return w
+}
+
+// owner applies layouts to the mock as another MIG manager would.
+func (f *fixture) owner(t *testing.T, layouts map[int]string) {
+	t.Helper()
+	op := NewManager(f.mock, f.gpus, Options{Allocations: f.allocs.get, Clock: f.clock})
+	for _, s := range op.Apply(f.ctx, f.policy(layouts)) {
+		if s.State != StateApplied {
+			t.Fatalf("the other MIG manager could not apply its layout: %+v", s)
+		}
+	}
+}
+
+func TestExternalOwnerChangesNothing(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	// The other MIG manager (the GPU operator's) partitions GPUs 0 and 1.
+	f.owner(t, map[int]string{0: "all-1g.10gb", 1: "all-3g.40gb"})
+	w := f.withWrites()
+	// gpufrac's config: GPU 0 and 2 in mode mig (no layout), GPU 1 in mode fraction.
+	np := f.policy(nil)
+	np.GPUModes[0], np.GPUModes[2] = config.ModeMIG, config.ModeMIG
+	np.Policy.MIG.Owner = config.MIGOwnerExternal
+	ss := f.mgr.Apply(f.ctx, np)
+	if n := w.count(); n != 0 {
+		t.Errorf("%d NVML calls changed a GPU whose MIG another manager owns, want none", n)
+	}
+	want := []string{"0 Applied ", "1 Pending ExternalOwner", "2 Pending ExternalOwner", "3 Applied "}
+	var got []string
+	for _, s := range ss[:4] {
+		got = append(got, fmt.Sprintf("%d %s %s", s.Index, s.State, s.Reason))
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+	if s := statusOf(ss, 1); !strings.Contains(s.Message, "mode fraction, but its MIG mode is enabled") {
+		t.Errorf("GPU 1 message = %q, want it to say why it is not served", s.Message)
+	}
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue with nothing changed")
+	}
+	// The owner changes GPU 0's layout and turns MIG off on GPU 1: each is
+	// noticed, so that the resources are rebuilt.
+	f.owner(t, map[int]string{0: "all-3g.40gb"})
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false after the owner changed the GPUs")
+	}
+	ss = f.mgr.Apply(f.ctx, np)
+	if s := statusOf(ss, 1); s.State != StateApplied {
+		t.Errorf("GPU 1 once its owner disabled MIG = %+v, want Applied", s)
+	}
+	if got := len(f.mgr.Devices()[f.gpus[0].UUID]); got != 2 {
+		t.Errorf("GPU 0 has %d MIG devices after the owner's change, want 2", got)
+	}
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue after the change was applied")
+	}
+	if n := w.count(); n != 0 {
+		t.Errorf("%d NVML calls changed a GPU, want none", n)
+	}
+}
+
+func TestNoPermissionIsReportedOnceAndNotRetried(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	w := f.withWrites()
+	w.fail(fmt.Errorf("setting MIG mode: %w", nvidia.ErrNoPermission))
+	np := f.policy(map[int]string{0: "all-1g.10gb"})
+	s := statusOf(f.mgr.Apply(f.ctx, np), 0)
+	if s.State != StateFailed || s.Reason != ReasonNoPermission || !strings.Contains(s.Message, "SYS_ADMIN") || !strings.Contains(s.Message, "mig.owner: external") {
+		t.Fatalf("status = %+v, want Failed NoPermission naming SYS_ADMIN and mig.owner", s)
+	}
+	for range 3 {
+		f.clock.Step(10 * time.Minute)
+		if f.mgr.retryDue(f.ctx) {
+			t.Error("retryDue for a change NVML refuses for lack of privilege")
+		}
+		if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.Reason != ReasonNoPermission || s.Changed {
+			t.Errorf("status on a later apply = %+v", s)
+		}
+	}
+	if n := w.count(); n != 1 {
+		t.Errorf("%d MIG changes tried, want 1", n)
+	}
+	if got := f.events.get(); !cmp.Equal(got, []string{"Warning MIGLayoutFailed"}) {
+		t.Errorf("events = %v, want one warning", got)
+	}
+	// An admin enables MIG by hand: the GPU is looked at again.
+	if err := f.mock.SetMIGMode(f.gpus[0].UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false after the GPU's MIG mode changed")
+	}
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.Reason != ReasonNoPermission {
+		t.Errorf("status after the admin's change = %+v, want NoPermission again (the instances)", s)
+	}
+	if n := w.count(); n != 2 {
+		t.Errorf("%d MIG changes tried, want 2 (once more in the GPU's new state)", n)
+	}
+}
+
+func TestNVMLErrorRetriesBackOff(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	w := f.withWrites()
+	w.fail(errors.New("NVML: unknown error"))
+	np := f.policy(map[int]string{0: "all-1g.10gb"})
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.Reason != ReasonNVMLError {
+		t.Fatalf("status = %+v, want Failed NVMLError", s)
+	}
+	for _, wait := range []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second} {
+		f.clock.Step(wait - time.Second)
+		if f.mgr.retryDue(f.ctx) {
+			t.Errorf("retryDue %s before the back-off of %s ended", wait-time.Second, wait)
+		}
+		f.mgr.Apply(f.ctx, np) // a config write in between tries nothing either
+		f.clock.Step(time.Second)
+		if !f.mgr.retryDue(f.ctx) {
+			t.Errorf("retryDue false after the back-off of %s", wait)
+		}
+		f.mgr.Apply(f.ctx, np)
+	}
+	if n := w.count(); n != 4 {
+		t.Errorf("%d MIG changes tried, want 4 (the first and three retries)", n)
+	}
+	if got := f.events.get(); !cmp.Equal(got, []string{"Warning MIGLayoutFailed"}) {
+		t.Errorf("events = %v, want one warning for the same failure", got)
+	}
+	w.fail(nil)
+	f.clock.Step(80 * time.Second)
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.State != StateApplied {
+		t.Fatalf("status once NVML works = %+v", s)
+	}
+	if f.mgr.backoff.IsInBackOffSinceUpdate(f.gpus[0].UUID, f.clock.Now()) {
+		t.Error("the back-off was not reset by the success")
+	}
+}

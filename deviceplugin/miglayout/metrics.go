@@ -35,7 +35,9 @@ func newMetrics(m *Manager) *metrics {
 				"DevicesAllocated (deferred until pods free the GPU), AllocationsUnknown (PodResources unreadable), " +
 				"ResetRequired (the MIG mode change needs a GPU reset; the mode was left as found), " +
 				"InUse (processes use the GPU), NoLayout (mode mig without a layout while MIG is off), " +
-				"NotSupported (no MIG, or the layout does not fit) or NVMLError (an NVML call failed; retried).",
+				"NotSupported (no MIG, or the layout does not fit), NVMLError (an NVML call failed; retried with back-off), " +
+				"NoPermission (NVML refused the change: no SYS_ADMIN) or ExternalOwner (mig.owner external, and the GPU's MIG mode " +
+				"does not match its gpufrac mode).",
 		}, []string{"gpu_uuid", "reason"}),
 		operations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpufrac_mig_operations_total",

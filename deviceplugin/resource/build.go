@@ -62,8 +62,10 @@ type Deps struct {
 // served in the first three modes until the layout manager has turned MIG
 // off. The declared layouts are checked against each GPU's model (unknown
 // profiles, layouts that do not fit), and mode mig without a layout on a GPU
-// whose MIG is off is refused: Build fails naming every problem, so a config
-// asking for them is rejected and the last good one stays.
+// whose MIG is off is refused (unless mig.owner is external: the GPU then
+// serves nothing until its owner enables MIG): Build fails naming every
+// problem, so a config asking for them is rejected and the last good one
+// stays.
 func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if len(modes) != len(gpus) {
 		return nil, fmt.Errorf("building resources: %d GPU modes for %d GPUs", len(modes), len(gpus))
@@ -114,7 +116,7 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 			if d.MIG == nil {
 				return nil, fmt.Errorf("GPU %d (%s): mode %s: %w", g.Index, g.UUID, modes[i], ErrModeNotSupported)
 			}
-			mg, problem, err := readMIGGPU(d.MIG, g, layoutOf(i), migOn)
+			mg, problem, err := readMIGGPU(d.MIG, g, layoutOf(i), migOn, np.Policy.MIG.Owner == config.MIGOwnerExternal)
 			if err != nil {
 				return nil, fmt.Errorf("building resources: %w", err)
 			}
@@ -166,7 +168,7 @@ type migGPU struct {
 
 // readMIGGPU reads a GPU in mode mig. problem describes a config that
 // cannot work on this GPU; err an NVML failure.
-func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn bool) (mg migGPU, problem string, err error) {
+func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn, external bool) (mg migGPU, problem string, err error) {
 	mg = migGPU{gpu: g, layout: layout}
 	if !g.MIGCapable {
 		return mg, fmt.Sprintf("GPU %d (%s) does not support MIG", g.Index, g.Name), nil
@@ -184,7 +186,9 @@ func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn bool) (mg m
 				return mg, fmt.Sprintf("GPU %d (%s): layout %q: %v", g.Index, g.Name, layout, err), nil
 			}
 		}
-	} else if !migOn {
+	} else if !migOn && !external {
+		// (With an external MIG owner the GPU serves nothing until the
+		// owner enables MIG; the layout manager reports it.)
 		return mg, fmt.Sprintf("GPU %d is in mode mig without a layout, which keeps the GPU's MIG devices, but its MIG mode is disabled: set mig.layout (or migLayout for the GPU)", g.Index), nil
 	}
 	if migOn {

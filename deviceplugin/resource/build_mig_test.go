@@ -367,3 +367,20 @@ func TestBuildTellsAllocationsToTheRecorder(t *testing.T) {
 		})
 	}
 }
+
+func TestBuildWithAnExternalMIGOwnerServesWhatItFinds(t *testing.T) {
+	n := newMockNode(t, "dgxh100")
+	// The other MIG manager has partitioned GPU 0; GPU 1 is in mode mig but
+	// its owner has not enabled MIG yet.
+	n.apply(n.policy(config.MIGStrategyMixed, modes(1, config.ModeMIG, 7, config.ModeFraction), map[int]string{0: "all-3g.40gb"}))
+	np := n.policy(config.MIGStrategyMixed, modes(2, config.ModeMIG, 6, config.ModeFraction), nil)
+	np.Policy.MIG.Owner = config.MIGOwnerExternal
+	res, err := n.build(np)
+	if err != nil {
+		t.Fatalf("Build() = %v, want GPU 1 served nothing until its owner enables MIG", err)
+	}
+	want := map[string]int{"nvidia.com/mig-3g.40gb": 2, api.ResourceGPU: 6, api.ResourceFraction: 600}
+	if diff := cmp.Diff(want, counts(res)); diff != "" {
+		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+}
