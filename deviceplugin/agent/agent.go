@@ -691,6 +691,8 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	// missing or broken config file never destroys a MIG layout.
 	if np, err := f.Resolve(a.nodeLabels(), len(a.gpus)); err == nil && a.migLayout != nil && f != a.builtin && f != a.failClosed {
 		a.regenerateAfter(a.migLayout.Apply(ctx, np))
+	} else if a.migLayout != nil && (f == a.builtin || f == a.failClosed) {
+		a.migLayout.Forget()
 	}
 	if a.dra != nil {
 		if err := a.applyDRALocked(ctx, f); err != nil {
@@ -953,10 +955,8 @@ func (a *Agent) startPartitioning(ctx context.Context, parts *components) resour
 				}
 				a.nodeEvent(typ, reason, actionReshapeMIG, "%s", message)
 			},
-			Retry: func(ctx context.Context) {
-				if err := a.apply(ctx, nil, *deps); err != nil {
-					klog.FromContext(ctx).Error(err, "Applying config after a pending MIG change")
-				}
+			Retry: func(ctx context.Context) error {
+				return a.apply(ctx, nil, *deps)
 			},
 		})
 		parts.Go("mig-layout", a.migLayout.Run)

@@ -221,8 +221,9 @@ func (a *Agent) draGPUs(ctx context.Context, np config.NodePolicy) []dra.GPU {
 	return out
 }
 
-// migEnabled tells whether a GPU's MIG mode is on (false when it has no
-// MIG or NVML cannot tell: logged).
+// migEnabled tells whether a GPU's MIG mode is on. When NVML cannot tell
+// (logged) it says true: the GPU is left out rather than published whole
+// while it may be in MIG mode with its MIG devices in use.
 func (a *Agent) migEnabled(ctx context.Context, g nvidia.GPU) bool {
 	lib, ok := a.lib.(nvidia.MIGLib)
 	if !ok || !g.MIGCapable {
@@ -230,8 +231,8 @@ func (a *Agent) migEnabled(ctx context.Context, g nvidia.GPU) bool {
 	}
 	mode, err := lib.MIGMode(g.UUID)
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot read the MIG mode; the GPU is published as configured", "gpu", g.UUID)
-		return false
+		klog.FromContext(ctx).Error(err, "Cannot read the MIG mode; the GPU is not published until it can be read", "gpu", g.UUID)
+		return true
 	}
 	return mode.Current
 }

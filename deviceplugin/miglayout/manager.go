@@ -105,9 +105,11 @@ type Options struct {
 	// the node (nil: logged only). reason is a CamelCase event reason.
 	Event func(warning bool, reason, message string)
 	// Retry is called from Run when a pending change may now go through (a
-	// GPU drained, an admin enabled MIG mode); it should reconcile again by
-	// calling Apply with the current policy and rebuild resources.
-	Retry func(ctx context.Context)
+	// GPU drained, an admin enabled MIG mode) or a GPU's MIG changed under
+	// the node agent; it should reconcile again by calling Apply with the
+	// current policy and rebuild resources. An error makes Run call it
+	// again, backing off, until it succeeds.
+	Retry func(ctx context.Context) error
 	// Interval is how often Run checks pending changes (default 5s).
 	Interval time.Duration
 	// RetryInUse is how long a GPU whose mode change failed because it was
@@ -161,15 +163,19 @@ type Manager struct {
 	blocked map[string]blockedChange
 	// devices: GPU UUID -> its MIG devices as last read.
 	devices map[string][]mig.Device
-	// observed: GPU UUID -> the MIG state last reconciled, for GPUs whose
-	// MIG is not gpufrac's to set (owner external, or mode mig without a
-	// declared layout): Run rebuilds when it changes.
+	// observed: GPU UUID -> the MIG state (mode and devices) of every
+	// MIG-capable GPU as last read: Run asks for a rebuild when it changes
+	// under the manager (another MIG manager, an admin's nvidia-smi), so
+	// that a GPU put in MIG mode stops being served whole, whatever the
+	// config in force.
 	observed map[string]string
 	// backoff: per GPU UUID, the wait before an NVML error is retried.
 	backoff *flowcontrol.Backoff
 	// refused: GPU UUID -> its MIG state when NVML refused a change for
 	// lack of privilege; the change is not tried again in that state.
 	refused map[string]string
+	// owed: the last Retry failed, so Run calls it again (backing off).
+	owed bool
 }
 
 // blockedChange is a MIG mode change the driver refused to activate.
@@ -208,6 +214,11 @@ func NewManager(lib nvidia.MIGLib, gpus []nvidia.GPU, o Options) *Manager {
 		backoff:  flowcontrol.NewBackOff(o.RetryNVMLError.Initial, o.RetryNVMLError.Max),
 	}
 	m.backoff.Clock = o.Clock
+	for _, g := range m.gpus {
+		if g.MIGCapable {
+			m.observed[g.UUID] = m.migStateLocked(g.UUID)
+		}
+	}
 	m.metrics = newMetrics(m)
 	if o.Registerer != nil {
 		m.metrics.register(o.Registerer)
@@ -258,7 +269,7 @@ func (m *Manager) Apply(ctx context.Context, np config.NodePolicy) []Status {
 			want.mode = np.GPUModes[i]
 		}
 		s := m.reconcileLocked(ctx, g, want, users)
-		m.observeLocked(g, want, s)
+		m.observeLocked(g)
 		m.reportLocked(ctx, g, s)
 		out = append(out, s)
 	}
@@ -282,7 +293,11 @@ type target struct {
 func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target, users func(uuid string) (int, error)) Status {
 	logger := klog.FromContext(ctx).WithValues("gpu", g.UUID, "index", g.Index)
 	s := Status{GPU: g.UUID, Index: g.Index, MIG: want.mig, Layout: want.layout, State: StateApplied}
-	if prev, ok := m.status[g.UUID]; !ok || prev.Reason != ReasonNoPermission || prev.MIG != want.mig || prev.Layout != want.layout {
+	if prev, ok := m.status[g.UUID]; !ok || prev.MIG != want.mig || prev.Layout != want.layout {
+		// A new target: earlier refusals and back-off are about another change.
+		delete(m.refused, g.UUID)
+		m.backoff.Reset(g.UUID)
+	} else if prev.Reason != ReasonNoPermission {
 		delete(m.refused, g.UUID)
 	}
 	fail := func(reason string, err error) Status {
@@ -418,6 +433,8 @@ func (m *Manager) reconcileLocked(ctx context.Context, g nvidia.GPU, want target
 			if err != nil {
 				m.refreshDevicesLocked(g)
 				if errors.Is(err, nvidia.ErrInUse) {
+					// Retried after RetryInUse, as a mode change in use is.
+					m.blocked[g.UUID] = blockedChange{enable: want.mig, reason: ReasonInUse, at: m.opts.Clock.Now()}
 					return fail(ReasonInUse, err)
 				}
 				return m.failedLocked(g, s, err)
@@ -494,31 +511,31 @@ func (m *Manager) failedLocked(g nvidia.GPU, s Status, err error) Status {
 	return s
 }
 
-// observeLocked records the MIG state of a GPU whose MIG is not gpufrac's
-// to set (owner external, or mode mig without a declared layout) or that
-// gpufrac-node may not change (NoPermission), for Run to notice when
-// someone else changes it.
-func (m *Manager) observeLocked(g nvidia.GPU, want target, s Status) {
-	if !g.MIGCapable || !(want.external || (want.mig && want.layout == "") || s.Reason == ReasonNoPermission) {
-		delete(m.observed, g.UUID)
-		return
+// observeLocked records a MIG-capable GPU's MIG state after its
+// reconciliation, for Run to notice when someone else changes it.
+func (m *Manager) observeLocked(g nvidia.GPU) {
+	if g.MIGCapable {
+		m.observed[g.UUID] = m.migStateLocked(g.UUID)
 	}
-	m.observed[g.UUID] = m.migStateLocked(g.UUID)
 }
 
-// migStateLocked summarises a GPU's MIG mode and devices ("" when NVML
-// cannot tell).
+// stateUnreadable is the MIG state of a GPU NVML cannot read: a read that
+// fails, and one that works again, are each a change (the node agent's
+// DRA path leaves a GPU out while its MIG mode cannot be read).
+const stateUnreadable = "unreadable"
+
+// migStateLocked summarises a GPU's MIG mode and devices.
 func (m *Manager) migStateLocked(uuid string) string {
 	mode, err := m.lib.MIGMode(uuid)
 	if err != nil {
-		return ""
+		return stateUnreadable
 	}
 	if !mode.Current {
 		return "off"
 	}
 	gis, err := m.lib.MIGInstances(uuid)
 	if err != nil {
-		return ""
+		return stateUnreadable
 	}
 	var b strings.Builder
 	b.WriteString("on")
@@ -597,6 +614,8 @@ func (m *Manager) reportLocked(ctx context.Context, g nvidia.GPU, s Status) {
 		if !same || prev.Message != s.Message {
 			logger.Error(errors.New(s.Message), "MIG change failed", "reason", s.Reason)
 			m.event(true, "MIGLayoutFailed", s.Message)
+		} else if s.Changed {
+			logger.V(2).Info("MIG change failed again", "reason", s.Reason, "message", s.Message)
 		}
 	}
 }
@@ -649,10 +668,15 @@ func (m *Manager) allocatedByGPU(ctx context.Context) (map[string]int, error) {
 	return out, nil
 }
 
+// rebuildKey is the back-off ID of a Retry that failed.
+const rebuildKey = "\x00retry"
+
 // Run checks pending changes every Interval until ctx ends and calls
-// Options.Retry when one may now go through: pods freed the GPU's devices,
-// allocations became known, an admin set the MIG mode needed, or a GPU in
-// use or a failed change waited long enough.
+// Options.Retry when one may now go through (pods freed the GPU's devices,
+// allocations became known, an admin set the MIG mode needed, a GPU in use
+// or a failed change waited long enough) or a GPU's MIG changed under the
+// manager. A Retry that fails is called again, backing off, until it
+// succeeds: a change noticed once is not lost.
 func (m *Manager) Run(ctx context.Context) error {
 	tick := m.opts.Clock.NewTicker(m.opts.Interval)
 	defer tick.Stop()
@@ -661,12 +685,53 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C():
-			if m.retryDue(ctx) && m.opts.Retry != nil {
-				klog.FromContext(ctx).V(2).Info("Retrying pending MIG changes")
-				m.opts.Retry(ctx)
-			}
+			m.tick(ctx)
 		}
 	}
+}
+
+// tick is one of Run's checks; it tells whether it called Retry.
+func (m *Manager) tick(ctx context.Context) bool {
+	if m.opts.Retry == nil {
+		return false
+	}
+	due := m.retryDue(ctx)
+	m.mu.Lock()
+	owed := m.owed && !m.backoff.IsInBackOffSinceUpdate(rebuildKey, m.opts.Clock.Now())
+	m.mu.Unlock()
+	if !due && !owed {
+		return false
+	}
+	klog.FromContext(ctx).V(2).Info("Retrying pending MIG changes")
+	err := m.opts.Retry(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Applying the config after a MIG change failed; retrying")
+		m.owed = true
+		m.backoff.Next(rebuildKey, m.opts.Clock.Now())
+	} else {
+		m.owed = false
+		m.backoff.Reset(rebuildKey)
+	}
+	return true
+}
+
+// Forget drops what the last Apply found: the node agent calls it when the
+// config in force declares no MIG (its built-in config, or failed closed),
+// so that Run does not retry changes nobody asks for any more. MIG states
+// stay observed: a GPU put in MIG mode is still noticed, and resources
+// rebuilt.
+func (m *Manager) Forget() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uuid := range m.status {
+		m.backoff.Reset(uuid)
+	}
+	clear(m.status)
+	clear(m.blocked)
+	clear(m.refused)
+	m.metrics.setPending(nil)
 }
 
 // retryDue tells whether a pending or failed change may now go through.
@@ -681,7 +746,7 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 	}
 	changed := false
 	for uuid, was := range m.observed {
-		if now := m.migStateLocked(uuid); now != "" && now != was {
+		if now := m.migStateLocked(uuid); now != was {
 			klog.FromContext(ctx).Info("A GPU's MIG state changed outside gpufrac-node", "gpu", uuid, "was", was, "now", now)
 			m.observed[uuid] = now // noticed once, whatever the retry does
 			changed = true

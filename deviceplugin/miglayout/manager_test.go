@@ -294,7 +294,7 @@ func TestRunRetriesWhenTheGPUDrains(t *testing.T) {
 	}
 
 	retried := make(chan []Status, 1)
-	f.mgr.opts.Retry = func(ctx context.Context) { retried <- f.mgr.Apply(ctx, want) }
+	f.mgr.opts.Retry = func(ctx context.Context) error { retried <- f.mgr.Apply(ctx, want); return nil }
 	ctx, cancel := context.WithCancel(f.ctx)
 	done := make(chan error, 1)
 	go func() { done <- f.mgr.Run(ctx) }()
@@ -737,5 +737,132 @@ func TestNVMLErrorRetriesBackOff(t *testing.T) {
 	}
 	if f.mgr.backoff.IsInBackOffSinceUpdate(f.gpus[0].UUID, f.clock.Now()) {
 		t.Error("the back-off was not reset by the success")
+	}
+}
+
+func TestAFailedRebuildIsRetriedUntilItSucceeds(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	np := f.policy(nil) // every GPU in mode fraction, gpufrac owns MIG
+	f.mgr.Apply(f.ctx, np)
+	var calls int
+	var fail error = errors.New("the API server is down")
+	f.mgr.opts.Retry = func(context.Context) error { calls++; return fail }
+	if f.mgr.tick(f.ctx) {
+		t.Fatal("a retry with nothing changed")
+	}
+	// Someone turns MIG on for GPU 3 (an admin's nvidia-smi): noticed once,
+	// whatever the config says; the rebuild fails and is owed.
+	if err := f.mock.SetMIGMode(f.gpus[3].UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	if !f.mgr.tick(f.ctx) || calls != 1 {
+		t.Fatalf("no retry after the GPU's MIG mode changed (calls %d)", calls)
+	}
+	f.clock.Step(5 * time.Second)
+	if f.mgr.tick(f.ctx) {
+		t.Error("retried within the back-off of the failed rebuild")
+	}
+	f.clock.Step(5 * time.Second)
+	fail = nil
+	if !f.mgr.tick(f.ctx) || calls != 2 {
+		t.Errorf("the failed rebuild was not retried after its back-off (calls %d)", calls)
+	}
+	f.clock.Step(time.Minute)
+	if f.mgr.tick(f.ctx) {
+		t.Error("retried again after the rebuild succeeded")
+	}
+}
+
+func TestForgetStopsRetriesNobodyAsksFor(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	w := f.withWrites()
+	w.fail(errors.New("NVML: unknown error"))
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "all-1g.10gb"}))
+	f.clock.Step(time.Hour)
+	if !f.mgr.retryDue(f.ctx) {
+		t.Fatal("retryDue false after the back-off of an NVML error")
+	}
+	// The node falls back to its built-in config: nothing to retry.
+	f.mgr.Forget()
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue after Forget")
+	}
+	if got := testutil.CollectAndCount(f.mgr.metrics.pending); got != 0 {
+		t.Errorf("%d pending series after Forget, want 0", got)
+	}
+}
+
+// unreadable fails MIGMode reads of one GPU while set.
+type unreadable struct {
+	nvidia.MIGLib
+	mu   sync.Mutex
+	uuid string
+}
+
+func (u *unreadable) set(uuid string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.uuid = uuid
+}
+
+func (u *unreadable) MIGMode(uuid string) (nvidia.MIGMode, error) {
+	u.mu.Lock()
+	bad := u.uuid == uuid
+	u.mu.Unlock()
+	if bad {
+		return nvidia.MIGMode{}, errors.New("NVML: GPU is lost")
+	}
+	return u.MIGLib.MIGMode(uuid)
+}
+
+func TestAnUnreadableGPUIsAChangeAndSoIsItsRecovery(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	u := &unreadable{MIGLib: f.mock}
+	f.mgr = NewManager(u, f.gpus, Options{Allocations: f.allocs.get, Clock: f.clock})
+	f.mgr.Apply(f.ctx, f.policy(nil))
+	u.set(f.gpus[2].UUID)
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false when a GPU's MIG mode became unreadable")
+	}
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue again for the same unreadable GPU")
+	}
+	u.set("")
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false when the GPU could be read again")
+	}
+}
+
+func TestInstanceInUseIsRetriedAfterRetryInUse(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "all-1g.10gb"}))
+	w := f.withWrites()
+	w.fail(fmt.Errorf("destroying GPU instance: %w", nvidia.ErrInUse))
+	// Back to fraction: the instances must go first, and a process holds one.
+	np := f.policy(nil)
+	if s := statusOf(f.mgr.Apply(f.ctx, np), 0); s.Reason != ReasonInUse {
+		t.Fatalf("status = %+v, want InUse", s)
+	}
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue right after an instance in use, want after RetryInUse")
+	}
+	f.clock.Step(time.Minute)
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false after RetryInUse")
+	}
+}
+
+func TestAGPUPutInMIGModeIsNoticedWithoutAnApply(t *testing.T) {
+	// The node agent's built-in config never applies a MIG policy, but a GPU
+	// put in MIG mode must still stop being served whole.
+	f := newFixture(t, "dgxh100")
+	if f.mgr.retryDue(f.ctx) {
+		t.Fatal("retryDue with nothing changed")
+	}
+	if err := f.mock.SetMIGMode(f.gpus[5].UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	if !f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue false after a GPU was put in MIG mode")
 	}
 }

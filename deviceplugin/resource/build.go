@@ -224,6 +224,10 @@ func buildMIG(strategy string, migGPUs []migGPU, all []nvidia.GPU, d Deps) ([]Re
 				if !mig.Matches(mg.instances, mg.declared) {
 					continue
 				}
+			case len(mg.instances) == 0:
+				// No MIG device (an external MIG owner has not enabled MIG
+				// yet): nothing to serve, nothing to compare.
+				continue
 			case first < 0:
 				first = i
 			case mig.Describe(mg.instances) != mig.Describe(migGPUs[first].instances):

@@ -384,3 +384,18 @@ func TestBuildWithAnExternalMIGOwnerServesWhatItFinds(t *testing.T) {
 		t.Errorf("resources (-want +got):\n%s", diff)
 	}
 }
+
+func TestBuildSingleStrategyWithAnExternalMIGOwner(t *testing.T) {
+	n := newMockNode(t, "dgxh100")
+	// The other MIG manager has partitioned GPU 0 only, so far.
+	n.apply(n.policy(config.MIGStrategyMixed, modes(1, config.ModeMIG, 7, config.ModeFraction), map[int]string{0: "all-3g.40gb"}))
+	np := n.policy(config.MIGStrategySingle, modes(8, config.ModeMIG), nil)
+	np.Policy.MIG.Owner = config.MIGOwnerExternal
+	res, err := n.build(np)
+	if err != nil {
+		t.Fatalf("Build() = %v, want the GPUs without MIG devices left out of the single strategy's comparison", err)
+	}
+	if diff := cmp.Diff(map[string]int{api.ResourceGPU: 2}, counts(res)); diff != "" {
+		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+}
