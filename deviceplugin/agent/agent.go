@@ -696,9 +696,11 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 	}
 	if a.dra != nil {
 		if err := a.applyDRALocked(ctx, f); err != nil {
+			a.oweMIGRebuild()
 			return err
 		}
 	} else if err := a.applyPluginsLocked(ctx, f, deps); err != nil {
+		a.oweMIGRebuild()
 		return err
 	}
 	a.current = f
@@ -710,6 +712,15 @@ func (a *Agent) apply(ctx context.Context, f *config.File, deps resource.Deps) e
 		a.reportReopened(ctx)
 	}
 	return nil
+}
+
+// oweMIGRebuild has the MIG layout manager retry the apply: it recorded the
+// GPUs' MIG states before this apply failed, so it would not notice them
+// again.
+func (a *Agent) oweMIGRebuild() {
+	if a.migLayout != nil {
+		a.migLayout.Owe()
+	}
 }
 
 // regenerateAfter triggers the CDI spec regeneration when the MIG layout

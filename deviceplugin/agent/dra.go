@@ -232,6 +232,9 @@ func (a *Agent) migEnabled(ctx context.Context, g nvidia.GPU) bool {
 	mode, err := lib.MIGMode(g.UUID)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot read the MIG mode; the GPU is not published until it can be read", "gpu", g.UUID)
+		// Publish it again at the MIG layout manager's next check, if the
+		// read works then (a read that keeps failing is its own change).
+		a.oweMIGRebuild()
 		return true
 	}
 	return mode.Current

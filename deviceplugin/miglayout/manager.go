@@ -176,6 +176,9 @@ type Manager struct {
 	refused map[string]string
 	// owed: the last Retry failed, so Run calls it again (backing off).
 	owed bool
+	// unreadable: GPU UUID -> checks in a row whose MIG read failed, while
+	// the GPU was last seen readable.
+	unreadable map[string]int
 }
 
 // blockedChange is a MIG mode change the driver refused to activate.
@@ -203,15 +206,16 @@ func NewManager(lib nvidia.MIGLib, gpus []nvidia.GPU, o Options) *Manager {
 		o.Clock = clock.RealClock{}
 	}
 	m := &Manager{
-		lib:      lib,
-		gpus:     append([]nvidia.GPU(nil), gpus...),
-		opts:     o,
-		status:   map[string]Status{},
-		blocked:  map[string]blockedChange{},
-		devices:  map[string][]mig.Device{},
-		observed: map[string]string{},
-		refused:  map[string]string{},
-		backoff:  flowcontrol.NewBackOff(o.RetryNVMLError.Initial, o.RetryNVMLError.Max),
+		lib:        lib,
+		gpus:       append([]nvidia.GPU(nil), gpus...),
+		opts:       o,
+		status:     map[string]Status{},
+		blocked:    map[string]blockedChange{},
+		devices:    map[string][]mig.Device{},
+		observed:   map[string]string{},
+		refused:    map[string]string{},
+		unreadable: map[string]int{},
+		backoff:    flowcontrol.NewBackOff(o.RetryNVMLError.Initial, o.RetryNVMLError.Max),
 	}
 	m.backoff.Clock = o.Clock
 	for _, g := range m.gpus {
@@ -717,6 +721,16 @@ func (m *Manager) tick(ctx context.Context) bool {
 	return true
 }
 
+// Owe makes Run call Retry at its next check (then backing off while it
+// fails): the node agent calls it when applying a config failed after
+// Apply had recorded the GPUs' MIG states, so that a change Apply saw is
+// not left unserved.
+func (m *Manager) Owe() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.owed = true
+}
+
 // Forget drops what the last Apply found: the node agent calls it when the
 // config in force declares no MIG (its built-in config, or failed closed),
 // so that Run does not retry changes nobody asks for any more. MIG states
@@ -746,7 +760,16 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 	}
 	changed := false
 	for uuid, was := range m.observed {
-		if now := m.migStateLocked(uuid); now != was {
+		now := m.migStateLocked(uuid)
+		if now == stateUnreadable && was != stateUnreadable {
+			// One failed read is not a change: a read that fails on
+			// alternate checks would rebuild at every one.
+			if m.unreadable[uuid]++; m.unreadable[uuid] < 2 {
+				continue
+			}
+		}
+		delete(m.unreadable, uuid)
+		if now != was {
 			klog.FromContext(ctx).Info("A GPU's MIG state changed outside gpufrac-node", "gpu", uuid, "was", was, "now", now)
 			m.observed[uuid] = now // noticed once, whatever the retry does
 			changed = true
@@ -758,15 +781,25 @@ func (m *Manager) retryDue(ctx context.Context) bool {
 	if len(waiting) == 0 {
 		return false
 	}
-	alloc, allocErr := m.allocatedByGPU(ctx)
+	// PodResources is read only for the reasons that wait on it.
+	var alloc map[string]int
+	var allocErr error
+	read := false
+	allocations := func() (map[string]int, error) {
+		if !read {
+			alloc, allocErr = m.allocatedByGPU(ctx)
+			read = true
+		}
+		return alloc, allocErr
+	}
 	for _, s := range waiting {
 		switch s.Reason {
 		case ReasonAllocationsUnknown:
-			if allocErr == nil {
+			if _, err := allocations(); err == nil {
 				return true
 			}
 		case ReasonDevicesAllocated:
-			if allocErr == nil && alloc[s.GPU] == 0 {
+			if a, err := allocations(); err == nil && a[s.GPU] == 0 {
 				return true
 			}
 		case ReasonResetRequired:

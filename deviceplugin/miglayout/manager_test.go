@@ -820,9 +820,22 @@ func TestAnUnreadableGPUIsAChangeAndSoIsItsRecovery(t *testing.T) {
 	u := &unreadable{MIGLib: f.mock}
 	f.mgr = NewManager(u, f.gpus, Options{Allocations: f.allocs.get, Clock: f.clock})
 	f.mgr.Apply(f.ctx, f.policy(nil))
+	// A read that fails on alternate checks is no change.
+	for range 3 {
+		u.set(f.gpus[2].UUID)
+		if f.mgr.retryDue(f.ctx) {
+			t.Error("retryDue after one failed read")
+		}
+		u.set("")
+		if f.mgr.retryDue(f.ctx) {
+			t.Error("retryDue when a read worked again after one failure")
+		}
+	}
+	// Two in a row are.
 	u.set(f.gpus[2].UUID)
+	f.mgr.retryDue(f.ctx)
 	if !f.mgr.retryDue(f.ctx) {
-		t.Error("retryDue false when a GPU's MIG mode became unreadable")
+		t.Error("retryDue false after two failed reads in a row")
 	}
 	if f.mgr.retryDue(f.ctx) {
 		t.Error("retryDue again for the same unreadable GPU")
@@ -864,5 +877,40 @@ func TestAGPUPutInMIGModeIsNoticedWithoutAnApply(t *testing.T) {
 	}
 	if !f.mgr.retryDue(f.ctx) {
 		t.Error("retryDue false after a GPU was put in MIG mode")
+	}
+}
+
+func TestOweRetriesAtTheNextCheck(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(nil))
+	calls := 0
+	f.mgr.opts.Retry = func(context.Context) error { calls++; return nil }
+	if f.mgr.tick(f.ctx) {
+		t.Fatal("a retry with nothing owed or changed")
+	}
+	// An apply failed after Apply recorded the GPUs' states.
+	f.mgr.Owe()
+	if !f.mgr.tick(f.ctx) || calls != 1 {
+		t.Errorf("no retry at the check after Owe (calls %d)", calls)
+	}
+	if f.mgr.tick(f.ctx) {
+		t.Error("retried again after the owed retry succeeded")
+	}
+}
+
+func TestRetryDueReadsAllocationsOnlyForTheReasonsThatNeedThem(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	reads := 0
+	allocs := func(ctx context.Context) (map[string][]string, error) { reads++; return f.allocs.get(ctx) }
+	f.mgr = NewManager(f.mock, f.gpus, Options{Allocations: allocs, Clock: f.clock})
+	// GPU 0 in mode mig without a layout while MIG is off: Failed NoLayout,
+	// which no allocation moves.
+	np := f.policy(nil)
+	np.GPUModes[0] = config.ModeMIG
+	f.mgr.Apply(f.ctx, np)
+	reads = 0
+	f.mgr.retryDue(f.ctx)
+	if reads != 0 {
+		t.Errorf("PodResources read %d times for a status that does not wait on it", reads)
 	}
 }
