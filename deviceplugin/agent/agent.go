@@ -68,6 +68,9 @@ type Config struct {
 	CDISpecDirs []string
 	// CDICheckInterval is how often the CDI specs are checked (0: cdi.DefaultInterval).
 	CDICheckInterval time.Duration
+	// MIGCheckInterval is how often the MIG layout manager checks pending
+	// changes and the GPUs' MIG states (0: its default, 5s).
+	MIGCheckInterval time.Duration
 	// CDIRegenerate is the admin's command that writes the node's CDI spec
 	// anew (nvidia-ctk cdi generate), run after every MIG layout change
 	// gpufrac-node makes; nil: never run (the admin regenerates the spec).
@@ -959,6 +962,7 @@ func (a *Agent) startPartitioning(ctx context.Context, parts *components) resour
 		a.migLayout = miglayout.NewManager(lib, a.gpus, miglayout.Options{
 			Allocations: allocs,
 			Registerer:  a.reg,
+			Interval:    a.cfg.MIGCheckInterval,
 			Event: func(warning bool, reason, message string) {
 				typ := corev1.EventTypeNormal
 				if warning {

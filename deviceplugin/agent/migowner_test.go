@@ -2,15 +2,22 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpufrac/gpufrac/api"
 	"github.com/gpufrac/gpufrac/deviceplugin/config"
 	"github.com/gpufrac/gpufrac/deviceplugin/miglayout"
 	"github.com/gpufrac/gpufrac/deviceplugin/nvidia"
 )
+
+// fastMIGChecks has the MIG layout manager check every 200ms instead of
+// 5s, so that a change it must notice (two checks for a failed read) is
+// seen well within the waits' 15s, also on a loaded machine.
+func fastMIGChecks(c *Config) { c.MIGCheckInterval = 200 * time.Millisecond }
 
 // TestExternalMIGOwnerIsFollowed: with mig.owner external, gpufrac-node
 // changes no GPU's MIG. It serves the MIG devices another MIG manager (the
@@ -24,7 +31,7 @@ default:
   mig: {owner: external}
   gpus: [{indices: "0", mode: mig}]
 `
-	e := startAgent(t, external)
+	e := startAgentFull(t, external, nil, fastMIGChecks)
 	// GPU 0 is in mode mig, but its owner has not enabled MIG yet.
 	e.waitServed("GPUs 1-7 whole and as fractions, GPU 0 nothing", map[string]served{
 		"nvidia.com/gpu":          {Healthy: 7, Connected: true, Registrations: 1},
@@ -85,7 +92,7 @@ default:
 // off, without a config write.
 func TestDRALeavesOutAGPUInMIGMode(t *testing.T) {
 	const draExternal = "version: v1\ndefault:\n  mode: dra\n  mig: {owner: external}\n"
-	e := startAgentWith(t, draExternal, withNodeUID("uid-1"))
+	e := startAgentFull(t, draExternal, withNodeUID("uid-1"), fastMIGChecks)
 	if err := e.kubelet.WaitForDRADriver(e.ctx, api.DRADriver); err != nil {
 		t.Fatal(err)
 	}
@@ -107,4 +114,29 @@ func TestDRALeavesOutAGPUInMIGMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitPublished("GPU 1 published again once MIG is off", e.wantDevices(), len(e.gpus), "uid-1")
+}
+
+// TestDRALeavesOutAGPUWhoseMIGModeCannotBeRead: a node in mode dra leaves
+// out a GPU whose MIG mode NVML cannot read (it may be in MIG mode with its
+// MIG devices in use), noticed by the MIG layout manager's checks, and
+// publishes it again once the reads work, without a config write.
+func TestDRALeavesOutAGPUWhoseMIGModeCannotBeRead(t *testing.T) {
+	e := startAgentFull(t, "version: v1\ndefault:\n  mode: dra\n  mig: {owner: external}\n", withNodeUID("uid-1"), fastMIGChecks)
+	if err := e.kubelet.WaitForDRADriver(e.ctx, api.DRADriver); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPublished("every GPU's views", e.wantDevices(), len(e.gpus), "uid-1")
+
+	mock := e.lib.(*nvidia.Mock)
+	mock.FailMIGReads(e.gpus[1].UUID, errors.New("GPU is lost"))
+	var without []string
+	for _, d := range e.wantDevices() {
+		if !strings.HasPrefix(d, fmt.Sprintf("gpu-%d-", e.gpus[1].Minor)) && d != api.DRADeviceName(e.gpus[1].Minor, api.DRAViewWhole) {
+			without = append(without, d)
+		}
+	}
+	e.waitPublished("GPU 1 left out while its MIG mode cannot be read", without, len(e.gpus)-1, "uid-1")
+
+	mock.FailMIGReads(e.gpus[1].UUID, nil)
+	e.waitPublished("GPU 1 published again once it can be read", e.wantDevices(), len(e.gpus), "uid-1")
 }

@@ -23,15 +23,43 @@ type mockMIG struct {
 	pending map[string]bool
 	// needsReset: GPU UUID -> mode changes on it need a reset.
 	needsReset map[string]bool
+	// readFault: GPU UUID -> the error MIGMode and MIGInstances return.
+	readFault map[string]error
 }
 
 func newMockMIG() *mockMIG {
-	return &mockMIG{pending: map[string]bool{}, needsReset: map[string]bool{}}
+	return &mockMIG{pending: map[string]bool{}, needsReset: map[string]bool{}, readFault: map[string]error{}}
+}
+
+// FailMIGReads makes MIGMode and MIGInstances of a GPU return err
+// (wrapped), as NVML does for a GPU it has lost; FailMIGReads(uuid, nil)
+// heals it.
+func (m *Mock) FailMIGReads(uuid string, err error) {
+	m.mig.mu.Lock()
+	defer m.mig.mu.Unlock()
+	if err == nil {
+		delete(m.mig.readFault, uuid)
+		return
+	}
+	m.mig.readFault[uuid] = err
+}
+
+// readFaultOf is the error FailMIGReads set for a GPU, or nil.
+func (m *Mock) readFaultOf(uuid string) error {
+	m.mig.mu.Lock()
+	defer m.mig.mu.Unlock()
+	if err := m.mig.readFault[uuid]; err != nil {
+		return fmt.Errorf("reading MIG state of %s: %w", uuid, err)
+	}
+	return nil
 }
 
 // MIGMode implements MIGLib: the mock server's mode is current, the one
 // waiting for ResetGPU (if any) pending.
 func (m *Mock) MIGMode(uuid string) (MIGMode, error) {
+	if err := m.readFaultOf(uuid); err != nil {
+		return MIGMode{}, err
+	}
 	mode, err := m.nvmlLib.MIGMode(uuid)
 	if err != nil {
 		return mode, err
@@ -134,6 +162,9 @@ func mockInstanceCount(d *server.Device) int {
 
 // MIGInstances implements MIGLib with synthesized MIG device UUIDs.
 func (m *Mock) MIGInstances(uuid string) ([]mig.GPUInstance, error) {
+	if err := m.readFaultOf(uuid); err != nil {
+		return nil, err
+	}
 	return m.nvmlLib.migInstances(uuid, mockMIGUUIDs)
 }
 
