@@ -638,17 +638,24 @@ func (a *Agent) check(ctx context.Context, f *config.File, deps resource.Deps) e
 		_, err := a.buildDRA(ctx, np)
 		return err
 	}
-	_, err = a.build(f, deps)
+	_, err = a.build(ctx, f, deps)
 	return err
 }
 
-// build resolves f for this node and builds its resources.
-func (a *Agent) build(f *config.File, deps resource.Deps) ([]resource.Resource, error) {
+// build resolves f for this node and builds its resources. A GPU whose MIG
+// state NVML cannot read is left out (logged) and served again at the MIG
+// layout manager's next check where it can be read then, as mode dra does
+// (migEnabled).
+func (a *Agent) build(ctx context.Context, f *config.File, deps resource.Deps) ([]resource.Resource, error) {
 	np, err := f.Resolve(a.nodeLabels(), len(a.gpus))
 	if err != nil {
 		return nil, err
 	}
 	deps.Policy = &np
+	deps.Unread = func(g nvidia.GPU, err error) {
+		klog.FromContext(ctx).Error(err, "Cannot read the GPU's MIG state; the GPU is not served until it can be read", "gpu", g.UUID)
+		a.oweMIGRebuild()
+	}
 	return resource.Build(np.GPUModes, a.gpus, deps)
 }
 
@@ -745,7 +752,7 @@ func (a *Agent) regenerateAfter(statuses []miglayout.Status) {
 
 // applyPluginsLocked serves the device-plugin resources of f (applyMu held).
 func (a *Agent) applyPluginsLocked(ctx context.Context, f *config.File, deps resource.Deps) error {
-	res, err := a.build(f, deps)
+	res, err := a.build(ctx, f, deps)
 	if err != nil {
 		return err
 	}

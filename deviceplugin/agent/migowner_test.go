@@ -140,3 +140,29 @@ func TestDRALeavesOutAGPUWhoseMIGModeCannotBeRead(t *testing.T) {
 	mock.FailMIGReads(e.gpus[1].UUID, nil)
 	e.waitPublished("GPU 1 published again once it can be read", e.wantDevices(), len(e.gpus), "uid-1")
 }
+
+// TestDevicePluginLeavesOutAGPUWhoseMIGModeCannotBeRead: on the device-plugin
+// path too, a GPU whose MIG mode NVML cannot read is withdrawn and the
+// node's other GPUs stay served (one lost GPU used to fail the whole
+// build), and it is served again once the reads work, without a config
+// write.
+func TestDevicePluginLeavesOutAGPUWhoseMIGModeCannotBeRead(t *testing.T) {
+	e := startAgentFull(t, "version: v1\ndefault:\n  mode: fraction\n", nil, fastMIGChecks)
+	e.waitServed("every GPU whole and as fractions", map[string]served{
+		"nvidia.com/gpu":          {Healthy: 8, Connected: true, Registrations: 1},
+		"gpufrac.io/gpu-fraction": {Healthy: 800, Connected: true, Registrations: 1},
+	})
+
+	mock := e.lib.(*nvidia.Mock)
+	mock.FailMIGReads(e.gpus[1].UUID, errors.New("GPU is lost"))
+	e.waitServed("GPU 1 withdrawn while its MIG mode cannot be read", map[string]served{
+		"nvidia.com/gpu":          {Healthy: 7, Connected: true, Registrations: 1},
+		"gpufrac.io/gpu-fraction": {Healthy: 700, Connected: true, Registrations: 1},
+	})
+
+	mock.FailMIGReads(e.gpus[1].UUID, nil)
+	e.waitServed("GPU 1 served again once it can be read", map[string]served{
+		"nvidia.com/gpu":          {Healthy: 8, Connected: true, Registrations: 1},
+		"gpufrac.io/gpu-fraction": {Healthy: 800, Connected: true, Registrations: 1},
+	})
+}

@@ -174,8 +174,12 @@ type Manager struct {
 	// refused: GPU UUID -> its MIG state when NVML refused a change for
 	// lack of privilege; the change is not tried again in that state.
 	refused map[string]string
-	// owed: the last Retry failed, so Run calls it again (backing off).
+	// owed: the last Retry failed, or Owe was called, so Run calls Retry
+	// again (backing off while it fails). owes counts Owe's calls: one made
+	// while Retry runs (the apply it made left a GPU out) outlives
+	// that Retry's success.
 	owed bool
+	owes uint64
 	// unreadable: GPU UUID -> checks in a row whose MIG read failed, while
 	// the GPU was last seen readable.
 	unreadable map[string]int
@@ -702,6 +706,7 @@ func (m *Manager) tick(ctx context.Context) bool {
 	due := m.retryDue(ctx)
 	m.mu.Lock()
 	owed := m.owed && !m.backoff.IsInBackOffSinceUpdate(rebuildKey, m.opts.Clock.Now())
+	owes := m.owes
 	m.mu.Unlock()
 	if !due && !owed {
 		return false
@@ -710,11 +715,17 @@ func (m *Manager) tick(ctx context.Context) bool {
 	err := m.opts.Retry(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil:
 		klog.FromContext(ctx).Error(err, "Applying the config after a MIG change failed; retrying")
 		m.owed = true
 		m.backoff.Next(rebuildKey, m.opts.Clock.Now())
-	} else {
+	case m.owes != owes:
+		// The apply succeeded but owed another (it could not read a GPU):
+		// again at the next check, backing off as after a failure.
+		m.owed = true
+		m.backoff.Next(rebuildKey, m.opts.Clock.Now())
+	default:
 		m.owed = false
 		m.backoff.Reset(rebuildKey)
 	}
@@ -724,11 +735,14 @@ func (m *Manager) tick(ctx context.Context) bool {
 // Owe makes Run call Retry at its next check (then backing off while it
 // fails): the node agent calls it when applying a config failed after
 // Apply had recorded the GPUs' MIG states, so that a change Apply saw is
-// not left unserved.
+// not left unserved, and when an apply left out a GPU whose MIG state NVML
+// could not read, so that the GPU is served again once it can. An Owe made
+// during Retry's own apply is kept after that apply succeeds.
 func (m *Manager) Owe() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.owed = true
+	m.owes++
 }
 
 // Forget drops what the last Apply found: the node agent calls it when the

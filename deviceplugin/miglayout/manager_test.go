@@ -898,6 +898,33 @@ func TestOweRetriesAtTheNextCheck(t *testing.T) {
 	}
 }
 
+func TestAnOweDuringARetryOutlivesItsSuccess(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	f.mgr.Apply(f.ctx, f.policy(nil))
+	calls := 0
+	// The first retry's apply succeeds but leaves out a GPU it could not
+	// read, and owes another; the second reads it.
+	f.mgr.opts.Retry = func(context.Context) error {
+		calls++
+		if calls == 1 {
+			f.mgr.Owe()
+		}
+		return nil
+	}
+	f.mgr.Owe()
+	if !f.mgr.tick(f.ctx) || calls != 1 {
+		t.Fatalf("no retry at the check after Owe (calls %d)", calls)
+	}
+	f.clock.Step(time.Minute) // past the back-off
+	if !f.mgr.tick(f.ctx) || calls != 2 {
+		t.Errorf("the Owe made during the first retry was lost (calls %d)", calls)
+	}
+	f.clock.Step(time.Minute)
+	if f.mgr.tick(f.ctx) {
+		t.Error("retried again after a retry that owed nothing")
+	}
+}
+
 func TestRetryDueReadsAllocationsOnlyForTheReasonsThatNeedThem(t *testing.T) {
 	f := newFixture(t, "dgxh100")
 	reads := 0

@@ -41,6 +41,16 @@ type Deps struct {
 	MIG MIGInventory
 	// MIGCapsFile is the nvidia-caps minors file (default DefaultMIGCapsFile).
 	MIGCapsFile string
+	// Unread, when set, is told of each GPU Build leaves out because NVML
+	// could not read its MIG state (mode, profiles or instances).
+	Unread func(gpu nvidia.GPU, err error)
+}
+
+// unread tells d.Unread, if set, that g was left out for err.
+func (d Deps) unread(g nvidia.GPU, err error) {
+	if d.Unread != nil {
+		d.Unread(g, err)
+	}
 }
 
 // Build turns a node's per-GPU modes (by index) and its GPUs into the
@@ -66,6 +76,12 @@ type Deps struct {
 // serves nothing until its owner enables MIG): Build fails naming every
 // problem, so a config asking for them is rejected and the last good one
 // stays.
+//
+// A GPU whose MIG state NVML cannot read (a GPU the driver lost, say) is
+// left out and d.Unread told, in every mode: it may be in MIG mode with
+// its MIG devices in use, and one such GPU must not keep the node's other
+// GPUs on an old config. The node agent serves it again once it can be
+// read (the MIG layout manager's next check).
 func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if len(modes) != len(gpus) {
 		return nil, fmt.Errorf("building resources: %d GPU modes for %d GPUs", len(modes), len(gpus))
@@ -94,7 +110,8 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 		if d.MIG != nil && g.MIGCapable {
 			mode, err := d.MIG.MIGMode(g.UUID)
 			if err != nil {
-				return nil, fmt.Errorf("building resources: GPU %d: %w", g.Index, err)
+				d.unread(g, err)
+				continue
 			}
 			migOn = mode.Current
 		}
@@ -118,7 +135,8 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 			}
 			mg, problem, err := readMIGGPU(d.MIG, g, layoutOf(i), migOn, np.Policy.MIG.Owner == config.MIGOwnerExternal)
 			if err != nil {
-				return nil, fmt.Errorf("building resources: %w", err)
+				d.unread(g, err)
+				continue
 			}
 			if problem != "" {
 				problems = append(problems, problem)

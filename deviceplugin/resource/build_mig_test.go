@@ -247,6 +247,71 @@ func TestBuildSkipsGPUsWithMIGOnOutsideModeMIG(t *testing.T) {
 	}
 }
 
+// unreadableMIG fails the MIG profile or instance reads of chosen GPUs.
+type unreadableMIG struct {
+	*nvidia.Mock
+	profiles, instances map[string]error
+}
+
+func (u unreadableMIG) MIGProfiles(uuid string) ([]mig.Profile, error) {
+	if err := u.profiles[uuid]; err != nil {
+		return nil, err
+	}
+	return u.Mock.MIGProfiles(uuid)
+}
+
+func (u unreadableMIG) MIGInstances(uuid string) ([]mig.GPUInstance, error) {
+	if err := u.instances[uuid]; err != nil {
+		return nil, err
+	}
+	return u.Mock.MIGInstances(uuid)
+}
+
+func TestBuildLeavesOutGPUsNVMLCannotRead(t *testing.T) {
+	n := newMockNode(t, "dgxh100")
+	np := n.policy(config.MIGStrategyMixed, modes(3, config.ModeMIG, 5, config.ModeFraction),
+		map[int]string{0: "all-3g.40gb", 1: "all-3g.40gb", 2: "all-3g.40gb"})
+	n.apply(np)
+	lost := errors.New("GPU is lost")
+	// GPU 0's profiles, GPU 1's instances and GPU 4's MIG mode (a fraction
+	// GPU) cannot be read.
+	n.lib.FailMIGReads(n.gpus[4].UUID, lost)
+	inv := unreadableMIG{Mock: n.lib, profiles: map[string]error{n.gpus[0].UUID: lost}, instances: map[string]error{n.gpus[1].UUID: lost}}
+	var told []int
+	unread := func(g nvidia.GPU, err error) {
+		if !errors.Is(err, lost) {
+			t.Errorf("GPU %d left out for %v, want the read's error", g.Index, err)
+		}
+		told = append(told, g.Index)
+	}
+	res, err := Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: inv, Unread: unread})
+	if err != nil {
+		t.Fatalf("Build() with three unreadable GPUs: %v, want the others served", err)
+	}
+	want := map[string]int{api.ResourceGPU: 4, api.ResourceFraction: 400, "nvidia.com/mig-3g.40gb": 2}
+	if diff := cmp.Diff(want, counts(res)); diff != "" {
+		t.Errorf("resources with GPUs 0, 1 and 4 unreadable (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int{0, 1, 4}, told); diff != "" {
+		t.Errorf("GPUs Unread was told of (-want +got):\n%s", diff)
+	}
+	for _, d := range res[0].Devices() {
+		if d.ID == n.gpus[4].UUID {
+			t.Error("GPU 4, whose MIG mode cannot be read, is served whole")
+		}
+	}
+	// Readable again: every GPU is back.
+	n.lib.FailMIGReads(n.gpus[4].UUID, nil)
+	told = nil
+	if res, err = Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: n.lib, Unread: unread}); err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]int{api.ResourceGPU: 5, api.ResourceFraction: 500, "nvidia.com/mig-3g.40gb": 6}
+	if diff := cmp.Diff(want, counts(res)); diff != "" || told != nil {
+		t.Errorf("resources once readable (-want +got):\n%s; told of %v", diff, told)
+	}
+}
+
 func TestBuildTimeslice(t *testing.T) {
 	tests := []struct {
 		name string
