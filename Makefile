@@ -3,7 +3,12 @@ SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/bin
 # The machine may export GOFLAGS=-buildvcs=false; keep it and add -mod=mod.
-export GOFLAGS := -mod=mod -buildvcs=false
+# -trimpath for every go command make runs (vet, the tests, the binaries the
+# tests build, the race run): the release binaries need it (GO_BUILDFLAGS), and
+# a build-cache key covers it, so with it everywhere go vet, the tests and
+# gpufrac-node's release build share one compile of every dependency instead of
+# two (docs/benchmarks.md, "Cold CI"). The tools build with it too (tools.mk).
+export GOFLAGS := -mod=mod -buildvcs=false -trimpath
 export GOTOOLCHAIN := local
 # go-nvml declares deprecated NVML calls; keep cgo quiet about them.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations

@@ -11,7 +11,10 @@
 
 TOOLS_DIR := $(CURDIR)/tests/tools
 # GOFLAGS is set here, not inherited: the environment may carry other flags (e.g. -buildvcs=false).
-TOOLS_GO := GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 $(GO)
+# -trimpath as the project's builds have it (Makefile), so that a tool on the project's
+# dependency versions (kwok) shares its compiled packages with them; Kubernetes'
+# own release builds use it too (hack/lib/golang.sh).
+TOOLS_GO := GOTOOLCHAIN=local GOFLAGS='-mod=mod -trimpath' nice -n 10 $(GO)
 
 ETCD_VERSION := v3.6.16
 K8S_VERSION := v1.36.3
@@ -145,9 +148,12 @@ endif
 # The Kubernetes binaries come from one wrapper module and share most packages: one
 # `go build` compiles them once and links them side by side (four builds in a row
 # would link one at a time). Grouped target: the recipe runs once for all four.
+# The build tags are those of a Kubernetes release build (hack/lib/golang.sh, not
+# DBG): grpcnotrace leaves gRPC's x/net/trace out, notest the fuzzing helpers.
 K8S_CMDS := kube-apiserver kube-scheduler kube-controller-manager kubelet
+K8S_TAGS := selinux,notest,grpcnotrace
 $(addprefix $(BIN)/,$(K8S_CMDS)) &: FORCE
-	$(call build_tools,$(K8S_CMDS),$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd,$(K8S_LDFLAGS),k8s.io/kubernetes,)
+	$(call build_tools,$(K8S_CMDS),$(K8S_VERSION),kubernetes,k8s.io/kubernetes/cmd,$(K8S_LDFLAGS),k8s.io/kubernetes,-tags $(K8S_TAGS))
 
 # containerd without btrfs (its snapshotter needs btrfs headers; the node uses overlayfs),
 # its runc shim and ctr, in one build as above.
