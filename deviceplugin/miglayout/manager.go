@@ -520,11 +520,20 @@ func (m *Manager) failedLocked(g nvidia.GPU, s Status, err error) Status {
 }
 
 // observeLocked records a MIG-capable GPU's MIG state after its
-// reconciliation, for Run to notice when someone else changes it.
+// reconciliation, for Run to notice when someone else changes it. As in
+// Run's checks, one failed read of a GPU last read fine is not recorded:
+// a GPU whose reads fail now and then would otherwise be a change, and a
+// rebuild, at nearly every check (the node agent leaves a GPU it could
+// not read out, and owes a rebuild, by itself).
 func (m *Manager) observeLocked(g nvidia.GPU) {
-	if g.MIGCapable {
-		m.observed[g.UUID] = m.migStateLocked(g.UUID)
+	if !g.MIGCapable {
+		return
 	}
+	now := m.migStateLocked(g.UUID)
+	if was, ok := m.observed[g.UUID]; ok && now == stateUnreadable && was != stateUnreadable {
+		return
+	}
+	m.observed[g.UUID] = now
 }
 
 // stateUnreadable is the MIG state of a GPU NVML cannot read: a read that

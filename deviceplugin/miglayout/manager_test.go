@@ -846,6 +846,22 @@ func TestAnUnreadableGPUIsAChangeAndSoIsItsRecovery(t *testing.T) {
 	}
 }
 
+func TestOneFailedReadDuringApplyIsNoChange(t *testing.T) {
+	f := newFixture(t, "dgxh100")
+	u := &unreadable{MIGLib: f.mock}
+	f.mgr = NewManager(u, f.gpus, Options{Allocations: f.allocs.get, Clock: f.clock})
+	// GPU 2's read fails during an apply, and works at the next check: no
+	// change to rebuild for (a GPU whose reads fail now and then would
+	// otherwise be rebuilt, its devices withdrawn and back, at nearly every
+	// check).
+	u.set(f.gpus[2].UUID)
+	f.mgr.Apply(f.ctx, f.policy(nil))
+	u.set("")
+	if f.mgr.retryDue(f.ctx) {
+		t.Error("retryDue after one failed read during Apply")
+	}
+}
+
 func TestInstanceInUseIsRetriedAfterRetryInUse(t *testing.T) {
 	f := newFixture(t, "dgxh100")
 	f.mgr.Apply(f.ctx, f.policy(map[int]string{0: "all-1g.10gb"}))
@@ -914,6 +930,10 @@ func TestAnOweDuringARetryOutlivesItsSuccess(t *testing.T) {
 	f.mgr.Owe()
 	if !f.mgr.tick(f.ctx) || calls != 1 {
 		t.Fatalf("no retry at the check after Owe (calls %d)", calls)
+	}
+	f.clock.Step(5 * time.Second) // the next check, within the back-off
+	if f.mgr.tick(f.ctx) {
+		t.Error("the owed retry did not back off")
 	}
 	f.clock.Step(time.Minute) // past the back-off
 	if !f.mgr.tick(f.ctx) || calls != 2 {

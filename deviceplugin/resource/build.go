@@ -77,11 +77,13 @@ func (d Deps) unread(g nvidia.GPU, err error) {
 // problem, so a config asking for them is rejected and the last good one
 // stays.
 //
-// A GPU whose MIG state NVML cannot read (a GPU the driver lost, say) is
-// left out and d.Unread told, in every mode: it may be in MIG mode with
-// its MIG devices in use, and one such GPU must not keep the node's other
-// GPUs on an old config. The node agent serves it again once it can be
-// read (the MIG layout manager's next check).
+// A GPU whose MIG mode or MIG devices NVML cannot read (a GPU the driver
+// lost, say) is left out and d.Unread told, in every mode: it may be in
+// MIG mode with its MIG devices in use, and one such GPU must not keep
+// the node's other GPUs on an old config. Its declared layout is still
+// checked, against the profiles of another GPU of its model when its own
+// cannot be read (refused when none can be). The node agent serves it
+// again once it can be read.
 func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if len(modes) != len(gpus) {
 		return nil, fmt.Errorf("building resources: %d GPU modes for %d GPUs", len(modes), len(gpus))
@@ -107,16 +109,18 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	var problems []string
 	for i, g := range gpus {
 		migOn := false
+		var modeErr error
 		if d.MIG != nil && g.MIGCapable {
-			mode, err := d.MIG.MIGMode(g.UUID)
-			if err != nil {
-				d.unread(g, err)
-				continue
-			}
-			migOn = mode.Current
+			var mode nvidia.MIGMode
+			mode, modeErr = d.MIG.MIGMode(g.UUID)
+			migOn = modeErr == nil && mode.Current
 		}
 		switch modes[i] {
 		case config.ModeExclusive, config.ModeFraction, config.ModeTimeslice:
+			if modeErr != nil {
+				d.unread(g, modeErr)
+				continue
+			}
 			if migOn {
 				continue // until the layout manager turns MIG off
 			}
@@ -133,13 +137,13 @@ func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 			if d.MIG == nil {
 				return nil, fmt.Errorf("GPU %d (%s): mode %s: %w", g.Index, g.UUID, modes[i], ErrModeNotSupported)
 			}
-			mg, problem, err := readMIGGPU(d.MIG, g, layoutOf(i), migOn, np.Policy.MIG.Owner == config.MIGOwnerExternal)
-			if err != nil {
-				d.unread(g, err)
-				continue
-			}
+			mg, problem, err := readMIGGPU(d.MIG, g, gpus, layoutOf(i), migOn, modeErr, np.Policy.MIG.Owner == config.MIGOwnerExternal)
 			if problem != "" {
 				problems = append(problems, problem)
+				continue
+			}
+			if err != nil {
+				d.unread(g, err)
 				continue
 			}
 			migGPUs = append(migGPUs, mg)
@@ -184,27 +188,39 @@ type migGPU struct {
 	instances []mig.GPUInstance
 }
 
-// readMIGGPU reads a GPU in mode mig. problem describes a config that
-// cannot work on this GPU; err an NVML failure.
-func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn, external bool) (mg migGPU, problem string, err error) {
+// readMIGGPU reads a GPU in mode mig (all: the node's GPUs; modeErr: the
+// failed read of its MIG mode, if it failed). problem describes a config
+// that cannot work on this GPU, or cannot be checked; err an NVML failure
+// that leaves the GPU out. A declared layout is checked even while the
+// GPU cannot be read, against its model's profiles, so that a config that
+// cannot work is refused then too rather than accepted until the GPU is
+// read again.
+func readMIGGPU(inv MIGInventory, g nvidia.GPU, all []nvidia.GPU, layout string, migOn bool, modeErr error, external bool) (mg migGPU, problem string, err error) {
 	mg = migGPU{gpu: g, layout: layout}
 	if !g.MIGCapable {
 		return mg, fmt.Sprintf("GPU %d (%s) does not support MIG", g.Index, g.Name), nil
 	}
 	if layout != "" {
-		profiles, err := inv.MIGProfiles(g.UUID)
+		profiles, err := profilesOf(inv, g, all)
 		switch {
 		case errors.Is(err, nvidia.ErrNotSupported) && !migOn:
 			// Some drivers list profiles only once MIG is on: the layout
 			// manager checks the layout after enabling it.
 		case err != nil:
-			return mg, "", fmt.Errorf("GPU %d: %w", g.Index, err)
+			return mg, fmt.Sprintf("GPU %d (%s): layout %q cannot be checked: NVML cannot read the MIG profiles of the GPU or of another GPU of its model: %v",
+				g.Index, g.Name, layout, err), nil
 		default:
 			if mg.declared, err = mig.Expand(layout, profiles); err != nil {
 				return mg, fmt.Sprintf("GPU %d (%s): layout %q: %v", g.Index, g.Name, layout, err), nil
 			}
 		}
-	} else if !migOn && !external {
+	}
+	if modeErr != nil {
+		// Without its MIG mode, "no layout while MIG is off" cannot be
+		// told: the GPU is left out until it can be read.
+		return mg, "", fmt.Errorf("GPU %d: %w", g.Index, modeErr)
+	}
+	if layout == "" && !migOn && !external {
 		// (With an external MIG owner the GPU serves nothing until the
 		// owner enables MIG; the layout manager reports it.)
 		return mg, fmt.Sprintf("GPU %d is in mode mig without a layout, which keeps the GPU's MIG devices, but its MIG mode is disabled: set mig.layout (or migLayout for the GPU)", g.Index), nil
@@ -215,6 +231,25 @@ func readMIGGPU(inv MIGInventory, g nvidia.GPU, layout string, migOn, external b
 		}
 	}
 	return mg, "", nil
+}
+
+// profilesOf reads the MIG profiles of g or, where NVML cannot read them
+// (a GPU it has lost), those of another MIG-capable GPU of the node of the
+// same model: the profiles are the model's.
+func profilesOf(inv MIGInventory, g nvidia.GPU, all []nvidia.GPU) ([]mig.Profile, error) {
+	profiles, err := inv.MIGProfiles(g.UUID)
+	if err == nil || errors.Is(err, nvidia.ErrNotSupported) {
+		return profiles, err
+	}
+	for _, o := range all {
+		if o.UUID == g.UUID || !o.MIGCapable || o.Name != g.Name {
+			continue
+		}
+		if p, oerr := inv.MIGProfiles(o.UUID); oerr == nil {
+			return p, nil
+		}
+	}
+	return nil, err
 }
 
 // buildMIG makes the MIG resources of the strategy.

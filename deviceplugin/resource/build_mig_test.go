@@ -273,8 +273,10 @@ func TestBuildLeavesOutGPUsNVMLCannotRead(t *testing.T) {
 		map[int]string{0: "all-3g.40gb", 1: "all-3g.40gb", 2: "all-3g.40gb"})
 	n.apply(np)
 	lost := errors.New("GPU is lost")
-	// GPU 0's profiles, GPU 1's instances and GPU 4's MIG mode (a fraction
-	// GPU) cannot be read.
+	// GPU 0's profiles cannot be read (its layout is checked against
+	// another H100's: served), GPU 1's instances, and GPU 2's and GPU 4's
+	// (a fraction GPU) MIG mode.
+	n.lib.FailMIGReads(n.gpus[2].UUID, lost)
 	n.lib.FailMIGReads(n.gpus[4].UUID, lost)
 	inv := unreadableMIG{Mock: n.lib, profiles: map[string]error{n.gpus[0].UUID: lost}, instances: map[string]error{n.gpus[1].UUID: lost}}
 	var told []int
@@ -286,13 +288,13 @@ func TestBuildLeavesOutGPUsNVMLCannotRead(t *testing.T) {
 	}
 	res, err := Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: inv, Unread: unread})
 	if err != nil {
-		t.Fatalf("Build() with three unreadable GPUs: %v, want the others served", err)
+		t.Fatalf("Build() with unreadable GPUs: %v, want the others served", err)
 	}
 	want := map[string]int{api.ResourceGPU: 4, api.ResourceFraction: 400, "nvidia.com/mig-3g.40gb": 2}
 	if diff := cmp.Diff(want, counts(res)); diff != "" {
-		t.Errorf("resources with GPUs 0, 1 and 4 unreadable (-want +got):\n%s", diff)
+		t.Errorf("resources with GPUs 1, 2 and 4 unreadable (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]int{0, 1, 4}, told); diff != "" {
+	if diff := cmp.Diff([]int{1, 2, 4}, told); diff != "" {
 		t.Errorf("GPUs Unread was told of (-want +got):\n%s", diff)
 	}
 	for _, d := range res[0].Devices() {
@@ -301,6 +303,7 @@ func TestBuildLeavesOutGPUsNVMLCannotRead(t *testing.T) {
 		}
 	}
 	// Readable again: every GPU is back.
+	n.lib.FailMIGReads(n.gpus[2].UUID, nil)
 	n.lib.FailMIGReads(n.gpus[4].UUID, nil)
 	told = nil
 	if res, err = Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: n.lib, Unread: unread}); err != nil {
@@ -309,6 +312,45 @@ func TestBuildLeavesOutGPUsNVMLCannotRead(t *testing.T) {
 	want = map[string]int{api.ResourceGPU: 5, api.ResourceFraction: 500, "nvidia.com/mig-3g.40gb": 6}
 	if diff := cmp.Diff(want, counts(res)); diff != "" || told != nil {
 		t.Errorf("resources once readable (-want +got):\n%s; told of %v", diff, told)
+	}
+}
+
+// A GPU NVML cannot read is left out, but a layout declared for it is still
+// checked: a config that cannot work is refused now, not accepted until
+// the GPU can be read and then failing every rebuild.
+func TestBuildChecksTheLayoutOfAGPUItCannotRead(t *testing.T) {
+	lost := errors.New("GPU is lost")
+	tests := []struct {
+		name    string
+		layout  string
+		fail    func(n *mockNode) MIGInventory
+		wantErr string
+	}{
+		{name: "a layout that does not fit a GPU whose MIG mode cannot be read", layout: "all-9g.90gb",
+			fail: func(n *mockNode) MIGInventory {
+				n.lib.FailMIGReads(n.gpus[0].UUID, lost)
+				return n.lib
+			},
+			wantErr: `GPU 0 (NVIDIA H100 80GB HBM3): layout "all-9g.90gb": unknown profile 9g.90gb`},
+		{name: "no GPU of the model lists its profiles", layout: "all-3g.40gb",
+			fail: func(n *mockNode) MIGInventory {
+				all := map[string]error{}
+				for _, g := range n.gpus {
+					all[g.UUID] = lost
+				}
+				return unreadableMIG{Mock: n.lib, profiles: all}
+			},
+			wantErr: `GPU 0 (NVIDIA H100 80GB HBM3): layout "all-3g.40gb" cannot be checked: NVML cannot read the MIG profiles of the GPU or of another GPU of its model: GPU is lost`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newMockNode(t, "dgxh100")
+			np := n.policy(config.MIGStrategyMixed, modes(1, config.ModeMIG, 7, config.ModeFraction), map[int]string{0: tc.layout})
+			_, err := Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: tc.fail(n)})
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Build() error = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
 	}
 }
 
