@@ -241,19 +241,24 @@ func (a *Agent) migEnabled(ctx context.Context, g nvidia.GPU) bool {
 }
 
 // migInstances lists a GPU's GPU instances while its MIG mode is on
-// (empty otherwise, or when NVML cannot tell: logged).
+// (empty otherwise, or when NVML cannot tell: logged, and a rebuild owed
+// to the MIG layout manager, as migEnabled does).
 func (a *Agent) migInstances(ctx context.Context, g nvidia.GPU) []mig.GPUInstance {
 	lib, ok := a.lib.(nvidia.MIGLib)
 	if !ok || !g.MIGCapable {
 		return nil
 	}
 	mode, err := lib.MIGMode(g.UUID)
-	if err != nil || !mode.Current {
+	if err == nil && !mode.Current {
 		return nil
 	}
-	instances, err := lib.MIGInstances(g.UUID)
+	var instances []mig.GPUInstance
+	if err == nil {
+		instances, err = lib.MIGInstances(g.UUID)
+	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "MIG devices not published", "gpu", g.UUID)
+		a.oweMIGRebuild()
 		return nil
 	}
 	return instances

@@ -19,8 +19,13 @@ import (
 // Node annotation api.AnnotationGPUInventory, for the coordinator: with a
 // GPU in mode mig its MIG devices (profile, UUID, resource, memory), with a
 // GPU in mode timeslice its replicas and their resource, so the coordinator
-// can charge queues for them in GPU terms. It is a no-op without API
-// access; failures are logged and retried (resyncNode), never fatal.
+// can charge queues for them in GPU terms. A GPU is unhealthy there while
+// the health checker says so, and while NVML cannot read its MIG mode or,
+// with MIG on, its MIG devices (both paths then withdraw it:
+// resource.Build, migEnabled, migInstances), so that the coordinator
+// places nothing on a GPU the node does not serve. It is a
+// no-op without API access; failures are logged and retried (resyncNode),
+// never fatal.
 func (a *Agent) publishInventory(ctx context.Context) {
 	if a.client == nil || a.cfg.NodeName == "" {
 		return
@@ -31,7 +36,8 @@ func (a *Agent) publishInventory(ctx context.Context) {
 	np := a.policy.Load()
 	inv := make([]api.GPUInfo, len(a.gpus))
 	for i, g := range a.gpus {
-		inv[i] = api.GPUInfo{UUID: g.UUID, Index: g.Index, Model: g.Name, MemoryMiB: g.MemoryMiB(), Healthy: a.checker == nil || a.checker.Healthy(g.UUID)}
+		healthy := (a.checker == nil || a.checker.Healthy(g.UUID)) && a.migReadable(ctx, g)
+		inv[i] = api.GPUInfo{UUID: g.UUID, Index: g.Index, Model: g.Name, MemoryMiB: g.MemoryMiB(), Healthy: healthy}
 		if i < len(modes) {
 			inv[i].Mode = string(modes[i])
 		}
@@ -62,6 +68,25 @@ func (a *Agent) publishInventory(ctx context.Context) {
 	}
 	a.lastInventory = val
 	klog.FromContext(ctx).V(2).Info("Published GPU inventory", "node", a.cfg.NodeName, "gpus", len(inv))
+}
+
+// migReadable tells whether NVML can read the GPU's MIG mode and, while
+// it is on, its MIG devices (true for a GPU without MIG, or without a
+// MIG-capable backend).
+func (a *Agent) migReadable(ctx context.Context, g nvidia.GPU) bool {
+	lib, ok := a.lib.(nvidia.MIGLib)
+	if !ok || !g.MIGCapable {
+		return true
+	}
+	mode, err := lib.MIGMode(g.UUID)
+	if err == nil && mode.Current {
+		_, err = lib.MIGInstances(g.UUID)
+	}
+	if err != nil {
+		klog.FromContext(ctx).V(2).Info("GPU published as unhealthy: its MIG state cannot be read", "gpu", g.UUID, "err", err)
+		return false
+	}
+	return true
 }
 
 // migDevices lists a GPU's current MIG devices as NVML reports them, named

@@ -17,6 +17,7 @@ type inventoryView struct {
 	MIGProfiles     map[string]int // resource/profile/MiB -> devices
 	Replicas        int
 	ReplicaResource string
+	Unhealthy       bool
 }
 
 func (e *env) inventory() map[int]inventoryView {
@@ -35,7 +36,7 @@ func (e *env) inventory() map[int]inventoryView {
 	}
 	out := map[int]inventoryView{}
 	for _, g := range inv {
-		v := inventoryView{Mode: g.Mode, Replicas: g.Replicas, ReplicaResource: g.ReplicaResource}
+		v := inventoryView{Mode: g.Mode, Replicas: g.Replicas, ReplicaResource: g.ReplicaResource, Unhealthy: !g.Healthy}
 		for _, d := range g.MIGDevices {
 			if v.MIGProfiles == nil {
 				v.MIGProfiles = map[string]int{}

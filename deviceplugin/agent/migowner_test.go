@@ -153,16 +153,29 @@ func TestDevicePluginLeavesOutAGPUWhoseMIGModeCannotBeRead(t *testing.T) {
 		"gpufrac.io/gpu-fraction": {Healthy: 800, Connected: true, Registrations: 1},
 	})
 
+	allFraction := map[int]inventoryView{}
+	for i := range e.gpus {
+		allFraction[i] = inventoryView{Mode: "fraction"}
+	}
+	e.waitInventory("every GPU healthy in the inventory", allFraction)
+
 	mock := e.lib.(*nvidia.Mock)
 	mock.FailMIGReads(e.gpus[1].UUID, errors.New("GPU is lost"))
 	e.waitServed("GPU 1 withdrawn while its MIG mode cannot be read", map[string]served{
 		"nvidia.com/gpu":          {Healthy: 7, Connected: true, Registrations: 1},
 		"gpufrac.io/gpu-fraction": {Healthy: 700, Connected: true, Registrations: 1},
 	})
+	// The coordinator must not place on it either.
+	lost := map[int]inventoryView{}
+	for i := range e.gpus {
+		lost[i] = inventoryView{Mode: "fraction", Unhealthy: i == 1}
+	}
+	e.waitInventory("GPU 1 unhealthy in the inventory", lost)
 
 	mock.FailMIGReads(e.gpus[1].UUID, nil)
 	e.waitServed("GPU 1 served again once it can be read", map[string]served{
 		"nvidia.com/gpu":          {Healthy: 8, Connected: true, Registrations: 1},
 		"gpufrac.io/gpu-fraction": {Healthy: 800, Connected: true, Registrations: 1},
 	})
+	e.waitInventory("GPU 1 healthy again in the inventory", allFraction)
 }

@@ -536,9 +536,10 @@ func (m *Manager) observeLocked(g nvidia.GPU) {
 	m.observed[g.UUID] = now
 }
 
-// stateUnreadable is the MIG state of a GPU NVML cannot read: a read that
-// fails, and one that works again, are each a change (the node agent's
-// DRA path leaves a GPU out while its MIG mode cannot be read).
+// stateUnreadable is the MIG state of a GPU NVML cannot read: reads that
+// fail at two checks in a row, and one that works again after them, are
+// each a change (the node agent leaves a GPU out, on both paths, while its
+// MIG state cannot be read).
 const stateUnreadable = "unreadable"
 
 // migStateLocked summarises a GPU's MIG mode and devices.

@@ -31,9 +31,9 @@ func newMockMIG() *mockMIG {
 	return &mockMIG{pending: map[string]bool{}, needsReset: map[string]bool{}, readFault: map[string]error{}}
 }
 
-// FailMIGReads makes MIGMode and MIGInstances of a GPU return err
-// (wrapped), as NVML does for a GPU it has lost; FailMIGReads(uuid, nil)
-// heals it.
+// FailMIGReads makes MIGMode, MIGProfiles and MIGInstances of a GPU
+// return err (wrapped), as NVML does for a GPU it has lost;
+// FailMIGReads(uuid, nil) heals it.
 func (m *Mock) FailMIGReads(uuid string, err error) {
 	m.mig.mu.Lock()
 	defer m.mig.mu.Unlock()
@@ -161,6 +161,14 @@ func mockInstanceCount(d *server.Device) int {
 }
 
 // MIGInstances implements MIGLib with synthesized MIG device UUIDs.
+// MIGProfiles implements MIGLib (failing as FailMIGReads says).
+func (m *Mock) MIGProfiles(uuid string) ([]mig.Profile, error) {
+	if err := m.readFaultOf(uuid); err != nil {
+		return nil, err
+	}
+	return m.nvmlLib.MIGProfiles(uuid)
+}
+
 func (m *Mock) MIGInstances(uuid string) ([]mig.GPUInstance, error) {
 	if err := m.readFaultOf(uuid); err != nil {
 		return nil, err

@@ -42,7 +42,9 @@ type Deps struct {
 	// MIGCapsFile is the nvidia-caps minors file (default DefaultMIGCapsFile).
 	MIGCapsFile string
 	// Unread, when set, is told of each GPU Build leaves out because NVML
-	// could not read its MIG state (mode, profiles or instances).
+	// could not read its MIG state: its MIG mode or devices, or the MIG
+	// profiles its declared layout needs checking against when no other GPU
+	// of its model lists them.
 	Unread func(gpu nvidia.GPU, err error)
 }
 
@@ -82,8 +84,9 @@ func (d Deps) unread(g nvidia.GPU, err error) {
 // MIG mode with its MIG devices in use, and one such GPU must not keep
 // the node's other GPUs on an old config. Its declared layout is still
 // checked, against the profiles of another GPU of its model when its own
-// cannot be read (refused when none can be). The node agent serves it
-// again once it can be read.
+// cannot be read, so that a layout that cannot work is refused now rather
+// than accepted until the GPU is read again; with no such GPU it is left
+// out unchecked. The node agent serves it again once it can be read.
 func Build(modes []config.Mode, gpus []nvidia.GPU, d Deps) ([]Resource, error) {
 	if len(modes) != len(gpus) {
 		return nil, fmt.Errorf("building resources: %d GPU modes for %d GPUs", len(modes), len(gpus))
@@ -190,11 +193,13 @@ type migGPU struct {
 
 // readMIGGPU reads a GPU in mode mig (all: the node's GPUs; modeErr: the
 // failed read of its MIG mode, if it failed). problem describes a config
-// that cannot work on this GPU, or cannot be checked; err an NVML failure
-// that leaves the GPU out. A declared layout is checked even while the
-// GPU cannot be read, against its model's profiles, so that a config that
-// cannot work is refused then too rather than accepted until the GPU is
-// read again.
+// that cannot work on this GPU; err an NVML failure that leaves the GPU
+// out. A declared layout is checked even while the GPU cannot be read,
+// against its model's profiles, so that a config that cannot work is
+// refused then too rather than accepted until the GPU is read again; when
+// no GPU of the model lists them the GPU is left out unchecked (refusing
+// would keep every GPU of the node on its last good config, or fail the
+// node closed at start, for one lost GPU).
 func readMIGGPU(inv MIGInventory, g nvidia.GPU, all []nvidia.GPU, layout string, migOn bool, modeErr error, external bool) (mg migGPU, problem string, err error) {
 	mg = migGPU{gpu: g, layout: layout}
 	if !g.MIGCapable {
@@ -207,8 +212,8 @@ func readMIGGPU(inv MIGInventory, g nvidia.GPU, all []nvidia.GPU, layout string,
 			// Some drivers list profiles only once MIG is on: the layout
 			// manager checks the layout after enabling it.
 		case err != nil:
-			return mg, fmt.Sprintf("GPU %d (%s): layout %q cannot be checked: NVML cannot read the MIG profiles of the GPU or of another GPU of its model: %v",
-				g.Index, g.Name, layout, err), nil
+			return mg, "", fmt.Errorf("GPU %d: layout %q not checked: NVML cannot read the MIG profiles of the GPU or of another GPU of its model: %w",
+				g.Index, layout, err)
 		default:
 			if mg.declared, err = mig.Expand(layout, profiles); err != nil {
 				return mg, fmt.Sprintf("GPU %d (%s): layout %q: %v", g.Index, g.Name, layout, err), nil
@@ -235,18 +240,23 @@ func readMIGGPU(inv MIGInventory, g nvidia.GPU, all []nvidia.GPU, layout string,
 
 // profilesOf reads the MIG profiles of g or, where NVML cannot read them
 // (a GPU it has lost), those of another MIG-capable GPU of the node of the
-// same model: the profiles are the model's.
+// same model and memory: the profiles are the model's. A twin whose driver
+// lists profiles only while MIG is on answers ErrNotSupported for g too.
 func profilesOf(inv MIGInventory, g nvidia.GPU, all []nvidia.GPU) ([]mig.Profile, error) {
 	profiles, err := inv.MIGProfiles(g.UUID)
 	if err == nil || errors.Is(err, nvidia.ErrNotSupported) {
 		return profiles, err
 	}
 	for _, o := range all {
-		if o.UUID == g.UUID || !o.MIGCapable || o.Name != g.Name {
+		if o.UUID == g.UUID || !o.MIGCapable || o.Name != g.Name || o.MemoryBytes != g.MemoryBytes {
 			continue
 		}
-		if p, oerr := inv.MIGProfiles(o.UUID); oerr == nil {
+		p, oerr := inv.MIGProfiles(o.UUID)
+		switch {
+		case oerr == nil:
 			return p, nil
+		case errors.Is(oerr, nvidia.ErrNotSupported):
+			return nil, oerr
 		}
 	}
 	return nil, err

@@ -3,6 +3,7 @@ package resource
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -316,39 +317,86 @@ func TestBuildLeavesOutGPUsNVMLCannotRead(t *testing.T) {
 }
 
 // A GPU NVML cannot read is left out, but a layout declared for it is still
-// checked: a config that cannot work is refused now, not accepted until
-// the GPU can be read and then failing every rebuild.
+// checked, against another GPU of its model: a config that cannot work is
+// refused now, not accepted until the GPU can be read and then failing
+// every rebuild. With no GPU of the model to check against, the GPU is left
+// out unchecked: refusing would keep the whole node on its last config.
 func TestBuildChecksTheLayoutOfAGPUItCannotRead(t *testing.T) {
 	lost := errors.New("GPU is lost")
+	// profilesFail: GPU 0's profiles fail with lost, the others' with others.
+	profilesFail := func(n *mockNode, others error) map[string]error {
+		m := map[string]error{n.gpus[0].UUID: lost}
+		if others != nil {
+			for _, g := range n.gpus[1:] {
+				m[g.UUID] = others
+			}
+		}
+		return m
+	}
 	tests := []struct {
-		name    string
-		layout  string
-		fail    func(n *mockNode) MIGInventory
-		wantErr string
+		name string
+		// layout is GPU 0's; GPUs 1-7 are in mode fraction.
+		layout string
+		fail   func(n *mockNode) (MIGInventory, []nvidia.GPU)
+		// wantErr: the config refused; else wantUnread: GPU 0 left out, told
+		// this error.
+		wantErr, wantUnread string
 	}{
-		{name: "a layout that does not fit a GPU whose MIG mode cannot be read", layout: "all-9g.90gb",
-			fail: func(n *mockNode) MIGInventory {
+		{name: "a layout that does not fit, checked against another H100's profiles", layout: "all-9g.90gb",
+			fail: func(n *mockNode) (MIGInventory, []nvidia.GPU) {
 				n.lib.FailMIGReads(n.gpus[0].UUID, lost)
-				return n.lib
+				return n.lib, n.gpus
 			},
 			wantErr: `GPU 0 (NVIDIA H100 80GB HBM3): layout "all-9g.90gb": unknown profile 9g.90gb`},
-		{name: "no GPU of the model lists its profiles", layout: "all-3g.40gb",
-			fail: func(n *mockNode) MIGInventory {
-				all := map[string]error{}
-				for _, g := range n.gpus {
-					all[g.UUID] = lost
-				}
-				return unreadableMIG{Mock: n.lib, profiles: all}
+		{name: "a layout that fits: left out until it can be read", layout: "all-3g.40gb",
+			fail: func(n *mockNode) (MIGInventory, []nvidia.GPU) {
+				n.lib.FailMIGReads(n.gpus[0].UUID, lost)
+				return n.lib, n.gpus
 			},
-			wantErr: `GPU 0 (NVIDIA H100 80GB HBM3): layout "all-3g.40gb" cannot be checked: NVML cannot read the MIG profiles of the GPU or of another GPU of its model: GPU is lost`},
+			wantUnread: "GPU 0: reading MIG state of"},
+		{name: "no other GPU of the model lists its profiles: left out unchecked", layout: "all-9g.90gb",
+			fail: func(n *mockNode) (MIGInventory, []nvidia.GPU) {
+				return unreadableMIG{Mock: n.lib, profiles: profilesFail(n, lost)}, n.gpus
+			},
+			wantUnread: `GPU 0: layout "all-9g.90gb" not checked: NVML cannot read the MIG profiles of the GPU or of another GPU of its model: GPU is lost`},
+		{name: "the other GPUs list profiles only with MIG on: the check waits, as for a readable GPU", layout: "all-9g.90gb",
+			fail: func(n *mockNode) (MIGInventory, []nvidia.GPU) {
+				n.lib.FailMIGReads(n.gpus[0].UUID, lost)
+				return unreadableMIG{Mock: n.lib, profiles: profilesFail(n, nvidia.ErrNotSupported)}, n.gpus
+			},
+			wantUnread: "GPU 0: reading MIG state of"},
+		{name: "a GPU of the same name but other memory is not of the model", layout: "all-9g.90gb",
+			fail: func(n *mockNode) (MIGInventory, []nvidia.GPU) {
+				gs := append([]nvidia.GPU(nil), n.gpus...)
+				for i := range gs[1:] {
+					gs[i+1].MemoryBytes += 1 << 30
+				}
+				return unreadableMIG{Mock: n.lib, profiles: profilesFail(n, nil)}, gs
+			},
+			wantUnread: `GPU 0: layout "all-9g.90gb" not checked`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newMockNode(t, "dgxh100")
 			np := n.policy(config.MIGStrategyMixed, modes(1, config.ModeMIG, 7, config.ModeFraction), map[int]string{0: tc.layout})
-			_, err := Build(np.GPUModes, n.gpus, Deps{Policy: np, MIG: tc.fail(n)})
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("Build() error = %v, want it to contain %q", err, tc.wantErr)
+			inv, gs := tc.fail(n)
+			var told []string
+			unread := func(g nvidia.GPU, err error) { told = append(told, fmt.Sprintf("GPU %d: %v", g.Index, err)) }
+			res, err := Build(np.GPUModes, gs, Deps{Policy: np, MIG: inv, Unread: unread})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("Build() error = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Build() error = %v, want GPU 0 left out and the others served", err)
+			}
+			if len(told) != 1 || !strings.Contains(told[0], tc.wantUnread) {
+				t.Errorf("Unread told %q, want GPU 0 for %q", told, tc.wantUnread)
+			}
+			if diff := cmp.Diff(map[string]int{api.ResourceGPU: 7, api.ResourceFraction: 700}, counts(res)); diff != "" {
+				t.Errorf("resources (-want +got):\n%s", diff)
 			}
 		})
 	}
