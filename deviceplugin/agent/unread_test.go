@@ -89,7 +89,7 @@ func TestAReadThatFailsOnlyInTheAgentOwesARebuild(t *testing.T) {
 			mock.FailMIGReads(gpus[3].UUID, nil)
 
 			go func() { _ = a.migLayout.Run(ctx) }()
-			deadline := time.After(10 * time.Second)
+			deadline := time.After(30 * time.Second) // generous: a loaded CI machine under -race
 			for {
 				if clk.HasWaiters() {
 					clk.Step(5 * time.Second)
